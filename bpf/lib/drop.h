@@ -1,0 +1,27 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Drop reasons. Negative, below every TC and XDP verdict, never renumbered: a retired
+ * reason keeps its slot. maps/dropreasons.go names each one; a test checks they agree. */
+#pragma once
+
+enum drop_reason {
+	DROP_INVALID_PACKET	= -130,	/* truncated or malformed outer L2/L3/L4 header */
+	DROP_GENEVE_TRUNCATED	= -131,	/* UDP payload shorter than a GENEVE header */
+	DROP_GENEVE_VERSION	= -132,	/* GENEVE version is not 0 */
+	DROP_GENEVE_OPT_LEN	= -133,	/* GENEVE options run past the packet */
+	DROP_GENEVE_CRITICAL	= -134,	/* critical option (C bit) we do not understand */
+	DROP_GENEVE_PROTOCOL	= -135,	/* protocol type is not Ethernet (0x6558) */
+	DROP_GENEVE_VNI		= -136,	/* VNI is not ours */
+	DROP_UNKNOWN_PEER	= -137,	/* outer source is not a known peer */
+	DROP_INNER_SRC_DENIED	= -138,	/* inner source not allowed for that peer */
+	DROP_INNER_INVALID	= -139,	/* truncated or malformed inner headers */
+	DROP_INNER_UNSUPPORTED	= -140,	/* inner frame is not IPv4 */
+	DROP_NO_CONFIG		= -141,	/* config map entry missing */
+	DROP_ENCAP_FAILED	= -142,	/* growing or writing the packet failed */
+	DROP_DECAP_FAILED	= -143,	/* shrinking the packet failed */
+	DROP_NO_UNDERLAY_ROUTE	= -144,	/* no FIB route to the peer's underlay address */
+	DROP_NO_OVERLAY_ROUTE	= -145,	/* isthmus0 got a packet no peer owns */
+	DROP_NOT_LOCAL		= -146,	/* decapsulated packet is for no local pod or host */
+	DROP_TTL_EXCEEDED	= -147,	/* inner TTL would reach zero */
+	DROP_FRAG_NEEDED	= -148,	/* inner packet larger than the tunnel MTU */
+	DROP_REDIRECT_FAILED	= -149,	/* redirect helper refused the packet */
+};

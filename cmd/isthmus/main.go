@@ -1,0 +1,23 @@
+// Command isthmus is the isthmus agent, planner and lab in one binary.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	root := &cobra.Command{
+		Use:           "isthmus",
+		Short:         "eBPF GENEVE datapath joining the pod networks of several sites",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newPlanCmd(), newAgentCmd(), newUninstallCmd(), newLabCmd())
+	if err := root.Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "isthmus:", err)
+		os.Exit(1)
+	}
+}
