@@ -1,0 +1,5 @@
+package v1alpha1
+
+// Regenerate zz_generated.deepcopy.go with `go generate ./api/v1alpha1` from the
+// module root; the output is committed and must reproduce byte for byte.
+//go:generate go tool controller-gen object:headerFile=boilerplate.go.txt paths=.

@@ -1,0 +1,123 @@
+package v1alpha1
+
+import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+// CIDR is an IPv4 or IPv6 prefix in CIDR notation, such as 10.0.2.0/23.
+//
+// +kubebuilder:validation:MaxLength=49
+// +kubebuilder:validation:XValidation:rule="isCIDR(self)",message="must be a CIDR such as 10.0.2.0/23"
+type CIDR string
+
+// Site is a group of nodes that reach each other natively (one VNet, one rack,
+// one lab) and share a pod addressing plan.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster
+type Site struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec SiteSpec `json:"spec"`
+}
+
+// SiteSpec describes a site's nodes and pod addressing.
+type SiteSpec struct {
+	// NodeCIDRs hold the InternalIPs of the site's nodes: a node belongs to the
+	// site whose nodeCidrs contain its InternalIP.
+	//
+	// +optional
+	// +listType=set
+	NodeCIDRs []CIDR `json:"nodeCidrs,omitempty"`
+
+	// PodCIDRAssignments are the pod address blocks of the site and how node
+	// blocks are carved from them.
+	//
+	// +optional
+	PodCIDRAssignments []PodCIDRAssignment `json:"podCidrAssignments,omitempty"`
+
+	// ManageCNIPlugin is true (the default) when isthmus owns the pods'
+	// addresses; false when another CNI (Azure CNI, Calico) does.
+	//
+	// +optional
+	// +kubebuilder:default=true
+	ManageCNIPlugin *bool `json:"manageCniPlugin,omitempty"`
+
+	// LocalCIDRs are prefixes local to the site that must never be sent into a
+	// tunnel from a node of this site.
+	//
+	// +optional
+	// +listType=set
+	LocalCIDRs []CIDR `json:"localCidrs,omitempty"`
+
+	// NonMasqueradeCIDRs are destinations pods of this site reach with their own
+	// source address.
+	//
+	// +optional
+	// +listType=set
+	NonMasqueradeCIDRs []CIDR `json:"nonMasqueradeCIDRs,omitempty"`
+
+	// TunnelMTU is the MTU of the overlay on the site's nodes; 0 means the
+	// underlay MTU minus the encapsulation overhead.
+	//
+	// +optional
+	// +kubebuilder:validation:Minimum=576
+	// +kubebuilder:validation:Maximum=65535
+	TunnelMTU int32 `json:"tunnelMTU,omitempty"`
+}
+
+// PodCIDRAssignment is one block of pod addresses of a site.
+type PodCIDRAssignment struct {
+	// CIDRBlocks are the prefixes of this assignment.
+	//
+	// +kubebuilder:validation:MinItems=1
+	// +listType=set
+	CIDRBlocks []CIDR `json:"cidrBlocks"`
+
+	// NodeBlockSizes are the prefix lengths of the per-node blocks carved from
+	// CIDRBlocks.
+	//
+	// +optional
+	NodeBlockSizes *NodeBlockSizes `json:"nodeBlockSizes,omitempty"`
+
+	// AssignmentEnabled says whether node blocks are assigned from this
+	// assignment; unset follows manageCniPlugin.
+	//
+	// +optional
+	AssignmentEnabled *bool `json:"assignmentEnabled,omitempty"`
+
+	// Priority orders assignments when several match a node; higher first.
+	//
+	// +optional
+	Priority int32 `json:"priority,omitempty"`
+
+	// NodeRegex limits the assignment to nodes whose name matches.
+	//
+	// +optional
+	NodeRegex string `json:"nodeRegex,omitempty"`
+}
+
+// NodeBlockSizes are per-family prefix lengths of a node's pod block.
+type NodeBlockSizes struct {
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=32
+	IPv4 int32 `json:"ipv4,omitempty"`
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=128
+	IPv6 int32 `json:"ipv6,omitempty"`
+}
+
+// ManagesCNIPlugin reports spec.manageCniPlugin with its default (true) applied.
+func (s *SiteSpec) ManagesCNIPlugin() bool {
+	return s.ManageCNIPlugin == nil || *s.ManageCNIPlugin
+}
+
+// SiteList is a list of Sites.
+//
+// +kubebuilder:object:root=true
+type SiteList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Site `json:"items"`
+}
