@@ -1,0 +1,54 @@
+# isthmus: every target a newcomer or CI needs. `make demo` and `make test` do their own set-up.
+GO      ?= go
+BIN     := bin/isthmus
+# Generated files that must match what `make generate` produces.
+GENERATED := bpf api
+
+.PHONY: all deps build generate check-generated vet test test-unit bench demo lab-down clean
+
+all: build
+
+deps:
+	@./hack/install-deps.sh
+
+build:
+	$(GO) build -o $(BIN) ./cmd/isthmus
+
+# bpf2go (BPF objects and their Go bindings) and controller-gen (deep-copy).
+generate: deps
+	$(GO) generate ./bpf/... ./api/...
+
+# Regenerates and fails when the committed output differs: stale generated code is a bug.
+check-generated: generate
+	@if ! git diff --quiet -- $(GENERATED) || [ -n "$$(git status --porcelain --untracked-files=all -- $(GENERATED))" ]; then \
+		echo "generated code is stale: run 'make generate' and commit the result" >&2; \
+		git status --short -- $(GENERATED) >&2; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+# Unit tests, BPF program tests and end-to-end lab tests. Needs root (netns, BPF).
+test: deps check-generated vet
+	$(GO) test -count=1 -timeout 45m ./...
+
+# Only what needs no root and no kernel: loading, the plan, pure map diffs.
+test-unit:
+	$(GO) test -count=1 ./api/... ./loader/objects/... ./loader/plan/...
+
+# Single TCP stream pod to pod: isthmus GENEVE vs kernel VXLAN vs plain routing, one run.
+bench: deps build
+	$(BIN) bench
+
+# Brings up the default lab, shows the connectivity matrix and a GENEVE frame on the wire.
+demo: deps build
+	-@$(BIN) lab down default >/dev/null 2>&1
+	$(BIN) lab up default
+	$(BIN) lab check default
+	$(BIN) lab capture default
+	@echo "lab is up: 'make lab-down' removes it"
+
+lab-down: build
+	$(BIN) lab down default
+
+clean:
+	rm -rf bin
