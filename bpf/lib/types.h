@@ -87,3 +87,6 @@ struct decap_meta {
 	__u32 magic;		/* DECAP_META_MAGIC */
 	__be32 peer;		/* the outer source: the peer that sent the frame */
 };
+
+/* decap_meta.magic: marks metadata written by underlay_xdp ("isth"). */
+#define DECAP_META_MAGIC	0x69737468

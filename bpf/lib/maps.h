@@ -1,0 +1,85 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The six pinned maps of docs/architecture.md, with the structs of types.h. */
+#pragma once
+
+#include "common.h"
+
+#ifndef ROUTES_MAX
+#define ROUTES_MAX		16384
+#endif
+#ifndef PEERS_MAX
+#define PEERS_MAX		4096
+#endif
+#ifndef PEER_SOURCES_MAX
+#define PEER_SOURCES_MAX	16384
+#endif
+#ifndef POD_IFACES_MAX
+#define POD_IFACES_MAX		4096
+#endif
+#ifndef METRICS_MAX
+#define METRICS_MAX		1024
+#endif
+
+/* Inner destination prefix -> peer underlay address. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct route_key);
+	__type(value, struct route_value);
+	__uint(max_entries, ROUTES_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} routes SEC(".maps");
+
+/* Underlay address of a known peer -> peer_value. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __be32);
+	__type(value, struct peer_value);
+	__uint(max_entries, PEERS_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} peers SEC(".maps");
+
+/* (peer, inner source prefix) a peer may send from. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct peer_source_key);
+	__type(value, struct peer_source_value);
+	__uint(max_entries, PEER_SOURCES_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} peer_sources SEC(".maps");
+
+/* The node's datapath configuration, one entry at index 0. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct datapath_config);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} config SEC(".maps");
+
+/* Pod-facing host interfaces (ifindex) that get bpf_redirect_peer delivery. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct pod_iface_value);
+	__uint(max_entries, POD_IFACES_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pod_ifaces SEC(".maps");
+
+/* Packets and bytes per (code, hook), per CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__type(key, struct metrics_key);
+	__type(value, struct metrics_value);
+	__uint(max_entries, METRICS_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} metrics SEC(".maps");
+
+/* Returns the node's config, or NULL if the agent has not written it yet. */
+static __always_inline const struct datapath_config *config_get(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&config, &zero);
+}
