@@ -1,4 +1,6 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+//go:build ignore
+
 /* isthmus datapath: GENEVE encapsulation (pod_ingress, overlay_egress) and
  * decapsulation (underlay_ingress, underlay_xdp). The logic lives in lib/; this file
  * only wires it to the hooks. docs/architecture.md is the contract. */
