@@ -1,0 +1,231 @@
+package maps
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+
+	"github.com/cilium/ebpf"
+)
+
+// Op is what a Change does to one entry.
+type Op int
+
+const (
+	// OpUpdate creates or overwrites an entry.
+	OpUpdate Op = iota
+	// OpDelete removes an entry.
+	OpDelete
+)
+
+func (o Op) String() string {
+	if o == OpDelete {
+		return "delete"
+	}
+	return "update"
+}
+
+// Change is one entry to write or remove. Key and Value are the kernel types of map
+// Map (Value is nil for a delete).
+type Change struct {
+	Op    Op
+	Map   Name
+	Key   any
+	Value any
+}
+
+// String renders c as one transcript line, such as
+// "update routes 10.1.0.0/24 -> 172.16.2.11".
+func (c Change) String() string {
+	if c.Op == OpDelete {
+		return "delete " + Describe(c.Map, c.Key, nil)
+	}
+	return "update " + Describe(c.Map, c.Key, c.Value)
+}
+
+// Describe renders a kernel key (and value, unless nil) of map m as text:
+// "routes 10.1.0.0/24 -> 172.16.2.11", "peers 172.16.2.11",
+// "peer_sources 172.16.2.11 10.1.0.0/24", "pod_ifaces 7",
+// "config vni=1 underlay=172.16.1.10 ...".
+func Describe(m Name, key, value any) string {
+	s := newState()
+	keyOnly := value == nil
+	if keyOnly {
+		value = zeroValue(m)
+	}
+	if err := s.insert(m, key, value); err != nil {
+		return fmt.Sprintf("%s %v -> %v", m, key, value)
+	}
+	switch m {
+	case MapRoutes:
+		for p, r := range s.Routes {
+			if keyOnly {
+				return fmt.Sprintf("routes %v", p)
+			}
+			return fmt.Sprintf("routes %v -> %v%s", p, r.Peer, flags(r.Flags))
+		}
+	case MapPeers:
+		for a, p := range s.Peers {
+			return fmt.Sprintf("peers %v%s", a, flags(p.Flags))
+		}
+	case MapPeerSources:
+		for ps := range s.PeerSources {
+			return fmt.Sprintf("peer_sources %v %v", ps.Peer, ps.Src)
+		}
+	case MapPodIfaces:
+		for i, p := range s.PodIfaces {
+			return fmt.Sprintf("pod_ifaces %d%s", i, flags(p.Flags))
+		}
+	case MapConfig:
+		c := s.Config
+		return fmt.Sprintf("config vni=%d underlay=%v underlay_ifindex=%d overlay_ifindex=%d overlay_mac=%v tunnel_mtu=%d%s",
+			c.VNI, c.UnderlayIP, c.UnderlayIfindex, c.OverlayIfindex, net.HardwareAddr(c.OverlayMAC[:]), c.TunnelMTU, flags(c.Flags))
+	}
+	return string(m)
+}
+
+func flags(f uint32) string {
+	if f == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" flags=%#x", f)
+}
+
+func zeroValue(m Name) any {
+	switch m {
+	case MapRoutes:
+		return RouteValue{}
+	case MapPeers:
+		return PeerValue{}
+	case MapPeerSources:
+		return PeerSourceValue{}
+	case MapPodIfaces:
+		return PodIfaceValue{}
+	case MapConfig:
+		return DatapathConfig{}
+	}
+	return nil
+}
+
+// Diff returns the changes that turn current into desired: every update first
+// (config, peers, peer_sources, pod_ifaces, routes: a route is only written once its
+// peer is accepted), then every delete in the reverse order, each map's entries in
+// key order. Entries equal in both are not touched. The config entry is never
+// deleted, only overwritten.
+func Diff(current, desired State) []Change {
+	var updates, deletes []Change
+	if current.Config != desired.Config {
+		updates = append(updates, Change{OpUpdate, MapConfig, uint32(0), desired.Config.toKernel()})
+	}
+
+	for _, a := range sortedKeys(desired.Peers, cmpAddr) {
+		if v, ok := current.Peers[a]; !ok || v != desired.Peers[a] {
+			updates = append(updates, Change{OpUpdate, MapPeers, AddrToBE32(a), PeerValue{Flags: desired.Peers[a].Flags}})
+		}
+	}
+	for _, ps := range sortedKeys(desired.PeerSources, cmpPeerSource) {
+		if _, ok := current.PeerSources[ps]; !ok {
+			updates = append(updates, Change{OpUpdate, MapPeerSources, PeerSourceKeyFrom(ps), PeerSourceValue{}})
+		}
+	}
+	for _, i := range sortedKeys(desired.PodIfaces, cmp.Compare[uint32]) {
+		if v, ok := current.PodIfaces[i]; !ok || v != desired.PodIfaces[i] {
+			updates = append(updates, Change{OpUpdate, MapPodIfaces, i, PodIfaceValue{Flags: desired.PodIfaces[i].Flags}})
+		}
+	}
+	for _, p := range sortedKeys(desired.Routes, cmpPrefix) {
+		r := desired.Routes[p]
+		if v, ok := current.Routes[p]; !ok || v != r {
+			updates = append(updates, Change{OpUpdate, MapRoutes, RouteKeyFromPrefix(p), RouteValue{Peer: AddrToBE32(r.Peer), Flags: r.Flags}})
+		}
+	}
+
+	for _, p := range sortedKeys(current.Routes, cmpPrefix) {
+		if _, ok := desired.Routes[p]; !ok {
+			deletes = append(deletes, Change{Op: OpDelete, Map: MapRoutes, Key: RouteKeyFromPrefix(p)})
+		}
+	}
+	for _, i := range sortedKeys(current.PodIfaces, cmp.Compare[uint32]) {
+		if _, ok := desired.PodIfaces[i]; !ok {
+			deletes = append(deletes, Change{Op: OpDelete, Map: MapPodIfaces, Key: i})
+		}
+	}
+	for _, ps := range sortedKeys(current.PeerSources, cmpPeerSource) {
+		if _, ok := desired.PeerSources[ps]; !ok {
+			deletes = append(deletes, Change{Op: OpDelete, Map: MapPeerSources, Key: PeerSourceKeyFrom(ps)})
+		}
+	}
+	for _, a := range sortedKeys(current.Peers, cmpAddr) {
+		if _, ok := desired.Peers[a]; !ok {
+			deletes = append(deletes, Change{Op: OpDelete, Map: MapPeers, Key: AddrToBE32(a)})
+		}
+	}
+	return append(updates, deletes...)
+}
+
+// Writer is what the applier writes through: the pinned maps (Set) or a test fake.
+// Key and value are the kernel types of map m.
+type Writer interface {
+	Update(m Name, key, value any) error
+	Delete(m Name, key any) error
+}
+
+// Result is what Apply wrote.
+type Result struct {
+	// Applied are the changes that took effect, in order.
+	Applied []Change
+	// Updated and Deleted count them by kind.
+	Updated, Deleted int
+}
+
+// Apply writes changes in order through w and stops at the first error, returning
+// what it wrote up to there (the caller re-reads the maps before the next Diff, so a
+// partial failure is repaired by the next sync). A delete that finds no entry
+// (ebpf.ErrKeyNotExist) counts as done.
+func Apply(w Writer, changes []Change) (Result, error) {
+	var res Result
+	for _, c := range changes {
+		switch c.Op {
+		case OpUpdate:
+			if err := w.Update(c.Map, c.Key, c.Value); err != nil {
+				return res, fmt.Errorf("update %s: %w", Describe(c.Map, c.Key, c.Value), err)
+			}
+			res.Updated++
+		case OpDelete:
+			if err := w.Delete(c.Map, c.Key); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return res, fmt.Errorf("delete %s: %w", Describe(c.Map, c.Key, nil), err)
+			}
+			res.Deleted++
+		}
+		res.Applied = append(res.Applied, c)
+	}
+	return res, nil
+}
+
+func sortedKeys[K comparable, V any](m map[K]V, f func(a, b K) int) []K {
+	keys := make([]K, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, f)
+	return keys
+}
+
+func cmpAddr(a, b netip.Addr) int { return a.Compare(b) }
+
+func cmpPrefix(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Bits(), b.Bits())
+}
+
+func cmpPeerSource(a, b PeerSource) int {
+	if c := a.Peer.Compare(b.Peer); c != 0 {
+		return c
+	}
+	return cmpPrefix(a.Src, b.Src)
+}

@@ -1,0 +1,54 @@
+package maps
+
+// DropReason names one entry of enum drop_reason in bpf/lib/drop.h.
+type DropReason struct {
+	// Code is the enum value (negative).
+	Code int32
+	// Const is the C enumerator, such as "DROP_UNKNOWN_PEER".
+	Const string
+	// Name is a short snake_case name for logs and metrics, such as "unknown_peer".
+	Name string
+	// Description is one sentence on what was dropped.
+	Description string
+}
+
+// dropReasons mirrors bpf/lib/drop.h entry for entry; TestDropReasonsMatchBTF checks
+// it against the enum in the compiled object. Never renumber: a retired reason
+// keeps its slot.
+var dropReasons = []DropReason{
+	{-130, "DROP_INVALID_PACKET", "invalid_packet", "Truncated or malformed outer L2, L3 or L4 header."},
+	{-131, "DROP_GENEVE_TRUNCATED", "geneve_truncated", "UDP payload shorter than a GENEVE header."},
+	{-132, "DROP_GENEVE_VERSION", "geneve_version", "GENEVE version is not 0."},
+	{-133, "DROP_GENEVE_OPT_LEN", "geneve_opt_len", "GENEVE options run past the end of the packet."},
+	{-134, "DROP_GENEVE_CRITICAL", "geneve_critical", "GENEVE header has the critical-options bit set for options we do not understand."},
+	{-135, "DROP_GENEVE_PROTOCOL", "geneve_protocol", "GENEVE protocol type is not Ethernet (0x6558)."},
+	{-136, "DROP_GENEVE_VNI", "geneve_vni", "GENEVE VNI is not the one configured."},
+	{-137, "DROP_UNKNOWN_PEER", "unknown_peer", "Outer source address is not a known peer."},
+	{-138, "DROP_INNER_SRC_DENIED", "inner_src_denied", "Inner source address is not allowed for the sending peer."},
+	{-139, "DROP_INNER_INVALID", "inner_invalid", "Truncated or malformed inner headers."},
+	{-140, "DROP_INNER_UNSUPPORTED", "inner_unsupported", "Inner frame is not IPv4."},
+	{-141, "DROP_NO_CONFIG", "no_config", "The config map entry is missing."},
+	{-142, "DROP_ENCAP_FAILED", "encap_failed", "Growing or writing the packet for encapsulation failed."},
+	{-143, "DROP_DECAP_FAILED", "decap_failed", "Shrinking the packet for decapsulation failed."},
+	{-144, "DROP_NO_UNDERLAY_ROUTE", "no_underlay_route", "No FIB route to the peer's underlay address."},
+	{-145, "DROP_NO_OVERLAY_ROUTE", "no_overlay_route", "isthmus0 got a packet for a destination no peer owns."},
+	{-146, "DROP_NOT_LOCAL", "not_local", "Decapsulated packet is for no local pod or host address."},
+	{-147, "DROP_TTL_EXCEEDED", "ttl_exceeded", "Inner TTL would reach zero."},
+	{-148, "DROP_FRAG_NEEDED", "frag_needed", "Inner packet is larger than the tunnel MTU."},
+	{-149, "DROP_REDIRECT_FAILED", "redirect_failed", "The redirect helper refused the packet."},
+}
+
+// DropReasons returns every drop reason, in code order from -130 down.
+func DropReasons() []DropReason {
+	return append([]DropReason(nil), dropReasons...)
+}
+
+// DropReasonByCode returns the reason with enum value code (negative).
+func DropReasonByCode(code int32) (DropReason, bool) {
+	for _, r := range dropReasons {
+		if r.Code == code {
+			return r, true
+		}
+	}
+	return DropReason{}, false
+}

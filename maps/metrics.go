@@ -1,0 +1,91 @@
+package maps
+
+import (
+	"fmt"
+
+	"github.com/cilium/ebpf"
+)
+
+// Hook is where a program runs: the hook field of a metrics key (enum hook).
+type Hook uint8
+
+// The hooks of enum hook in bpf/lib/types.h.
+const (
+	HookPodIngress    Hook = 0
+	HookOverlayEgress Hook = 1
+	HookUnderlayTC    Hook = 2
+	HookUnderlayXDP   Hook = 3
+)
+
+func (h Hook) String() string {
+	switch h {
+	case HookPodIngress:
+		return "pod_ingress"
+	case HookOverlayEgress:
+		return "overlay_egress"
+	case HookUnderlayTC:
+		return "underlay_tc"
+	case HookUnderlayXDP:
+		return "underlay_xdp"
+	}
+	return fmt.Sprintf("hook_%d", uint8(h))
+}
+
+// The accounted verdicts of enum metric in bpf/lib/types.h, by code.
+var metricNames = map[uint16]string{
+	1: "encap",
+	2: "decap",
+	3: "deliver_pod",
+	4: "deliver_host",
+}
+
+// MetricKey identifies one counter: a code (METRIC_* or -DROP_*) at a hook.
+type MetricKey struct {
+	Code uint16
+	Hook Hook
+}
+
+// Name returns the counter's code as a short name: a verdict such as "encap" or a
+// drop reason such as "unknown_peer".
+func (k MetricKey) Name() string {
+	if n, ok := metricNames[k.Code]; ok {
+		return n
+	}
+	if r, ok := DropReasonByCode(-int32(k.Code)); ok {
+		return r.Name
+	}
+	return fmt.Sprintf("code_%d", k.Code)
+}
+
+// IsDrop reports whether the counter counts drops.
+func (k MetricKey) IsDrop() bool {
+	_, ok := DropReasonByCode(-int32(k.Code))
+	return ok
+}
+
+// Counter is a packet and byte count summed over every CPU.
+type Counter struct {
+	Packets, Bytes uint64
+}
+
+// ReadMetrics returns every counter of the per-CPU metrics map m, summed over CPUs.
+func ReadMetrics(m *ebpf.Map) (map[MetricKey]Counter, error) {
+	out := map[MetricKey]Counter{}
+	var (
+		k  MetricsKey
+		vs []MetricsValue
+	)
+	it := m.Iterate()
+	for it.Next(&k, &vs) {
+		var c Counter
+		for _, v := range vs {
+			c.Packets += v.Packets
+			c.Bytes += v.Bytes
+		}
+		out[MetricKey{Code: k.Code, Hook: Hook(k.Hook)}] = c
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read map metrics: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,97 @@
+// Package maps is the Go side of the datapath's pinned BPF maps: the key and value
+// types (aliases of the bpf2go output, which mirrors bpf/lib/types.h field by field),
+// conversions between netip values and their network-order fields, a plain-data
+// desired State computed from a plan, a Diff between two States, an applier that
+// writes only the changed entries, readers for the maps' current contents and the
+// per-CPU counters, and the names of the drop reasons.
+//
+// Nothing here decides what the kernel should hold beyond the plan; loader/datapath
+// creates and pins the maps and loader/agent drives the sync.
+package maps
+
+import (
+	"encoding/binary"
+	"net/netip"
+
+	"github.com/isthmus-dev/isthmus/bpf"
+)
+
+// Kernel-side key and value types. They are the bpf2go-generated mirrors of the
+// structs in bpf/lib/types.h; every __be32 field holds the address bytes in network
+// order in memory (see AddrToBE32).
+type (
+	RouteKey        = bpf.IsthmusRouteKey
+	RouteValue      = bpf.IsthmusRouteValue
+	PeerValue       = bpf.IsthmusPeerValue
+	PeerSourceKey   = bpf.IsthmusPeerSourceKey
+	PeerSourceValue = bpf.IsthmusPeerSourceValue
+	DatapathConfig  = bpf.IsthmusDatapathConfig
+	PodIfaceValue   = bpf.IsthmusPodIfaceValue
+	MetricsKey      = bpf.IsthmusMetricsKey
+	MetricsValue    = bpf.IsthmusMetricsValue
+)
+
+// Name is the name of a pinned map, as in the C source and under the pin directory.
+type Name string
+
+// The maps of the datapath (docs/architecture.md, "Maps").
+const (
+	MapRoutes      Name = "routes"
+	MapPeers       Name = "peers"
+	MapPeerSources Name = "peer_sources"
+	MapConfig      Name = "config"
+	MapPodIfaces   Name = "pod_ifaces"
+	MapMetrics     Name = "metrics"
+)
+
+// AllMaps lists every map the datapath pins, in a stable order.
+var AllMaps = []Name{MapRoutes, MapPeers, MapPeerSources, MapConfig, MapPodIfaces, MapMetrics}
+
+// AddrToBE32 returns the __be32 form of an IPv4 address: a uint32 whose in-memory
+// bytes are the address in network order. An invalid or IPv6 address gives 0.
+func AddrToBE32(a netip.Addr) uint32 {
+	a = a.Unmap()
+	if !a.Is4() {
+		return 0
+	}
+	b := a.As4()
+	return binary.NativeEndian.Uint32(b[:])
+}
+
+// BE32ToAddr is the inverse of AddrToBE32.
+func BE32ToAddr(v uint32) netip.Addr {
+	var b [4]byte
+	binary.NativeEndian.PutUint32(b[:], v)
+	return netip.AddrFrom4(b)
+}
+
+// RouteKeyFromPrefix returns the LPM key of an IPv4 prefix; the address is masked.
+func RouteKeyFromPrefix(p netip.Prefix) RouteKey {
+	p = p.Masked()
+	return RouteKey{Prefixlen: uint32(p.Bits()), Addr: AddrToBE32(p.Addr())}
+}
+
+// PrefixFromRouteKey is the inverse of RouteKeyFromPrefix.
+func PrefixFromRouteKey(k RouteKey) netip.Prefix {
+	return netip.PrefixFrom(BE32ToAddr(k.Addr), int(k.Prefixlen))
+}
+
+// PeerSourceKeyFrom returns the LPM key that allows inner sources in src from the
+// peer at underlay address peer: prefixlen is 32 (the peer) plus src's length.
+func PeerSourceKeyFrom(s PeerSource) PeerSourceKey {
+	src := s.Src.Masked()
+	return PeerSourceKey{
+		Prefixlen: 32 + uint32(src.Bits()),
+		Peer:      AddrToBE32(s.Peer),
+		Src:       AddrToBE32(src.Addr()),
+	}
+}
+
+// PeerSourceFromKey is the inverse of PeerSourceKeyFrom.
+func PeerSourceFromKey(k PeerSourceKey) PeerSource {
+	bits := int(k.Prefixlen) - 32
+	if bits < 0 {
+		bits = 0
+	}
+	return PeerSource{Peer: BE32ToAddr(k.Peer), Src: netip.PrefixFrom(BE32ToAddr(k.Src), bits)}
+}
