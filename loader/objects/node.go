@@ -1,0 +1,98 @@
+package objects
+
+import (
+	"net/netip"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/isthmus-dev/isthmus/api/v1alpha1"
+)
+
+// InternalIP returns the node's underlay address: its first IPv4 InternalIP,
+// or its first InternalIP of any family when it has no IPv4 one. The second
+// result is false when the node has no valid InternalIP.
+func InternalIP(node *corev1.Node) (netip.Addr, bool) {
+	return nodeAddress(node, corev1.NodeInternalIP)
+}
+
+// ExternalIP returns the node's first IPv4 ExternalIP, or its first of any
+// family; false when it has none.
+func ExternalIP(node *corev1.Node) (netip.Addr, bool) {
+	return nodeAddress(node, corev1.NodeExternalIP)
+}
+
+func nodeAddress(node *corev1.Node, typ corev1.NodeAddressType) (netip.Addr, bool) {
+	var first netip.Addr
+	for _, a := range node.Status.Addresses {
+		if a.Type != typ {
+			continue
+		}
+		ip, err := netip.ParseAddr(a.Address)
+		if err != nil {
+			continue
+		}
+		ip = ip.Unmap()
+		if ip.Is4() {
+			return ip, true
+		}
+		if !first.IsValid() {
+			first = ip
+		}
+	}
+	return first, first.IsValid()
+}
+
+// PodCIDRs returns the node's pod prefixes, IPv4 first: spec.podCIDRs, or
+// spec.podCIDR when podCIDRs is empty. Invalid entries are skipped (a Set
+// from Load has none); the result is nil when the node has no podCIDR yet.
+func PodCIDRs(node *corev1.Node) []netip.Prefix {
+	var out []netip.Prefix
+	for _, f := range PodCIDRFields(node) {
+		out = append(out, f.Prefix)
+	}
+	return out
+}
+
+// FieldPrefix is a prefix with the path of the field it came from.
+type FieldPrefix struct {
+	Prefix netip.Prefix
+	Field  string
+}
+
+// PodCIDRFields is PodCIDRs with the field each prefix came from
+// (spec.podCIDRs[i] or spec.podCIDR), for messages and route origins.
+func PodCIDRFields(node *corev1.Node) []FieldPrefix {
+	var out []FieldPrefix
+	if len(node.Spec.PodCIDRs) == 0 && node.Spec.PodCIDR != "" {
+		if p, err := netip.ParsePrefix(node.Spec.PodCIDR); err == nil {
+			out = append(out, FieldPrefix{p.Masked(), "spec.podCIDR"})
+		}
+		return out
+	}
+	for i, s := range node.Spec.PodCIDRs {
+		if p, err := netip.ParsePrefix(s); err == nil {
+			out = append(out, FieldPrefix{p.Masked(), fieldIndex("spec.podCIDRs", i)})
+		}
+	}
+	// Kubernetes allows at most one prefix per family, so a stable sort by
+	// family is enough to put IPv4 first.
+	var v4, v6 []FieldPrefix
+	for _, f := range out {
+		if f.Prefix.Addr().Is4() {
+			v4 = append(v4, f)
+		} else {
+			v6 = append(v6, f)
+		}
+	}
+	return append(v4, v6...)
+}
+
+// siteHolds reports whether ip is inside one of the site's nodeCidrs.
+func siteHolds(site *v1alpha1.Site, ip netip.Addr) bool {
+	for _, c := range site.Spec.NodeCIDRs {
+		if p, err := netip.ParsePrefix(string(c)); err == nil && p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}

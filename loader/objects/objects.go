@@ -1,0 +1,165 @@
+// Package objects reads isthmus objects (Site, SitePeering) and core v1 Nodes
+// from multi-document YAML and validates them as a whole.
+//
+// Load is pure (file contents in, validated Set out) and LoadDir is its file
+// system front end. Every problem found is reported, not only the first, each
+// naming the file, the object and the field, so a user fixes everything in one
+// pass. CIDR fields are normalized in place (10.0.2.5/23 becomes 10.0.2.0/23,
+// with a Warning), so consumers of a Set can parse them without checking again.
+package objects
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/isthmus-dev/isthmus/api/v1alpha1"
+)
+
+// Set is a validated collection of objects, each kind sorted by name.
+//
+// A Set returned by Load satisfies: names are unique per kind, every CIDR
+// field is valid and canonical, every Node has an InternalIP inside the
+// nodeCidrs of exactly one Site, no two Sites overlap, no two Nodes' podCIDRs
+// overlap, and every SitePeering names at least two existing Sites.
+type Set struct {
+	Sites        []v1alpha1.Site
+	SitePeerings []v1alpha1.SitePeering
+	Nodes        []corev1.Node
+}
+
+// Warning is a problem that did not stop loading, such as a normalized prefix.
+type Warning struct {
+	// File is the base name of the file the object came from.
+	File string `json:"file"`
+	// Object is the kind and name, such as `Site "flex-site"`.
+	Object string `json:"object"`
+	// Field is the path of the field, such as spec.nodeCidrs[0].
+	Field   string `json:"field"`
+	Message string `json:"message"`
+}
+
+// String formats the warning as "file: Object: field: message".
+func (w Warning) String() string { return location(w.File, w.Object, w.Field, w.Message) }
+
+// Error is one validation problem; Load joins them with errors.Join.
+type Error struct {
+	File   string
+	Object string
+	Field  string
+	Msg    string
+}
+
+// Error formats the problem as "file: Object: field: message".
+func (e *Error) Error() string { return location(e.File, e.Object, e.Field, e.Msg) }
+
+func location(parts ...string) string {
+	return strings.Join(slices.DeleteFunc(parts, func(s string) bool { return s == "" }), ": ")
+}
+
+// LoadDir reads every *.yaml and *.yml file directly in dir (sorted by name,
+// not recursive) and loads them as one Set. Other files are ignored.
+func LoadDir(dir string) (*Set, []Warning, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read objects directory: %w", err)
+	}
+	files := make(map[string][]byte)
+	for _, e := range entries {
+		ext := filepath.Ext(e.Name())
+		if e.IsDir() || (ext != ".yaml" && ext != ".yml") {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return nil, nil, fmt.Errorf("read objects file: %w", err)
+		}
+		files[e.Name()] = data
+	}
+	return Load(files)
+}
+
+// Load decodes and validates the multi-document YAML in files (file name to
+// contents; names only label messages and fix the order). On any error it
+// returns a nil Set and every error found, joined; warnings are returned
+// either way.
+func Load(files map[string][]byte) (*Set, []Warning, error) {
+	l := &loader{}
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		l.decodeFile(name, files[name])
+	}
+	l.validate()
+	if len(l.errs) > 0 {
+		return nil, l.warnings, errors.Join(l.errs...)
+	}
+	set := &Set{}
+	for _, s := range l.sites {
+		set.Sites = append(set.Sites, *s.obj)
+	}
+	for _, p := range l.peerings {
+		set.SitePeerings = append(set.SitePeerings, *p.obj)
+	}
+	for _, n := range l.nodes {
+		set.Nodes = append(set.Nodes, *n.obj)
+	}
+	sortByName(set.Sites, func(s v1alpha1.Site) string { return s.Name })
+	sortByName(set.SitePeerings, func(p v1alpha1.SitePeering) string { return p.Name })
+	sortByName(set.Nodes, func(n corev1.Node) string { return n.Name })
+	return set, l.warnings, nil
+}
+
+func sortByName[T any](items []T, name func(T) string) {
+	slices.SortFunc(items, func(a, b T) int { return strings.Compare(name(a), name(b)) })
+}
+
+// Site returns the Site with the given name, or nil.
+func (s *Set) Site(name string) *v1alpha1.Site {
+	for i := range s.Sites {
+		if s.Sites[i].Name == name {
+			return &s.Sites[i]
+		}
+	}
+	return nil
+}
+
+// Node returns the Node with the given name, or nil.
+func (s *Set) Node(name string) *corev1.Node {
+	for i := range s.Nodes {
+		if s.Nodes[i].Name == name {
+			return &s.Nodes[i]
+		}
+	}
+	return nil
+}
+
+// SiteOf returns the Site whose nodeCidrs hold the node's InternalIP, or nil
+// when there is none. In a Set from Load there is exactly one.
+func (s *Set) SiteOf(node *corev1.Node) *v1alpha1.Site {
+	ip, ok := InternalIP(node)
+	if !ok {
+		return nil
+	}
+	for i := range s.Sites {
+		if siteHolds(&s.Sites[i], ip) {
+			return &s.Sites[i]
+		}
+	}
+	return nil
+}
+
+// NodesOf returns the Nodes of the named Site, sorted by name.
+func (s *Set) NodesOf(site string) []*corev1.Node {
+	var nodes []*corev1.Node
+	for i := range s.Nodes {
+		if st := s.SiteOf(&s.Nodes[i]); st != nil && st.Name == site {
+			nodes = append(nodes, &s.Nodes[i])
+		}
+	}
+	return nodes
+}

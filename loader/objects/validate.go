@@ -1,0 +1,229 @@
+package objects
+
+import (
+	"fmt"
+	"net/netip"
+	"regexp"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/isthmus-dev/isthmus/api/v1alpha1"
+)
+
+// fieldPrefix is a parsed CIDR field of one object, for overlap checks.
+type fieldPrefix struct {
+	file, object, field string
+	prefix              netip.Prefix
+}
+
+func (f fieldPrefix) describe() string {
+	return fmt.Sprintf("%s %s %s in %s", f.object, f.field, f.prefix, f.file)
+}
+
+func fieldIndex(field string, i int) string { return fmt.Sprintf("%s[%d]", field, i) }
+
+// normalizeCIDR parses *s as a prefix and rewrites it in canonical form. Host
+// bits set (10.0.2.5/23) change what the user wrote, so they earn a warning;
+// a mere respelling (2001:DB8::/32) is rewritten silently.
+func normalizeCIDR[S ~string](l *loader, file, object, field string, s *S) (netip.Prefix, bool) {
+	p, err := netip.ParsePrefix(string(*s))
+	if err != nil {
+		l.errorf(file, object, field, "invalid CIDR %q", string(*s))
+		return netip.Prefix{}, false
+	}
+	masked := p.Masked()
+	if masked != p {
+		l.warnf(file, object, field, "%s has host bits set; normalized to %s", string(*s), masked)
+	}
+	*s = S(masked.String())
+	return masked, true
+}
+
+func normalizeCIDRs[S ~string](l *loader, file, object, field string, list []S) []fieldPrefix {
+	var out []fieldPrefix
+	for i := range list {
+		f := fieldIndex(field, i)
+		if p, ok := normalizeCIDR(l, file, object, f, &list[i]); ok {
+			out = append(out, fieldPrefix{file, object, f, p})
+		}
+	}
+	return out
+}
+
+func (l *loader) validate() {
+	checkDuplicates(l, l.sites, func(s *v1alpha1.Site) string { return s.Name })
+	checkDuplicates(l, l.peerings, func(p *v1alpha1.SitePeering) string { return p.Name })
+	checkDuplicates(l, l.nodes, func(n *corev1.Node) string { return n.Name })
+
+	var nodeCIDRs, cidrBlocks []fieldPrefix
+	for _, s := range l.sites {
+		n, b := l.validateSite(s)
+		nodeCIDRs = append(nodeCIDRs, n...)
+		cidrBlocks = append(cidrBlocks, b...)
+	}
+	l.checkSiteOverlaps(nodeCIDRs)
+	l.checkSiteOverlaps(cidrBlocks)
+
+	siteNames := make(map[string]bool)
+	for _, s := range l.sites {
+		siteNames[s.obj.Name] = true
+	}
+	for _, p := range l.peerings {
+		l.validatePeering(p, siteNames)
+	}
+
+	var podCIDRs []fieldPrefix
+	for _, n := range l.nodes {
+		podCIDRs = append(podCIDRs, l.validateNode(n, nodeCIDRs)...)
+	}
+	for i, a := range podCIDRs {
+		for _, b := range podCIDRs[:i] {
+			if a.object != b.object && a.prefix.Overlaps(b.prefix) {
+				l.errorf(a.file, a.object, a.field, "%s overlaps %s", a.prefix, b.describe())
+			}
+		}
+	}
+}
+
+func checkDuplicates[T any](l *loader, entries []entry[T], name func(*T) string) {
+	first := make(map[string]entry[T])
+	for _, e := range entries {
+		if f, ok := first[name(e.obj)]; ok {
+			l.errorf(e.file, e.label, "metadata.name", "duplicate name, first defined in %s", f.file)
+			continue
+		}
+		first[name(e.obj)] = e
+	}
+}
+
+// validateSite checks one Site and returns its nodeCidrs and cidrBlocks.
+func (l *loader) validateSite(e entry[v1alpha1.Site]) (nodeCIDRs, cidrBlocks []fieldPrefix) {
+	spec := &e.obj.Spec
+	nodeCIDRs = normalizeCIDRs(l, e.file, e.label, "spec.nodeCidrs", spec.NodeCIDRs)
+	for i := range spec.PodCIDRAssignments {
+		a := &spec.PodCIDRAssignments[i]
+		field := fieldIndex("spec.podCidrAssignments", i)
+		cidrBlocks = append(cidrBlocks, normalizeCIDRs(l, e.file, e.label, field+".cidrBlocks", a.CIDRBlocks)...)
+		if len(a.CIDRBlocks) == 0 {
+			l.errorf(e.file, e.label, field+".cidrBlocks", "required")
+		}
+		if a.NodeBlockSizes != nil {
+			if v := a.NodeBlockSizes.IPv4; v < 0 || v > 32 {
+				l.errorf(e.file, e.label, field+".nodeBlockSizes.ipv4", "%d is not a prefix length (1-32)", v)
+			}
+			if v := a.NodeBlockSizes.IPv6; v < 0 || v > 128 {
+				l.errorf(e.file, e.label, field+".nodeBlockSizes.ipv6", "%d is not a prefix length (1-128)", v)
+			}
+		}
+		if _, err := regexp.Compile(a.NodeRegex); err != nil {
+			l.errorf(e.file, e.label, field+".nodeRegex", "invalid regular expression: %v", err)
+		}
+	}
+	normalizeCIDRs(l, e.file, e.label, "spec.localCidrs", spec.LocalCIDRs)
+	normalizeCIDRs(l, e.file, e.label, "spec.nonMasqueradeCIDRs", spec.NonMasqueradeCIDRs)
+	if mtu := spec.TunnelMTU; mtu != 0 && (mtu < 576 || mtu > 65535) {
+		l.errorf(e.file, e.label, "spec.tunnelMTU", "%d is out of range (576-65535, or 0 for automatic)", mtu)
+	}
+	return nodeCIDRs, cidrBlocks
+}
+
+// checkSiteOverlaps reports every pair of prefixes of different Sites that
+// overlap; prefixes of one Site may overlap each other.
+func (l *loader) checkSiteOverlaps(prefixes []fieldPrefix) {
+	for i, a := range prefixes {
+		for _, b := range prefixes[:i] {
+			if a.object != b.object && a.prefix.Overlaps(b.prefix) {
+				l.errorf(a.file, a.object, a.field, "%s overlaps %s", a.prefix, b.describe())
+			}
+		}
+	}
+}
+
+func (l *loader) validatePeering(e entry[v1alpha1.SitePeering], siteNames map[string]bool) {
+	spec := &e.obj.Spec
+	seen := make(map[string]bool)
+	for i, name := range spec.Sites {
+		field := fieldIndex("spec.sites", i)
+		switch {
+		case seen[name]:
+			l.errorf(e.file, e.label, field, "site %q is listed twice", name)
+		case !siteNames[name]:
+			l.errorf(e.file, e.label, field, "unknown Site %q", name)
+		}
+		seen[name] = true
+	}
+	if len(seen) < 2 {
+		l.errorf(e.file, e.label, "spec.sites", "a peering needs at least two sites, got %d", len(seen))
+	}
+	if p := spec.Protocol(); p != v1alpha1.TunnelGENEVE {
+		l.errorf(e.file, e.label, "spec.tunnelProtocol", "unsupported tunnel protocol %q (want GENEVE)", p)
+	}
+}
+
+// validateNode checks one Node against the Sites' nodeCidrs and returns its
+// podCIDRs.
+func (l *loader) validateNode(e entry[corev1.Node], nodeCIDRs []fieldPrefix) []fieldPrefix {
+	n := e.obj
+	internalIPs := 0
+	for i := range n.Status.Addresses {
+		a := &n.Status.Addresses[i]
+		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+			continue
+		}
+		if a.Type == corev1.NodeInternalIP {
+			internalIPs++
+		}
+		if _, err := netip.ParseAddr(a.Address); err != nil {
+			l.errorf(e.file, e.label, fieldIndex("status.addresses", i)+".address", "invalid %s %q", a.Type, a.Address)
+		}
+	}
+	if ip, ok := InternalIP(n); ok {
+		l.checkNodeSite(e, ip, nodeCIDRs)
+	} else if internalIPs == 0 {
+		l.errorf(e.file, e.label, "status.addresses", "no InternalIP: a node's InternalIP is its tunnel endpoint and decides its site")
+	}
+
+	var pods []fieldPrefix
+	if n.Spec.PodCIDR != "" {
+		p, ok := normalizeCIDR(l, e.file, e.label, "spec.podCIDR", &n.Spec.PodCIDR)
+		if ok && len(n.Spec.PodCIDRs) == 0 {
+			pods = append(pods, fieldPrefix{e.file, e.label, "spec.podCIDR", p})
+		}
+	}
+	pods = append(pods, normalizeCIDRs(l, e.file, e.label, "spec.podCIDRs", n.Spec.PodCIDRs)...)
+	if len(n.Spec.PodCIDRs) > 0 && n.Spec.PodCIDR != "" && n.Spec.PodCIDR != n.Spec.PodCIDRs[0] {
+		l.errorf(e.file, e.label, "spec.podCIDR", "%s differs from spec.podCIDRs[0] %s", n.Spec.PodCIDR, n.Spec.PodCIDRs[0])
+	}
+	families := make(map[bool]string)
+	for _, p := range pods {
+		if prev, ok := families[p.prefix.Addr().Is4()]; ok {
+			l.errorf(e.file, e.label, p.field, "second prefix of one address family (first is %s)", prev)
+		}
+		families[p.prefix.Addr().Is4()] = p.field
+	}
+	return pods
+}
+
+// checkNodeSite reports a node whose InternalIP is in no Site or in several.
+func (l *loader) checkNodeSite(e entry[corev1.Node], ip netip.Addr, nodeCIDRs []fieldPrefix) {
+	var holders []fieldPrefix
+	for _, c := range nodeCIDRs {
+		if c.prefix.Contains(ip) && (len(holders) == 0 || holders[len(holders)-1].object != c.object) {
+			holders = append(holders, c)
+		}
+	}
+	switch len(holders) {
+	case 0:
+		l.errorf(e.file, e.label, "status.addresses", "InternalIP %s is in no Site's spec.nodeCidrs", ip)
+	case 1:
+	default:
+		msg := fmt.Sprintf("InternalIP %s is in more than one Site:", ip)
+		for i, h := range holders {
+			if i > 0 {
+				msg += " and"
+			}
+			msg += " " + h.describe()
+		}
+		l.errorf(e.file, e.label, "status.addresses", "%s", msg)
+	}
+}
