@@ -223,7 +223,7 @@ status:
 			want: []string{`n.yaml: Node "b1": spec.podCIDRs[0]: 10.10.0.0/16 overlaps Node "a1" spec.podCIDRs[0] 10.10.1.0/24 in n.yaml`},
 		},
 		{
-			name: "podCIDR and podCIDRs disagree",
+			name:  "podCIDR and podCIDRs disagree",
 			files: map[string][]byte{"s.yaml": validSites, "n.yaml": []byte(strings.Replace(node("a1", "10.1.0.1", "10.10.1.0/24, 10.10.2.0/24"), "spec:\n", "spec:\n  podCIDR: 10.10.3.0/24\n", 1))},
 			want: []string{
 				`n.yaml: Node "a1": spec.podCIDR: 10.10.3.0/24 differs from spec.podCIDRs[0] 10.10.1.0/24`,
