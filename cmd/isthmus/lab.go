@@ -1,6 +1,129 @@
 package main
 
-import "github.com/spf13/cobra"
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
 
-// Placeholder until the lab subcommand lands; replace this file.
-func newLabCmd() *cobra.Command { return &cobra.Command{Use: "lab"} }
+	"github.com/spf13/cobra"
+
+	"github.com/isthmus-dev/isthmus/testenv"
+)
+
+// newLabCmd is `isthmus lab up|check|down [SCENARIO]`: the network-namespace lab.
+func newLabCmd() *cobra.Command {
+	var (
+		name     string
+		binary   string
+		datapath string
+		timeout  time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "lab",
+		Short: "Build, check and remove a network-namespace lab of sites, nodes and pods",
+		Long: "SCENARIO is a scenario file or a built-in name (" + strings.Join(testenv.Builtins(), ", ") +
+			"); default \"default\". The lab is named after the scenario unless --name says otherwise.\n" +
+			"See docs/lab.md.",
+	}
+	cmd.PersistentFlags().StringVar(&name, "name", "", "lab name (default: the scenario's name)")
+
+	load := func(args []string) (*testenv.Scenario, string, error) {
+		arg := "default"
+		if len(args) > 0 {
+			arg = args[0]
+		}
+		sc, err := testenv.LoadScenario(arg)
+		if err != nil {
+			return nil, "", err
+		}
+		lab := name
+		if lab == "" {
+			lab = sc.Name
+		}
+		return sc, lab, nil
+	}
+	// ctx ends on Ctrl-C, so an interrupted up still removes what it built.
+	signalCtx := func() (context.Context, context.CancelFunc) {
+		return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	}
+
+	up := &cobra.Command{
+		Use:   "up [SCENARIO]",
+		Short: "Build the lab and start one agent per node",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sc, lab, err := load(args)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalCtx()
+			defer cancel()
+			l, err := testenv.Up(ctx, sc, testenv.Options{
+				Name: lab, Binary: binary, Datapath: testenv.Datapath(datapath),
+				ReadyTimeout: timeout, Log: cmd.ErrOrStderr(),
+			})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "lab %s is up: state %s, router netns %s\n", l.Name, l.StateDir(), l.RouterNS())
+			for _, n := range sc.Nodes() {
+				fmt.Fprintf(cmd.OutOrStdout(), "  node %-8s netns %-20s underlay %s\n", n.Name, l.NodeNS(n.Name), n.Address)
+			}
+			for _, p := range sc.Pods() {
+				fmt.Fprintf(cmd.OutOrStdout(), "  pod  %-8s netns %-20s address  %s (node %s)\n", p.Name, l.PodNS(p.Name), p.Address, p.Node)
+			}
+			return nil
+		},
+	}
+	up.Flags().StringVar(&binary, "binary", "", "isthmus binary the agents run (default: this executable)")
+	up.Flags().StringVar(&datapath, "datapath", string(testenv.DatapathIsthmus), "isthmus (one agent per node), plain (native routes, a baseline) or none (topology only)")
+	up.Flags().DurationVar(&timeout, "ready-timeout", 30*time.Second, "how long to wait for every agent's ready file")
+
+	check := &cobra.Command{
+		Use:   "check [SCENARIO]",
+		Short: "Probe ICMP, TCP and UDP between every pair of pods and print the matrix",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sc, lab, err := load(args)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalCtx()
+			defer cancel()
+			l, err := testenv.Attach(sc, lab)
+			if err != nil {
+				return err
+			}
+			m, err := l.Check(ctx)
+			if m != nil {
+				fmt.Fprint(cmd.OutOrStdout(), m.String())
+			}
+			return err
+		},
+	}
+
+	down := &cobra.Command{
+		Use:   "down [SCENARIO]",
+		Short: "Stop the agents and remove every namespace, pin and state file of the lab",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			lab := name
+			if lab == "" {
+				sc, l, err := load(args)
+				if err != nil {
+					return err
+				}
+				_, lab = sc, l
+			}
+			return testenv.Down(lab, testenv.DownOptions{Binary: binary, Log: cmd.ErrOrStderr()})
+		},
+	}
+	down.Flags().StringVar(&binary, "binary", "", "isthmus binary for uninstall (default: the one up used)")
+
+	cmd.AddCommand(up, check, down)
+	return cmd
+}

@@ -1,0 +1,418 @@
+package testenv
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/net/icmp"
+	"golang.org/x/net/ipv4"
+)
+
+// Proto is a protocol the check probes with.
+type Proto string
+
+// The protocols of a check, in matrix order.
+const (
+	ICMP Proto = "icmp"
+	TCP  Proto = "tcp"
+	UDP  Proto = "udp"
+)
+
+// Protos lists the protocols of a check in matrix order.
+var Protos = []Proto{ICMP, TCP, UDP}
+
+// Probe is the outcome of one protocol from one pod to another.
+type Probe struct {
+	Src, Dst string
+	Proto    Proto
+	OK       bool
+	// Err says why the last attempt failed.
+	Err string
+	// Saw is the source address the destination's server reported (TCP, UDP).
+	Saw netip.Addr
+	// Attempts is how many tries it took (or were made).
+	Attempts int
+}
+
+// Matrix is the result of a check: every probe between the pods.
+type Matrix struct {
+	Pods   []string
+	Probes []Probe
+}
+
+// Get returns the probe of proto from src to dst.
+func (m *Matrix) Get(src, dst string, proto Proto) (Probe, bool) {
+	for _, p := range m.Probes {
+		if p.Src == src && p.Dst == dst && p.Proto == proto {
+			return p, true
+		}
+	}
+	return Probe{}, false
+}
+
+// Failures returns the failed probes.
+func (m *Matrix) Failures() []Probe {
+	var out []Probe
+	for _, p := range m.Probes {
+		if !p.OK {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// String renders the matrix: a row per source, a column per destination, each
+// cell one mark per protocol (icmp tcp udp): "+" passed, "x" failed, "." not
+// probed; then every failure in detail.
+func (m *Matrix) String() string {
+	width := 5
+	for _, p := range m.Pods {
+		width = max(width, len(p))
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-*s", width+2, "src\\dst")
+	for _, d := range m.Pods {
+		fmt.Fprintf(&b, " %-*s", width, d)
+	}
+	b.WriteString("\n")
+	for _, s := range m.Pods {
+		fmt.Fprintf(&b, "%-*s", width+2, s)
+		for _, d := range m.Pods {
+			cell := ""
+			for _, proto := range Protos {
+				p, ok := m.Get(s, d, proto)
+				switch {
+				case !ok:
+					cell += "."
+				case p.OK:
+					cell += "+"
+				default:
+					cell += "x"
+				}
+			}
+			if s == d {
+				cell = "-"
+			}
+			fmt.Fprintf(&b, " %-*s", width, cell)
+		}
+		b.WriteString("\n")
+	}
+	fails := m.Failures()
+	fmt.Fprintf(&b, "cells: icmp tcp udp, + ok, x failed; %d probes, %d failed\n", len(m.Probes), len(fails))
+	for _, f := range fails {
+		fmt.Fprintf(&b, "FAIL %s -> %s %s after %d attempts: %s\n", f.Src, f.Dst, f.Proto, f.Attempts, f.Err)
+	}
+	return b.String()
+}
+
+// CheckOptions tune a check.
+type CheckOptions struct {
+	// Timeout of one attempt; default 1s.
+	Timeout time.Duration
+	// Attempts per probe; default 3.
+	Attempts int
+	// Parallel probes at once; default 16.
+	Parallel int
+}
+
+// Check probes every ordered pair of distinct pods with ICMP echo, TCP and UDP.
+// TCP and UDP servers in the destination pod report the source address they
+// saw, which must be the source pod's own. The error is non-nil when any probe
+// failed (the matrix says which) or the check could not run.
+func (l *Lab) Check(ctx context.Context) (*Matrix, error) {
+	var pairs [][2]string
+	for _, s := range l.Scenario.Pods() {
+		for _, d := range l.Scenario.Pods() {
+			if s.Name != d.Name {
+				pairs = append(pairs, [2]string{s.Name, d.Name})
+			}
+		}
+	}
+	return l.CheckPairs(ctx, pairs, CheckOptions{})
+}
+
+// CheckPairs probes the given (source, destination) pod pairs; see Check.
+func (l *Lab) CheckPairs(ctx context.Context, pairs [][2]string, opts CheckOptions) (*Matrix, error) {
+	if opts.Timeout == 0 {
+		opts.Timeout = time.Second
+	}
+	if opts.Attempts == 0 {
+		opts.Attempts = 3
+	}
+	if opts.Parallel == 0 {
+		opts.Parallel = 16
+	}
+	m := &Matrix{}
+	for _, p := range l.Scenario.Pods() {
+		m.Pods = append(m.Pods, p.Name)
+	}
+	// One server pair per destination pod.
+	servers := map[string]*EchoServer{}
+	defer func() {
+		for _, s := range servers {
+			s.Close()
+		}
+	}()
+	for _, pr := range pairs {
+		for _, name := range pr {
+			if _, ok := l.Pod(name); !ok {
+				return nil, fmt.Errorf("check: no pod %q", name)
+			}
+		}
+		if servers[pr[1]] != nil {
+			continue
+		}
+		srv, err := StartEchoServer(l.PodNS(pr[1]))
+		if err != nil {
+			return nil, fmt.Errorf("check: %w", err)
+		}
+		servers[pr[1]] = srv
+	}
+
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, opts.Parallel)
+	for _, pr := range pairs {
+		src, _ := l.Pod(pr[0])
+		dst, _ := l.Pod(pr[1])
+		srv := servers[pr[1]]
+		for _, proto := range Protos {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				p := Probe{Src: src.Name, Dst: dst.Name, Proto: proto}
+				for p.Attempts < opts.Attempts && ctx.Err() == nil {
+					p.Attempts++
+					var err error
+					switch proto {
+					case ICMP:
+						err = Ping(l.PodNS(src.Name), dst.Address, opts.Timeout)
+					case TCP:
+						p.Saw, err = TCPEcho(l.PodNS(src.Name), netip.AddrPortFrom(dst.Address, srv.TCPPort), opts.Timeout)
+					case UDP:
+						p.Saw, err = UDPEcho(l.PodNS(src.Name), netip.AddrPortFrom(dst.Address, srv.UDPPort), opts.Timeout)
+					}
+					if err == nil && proto != ICMP && p.Saw != src.Address {
+						err = fmt.Errorf("server saw source %s, want the pod's own %s", p.Saw, src.Address)
+					}
+					if err == nil {
+						p.OK, p.Err = true, ""
+						break
+					}
+					p.Err = err.Error()
+				}
+				if ctx.Err() != nil && !p.OK && p.Err == "" {
+					p.Err = ctx.Err().Error()
+				}
+				mu.Lock()
+				m.Probes = append(m.Probes, p)
+				mu.Unlock()
+			}()
+		}
+	}
+	wg.Wait()
+	order := map[string]int{}
+	for i, p := range m.Pods {
+		order[p] = i
+	}
+	protoOrder := map[Proto]int{ICMP: 0, TCP: 1, UDP: 2}
+	sort.Slice(m.Probes, func(i, j int) bool {
+		a, b := m.Probes[i], m.Probes[j]
+		if a.Src != b.Src {
+			return order[a.Src] < order[b.Src]
+		}
+		if a.Dst != b.Dst {
+			return order[a.Dst] < order[b.Dst]
+		}
+		return protoOrder[a.Proto] < protoOrder[b.Proto]
+	})
+	if n := len(m.Failures()); n > 0 {
+		return m, fmt.Errorf("check lab %s: %d of %d probes failed", l.Name, n, len(m.Probes))
+	}
+	return m, nil
+}
+
+// EchoServer is a TCP and a UDP server in a pod's namespace that answer every
+// connection or datagram with the source address they saw ("10.244.1.10\n").
+type EchoServer struct {
+	TCPPort, UDPPort uint16
+	tcp              net.Listener
+	udp              net.PacketConn
+	wg               sync.WaitGroup
+}
+
+// StartEchoServer opens both servers in the named namespace on ephemeral ports.
+func StartEchoServer(nsName string) (*EchoServer, error) {
+	s := &EchoServer{}
+	err := Do(nsName, func() error {
+		var err error
+		if s.tcp, err = net.Listen("tcp4", "0.0.0.0:0"); err != nil {
+			return fmt.Errorf("listen tcp: %w", err)
+		}
+		if s.udp, err = net.ListenPacket("udp4", "0.0.0.0:0"); err != nil {
+			s.tcp.Close()
+			return fmt.Errorf("listen udp: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start echo server in %s: %w", nsName, err)
+	}
+	s.TCPPort = uint16(s.tcp.Addr().(*net.TCPAddr).Port)
+	s.UDPPort = uint16(s.udp.LocalAddr().(*net.UDPAddr).Port)
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		for {
+			c, err := s.tcp.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				ap := c.RemoteAddr().(*net.TCPAddr).AddrPort()
+				fmt.Fprintf(c, "%s\n", ap.Addr().Unmap())
+			}()
+		}
+	}()
+	go func() {
+		defer s.wg.Done()
+		buf := make([]byte, 2048)
+		for {
+			_, from, err := s.udp.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			ap := from.(*net.UDPAddr).AddrPort()
+			s.udp.WriteTo([]byte(ap.Addr().Unmap().String()+"\n"), from)
+		}
+	}()
+	return s, nil
+}
+
+// Close stops both servers.
+func (s *EchoServer) Close() {
+	s.tcp.Close()
+	s.udp.Close()
+	s.wg.Wait()
+}
+
+// TCPEcho connects from the named namespace to an EchoServer and returns the
+// source address the server saw.
+func TCPEcho(nsName string, to netip.AddrPort, timeout time.Duration) (netip.Addr, error) {
+	var c net.Conn
+	err := Do(nsName, func() error {
+		var err error
+		c, err = net.DialTimeout("tcp4", to.String(), timeout)
+		return err
+	})
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("connect: %w", err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(timeout))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("read reply: %w", err)
+	}
+	saw, err := netip.ParseAddr(strings.TrimSpace(line))
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("read reply: %w", err)
+	}
+	return saw, nil
+}
+
+// UDPEcho sends a datagram from the named namespace to an EchoServer and returns
+// the source address the server saw.
+func UDPEcho(nsName string, to netip.AddrPort, timeout time.Duration) (netip.Addr, error) {
+	var c *net.UDPConn
+	err := Do(nsName, func() error {
+		var err error
+		c, err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(to))
+		return err
+	})
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("open udp: %w", err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(timeout))
+	if _, err := c.Write([]byte("who am i\n")); err != nil {
+		return netip.Addr{}, fmt.Errorf("send: %w", err)
+	}
+	buf := make([]byte, 256)
+	n, err := c.Read(buf)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("read reply: %w", err)
+	}
+	saw, err := netip.ParseAddr(strings.TrimSpace(string(buf[:n])))
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("read reply: %w", err)
+	}
+	return saw, nil
+}
+
+// Ping sends one ICMP echo request from the named namespace and waits for the
+// matching reply from to.
+func Ping(nsName string, to netip.Addr, timeout time.Duration) error {
+	var c *icmp.PacketConn
+	err := Do(nsName, func() error {
+		var err error
+		c, err = icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("open icmp socket: %w", err)
+	}
+	defer c.Close()
+	id, seq := rand.IntN(1<<16), rand.IntN(1<<16)
+	req, err := (&icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: seq, Data: []byte("isthmus lab")}}).Marshal(nil)
+	if err != nil {
+		return fmt.Errorf("build echo: %w", err)
+	}
+	c.SetDeadline(time.Now().Add(timeout))
+	if _, err := c.WriteTo(req, &net.IPAddr{IP: to.AsSlice()}); err != nil {
+		return fmt.Errorf("send echo: %w", err)
+	}
+	buf := make([]byte, 1500)
+	var last string
+	for {
+		n, from, err := c.ReadFrom(buf)
+		if err != nil {
+			if last != "" {
+				return fmt.Errorf("no echo reply (last ICMP: %s): %w", last, err)
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return errors.New("no echo reply: timeout")
+			}
+			return fmt.Errorf("read: %w", err)
+		}
+		msg, err := icmp.ParseMessage(1, buf[:n])
+		if err != nil {
+			continue
+		}
+		switch body := msg.Body.(type) {
+		case *icmp.Echo:
+			if msg.Type == ipv4.ICMPTypeEchoReply && body.ID == id && body.Seq == seq {
+				if got := from.(*net.IPAddr).IP.String(); got != to.String() {
+					return fmt.Errorf("echo reply from %s, want %s", got, to)
+				}
+				return nil
+			}
+		case *icmp.DstUnreach, *icmp.TimeExceeded:
+			last = fmt.Sprintf("%v from %s", msg.Type, from)
+		}
+	}
+}

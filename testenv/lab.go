@@ -1,0 +1,523 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+)
+
+// Default locations of a lab's state and pins.
+const (
+	// StateRoot holds one directory per lab: objects/, <node>.log, .pid, .ready.
+	StateRoot = "/run/isthmus-lab"
+	// PinRoot holds one directory per lab with one pin directory per node.
+	PinRoot = "/sys/fs/bpf/isthmus-lab"
+	// NSPrefix starts the name of every namespace the lab creates.
+	NSPrefix = "isl-"
+	// UnderlayDev is each node's underlay interface and each pod's interface.
+	UnderlayDev = "eth0"
+	// PodIfacePattern matches the host side of every pod veth (pod-<pod>).
+	PodIfacePattern = "pod-*"
+	// PodGateway is the pods' next hop, answered by the host side of the veth
+	// through a permanent neighbour entry, as Calico and Cilium do.
+	PodGateway = "169.254.1.1"
+	// GeneveOverhead is outer IPv4, UDP and GENEVE plus the inner Ethernet header.
+	GeneveOverhead = 50
+)
+
+// Datapath selects what carries pod traffic between nodes.
+type Datapath string
+
+const (
+	// DatapathIsthmus starts one isthmus agent per node (the default).
+	DatapathIsthmus Datapath = "isthmus"
+	// DatapathPlain routes pod CIDRs natively: routes on nodes and router, and
+	// pod-to-pod traffic exempt from the leftover MASQUERADE. A baseline.
+	DatapathPlain Datapath = "plain"
+	// DatapathNone builds the topology only.
+	DatapathNone Datapath = "none"
+)
+
+// Options tune Up.
+type Options struct {
+	// Name is the lab name (default the scenario name); it prefixes every
+	// namespace (isl-<name>-) and names the state and pin directories.
+	Name string
+	// Binary is the isthmus executable for the agents and uninstall; default
+	// the running executable.
+	Binary string
+	// Datapath defaults to DatapathIsthmus.
+	Datapath Datapath
+	// ReadyTimeout bounds the wait for every agent's ready file; default 30s.
+	ReadyTimeout time.Duration
+	// AgentArgs are appended to every agent's command line.
+	AgentArgs []string
+	// Log receives progress lines; nil discards them.
+	Log io.Writer
+}
+
+// Lab is a built lab. Its methods are safe to call from several goroutines.
+type Lab struct {
+	Name     string
+	Scenario *Scenario
+	Binary   string
+	Datapath Datapath
+	log      io.Writer
+
+	mu     sync.Mutex
+	agents map[string]*agent // started by this process, by node
+}
+
+// StateDir returns the lab's state directory.
+func (l *Lab) StateDir() string { return StateDir(l.Name) }
+
+// ObjectsDir returns the directory the agents watch.
+func (l *Lab) ObjectsDir() string { return filepath.Join(l.StateDir(), "objects") }
+
+// PinDir returns the pin directory of a node's agent.
+func (l *Lab) PinDir(node string) string { return filepath.Join(PinRoot, l.Name, node) }
+
+// StateDir returns the state directory of the named lab.
+func StateDir(lab string) string { return filepath.Join(StateRoot, lab) }
+
+// NSName returns the namespace of a lab's node, pod or router ("rt").
+func NSName(lab, member string) string { return NSPrefix + lab + "-" + member }
+
+// RouterNS returns the router's namespace.
+func (l *Lab) RouterNS() string { return NSName(l.Name, "rt") }
+
+// NodeNS returns the namespace of the named node.
+func (l *Lab) NodeNS(node string) string { return NSName(l.Name, node) }
+
+// PodNS returns the namespace of the named pod.
+func (l *Lab) PodNS(pod string) string { return NSName(l.Name, pod) }
+
+// RouterPort returns the router-side interface of a node's underlay veth, the
+// place to capture that node's underlay traffic (in RouterNS).
+func RouterPort(node string) string { return "n-" + node }
+
+// Bridge returns the router's bridge for a site.
+func Bridge(site string) string { return "br-" + site }
+
+// HostVeth returns the host side of a pod's veth on its node.
+func HostVeth(pod string) string { return "pod-" + pod }
+
+// Pod returns the named pod.
+func (l *Lab) Pod(name string) (PodRef, bool) { return l.Scenario.pod(name) }
+
+// Node returns the named node.
+func (l *Lab) Node(name string) (NodeRef, bool) { return l.Scenario.node(name) }
+
+// PodAddr returns the address of the named pod, or the zero Addr.
+func (l *Lab) PodAddr(name string) netip.Addr {
+	p, _ := l.Pod(name)
+	return p.Address
+}
+
+// Exec runs argv in the namespace nsName (see NodeNS, PodNS, RouterNS).
+func (l *Lab) Exec(ctx context.Context, nsName string, argv ...string) (string, error) {
+	return Exec(ctx, nsName, argv...)
+}
+
+func (l *Lab) logf(format string, args ...any) {
+	if l.log != nil {
+		fmt.Fprintf(l.log, format+"\n", args...)
+	}
+}
+
+// Up builds the scenario: namespaces, underlay, nodes, pods, the CNI leftover
+// rules, objects, and (for DatapathIsthmus) one agent per node, then waits for
+// every agent's ready file. On error everything built so far is removed. It needs
+// root.
+func Up(ctx context.Context, sc *Scenario, opts Options) (*Lab, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("build lab: needs root (network namespaces, veths, bpffs)")
+	}
+	l := &Lab{Name: opts.Name, Scenario: sc, Binary: opts.Binary, Datapath: opts.Datapath, log: opts.Log, agents: map[string]*agent{}}
+	if l.Name == "" {
+		l.Name = sc.Name
+	}
+	if err := ValidateLabName(l.Name); err != nil {
+		return nil, fmt.Errorf("build lab: %w", err)
+	}
+	if l.Datapath == "" {
+		l.Datapath = DatapathIsthmus
+	}
+	if l.Binary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("find isthmus binary: %w", err)
+		}
+		l.Binary = exe
+	}
+	if existing, _ := listNS(NSPrefix + l.Name + "-"); len(existing) > 0 {
+		return nil, fmt.Errorf("build lab %q: namespaces %v exist; run `isthmus lab down` first", l.Name, existing)
+	}
+	if err := l.build(ctx, opts); err != nil {
+		if derr := Down(l.Name, DownOptions{Binary: l.Binary, Log: opts.Log}); derr != nil {
+			err = errors.Join(err, derr)
+		}
+		return nil, fmt.Errorf("build lab %q: %w", l.Name, err)
+	}
+	return l, nil
+}
+
+func (l *Lab) build(ctx context.Context, opts Options) error {
+	sc := l.Scenario
+	if err := os.MkdirAll(l.StateDir(), 0o755); err != nil {
+		return fmt.Errorf("create state dir: %w", err)
+	}
+	// Remember the binary so a later `lab down` can run its uninstall.
+	if err := os.WriteFile(filepath.Join(l.StateDir(), "binary"), []byte(l.Binary), 0o644); err != nil {
+		return fmt.Errorf("write state: %w", err)
+	}
+	l.logf("lab %s: router", l.Name)
+	if err := l.buildRouter(); err != nil {
+		return err
+	}
+	for _, n := range sc.Nodes() {
+		l.logf("lab %s: node %s (%s, site %s)", l.Name, n.Name, n.Address, n.Site.Name)
+		if err := l.buildNode(n); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		for _, p := range n.Pods {
+			if err := l.buildPod(n, p); err != nil {
+				return fmt.Errorf("pod %s: %w", p.Name, err)
+			}
+		}
+		if err := l.nodeSysctls(n); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		if err := l.nodeRules(ctx, n); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
+	if l.Datapath == DatapathPlain {
+		if err := l.plainRoutes(); err != nil {
+			return err
+		}
+	}
+	if err := sc.WriteObjects(l.ObjectsDir()); err != nil {
+		return err
+	}
+	if l.Datapath != DatapathIsthmus {
+		return nil
+	}
+	return l.startAgents(ctx, opts)
+}
+
+func (l *Lab) buildRouter() error {
+	ns := l.RouterNS()
+	if err := createNS(ns); err != nil {
+		return err
+	}
+	h, _, err := handleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	if err := linkUp(h, "lo"); err != nil {
+		return err
+	}
+	for _, site := range l.Scenario.Sites {
+		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: Bridge(site.Name), MTU: l.Scenario.Underlay.mtu()}}
+		if err := h.LinkAdd(br); err != nil {
+			return fmt.Errorf("add bridge %s: %w", br.Name, err)
+		}
+		addr := &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(site.Gateway, site.Subnet.Bits()))}
+		if err := h.AddrAdd(br, addr); err != nil {
+			return fmt.Errorf("add %s to %s: %w", addr, br.Name, err)
+		}
+		if err := linkUp(h, br.Name); err != nil {
+			return err
+		}
+	}
+	return writeSysctls(ns, map[string]string{"net/ipv4/ip_forward": "1"})
+}
+
+func (l *Lab) buildNode(n NodeRef) error {
+	ns := l.NodeNS(n.Name)
+	if err := createNS(ns); err != nil {
+		return err
+	}
+	// rp_filter first, so every interface created later inherits strict mode.
+	if err := writeSysctls(ns, map[string]string{
+		"net/ipv4/conf/all/rp_filter":     "1",
+		"net/ipv4/conf/default/rp_filter": "1",
+	}); err != nil {
+		return err
+	}
+	rt, _, err := handleAt(l.RouterNS())
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	h, nsh, err := handleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	defer nsh.Close()
+	mtu := l.Scenario.Underlay.mtu()
+	port := RouterPort(n.Name)
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: port, MTU: mtu},
+		PeerName:      UnderlayDev,
+		PeerMTU:       uint32(mtu),
+		PeerNamespace: netlink.NsFd(nsh),
+	}
+	if err := rt.LinkAdd(veth); err != nil {
+		return fmt.Errorf("add underlay veth %s: %w", port, err)
+	}
+	br, err := rt.LinkByName(Bridge(n.Site.Name))
+	if err != nil {
+		return fmt.Errorf("find bridge: %w", err)
+	}
+	rport, err := rt.LinkByName(port)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", port, err)
+	}
+	if err := rt.LinkSetMaster(rport, br); err != nil {
+		return fmt.Errorf("attach %s to %s: %w", port, br.Attrs().Name, err)
+	}
+	if err := linkUp(rt, port); err != nil {
+		return err
+	}
+	if err := linkUp(h, "lo"); err != nil {
+		return err
+	}
+	eth, err := h.LinkByName(UnderlayDev)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", UnderlayDev, err)
+	}
+	if err := h.AddrAdd(eth, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(n.Address, n.Site.Subnet.Bits()))}); err != nil {
+		return fmt.Errorf("add underlay address: %w", err)
+	}
+	if err := linkUp(h, UnderlayDev); err != nil {
+		return err
+	}
+	if err := h.RouteAdd(&netlink.Route{Gw: n.Site.Gateway.AsSlice()}); err != nil {
+		return fmt.Errorf("add default route via %s: %w", n.Site.Gateway, err)
+	}
+	// Unmanaged pods are the site fabric's business: it routes them to the node.
+	for _, p := range n.Pods {
+		if p.Unmanaged || n.Site.FabricRoutes {
+			dst := netip.PrefixFrom(p.Address, 32)
+			if err := rt.RouteAdd(&netlink.Route{Dst: ipNet(dst), Gw: n.Address.AsSlice()}); err != nil && !errors.Is(err, os.ErrExist) {
+				return fmt.Errorf("add fabric route %s via %s: %w", dst, n.Address, err)
+			}
+		}
+	}
+	if n.Site.FabricRoutes {
+		for _, c := range n.PodCIDRs {
+			if err := rt.RouteAdd(&netlink.Route{Dst: ipNet(c), Gw: n.Address.AsSlice()}); err != nil {
+				return fmt.Errorf("add fabric route %s via %s: %w", c, n.Address, err)
+			}
+		}
+	}
+	return nil
+}
+
+func (l *Lab) buildPod(n NodeRef, p Pod) error {
+	ns := l.PodNS(p.Name)
+	if err := createNS(ns); err != nil {
+		return err
+	}
+	node, _, err := handleAt(l.NodeNS(n.Name))
+	if err != nil {
+		return err
+	}
+	defer node.Close()
+	h, nsh, err := handleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	defer nsh.Close()
+	mtu := l.Scenario.Underlay.mtu() - GeneveOverhead
+	host := HostVeth(p.Name)
+	if err := node.LinkAdd(&netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: host, MTU: mtu},
+		PeerName:      UnderlayDev,
+		PeerMTU:       uint32(mtu),
+		PeerNamespace: netlink.NsFd(nsh),
+	}); err != nil {
+		return fmt.Errorf("add pod veth %s: %w", host, err)
+	}
+	hostLink, err := node.LinkByName(host)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", host, err)
+	}
+	if err := linkUp(node, host); err != nil {
+		return err
+	}
+	if err := node.RouteAdd(&netlink.Route{LinkIndex: hostLink.Attrs().Index, Scope: netlink.SCOPE_LINK,
+		Dst: ipNet(netip.PrefixFrom(p.Address, 32))}); err != nil {
+		return fmt.Errorf("add host route to %s: %w", p.Address, err)
+	}
+	if err := linkUp(h, "lo"); err != nil {
+		return err
+	}
+	eth, err := h.LinkByName(UnderlayDev)
+	if err != nil {
+		return fmt.Errorf("find pod %s: %w", UnderlayDev, err)
+	}
+	if err := h.AddrAdd(eth, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(p.Address, 32))}); err != nil {
+		return fmt.Errorf("add pod address: %w", err)
+	}
+	if err := linkUp(h, UnderlayDev); err != nil {
+		return err
+	}
+	gw := netip.MustParseAddr(PodGateway)
+	idx := eth.Attrs().Index
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: idx, Scope: netlink.SCOPE_LINK, Dst: ipNet(netip.PrefixFrom(gw, 32))}); err != nil {
+		return fmt.Errorf("add route to %s: %w", gw, err)
+	}
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: idx, Gw: gw.AsSlice()}); err != nil {
+		return fmt.Errorf("add default route: %w", err)
+	}
+	if err := h.NeighAdd(&netlink.Neigh{LinkIndex: idx, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+		IP: gw.AsSlice(), HardwareAddr: hostLink.Attrs().HardwareAddr}); err != nil {
+		return fmt.Errorf("add neighbour %s: %w", gw, err)
+	}
+	return nil
+}
+
+// nodeSysctls turns on forwarding and strict reverse-path filtering on every
+// interface of the node, as a hardened node would have them.
+func (l *Lab) nodeSysctls(n NodeRef) error {
+	kv := map[string]string{
+		"net/ipv4/ip_forward":             "1",
+		"net/ipv4/conf/all/rp_filter":     "1",
+		"net/ipv4/conf/default/rp_filter": "1",
+	}
+	h, _, err := handleAt(l.NodeNS(n.Name))
+	if err != nil {
+		return err
+	}
+	links, err := h.LinkList()
+	h.Close()
+	if err != nil {
+		return fmt.Errorf("list links: %w", err)
+	}
+	for _, link := range links {
+		kv["net/ipv4/conf/"+link.Attrs().Name+"/rp_filter"] = "1"
+	}
+	return writeSysctls(l.NodeNS(n.Name), kv)
+}
+
+// nodeRules installs the iptables rules another CNI typically leaves on a node,
+// when the scenario asks for them. In the plain datapath pod-to-pod traffic is
+// exempted from MASQUERADE first, as every routed CNI does for its own traffic;
+// isthmus must not need that exemption.
+func (l *Lab) nodeRules(ctx context.Context, n NodeRef) error {
+	if !l.Scenario.Leftovers(&n.Node) {
+		return nil
+	}
+	blocks := l.Scenario.PodBlocks()
+	var b strings.Builder
+	b.WriteString("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n")
+	if l.Datapath == DatapathPlain {
+		for _, s := range blocks {
+			for _, d := range blocks {
+				fmt.Fprintf(&b, "-A POSTROUTING -s %s -d %s -j RETURN\n", s, d)
+			}
+		}
+	}
+	for _, s := range blocks {
+		fmt.Fprintf(&b, "-A POSTROUTING -s %s ! -d 224.0.0.0/4 -j MASQUERADE\n", s)
+	}
+	b.WriteString("COMMIT\n*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n")
+	b.WriteString("-A FORWARD -m conntrack --ctstate INVALID -j DROP\n")
+	for _, s := range blocks {
+		fmt.Fprintf(&b, "-A FORWARD -s %s -j ACCEPT\n", s)
+		fmt.Fprintf(&b, "-A FORWARD -d %s -j ACCEPT\n", s)
+	}
+	b.WriteString("COMMIT\n")
+	cmd := Command(ctx, l.NodeNS(n.Name), "iptables-restore", "-w")
+	cmd.Stdin = strings.NewReader(b.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("install CNI leftover rules: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// plainRoutes routes every node's pod CIDRs natively: straight to same-subnet
+// nodes, and through the router (which learns a route per podCIDR) otherwise.
+func (l *Lab) plainRoutes() error {
+	rt, _, err := handleAt(l.RouterNS())
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	nodes := l.Scenario.Nodes()
+	for _, dst := range nodes {
+		for _, c := range dst.PodCIDRs {
+			if dst.Site.FabricRoutes {
+				continue // already there
+			}
+			if err := rt.RouteAdd(&netlink.Route{Dst: ipNet(c), Gw: dst.Address.AsSlice()}); err != nil {
+				return fmt.Errorf("add router route %s: %w", c, err)
+			}
+		}
+		for _, src := range nodes {
+			if src.Name == dst.Name || src.Site.Name != dst.Site.Name {
+				continue
+			}
+			h, _, err := handleAt(l.NodeNS(src.Name))
+			if err != nil {
+				return err
+			}
+			for _, c := range dst.PodCIDRs {
+				if err := h.RouteAdd(&netlink.Route{Dst: ipNet(c), Gw: dst.Address.AsSlice()}); err != nil {
+					h.Close()
+					return fmt.Errorf("node %s: add route %s via %s: %w", src.Name, c, dst.Address, err)
+				}
+			}
+			h.Close()
+		}
+	}
+	return nil
+}
+
+func linkUp(h *netlink.Handle, name string) error {
+	link, err := h.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", name, err)
+	}
+	if err := h.LinkSetUp(link); err != nil {
+		return fmt.Errorf("set %s up: %w", name, err)
+	}
+	return nil
+}
+
+func ipNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// Attach returns the lab of that name built earlier (by another process) from
+// sc, for Check, Exec and Down. It fails when the lab's router namespace is
+// missing.
+func Attach(sc *Scenario, name string) (*Lab, error) {
+	if err := ValidateLabName(name); err != nil {
+		return nil, fmt.Errorf("attach lab: %w", err)
+	}
+	l := &Lab{Name: name, Scenario: sc, Datapath: DatapathIsthmus, agents: map[string]*agent{}}
+	if _, err := os.Stat(NSPath(l.RouterNS())); err != nil {
+		return nil, fmt.Errorf("attach lab %s: not up (%w)", name, err)
+	}
+	if data, err := os.ReadFile(filepath.Join(l.StateDir(), "binary")); err == nil {
+		l.Binary = strings.TrimSpace(string(data))
+	}
+	return l, nil
+}

@@ -1,0 +1,510 @@
+// Package testenv is the isthmus network-namespace lab: it builds sites, nodes,
+// pods and the underlay router between them out of network namespaces and veth
+// pairs, writes the Site, SitePeering and Node objects the agents read, starts
+// one agent per node, and checks that every pod reaches every other.
+//
+// A lab is described by a Scenario (YAML, see docs/lab.md). Up builds it, Check
+// probes it, Down removes it; Down works from the names alone, so it also cleans
+// up after a crashed or interrupted Up.
+package testenv
+
+import (
+	"embed"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+//go:embed scenarios/*.yaml
+var builtin embed.FS
+
+// Scenario describes one lab: the underlay, the sites with their nodes and
+// pods, and the peerings. Unknown fields are errors, so a scenario written for a
+// later lab fails loudly here instead of building something else.
+type Scenario struct {
+	// Name is the scenario's name; it is also the default lab name.
+	Name string `json:"name"`
+	// VNI is passed to every agent as --vni; 0 leaves the agent's default.
+	VNI uint32 `json:"vni,omitempty"`
+	// Decap is passed to every agent as --decap (auto, tc or xdp); empty leaves
+	// the agent's default.
+	Decap string `json:"decap,omitempty"`
+	// Underlay describes the network between the nodes.
+	Underlay Underlay `json:"underlay,omitempty"`
+	// Defaults apply to every node that does not say otherwise.
+	Defaults NodeDefaults `json:"defaults,omitempty"`
+	// Sites are the sites, each on its own underlay subnet.
+	Sites []Site `json:"sites"`
+	// Peerings become SitePeering objects.
+	Peerings []Peering `json:"peerings,omitempty"`
+	// Objects are further manifests (multi-document YAML), written verbatim into
+	// the objects directory.
+	Objects string `json:"objects,omitempty"`
+}
+
+// Underlay is the routed network joining the sites: one router namespace with a
+// bridge per site, the router holding each site's gateway address.
+type Underlay struct {
+	// MTU of every underlay link; default 1500.
+	MTU int `json:"mtu,omitempty"`
+}
+
+// NodeDefaults are per-node settings applied unless a node overrides them.
+type NodeDefaults struct {
+	// CNILeftovers installs the iptables rules another CNI typically leaves on a
+	// node (MASQUERADE of pod blocks, FORWARD policy DROP, conntrack INVALID
+	// drops). Default false.
+	CNILeftovers bool `json:"cniLeftovers,omitempty"`
+}
+
+// Site is one site: an underlay subnet, its nodes, and its Site object given
+// either as a spec (the lab wraps it) or as raw manifests.
+type Site struct {
+	// Name names the Site object and the site's bridge (br-<name>).
+	Name string `json:"name"`
+	// Subnet is the site's underlay subnet; the router takes Gateway in it.
+	Subnet netip.Prefix `json:"subnet"`
+	// Gateway is the router's address in Subnet; default its first address.
+	Gateway netip.Addr `json:"gateway,omitzero"`
+	// Spec, when set, becomes the spec of a Site object named Name, verbatim.
+	Spec json.RawMessage `json:"spec,omitempty"`
+	// Objects are raw manifests for this site (for example a user's Site pasted
+	// from a report), written verbatim. Pod blocks for the CNI leftover rules are
+	// read from every Site in them.
+	Objects string `json:"objects,omitempty"`
+	// FabricRoutes makes the underlay route every node's podCIDRs to that node,
+	// as a cloud route table does. Unmanaged pods are always routed.
+	FabricRoutes bool `json:"fabricRoutes,omitempty"`
+	// Nodes are the site's nodes.
+	Nodes []Node `json:"nodes"`
+}
+
+// Node is one node: a namespace with the underlay eth0, its pods and an agent.
+type Node struct {
+	Name string `json:"name"`
+	// Address is the node's underlay address (its InternalIP), in the site's
+	// subnet.
+	Address netip.Addr `json:"address"`
+	// PodCIDR is shorthand for a single entry of PodCIDRs.
+	PodCIDR netip.Prefix `json:"podCIDR,omitzero"`
+	// PodCIDRs become spec.podCIDRs (spec.podCIDR is the first); empty for a
+	// node whose pods another CNI addresses.
+	PodCIDRs []netip.Prefix `json:"podCIDRs,omitempty"`
+	// Labels become the Node's labels.
+	Labels map[string]string `json:"labels,omitempty"`
+	// CNILeftovers overrides Defaults.CNILeftovers for this node.
+	CNILeftovers *bool `json:"cniLeftovers,omitempty"`
+	// Pods are the node's pods.
+	Pods []Pod `json:"pods,omitempty"`
+}
+
+// Pod is one pod: a namespace with eth0 (address/32) wired to the node by a veth
+// whose host side is pod-<name>.
+type Pod struct {
+	Name    string     `json:"name"`
+	Address netip.Addr `json:"address"`
+	// Unmanaged marks a pod addressed by another CNI from a site-wide pool: its
+	// address need not be in the node's podCIDRs, and the underlay routes it to
+	// the node.
+	Unmanaged bool `json:"unmanaged,omitempty"`
+}
+
+// Peering becomes a SitePeering object.
+type Peering struct {
+	Name  string   `json:"name"`
+	Sites []string `json:"sites"`
+	// MeshNodes is written as spec.meshNodes when set.
+	MeshNodes *bool `json:"meshNodes,omitempty"`
+}
+
+// Leftovers reports whether node n gets the CNI leftover rules.
+func (s *Scenario) Leftovers(n *Node) bool {
+	if n.CNILeftovers != nil {
+		return *n.CNILeftovers
+	}
+	return s.Defaults.CNILeftovers
+}
+
+// MTU returns the underlay MTU with its default applied.
+func (u Underlay) mtu() int {
+	if u.MTU == 0 {
+		return 1500
+	}
+	return u.MTU
+}
+
+// PodRef is a pod with the node and site it sits on.
+type PodRef struct {
+	Pod
+	Node string
+	Site string
+}
+
+// Pods lists every pod of the scenario in scenario order.
+func (s *Scenario) Pods() []PodRef {
+	var out []PodRef
+	for _, site := range s.Sites {
+		for _, n := range site.Nodes {
+			for _, p := range n.Pods {
+				out = append(out, PodRef{Pod: p, Node: n.Name, Site: site.Name})
+			}
+		}
+	}
+	return out
+}
+
+// NodeRef is a node with the site it belongs to.
+type NodeRef struct {
+	Node
+	Site *Site
+}
+
+// Nodes lists every node of the scenario in scenario order.
+func (s *Scenario) Nodes() []NodeRef {
+	var out []NodeRef
+	for i := range s.Sites {
+		for _, n := range s.Sites[i].Nodes {
+			out = append(out, NodeRef{Node: n, Site: &s.Sites[i]})
+		}
+	}
+	return out
+}
+
+// ParseScenario parses and validates a scenario.
+func ParseScenario(data []byte) (*Scenario, error) {
+	var s Scenario
+	if err := yaml.UnmarshalStrict(data, &s); err != nil {
+		return nil, fmt.Errorf("parse scenario: %w", err)
+	}
+	for i := range s.Sites {
+		site := &s.Sites[i]
+		if !site.Gateway.IsValid() && site.Subnet.IsValid() {
+			site.Gateway = site.Subnet.Masked().Addr().Next()
+		}
+		for j := range site.Nodes {
+			n := &site.Nodes[j]
+			if n.PodCIDR.IsValid() && !slices.Contains(n.PodCIDRs, n.PodCIDR) {
+				n.PodCIDRs = append([]netip.Prefix{n.PodCIDR}, n.PodCIDRs...)
+			}
+			n.PodCIDR = netip.Prefix{}
+		}
+	}
+	if err := s.validate(); err != nil {
+		return nil, fmt.Errorf("scenario %q: %w", s.Name, err)
+	}
+	return &s, nil
+}
+
+// LoadScenario reads a scenario from a file path, or, when nameOrPath names no
+// file and has no slash, the built-in scenario of that name.
+func LoadScenario(nameOrPath string) (*Scenario, error) {
+	data, err := os.ReadFile(nameOrPath)
+	if err != nil {
+		if !os.IsNotExist(err) || strings.ContainsRune(nameOrPath, '/') {
+			return nil, fmt.Errorf("read scenario: %w", err)
+		}
+		data, err = builtin.ReadFile(path.Join("scenarios", strings.TrimSuffix(nameOrPath, ".yaml")+".yaml"))
+		if err != nil {
+			return nil, fmt.Errorf("load scenario %q: no such file and no built-in (have %s)", nameOrPath, strings.Join(Builtins(), ", "))
+		}
+	}
+	return ParseScenario(data)
+}
+
+// Builtins lists the names of the embedded scenarios.
+func Builtins() []string {
+	ents, _ := builtin.ReadDir("scenarios")
+	var names []string
+	for _, e := range ents {
+		names = append(names, strings.TrimSuffix(e.Name(), ".yaml"))
+	}
+	return names
+}
+
+// Name limits keep every interface name within the kernel's 15 characters:
+// br-<site>, n-<node> (router side of a node's underlay veth), pod-<pod>.
+const (
+	maxSiteName = 15 - len("br-")
+	maxNodeName = 15 - len("n-")
+	maxPodName  = 15 - len("pod-")
+	// MaxLabName keeps namespace names short and lab prefixes unambiguous
+	// (no dash, so isl-<lab>- never prefixes another lab's names).
+	MaxLabName = 12
+)
+
+var (
+	nameRE    = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
+	labNameRE = regexp.MustCompile(`^[a-z0-9]+$`)
+	// reserved are namespace suffixes the lab uses itself.
+	reserved = []string{"rt", "fw"}
+)
+
+// ValidateLabName checks that name can prefix a lab's namespaces.
+func ValidateLabName(name string) error {
+	if !labNameRE.MatchString(name) || len(name) > MaxLabName {
+		return fmt.Errorf("lab name %q: want 1-%d characters of [a-z0-9]", name, MaxLabName)
+	}
+	return nil
+}
+
+func checkName(kind, name string, max int) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("%s name %q: want lower-case letters, digits and inner dashes", kind, name)
+	}
+	if len(name) > max {
+		return fmt.Errorf("%s name %q: longer than %d characters (interface names are limited to 15)", kind, name, max)
+	}
+	return nil
+}
+
+func (s *Scenario) validate() error {
+	if s.Name == "" {
+		return fmt.Errorf("name: missing")
+	}
+	if s.Underlay.MTU != 0 && (s.Underlay.MTU < 1280 || s.Underlay.MTU > 9000) {
+		return fmt.Errorf("underlay.mtu %d: want 1280-9000", s.Underlay.MTU)
+	}
+	switch s.Decap {
+	case "", "auto", "tc", "xdp":
+	default:
+		return fmt.Errorf("decap %q: want auto, tc or xdp", s.Decap)
+	}
+	if s.VNI >= 1<<24 {
+		return fmt.Errorf("vni %d: does not fit 24 bits", s.VNI)
+	}
+	if len(s.Sites) == 0 {
+		return fmt.Errorf("sites: none")
+	}
+	nsNames := map[string]string{}
+	for _, r := range reserved {
+		nsNames[r] = "reserved by the lab"
+	}
+	claim := func(name, what string) error {
+		if prev, ok := nsNames[name]; ok {
+			return fmt.Errorf("%s: name %q already used (%s)", what, name, prev)
+		}
+		nsNames[name] = what
+		return nil
+	}
+	addrs := map[netip.Addr]string{}
+	claimAddr := func(a netip.Addr, what string) error {
+		if prev, ok := addrs[a]; ok {
+			return fmt.Errorf("%s: address %s already used by %s", what, a, prev)
+		}
+		addrs[a] = what
+		return nil
+	}
+	siteNames := map[string]bool{}
+	for i, site := range s.Sites {
+		where := fmt.Sprintf("sites[%d] %q", i, site.Name)
+		if err := checkName("site", site.Name, maxSiteName); err != nil {
+			return fmt.Errorf("sites[%d]: %w", i, err)
+		}
+		if siteNames[site.Name] {
+			return fmt.Errorf("%s: duplicate site", where)
+		}
+		siteNames[site.Name] = true
+		if !site.Subnet.IsValid() || !site.Subnet.Addr().Is4() {
+			return fmt.Errorf("%s: subnet: want an IPv4 prefix", where)
+		}
+		if site.Subnet != site.Subnet.Masked() {
+			return fmt.Errorf("%s: subnet %s is not canonical (want %s)", where, site.Subnet, site.Subnet.Masked())
+		}
+		for _, other := range s.Sites[:i] {
+			if other.Subnet.Overlaps(site.Subnet) {
+				return fmt.Errorf("%s: subnet %s overlaps site %q's %s", where, site.Subnet, other.Name, other.Subnet)
+			}
+		}
+		if !site.Subnet.Contains(site.Gateway) {
+			return fmt.Errorf("%s: gateway %s not in subnet %s", where, site.Gateway, site.Subnet)
+		}
+		if err := claimAddr(site.Gateway, where+" gateway"); err != nil {
+			return err
+		}
+		if len(site.Spec) == 0 && site.Objects == "" {
+			return fmt.Errorf("%s: want spec or objects (the Site object)", where)
+		}
+		if _, err := site.podBlocks(); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
+		}
+		for j, n := range site.Nodes {
+			nwhere := fmt.Sprintf("%s nodes[%d] %q", where, j, n.Name)
+			if err := checkName("node", n.Name, maxNodeName); err != nil {
+				return fmt.Errorf("%s: %w", nwhere, err)
+			}
+			if err := claim(n.Name, "node of site "+site.Name); err != nil {
+				return fmt.Errorf("%s: %w", nwhere, err)
+			}
+			if !site.Subnet.Contains(n.Address) {
+				return fmt.Errorf("%s: address %s not in site subnet %s", nwhere, n.Address, site.Subnet)
+			}
+			if n.Address == site.Subnet.Addr() || n.Address == lastAddr(site.Subnet) {
+				return fmt.Errorf("%s: address %s is the subnet's network or broadcast address", nwhere, n.Address)
+			}
+			if err := claimAddr(n.Address, "node "+n.Name); err != nil {
+				return fmt.Errorf("%s: %w", nwhere, err)
+			}
+			for k, p := range n.PodCIDRs {
+				if p != p.Masked() {
+					return fmt.Errorf("%s: podCIDRs[%d] %s is not canonical (want %s)", nwhere, k, p, p.Masked())
+				}
+			}
+			for k, p := range n.Pods {
+				pwhere := fmt.Sprintf("%s pods[%d] %q", nwhere, k, p.Name)
+				if err := checkName("pod", p.Name, maxPodName); err != nil {
+					return fmt.Errorf("%s: %w", pwhere, err)
+				}
+				if err := claim(p.Name, "pod on node "+n.Name); err != nil {
+					return fmt.Errorf("%s: %w", pwhere, err)
+				}
+				if !p.Address.Is4() {
+					return fmt.Errorf("%s: address: want IPv4", pwhere)
+				}
+				if !p.Unmanaged && !slices.ContainsFunc(n.PodCIDRs, func(c netip.Prefix) bool { return c.Contains(p.Address) }) {
+					return fmt.Errorf("%s: address %s not in the node's podCIDRs %v (mark the pod unmanaged if another CNI addresses it)", pwhere, p.Address, n.PodCIDRs)
+				}
+				if err := claimAddr(p.Address, "pod "+p.Name); err != nil {
+					return fmt.Errorf("%s: %w", pwhere, err)
+				}
+			}
+		}
+	}
+	peerNames := map[string]bool{}
+	for i, p := range s.Peerings {
+		where := fmt.Sprintf("peerings[%d] %q", i, p.Name)
+		if !nameRE.MatchString(p.Name) {
+			return fmt.Errorf("%s: want a lower-case name", where)
+		}
+		if peerNames[p.Name] {
+			return fmt.Errorf("%s: duplicate peering", where)
+		}
+		peerNames[p.Name] = true
+		if len(p.Sites) < 2 {
+			return fmt.Errorf("%s: want at least two sites", where)
+		}
+		for _, sn := range p.Sites {
+			if !siteNames[sn] {
+				return fmt.Errorf("%s: unknown site %q", where, sn)
+			}
+		}
+	}
+	if _, err := splitDocs(s.Objects); err != nil {
+		return fmt.Errorf("objects: %w", err)
+	}
+	return nil
+}
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	a := p.Masked().Addr().As4()
+	host := uint32(1)<<(32-p.Bits()) - 1
+	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+	v |= host
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// siteFields are the parts of a Site spec the lab itself needs.
+type siteFields struct {
+	PodCIDRAssignments []struct {
+		CIDRBlocks []string `json:"cidrBlocks"`
+	} `json:"podCidrAssignments"`
+}
+
+// podBlocks returns the site's declared pod blocks: every cidrBlocks entry of
+// the embedded spec and of each Site in Objects.
+func (site *Site) podBlocks() ([]netip.Prefix, error) {
+	var specs []json.RawMessage
+	if len(site.Spec) > 0 {
+		specs = append(specs, site.Spec)
+	}
+	docs, err := splitDocs(site.Objects)
+	if err != nil {
+		return nil, fmt.Errorf("objects: %w", err)
+	}
+	for _, d := range docs {
+		if d.Kind == "Site" {
+			specs = append(specs, d.Spec)
+		}
+	}
+	var out []netip.Prefix
+	for _, raw := range specs {
+		var f siteFields
+		if err := json.Unmarshal(raw, &f); err != nil {
+			return nil, fmt.Errorf("read site spec: %w", err)
+		}
+		for _, a := range f.PodCIDRAssignments {
+			for _, b := range a.CIDRBlocks {
+				p, err := netip.ParsePrefix(b)
+				if err != nil {
+					return nil, fmt.Errorf("podCidrAssignments cidrBlocks: %w", err)
+				}
+				if !slices.Contains(out, p.Masked()) {
+					out = append(out, p.Masked())
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// PodBlocks returns every pod block of the scenario: the sites' declared
+// blocks, and the nodes' podCIDRs and unmanaged pods not inside one of them.
+func (s *Scenario) PodBlocks() []netip.Prefix {
+	var out []netip.Prefix
+	add := func(p netip.Prefix) {
+		for _, have := range out {
+			if have.Bits() <= p.Bits() && have.Contains(p.Addr()) {
+				return
+			}
+		}
+		out = append(out, p)
+	}
+	for i := range s.Sites {
+		blocks, _ := s.Sites[i].podBlocks() // validated
+		for _, b := range blocks {
+			add(b)
+		}
+	}
+	for _, n := range s.Nodes() {
+		for _, c := range n.PodCIDRs {
+			add(c)
+		}
+		for _, p := range n.Pods {
+			add(netip.PrefixFrom(p.Address, 32))
+		}
+	}
+	return out
+}
+
+// manifest is the head of one YAML document.
+type manifest struct {
+	Kind string          `json:"kind"`
+	Spec json.RawMessage `json:"spec"`
+	Raw  []byte          `json:"-"`
+}
+
+// splitDocs splits multi-document YAML and reads each document's kind.
+func splitDocs(s string) ([]manifest, error) {
+	var out []manifest
+	for i, doc := range regexp.MustCompile(`(?m)^---[ \t]*$`).Split(s, -1) {
+		if strings.TrimSpace(doc) == "" {
+			continue
+		}
+		var m manifest
+		if err := yaml.Unmarshal([]byte(doc), &m); err != nil {
+			return nil, fmt.Errorf("document %d: %w", i, err)
+		}
+		if m.Kind == "" {
+			return nil, fmt.Errorf("document %d: no kind", i)
+		}
+		m.Raw = []byte(doc)
+		out = append(out, m)
+	}
+	return out, nil
+}
