@@ -1,6 +1,152 @@
 package main
 
-import "github.com/spf13/cobra"
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/netip"
+	"strings"
+	"text/tabwriter"
 
-// Placeholder until the plan subcommand lands; replace this file.
-func newPlanCmd() *cobra.Command { return &cobra.Command{Use: "plan"} }
+	"github.com/spf13/cobra"
+
+	"github.com/isthmus-dev/isthmus/loader/objects"
+	"github.com/isthmus-dev/isthmus/loader/plan"
+)
+
+func newPlanCmd() *cobra.Command {
+	var node, dir, output string
+	cmd := &cobra.Command{
+		Use:   "plan --node NAME --objects DIR [-o table|json]",
+		Short: "Print the datapath state a node's agent would install",
+		Long: `plan loads the Site, SitePeering and Node objects in DIR (every *.yaml and
+*.yml file), computes the plan of one node and prints it: its site, underlay
+and tunnel address, its peers, the routes into the overlay, the corrections
+made to keep tunnel endpoints out of the overlay, and warnings. Nothing on the
+machine is changed.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runPlan(cmd.OutOrStdout(), cmd.ErrOrStderr(), node, dir, output)
+		},
+	}
+	cmd.Flags().StringVar(&node, "node", "", "name of the Node to plan for")
+	cmd.Flags().StringVar(&dir, "objects", "", "directory of YAML files with Site, SitePeering and Node objects")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	_ = cmd.MarkFlagRequired("node")
+	_ = cmd.MarkFlagRequired("objects")
+	return cmd
+}
+
+func runPlan(stdout, stderr io.Writer, node, dir, output string) error {
+	if output != "table" && output != "json" {
+		return fmt.Errorf("parse --output: unknown format %q (want table or json)", output)
+	}
+	set, warnings, err := objects.LoadDir(dir)
+	if err != nil {
+		printLoadWarnings(stderr, warnings)
+		return fmt.Errorf("load objects from %s:\n%w", dir, err)
+	}
+	p, err := plan.Compute(set, node)
+	if err != nil {
+		printLoadWarnings(stderr, warnings)
+		return err
+	}
+	if output == "json" {
+		// The JSON is the NodePlan alone, for tools; loader warnings go to
+		// stderr so they are still seen.
+		printLoadWarnings(stderr, warnings)
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(p)
+	}
+	return writePlanTable(stdout, p, warnings)
+}
+
+func printLoadWarnings(w io.Writer, warnings []objects.Warning) {
+	for _, warn := range warnings {
+		fmt.Fprintln(w, "warning:", warn)
+	}
+}
+
+// writePlanTable prints p as a summary followed by one table per section.
+func writePlanTable(w io.Writer, p *plan.NodePlan, warnings []objects.Warning) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	mtu := "auto (underlay MTU - 50)"
+	if p.TunnelMTU != 0 {
+		mtu = fmt.Sprint(p.TunnelMTU)
+	}
+	fmt.Fprintf(tw, "NODE\t%s\n", p.Node)
+	fmt.Fprintf(tw, "SITE\t%s\n", p.Site)
+	fmt.Fprintf(tw, "UNDERLAY\t%s\n", p.Underlay)
+	fmt.Fprintf(tw, "POD CIDRS\t%s\n", orNone(joinPrefixes(p.PodCIDRs)))
+	fmt.Fprintf(tw, "TUNNEL ADDRESS\t%s\n", orNone(addrText(p.TunnelAddr)))
+	fmt.Fprintf(tw, "TUNNEL MTU\t%s\n", mtu)
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write plan: %w", err)
+	}
+
+	section(w, "PEERS", len(p.Peers), func(tw *tabwriter.Writer) {
+		fmt.Fprintln(tw, "NAME\tSITE\tUNDERLAY\tALLOWED SOURCES")
+		for _, pr := range p.Peers {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", pr.Name, pr.Site, pr.Underlay, orNone(joinPrefixes(pr.AllowedSources)))
+		}
+	})
+	section(w, "ROUTES", len(p.Routes), func(tw *tabwriter.Writer) {
+		fmt.Fprintln(tw, "PREFIX\tPEER\tVIA\tORIGIN")
+		for _, r := range p.Routes {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Prefix, r.Peer, r.Via, r.Origin)
+		}
+	})
+	section(w, "CORRECTIONS", len(p.Corrections), func(tw *tabwriter.Writer) {
+		// Kept last: it is the one column that can be long.
+		fmt.Fprintln(tw, "REMOVED\tENDPOINT\tORIGIN\tKEPT")
+		for _, c := range p.Corrections {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", c.Removed, c.Endpoint, c.Origin, orNone(joinPrefixes(c.Kept)))
+		}
+	})
+	var all []string
+	for _, warn := range warnings {
+		all = append(all, warn.String())
+	}
+	all = append(all, p.Warnings...)
+	section(w, "WARNINGS", len(all), func(tw *tabwriter.Writer) {
+		for _, warn := range all {
+			fmt.Fprintf(tw, "- %s\n", warn)
+		}
+	})
+	return nil
+}
+
+// section prints a titled table, or the title and "(none)" when it is empty.
+func section(w io.Writer, title string, n int, rows func(*tabwriter.Writer)) {
+	fmt.Fprintf(w, "\n%s\n", title)
+	if n == 0 {
+		fmt.Fprintln(w, "(none)")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	rows(tw)
+	tw.Flush()
+}
+
+func joinPrefixes(ps []netip.Prefix) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ",")
+}
+
+func addrText(a netip.Addr) string {
+	if !a.IsValid() {
+		return ""
+	}
+	return a.String()
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}
