@@ -8,6 +8,8 @@
 #include "lib/common.h"
 #include "lib/maps.h"
 #include "lib/metrics.h"
+#include "lib/encap.h"
+#include "lib/decap.h"
 
 /* Never called: its signature puts decap_meta and the hook, metric and drop_reason
  * enums into the object's BTF, where bpf2go (-type) and the BTF tests find them. A
@@ -21,25 +23,45 @@ __attribute__((noinline)) int isthmus_btf_types(struct decap_meta *meta, enum ho
 SEC("tc")
 int pod_ingress(struct __sk_buff *skb)
 {
-	return TC_ACT_OK;
+	int ret = handle_encap(skb, 1, HOOK_POD_INGRESS);
+
+	return ret < 0 ? tc_drop(skb, ret, HOOK_POD_INGRESS) : ret;
 }
 
 SEC("tc")
 int overlay_egress(struct __sk_buff *skb)
 {
-	return TC_ACT_OK;
+	int ret = handle_encap(skb, 0, HOOK_OVERLAY_EGRESS);
+
+	return ret < 0 ? tc_drop(skb, ret, HOOK_OVERLAY_EGRESS) : ret;
 }
 
 SEC("tc")
 int underlay_ingress(struct __sk_buff *skb)
 {
-	return TC_ACT_OK;
+	const struct datapath_config *cfg = config_get();
+	int ret;
+
+	/* No config yet: not ours to judge. Never cut a node off its underlay. */
+	if (!cfg)
+		return TC_ACT_OK;
+	if (tc_xdp_decapped(skb))
+		ret = deliver_decapped(skb, cfg, HOOK_UNDERLAY_TC);
+	else
+		ret = tc_decap(skb, cfg, HOOK_UNDERLAY_TC);
+	return ret < 0 ? tc_drop(skb, ret, HOOK_UNDERLAY_TC) : ret;
 }
 
 SEC("xdp")
 int underlay_xdp(struct xdp_md *ctx)
 {
-	return XDP_PASS;
+	const struct datapath_config *cfg = config_get();
+	int ret;
+
+	if (!cfg)
+		return XDP_PASS;
+	ret = xdp_decap(ctx, cfg, HOOK_UNDERLAY_XDP);
+	return ret < 0 ? xdp_drop(ctx, ret, HOOK_UNDERLAY_XDP) : ret;
 }
 
 char __license[] SEC("license") = "Dual BSD/GPL";

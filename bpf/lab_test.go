@@ -1,0 +1,305 @@
+package bpf
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// Addresses of the throwaway network namespace every program test runs in.
+var (
+	underlayIP  = netip.MustParseAddr("192.168.1.1") // this node, on und0
+	underlayGW  = netip.MustParseAddr("192.168.1.254")
+	peerIP      = netip.MustParseAddr("192.168.2.2") // a peer behind underlayGW
+	strangerIP  = netip.MustParseAddr("192.168.2.9") // routed, but not a peer
+	gwMAC       = net.HardwareAddr{0x02, 0, 0, 0, 0x01, 0xfe}
+	podIP       = netip.MustParseAddr("10.1.0.5") // local pod behind pod0h
+	podMAC      = net.HardwareAddr{0x02, 0, 0, 0, 0x0a, 0x05}
+	hostIP      = netip.MustParseAddr("10.99.0.1") // local address on ist0
+	remotePodIP = netip.MustParseAddr("10.2.0.7")  // in 10.2.0.0/24, owned by peerIP
+	remoteNet   = netip.MustParsePrefix("10.2.0.0/24")
+	deniedIP    = netip.MustParseAddr("10.3.0.7") // a source peerIP may not use
+	testVNI     = uint32(0x123456)
+	tunnelMTU   = uint16(1450)
+)
+
+// lab is a network namespace with the interfaces, routes and neighbours the programs
+// look up, and the loaded objects with maps filled for it.
+type lab struct {
+	ns      netns.NsHandle
+	objs    IsthmusObjects
+	und     netlink.Link // underlay device
+	pod     netlink.Link // host side of a pod veth, in pod_ifaces
+	ist     netlink.Link // stands in for isthmus0
+	undMAC  net.HardwareAddr
+	podHMAC net.HardwareAddr
+	istMAC  net.HardwareAddr
+}
+
+func requireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("BPF program tests need root (BPF_PROG_TEST_RUN, network namespaces): run go test as root")
+	}
+}
+
+// inNS runs fn on a thread switched into ns and switches back afterwards.
+func inNS(ns netns.NsHandle, fn func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return fmt.Errorf("get netns: %w", err)
+	}
+	defer orig.Close()
+	if err := netns.Set(ns); err != nil {
+		return fmt.Errorf("enter netns: %w", err)
+	}
+	defer func() {
+		if err := netns.Set(orig); err != nil {
+			panic(fmt.Sprintf("restore netns: %v", err)) // the thread is unusable
+		}
+	}()
+	return fn()
+}
+
+func be32(a netip.Addr) uint32 {
+	b := a.As4()
+	return binary.NativeEndian.Uint32(b[:])
+}
+
+// newLab builds the namespace and loads the objects; everything is removed in Cleanup.
+func newLab(t testing.TB) *lab {
+	t.Helper()
+	requireRoot(t)
+	l := &lab{}
+
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		t.Fatalf("get netns: %v", err)
+	}
+	l.ns, err = netns.New()
+	if err != nil {
+		orig.Close()
+		runtime.UnlockOSThread()
+		t.Fatalf("create netns: %v", err)
+	}
+	if err := netns.Set(orig); err != nil {
+		panic(fmt.Sprintf("restore netns: %v", err))
+	}
+	orig.Close()
+	runtime.UnlockOSThread()
+	t.Cleanup(func() { l.ns.Close() }) // the last handle: the kernel removes the namespace
+
+	if err := inNS(l.ns, l.configure); err != nil {
+		t.Fatalf("configure lab netns: %v", err)
+	}
+
+	spec, err := LoadIsthmus()
+	if err != nil {
+		t.Fatalf("load spec: %v", err)
+	}
+	for _, m := range spec.Maps {
+		m.Pinning = ebpf.PinNone // tests must not touch bpffs
+	}
+	if err := spec.LoadAndAssign(&l.objs, nil); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			t.Fatalf("load objects: %+v", ve)
+		}
+		t.Fatalf("load objects: %v", err)
+	}
+	t.Cleanup(func() { l.objs.Close() })
+	l.fillMaps(t)
+	return l
+}
+
+func (l *lab) configure() error {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("find lo: %w", err)
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("set lo up: %w", err)
+	}
+	mkveth := func(name, peer string) (netlink.Link, error) {
+		v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}
+		if err := netlink.LinkAdd(v); err != nil {
+			return nil, fmt.Errorf("add veth %s: %w", name, err)
+		}
+		for _, n := range []string{name, peer} {
+			link, err := netlink.LinkByName(n)
+			if err != nil {
+				return nil, fmt.Errorf("find %s: %w", n, err)
+			}
+			if err := netlink.LinkSetUp(link); err != nil {
+				return nil, fmt.Errorf("set %s up: %w", n, err)
+			}
+		}
+		return netlink.LinkByName(name)
+	}
+	if l.und, err = mkveth("und0", "und1"); err != nil {
+		return err
+	}
+	if l.pod, err = mkveth("pod0h", "pod0c"); err != nil {
+		return err
+	}
+	if l.ist, err = mkveth("ist0", "ist0p"); err != nil {
+		return err
+	}
+	l.undMAC = l.und.Attrs().HardwareAddr
+	l.podHMAC = l.pod.Attrs().HardwareAddr
+	l.istMAC = l.ist.Attrs().HardwareAddr
+
+	addr := func(link netlink.Link, p string) error {
+		a, err := netlink.ParseAddr(p)
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(link, a); err != nil {
+			return fmt.Errorf("add address %s: %w", p, err)
+		}
+		return nil
+	}
+	if err := addr(l.und, underlayIP.String()+"/24"); err != nil {
+		return err
+	}
+	if err := addr(l.ist, hostIP.String()+"/32"); err != nil {
+		return err
+	}
+	neigh := func(link netlink.Link, ip netip.Addr, mac net.HardwareAddr) error {
+		n := &netlink.Neigh{LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V4,
+			State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: mac}
+		if err := netlink.NeighAdd(n); err != nil {
+			return fmt.Errorf("add neighbour %s: %w", ip, err)
+		}
+		return nil
+	}
+	if err := neigh(l.und, underlayGW, gwMAC); err != nil {
+		return err
+	}
+	if err := neigh(l.pod, podIP, podMAC); err != nil {
+		return err
+	}
+	routes := []netlink.Route{
+		{Dst: &net.IPNet{IP: net.IPv4(192, 168, 2, 0), Mask: net.CIDRMask(24, 32)},
+			Gw: underlayGW.AsSlice(), LinkIndex: l.und.Attrs().Index},
+		{Dst: &net.IPNet{IP: podIP.AsSlice(), Mask: net.CIDRMask(32, 32)},
+			LinkIndex: l.pod.Attrs().Index, Scope: netlink.SCOPE_LINK},
+	}
+	for _, r := range routes {
+		if err := netlink.RouteAdd(&r); err != nil {
+			return fmt.Errorf("add route %s: %w", r.Dst, err)
+		}
+	}
+	for _, f := range []string{"/proc/sys/net/ipv4/conf/all/forwarding", "/proc/sys/net/ipv4/conf/default/forwarding"} {
+		if err := os.WriteFile(f, []byte("1"), 0o644); err != nil {
+			return fmt.Errorf("enable forwarding: %w", err)
+		}
+	}
+	return nil
+}
+
+func (l *lab) fillMaps(t testing.TB) {
+	t.Helper()
+	cfg := IsthmusDatapathConfig{
+		Vni:             testVNI,
+		UnderlayIp:      be32(underlayIP),
+		UnderlayIfindex: uint32(l.und.Attrs().Index),
+		OverlayIfindex:  uint32(l.ist.Attrs().Index),
+		TunnelMtu:       tunnelMTU,
+	}
+	copy(cfg.OverlayMac[:], l.istMAC)
+	must := func(what string, err error) {
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	must("put config", l.objs.Config.Put(uint32(0), cfg))
+	must("put route", l.objs.Routes.Put(IsthmusRouteKey{Prefixlen: uint32(remoteNet.Bits()), Addr: be32(remoteNet.Addr())},
+		IsthmusRouteValue{Peer: be32(peerIP)}))
+	must("put peer", l.objs.Peers.Put(be32(peerIP), IsthmusPeerValue{}))
+	must("put peer source", l.objs.PeerSources.Put(IsthmusPeerSourceKey{Prefixlen: 32 + 24, Peer: be32(peerIP), Src: be32(remoteNet.Addr())},
+		IsthmusPeerSourceValue{}))
+	must("put pod iface", l.objs.PodIfaces.Put(uint32(l.pod.Attrs().Index), IsthmusPodIfaceValue{}))
+}
+
+// skbCtx is the head of struct __sk_buff up to ifindex, the part a test run may set.
+type skbCtx struct {
+	Len, PktType, Mark, QueueMapping, Protocol, VlanPresent, VlanTci, VlanProto uint32
+	Priority, IngressIfindex, Ifindex                                           uint32
+}
+
+// run runs prog on a copy of in inside the lab namespace (bpf_fib_lookup uses the
+// caller's namespace). ifindex is the interface the skb pretends to arrive on (0 for XDP).
+func (l *lab) run(t testing.TB, prog *ebpf.Program, in []byte, ifindex int) (uint32, []byte) {
+	t.Helper()
+	var (
+		ret uint32
+		out = make([]byte, len(in)+512)
+	)
+	err := inNS(l.ns, func() error {
+		opts := &ebpf.RunOptions{Data: in, DataOut: out}
+		if ifindex != 0 {
+			opts.Context = skbCtx{Ifindex: uint32(ifindex)}
+		}
+		var err error
+		ret, err = prog.Run(opts)
+		out = opts.DataOut
+		return err
+	})
+	if err != nil {
+		t.Fatalf("run %s: %v", prog, err)
+	}
+	return ret, out
+}
+
+// counts returns packets per (code, hook) summed over CPUs.
+func (l *lab) counts(t testing.TB) map[IsthmusMetricsKey]uint64 {
+	t.Helper()
+	res := map[IsthmusMetricsKey]uint64{}
+	var (
+		k  IsthmusMetricsKey
+		vs []IsthmusMetricsValue
+	)
+	it := l.objs.Metrics.Iterate()
+	for it.Next(&k, &vs) {
+		for _, v := range vs {
+			res[k] += v.Packets
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatalf("iterate metrics: %v", err)
+	}
+	return res
+}
+
+// delta returns the counters that changed between two snapshots.
+func delta(before, after map[IsthmusMetricsKey]uint64) map[IsthmusMetricsKey]uint64 {
+	d := map[IsthmusMetricsKey]uint64{}
+	for k, v := range after {
+		if v != before[k] {
+			d[k] = v - before[k]
+		}
+	}
+	return d
+}
+
+func dropKey(r IsthmusDropReason, h IsthmusHook) IsthmusMetricsKey {
+	return IsthmusMetricsKey{Code: uint16(-int32(r)), Hook: uint8(h)}
+}
+
+func metricKey(m IsthmusMetric, h IsthmusHook) IsthmusMetricsKey {
+	return IsthmusMetricsKey{Code: uint16(m), Hook: uint8(h)}
+}

@@ -1,0 +1,137 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* GENEVE decapsulation: recognising our frames on the underlay and popping them (TC, XDP). */
+#pragma once
+
+#include "common.h"
+#include "maps.h"
+#include "metrics.h"
+#include "parse.h"
+#include "geneve.h"
+#include "fib.h"
+
+/* Linear bytes decapsulation reads: outer Ethernet, IPv4 with options, UDP, GENEVE with
+ * the largest options, inner Ethernet, inner IPv4 without options. */
+#define DECAP_PULL_LEN	(ETH_HLEN + 60 + 8 + GENEVE_HLEN + 252 + ETH_HLEN + 20)
+
+#define DECAP_FLAGS	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_DECAP_L3_IPV4)
+
+/* Parses outer Ethernet, IPv4 and UDP at c. Returns 1 with *peer set and c at the
+ * GENEVE header if the frame is GENEVE addressed to this node, 0 if it is not ours
+ * (pass it on), or a negative DROP_* for an IPv4 packet too malformed to tell. */
+static __always_inline int underlay_classify(struct cursor *c, const struct datapath_config *cfg,
+					     __be32 *peer)
+{
+	struct ethhdr *eth;
+	struct iphdr *iph;
+	struct udphdr *udp;
+	int proto;
+
+	if (parse_eth(c, &eth) != ETH_P_IP)
+		return 0;
+	proto = parse_ipv4(c, &iph);
+	if (proto < 0)
+		return DROP_INVALID_PACKET;
+	/* Outer fragments are left to the stack's reassembly. */
+	if (iph->daddr != cfg->underlay_ip || proto != IPPROTO_UDP || ipv4_is_fragment(iph))
+		return 0;
+	if (parse_udp(c, &udp) < 0)
+		return DROP_INVALID_PACKET;
+	if (udp->dest != bpf_htons(GENEVE_PORT))
+		return 0;
+	*peer = iph->saddr;
+	return 1;
+}
+
+/* Bytes popped for a frame with optlen bytes of GENEVE options: outer IPv4, UDP,
+ * GENEVE, options and the inner Ethernet header (the outer Ethernet header stays). */
+static __always_inline __u32 decap_len(__u32 optlen)
+{
+	return DECAP_FIXED + optlen + ETH_HLEN;
+}
+
+/* TC decapsulation: validate, pop, deliver. Returns TC_ACT_OK for frames that are not
+ * ours, TC_ACT_REDIRECT when delivered, or a negative DROP_*. */
+static __always_inline int tc_decap(struct __sk_buff *skb, const struct datapath_config *cfg,
+				    __u8 hook)
+{
+	struct decap_info info = {};
+	struct cursor c;
+	__be32 peer = 0;
+	int ret;
+
+	if (pull_headers(skb, DECAP_PULL_LEN))
+		return TC_ACT_OK;
+	c.pos = (void *)(long)skb->data;
+	c.end = (void *)(long)skb->data_end;
+	ret = underlay_classify(&c, cfg, &peer);
+	if (ret <= 0)
+		return ret;
+	ret = geneve_validate(&c, cfg, peer, &info);
+	if (ret < 0)
+		return ret;
+	/* FIXED_GSO: gso_size of a tunnelled GSO packet is the inner MSS already. */
+	if (bpf_skb_adjust_room(skb, -(__s32)decap_len(info.optlen), BPF_ADJ_ROOM_MAC,
+				DECAP_FLAGS))
+		return DROP_DECAP_FAILED;
+	metrics_count(METRIC_DECAP, hook, skb->len);
+	return deliver_decapped(skb, cfg, hook);
+}
+
+/* Returns 1 if underlay_xdp already popped this frame (its decap_meta is in front). */
+static __always_inline int tc_xdp_decapped(struct __sk_buff *skb)
+{
+	struct decap_meta *meta = (void *)(long)skb->data_meta;
+
+	if ((void *)(meta + 1) > (void *)(long)skb->data)
+		return 0;
+	return meta->magic == DECAP_META_MAGIC;
+}
+
+/* XDP decapsulation: validate, pop to [outer Ethernet][inner IPv4], leave a decap_meta
+ * for underlay_ingress. Returns XDP_PASS or a negative DROP_*. */
+static __always_inline int xdp_decap(struct xdp_md *ctx, const struct datapath_config *cfg,
+				     __u8 hook)
+{
+	struct decap_info info = {};
+	struct decap_meta *meta;
+	struct ethhdr oeth, *eth;
+	struct cursor c;
+	void *data;
+	__be32 peer = 0;
+	int ret;
+
+	c.pos = (void *)(long)ctx->data;
+	c.end = (void *)(long)ctx->data_end;
+	ret = underlay_classify(&c, cfg, &peer);
+	if (ret <= 0)
+		return ret ? ret : XDP_PASS;
+	ret = geneve_validate(&c, cfg, peer, &info);
+	if (ret < 0)
+		return ret;
+
+	eth = (void *)(long)ctx->data;
+	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
+		return DROP_DECAP_FAILED;
+	__builtin_memcpy(&oeth, eth, ETH_HLEN);
+	if (bpf_xdp_adjust_head(ctx, decap_len(info.optlen)))
+		return DROP_DECAP_FAILED;
+	/* The inner Ethernet header now leads the frame: overwrite it with the outer one,
+	 * whose destination is this device, so the stack and TC take the frame as ours. */
+	eth = (void *)(long)ctx->data;
+	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
+		return DROP_DECAP_FAILED;
+	__builtin_memcpy(eth, &oeth, ETH_HLEN);
+	metrics_count(METRIC_DECAP, hook, ctx->data_end - ctx->data);
+
+	/* Without metadata support underlay_ingress sees a plain IPv4 frame for this
+	 * host and the stack routes it: slower, but nothing is lost. */
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(*meta)))
+		return XDP_PASS;
+	meta = (void *)(long)ctx->data_meta;
+	data = (void *)(long)ctx->data;
+	if ((void *)(meta + 1) > data)
+		return XDP_PASS;
+	meta->magic = DECAP_META_MAGIC;
+	meta->peer = info.peer;
+	return XDP_PASS;
+}

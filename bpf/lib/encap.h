@@ -1,0 +1,157 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* GENEVE encapsulation of an inner IPv4 frame toward a peer, and same-node pod delivery. */
+#pragma once
+
+#include "common.h"
+#include "maps.h"
+#include "metrics.h"
+#include "parse.h"
+#include "csum.h"
+#include "hash.h"
+#include "geneve.h"
+#include "fib.h"
+
+#define ENCAP_FLAGS	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | \
+			 BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH | \
+			 BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN))
+
+/* Bytes of the linear area the encap and local-delivery paths read: Ethernet, IPv4 with
+ * options, the 4 port bytes. */
+#define ENCAP_PULL_LEN	(ETH_HLEN + 60 + 4)
+
+/* Pushes outer IPv4/UDP/GENEVE/inner Ethernet in front of the inner IPv4 packet and
+ * redirects to the underlay next hop of rt->peer. forward says whether this hop
+ * forwards the inner packet (decrement its TTL). Returns TC_ACT_REDIRECT or a negative
+ * DROP_*. Counts METRIC_ENCAP. */
+static __always_inline int encap_geneve(struct __sk_buff *skb, const struct datapath_config *cfg,
+					const struct route_value *rt, struct iphdr *iph,
+					void *l4, int forward, __u8 hook)
+{
+	void *data, *data_end;
+	struct ethhdr *eth, *ieth;
+	struct iphdr *oip, ip = {};
+	struct udphdr *oudp;
+	struct genevehdr *gh;
+	struct bpf_fib_lookup p;
+	__be32 peer = rt->peer;
+	__u16 sport;
+	__u8 tos;
+	int rc;
+
+	if (forward) {
+		if (iph->ttl <= 1)
+			return DROP_TTL_EXCEEDED;
+		ipv4_decrease_ttl(iph);
+	}
+	/* GSO packets are cut to gso_size later; the pod MTU bounds those. */
+	if (cfg->tunnel_mtu && !skb->gso_size && skb->len - ETH_HLEN > cfg->tunnel_mtu)
+		return DROP_FRAG_NEEDED;
+	sport = flow_sport(iph, l4, (void *)(long)skb->data_end);
+	tos = iph->tos;
+
+	if (bpf_skb_adjust_room(skb, ENCAP_OVERHEAD, BPF_ADJ_ROOM_MAC, ENCAP_FLAGS))
+		return DROP_ENCAP_FAILED;
+
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	eth = data;
+	oip = data + ETH_HLEN;
+	oudp = (void *)(oip + 1);
+	gh = (void *)(oudp + 1);
+	ieth = (void *)(gh + 1);
+	if ((void *)(ieth + 1) > data_end)
+		return DROP_ENCAP_FAILED;
+
+	/* The inner frame keeps the original Ethernet header; the outer one is rewritten
+	 * after the FIB lookup. */
+	__builtin_memcpy(ieth, eth, ETH_HLEN);
+	eth->h_proto = bpf_htons(ETH_P_IP);
+
+	ip.version = 4;
+	ip.ihl = 5;
+	ip.tos = tos;
+	ip.tot_len = bpf_htons(skb->len - ETH_HLEN);
+	ip.frag_off = bpf_htons(IP_DF);
+	ip.ttl = OUTER_TTL;
+	ip.protocol = IPPROTO_UDP;
+	ip.saddr = cfg->underlay_ip;
+	ip.daddr = peer;
+	ip.check = ipv4_hdr_csum(&ip);
+	__builtin_memcpy(oip, &ip, sizeof(ip));
+
+	oudp->source = bpf_htons(sport);
+	oudp->dest = bpf_htons(GENEVE_PORT);
+	oudp->len = bpf_htons(skb->len - ETH_HLEN - sizeof(struct iphdr));
+	oudp->check = 0;
+
+	*(__u16 *)gh = 0;	/* version 0, no options, O = C = 0 */
+	gh->proto_type = bpf_htons(ETH_P_TEB);
+	*(__be32 *)gh->vni = geneve_vni_word(cfg->vni);
+
+	rc = fib_lookup_v4(skb, &p, cfg->underlay_ip, peer, 0, IPPROTO_UDP, skb->ifindex);
+	rc = redirect_nexthop(eth, &p, rc, 0);
+	if (rc < 0)
+		return rc;
+	metrics_count(METRIC_ENCAP, hook, skb->len);
+	return rc;
+}
+
+/* Same-node delivery of a pod's packet that matched no route: if the FIB sends it out a
+ * pod interface with a resolved neighbour, redirect it to that pod with
+ * bpf_redirect_peer (no netfilter on the way). Returns TC_ACT_REDIRECT, TC_ACT_OK to
+ * leave it to the stack (also for an expiring TTL, so the stack answers with ICMP), or a
+ * negative DROP_*. */
+static __always_inline int deliver_local_pod(struct __sk_buff *skb, struct ethhdr *eth,
+					     struct iphdr *iph, __u8 hook)
+{
+	struct bpf_fib_lookup p;
+	int rc;
+
+	rc = fib_lookup_v4(skb, &p, iph->saddr, iph->daddr, iph->tos, iph->protocol,
+			   skb->ifindex);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS || !bpf_map_lookup_elem(&pod_ifaces, &p.ifindex))
+		return TC_ACT_OK;
+	if (iph->ttl <= 1)
+		return TC_ACT_OK;
+	ipv4_decrease_ttl(iph);
+	rc = redirect_nexthop(eth, &p, rc, 1);
+	if (rc < 0)
+		return rc;
+	metrics_count(METRIC_DELIVER_POD, hook, skb->len);
+	return rc;
+}
+
+/* The encapsulation hooks: parse, look up routes, encapsulate or deliver locally.
+ * from_pod selects pod_ingress behaviour (forwarding hop, local delivery on a miss)
+ * over overlay_egress (host traffic, a miss is a drop). Returns a TC verdict or a
+ * negative DROP_*. */
+static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u8 hook)
+{
+	const struct datapath_config *cfg;
+	const struct route_value *rt;
+	struct route_key key = { .prefixlen = 32 };
+	struct cursor c;
+	struct ethhdr *eth;
+	struct iphdr *iph;
+
+	if (pull_headers(skb, ENCAP_PULL_LEN))
+		return TC_ACT_OK;
+	c.pos = (void *)(long)skb->data;
+	c.end = (void *)(long)skb->data_end;
+	if (parse_eth(&c, &eth) != ETH_P_IP)
+		return TC_ACT_OK;
+	if (parse_ipv4(&c, &iph) < 0)
+		return TC_ACT_OK;
+
+	cfg = config_get();
+	if (!cfg)
+		return from_pod ? TC_ACT_OK : DROP_NO_CONFIG;
+
+	key.addr = iph->daddr;
+	rt = bpf_map_lookup_elem(&routes, &key);
+	if (rt)
+		return encap_geneve(skb, cfg, rt, iph, c.pos, from_pod, hook);
+	if (!from_pod)
+		return DROP_NO_OVERLAY_ROUTE;
+	return deliver_local_pod(skb, eth, iph, hook);
+}

@@ -1,0 +1,105 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* FIB lookups and the redirects that follow them: to a peer, a local pod, or the host. */
+#pragma once
+
+#include "common.h"
+#include "maps.h"
+#include "metrics.h"
+#include "csum.h"
+
+#ifndef AF_INET
+#define AF_INET			2
+#endif
+
+/* Returns the bpf_fib_lookup verdict (BPF_FIB_LKUP_RET_*, or negative errno) for an
+ * IPv4 forwarding lookup from saddr to daddr as if the packet arrived on ifindex. */
+static __always_inline int fib_lookup_v4(struct __sk_buff *skb, struct bpf_fib_lookup *p,
+					 __be32 saddr, __be32 daddr, __u8 tos, __u8 proto,
+					 __u32 ifindex)
+{
+	__builtin_memset(p, 0, sizeof(*p));
+	p->family = AF_INET;
+	p->tos = tos;
+	p->l4_protocol = proto;
+	p->ipv4_src = saddr;
+	p->ipv4_dst = daddr;
+	p->ifindex = ifindex;
+	return bpf_fib_lookup(skb, p, sizeof(*p), 0);
+}
+
+/* Sends the frame toward the next hop p resolved: MACs from the lookup and
+ * bpf_redirect on SUCCESS, bpf_redirect_neigh on NO_NEIGH. Returns TC_ACT_REDIRECT or a
+ * negative DROP_*. eth must be the frame's (unicast-addressed) Ethernet header. */
+static __always_inline int redirect_nexthop(struct ethhdr *eth, struct bpf_fib_lookup *p, int rc,
+					    int peer)
+{
+	struct bpf_redir_neigh nh = {};
+	long ret;
+
+	switch (rc) {
+	case BPF_FIB_LKUP_RET_SUCCESS:
+		__builtin_memcpy(eth->h_dest, p->dmac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, p->smac, ETH_ALEN);
+		ret = peer ? bpf_redirect_peer(p->ifindex, 0) : bpf_redirect(p->ifindex, 0);
+		break;
+	case BPF_FIB_LKUP_RET_NO_NEIGH:
+		/* redirect_neigh drops frames whose destination is multicast: keep it unicast. */
+		__builtin_memset(eth->h_dest, 0, ETH_ALEN);
+		nh.nh_family = p->family;
+		nh.ipv4_nh = p->ipv4_dst;
+		ret = bpf_redirect_neigh(p->ifindex, &nh, sizeof(nh), 0);
+		break;
+	case BPF_FIB_LKUP_RET_FRAG_NEEDED:
+		return DROP_FRAG_NEEDED;
+	default:
+		return DROP_NO_UNDERLAY_ROUTE;
+	}
+	if (ret != TC_ACT_REDIRECT)
+		return DROP_REDIRECT_FAILED;
+	return TC_ACT_REDIRECT;
+}
+
+/* Delivers a decapsulated frame [eth][IPv4] arriving on the underlay: to a local pod
+ * (pod_ifaces) with bpf_redirect_peer, or to this host through isthmus0 ingress.
+ * Returns TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_DELIVER_*. */
+static __always_inline int deliver_decapped(struct __sk_buff *skb,
+					    const struct datapath_config *cfg, __u8 hook)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct cursor c = { .pos = data, .end = data_end };
+	struct bpf_fib_lookup p;
+	struct ethhdr *eth;
+	struct iphdr *iph;
+	long ret;
+	int rc;
+
+	if (parse_eth(&c, &eth) != ETH_P_IP)
+		return DROP_INNER_INVALID;
+	if (parse_ipv4(&c, &iph) < 0)
+		return DROP_INNER_INVALID;
+
+	rc = fib_lookup_v4(skb, &p, iph->saddr, iph->daddr, iph->tos, iph->protocol,
+			   skb->ifindex);
+	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED) {
+		/* A local address: the host stack must see it arrive on isthmus0, where
+		 * the reverse route points, so strict rp_filter holds. */
+		__builtin_memcpy(eth->h_dest, cfg->overlay_mac, ETH_ALEN);
+		ret = bpf_redirect(cfg->overlay_ifindex, BPF_F_INGRESS);
+		if (ret != TC_ACT_REDIRECT)
+			return DROP_REDIRECT_FAILED;
+		metrics_count(METRIC_DELIVER_HOST, hook, skb->len);
+		return TC_ACT_REDIRECT;
+	}
+	if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) ||
+	    !bpf_map_lookup_elem(&pod_ifaces, &p.ifindex))
+		return DROP_NOT_LOCAL;
+	if (iph->ttl <= 1)
+		return DROP_TTL_EXCEEDED;
+	ipv4_decrease_ttl(iph);
+	ret = redirect_nexthop(eth, &p, rc, 1);
+	if (ret < 0)
+		return ret;
+	metrics_count(METRIC_DELIVER_POD, hook, skb->len);
+	return ret;
+}

@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Flow hash (Bob Jenkins' lookup3 final mix, as the kernel's jhash_3words) and the
+ * outer UDP source port derived from it. bpf/flowhash_test.go has the Go twin. */
+#pragma once
+
+#include "common.h"
+#include "parse.h"
+
+#define JHASH_INITVAL		0xdeadbeef
+
+/* Returns x rotated left by k bits. */
+static __always_inline __u32 rol32(__u32 x, int k)
+{
+	return (x << k) | (x >> (32 - k));
+}
+
+/* Returns the jhash of three 32-bit words with seed initval (kernel jhash_3words). */
+static __always_inline __u32 jhash_3words(__u32 a, __u32 b, __u32 c, __u32 initval)
+{
+	initval += JHASH_INITVAL + (3 << 2);
+	a += initval;
+	b += initval;
+	c += initval;
+	c ^= b; c -= rol32(b, 14);
+	a ^= c; a -= rol32(c, 11);
+	b ^= a; b -= rol32(a, 25);
+	c ^= b; c -= rol32(b, 16);
+	a ^= c; a -= rol32(c, 4);
+	b ^= a; b -= rol32(a, 14);
+	c ^= b; c -= rol32(b, 24);
+	return c;
+}
+
+/* Returns the outer UDP source port (host order, SPORT_MIN..SPORT_MAX) for the inner
+ * IPv4 packet at iph. The words are the raw (network order) addresses and, for TCP
+ * and UDP when the packet is not a fragment, the raw 4 bytes of the two ports, added
+ * to the protocol number. l4 must point just past the IPv4 header. */
+static __always_inline __u16 flow_sport(const struct iphdr *iph, const void *l4,
+					const void *data_end)
+{
+	__u32 ports = 0;
+	__u32 h;
+
+	if ((iph->protocol == IPPROTO_TCP || iph->protocol == IPPROTO_UDP) &&
+	    !ipv4_is_fragment(iph)) {
+		const __u32 *p = l4;
+
+		if ((const void *)(p + 1) <= data_end)
+			ports = *p;
+	}
+	h = jhash_3words(iph->saddr, iph->daddr, ports + iph->protocol, FLOW_HASH_SEED);
+	return SPORT_MIN + (__u16)(h % (SPORT_MAX - SPORT_MIN + 1));
+}

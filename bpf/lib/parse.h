@@ -1,0 +1,72 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Cursor-style header parsing: each parse_* checks bounds beside the access and advances. */
+#pragma once
+
+#include "common.h"
+
+/* A position in the packet and the end of its linear data. */
+struct cursor {
+	void *pos;
+	void *end;
+};
+
+/* Returns the EtherType (host order) and sets *eth, or -1 if the header is truncated. */
+static __always_inline int parse_eth(struct cursor *c, struct ethhdr **eth)
+{
+	struct ethhdr *h = c->pos;
+
+	if ((void *)(h + 1) > c->end)
+		return -1;
+	c->pos = h + 1;
+	*eth = h;
+	return bpf_ntohs(h->h_proto);
+}
+
+/* Returns the IP protocol and sets *iph, or -1 if the header is truncated or not a
+ * well-formed IPv4 header (version 4, ihl >= 5, options inside the packet). */
+static __always_inline int parse_ipv4(struct cursor *c, struct iphdr **iph)
+{
+	struct iphdr *h = c->pos;
+	__u32 hlen;
+
+	if ((void *)(h + 1) > c->end)
+		return -1;
+	if (h->version != 4 || h->ihl < 5)
+		return -1;
+	hlen = h->ihl * 4;
+	if (c->pos + hlen > c->end)
+		return -1;
+	c->pos += hlen;
+	*iph = h;
+	return h->protocol;
+}
+
+/* Returns the UDP destination port (host order) and sets *udp, or -1 if truncated. */
+static __always_inline int parse_udp(struct cursor *c, struct udphdr **udp)
+{
+	struct udphdr *h = c->pos;
+
+	if ((void *)(h + 1) > c->end)
+		return -1;
+	c->pos = h + 1;
+	*udp = h;
+	return bpf_ntohs(h->dest);
+}
+
+/* Returns non-zero if iph is a fragment other than the first, or the first of several:
+ * such packets carry no (or not only their own) L4 ports. */
+static __always_inline int ipv4_is_fragment(const struct iphdr *iph)
+{
+	return iph->frag_off & bpf_htons(IP_MF | IP_OFFSET);
+}
+
+/* Makes sure the first min(len, want) bytes are linear. Returns 0, or -1 if the pull
+ * failed. Invalidates packet pointers when it pulls. */
+static __always_inline int pull_headers(struct __sk_buff *skb, __u32 want)
+{
+	__u32 len = skb->len < want ? skb->len : want;
+
+	if ((void *)(long)skb->data + len <= (void *)(long)skb->data_end)
+		return 0;
+	return bpf_skb_pull_data(skb, len) ? -1 : 0;
+}
