@@ -1,0 +1,217 @@
+package testenv
+
+import (
+	"context"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// These tests build real labs and need root; none of them needs the agent.
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("this test builds network namespaces and needs root; run it as root (sudo go test ./testenv/)")
+	}
+}
+
+// uniqueLab returns a lab name no other test uses.
+func uniqueLab(t *testing.T) string {
+	const letters = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := []byte("u")
+	for range 7 {
+		b = append(b, letters[rand.IntN(len(letters))])
+	}
+	return string(b)
+}
+
+func upLab(t *testing.T, dp Datapath) *Lab {
+	t.Helper()
+	requireRoot(t)
+	sc, err := LoadScenario("default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	l, err := Up(ctx, sc, Options{Name: uniqueLab(t), Datapath: dp, Binary: "/nonexistent/isthmus"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Down(); err != nil {
+			t.Error(err)
+		}
+		assertGone(t, l.Name)
+	})
+	return l
+}
+
+// assertGone fails unless nothing of the lab is left.
+func assertGone(t *testing.T, lab string) {
+	t.Helper()
+	if left, _ := listNS(NSPrefix + lab + "-"); len(left) > 0 {
+		t.Errorf("namespaces left after down: %v", left)
+	}
+	for _, dir := range []string{filepath.Join(PinRoot, lab), StateDir(lab)} {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("%s left after down (stat: %v)", dir, err)
+		}
+	}
+}
+
+// TestPlainLab checks the lab itself: with native routes instead of isthmus,
+// every pod reaches every other with its own address, through the leftover
+// rules (pod-to-pod is exempted from MASQUERADE in this datapath only).
+func TestPlainLab(t *testing.T) {
+	l := upLab(t, DatapathPlain)
+	m, err := l.Check(context.Background())
+	if err != nil {
+		t.Fatalf("%v\n%s", err, m)
+	}
+	if want := 8 * 7 * 3; len(m.Probes) != want {
+		t.Fatalf("%d probes, want %d", len(m.Probes), want)
+	}
+	for _, p := range m.Probes {
+		if p.Proto != ICMP && p.Saw != l.PodAddr(p.Src) {
+			t.Errorf("%s -> %s %s: server saw %s, want %s", p.Src, p.Dst, p.Proto, p.Saw, l.PodAddr(p.Src))
+		}
+	}
+}
+
+// TestTopology checks the underlay (node to router to node), the pod wiring
+// and the node settings, and that without a datapath the check fails the way it
+// must: remote pods unreachable, same-node traffic masqueraded by the leftovers.
+func TestTopology(t *testing.T) {
+	l := upLab(t, DatapathNone)
+	for _, pair := range [][2]string{{"a1", "a2"}, {"a1", "b2"}, {"b1", "a2"}} {
+		dst, _ := l.Node(pair[1])
+		if err := Ping(l.NodeNS(pair[0]), dst.Address, 2*time.Second); err != nil {
+			t.Errorf("node %s -> node %s (%s): %v", pair[0], pair[1], dst.Address, err)
+		}
+	}
+	a1, _ := l.Node("a1")
+	if err := Ping(l.PodNS("a1-p1"), a1.Address, 2*time.Second); err != nil {
+		t.Errorf("pod a1-p1 -> its node: %v", err)
+	}
+	ctx := context.Background()
+	for _, cmd := range []struct {
+		ns, want string
+		argv     []string
+	}{
+		{l.PodNS("a1-p1"), "mtu 1450", []string{"ip", "link", "show", "eth0"}},
+		{l.PodNS("a1-p1"), "169.254.1.1 dev eth0 lladdr", []string{"ip", "neigh", "show", "169.254.1.1"}},
+		{l.PodNS("a1-p1"), "PERMANENT", []string{"ip", "neigh", "show", "169.254.1.1"}},
+		{l.PodNS("a1-p1"), "default via 169.254.1.1 dev eth0", []string{"ip", "route"}},
+		{l.NodeNS("a1"), "10.244.1.10 dev pod-a1-p1 scope link", []string{"ip", "route"}},
+		{l.NodeNS("a1"), "mtu 1500", []string{"ip", "link", "show", "eth0"}},
+		{l.NodeNS("a1"), "-A POSTROUTING -s 10.245.0.0/16 ! -d 224.0.0.0/4 -j MASQUERADE", []string{"iptables-save", "-t", "nat"}},
+		{l.NodeNS("a1"), ":FORWARD DROP", []string{"iptables-save", "-t", "filter"}},
+		{l.NodeNS("a1"), "-A FORWARD -m conntrack --ctstate INVALID -j DROP\n-A FORWARD -s 10.244.0.0/16 -j ACCEPT", []string{"iptables-save", "-t", "filter"}},
+		{l.NodeNS("a1"), "net.ipv4.conf.pod-a1-p2.rp_filter = 1", []string{"sysctl", "net.ipv4.conf.pod-a1-p2.rp_filter"}},
+		{l.NodeNS("a1"), "net.ipv4.conf.eth0.rp_filter = 1", []string{"sysctl", "net.ipv4.conf.eth0.rp_filter"}},
+		{l.NodeNS("a1"), "net.ipv4.ip_forward = 1", []string{"sysctl", "net.ipv4.ip_forward"}},
+		{l.PodNS("a1-p1"), "tcp-segmentation-offload: on", []string{"ethtool", "-k", "eth0"}},
+	} {
+		out, err := l.Exec(ctx, cmd.ns, cmd.argv...)
+		if err != nil {
+			t.Errorf("%v", err)
+			continue
+		}
+		if !strings.Contains(out, cmd.want) {
+			t.Errorf("%s: %s: want %q in:\n%s", cmd.ns, strings.Join(cmd.argv, " "), cmd.want, out)
+		}
+	}
+
+	m, err := l.CheckPairs(ctx, [][2]string{{"a1-p1", "a1-p2"}, {"a1-p1", "b1-p1"}}, CheckOptions{Timeout: 300 * time.Millisecond, Attempts: 1})
+	if err == nil {
+		t.Fatalf("check passed without a datapath:\n%s", m)
+	}
+	if p, _ := m.Get("a1-p1", "a1-p2", ICMP); !p.OK {
+		t.Errorf("same-node ping failed: %s", p.Err)
+	}
+	if p, _ := m.Get("a1-p1", "a1-p2", TCP); p.OK || p.Saw != a1.Address {
+		t.Errorf("same-node tcp: ok=%v saw %s, want a failure with the node address %s (MASQUERADE)", p.OK, p.Saw, a1.Address)
+	}
+	for _, proto := range Protos {
+		if p, _ := m.Get("a1-p1", "b1-p1", proto); p.OK {
+			t.Errorf("cross-site %s passed without a datapath", proto)
+		}
+	}
+}
+
+// TestFailedUpCleansUp starts agents from a binary that does not exist: Up must
+// fail, name the agent, and leave nothing behind.
+func TestFailedUpCleansUp(t *testing.T) {
+	requireRoot(t)
+	sc, err := LoadScenario("default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := uniqueLab(t)
+	t.Cleanup(func() { Down(name, DownOptions{}) })
+	_, err = Up(context.Background(), sc, Options{Name: name, Binary: "/nonexistent/isthmus", ReadyTimeout: 10 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "agent on a1") {
+		t.Fatalf("Up with a missing binary = %v, want an agent error", err)
+	}
+	assertGone(t, name)
+	if err := Down(name, DownOptions{}); err != nil {
+		t.Errorf("second down: %v", err)
+	}
+}
+
+// TestDownAfterInterruptedUp leaves what an interrupted up leaves (namespaces,
+// pins, a running agent, state) and checks that Down finds and removes it all
+// from the name alone.
+func TestDownAfterInterruptedUp(t *testing.T) {
+	requireRoot(t)
+	name := uniqueLab(t)
+	t.Cleanup(func() { Down(name, DownOptions{}) })
+	for _, member := range []string{"rt", "n1", "n1-p1"} {
+		if err := createNS(NSName(name, member)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pin := filepath.Join(PinRoot, name, "n1")
+	if err := ensureBPFFS(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(pin, "links"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(StateDir(name), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// A stand-in agent: its command line names the pin dir as a real one does.
+	agentCmd := exec.Command("sh", "-c", "sleep 600", pin)
+	agentCmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := agentCmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { agentCmd.Wait(); close(exited) }()
+	t.Cleanup(func() { agentCmd.Process.Kill() })
+	if err := os.WriteFile(pidFile(name, "n1"), []byte(strconv.Itoa(agentCmd.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := Down(name, DownOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		t.Error("agent still running after down")
+	}
+	assertGone(t, name)
+	if err := Down(name, DownOptions{}); err != nil {
+		t.Errorf("second down: %v", err)
+	}
+}
