@@ -1,0 +1,58 @@
+package v1alpha1
+
+import (
+	"testing"
+
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+func TestDefaults(t *testing.T) {
+	no, yes := false, true
+	tests := []struct {
+		name string
+		got  any
+		want any
+	}{
+		{"manageCniPlugin unset", (&SiteSpec{}).ManagesCNIPlugin(), true},
+		{"manageCniPlugin false", (&SiteSpec{ManageCNIPlugin: &no}).ManagesCNIPlugin(), false},
+		{"meshNodes unset", (&SitePeeringSpec{}).MeshesNodes(), true},
+		{"meshNodes false", (&SitePeeringSpec{MeshNodes: &no}).MeshesNodes(), false},
+		{"meshNodes true", (&SitePeeringSpec{MeshNodes: &yes}).MeshesNodes(), true},
+		{"tunnelProtocol unset", (&SitePeeringSpec{}).Protocol(), TunnelGENEVE},
+		{"tunnelProtocol set", (&SitePeeringSpec{TunnelProtocol: "VXLAN"}).Protocol(), TunnelProtocol("VXLAN")},
+	}
+	for _, tt := range tests {
+		if tt.got != tt.want {
+			t.Errorf("%s: got %v, want %v", tt.name, tt.got, tt.want)
+		}
+	}
+}
+
+func TestDeepCopyIsDeep(t *testing.T) {
+	enabled := true
+	s := &Site{Spec: SiteSpec{
+		NodeCIDRs:          []CIDR{"10.0.0.0/27"},
+		PodCIDRAssignments: []PodCIDRAssignment{{CIDRBlocks: []CIDR{"10.0.2.0/23"}, AssignmentEnabled: &enabled, NodeBlockSizes: &NodeBlockSizes{IPv4: 25}}},
+	}}
+	c := s.DeepCopy()
+	c.Spec.NodeCIDRs[0] = "x"
+	c.Spec.PodCIDRAssignments[0].CIDRBlocks[0] = "x"
+	*c.Spec.PodCIDRAssignments[0].AssignmentEnabled = false
+	c.Spec.PodCIDRAssignments[0].NodeBlockSizes.IPv4 = 1
+	a := s.Spec.PodCIDRAssignments[0]
+	if s.Spec.NodeCIDRs[0] != "10.0.0.0/27" || a.CIDRBlocks[0] != "10.0.2.0/23" || !*a.AssignmentEnabled || a.NodeBlockSizes.IPv4 != 25 {
+		t.Errorf("changing the copy changed the original: %+v", s.Spec)
+	}
+}
+
+func TestAddToScheme(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range []string{KindSite, KindSitePeering, "SiteList", "SitePeeringList"} {
+		if !scheme.Recognizes(GroupVersion.WithKind(kind)) {
+			t.Errorf("scheme does not recognize %s", kind)
+		}
+	}
+}
