@@ -1,0 +1,475 @@
+// Package agent is the isthmus agent loop: it loads the datapath, attaches it to the
+// underlay device, isthmus0 and every pod interface matching the configured
+// patterns, and keeps the pinned maps and the routes equal to the plan computed
+// from the objects directory. It reacts to changes of the directory (debounced),
+// to pod interfaces coming and going, and resyncs periodically. Every sync diffs
+// against what the kernel holds and writes only the difference.
+//
+// All kernel work happens on the goroutine that calls Start and Run, so a caller
+// that locked its thread into a network namespace gets the agent in that namespace.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/isthmus-dev/isthmus/loader/datapath"
+	"github.com/isthmus-dev/isthmus/loader/objects"
+	"github.com/isthmus-dev/isthmus/loader/plan"
+	"github.com/isthmus-dev/isthmus/maps"
+)
+
+// Config is what the agent is told on its command line.
+type Config struct {
+	Node       string
+	ObjectsDir string
+	// UnderlayDev is the underlay device; empty means the one holding the node's
+	// InternalIP.
+	UnderlayDev string
+	// PinDir is where maps and links are pinned (on bpffs); empty means
+	// datapath.DefaultPinDir.
+	PinDir string
+	// PodPatterns are shell globs for pod-facing interfaces.
+	PodPatterns []string
+	Decap       datapath.DecapMode
+	// VNI is the GENEVE VNI (24 bits).
+	VNI uint32
+	// ReadyFile, if set, is written after the first full sync.
+	ReadyFile string
+	// Resync is the period of full resyncs (default 30s); Debounce the quiet time
+	// after a change in ObjectsDir before it is read (default 100ms).
+	Resync, Debounce time.Duration
+	Log              *slog.Logger
+	// Planner computes the plan; nil means objects.LoadDir then plan.Compute.
+	Planner func(dir, node string) (*plan.NodePlan, []string, error)
+}
+
+// Agent is a started agent. Its methods must be called from the goroutine that
+// called Start.
+type Agent struct {
+	cfg      Config
+	log      *slog.Logger
+	dp       *datapath.Datapath
+	plan     *plan.NodePlan
+	underlay netlink.Link
+	xdp      bool
+	overlay  datapath.Overlay
+	pods     map[string]int // attached pod interface name -> ifindex
+}
+
+// Run starts the agent and runs it until ctx is done. On return everything stays in
+// place (pinned); see datapath.Uninstall.
+func Run(ctx context.Context, cfg Config) error {
+	a, err := Start(cfg)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	return a.Run(ctx)
+}
+
+// DefaultPlanner reads dir with objects.LoadDir and computes node's plan.
+func DefaultPlanner(dir, node string) (*plan.NodePlan, []string, error) {
+	set, warns, err := objects.LoadDir(dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("load objects %s: %w", dir, err)
+	}
+	p, err := plan.Compute(set, node)
+	if err != nil {
+		return nil, nil, fmt.Errorf("compute plan for %s: %w", node, err)
+	}
+	var out []string
+	for _, w := range warns {
+		out = append(out, w.String())
+	}
+	out = append(out, p.Warnings...)
+	for _, c := range p.Corrections {
+		out = append(out, fmt.Sprintf("route %v (%s) contained peer endpoint %v: replaced by %v", c.Removed, c.Origin, c.Endpoint, c.Kept))
+	}
+	return p, out, nil
+}
+
+// Start loads and attaches the datapath and does the first full sync: plan, the
+// config entry (written before any program is attached), isthmus0, the program
+// links, the maps and the routes. It writes cfg.ReadyFile when done. A pin
+// directory from an earlier run is reused: maps keep their contents and links are
+// updated in place to the new programs.
+func Start(cfg Config) (*Agent, error) {
+	if cfg.PinDir == "" {
+		cfg.PinDir = datapath.DefaultPinDir
+	}
+	if cfg.Decap == "" {
+		cfg.Decap = datapath.DecapAuto
+	}
+	if cfg.Resync <= 0 {
+		cfg.Resync = 30 * time.Second
+	}
+	if cfg.Debounce <= 0 {
+		cfg.Debounce = 100 * time.Millisecond
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Planner == nil {
+		cfg.Planner = DefaultPlanner
+	}
+	if cfg.Node == "" || cfg.ObjectsDir == "" {
+		return nil, errors.New("start agent: node and objects dir are required")
+	}
+	a := &Agent{cfg: cfg, log: cfg.Log.With("node", cfg.Node), pods: map[string]int{}}
+
+	p, warns, err := cfg.Planner(cfg.ObjectsDir, cfg.Node)
+	if err != nil {
+		return nil, err
+	}
+	a.plan = p
+	a.logWarnings(warns)
+
+	if a.underlay, err = datapath.FindUnderlay(cfg.UnderlayDev, p.Underlay); err != nil {
+		return nil, err
+	}
+	if a.dp, err = datapath.Load(cfg.PinDir); err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			a.Close()
+		}
+	}()
+	if err := datapath.EnableForwarding(); err != nil {
+		return nil, err
+	}
+	if err := a.ensureOverlay(); err != nil {
+		return nil, err
+	}
+	// The config entry first: the programs read it for every packet.
+	cur, err := a.dp.Maps.Read()
+	if err != nil {
+		return nil, err
+	}
+	want := cur.Clone()
+	want.Config = a.desired().Config
+	if _, err := maps.Apply(a.dp.Maps, maps.Diff(cur, want)); err != nil {
+		return nil, fmt.Errorf("write config: %w", err)
+	}
+
+	if _, err := datapath.Attach(cfg.PinDir, datapath.HookOverlayEgress, a.dp.Program(datapath.HookOverlayEgress), datapath.OverlayDev, a.overlay.Ifindex); err != nil {
+		return nil, err
+	}
+	if a.xdp, err = datapath.AttachUnderlay(a.dp, a.underlay, cfg.Decap, a.log); err != nil {
+		return nil, err
+	}
+	if err := a.scanPods(); err != nil {
+		return nil, err
+	}
+	if err := a.pruneLinks(); err != nil {
+		return nil, err
+	}
+	if err := a.sync("start", false); err != nil {
+		return nil, err
+	}
+	if cfg.ReadyFile != "" {
+		if err := os.WriteFile(cfg.ReadyFile, []byte("ready\n"), 0o644); err != nil {
+			return nil, fmt.Errorf("write ready file: %w", err)
+		}
+	}
+	a.log.Info("agent ready", "underlay", a.underlay.Attrs().Name, "xdp", a.xdp,
+		"overlay_mtu", a.overlay.MTU, "pods", len(a.pods), "pin_dir", cfg.PinDir)
+	ok = true
+	return a, nil
+}
+
+// Close releases the agent's handles; the datapath stays attached and pinned.
+func (a *Agent) Close() {
+	if a.dp != nil {
+		a.dp.Close()
+		a.dp = nil
+	}
+}
+
+// PodInterfaces returns the names of the attached pod interfaces, sorted.
+func (a *Agent) PodInterfaces() []string {
+	var out []string
+	for n := range a.pods {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Run watches the objects directory and the interfaces until ctx is done.
+func (a *Agent) Run(ctx context.Context) error {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watch objects: %w", err)
+	}
+	defer w.Close()
+	if err := w.Add(a.cfg.ObjectsDir); err != nil {
+		return fmt.Errorf("watch objects %s: %w", a.cfg.ObjectsDir, err)
+	}
+
+	links := make(chan netlink.LinkUpdate, 64)
+	done := make(chan struct{})
+	defer close(done)
+	if err := netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{
+		ErrorCallback: func(err error) { a.log.Error("link updates", "err", err) },
+	}); err != nil {
+		return fmt.Errorf("subscribe to link updates: %w", err)
+	}
+	// Interfaces that appeared between Start and the subscription.
+	if err := a.scanPods(); err != nil {
+		a.log.Error("scan pod interfaces", "err", err)
+	}
+	a.syncLogged("pods", false)
+
+	debounce := time.NewTimer(time.Hour)
+	debounce.Stop()
+	resync := time.NewTicker(a.cfg.Resync)
+	defer resync.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			a.log.Info("agent stopping; datapath stays in place")
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return errors.New("watch objects: watcher closed")
+			}
+			if ev.Op&(fsnotify.Create|fsnotify.Write|fsnotify.Remove|fsnotify.Rename) != 0 {
+				debounce.Reset(a.cfg.Debounce)
+			}
+		case err := <-w.Errors:
+			a.log.Error("watch objects", "err", err)
+		case <-debounce.C:
+			a.syncLogged("objects", true)
+		case u, ok := <-links:
+			if !ok {
+				a.log.Error("link updates stopped; relying on the periodic resync")
+				links = nil
+				continue
+			}
+			if a.handleLink(u) {
+				a.syncLogged("pods", false)
+			}
+		case <-resync.C:
+			if err := a.scanPods(); err != nil {
+				a.log.Error("scan pod interfaces", "err", err)
+			}
+			a.syncLogged("resync", true)
+		}
+	}
+}
+
+func (a *Agent) syncLogged(reason string, reload bool) {
+	if err := a.sync(reason, reload); err != nil {
+		a.log.Error("sync", "reason", reason, "err", err)
+	}
+}
+
+// sync reads the objects (if reload) and brings isthmus0, the maps and the routes
+// to the plan. A plan that fails to load leaves the last good one in force.
+func (a *Agent) sync(reason string, reload bool) error {
+	start := time.Now()
+	if reload {
+		p, warns, err := a.cfg.Planner(a.cfg.ObjectsDir, a.cfg.Node)
+		if err != nil {
+			a.log.Error("objects rejected; keeping the last good state", "err", err)
+		} else {
+			a.plan = p
+			a.logWarnings(warns)
+		}
+	}
+	before := a.overlay.Ifindex
+	if err := a.ensureOverlay(); err != nil {
+		return err
+	}
+	if a.overlay.Ifindex != before {
+		if _, err := datapath.Attach(a.cfg.PinDir, datapath.HookOverlayEgress, a.dp.Program(datapath.HookOverlayEgress), datapath.OverlayDev, a.overlay.Ifindex); err != nil {
+			return err
+		}
+	}
+	current, err := a.dp.Maps.Read()
+	if err != nil {
+		return err
+	}
+	res, err := maps.Apply(a.dp.Maps, maps.Diff(current, a.desired()))
+	if err != nil {
+		return err
+	}
+	rres, err := datapath.SyncRoutes(datapath.KernelRoutes{}, a.routes())
+	if err != nil {
+		return err
+	}
+	a.log.Info("synced", "reason", reason, "entries_written", res.Updated+res.Deleted,
+		"updated", res.Updated, "deleted", res.Deleted,
+		"routes_replaced", rres.Replaced, "routes_deleted", rres.Deleted,
+		"pods", len(a.pods), "duration", time.Since(start).Round(time.Microsecond))
+	for _, c := range res.Applied {
+		a.log.Debug("map write", "change", c.String())
+	}
+	return nil
+}
+
+func (a *Agent) desired() maps.State {
+	node := maps.NodeConfig{
+		VNI:             a.cfg.VNI,
+		UnderlayIfindex: a.underlay.Attrs().Index,
+		OverlayIfindex:  a.overlay.Ifindex,
+		OverlayMAC:      a.overlay.MAC,
+		TunnelMTU:       a.overlay.MTU,
+	}
+	for _, i := range a.pods {
+		node.PodIfindexes = append(node.PodIfindexes, i)
+	}
+	s, warns := maps.FromPlan(a.plan, node)
+	a.logWarnings(warns)
+	return s
+}
+
+func (a *Agent) routes() []datapath.Route {
+	var prefixes []netip.Prefix
+	for _, r := range a.plan.Routes {
+		prefixes = append(prefixes, r.Prefix)
+	}
+	return datapath.OverlayRoutes(prefixes, a.overlay.Ifindex, a.plan.TunnelAddr)
+}
+
+func (a *Agent) ensureOverlay() error {
+	mtu := datapath.TunnelMTU(a.underlay.Attrs().MTU, a.plan.TunnelMTU)
+	ov, err := datapath.EnsureOverlay(mtu, a.plan.TunnelAddr)
+	if err != nil {
+		return err
+	}
+	a.overlay = ov
+	return nil
+}
+
+func (a *Agent) logWarnings(warns []string) {
+	for _, w := range warns {
+		a.log.Warn("plan", "warning", w)
+	}
+}
+
+// isPod reports whether an interface called name is a pod interface to attach to.
+func (a *Agent) isPod(name string) bool {
+	if name == datapath.OverlayDev || name == datapath.OverlayPeerDev || name == a.underlay.Attrs().Name {
+		return false
+	}
+	return MatchAny(a.cfg.PodPatterns, name)
+}
+
+// scanPods attaches every matching interface not yet attached and forgets attached
+// ones that are gone.
+func (a *Agent) scanPods() error {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return fmt.Errorf("list interfaces: %w", err)
+	}
+	seen := map[string]bool{}
+	var errs []error
+	for _, l := range links {
+		name := l.Attrs().Name
+		if !a.isPod(name) {
+			continue
+		}
+		seen[name] = true
+		if err := a.attachPod(name, l.Attrs().Index); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for name := range a.pods {
+		if !seen[name] {
+			a.forgetPod(name)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (a *Agent) attachPod(name string, ifindex int) error {
+	if a.pods[name] == ifindex {
+		return nil
+	}
+	r, err := datapath.Attach(a.cfg.PinDir, datapath.HookPodIngress, a.dp.Program(datapath.HookPodIngress), name, ifindex)
+	if err != nil {
+		return err
+	}
+	a.pods[name] = ifindex
+	a.log.Info("pod interface attached", "dev", name, "ifindex", ifindex, "link_id", r.LinkID, "updated", r.Updated)
+	return nil
+}
+
+func (a *Agent) forgetPod(name string) {
+	if err := datapath.Detach(a.cfg.PinDir, name, datapath.HookPodIngress); err != nil {
+		a.log.Error("forget pod interface", "dev", name, "err", err)
+	}
+	delete(a.pods, name)
+	a.log.Info("pod interface forgotten", "dev", name)
+}
+
+// handleLink applies one link update and reports whether the pod set changed.
+func (a *Agent) handleLink(u netlink.LinkUpdate) bool {
+	name, index := u.Attrs().Name, int(u.Index)
+	changed := false
+	// A known ifindex under another name: renamed.
+	for n, i := range a.pods {
+		if i == index && n != name {
+			a.forgetPod(n)
+			changed = true
+		}
+	}
+	switch u.Header.Type {
+	case unix.RTM_DELLINK:
+		if _, ok := a.pods[name]; ok && a.pods[name] == index {
+			a.forgetPod(name)
+			changed = true
+		}
+	case unix.RTM_NEWLINK:
+		if !a.isPod(name) {
+			return changed
+		}
+		if a.pods[name] != index {
+			if err := a.attachPod(name, index); err != nil {
+				a.log.Error("attach pod interface", "dev", name, "err", err)
+				return changed
+			}
+			changed = true
+		}
+	}
+	return changed
+}
+
+// pruneLinks removes pinned links for interfaces and hooks the agent no longer
+// uses: gone pod interfaces, an old underlay device, an XDP link after a switch to
+// TC.
+func (a *Agent) pruneLinks() error {
+	ul := a.underlay.Attrs().Name
+	removed, err := datapath.PruneLinks(a.cfg.PinDir, func(p datapath.PinnedLink) bool {
+		switch p.Hook {
+		case datapath.HookPodIngress:
+			_, ok := a.pods[p.Ifname]
+			return ok
+		case datapath.HookOverlayEgress:
+			return p.Ifname == datapath.OverlayDev
+		case datapath.HookUnderlayIngress:
+			return p.Ifname == ul
+		case datapath.HookUnderlayXDP:
+			return p.Ifname == ul && a.xdp
+		}
+		return false
+	})
+	for _, p := range removed {
+		a.log.Info("stale link removed", "dev", p.Ifname, "hook", p.Hook)
+	}
+	return err
+}

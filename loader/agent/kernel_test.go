@@ -1,0 +1,433 @@
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/isthmus-dev/isthmus/loader/datapath"
+	"github.com/isthmus-dev/isthmus/maps"
+)
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// needRootAndBPFFS fails the test unless it runs as root, and mounts bpffs on
+// /sys/fs/bpf if nothing is mounted there.
+func needRootAndBPFFS(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("this test creates network namespaces and BPF links and needs root (sudo go test ./loader/agent)")
+	}
+	if err := datapath.CheckBPFFS("/sys/fs/bpf"); err != nil {
+		if err := unix.Mount("bpf", "/sys/fs/bpf", "bpf", 0, ""); err != nil {
+			t.Fatalf("mount bpffs on /sys/fs/bpf: %v", err)
+		}
+	}
+}
+
+// enterNewNetns moves the calling goroutine's thread into a fresh named network
+// namespace for the rest of the test. The thread is never unlocked, so Go retires
+// it with the goroutine instead of reusing it elsewhere.
+func enterNewNetns(t *testing.T) (netns.NsHandle, string) {
+	t.Helper()
+	runtime.LockOSThread()
+	name := "isthmus-at-" + randHex(4)
+	ns, err := netns.NewNamed(name)
+	if err != nil {
+		t.Fatalf("create netns: %v", err)
+	}
+	t.Cleanup(func() {
+		ns.Close()
+		netns.DeleteNamed(name)
+	})
+	return ns, name
+}
+
+func mustVeth(t *testing.T, name, peer string) netlink.Link {
+	t.Helper()
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}); err != nil {
+		t.Fatalf("create veth %s: %v", name, err)
+	}
+	for _, n := range []string{peer, name} {
+		l, err := netlink.LinkByName(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func mustAddr(t *testing.T, l netlink.Link, cidr string) {
+	t.Helper()
+	a, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.AddrAdd(l, a); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type testEnv struct {
+	cfg     Config
+	pinDir  string
+	ns      netns.NsHandle
+	under   netlink.Link
+	pod     netlink.Link
+	objects string
+}
+
+func setup(t *testing.T) *testEnv {
+	needRootAndBPFFS(t)
+	ns, _ := enterNewNetns(t)
+	e := &testEnv{ns: ns}
+	e.under = mustVeth(t, "ul0", "ul0p")
+	mustAddr(t, e.under, "172.16.1.10/24")
+	e.pod = mustVeth(t, "pod-a", "pa-peer")
+	e.pinDir = "/sys/fs/bpf/isthmus-test-" + randHex(6)
+	t.Cleanup(func() {
+		if err := datapath.Uninstall(e.pinDir); err != nil {
+			t.Errorf("cleanup: uninstall: %v", err)
+		}
+		os.RemoveAll(e.pinDir)
+	})
+	e.objects = t.TempDir()
+	data, err := os.ReadFile("testdata/two-sites.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(e.objects, "objects.yaml"), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.cfg = Config{
+		Node: "a1", ObjectsDir: e.objects, UnderlayDev: "", PinDir: e.pinDir,
+		PodPatterns: []string{"pod-*"}, Decap: datapath.DecapAuto, VNI: 5,
+		ReadyFile: filepath.Join(t.TempDir(), "ready"),
+		Log:       slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+	}
+	return e
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// linkInfo opens a pinned link and returns its id, program id and target ifindex.
+func linkInfo(t *testing.T, pinDir, ifname string, h datapath.Hook) (link.ID, ebpf.ProgramID, uint32) {
+	t.Helper()
+	l, err := link.LoadPinnedLink(datapath.LinkPin(pinDir, ifname, h), nil)
+	if err != nil {
+		t.Fatalf("open pinned link %s.%s: %v", ifname, h, err)
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ifindex uint32
+	if x := info.TCX(); x != nil {
+		ifindex = x.Ifindex
+	} else if x := info.XDP(); x != nil {
+		ifindex = x.Ifindex
+	}
+	return info.ID, info.Program, ifindex
+}
+
+// tcxCount is how many programs are attached at tcx ingress or egress of ifindex,
+// asked in the calling thread's namespace.
+func tcxCount(t *testing.T, ifindex int, at ebpf.AttachType) int {
+	t.Helper()
+	res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: at})
+	if err != nil {
+		t.Fatalf("query tcx programs on #%d: %v", ifindex, err)
+	}
+	return len(res.Programs)
+}
+
+func readMaps(t *testing.T, pinDir string) maps.State {
+	t.Helper()
+	s, err := maps.OpenPinned(pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	st, err := s.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func (e *testEnv) wantState(t *testing.T, a *Agent, pods ...netlink.Link) maps.State {
+	t.Helper()
+	ov, err := netlink.LinkByName(datapath.OverlayDev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _, err := DefaultPlanner(e.objects, "a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := maps.NodeConfig{VNI: 5, UnderlayIfindex: e.under.Attrs().Index, OverlayIfindex: ov.Attrs().Index,
+		OverlayMAC: ov.Attrs().HardwareAddr, TunnelMTU: 1450}
+	for _, l := range pods {
+		node.PodIfindexes = append(node.PodIfindexes, l.Attrs().Index)
+	}
+	s, _ := maps.FromPlan(p, node)
+	return s
+}
+
+func eventually(t *testing.T, within time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestAgentKernel(t *testing.T) {
+	e := setup(t)
+	a, err := Start(e.cfg)
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+
+	// isthmus0: veth, ARP off, MTU 1500-50, the tunnel address.
+	ov, err := netlink.LinkByName(datapath.OverlayDev)
+	if err != nil {
+		t.Fatalf("isthmus0 missing: %v", err)
+	}
+	if ov.Type() != "veth" || ov.Attrs().RawFlags&unix.IFF_NOARP == 0 || ov.Attrs().RawFlags&unix.IFF_UP == 0 {
+		t.Errorf("isthmus0: type %s flags %#x, want an up veth with NOARP", ov.Type(), ov.Attrs().RawFlags)
+	}
+	if ov.Attrs().MTU != 1450 {
+		t.Errorf("isthmus0 MTU = %d, want 1450", ov.Attrs().MTU)
+	}
+	addrs, _ := netlink.AddrList(ov, netlink.FAMILY_V4)
+	if len(addrs) != 1 || addrs[0].IPNet.String() != "10.10.1.1/32" {
+		t.Errorf("isthmus0 addresses = %v, want 10.10.1.1/32", addrs)
+	}
+	// Routes with proto 201.
+	routes, err := datapath.KernelRoutes{}.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRoutes := []datapath.Route{{Prefix: netip.MustParsePrefix("10.20.1.0/24"), Ifindex: ov.Attrs().Index, Src: netip.MustParseAddr("10.10.1.1")}}
+	if !slices.Equal(routes, wantRoutes) {
+		t.Errorf("proto 201 routes = %v, want %v", routes, wantRoutes)
+	}
+	if b, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward"); strings.TrimSpace(string(b)) != "1" {
+		t.Errorf("ip_forward = %q, want 1", b)
+	}
+	// Links pinned and attached where they should be; TC decap on a veth, no XDP.
+	type pin struct {
+		dev string
+		h   datapath.Hook
+		idx int
+		at  ebpf.AttachType
+	}
+	pins := []pin{
+		{"ul0", datapath.HookUnderlayIngress, e.under.Attrs().Index, ebpf.AttachTCXIngress},
+		{datapath.OverlayDev, datapath.HookOverlayEgress, ov.Attrs().Index, ebpf.AttachTCXEgress},
+		{"pod-a", datapath.HookPodIngress, e.pod.Attrs().Index, ebpf.AttachTCXIngress},
+	}
+	linkIDs := map[string]link.ID{}
+	progIDs := map[string]ebpf.ProgramID{}
+	for _, p := range pins {
+		id, prog, ifindex := linkInfo(t, e.pinDir, p.dev, p.h)
+		if int(ifindex) != p.idx {
+			t.Errorf("link %s.%s targets ifindex %d, want %d", p.dev, p.h, ifindex, p.idx)
+		}
+		if n := tcxCount(t, p.idx, p.at); n != 1 {
+			t.Errorf("%s: %d tcx programs attached, want 1", p.dev, n)
+		}
+		linkIDs[p.dev] = id
+		progIDs[p.dev] = prog
+	}
+	if _, err := os.Stat(datapath.LinkPin(e.pinDir, "ul0", datapath.HookUnderlayXDP)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("auto decap on a veth must not attach XDP (stat: %v)", err)
+	}
+	// Maps equal the plan.
+	if got, want := readMaps(t, e.pinDir), e.wantState(t, a, e.pod); !got.Equal(want) {
+		t.Fatalf("maps hold\n%+v\nwant\n%+v", got, want)
+	}
+	if _, err := os.Stat(e.cfg.ReadyFile); err != nil {
+		t.Errorf("ready file: %v", err)
+	}
+	if got := a.PodInterfaces(); !slices.Equal(got, []string{"pod-a"}) {
+		t.Errorf("pod interfaces = %q", got)
+	}
+
+	// Restart: a counter survives, link ids stay, program ids change.
+	ms, err := maps.OpenPinned(e.pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ncpu, _ := ebpf.PossibleCPU()
+	if err := ms.Map(maps.MapMetrics).Put(maps.MetricsKey{Code: 2, Hook: 2}, make([]maps.MetricsValue, ncpu)); err != nil {
+		t.Fatal(err)
+	}
+	ms.Close()
+	a.Close()
+	a, err = Start(e.cfg)
+	if err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	defer a.Close()
+	for _, p := range pins {
+		id, prog, _ := linkInfo(t, e.pinDir, p.dev, p.h)
+		if id != linkIDs[p.dev] {
+			t.Errorf("restart replaced link %s.%s (id %d -> %d); want it updated in place", p.dev, p.h, linkIDs[p.dev], id)
+		}
+		if prog == progIDs[p.dev] {
+			t.Errorf("restart kept program %d on %s; want the new program swapped in", prog, p.dev)
+		}
+		if n := tcxCount(t, p.idx, p.at); n != 1 {
+			t.Errorf("%s after restart: %d tcx programs attached, want 1", p.dev, n)
+		}
+	}
+	ms, err = maps.OpenPinned(e.pinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counters, err := maps.ReadMetrics(ms.Map(maps.MapMetrics))
+	ms.Close()
+	if _, ok := counters[maps.MetricKey{Code: 2, Hook: maps.HookUnderlayTC}]; err != nil || !ok {
+		t.Errorf("metrics after restart = %v (%v): the pinned map was not reused", counters, err)
+	}
+	if got, want := readMaps(t, e.pinDir), e.wantState(t, a, e.pod); !got.Equal(want) {
+		t.Fatalf("maps after restart hold\n%+v\nwant\n%+v", got, want)
+	}
+
+	// The loop, on a thread in the same namespace.
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var runErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		runtime.LockOSThread() // never unlocked: the thread leaves with the goroutine
+		if err := netns.Set(e.ns); err != nil {
+			runErr = err
+			return
+		}
+		runErr = a.Run(ctx)
+	}()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	time.Sleep(200 * time.Millisecond) // let Run subscribe
+
+	// A pod interface that appears later is attached within a second...
+	podB := mustVeth(t, "pod-b", "pb-peer")
+	eventually(t, time.Second, "pod-b attached and in pod_ifaces", func() bool {
+		_, ok := readMaps(t, e.pinDir).PodIfaces[uint32(podB.Attrs().Index)]
+		return ok && tcxCount(t, podB.Attrs().Index, ebpf.AttachTCXIngress) == 1
+	})
+	if _, err := os.Stat(datapath.LinkPin(e.pinDir, "pod-b", datapath.HookPodIngress)); err != nil {
+		t.Errorf("pod-b link not pinned: %v", err)
+	}
+	// ...and one that goes away is forgotten.
+	if err := netlink.LinkDel(podB); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Second, "pod-b forgotten", func() bool {
+		_, inMap := readMaps(t, e.pinDir).PodIfaces[uint32(podB.Attrs().Index)]
+		_, err := os.Stat(datapath.LinkPin(e.pinDir, "pod-b", datapath.HookPodIngress))
+		return !inMap && errors.Is(err, os.ErrNotExist)
+	})
+
+	// A new node in the objects directory shows up within a second.
+	f, err := os.OpenFile(filepath.Join(e.objects, "objects.yaml"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprint(f, "---\napiVersion: v1\nkind: Node\nmetadata: {name: b2}\nspec: {podCIDRs: [10.20.2.0/24]}\nstatus: {addresses: [{type: InternalIP, address: 172.16.2.12}]}\n")
+	f.Close()
+	b2 := netip.MustParsePrefix("10.20.2.0/24")
+	eventually(t, time.Second, "route and map entry for b2", func() bool {
+		r, ok := readMaps(t, e.pinDir).Routes[b2]
+		rs, _ := datapath.KernelRoutes{}.List()
+		return ok && r.Peer == netip.MustParseAddr("172.16.2.12") && len(rs) == 2
+	})
+	before := readMaps(t, e.pinDir)
+
+	// A broken objects directory keeps the last good state.
+	if err := os.WriteFile(filepath.Join(e.objects, "broken.yaml"), []byte("kind: Site\n  : ]["), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if got := readMaps(t, e.pinDir); !got.Equal(before) {
+		t.Fatalf("a bad objects file changed the maps:\n%+v\nwant\n%+v", got, before)
+	}
+	if rs, _ := (datapath.KernelRoutes{}).List(); len(rs) != 2 {
+		t.Fatalf("a bad objects file changed the routes: %v", rs)
+	}
+
+	cancel()
+	wg.Wait()
+	if runErr != nil {
+		t.Fatalf("run: %v", runErr)
+	}
+	// Exit leaves everything in place.
+	if n := tcxCount(t, e.pod.Attrs().Index, ebpf.AttachTCXIngress); n != 1 {
+		t.Errorf("after exit pod-a has %d programs, want 1", n)
+	}
+	a.Close()
+
+	// Uninstall removes it all, twice without error.
+	for i := range 2 {
+		if err := datapath.Uninstall(e.pinDir); err != nil {
+			t.Fatalf("uninstall #%d: %v", i+1, err)
+		}
+	}
+	if _, err := os.Stat(e.pinDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pin dir still there: %v", err)
+	}
+	if _, err := netlink.LinkByName(datapath.OverlayDev); err == nil {
+		t.Error("isthmus0 still there")
+	}
+	for _, p := range pins[:1] {
+		if n := tcxCount(t, p.idx, p.at); n != 0 {
+			t.Errorf("%s still has %d programs after uninstall", p.dev, n)
+		}
+	}
+	if n := tcxCount(t, e.pod.Attrs().Index, ebpf.AttachTCXIngress); n != 0 {
+		t.Errorf("pod-a still has %d programs after uninstall", n)
+	}
+	_ = net.IPv4len
+}

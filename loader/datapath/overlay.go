@@ -1,0 +1,169 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"github.com/vishvananda/netlink"
+)
+
+// Overlay device names. isthmus0 is one end of a veth pair because the kernel may
+// have no dummy module; isthmus0p, the other end, only exists to keep it up.
+const (
+	OverlayDev     = "isthmus0"
+	OverlayPeerDev = "isthmus0p"
+	// GeneveOverhead is what IPv4 GENEVE adds: outer IPv4 20, UDP 8, GENEVE 8,
+	// inner Ethernet 14.
+	GeneveOverhead = 50
+)
+
+// Overlay describes isthmus0 as EnsureOverlay left it.
+type Overlay struct {
+	Ifindex int
+	MAC     net.HardwareAddr
+	MTU     int
+}
+
+// TunnelMTU is the MTU of isthmus0: planMTU if set, else the underlay MTU minus the
+// GENEVE overhead.
+func TunnelMTU(underlayMTU, planMTU int) int {
+	if planMTU > 0 {
+		return planMTU
+	}
+	return underlayMTU - GeneveOverhead
+}
+
+// EnsureOverlay creates isthmus0 (a veth pair with isthmus0p) if missing, and makes
+// it match: both ends up, ARP off on isthmus0 (routes through it then need no
+// neighbour resolution; the kernel addresses frames to its own MAC, where the TC
+// egress program takes them), the given MTU, tunnelAddr as its only IPv4 address
+// (/32; none when tunnelAddr is invalid). Forwarding is turned off on isthmus0p so
+// nothing that leaks to it is routed back.
+func EnsureOverlay(mtu int, tunnelAddr netip.Addr) (Overlay, error) {
+	l, err := netlink.LinkByName(OverlayDev)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if !errors.As(err, &nf) {
+			return Overlay{}, fmt.Errorf("look up %s: %w", OverlayDev, err)
+		}
+		veth := &netlink.Veth{
+			LinkAttrs: netlink.LinkAttrs{Name: OverlayDev, MTU: mtu},
+			PeerName:  OverlayPeerDev,
+		}
+		if err := netlink.LinkAdd(veth); err != nil && !errors.Is(err, os.ErrExist) {
+			return Overlay{}, fmt.Errorf("create %s: %w", OverlayDev, err)
+		}
+		if l, err = netlink.LinkByName(OverlayDev); err != nil {
+			return Overlay{}, fmt.Errorf("look up %s: %w", OverlayDev, err)
+		}
+	}
+	peer, err := netlink.LinkByName(OverlayPeerDev)
+	if err != nil {
+		return Overlay{}, fmt.Errorf("look up %s: %w", OverlayPeerDev, err)
+	}
+	if l.Attrs().RawFlags&netlinkIFFNoARP == 0 {
+		if err := netlink.LinkSetARPOff(l); err != nil {
+			return Overlay{}, fmt.Errorf("set arp off on %s: %w", OverlayDev, err)
+		}
+	}
+	for _, x := range []netlink.Link{l, peer} {
+		if x.Attrs().MTU != mtu {
+			if err := netlink.LinkSetMTU(x, mtu); err != nil {
+				return Overlay{}, fmt.Errorf("set mtu %d on %s: %w", mtu, x.Attrs().Name, err)
+			}
+		}
+	}
+	// Sysctls before up, so isthmus0p never forwards and neither end sends IPv6
+	// router solicitations into the overlay.
+	for _, s := range []struct{ path, value string }{
+		{"net/ipv4/conf/" + OverlayPeerDev + "/forwarding", "0"},
+		{"net/ipv6/conf/" + OverlayDev + "/disable_ipv6", "1"},
+		{"net/ipv6/conf/" + OverlayPeerDev + "/disable_ipv6", "1"},
+	} {
+		if err := WriteSysctl(s.path, s.value); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return Overlay{}, err
+		}
+	}
+	for _, x := range []netlink.Link{peer, l} {
+		if err := netlink.LinkSetUp(x); err != nil {
+			return Overlay{}, fmt.Errorf("set %s up: %w", x.Attrs().Name, err)
+		}
+	}
+	if err := syncOverlayAddr(l, tunnelAddr); err != nil {
+		return Overlay{}, err
+	}
+	return Overlay{Ifindex: l.Attrs().Index, MAC: l.Attrs().HardwareAddr, MTU: mtu}, nil
+}
+
+// IFF_NOARP; netlink.LinkAttrs.RawFlags carries the kernel's flags.
+const netlinkIFFNoARP = 0x80
+
+func syncOverlayAddr(l netlink.Link, tunnelAddr netip.Addr) error {
+	addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("list addresses of %s: %w", OverlayDev, err)
+	}
+	want := netip.PrefixFrom(tunnelAddr.Unmap(), 32)
+	if tunnelAddr.Unmap().Is4() {
+		a := &netlink.Addr{IPNet: &net.IPNet{IP: want.Addr().AsSlice(), Mask: net.CIDRMask(32, 32)}}
+		if err := netlink.AddrReplace(l, a); err != nil {
+			return fmt.Errorf("add address %v to %s: %w", want, OverlayDev, err)
+		}
+	}
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok {
+			continue
+		}
+		ones, _ := a.Mask.Size()
+		if netip.PrefixFrom(ip.Unmap(), ones) == want && tunnelAddr.IsValid() {
+			continue
+		}
+		if err := netlink.AddrDel(l, &a); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, errAddrNotAvail) {
+			return fmt.Errorf("remove old address %v from %s: %w", a.IPNet, OverlayDev, err)
+		}
+	}
+	return nil
+}
+
+// WriteSysctl writes value to /proc/sys/<path> (path with slashes, such as
+// "net/ipv4/ip_forward") in the calling thread's network namespace.
+func WriteSysctl(path, value string) error {
+	p := filepath.Join("/proc/sys", path)
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("open sysctl %s: %w", path, err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(value); err != nil {
+		return fmt.Errorf("write sysctl %s=%s: %w", path, value, err)
+	}
+	return nil
+}
+
+// EnableForwarding sets net.ipv4.ip_forward=1: bpf_fib_lookup refuses to forward
+// (BPF_FIB_LKUP_RET_FWD_DISABLED) without it.
+func EnableForwarding() error {
+	return WriteSysctl("net/ipv4/ip_forward", "1")
+}
+
+// DeleteOverlay removes isthmus0 and its peer (and with them every route through
+// it). Already gone is success.
+func DeleteOverlay() error {
+	l, err := netlink.LinkByName(OverlayDev)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil
+		}
+		return fmt.Errorf("look up %s: %w", OverlayDev, err)
+	}
+	if err := netlink.LinkDel(l); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("delete %s: %w", OverlayDev, err)
+	}
+	return nil
+}

@@ -1,0 +1,35 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// Uninstall removes everything the agent installed in this network namespace: the
+// pinned links under pinDir (which detaches the programs), the pinned maps, the pin
+// directory, and isthmus0 with its routes. It is idempotent: whatever is already
+// gone counts as removed. ip_forward is left as it is.
+func Uninstall(pinDir string) error {
+	var errs []error
+	if _, err := os.Stat(pinDir); err == nil {
+		if err := CheckBPFFS(pinDir); err != nil {
+			return err
+		}
+		if _, err := PruneLinks(pinDir, func(PinnedLink) bool { return false }); err != nil {
+			errs = append(errs, err)
+		}
+		// Whatever is left is map pins and empty directories; unlinking a map pin
+		// frees the map once no program holds it.
+		if err := os.RemoveAll(pinDir); err != nil {
+			errs = append(errs, fmt.Errorf("remove pin dir %s: %w", filepath.Clean(pinDir), err))
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("stat pin dir: %w", err))
+	}
+	if err := DeleteOverlay(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
