@@ -223,7 +223,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	done := make(chan struct{})
 	defer close(done)
 	if err := netlink.LinkSubscribeWithOptions(links, done, netlink.LinkSubscribeOptions{
-		ErrorCallback: func(err error) { a.log.Error("link updates", "err", err) },
+		ErrorCallback: func(err error) {
+			if ctx.Err() == nil { // closing the subscription on exit is not an error
+				a.log.Error("link updates", "err", err)
+			}
+		},
 	}); err != nil {
 		return fmt.Errorf("subscribe to link updates: %w", err)
 	}
