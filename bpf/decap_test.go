@@ -251,6 +251,11 @@ func FuzzUnderlayIngress(f *testing.F) {
 	f.Add(geneveFrame(l, goodOpts(podIP), innerEth(innerIPv4(goodOpts(podIP)))))
 	f.Add(geneveFrame(l, goodOpts(hostIP), innerEth(innerIPv4(goodOpts(hostIP)))))
 	f.Fuzz(func(t *testing.T, in []byte) {
+		// BPF_PROG_TEST_RUN refuses data larger than a page; frames on a 1500-byte
+		// underlay are at most 1514 bytes.
+		if len(in) > 1514 {
+			in = in[:1514]
+		}
 		// BPF_PROG_TEST_RUN refuses skbs shorter than an Ethernet header, and IPv4 or
 		// IPv6 skbs shorter than their fixed L3 header: no packet on a wire looks so.
 		if len(in) < 14 ||
@@ -267,13 +272,20 @@ func FuzzUnderlayIngress(f *testing.F) {
 				t.Fatalf("passed but counters moved: %v", d)
 			}
 		case tcActShot:
-			if len(d) != 1 {
-				t.Fatalf("dropped with counters %v, want exactly one drop counted", d)
-			}
+			// Exactly one drop, +1; a frame dropped after the pop (e.g. inner TTL 0)
+			// has also been counted as decapsulated.
+			drops := 0
 			for k, n := range d {
-				if n != 1 || k.Hook != uint8(IsthmusHookHOOK_UNDERLAY_TC) || k.Code < 130 || k.Code > 149 {
+				switch {
+				case k == metricKey(IsthmusMetricMETRIC_DECAP, IsthmusHookHOOK_UNDERLAY_TC) && n == 1:
+				case n == 1 && k.Hook == uint8(IsthmusHookHOOK_UNDERLAY_TC) && k.Code >= 130 && k.Code <= 149:
+					drops++
+				default:
 					t.Fatalf("dropped, counted %v +%d", k, n)
 				}
+			}
+			if drops != 1 {
+				t.Fatalf("dropped with counters %v, want exactly one drop counted", d)
 			}
 		case tcActRedirect:
 			if d[metricKey(IsthmusMetricMETRIC_DECAP, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 2 {
