@@ -1,6 +1,7 @@
 package bpf
 
-// The -fdebug-prefix-map and -fdebug-compilation-dir flags keep the absolute checkout path
-// out of the object's debug info, so regenerating in another directory gives identical
-// output (CI compares it byte for byte).
+// Output must be byte-identical wherever the checkout lives (CI regenerates and compares).
+// bpf2go strips DWARF, so no path reaches the object today (checked: identical without
+// the flags); -fdebug-compilation-dir and -fdebug-prefix-map keep it so if that changes.
+// -nostdinc: only the vendored headers in ../headers are used.
 //go:generate go tool bpf2go -cc clang -cflags "-O2 -g -Wall -Werror -fdebug-compilation-dir=. -fdebug-prefix-map=${PWD}=." -target bpfel -type route_key -type route_value -type peer_value -type peer_source_key -type peer_source_value -type datapath_config -type pod_iface_value -type metrics_key -type metrics_value -type decap_meta -type hook -type metric -type drop_reason Isthmus isthmus.c -- -I../headers -nostdinc
