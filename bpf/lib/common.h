@@ -39,16 +39,6 @@
 #define FLOW_HASH_SEED		0x15743b5d
 #endif
 
-/* Clamp the MSS of TCP SYNs that are encapsulated to tunnel_mtu - 40. */
-#ifndef ENABLE_MSS_CLAMP
-#define ENABLE_MSS_CLAMP	1
-#endif
-
-/* Upper bound on TCP option bytes walked when clamping the MSS. */
-#ifndef MSS_CLAMP_MAX_OPTS
-#define MSS_CLAMP_MAX_OPTS	10
-#endif
-
 #define GENEVE_HLEN		8
 /* Outer IPv4 + UDP + GENEVE (no options) + inner Ethernet: bytes pushed by encap. */
 #define ENCAP_OVERHEAD		(sizeof(struct iphdr) + sizeof(struct udphdr) + \
