@@ -12,6 +12,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // NetnsDir is where named network namespaces live (as with `ip netns`).
@@ -20,9 +21,33 @@ const NetnsDir = "/run/netns"
 // NSPath returns the bind-mount path of the named network namespace.
 func NSPath(name string) string { return filepath.Join(NetnsDir, name) }
 
+// prepareNetnsDir makes /run/netns a shared mount point of its own, as
+// `ip netns add` does the first time it runs. Without this, the first `ip netns
+// add` anywhere on the machine bind-mounts the directory over itself and hides
+// (and pins forever) every namespace mounted in it before.
+func prepareNetnsDir() error {
+	if err := os.MkdirAll(NetnsDir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", NetnsDir, err)
+	}
+	err := unix.Mount("", NetnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	if errors.Is(err, unix.EINVAL) { // not a mount point yet
+		if err := unix.Mount(NetnsDir, NetnsDir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind-mount %s: %w", NetnsDir, err)
+		}
+		err = unix.Mount("", NetnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	}
+	if err != nil {
+		return fmt.Errorf("make %s shared: %w", NetnsDir, err)
+	}
+	return nil
+}
+
 // createNS creates the named network namespace, leaving the caller's thread in
 // its own namespace.
 func createNS(name string) error {
+	if err := prepareNetnsDir(); err != nil {
+		return err
+	}
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
