@@ -9,9 +9,23 @@
 #include "geneve.h"
 #include "fib.h"
 
-/* Linear bytes decapsulation reads: outer Ethernet, IPv4 with options, UDP, GENEVE with
- * the largest options, inner Ethernet, inner IPv4 without options. */
-#define DECAP_PULL_LEN	(ETH_HLEN + 60 + 8 + GENEVE_HLEN + 252 + ETH_HLEN + 20)
+/* Makes linear what decapsulation reads: outer Ethernet, IPv4 with options, UDP, GENEVE
+ * with its options, inner Ethernet and inner IPv4 (without options), with the lengths read
+ * from the packet so a frame whose headers are linear already (the common case) pulls
+ * nothing. Returns 0, or -1 if the pull failed. */
+static __always_inline int pull_geneve_headers(struct __sk_buff *skb)
+{
+	__u32 off = ETH_HLEN;
+	__u8 b;
+
+	if (bpf_skb_load_bytes(skb, off, &b, 1))
+		return 0;	/* shorter than that: the parsers reject it */
+	off += (b & 0xf) * 4 + sizeof(struct udphdr);
+	/* The first GENEVE byte is version (2 bits) and option length (6 bits, words). */
+	if (!bpf_skb_load_bytes(skb, off, &b, 1))
+		off += (b & 0x3f) * 4;
+	return pull_headers(skb, off + GENEVE_HLEN + ETH_HLEN + sizeof(struct iphdr));
+}
 
 #define DECAP_FLAGS	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_DECAP_L3_IPV4)
 
@@ -59,7 +73,7 @@ static __always_inline int tc_decap(struct __sk_buff *skb, const struct datapath
 	__be32 peer = 0;
 	int ret;
 
-	if (pull_headers(skb, DECAP_PULL_LEN))
+	if (pull_geneve_headers(skb))
 		return TC_ACT_OK;
 	c.pos = (void *)(long)skb->data;
 	c.end = (void *)(long)skb->data_end;

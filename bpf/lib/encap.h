@@ -15,9 +15,8 @@
 			 BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH | \
 			 BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN))
 
-/* Bytes of the linear area the encap and local-delivery paths read: Ethernet, IPv4 with
- * options, the 4 port bytes. */
-#define ENCAP_PULL_LEN	(ETH_HLEN + 60 + 4)
+/* Bytes after the IPv4 header the encap and local-delivery paths read: the ports. */
+#define ENCAP_PULL_L4	4
 
 /* Pushes outer IPv4/UDP/GENEVE/inner Ethernet in front of the inner IPv4 packet and
  * redirects to the underlay next hop of rt->peer. forward says whether this hop
@@ -134,7 +133,7 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 	struct ethhdr *eth;
 	struct iphdr *iph;
 
-	if (pull_headers(skb, ENCAP_PULL_LEN))
+	if (pull_ipv4_headers(skb, ENCAP_PULL_L4))
 		return TC_ACT_OK;
 	c.pos = (void *)(long)skb->data;
 	c.end = (void *)(long)skb->data_end;

@@ -70,3 +70,16 @@ static __always_inline int pull_headers(struct __sk_buff *skb, __u32 want)
 		return 0;
 	return bpf_skb_pull_data(skb, len) ? -1 : 0;
 }
+
+/* Makes the Ethernet header, the IPv4 header with its options and extra bytes after it
+ * linear, reading the header length from the packet so the common case (headers already
+ * linear) pulls nothing and no payload is ever copied out of the page frags. Returns 0,
+ * or -1 if the pull failed. Invalidates packet pointers when it pulls. */
+static __always_inline int pull_ipv4_headers(struct __sk_buff *skb, __u32 extra)
+{
+	__u8 vihl;
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &vihl, 1))
+		return 0;	/* shorter than that: the parsers reject it */
+	return pull_headers(skb, ETH_HLEN + (vihl & 0xf) * 4 + extra);
+}
