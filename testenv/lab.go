@@ -44,6 +44,9 @@ const (
 	// DatapathPlain routes pod CIDRs natively: routes on nodes and router, and
 	// pod-to-pod traffic exempt from the leftover MASQUERADE. A baseline.
 	DatapathPlain Datapath = "plain"
+	// DatapathVXLAN joins the nodes with kernel VXLAN devices as flannel does,
+	// pod-to-pod traffic exempt from MASQUERADE as in DatapathPlain. A baseline.
+	DatapathVXLAN Datapath = "vxlan"
 	// DatapathNone builds the topology only.
 	DatapathNone Datapath = "none"
 )
@@ -202,10 +205,18 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
 	}
-	if l.Datapath == DatapathPlain {
+	switch l.Datapath {
+	case DatapathIsthmus, DatapathNone:
+	case DatapathPlain:
 		if err := l.plainRoutes(); err != nil {
 			return err
 		}
+	case DatapathVXLAN:
+		if err := l.vxlanRoutes(); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("datapath %q: want isthmus, plain, vxlan or none", l.Datapath)
 	}
 	if err := sc.WriteObjects(l.ObjectsDir()); err != nil {
 		return err
@@ -417,7 +428,7 @@ func (l *Lab) nodeSysctls(n NodeRef) error {
 }
 
 // nodeRules installs the iptables rules another CNI typically leaves on a node,
-// when the scenario asks for them. In the plain datapath pod-to-pod traffic is
+// when the scenario asks for them. In the baseline datapaths pod-to-pod traffic is
 // exempted from MASQUERADE first, as every routed CNI does for its own traffic;
 // isthmus must not need that exemption.
 func (l *Lab) nodeRules(ctx context.Context, n NodeRef) error {
@@ -427,7 +438,7 @@ func (l *Lab) nodeRules(ctx context.Context, n NodeRef) error {
 	blocks := l.Scenario.PodBlocks()
 	var b strings.Builder
 	b.WriteString("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n")
-	if l.Datapath == DatapathPlain {
+	if l.Datapath == DatapathPlain || l.Datapath == DatapathVXLAN {
 		for _, s := range blocks {
 			for _, d := range blocks {
 				fmt.Fprintf(&b, "-A POSTROUTING -s %s -d %s -j RETURN\n", s, d)

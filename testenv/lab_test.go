@@ -86,6 +86,22 @@ func TestPlainLab(t *testing.T) {
 	}
 }
 
+// TestVXLANLab checks the kernel VXLAN baseline the benchmark compares with.
+func TestVXLANLab(t *testing.T) {
+	l := upLab(t, DatapathVXLAN)
+	m, err := l.Check(context.Background())
+	if err != nil {
+		t.Fatalf("%v\n%s", err, m)
+	}
+	out, err := l.Exec(context.Background(), l.NodeNS("a1"), "ip", "-d", "link", "show", VXLANDev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "vxlan id 4242") || !strings.Contains(out, "dstport 4789") {
+		t.Errorf("a1 %s is not VXLAN 4242 on 4789:\n%s", VXLANDev, out)
+	}
+}
+
 // TestTopology checks the underlay (node to router to node), the pod wiring
 // and the node settings, and that without a datapath the check fails the way it
 // must: remote pods unreachable, same-node traffic masqueraded by the leftovers.

@@ -80,7 +80,7 @@ func newLabCmd() *cobra.Command {
 		},
 	}
 	up.Flags().StringVar(&binary, "binary", "", "isthmus binary the agents run (default: this executable)")
-	up.Flags().StringVar(&datapath, "datapath", string(testenv.DatapathIsthmus), "isthmus (one agent per node), plain (native routes, a baseline) or none (topology only)")
+	up.Flags().StringVar(&datapath, "datapath", string(testenv.DatapathIsthmus), "isthmus (one agent per node), plain (native routes) or vxlan (kernel VXLAN, as flannel), both baselines, or none (topology only)")
 	up.Flags().DurationVar(&timeout, "ready-timeout", 30*time.Second, "how long to wait for every agent's ready file")
 
 	check := &cobra.Command{
