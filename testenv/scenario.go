@@ -50,7 +50,8 @@ type Scenario struct {
 }
 
 // Underlay is the routed network joining the sites: one router namespace with a
-// bridge per site, the router holding each site's gateway address.
+// port per node, holding every site's gateway address and answering ARP for each
+// site subnet by proxy, as a cloud VPC fabric does.
 type Underlay struct {
 	// MTU of every underlay link; default 1500.
 	MTU int `json:"mtu,omitempty"`
@@ -67,7 +68,7 @@ type NodeDefaults struct {
 // Site is one site: an underlay subnet, its nodes, and its Site object given
 // either as a spec (the lab wraps it) or as raw manifests.
 type Site struct {
-	// Name names the Site object and the site's bridge (br-<name>).
+	// Name names the Site object.
 	Name string `json:"name"`
 	// Subnet is the site's underlay subnet; the router takes Gateway in it.
 	Subnet netip.Prefix `json:"subnet"`
@@ -229,9 +230,10 @@ func Builtins() []string {
 }
 
 // Name limits keep every interface name within the kernel's 15 characters:
-// br-<site>, n-<node> (router side of a node's underlay veth), pod-<pod>.
+// n-<node> (router side of a node's underlay veth), pod-<pod>; site names are
+// kept as short for readable tables.
 const (
-	maxSiteName = 15 - len("br-")
+	maxSiteName = 12
 	maxNodeName = 15 - len("n-")
 	maxPodName  = 15 - len("pod-")
 	// MaxLabName keeps namespace names short and lab prefixes unambiguous

@@ -208,7 +208,7 @@ func TestNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range sc.Nodes() {
-		for _, ifname := range []string{RouterPort(n.Name), Bridge(n.Site.Name)} {
+		for _, ifname := range []string{RouterPort(n.Name)} {
 			if len(ifname) > 15 {
 				t.Errorf("interface name %q longer than 15", ifname)
 			}

@@ -63,4 +63,3 @@ func newAgentCmd() *cobra.Command {
 	cmd.MarkFlagRequired("objects")
 	return cmd
 }
-

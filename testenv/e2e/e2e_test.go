@@ -335,7 +335,7 @@ func TestScapyFrameDelivered(t *testing.T) {
 	a1, _ := l.Node("a1")
 	b1, _ := l.Node("b1")
 	local, remote := "a1-p1", "b1-p1"
-	gwMAC := bridgeMAC(t, l, b1.Site.Name)
+	gwMAC := routerPortMAC(t, l, "b1")
 	ident := 1 + rand.IntN(0xfffe)
 
 	wait := capture(t, l.RouterNS(), testenv.RouterPort("a1"), 5*time.Second)
@@ -374,9 +374,9 @@ func TestScapyFrameDelivered(t *testing.T) {
 	}
 }
 
-// bridgeMAC returns the MAC of the router's bridge of a site: the gateway MAC
-// a node's frames to other sites carry.
-func bridgeMAC(t *testing.T, l *testenv.Lab, site string) string {
+// routerPortMAC returns the MAC of a node's router port: the gateway MAC the
+// node's frames to other hosts carry.
+func routerPortMAC(t *testing.T, l *testenv.Lab, node string) string {
 	t.Helper()
 	ns, err := netns.GetFromPath(testenv.NSPath(l.RouterNS()))
 	if err != nil {
@@ -388,7 +388,7 @@ func bridgeMAC(t *testing.T, l *testenv.Lab, site string) string {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	link, err := h.LinkByName(testenv.Bridge(site))
+	link, err := h.LinkByName(testenv.RouterPort(node))
 	if err != nil {
 		t.Fatal(err)
 	}
