@@ -124,6 +124,57 @@ func newLabCmd() *cobra.Command {
 	}
 	down.Flags().StringVar(&binary, "binary", "", "isthmus binary for uninstall (default: the one up used)")
 
-	cmd.AddCommand(up, check, down)
+	capture := &cobra.Command{
+		Use:   "capture [SCENARIO]",
+		Short: "Ping across sites and decode the GENEVE frames on the underlay with tshark",
+		Long: `capture pings from the first pod of the first node to the first pod of a node in
+another site while tshark listens on the router port of the first node, and prints
+tshark's decode of the request and the reply: outer IPv4/UDP 6081, GENEVE with its
+VNI, and the pods' own addresses inside.`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sc, lab, err := load(args)
+			if err != nil {
+				return err
+			}
+			src, dst, err := crossSitePods(sc)
+			if err != nil {
+				return err
+			}
+			l, err := testenv.Attach(sc, lab)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := signalCtx()
+			defer cancel()
+			fmt.Fprintf(cmd.OutOrStdout(), "ping %s -> %s, captured on the underlay port of node %s:\n\n", src.Name, dst.Name, src.Node)
+			out, err := l.CaptureGeneve(ctx, src.Name, dst.Name)
+			fmt.Fprint(cmd.OutOrStdout(), out)
+			return err
+		},
+	}
+
+	cmd.AddCommand(up, check, down, capture)
 	return cmd
+}
+
+// crossSitePods returns the first pod of the first node and the first pod of a node
+// in another site (or, in a one-site scenario, of another node).
+func crossSitePods(sc *testenv.Scenario) (src, dst testenv.PodRef, err error) {
+	pods := sc.Pods()
+	if len(pods) < 2 {
+		return src, dst, fmt.Errorf("scenario %s has fewer than two pods", sc.Name)
+	}
+	src = pods[0]
+	for _, p := range pods[1:] {
+		if p.Site != src.Site {
+			return src, p, nil
+		}
+	}
+	for _, p := range pods[1:] {
+		if p.Node != src.Node {
+			return src, p, nil
+		}
+	}
+	return src, dst, fmt.Errorf("scenario %s has no two pods on different nodes", sc.Name)
 }

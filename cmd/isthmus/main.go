@@ -15,7 +15,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newPlanCmd(), newAgentCmd(), newUninstallCmd(), newLabCmd())
+	root.AddCommand(newPlanCmd(), newAgentCmd(), newUninstallCmd(), newLabCmd(), newBenchCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "isthmus:", err)
 		os.Exit(1)

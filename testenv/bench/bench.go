@@ -1,0 +1,333 @@
+// Package bench measures isthmus side by side with what a user would run instead:
+// kernel VXLAN (as flannel sets it up) and plain routing, on the same lab topology
+// and in one run, and reports ratios. Absolute numbers on shared machines drift; the
+// ratios between datapaths measured in the same run, interleaved round by round, are
+// what the project tracks.
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/isthmus-dev/isthmus/testenv"
+)
+
+// Options say what to measure.
+type Options struct {
+	// Scenario is the lab to build, once per datapath and rules variant.
+	Scenario string
+	// Binary is the isthmus executable the agents run.
+	Binary string
+	// Src and Dst are the pods the TCP stream runs between.
+	Src, Dst string
+	// Duration of each measurement, of which the first second is not counted.
+	Duration time.Duration
+	// Rounds: each round measures every configuration once, in turn, so drift on
+	// the machine spreads over all of them alike.
+	Rounds int
+	// WithoutRules adds a variant of each datapath with the scenario's CNI
+	// leftover iptables rules removed, which shows how much of the difference is
+	// the datapath itself and how much is netfilter that isthmus bypasses.
+	WithoutRules bool
+	// Log receives progress lines; nil discards them.
+	Log io.Writer
+}
+
+// Config is one measured configuration.
+type Config struct {
+	Datapath testenv.Datapath `json:"datapath"`
+	// Rules says whether the nodes carry the scenario's CNI leftover rules.
+	Rules bool `json:"rules"`
+}
+
+func (c Config) String() string {
+	rules := "with CNI rules"
+	if !c.Rules {
+		rules = "no iptables rules"
+	}
+	return string(c.Datapath) + " (" + rules + ")"
+}
+
+// Sample is one measurement.
+type Sample struct {
+	Gbps        float64 `json:"gbps"`
+	Retransmits int     `json:"retransmits"`
+}
+
+// Result holds every sample of one configuration.
+type Result struct {
+	Config  Config   `json:"config"`
+	Samples []Sample `json:"samples"`
+}
+
+// Median returns the median throughput in Gbit/s, 0 without samples.
+func (r Result) Median() float64 {
+	v := make([]float64, 0, len(r.Samples))
+	for _, s := range r.Samples {
+		v = append(v, s.Gbps)
+	}
+	return median(v)
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	v = slices.Clone(v)
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
+
+// Report is the outcome of Run.
+type Report struct {
+	Scenario string        `json:"scenario"`
+	Src      string        `json:"src"`
+	Dst      string        `json:"dst"`
+	Duration time.Duration `json:"duration"`
+	Rounds   int           `json:"rounds"`
+	Kernel   string        `json:"kernel"`
+	Results  []Result      `json:"results"`
+}
+
+// Result returns the result of c, or false.
+func (r *Report) Result(c Config) (Result, bool) {
+	for _, res := range r.Results {
+		if res.Config == c {
+			return res, true
+		}
+	}
+	return Result{}, false
+}
+
+// Ratio returns median(a) / median(b), or 0 if either is missing or b is 0.
+func (r *Report) Ratio(a, b Config) float64 {
+	ra, ok1 := r.Result(a)
+	rb, ok2 := r.Result(b)
+	if !ok1 || !ok2 || rb.Median() == 0 {
+		return 0
+	}
+	return ra.Median() / rb.Median()
+}
+
+// String renders the report as a table with ratios to kernel VXLAN and to plain
+// routing of the same rules variant.
+func (r *Report) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "single TCP stream %s -> %s, scenario %s, %d rounds of %s, kernel %s\n\n",
+		r.Src, r.Dst, r.Scenario, r.Rounds, r.Duration, r.Kernel)
+	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "DATAPATH\tRULES\tMEDIAN Gbit/s\tSAMPLES\tRETRANSMITS\tvs VXLAN\tvs PLAIN")
+	for _, res := range r.Results {
+		var samples, retr []string
+		for _, s := range res.Samples {
+			samples = append(samples, strconv.FormatFloat(s.Gbps, 'f', 2, 64))
+			retr = append(retr, strconv.Itoa(s.Retransmits))
+		}
+		rules := "CNI leftovers"
+		if !res.Config.Rules {
+			rules = "none"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%.2f\t%s\t%s\t%.2fx\t%.2fx\n", res.Config.Datapath, rules, res.Median(),
+			strings.Join(samples, " "), strings.Join(retr, " "),
+			r.Ratio(res.Config, Config{testenv.DatapathVXLAN, res.Config.Rules}),
+			r.Ratio(res.Config, Config{testenv.DatapathPlain, res.Config.Rules}))
+	}
+	w.Flush()
+	return b.String()
+}
+
+// JSON renders the report as indented JSON.
+func (r *Report) JSON() ([]byte, error) { return json.MarshalIndent(r, "", "  ") }
+
+// labName names the lab of a configuration: short, [a-z0-9], no dash.
+func labName(c Config) string {
+	n := map[testenv.Datapath]string{testenv.DatapathIsthmus: "bisth", testenv.DatapathVXLAN: "bvxlan", testenv.DatapathPlain: "bplain"}[c.Datapath]
+	if !c.Rules {
+		n += "nr"
+	}
+	return n
+}
+
+// Configs returns the configurations Run measures for opts, in measuring order.
+func Configs(opts Options) []Config {
+	var cs []Config
+	variants := []bool{true}
+	if opts.WithoutRules {
+		variants = append(variants, false)
+	}
+	for _, rules := range variants {
+		for _, dp := range []testenv.Datapath{testenv.DatapathIsthmus, testenv.DatapathVXLAN, testenv.DatapathPlain} {
+			cs = append(cs, Config{Datapath: dp, Rules: rules})
+		}
+	}
+	return cs
+}
+
+// Run builds one lab per configuration, measures a single TCP stream from Src to
+// Dst in each, round after round, and removes the labs again (also on error). It
+// needs root and iperf3.
+func Run(ctx context.Context, opts Options) (rep *Report, err error) {
+	if opts.Duration < 2*time.Second {
+		return nil, fmt.Errorf("bench: duration %s: want at least 2s (the first second is omitted)", opts.Duration)
+	}
+	if opts.Rounds < 1 {
+		return nil, fmt.Errorf("bench: rounds %d: want at least 1", opts.Rounds)
+	}
+	if _, err := exec.LookPath("iperf3"); err != nil {
+		return nil, fmt.Errorf("bench: %w (apt-get install iperf3)", err)
+	}
+	logf := func(format string, args ...any) {
+		if opts.Log != nil {
+			fmt.Fprintf(opts.Log, format+"\n", args...)
+		}
+	}
+	rep = &Report{Scenario: opts.Scenario, Src: opts.Src, Dst: opts.Dst, Duration: opts.Duration, Rounds: opts.Rounds, Kernel: kernelRelease()}
+	configs := Configs(opts)
+	labs := make([]*testenv.Lab, len(configs))
+	defer func() {
+		for _, l := range labs {
+			if l != nil {
+				if derr := l.Down(); derr != nil {
+					err = errors.Join(err, fmt.Errorf("remove lab %s: %w", l.Name, derr))
+				}
+			}
+		}
+	}()
+	for i, c := range configs {
+		sc, err := testenv.LoadScenario(opts.Scenario)
+		if err != nil {
+			return nil, err
+		}
+		if !c.Rules {
+			sc.Defaults.CNILeftovers = false
+			for si := range sc.Sites {
+				for ni := range sc.Sites[si].Nodes {
+					sc.Sites[si].Nodes[ni].CNILeftovers = nil
+				}
+			}
+		}
+		name := labName(c)
+		// A lab left by an interrupted earlier run would block Up.
+		_ = testenv.Down(name, testenv.DownOptions{Binary: opts.Binary})
+		logf("bench: building lab %s for %s", name, c)
+		l, err := testenv.Up(ctx, sc, testenv.Options{Name: name, Binary: opts.Binary, Datapath: c.Datapath})
+		if err != nil {
+			return nil, fmt.Errorf("bench: build lab for %s: %w", c, err)
+		}
+		labs[i] = l
+		if !l.PodAddr(opts.Src).IsValid() || !l.PodAddr(opts.Dst).IsValid() {
+			return nil, fmt.Errorf("bench: scenario %s has no pod %q or %q", opts.Scenario, opts.Src, opts.Dst)
+		}
+		rep.Results = append(rep.Results, Result{Config: c})
+	}
+	for round := 1; round <= opts.Rounds; round++ {
+		for i, l := range labs {
+			s, err := measure(ctx, l, opts)
+			if err != nil {
+				return nil, fmt.Errorf("bench: round %d, %s: %w", round, configs[i], err)
+			}
+			logf("bench: round %d/%d %-32s %6.2f Gbit/s (%d retransmits)", round, opts.Rounds, configs[i], s.Gbps, s.Retransmits)
+			rep.Results[i].Samples = append(rep.Results[i].Samples, s)
+		}
+	}
+	return rep, nil
+}
+
+// measure runs one iperf3 stream from opts.Src to opts.Dst in lab l.
+func measure(ctx context.Context, l *testenv.Lab, opts Options) (Sample, error) {
+	const port = "5299"
+	dst := l.PodAddr(opts.Dst)
+	server := testenv.Command(ctx, l.PodNS(opts.Dst), "iperf3", "--server", "--one-off", "--forceflush",
+		"--port", port, "--bind", dst.String())
+	stdout, err := server.StdoutPipe()
+	if err != nil {
+		return Sample{}, fmt.Errorf("start iperf3 server: %w", err)
+	}
+	server.Stderr = server.Stdout
+	if err := server.Start(); err != nil {
+		return Sample{}, fmt.Errorf("start iperf3 server: %w", err)
+	}
+	defer func() { server.Process.Kill(); server.Wait() }()
+	if err := waitListening(stdout, 5*time.Second); err != nil {
+		return Sample{}, fmt.Errorf("iperf3 server in %s: %w", opts.Dst, err)
+	}
+	secs := strconv.Itoa(int(opts.Duration.Seconds()))
+	out, err := testenv.Exec(ctx, l.PodNS(opts.Src), "iperf3", "--client", dst.String(), "--port", port,
+		"--time", secs, "--omit", "1", "--json")
+	if err != nil {
+		return Sample{}, err
+	}
+	return parseIperf([]byte(out))
+}
+
+// waitListening reads the iperf3 server's output until it says it listens (a probe
+// connection would be taken as the one-off test), then drains the rest.
+func waitListening(out io.Reader, limit time.Duration) error {
+	listening := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		var seen []string
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), "Server listening") {
+				listening <- nil
+				io.Copy(io.Discard, out)
+				return
+			}
+			seen = append(seen, sc.Text())
+		}
+		listening <- fmt.Errorf("exited before listening: %s", strings.Join(seen, "; "))
+	}()
+	select {
+	case err := <-listening:
+		return err
+	case <-time.After(limit):
+		return fmt.Errorf("not listening after %s", limit)
+	}
+}
+
+// parseIperf reads the receiver's throughput and the sender's retransmits from
+// iperf3 --json output.
+func parseIperf(out []byte) (Sample, error) {
+	var v struct {
+		End struct {
+			SumSent struct {
+				Retransmits int `json:"retransmits"`
+			} `json:"sum_sent"`
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal(out, &v); err != nil {
+		return Sample{}, fmt.Errorf("parse iperf3 output: %w", err)
+	}
+	if v.Error != "" {
+		return Sample{}, fmt.Errorf("iperf3: %s", v.Error)
+	}
+	if v.End.SumReceived.BitsPerSecond <= 0 {
+		return Sample{}, errors.New("parse iperf3 output: no received throughput")
+	}
+	return Sample{Gbps: v.End.SumReceived.BitsPerSecond / 1e9, Retransmits: v.End.SumSent.Retransmits}, nil
+}
+
+func kernelRelease() string {
+	out, err := exec.Command("uname", "-r").Output()
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(out))
+}

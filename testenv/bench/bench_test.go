@@ -1,0 +1,130 @@
+package bench
+
+import (
+	"context"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/isthmus-dev/isthmus/testenv"
+)
+
+func TestMedian(t *testing.T) {
+	for _, tc := range []struct {
+		in   []float64
+		want float64
+	}{
+		{nil, 0},
+		{[]float64{3}, 3},
+		{[]float64{5, 1, 3}, 3},
+		{[]float64{4, 1, 3, 2}, 2.5},
+	} {
+		if got := median(tc.in); got != tc.want {
+			t.Errorf("median(%v) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestRatioAndTable(t *testing.T) {
+	isth := Config{testenv.DatapathIsthmus, true}
+	vx := Config{testenv.DatapathVXLAN, true}
+	plain := Config{testenv.DatapathPlain, true}
+	rep := &Report{Scenario: "default", Src: "a", Dst: "b", Duration: 8 * time.Second, Rounds: 3, Kernel: "6.18", Results: []Result{
+		{Config: isth, Samples: []Sample{{Gbps: 14}, {Gbps: 15}, {Gbps: 13}}},
+		{Config: vx, Samples: []Sample{{Gbps: 10}, {Gbps: 12}, {Gbps: 11}}},
+		{Config: plain, Samples: []Sample{{Gbps: 16}, {Gbps: 20}, {Gbps: 12}}},
+	}}
+	if got, want := rep.Ratio(isth, vx), 14.0/11.0; math.Abs(got-want) > 1e-9 {
+		t.Errorf("Ratio(isthmus, vxlan) = %v, want %v", got, want)
+	}
+	if got := rep.Ratio(isth, Config{testenv.DatapathVXLAN, false}); got != 0 {
+		t.Errorf("Ratio against a missing config = %v, want 0", got)
+	}
+	table := rep.String()
+	for _, row := range []string{
+		"isthmus   CNI leftovers  14.00          14.00 15.00 13.00",
+		"1.27x     0.88x",
+		"vxlan     CNI leftovers  11.00",
+	} {
+		if !strings.Contains(table, row) {
+			t.Errorf("table lacks %q:\n%s", row, table)
+		}
+	}
+}
+
+func TestConfigsAndLabNames(t *testing.T) {
+	got := Configs(Options{WithoutRules: true})
+	want := []Config{
+		{testenv.DatapathIsthmus, true}, {testenv.DatapathVXLAN, true}, {testenv.DatapathPlain, true},
+		{testenv.DatapathIsthmus, false}, {testenv.DatapathVXLAN, false}, {testenv.DatapathPlain, false},
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("Configs (-want +got):\n%s", d)
+	}
+	seen := map[string]bool{}
+	for _, c := range got {
+		n := labName(c)
+		if err := testenv.ValidateLabName(n); err != nil {
+			t.Errorf("labName(%v) = %q: %v", c, n, err)
+		}
+		if seen[n] {
+			t.Errorf("labName(%v) = %q twice", c, n)
+		}
+		seen[n] = true
+	}
+}
+
+func TestParseIperf(t *testing.T) {
+	s, err := parseIperf([]byte(`{"end":{"sum_sent":{"retransmits":7},"sum_received":{"bits_per_second":12500000000}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s != (Sample{Gbps: 12.5, Retransmits: 7}) {
+		t.Errorf("parseIperf = %+v", s)
+	}
+	for _, bad := range []string{`not json`, `{"error":"unable to connect"}`, `{"end":{}}`} {
+		if _, err := parseIperf([]byte(bad)); err == nil {
+			t.Errorf("parseIperf(%s) = nil error", bad)
+		}
+	}
+}
+
+// TestRunShort runs the real benchmark briefly on the default lab: every
+// datapath must carry the stream, so a broken baseline or a broken isthmus
+// fails here rather than in a benchmark nobody runs.
+func TestRunShort(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("TestRunShort needs root: it builds network namespaces and loads BPF programs")
+	}
+	bin := filepath.Join(t.TempDir(), "isthmus")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/isthmus").CombinedOutput(); err != nil {
+		t.Fatalf("build isthmus: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, Options{Scenario: "default", Binary: bin, Src: "a1-p1", Dst: "b1-p1", Duration: 2 * time.Second, Rounds: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", rep)
+	if len(rep.Results) != 3 {
+		t.Fatalf("got %d results, want 3", len(rep.Results))
+	}
+	for _, r := range rep.Results {
+		// Far below any sane figure on this kind of machine, far above a stalled stream.
+		if len(r.Samples) != 1 || r.Median() < 0.5 {
+			t.Errorf("%s: samples %+v, want one above 0.5 Gbit/s", r.Config, r.Samples)
+		}
+	}
+	for _, c := range Configs(Options{}) {
+		if left, _ := filepath.Glob("/run/netns/isl-" + labName(c) + "-*"); len(left) > 0 {
+			t.Errorf("lab %s left namespaces: %v", labName(c), left)
+		}
+	}
+}
