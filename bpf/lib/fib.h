@@ -33,7 +33,6 @@ static __always_inline int fib_lookup_v4(struct __sk_buff *skb, struct bpf_fib_l
 static __always_inline int redirect_nexthop(struct ethhdr *eth, struct bpf_fib_lookup *p, int rc,
 					    int peer)
 {
-	struct bpf_redir_neigh nh = {};
 	long ret;
 
 	switch (rc) {
@@ -45,9 +44,12 @@ static __always_inline int redirect_nexthop(struct ethhdr *eth, struct bpf_fib_l
 	case BPF_FIB_LKUP_RET_NO_NEIGH:
 		/* redirect_neigh drops frames whose destination is multicast: keep it unicast. */
 		__builtin_memset(eth->h_dest, 0, ETH_ALEN);
-		nh.nh_family = p->family;
-		nh.ipv4_nh = p->ipv4_dst;
-		ret = bpf_redirect_neigh(p->ifindex, &nh, sizeof(nh), 0);
+		/* No next-hop parameters: then the kernel routes the (outer) header itself and
+		 * replaces the skb's dst. With parameters it keeps the dst the skb came with,
+		 * which on isthmus0 egress is the overlay route, and once ARP resolves the
+		 * queued packet is re-sent through isthmus0's neighbour and lost. Only the
+		 * first packets toward an unresolved next hop take this path. */
+		ret = bpf_redirect_neigh(p->ifindex, NULL, 0, 0);
 		break;
 	case BPF_FIB_LKUP_RET_FRAG_NEEDED:
 		return DROP_FRAG_NEEDED;
