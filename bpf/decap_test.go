@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 )
 
@@ -117,6 +118,57 @@ func TestDecapXDP(t *testing.T) {
 
 	// underlay_ingress takes the popped frame (with its metadata) straight to delivery.
 	// The skb test run has no way to pass data_meta, so this half is covered by the lab.
+}
+
+// xdpMd is struct xdp_md, the context of an XDP test run.
+type xdpMd struct {
+	Data, DataEnd, DataMeta, IngressIfindex, RxQueueIndex, EgressIfindex uint32
+}
+
+// TestDecapXDPNoMetadata: when XDP cannot put its decap_meta in front of a frame (a
+// driver without metadata support; here the driver's own metadata fills the headroom
+// up to the xdp_frame the kernel keeps there, 216 of the test run's 256 bytes), the frame
+// passes unpopped and uncounted, and underlay_ingress decapsulates and delivers it
+// as without XDP. Popped without metadata, it would reach the stack on the underlay
+// device as plain IPv4, where strict rp_filter drops it uncounted.
+func TestDecapXDPNoMetadata(t *testing.T) {
+	l := newLab(t)
+	o := goodOpts(podIP)
+	frame := geneveFrame(l, o, innerEth(innerIPv4(o)))
+	driverMeta := bytes.Repeat([]byte{0xd5}, 216)
+	in := append(append([]byte{}, driverMeta...), frame...)
+	before := l.counts(t)
+	var ret uint32
+	out := make([]byte, len(in)+512)
+	err := inNS(l.ns, func() error {
+		opts := &ebpf.RunOptions{Data: in, DataOut: out, Context: xdpMd{Data: uint32(len(driverMeta)), DataEnd: uint32(len(in))}}
+		var err error
+		ret, err = l.objs.UnderlayXdp.Run(opts)
+		out = opts.DataOut
+		return err
+	})
+	if err != nil {
+		t.Fatalf("run underlay_xdp: %v", err)
+	}
+	if ret != xdpPass {
+		t.Fatalf("verdict %d, want XDP_PASS", ret)
+	}
+	if !bytes.Equal(out, in) {
+		t.Fatalf("frame changed without room for decap_meta\n got %x\nwant %x", out, in)
+	}
+	if d := delta(before, l.counts(t)); len(d) != 0 {
+		t.Fatalf("counters moved %v for a frame XDP left to TC", d)
+	}
+
+	ret, _ = l.run(t, l.objs.UnderlayIngress, out[len(driverMeta):], l.und.Attrs().Index)
+	if ret != tcActRedirect {
+		t.Fatalf("underlay_ingress verdict %d on the unpopped frame, want TC_ACT_REDIRECT", ret)
+	}
+	d := delta(before, l.counts(t))
+	if d[metricKey(IsthmusMetricMETRIC_DECAP, IsthmusHookHOOK_UNDERLAY_TC)] != 1 ||
+		d[metricKey(IsthmusMetricMETRIC_DELIVER_POD, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 2 {
+		t.Errorf("counters moved %v, want METRIC_DECAP and METRIC_DELIVER_POD at underlay_tc +1", d)
+	}
 }
 
 type rejectCase struct {

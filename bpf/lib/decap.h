@@ -102,7 +102,8 @@ static __always_inline int tc_xdp_decapped(struct __sk_buff *skb)
 }
 
 /* XDP decapsulation: validate, pop to [outer Ethernet][inner IPv4], leave a decap_meta
- * for underlay_ingress. Returns XDP_PASS or a negative DROP_*. */
+ * for underlay_ingress. A frame that cannot carry metadata is passed unpopped, for
+ * underlay_ingress to decapsulate itself. Returns XDP_PASS or a negative DROP_*. */
 static __always_inline int xdp_decap(struct xdp_md *ctx, const struct datapath_config *cfg,
 				     __u8 hook)
 {
@@ -110,7 +111,6 @@ static __always_inline int xdp_decap(struct xdp_md *ctx, const struct datapath_c
 	struct decap_meta *meta;
 	struct ethhdr oeth, *eth;
 	struct cursor c;
-	void *data;
 	__be32 peer = 0;
 	int ret;
 
@@ -123,10 +123,18 @@ static __always_inline int xdp_decap(struct xdp_md *ctx, const struct datapath_c
 	if (ret < 0)
 		return ret;
 
+	/* Reserve the metadata before popping. A popped frame without it would reach
+	 * underlay_ingress as plain IPv4 on the underlay device, and the stack would
+	 * route it there: strict rp_filter drops it uncounted (its source routes via
+	 * isthmus0), netfilter sees it. Unpopped, underlay_ingress pops it as without
+	 * XDP (a driver without metadata support, or no room left by the driver's). */
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(*meta)))
+		return XDP_PASS;
 	eth = (void *)(long)ctx->data;
 	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
 		return DROP_DECAP_FAILED;
 	__builtin_memcpy(&oeth, eth, ETH_HLEN);
+	/* Moves the metadata along with the start of the frame. */
 	if (bpf_xdp_adjust_head(ctx, decap_len(info.optlen)))
 		return DROP_DECAP_FAILED;
 	/* The inner Ethernet header now leads the frame: overwrite it with the outer one,
@@ -135,17 +143,11 @@ static __always_inline int xdp_decap(struct xdp_md *ctx, const struct datapath_c
 	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
 		return DROP_DECAP_FAILED;
 	__builtin_memcpy(eth, &oeth, ETH_HLEN);
-	metrics_count(METRIC_DECAP, hook, ctx->data_end - ctx->data);
-
-	/* Without metadata support underlay_ingress sees a plain IPv4 frame for this
-	 * host and the stack routes it: slower, but nothing is lost. */
-	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(*meta)))
-		return XDP_PASS;
 	meta = (void *)(long)ctx->data_meta;
-	data = (void *)(long)ctx->data;
-	if ((void *)(meta + 1) > data)
-		return XDP_PASS;
+	if ((void *)(meta + 1) > (void *)eth)
+		return DROP_DECAP_FAILED;
 	meta->magic = DECAP_META_MAGIC;
 	meta->peer = info.peer;
+	metrics_count(METRIC_DECAP, hook, ctx->data_end - ctx->data);
 	return XDP_PASS;
 }
