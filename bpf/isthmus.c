@@ -45,10 +45,12 @@ int underlay_ingress(struct __sk_buff *skb)
 	/* No config yet: not ours to judge. Never cut a node off its underlay. */
 	if (!cfg)
 		return TC_ACT_OK;
-	if (tc_xdp_decapped(skb))
+	if (tc_xdp_decapped(skb)) {
+		tcp_clamp_mss(skb, cfg->tunnel_mtu);
 		ret = deliver_decapped(skb, cfg, HOOK_UNDERLAY_TC);
-	else
+	} else {
 		ret = tc_decap(skb, cfg, HOOK_UNDERLAY_TC);
+	}
 	return ret < 0 ? tc_drop(skb, ret, HOOK_UNDERLAY_TC) : ret;
 }
 

@@ -67,10 +67,11 @@ const (
 type IsthmusMetric uint32
 
 const (
-	IsthmusMetricMETRIC_ENCAP        IsthmusMetric = 1
-	IsthmusMetricMETRIC_DECAP        IsthmusMetric = 2
-	IsthmusMetricMETRIC_DELIVER_POD  IsthmusMetric = 3
-	IsthmusMetricMETRIC_DELIVER_HOST IsthmusMetric = 4
+	IsthmusMetricMETRIC_ENCAP            IsthmusMetric = 1
+	IsthmusMetricMETRIC_DECAP            IsthmusMetric = 2
+	IsthmusMetricMETRIC_DELIVER_POD      IsthmusMetric = 3
+	IsthmusMetricMETRIC_DELIVER_HOST     IsthmusMetric = 4
+	IsthmusMetricMETRIC_FRAG_NEEDED_SENT IsthmusMetric = 5
 )
 
 type IsthmusMetricsKey struct {

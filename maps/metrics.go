@@ -37,6 +37,7 @@ var metricNames = map[uint16]string{
 	2: "decap",
 	3: "deliver_pod",
 	4: "deliver_host",
+	5: "frag_needed_sent",
 }
 
 // MetricKey identifies one counter: a code (METRIC_* or -DROP_*) at a hook.

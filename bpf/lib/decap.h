@@ -8,6 +8,7 @@
 #include "parse.h"
 #include "geneve.h"
 #include "fib.h"
+#include "tcp.h"
 
 /* Makes linear what decapsulation reads: outer Ethernet, IPv4 with options, UDP, GENEVE
  * with its options, inner Ethernet and inner IPv4 (without options), with the lengths read
@@ -88,6 +89,7 @@ static __always_inline int tc_decap(struct __sk_buff *skb, const struct datapath
 				DECAP_FLAGS))
 		return DROP_DECAP_FAILED;
 	metrics_count(METRIC_DECAP, hook, skb->len);
+	tcp_clamp_mss(skb, cfg->tunnel_mtu);	/* the sender's side may not clamp */
 	return deliver_decapped(skb, cfg, hook);
 }
 

@@ -10,6 +10,8 @@
 #include "hash.h"
 #include "geneve.h"
 #include "fib.h"
+#include "icmp.h"
+#include "tcp.h"
 
 #define ENCAP_FLAGS	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | \
 			 BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH | \
@@ -20,8 +22,10 @@
 
 /* Pushes outer IPv4/UDP/GENEVE/inner Ethernet in front of the inner IPv4 packet and
  * redirects to the underlay next hop of rt->peer. forward says whether this hop
- * forwards the inner packet (decrement its TTL). Returns TC_ACT_REDIRECT or a negative
- * DROP_*. Counts METRIC_ENCAP. */
+ * forwards the inner packet (decrement its TTL; answer DF packets too large for the
+ * tunnel with ICMP frag needed). Clamps the MSS of TCP SYNs to the tunnel MTU.
+ * Returns TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_ENCAP (or
+ * METRIC_FRAG_NEEDED_SENT for the ICMP reply). */
 static __always_inline int encap_geneve(struct __sk_buff *skb, const struct datapath_config *cfg,
 					const struct route_value *rt, struct iphdr *iph,
 					void *l4, int forward, __u8 hook)
@@ -37,16 +41,25 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 	__u8 tos;
 	int rc;
 
-	if (forward) {
-		if (iph->ttl <= 1)
-			return DROP_TTL_EXCEEDED;
-		ipv4_decrease_ttl(iph);
-	}
-	/* GSO packets are cut to gso_size later; the pod MTU bounds those. */
-	if (cfg->tunnel_mtu && !skb->gso_size && skb->len - ETH_HLEN > cfg->tunnel_mtu)
+	if (forward && iph->ttl <= 1)
+		return DROP_TTL_EXCEEDED;
+	/* Path MTU, in the order of the kernel's ip_forward (TTL, then size, so the quote
+	 * shows the header as received). GSO packets are cut to gso_size later: the MSS
+	 * clamp below and the pod MTU bound those. A pod's DF packet gets ICMP frag
+	 * needed; one without DF would need fragmenting, which we do not do; on isthmus0
+	 * the host stack has already applied the device MTU. */
+	if (unlikely(cfg->tunnel_mtu && !skb->gso_size &&
+		     skb->len - ETH_HLEN > cfg->tunnel_mtu)) {
+		if (forward && (iph->frag_off & bpf_htons(IP_DF)))
+			return icmp4_frag_needed(skb, cfg->tunnel_mtu, hook);
 		return DROP_FRAG_NEEDED;
+	}
+	if (forward)
+		ipv4_decrease_ttl(iph);
 	sport = flow_sport(iph, l4, (void *)(long)skb->data_end);
 	tos = iph->tos;
+	/* Last use of iph and l4: the clamp may rewrite the packet. */
+	tcp_clamp_mss(skb, cfg->tunnel_mtu);
 
 	if (bpf_skb_adjust_room(skb, ENCAP_OVERHEAD, BPF_ADJ_ROOM_MAC, ENCAP_FLAGS))
 		return DROP_ENCAP_FAILED;

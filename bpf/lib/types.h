@@ -79,6 +79,7 @@ enum metric {
 	METRIC_DECAP		= 2,	/* popped GENEVE from a known peer */
 	METRIC_DELIVER_POD	= 3,	/* redirected to a local pod interface */
 	METRIC_DELIVER_HOST	= 4,	/* handed to this node's stack through isthmus0 */
+	METRIC_FRAG_NEEDED_SENT	= 5,	/* too big for the tunnel, DF: answered with ICMP frag needed */
 };
 
 /* Written by underlay_xdp in front of a frame it has popped (XDP metadata), read by

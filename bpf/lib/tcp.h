@@ -1,0 +1,136 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* TCP MSS clamping of SYN and SYN-ACK segments that enter or leave the tunnel. */
+#pragma once
+
+#include "common.h"
+#include "parse.h"
+
+#define TCPOPT_EOL		0
+#define TCPOPT_NOP		1
+#define TCPOPT_MSS		2
+#define TCPOLEN_MSS		4
+/* Most option bytes a TCP header can carry (data offset 15 words). */
+#define TCP_OPT_MAX		40
+/* Size of the option buffer: a power of two above TCP_OPT_MAX, so an index masked
+ * with OPT_BUF - 1 is in bounds whatever the verifier knows about it. */
+#define TCP_OPT_BUF		64
+/* Flags byte of the TCP header (offset 13). */
+#define TCP_FLAG_SYN		0x02
+/* IPv4 and TCP headers without options: tunnel MTU - this = the largest MSS. */
+#define TCP_IPV4_HLEN		(sizeof(struct iphdr) + sizeof(struct tcphdr))
+
+/* bpf_loop (Linux 5.17, helper 181): the vendored bpf_helper_defs.h predates it. Drop
+ * this when headers/ is refreshed. */
+static long (*bpf_loop)(__u32 nr_loops, void *callback_fn, void *callback_ctx,
+			__u64 flags) = (void *)181;
+
+/* The state of a walk over a SYN's options, shared with the bpf_loop callback. */
+struct tcp_opt_walk {
+	__u8 opt[TCP_OPT_BUF];	/* the option bytes; zero past optlen */
+	__u32 optlen;		/* 4..TCP_OPT_MAX */
+	__u32 pos;		/* start of the next option */
+	int mss;		/* offset of the MSS value in opt, or -1 */
+};
+
+/* bpf_loop callback: looks at the option that starts at w->pos. Returns 0 to go on to
+ * the next option, 1 to stop (MSS found, end of options, or malformed). A callback, not
+ * inline: the verifier checks its body once instead of once per possible path through
+ * 40 option positions, which a plain bounded loop blew past a million instructions. */
+static long tcp_opt_step(__u64 index, void *ctx)
+{
+	struct tcp_opt_walk *w = ctx;
+	__u32 i = w->pos;
+	__u8 kind, len;
+
+	if (i >= w->optlen)
+		return 1;
+	kind = w->opt[i & (TCP_OPT_BUF - 1)];
+	if (kind == TCPOPT_EOL)
+		return 1;
+	if (kind == TCPOPT_NOP) {
+		w->pos = i + 1;
+		return 0;
+	}
+	if (i + 1 >= w->optlen)
+		return 1;
+	len = w->opt[(i + 1) & (TCP_OPT_BUF - 1)];
+	if (kind == TCPOPT_MSS) {
+		if (len == TCPOLEN_MSS && i + TCPOLEN_MSS <= w->optlen)
+			w->mss = i + 2;
+		return 1;
+	}
+	if (len < 2)
+		return 1;
+	w->pos = i + len;
+	return 0;
+}
+
+/* Lowers the MSS option of a TCP SYN or SYN-ACK in the IPv4 frame at the start of skb
+ * to tunnel_mtu - 40 if it is larger, and fixes the TCP checksum incrementally (the sum
+ * over the segment is unchanged, so a CHECKSUM_COMPLETE skb stays valid; for
+ * CHECKSUM_PARTIAL only the payload changes, as it should). Anything else leaves
+ * after a few loads from the linear headers. Returns 1 if it rewrote the option, 0 if
+ * not (also when a helper refused: the packet is then unchanged). Invalidates packet
+ * pointers. */
+static __always_inline int tcp_clamp_mss(struct __sk_buff *skb, __u16 tunnel_mtu)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct cursor c = { .pos = data, .end = data_end };
+	struct tcp_opt_walk w;
+	struct ethhdr *eth;
+	struct iphdr *iph;
+	__u8 hdr[2];		/* TCP bytes 12 and 13: data offset, flags */
+	__be16 old_be, new_be;
+	__u32 l4off, thlen;
+	__u16 max_mss, mss;
+	int i;
+
+	if (tunnel_mtu <= TCP_IPV4_HLEN)
+		return 0;
+	if (parse_eth(&c, &eth) != ETH_P_IP || parse_ipv4(&c, &iph) != IPPROTO_TCP)
+		return 0;
+	if (ipv4_is_fragment(iph))
+		return 0;
+	l4off = ETH_HLEN + iph->ihl * 4;
+	if (c.pos + 14 <= data_end)
+		__builtin_memcpy(hdr, c.pos + 12, sizeof(hdr));
+	else if (bpf_skb_load_bytes(skb, l4off + 12, hdr, sizeof(hdr)))
+		return 0;
+	if (!(hdr[1] & TCP_FLAG_SYN))
+		return 0;
+
+	/* Slow path from here: SYN and SYN-ACK only. */
+	thlen = (hdr[0] >> 4) * 4;
+	if (thlen <= sizeof(struct tcphdr))
+		return 0;
+	__builtin_memset(&w, 0, sizeof(w));
+	w.optlen = thlen - sizeof(struct tcphdr);
+	w.mss = -1;
+	if (bpf_skb_load_bytes(skb, l4off + sizeof(struct tcphdr), w.opt,
+			       thlen - sizeof(struct tcphdr)))
+		return 0;
+	/* Each step consumes at least one byte: TCP_OPT_MAX steps cover every layout. */
+	bpf_loop(TCP_OPT_MAX, tcp_opt_step, &w, 0);
+	i = w.mss;
+	if (i < 0)
+		return 0;
+	mss = (w.opt[i & (TCP_OPT_BUF - 1)] << 8) | w.opt[(i + 1) & (TCP_OPT_BUF - 1)];
+	max_mss = tunnel_mtu - TCP_IPV4_HLEN;
+	if (mss <= max_mss)
+		return 0;
+	old_be = bpf_htons(mss);
+	new_be = bpf_htons(max_mss);
+	/* Checksum first: if it fails nothing has changed. If the store then fails, put
+	 * the checksum back (that region is writable by now). */
+	if (bpf_l4_csum_replace(skb, l4off + offsetof(struct tcphdr, check), old_be, new_be,
+				sizeof(__u16)))
+		return 0;
+	if (bpf_skb_store_bytes(skb, l4off + sizeof(struct tcphdr) + i, &new_be,
+				sizeof(new_be), 0)) {
+		bpf_l4_csum_replace(skb, l4off + offsetof(struct tcphdr, check), new_be, old_be,
+				    sizeof(__u16));
+		return 0;
+	}
+	return 1;
+}
