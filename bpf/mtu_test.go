@@ -202,3 +202,129 @@ func TestFragNeededRedirectLive(t *testing.T) {
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
+// tcpChecksum is the TCP checksum of seg (checksum field included as is) between
+// src and dst: 0 when seg's checksum is right.
+func tcpChecksum(src, dst netip.Addr, seg []byte) uint16 {
+	s, d := src.As4(), dst.As4()
+	ph := append(append(append([]byte{}, s[:]...), d[:]...), 0, 6, byte(len(seg)>>8), byte(len(seg)))
+	return csum16(append(ph, seg...))
+}
+
+// tcpWithOptions is a TCP header with options (a multiple of 4 bytes) and a
+// correct checksum for src -> dst.
+func tcpWithOptions(src, dst netip.Addr, sport, dport uint16, flags byte, options []byte) []byte {
+	b := tcpSegment(sport, dport, flags, nil)
+	binary.BigEndian.PutUint32(b[4:], 0x01020304)
+	b = append(b, options...)
+	b[12] = byte(len(b)/4) << 4
+	binary.BigEndian.PutUint16(b[16:], tcpChecksum(src, dst, b))
+	return b
+}
+
+func mssOpt(mss uint16) []byte { return []byte{2, 4, byte(mss >> 8), byte(mss)} }
+
+// linuxSynOpts is what Linux puts in a SYN: MSS, SACK permitted, timestamps, NOP, window scale 7.
+func linuxSynOpts(mss uint16) []byte {
+	return append(mssOpt(mss), 4, 2, 8, 10, 0, 0, 0x12, 0x34, 0, 0, 0, 0, 1, 3, 3, 7)
+}
+
+// lateMSSOpts puts the MSS after NOPs and timestamps, so the walk has to skip options.
+func lateMSSOpts(mss uint16) []byte {
+	return append(append([]byte{1, 1, 8, 10, 0, 0, 0x12, 0x34, 0, 0, 0, 0}, mssOpt(mss)...), 3, 3, 7, 0)
+}
+
+const (
+	tcpSYN    = 0x02
+	tcpSYNACK = 0x12
+	tcpACK    = 0x10
+)
+
+func TestMSSClampEncap(t *testing.T) {
+	l := newLab(t)
+	clamped := tunnelMTU - 40
+	for _, tc := range []struct {
+		name    string
+		flags   byte
+		opts    func(uint16) []byte
+		mss     uint16
+		wantMSS uint16
+		overlay bool
+	}{
+		{name: "SYN MSS 1460", flags: tcpSYN, opts: linuxSynOpts, mss: 1460, wantMSS: clamped},
+		{name: "SYN-ACK MSS 1460", flags: tcpSYNACK, opts: linuxSynOpts, mss: 1460, wantMSS: clamped},
+		{name: "SYN MSS after other options", flags: tcpSYN, opts: lateMSSOpts, mss: 1460, wantMSS: clamped},
+		{name: "SYN MSS 1460 from the host", flags: tcpSYN, opts: linuxSynOpts, mss: 1460, wantMSS: clamped, overlay: true},
+		{name: "SYN MSS 1411", flags: tcpSYN, opts: linuxSynOpts, mss: clamped + 1, wantMSS: clamped},
+		{name: "SYN MSS 1410 untouched", flags: tcpSYN, opts: linuxSynOpts, mss: clamped, wantMSS: clamped},
+		{name: "SYN MSS 1200 untouched", flags: tcpSYN, opts: linuxSynOpts, mss: 1200, wantMSS: 1200},
+		{name: "non-SYN untouched", flags: tcpACK, opts: mssOpt, mss: 1460, wantMSS: 1460},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prog, ifindex, ttl := l.objs.PodIngress, l.pod.Attrs().Index, byte(63)
+			if tc.overlay {
+				prog, ifindex, ttl = l.objs.OverlayEgress, l.ist.Attrs().Index, 64
+			}
+			// scapy: Ether(dst=<pod0h MAC>, src="02:00:00:00:0a:05")/IP(src="10.1.0.5", dst="10.2.0.7", ttl=64, flags="DF")/TCP(sport=40000, dport=80, seq=0x01020304, flags=<flags>, window=65535, options=<opts>)
+			seg := tcpWithOptions(podIP, remotePodIP, 40000, 80, tc.flags, tc.opts(tc.mss))
+			in := ethFrame(l.podHMAC, podMAC, 0x0800, ipv4Packet(podIP, remotePodIP, 6, ipOpts{ttl: 64, fragOff: 0x4000}, seg))
+			ret, out := l.run(t, prog, in, ifindex)
+			if ret != tcActRedirect {
+				t.Fatalf("verdict %d, want TC_ACT_REDIRECT", ret)
+			}
+			wantSeg := tcpWithOptions(podIP, remotePodIP, 40000, 80, tc.flags, tc.opts(tc.wantMSS))
+			innerIP := ipv4Packet(podIP, remotePodIP, 6, ipOpts{ttl: ttl, fragOff: 0x4000}, wantSeg)
+			want := ethFrame(gwMAC, l.undMAC, 0x0800, ipv4Packet(underlayIP, peerIP, 17, ipOpts{ttl: 64, fragOff: 0x4000},
+				udpDatagram(flowSport(in[14:]), 6081, geneveHeader(geneveOpts{proto: 0x6558, vni: testVNI, optWords: -1},
+					append(append([]byte{}, in[:14]...), innerIP...)))))
+			if !bytes.Equal(out, want) {
+				t.Fatalf("encapsulated frame differs\n got %x\nwant %x", out, want)
+			}
+			gotSeg := out[len(out)-len(seg):]
+			if c := tcpChecksum(podIP, remotePodIP, gotSeg); c != 0 {
+				t.Errorf("inner TCP checksum does not verify (residue %#04x)", c)
+			}
+			if tc.wantMSS == tc.mss && !bytes.Equal(gotSeg, seg) {
+				t.Errorf("segment changed\n got %x\nwant %x", gotSeg, seg)
+			}
+		})
+	}
+}
+
+func TestMSSClampDecap(t *testing.T) {
+	l := newLab(t)
+	for _, tc := range []struct {
+		name         string
+		flags        byte
+		mss, wantMSS uint16
+	}{
+		{"SYN-ACK MSS 1460", tcpSYNACK, 1460, tunnelMTU - 40},
+		{"SYN MSS 1460", tcpSYN, 1460, tunnelMTU - 40},
+		{"SYN-ACK MSS 1300 untouched", tcpSYNACK, 1300, 1300},
+		{"ACK untouched", tcpACK, 1460, 1460},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// scapy: <geneveFrame from peer>/Ether()/IP(src="10.2.0.7", dst="10.1.0.5", ttl=64, flags="DF")/TCP(sport=80, dport=40000, seq=0x01020304, flags=<flags>, window=65535, options=[MSS, SAckOK, Timestamp, NOP, WScale])
+			seg := tcpWithOptions(remotePodIP, podIP, 80, 40000, tc.flags, linuxSynOpts(tc.mss))
+			inner := ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 64, fragOff: 0x4000}, seg)
+			in := geneveFrame(l, goodOpts(podIP), innerEth(inner))
+			before := l.counts(t)
+			ret, out := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
+			if ret != tcActRedirect {
+				t.Fatalf("verdict %d, want TC_ACT_REDIRECT", ret)
+			}
+			wantSeg := tcpWithOptions(remotePodIP, podIP, 80, 40000, tc.flags, linuxSynOpts(tc.wantMSS))
+			want := ethFrame(podMAC, l.podHMAC, 0x0800, ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 63, fragOff: 0x4000}, wantSeg))
+			if !bytes.Equal(out, want) {
+				t.Fatalf("delivered frame differs\n got %x\nwant %x", out, want)
+			}
+			if c := tcpChecksum(remotePodIP, podIP, out[34:]); c != 0 {
+				t.Errorf("TCP checksum does not verify (residue %#04x)", c)
+			}
+			d := delta(before, l.counts(t))
+			if d[metricKey(IsthmusMetricMETRIC_DECAP, IsthmusHookHOOK_UNDERLAY_TC)] != 1 ||
+				d[metricKey(IsthmusMetricMETRIC_DELIVER_POD, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 2 {
+				t.Errorf("counters moved %v, want METRIC_DECAP and METRIC_DELIVER_POD +1", d)
+			}
+		})
+	}
+}
