@@ -375,6 +375,7 @@ type stream struct {
 	sent     uint64
 	sendErrs uint64
 	got      map[uint64]int
+	started  time.Time
 	stop     chan struct{}
 	done     sync.WaitGroup
 }
@@ -421,6 +422,9 @@ func startStream(t *testing.T, l *testenv.Lab, src, dst string, interval time.Du
 		defer s.done.Done()
 		tick := time.NewTicker(interval)
 		defer tick.Stop()
+		s.mu.Lock()
+		s.started = time.Now()
+		s.mu.Unlock()
 		msg := make([]byte, 64)
 		copy(msg[8:], "isthmus restart probe")
 		for seq := uint64(0); ; seq++ {
@@ -443,9 +447,11 @@ func startStream(t *testing.T, l *testenv.Lab, src, dst string, interval time.Du
 }
 
 // finish stops sending, waits drain for stragglers, closes both sockets and
-// returns how many datagrams were sent, received (distinct) and duplicated.
-func (s *stream) finish(drain time.Duration) (sent, received, dups, sendErrs uint64) {
+// returns how many datagrams were sent, received (distinct) and duplicated, and
+// the mean interval between sends (the ticker may drop ticks on a busy machine).
+func (s *stream) finish(drain time.Duration) (sent, received, dups, sendErrs uint64, mean time.Duration) {
 	close(s.stop)
+	stopped := time.Now()
 	time.Sleep(drain)
 	s.conn.Close()
 	s.recv.Close()
@@ -460,7 +466,10 @@ func (s *stream) finish(drain time.Duration) (sent, received, dups, sendErrs uin
 			dups += uint64(n - 1)
 		}
 	}
-	return s.sent, received, dups, s.sendErrs
+	if s.sent > 0 {
+		mean = stopped.Sub(s.started) / time.Duration(s.sent)
+	}
+	return s.sent, received, dups, s.sendErrs, mean
 }
 
 // podLinks returns link id and program id of every pinned pod_ingress link of a
@@ -589,10 +598,10 @@ func TestRestartWithoutLoss(t *testing.T) {
 
 	finished = true
 	for _, s := range streams {
-		sent, received, dups, sendErrs := s.finish(500 * time.Millisecond)
+		sent, received, dups, sendErrs, mean := s.finish(500 * time.Millisecond)
 		lost := sent - received
-		t.Logf("%s: sent %d datagrams (every %s), received %d, lost %d, duplicated %d, send errors %d",
-			s.name, sent, interval, received, lost, dups, sendErrs)
+		t.Logf("%s: sent %d datagrams (ticker %s, mean interval %s), received %d, lost %d, duplicated %d, send errors %d",
+			s.name, sent, interval, mean.Round(10*time.Microsecond), received, lost, dups, sendErrs)
 		if sent < 500 {
 			t.Errorf("%s: only %d datagrams sent; the stream did not cover the restarts", s.name, sent)
 		}
