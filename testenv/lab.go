@@ -360,7 +360,7 @@ func (l *Lab) buildPod(n NodeRef, p Pod) error {
 	}
 	defer h.Close()
 	defer nsh.Close()
-	mtu := l.Scenario.Underlay.mtu() - GeneveOverhead
+	mtu := p.mtu(l.Scenario.Underlay)
 	host := HostVeth(p.Name)
 	if err := node.LinkAdd(&netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: host, MTU: mtu},

@@ -115,6 +115,18 @@ type Pod struct {
 	// address need not be in the node's podCIDRs, and the underlay routes it to
 	// the node.
 	Unmanaged bool `json:"unmanaged,omitempty"`
+	// MTU of the pod's veth (both ends); default underlay MTU - 50 (GeneveOverhead).
+	// The underlay MTU itself stands for a pod of another CNI that knows nothing of
+	// the tunnel and relies on the datapath's ICMP and MSS clamping.
+	MTU int `json:"mtu,omitempty"`
+}
+
+// mtu returns the pod's MTU with its default applied for underlay u.
+func (p Pod) mtu(u Underlay) int {
+	if p.MTU == 0 {
+		return u.mtu() - GeneveOverhead
+	}
+	return p.MTU
 }
 
 // Peering becomes a SitePeering object.
@@ -368,6 +380,9 @@ func (s *Scenario) validate() error {
 				}
 				if !p.Address.Is4() {
 					return fmt.Errorf("%s: address: want IPv4", pwhere)
+				}
+				if p.MTU != 0 && (p.MTU < 576 || p.MTU > 9000) {
+					return fmt.Errorf("%s: mtu %d: want 576-9000", pwhere, p.MTU)
 				}
 				if !p.Unmanaged && !slices.ContainsFunc(n.PodCIDRs, func(c netip.Prefix) bool { return c.Contains(p.Address) }) {
 					return fmt.Errorf("%s: address %s not in the node's podCIDRs %v (mark the pod unmanaged if another CNI addresses it)", pwhere, p.Address, n.PodCIDRs)

@@ -1,0 +1,192 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/isthmus-dev/isthmus/maps"
+	"github.com/isthmus-dev/isthmus/testenv"
+)
+
+// fullMTUPods get the underlay MTU (1500) instead of the lab's 1450: pods of a
+// CNI that knows nothing of the tunnel.
+var fullMTUPods = map[string]bool{"a1-p1": true, "b1-p1": true}
+
+// upFullMTU builds the default scenario with fullMTUPods at MTU 1500 and removes
+// it when the test ends.
+func upFullMTU(t *testing.T) *testenv.Lab {
+	t.Helper()
+	requireSetup(t)
+	sc, err := testenv.LoadScenario("default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := 0
+	for i := range sc.Sites {
+		for j := range sc.Sites[i].Nodes {
+			for k := range sc.Sites[i].Nodes[j].Pods {
+				if p := &sc.Sites[i].Nodes[j].Pods[k]; fullMTUPods[p.Name] {
+					p.MTU = 1500
+					set++
+				}
+			}
+		}
+	}
+	if set != len(fullMTUPods) {
+		t.Fatalf("default scenario has %d of the pods %v", set, fullMTUPods)
+	}
+	name := labName()
+	t.Cleanup(func() {
+		if err := testenv.Down(name, testenv.DownOptions{Binary: binary}); err != nil {
+			t.Error(err)
+		}
+		assertGone(t, name)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	l, err := testenv.Up(ctx, sc, testenv.Options{Name: name, Binary: binary, ReadyTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// fragNeededSent reads node's METRIC_FRAG_NEEDED_SENT count at pod_ingress.
+func fragNeededSent(t *testing.T, l *testenv.Lab, node string) uint64 {
+	t.Helper()
+	set, err := maps.OpenPinned(l.PinDir(node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	m, err := maps.ReadMetrics(set.Map(maps.MapMetrics))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, c := range m {
+		if k.Hook == maps.HookPodIngress && k.Name() == "frag_needed_sent" {
+			return c.Packets
+		}
+	}
+	return 0
+}
+
+// TestMTUFullSizePods: pods whose interface has the underlay MTU (1500) talk to
+// remote pods through the 1450-byte tunnel. TCP works in both directions because
+// the datapath clamps the SYNs' MSS; a DF packet too large for the tunnel is
+// answered with ICMP frag needed, which the pod's kernel caches as the path MTU;
+// UDP datagrams that fit still arrive.
+func TestMTUFullSizePods(t *testing.T) {
+	l := upFullMTU(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	a, b := "a1-p1", "b1-p1"
+	for pod := range fullMTUPods {
+		out, err := l.Exec(ctx, l.PodNS(pod), "ip", "-o", "link", "show", "eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out, " mtu 1500 ") {
+			t.Fatalf("pod %s: eth0 is not at MTU 1500, the test would prove nothing: %s", pod, out)
+		}
+	}
+
+	// Before anything teaches the pods a path MTU: only the MSS clamp keeps
+	// these connections' GSO segments inside the tunnel.
+	t.Run("bulk TCP", func(t *testing.T) {
+		const size = 64 << 20
+		for _, dir := range [][2]string{{a, b}, {b, a}} {
+			src, dst := dir[0], dir[1]
+			res, err := testenv.BulkTCP(ctx, l.PodNS(src), l.PodNS(dst), l.PodAddr(dst), size)
+			if err != nil {
+				t.Errorf("64 MiB %s -> %s: %v (received %d bytes, longest gap %s)", src, dst, err, res.Bytes, res.MaxGap)
+				continue
+			}
+			t.Logf("64 MiB %s -> %s in %s: %.2f Gbit/s, longest gap %s", src, dst,
+				res.Duration.Round(time.Millisecond), res.Gbps(), res.MaxGap.Round(time.Millisecond))
+			if res.Bytes != size {
+				t.Errorf("%s -> %s: received %d bytes, want %d", src, dst, res.Bytes, size)
+			}
+			if res.MaxGap > 3*time.Second {
+				t.Errorf("%s -> %s: the flow stalled for %s", src, dst, res.MaxGap)
+			}
+		}
+	})
+
+	t.Run("UDP 1400 bytes", func(t *testing.T) {
+		got, err := udpOnce(l, a, b, 1400)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != 1400 {
+			t.Errorf("received a %d-byte datagram, want 1400", got)
+		}
+	})
+
+	t.Run("ping DF 1500 bytes", func(t *testing.T) {
+		dst := l.PodAddr(b)
+		before := fragNeededSent(t, l, "a1")
+		// ping exits non-zero here: no echo comes back.
+		out, _ := l.Exec(ctx, l.PodNS(a), "ping", "-n", "-c", "2", "-i", "0.3", "-W", "1", "-M", "do", "-s", "1472", dst.String())
+		t.Logf("ping -M do -s 1472 %s:\n%s", dst, out)
+		if !strings.Contains(out, "Frag needed and DF set (mtu = 1450)") {
+			t.Errorf("ping did not report ICMP frag needed with mtu 1450")
+		}
+		if n := fragNeededSent(t, l, "a1") - before; n == 0 {
+			t.Errorf("a1's frag_needed_sent counter did not move")
+		}
+		route, err := l.Exec(ctx, l.PodNS(a), "ip", "route", "get", dst.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("ip route get %s: %s", dst, route)
+		if !regexp.MustCompile(`\bmtu 1450\b`).MatchString(route) {
+			t.Errorf("pod %s has no cached path MTU 1450 toward %s: %s", a, dst, route)
+		}
+		// With the path MTU learned, a 1422-byte ping (1450 on the wire) gets through.
+		if out, err := l.Exec(ctx, l.PodNS(a), "ping", "-n", "-c", "1", "-W", "2", "-M", "do", "-s", "1422", dst.String()); err != nil {
+			t.Errorf("ping -M do -s 1422 %s: %v\n%s", dst, err, out)
+		}
+	})
+}
+
+// udpOnce sends one datagram of n bytes from pod src to a listener in pod dst
+// and returns the size that arrived.
+func udpOnce(l *testenv.Lab, src, dst string, n int) (int, error) {
+	var pc net.PacketConn
+	if err := testenv.Do(l.PodNS(dst), func() error {
+		var err error
+		pc, err = net.ListenPacket("udp4", netip.AddrPortFrom(l.PodAddr(dst), 0).String())
+		return err
+	}); err != nil {
+		return 0, fmt.Errorf("listen in %s: %w", dst, err)
+	}
+	defer pc.Close()
+	var c net.Conn
+	if err := testenv.Do(l.PodNS(src), func() error {
+		var err error
+		c, err = net.Dial("udp4", pc.LocalAddr().String())
+		return err
+	}); err != nil {
+		return 0, fmt.Errorf("dial from %s: %w", src, err)
+	}
+	defer c.Close()
+	buf := make([]byte, 65536)
+	for try := 0; try < 3; try++ {
+		if _, err := c.Write(make([]byte, n)); err != nil {
+			return 0, fmt.Errorf("send %d bytes: %w", n, err)
+		}
+		pc.SetReadDeadline(time.Now().Add(time.Second))
+		m, _, err := pc.ReadFrom(buf)
+		if err == nil {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("no %d-byte datagram arrived in 3 tries", n)
+}
