@@ -97,10 +97,13 @@ func TestMTUFullSizePods(t *testing.T) {
 		}
 	}
 
-	// Before anything teaches the pods a path MTU: only the MSS clamp keeps
-	// these connections' GSO segments inside the tunnel.
+	// Before anything teaches the pods a path MTU. Without the MSS clamp TCP
+	// still gets through, but only by learning the path MTU from our ICMP after
+	// its first full-size segments are refused: so no ICMP may be sent and no
+	// path MTU cached while this runs.
 	t.Run("bulk TCP", func(t *testing.T) {
 		const size = 64 << 20
+		sentBefore := fragNeededSent(t, l, "a1") + fragNeededSent(t, l, "b1")
 		for _, dir := range [][2]string{{a, b}, {b, a}} {
 			src, dst := dir[0], dir[1]
 			res, err := testenv.BulkTCP(ctx, l.PodNS(src), l.PodNS(dst), l.PodAddr(dst), size)
@@ -117,6 +120,14 @@ func TestMTUFullSizePods(t *testing.T) {
 				t.Errorf("%s -> %s: the flow stalled for %s", src, dst, res.MaxGap)
 			}
 		}
+		if n := fragNeededSent(t, l, "a1") + fragNeededSent(t, l, "b1") - sentBefore; n != 0 {
+			t.Errorf("%d ICMP frag needed sent during the transfers: TCP found the path MTU itself, the MSS was not clamped", n)
+		}
+		for _, dir := range [][2]string{{a, b}, {b, a}} {
+			if mtu := cachedMTU(t, ctx, l, dir[0], dir[1]); mtu != "" {
+				t.Errorf("pod %s cached path MTU %s toward %s during the transfer: the MSS was not clamped", dir[0], mtu, dir[1])
+			}
+		}
 	})
 
 	t.Run("UDP 1400 bytes", func(t *testing.T) {
@@ -131,6 +142,9 @@ func TestMTUFullSizePods(t *testing.T) {
 
 	t.Run("ping DF 1500 bytes", func(t *testing.T) {
 		dst := l.PodAddr(b)
+		if mtu := cachedMTU(t, ctx, l, a, b); mtu != "" {
+			t.Fatalf("pod %s already has path MTU %s toward %s: ping would not reach the datapath", a, mtu, b)
+		}
 		before := fragNeededSent(t, l, "a1")
 		// ping exits non-zero here: no echo comes back.
 		out, _ := l.Exec(ctx, l.PodNS(a), "ping", "-n", "-c", "2", "-i", "0.3", "-W", "1", "-M", "do", "-s", "1472", dst.String())
@@ -141,19 +155,31 @@ func TestMTUFullSizePods(t *testing.T) {
 		if n := fragNeededSent(t, l, "a1") - before; n == 0 {
 			t.Errorf("a1's frag_needed_sent counter did not move")
 		}
-		route, err := l.Exec(ctx, l.PodNS(a), "ip", "route", "get", dst.String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("ip route get %s: %s", dst, route)
-		if !regexp.MustCompile(`\bmtu 1450\b`).MatchString(route) {
-			t.Errorf("pod %s has no cached path MTU 1450 toward %s: %s", a, dst, route)
+		if mtu := cachedMTU(t, ctx, l, a, b); mtu != "1450" {
+			t.Errorf("pod %s caches path MTU %q toward %s, want 1450", a, mtu, dst)
 		}
 		// With the path MTU learned, a 1422-byte ping (1450 on the wire) gets through.
 		if out, err := l.Exec(ctx, l.PodNS(a), "ping", "-n", "-c", "1", "-W", "2", "-M", "do", "-s", "1422", dst.String()); err != nil {
 			t.Errorf("ping -M do -s 1422 %s: %v\n%s", dst, err, out)
 		}
 	})
+}
+
+var routeMTU = regexp.MustCompile(`\bmtu (\d+)\b`)
+
+// cachedMTU returns the path MTU pod src has cached toward pod dst (from
+// `ip route get`), or "" if none.
+func cachedMTU(t *testing.T, ctx context.Context, l *testenv.Lab, src, dst string) string {
+	t.Helper()
+	out, err := l.Exec(ctx, l.PodNS(src), "ip", "route", "get", l.PodAddr(dst).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s: ip route get %s: %s", src, l.PodAddr(dst), strings.Join(strings.Fields(out), " "))
+	if m := routeMTU.FindStringSubmatch(out); m != nil {
+		return m[1]
+	}
+	return ""
 }
 
 // udpOnce sends one datagram of n bytes from pod src to a listener in pod dst
