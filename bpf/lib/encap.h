@@ -125,12 +125,7 @@ static __always_inline int deliver_local_pod(struct __sk_buff *skb, struct ethhd
 		return TC_ACT_OK;
 	if (iph->ttl <= 1)
 		return TC_ACT_OK;
-	ipv4_decrease_ttl(iph);
-	rc = redirect_nexthop(eth, &p, rc, 1);
-	if (rc < 0)
-		return rc;
-	metrics_count(METRIC_DELIVER_POD, hook, skb->len);
-	return rc;
+	return forward_to_pod(skb, eth, iph, &p, rc, hook);
 }
 
 /* The encapsulation hooks: parse, look up routes, encapsulate or deliver locally.

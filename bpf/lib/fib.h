@@ -61,6 +61,24 @@ static __always_inline int redirect_nexthop(struct ethhdr *eth, struct bpf_fib_l
 	return TC_ACT_REDIRECT;
 }
 
+/* Forwards the IPv4 packet iph of frame eth to the local pod interface that lookup p
+ * (verdict rc) found: TTL decremented (the caller checked it), MACs from the lookup and
+ * bpf_redirect_peer, or bpf_redirect_neigh while the pod's neighbour is unresolved.
+ * Returns TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_DELIVER_POD. */
+static __always_inline int forward_to_pod(struct __sk_buff *skb, struct ethhdr *eth,
+					  struct iphdr *iph, struct bpf_fib_lookup *p, int rc,
+					  __u8 hook)
+{
+	int ret;
+
+	ipv4_decrease_ttl(iph);
+	ret = redirect_nexthop(eth, p, rc, 1);
+	if (ret < 0)
+		return ret;
+	metrics_count(METRIC_DELIVER_POD, hook, skb->len);
+	return ret;
+}
+
 /* Delivers a decapsulated frame [eth][IPv4] arriving on the underlay: to a local pod
  * (pod_ifaces) with bpf_redirect_peer, or to this host through isthmus0 ingress.
  * Returns TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_DELIVER_*. */
@@ -98,10 +116,5 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 		return DROP_NOT_LOCAL;
 	if (iph->ttl <= 1)
 		return DROP_TTL_EXCEEDED;
-	ipv4_decrease_ttl(iph);
-	ret = redirect_nexthop(eth, &p, rc, 1);
-	if (ret < 0)
-		return ret;
-	metrics_count(METRIC_DELIVER_POD, hook, skb->len);
-	return ret;
+	return forward_to_pod(skb, eth, iph, &p, rc, hook);
 }
