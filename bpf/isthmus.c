@@ -15,7 +15,8 @@
  * enums into the object's BTF, where bpf2go (-type) and the BTF tests find them. A
  * global function in .text that no program calls is not loaded. */
 __attribute__((noinline)) int isthmus_btf_types(struct decap_meta *meta, enum hook hook,
-						enum metric metric, enum drop_reason reason)
+						enum metric metric, enum drop_reason reason,
+						enum nat_state state)
 {
 	return 0;
 }

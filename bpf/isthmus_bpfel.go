@@ -22,6 +22,9 @@ type IsthmusDatapathConfig struct {
 	OverlayMac      [6]uint8
 	TunnelMtu       uint16
 	Flags           uint32
+	TunnelIp        uint32
+	SnatPortMin     uint16
+	SnatPortMax     uint16
 }
 
 type IsthmusDecapMeta struct {
@@ -53,7 +56,17 @@ const (
 	IsthmusDropReasonDROP_TTL_EXCEEDED      IsthmusDropReason = 4294967149
 	IsthmusDropReasonDROP_FRAG_NEEDED       IsthmusDropReason = 4294967148
 	IsthmusDropReasonDROP_REDIRECT_FAILED   IsthmusDropReason = 4294967147
+	IsthmusDropReasonDROP_NO_NEXTHOP        IsthmusDropReason = 4294967146
+	IsthmusDropReasonDROP_SNAT_NO_PORT      IsthmusDropReason = 4294967145
+	IsthmusDropReasonDROP_SNAT_INSERT       IsthmusDropReason = 4294967144
+	IsthmusDropReasonDROP_SNAT_UNSUPPORTED  IsthmusDropReason = 4294967143
+	IsthmusDropReasonDROP_SNAT_REWRITE      IsthmusDropReason = 4294967142
 )
+
+type IsthmusFabricPrefixValue struct {
+	_     structs.HostLayout
+	Flags uint32
+}
 
 type IsthmusHook uint32
 
@@ -72,6 +85,11 @@ const (
 	IsthmusMetricMETRIC_DELIVER_POD      IsthmusMetric = 3
 	IsthmusMetricMETRIC_DELIVER_HOST     IsthmusMetric = 4
 	IsthmusMetricMETRIC_FRAG_NEEDED_SENT IsthmusMetric = 5
+	IsthmusMetricMETRIC_DELIVER_FABRIC   IsthmusMetric = 6
+	IsthmusMetricMETRIC_SNAT             IsthmusMetric = 7
+	IsthmusMetricMETRIC_SNAT_REVERSE     IsthmusMetric = 8
+	IsthmusMetricMETRIC_SNAT_NEW         IsthmusMetric = 9
+	IsthmusMetricMETRIC_FABRIC_INGRESS   IsthmusMetric = 10
 )
 
 type IsthmusMetricsKey struct {
@@ -85,6 +103,39 @@ type IsthmusMetricsValue struct {
 	_       structs.HostLayout
 	Packets uint64
 	Bytes   uint64
+}
+
+type IsthmusNatKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+	Proto uint8
+	Pad   [3]uint8
+}
+
+type IsthmusNatState uint32
+
+const (
+	IsthmusNatStateNAT_STATE_NEW         IsthmusNatState = 0
+	IsthmusNatStateNAT_STATE_ESTABLISHED IsthmusNatState = 1
+	IsthmusNatStateNAT_STATE_CLOSING     IsthmusNatState = 2
+)
+
+type IsthmusNatValue struct {
+	_        structs.HostLayout
+	Addr     uint32
+	Port     uint16
+	State    uint8
+	Flags    uint8
+	LastSeen uint64
+}
+
+type IsthmusNexthopGroup struct {
+	_     structs.HostLayout
+	Live  uint32
+	Slots [64]uint32
 }
 
 type IsthmusPeerSourceKey struct {
@@ -117,8 +168,15 @@ type IsthmusRouteKey struct {
 }
 
 type IsthmusRouteValue struct {
+	_        structs.HostLayout
+	Peer     uint32
+	Flags    uint32
+	Group    uint32
+	Reserved uint32
+}
+
+type IsthmusSnatExemptValue struct {
 	_     structs.HostLayout
-	Peer  uint32
 	Flags uint32
 }
 
@@ -127,11 +185,15 @@ type IsthmusRouteValue struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	IsthmusMapConfig           = "config"
+	IsthmusMapFabricPrefixes   = "fabric_prefixes"
 	IsthmusMapMetrics          = "metrics"
+	IsthmusMapNat              = "nat"
+	IsthmusMapNexthopGroups    = "nexthop_groups"
 	IsthmusMapPeerSources      = "peer_sources"
 	IsthmusMapPeers            = "peers"
 	IsthmusMapPodIfaces        = "pod_ifaces"
 	IsthmusMapRoutes           = "routes"
+	IsthmusMapSnatExempt       = "snat_exempt"
 	IsthmusProgOverlayEgress   = "overlay_egress"
 	IsthmusProgPodIngress      = "pod_ingress"
 	IsthmusProgUnderlayIngress = "underlay_ingress"
@@ -190,12 +252,16 @@ type IsthmusProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type IsthmusMapSpecs struct {
-	Config      *ebpf.MapSpec `ebpf:"config"`
-	Metrics     *ebpf.MapSpec `ebpf:"metrics"`
-	PeerSources *ebpf.MapSpec `ebpf:"peer_sources"`
-	Peers       *ebpf.MapSpec `ebpf:"peers"`
-	PodIfaces   *ebpf.MapSpec `ebpf:"pod_ifaces"`
-	Routes      *ebpf.MapSpec `ebpf:"routes"`
+	Config         *ebpf.MapSpec `ebpf:"config"`
+	FabricPrefixes *ebpf.MapSpec `ebpf:"fabric_prefixes"`
+	Metrics        *ebpf.MapSpec `ebpf:"metrics"`
+	Nat            *ebpf.MapSpec `ebpf:"nat"`
+	NexthopGroups  *ebpf.MapSpec `ebpf:"nexthop_groups"`
+	PeerSources    *ebpf.MapSpec `ebpf:"peer_sources"`
+	Peers          *ebpf.MapSpec `ebpf:"peers"`
+	PodIfaces      *ebpf.MapSpec `ebpf:"pod_ifaces"`
+	Routes         *ebpf.MapSpec `ebpf:"routes"`
+	SnatExempt     *ebpf.MapSpec `ebpf:"snat_exempt"`
 }
 
 // IsthmusVariableSpecs contains global variables before they are loaded into the kernel.
@@ -224,22 +290,30 @@ func (o *IsthmusObjects) Close() error {
 //
 // It can be passed to LoadIsthmusObjects or ebpf.CollectionSpec.LoadAndAssign.
 type IsthmusMaps struct {
-	Config      *ebpf.Map `ebpf:"config"`
-	Metrics     *ebpf.Map `ebpf:"metrics"`
-	PeerSources *ebpf.Map `ebpf:"peer_sources"`
-	Peers       *ebpf.Map `ebpf:"peers"`
-	PodIfaces   *ebpf.Map `ebpf:"pod_ifaces"`
-	Routes      *ebpf.Map `ebpf:"routes"`
+	Config         *ebpf.Map `ebpf:"config"`
+	FabricPrefixes *ebpf.Map `ebpf:"fabric_prefixes"`
+	Metrics        *ebpf.Map `ebpf:"metrics"`
+	Nat            *ebpf.Map `ebpf:"nat"`
+	NexthopGroups  *ebpf.Map `ebpf:"nexthop_groups"`
+	PeerSources    *ebpf.Map `ebpf:"peer_sources"`
+	Peers          *ebpf.Map `ebpf:"peers"`
+	PodIfaces      *ebpf.Map `ebpf:"pod_ifaces"`
+	Routes         *ebpf.Map `ebpf:"routes"`
+	SnatExempt     *ebpf.Map `ebpf:"snat_exempt"`
 }
 
 func (m *IsthmusMaps) Close() error {
 	return _IsthmusClose(
 		m.Config,
+		m.FabricPrefixes,
 		m.Metrics,
+		m.Nat,
+		m.NexthopGroups,
 		m.PeerSources,
 		m.Peers,
 		m.PodIfaces,
 		m.Routes,
+		m.SnatExempt,
 	)
 }
 

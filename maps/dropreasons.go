@@ -36,6 +36,11 @@ var dropReasons = []DropReason{
 	{-147, "DROP_TTL_EXCEEDED", "ttl_exceeded", "Inner TTL would reach zero."},
 	{-148, "DROP_FRAG_NEEDED", "frag_needed", "Inner packet is larger than the tunnel MTU."},
 	{-149, "DROP_REDIRECT_FAILED", "redirect_failed", "The redirect helper refused the packet."},
+	{-150, "DROP_NO_NEXTHOP", "no_nexthop", "The route's next-hop group has no live member."},
+	{-151, "DROP_SNAT_NO_PORT", "snat_no_port", "No free port in the SNAT range for a new flow."},
+	{-152, "DROP_SNAT_INSERT", "snat_insert", "The nat table refused a new translation."},
+	{-153, "DROP_SNAT_UNSUPPORTED", "snat_unsupported", "The source needs SNAT but the protocol cannot be translated."},
+	{-154, "DROP_SNAT_REWRITE", "snat_rewrite", "Rewriting addresses or checksums for SNAT failed."},
 }
 
 // DropReasons returns every drop reason, in code order from -130 down.

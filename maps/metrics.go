@@ -33,11 +33,16 @@ func (h Hook) String() string {
 
 // The accounted verdicts of enum metric in bpf/lib/types.h, by code.
 var metricNames = map[uint16]string{
-	1: "encap",
-	2: "decap",
-	3: "deliver_pod",
-	4: "deliver_host",
-	5: "frag_needed_sent",
+	1:  "encap",
+	2:  "decap",
+	3:  "deliver_pod",
+	4:  "deliver_host",
+	5:  "frag_needed_sent",
+	6:  "deliver_fabric",
+	7:  "snat",
+	8:  "snat_reverse",
+	9:  "snat_new",
+	10: "fabric_ingress",
 }
 
 // MetricKey identifies one counter: a code (METRIC_* or -DROP_*) at a hook.

@@ -24,4 +24,9 @@ enum drop_reason {
 	DROP_TTL_EXCEEDED	= -147,	/* inner TTL would reach zero */
 	DROP_FRAG_NEEDED	= -148,	/* inner packet larger than the tunnel MTU */
 	DROP_REDIRECT_FAILED	= -149,	/* redirect helper refused the packet */
+	DROP_NO_NEXTHOP		= -150,	/* the route's next-hop group has no live member */
+	DROP_SNAT_NO_PORT	= -151,	/* no free port in the SNAT range for a new flow */
+	DROP_SNAT_INSERT	= -152,	/* the nat table refused a new translation */
+	DROP_SNAT_UNSUPPORTED	= -153,	/* needs SNAT but the protocol cannot be translated */
+	DROP_SNAT_REWRITE	= -154,	/* rewriting addresses or checksums failed */
 };

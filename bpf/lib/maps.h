@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* The six pinned maps of docs/architecture.md, with the structs of types.h. */
+/* The pinned maps of docs/architecture.md, with the structs of types.h. */
 #pragma once
 
 #include "common.h"
@@ -18,6 +18,19 @@
 #endif
 #ifndef METRICS_MAX
 #define METRICS_MAX		1024
+#endif
+#ifndef NEXTHOP_GROUPS_MAX
+#define NEXTHOP_GROUPS_MAX	1024
+#endif
+#ifndef FABRIC_PREFIXES_MAX
+#define FABRIC_PREFIXES_MAX	1024
+#endif
+#ifndef SNAT_EXEMPT_MAX
+#define SNAT_EXEMPT_MAX		1024
+#endif
+/* Default size of the nat table; the agent sets it at load time (--snat-table-size). */
+#ifndef NAT_MAX
+#define NAT_MAX			65536
 #endif
 
 /* Inner destination prefix -> peer underlay address. */
@@ -75,6 +88,44 @@ struct {
 	__uint(max_entries, METRICS_MAX);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } metrics SEC(".maps");
+
+/* Next-hop groups by id (0 unused): live members spread over slots. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, struct nexthop_group);
+	__uint(max_entries, NEXTHOP_GROUPS_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} nexthop_groups SEC(".maps");
+
+/* Inner destinations handed to the site fabric after decapsulation. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct route_key);
+	__type(value, struct fabric_prefix_value);
+	__uint(max_entries, FABRIC_PREFIXES_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} fabric_prefixes SEC(".maps");
+
+/* Pod sources that keep their address when they enter the tunnel. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct route_key);
+	__type(value, struct snat_exempt_value);
+	__uint(max_entries, SNAT_EXEMPT_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} snat_exempt SEC(".maps");
+
+/* Both directions of every return-path SNAT translation, LRU-bounded. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct nat_key);
+	__type(value, struct nat_value);
+	__uint(max_entries, NAT_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} nat SEC(".maps");
 
 /* Returns the node's config, or NULL if the agent has not written it yet. */
 static __always_inline const struct datapath_config *config_get(void)

@@ -12,8 +12,69 @@ struct route_key {
 };
 
 struct route_value {
-	__be32 peer;		/* underlay IPv4 of the peer node: the tunnel endpoint */
+	__be32 peer;		/* underlay IPv4 of the peer node, when group is 0 */
 	__u32 flags;		/* ROUTE_F_*, none defined yet */
+	__u32 group;		/* next-hop group (index into nexthop_groups), 0 = none: use peer */
+	__u32 reserved;
+};
+
+/* Slots of a next-hop group: a power of two, so a flow hash picks one with a mask. */
+#define NHG_SLOTS		64
+
+/* nexthop_groups (array, index = group id; 0 is never used): the healthy members of a
+ * group spread over NHG_SLOTS slots by rendezvous hashing, computed by the agent. A
+ * flow takes slots[flow_hash % NHG_SLOTS]; a member going down moves only the flows of
+ * its own slots, and a packet of a group with no live member is dropped
+ * (DROP_NO_NEXTHOP). */
+struct nexthop_group {
+	__u32 live;		/* members up; 0 = none */
+	__be32 slots[NHG_SLOTS];	/* underlay IPv4 of the member that owns each slot */
+};
+
+/* fabric_prefixes (LPM trie, key struct route_key): inner destinations this node hands
+ * to its own site's fabric after decapsulation (the declared pod blocks of an unmanaged
+ * site, which the site's own network routes to whichever node holds the pod). Other
+ * decapsulated destinations must be local. */
+struct fabric_prefix_value {
+	__u32 flags;		/* none defined yet */
+};
+
+/* snat_exempt (LPM trie, key struct route_key): sources the peers route back to this
+ * node (its podCIDRs, its tunnel address, its site's declared pod blocks unless the
+ * Site asks for SNAT). A pod packet entering the tunnel from any other source is
+ * translated to config.tunnel_ip (return-path SNAT). */
+struct snat_exempt_value {
+	__u32 flags;		/* none defined yet */
+};
+
+/* nat (LRU hash): both directions of every translated flow. The original direction is
+ * keyed by the pod's tuple and maps to the translated source; the reply direction is
+ * keyed by the reply's tuple (remote -> tunnel address, translated port) and maps back
+ * to the pod. For ICMP echo the identifier is the port: sport = id, dport = 0 in the
+ * original key; sport = 0, dport = translated id in the reply key. */
+struct nat_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;		/* IPPROTO_TCP, IPPROTO_UDP, IPPROTO_ICMP */
+	__u8 pad[3];
+};
+
+struct nat_value {
+	__be32 addr;		/* the address to write: translated source, or the pod on replies */
+	__be16 port;		/* the port (or ICMP identifier) to write */
+	__u8 state;		/* NAT_STATE_* (TCP); timeouts follow it */
+	__u8 flags;		/* NAT_F_* */
+	__u64 last_seen;	/* bpf_ktime_get_ns() of the last packet either way */
+};
+
+#define NAT_F_REPLY		(1 << 0)	/* this entry is the reply direction */
+
+enum nat_state {
+	NAT_STATE_NEW		= 0,	/* first packet seen (TCP: SYN only) */
+	NAT_STATE_ESTABLISHED	= 1,	/* TCP: the reply came */
+	NAT_STATE_CLOSING	= 2,	/* TCP: FIN or RST seen */
 };
 
 /* peers (hash): underlay IPv4 of a peer -> what we know about it. Decapsulation drops
@@ -45,6 +106,9 @@ struct datapath_config {
 	__u8 overlay_mac[6];	/* isthmus0's MAC, the inner destination MAC for host traffic */
 	__u16 tunnel_mtu;	/* largest inner IPv4 packet that fits the tunnel (non-GSO) */
 	__u32 flags;		/* CFG_F_* */
+	__be32 tunnel_ip;	/* this node's tunnel address: the SNAT source; 0 = no SNAT */
+	__u16 snat_port_min;	/* host order: range for translated ports when the */
+	__u16 snat_port_max;	/* original one is taken */
 };
 
 /* pod_ifaces (hash): ifindex of each pod-facing host interface the agent attached to.
@@ -80,6 +144,11 @@ enum metric {
 	METRIC_DELIVER_POD	= 3,	/* redirected to a local pod interface */
 	METRIC_DELIVER_HOST	= 4,	/* handed to this node's stack through isthmus0 */
 	METRIC_FRAG_NEEDED_SENT	= 5,	/* too big for the tunnel, DF: answered with ICMP frag needed */
+	METRIC_DELIVER_FABRIC	= 6,	/* decapsulated and handed to the site fabric */
+	METRIC_SNAT		= 7,	/* source translated to the tunnel address */
+	METRIC_SNAT_REVERSE	= 8,	/* reply translated back to the pod */
+	METRIC_SNAT_NEW		= 9,	/* new translation (both directions) inserted */
+	METRIC_FABRIC_INGRESS	= 10,	/* overlay packet from the site fabric delivered to a pod */
 };
 
 /* Written by underlay_xdp in front of a frame it has popped (XDP metadata), read by

@@ -14,6 +14,12 @@ func (p *NodePlan) Clone() *NodePlan {
 		c.Peers[i].AllowedSources = slices.Clone(p.Peers[i].AllowedSources)
 	}
 	c.Routes = slices.Clone(p.Routes)
+	for i := range c.Routes {
+		c.Routes[i].Group = slices.Clone(p.Routes[i].Group)
+	}
+	c.SNAT.Exempt = slices.Clone(p.SNAT.Exempt)
+	c.FabricPrefixes = slices.Clone(p.FabricPrefixes)
+	c.LocalPrefixes = slices.Clone(p.LocalPrefixes)
 	c.Corrections = slices.Clone(p.Corrections)
 	for i := range c.Corrections {
 		c.Corrections[i].Kept = slices.Clone(p.Corrections[i].Kept)
@@ -30,9 +36,13 @@ func (p *NodePlan) Equal(q *NodePlan) bool {
 	}
 	return p.Node == q.Node && p.Site == q.Site && p.Underlay == q.Underlay &&
 		slices.Equal(p.PodCIDRs, q.PodCIDRs) && p.TunnelAddr == q.TunnelAddr &&
-		p.TunnelMTU == q.TunnelMTU &&
+		p.TunnelAddrOrigin == q.TunnelAddrOrigin && p.TunnelMTU == q.TunnelMTU &&
 		slices.EqualFunc(p.Peers, q.Peers, Peer.Equal) &&
-		slices.Equal(p.Routes, q.Routes) &&
+		slices.EqualFunc(p.Routes, q.Routes, Route.Equal) &&
+		p.SNAT.Addr == q.SNAT.Addr && p.SNAT.Reason == q.SNAT.Reason &&
+		slices.Equal(p.SNAT.Exempt, q.SNAT.Exempt) &&
+		slices.Equal(p.FabricPrefixes, q.FabricPrefixes) &&
+		slices.Equal(p.LocalPrefixes, q.LocalPrefixes) &&
 		slices.EqualFunc(p.Corrections, q.Corrections, Correction.Equal) &&
 		slices.Equal(p.Warnings, q.Warnings)
 }
@@ -40,7 +50,13 @@ func (p *NodePlan) Equal(q *NodePlan) bool {
 // Equal reports whether two peers are the same.
 func (a Peer) Equal(b Peer) bool {
 	return a.Name == b.Name && a.Site == b.Site && a.Underlay == b.Underlay &&
-		slices.Equal(a.AllowedSources, b.AllowedSources)
+		a.TunnelAddr == b.TunnelAddr && slices.Equal(a.AllowedSources, b.AllowedSources)
+}
+
+// Equal reports whether two routes are the same.
+func (a Route) Equal(b Route) bool {
+	return a.Prefix == b.Prefix && a.Peer == b.Peer && a.Via == b.Via && a.Origin == b.Origin &&
+		slices.Equal(a.Group, b.Group)
 }
 
 // Equal reports whether two corrections are the same.

@@ -22,6 +22,9 @@ type NodePlan struct {
 	// the tunnel leaves with it): the first address of its IPv4 podCIDR. Invalid
 	// (zero) when the node has none.
 	TunnelAddr netip.Addr `json:"tunnelAddr,omitzero"`
+	// TunnelAddrOrigin names where TunnelAddr came from: `Node "a1" spec.podCIDRs[0]`
+	// or `Node "aks-1" annotation isthmus.dev/tunnel-ipv4`.
+	TunnelAddrOrigin string `json:"tunnelAddrOrigin,omitempty"`
 	// TunnelMTU is the Site's spec.tunnelMTU, 0 when unset (the agent then uses
 	// the underlay MTU minus the 50 bytes of IPv4 GENEVE overhead).
 	TunnelMTU int `json:"tunnelMTU,omitempty"`
@@ -30,8 +33,20 @@ type NodePlan struct {
 	// Routes are the overlay prefixes and the peer each one goes to, sorted by
 	// prefix. No route contains a peer's underlay address.
 	Routes []Route `json:"routes"`
+	// SNAT is this node's return-path SNAT policy.
+	SNAT SNATPolicy `json:"snat"`
+	// FabricPrefixes are the inner destinations this node hands to its own site's
+	// fabric after decapsulation: its site's declared pod blocks when another CNI
+	// owns the pods (manageCniPlugin false) and the site's returnPath is Fabric.
+	// Sorted.
+	FabricPrefixes []netip.Prefix `json:"fabricPrefixes,omitempty"`
+	// LocalPrefixes are left to the site's own fabric and CNI on this node and never
+	// routed into the tunnel: the site's localCidrs, and its declared pod blocks when
+	// the CNI is unmanaged. Routes overlapping them are split (see Corrections).
+	// Sorted.
+	LocalPrefixes []netip.Prefix `json:"localPrefixes,omitempty"`
 	// Corrections report every route that was split because it contained a
-	// peer's underlay address.
+	// peer's underlay address or overlapped a LocalPrefix.
 	Corrections []Correction `json:"corrections,omitempty"`
 	// Warnings are problems that did not stop the plan (a peer without a
 	// podCIDR, say), one sentence each.
@@ -44,17 +59,53 @@ type Peer struct {
 	Site string `json:"site"`
 	// Underlay is the peer's tunnel endpoint (its InternalIP in mesh mode).
 	Underlay netip.Addr `json:"underlay"`
+	// TunnelAddr is the peer's tunnel address (zero if it has none); it is routed
+	// to the peer and allowed as a source from it.
+	TunnelAddr netip.Addr `json:"tunnelAddr,omitzero"`
 	// AllowedSources are the inner source prefixes decapsulation accepts from
-	// this peer, sorted.
+	// this peer, sorted: its podCIDRs, its tunnel address, and the declared pod
+	// blocks of its site when another CNI owns that site's pods.
 	AllowedSources []netip.Prefix `json:"allowedSources"`
+}
+
+// NextHop is one peer a route can go to.
+type NextHop struct {
+	Peer string     `json:"peer"`
+	Via  netip.Addr `json:"via"`
+}
+
+// SNATPolicy says which pod sources this node translates when they enter the
+// tunnel: every source outside Exempt is rewritten to Addr, with a connection
+// table entry so the reply finds its way back (return-path SNAT).
+type SNATPolicy struct {
+	// Addr is the translated source: the node's tunnel address. Invalid (zero)
+	// means no translation on this node; Reason then says why.
+	Addr netip.Addr `json:"addr,omitzero"`
+	// Exempt are the sources the peers route back to this node, sorted by prefix.
+	Exempt []ExemptSource `json:"exempt,omitempty"`
+	// Reason explains a disabled policy, e.g. the node has no tunnel address.
+	Reason string `json:"reason,omitempty"`
+}
+
+// ExemptSource is a source prefix that keeps its address in the tunnel.
+type ExemptSource struct {
+	Prefix netip.Prefix `json:"prefix"`
+	// Origin names the object and field it comes from.
+	Origin string `json:"origin"`
 }
 
 // Route sends an overlay prefix to a peer.
 type Route struct {
 	Prefix netip.Prefix `json:"prefix"`
-	// Peer is the name of the peer node and Via its underlay address.
-	Peer string     `json:"peer"`
-	Via  netip.Addr `json:"via"`
+	// Peer is the name of the peer node and Via its underlay address. Both are
+	// empty when Group is set.
+	Peer string     `json:"peer,omitempty"`
+	Via  netip.Addr `json:"via,omitzero"`
+	// Group, when set, lists the peers that can all deliver Prefix (the agent
+	// nodes of an unmanaged site, which hand it to their fabric): each flow goes to
+	// one of them by consistent hash, skipping members whose health checks fail.
+	// Sorted by peer name.
+	Group []NextHop `json:"group,omitempty"`
 	// Origin names the object and field that put the prefix here, such as
 	// `Node "b1" spec.podCIDRs[0]`.
 	Origin string `json:"origin"`
