@@ -63,7 +63,38 @@ type SiteSpec struct {
 	// +kubebuilder:validation:Minimum=576
 	// +kubebuilder:validation:Maximum=65535
 	TunnelMTU int32 `json:"tunnelMTU,omitempty"`
+
+	// ReturnPath says how replies reach pod sources in the site's declared pod
+	// blocks when another CNI owns the pods (manageCniPlugin false): Fabric (the
+	// default) keeps the sources, and remote sites route the blocks back into
+	// the site through its agent nodes; SNAT translates them to the node's
+	// tunnel address, for fabrics that cannot deliver a pod address arriving at
+	// any node. Ignored when isthmus manages the CNI.
+	//
+	// +optional
+	// +kubebuilder:default=Fabric
+	ReturnPath ReturnPath `json:"returnPath,omitempty"`
 }
+
+// ReturnPath is how replies find pod sources of a site whose pods another CNI
+// owns.
+//
+// +kubebuilder:validation:Enum=Fabric;SNAT
+type ReturnPath string
+
+const (
+	// ReturnPathFabric keeps pod sources: remote sites route the site's declared
+	// pod blocks to its agent nodes, which hand the packets to the site fabric.
+	ReturnPathFabric ReturnPath = "Fabric"
+	// ReturnPathSNAT translates every pod source of the site to the tunnel
+	// address of the node it leaves from.
+	ReturnPathSNAT ReturnPath = "SNAT"
+)
+
+// AnnotationTunnelIPv4 is the Node annotation that gives a node its tunnel
+// address (an IPv4 address, such as 100.64.0.4) when it has no IPv4 podCIDR to
+// take the first address of; it wins over the podCIDR when both exist.
+const AnnotationTunnelIPv4 = "isthmus.dev/tunnel-ipv4"
 
 // PodCIDRAssignment is one block of pod addresses of a site.
 type PodCIDRAssignment struct {
@@ -111,6 +142,16 @@ type NodeBlockSizes struct {
 // ManagesCNIPlugin reports spec.manageCniPlugin with its default (true) applied.
 func (s *SiteSpec) ManagesCNIPlugin() bool {
 	return s.ManageCNIPlugin == nil || *s.ManageCNIPlugin
+}
+
+// ReturnPathOrDefault reports spec.returnPath with its default (Fabric)
+// applied. It does not check the value: a Set from objects.Load holds only
+// Fabric or SNAT.
+func (s *SiteSpec) ReturnPathOrDefault() ReturnPath {
+	if s.ReturnPath == "" {
+		return ReturnPathFabric
+	}
+	return s.ReturnPath
 }
 
 // SiteList is a list of Sites.

@@ -15,6 +15,8 @@ func TestDefaults(t *testing.T) {
 	}{
 		{"manageCniPlugin unset", (&SiteSpec{}).ManagesCNIPlugin(), true},
 		{"manageCniPlugin false", (&SiteSpec{ManageCNIPlugin: &no}).ManagesCNIPlugin(), false},
+		{"returnPath unset", (&SiteSpec{}).ReturnPathOrDefault(), ReturnPathFabric},
+		{"returnPath SNAT", (&SiteSpec{ReturnPath: ReturnPathSNAT}).ReturnPathOrDefault(), ReturnPathSNAT},
 		{"meshNodes unset", (&SitePeeringSpec{}).MeshesNodes(), true},
 		{"meshNodes false", (&SitePeeringSpec{MeshNodes: &no}).MeshesNodes(), false},
 		{"meshNodes true", (&SitePeeringSpec{MeshNodes: &yes}).MeshesNodes(), true},
