@@ -17,9 +17,14 @@ const (
 	xdpPass       = 2
 )
 
-// flowSport is the Go twin of flow_sport in lib/hash.h: jhash_3words over the raw
-// (little-endian loaded, as on bpfel) source, destination and ports+protocol words.
+// flowSport is the Go twin of flow_sport in lib/hash.h.
 func flowSport(ip []byte) uint16 {
+	return 49152 + uint16(flowHash(ip)%16384)
+}
+
+// flowHash is the Go twin of flow_hash in lib/hash.h: jhash_3words over the raw
+// (little-endian loaded, as on bpfel) source, destination and ports+protocol words.
+func flowHash(ip []byte) uint32 {
 	const seed = 0x15743b5d
 	ihl := int(ip[0]&0x0f) * 4
 	proto := ip[9]
@@ -28,8 +33,7 @@ func flowSport(ip []byte) uint16 {
 	if (proto == 6 || proto == 17) && frag == 0 && len(ip) >= ihl+4 {
 		ports = binary.LittleEndian.Uint32(ip[ihl:])
 	}
-	h := jhash3(binary.LittleEndian.Uint32(ip[12:]), binary.LittleEndian.Uint32(ip[16:]), ports+uint32(proto), seed)
-	return 49152 + uint16(h%16384)
+	return jhash3(binary.LittleEndian.Uint32(ip[12:]), binary.LittleEndian.Uint32(ip[16:]), ports+uint32(proto), seed)
 }
 
 func rol32(x uint32, k uint) uint32 { return x<<k | x>>(32-k) }

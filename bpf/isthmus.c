@@ -2,7 +2,8 @@
 //go:build ignore
 
 /* isthmus datapath: GENEVE encapsulation (pod_ingress, overlay_egress) and
- * decapsulation (underlay_ingress, underlay_xdp). The logic lives in lib/; this file
+ * decapsulation (underlay_ingress, underlay_xdp), and delivery of overlay packets the
+ * site fabric hands over (underlay_ingress). The logic lives in lib/; this file
  * only wires it to the hooks. docs/architecture.md is the contract. */
 
 #include "lib/common.h"
@@ -51,6 +52,9 @@ int underlay_ingress(struct __sk_buff *skb)
 		ret = deliver_decapped(skb, cfg, HOOK_UNDERLAY_TC);
 	} else {
 		ret = tc_decap(skb, cfg, HOOK_UNDERLAY_TC);
+		/* Not GENEVE for us: maybe an overlay packet the site fabric delivers. */
+		if (ret == TC_ACT_OK)
+			ret = fabric_ingress(skb, cfg, HOOK_UNDERLAY_TC);
 	}
 	return ret < 0 ? tc_drop(skb, ret, HOOK_UNDERLAY_TC) : ret;
 }

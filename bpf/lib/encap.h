@@ -8,6 +8,7 @@
 #include "parse.h"
 #include "csum.h"
 #include "hash.h"
+#include "nexthop.h"
 #include "geneve.h"
 #include "fib.h"
 #include "icmp.h"
@@ -21,9 +22,10 @@
 #define ENCAP_PULL_L4	4
 
 /* Pushes outer IPv4/UDP/GENEVE/inner Ethernet in front of the inner IPv4 packet and
- * redirects to the underlay next hop of rt->peer. forward says whether this hop
- * forwards the inner packet (decrement its TTL; answer DF packets too large for the
- * tunnel with ICMP frag needed). Clamps the MSS of TCP SYNs to the tunnel MTU.
+ * redirects to the underlay next hop of the route's peer: rt->peer, or the member of
+ * its next-hop group the flow hashes to (DROP_NO_NEXTHOP if none is live). forward
+ * says whether this hop forwards the inner packet (decrement its TTL; answer DF
+ * packets too large for the tunnel with ICMP frag needed). Clamps the MSS of TCP SYNs to the tunnel MTU.
  * Returns TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_ENCAP (or
  * METRIC_FRAG_NEEDED_SENT for the ICMP reply). */
 static __always_inline int encap_geneve(struct __sk_buff *skb, const struct datapath_config *cfg,
@@ -36,11 +38,17 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 	struct udphdr *oudp;
 	struct genevehdr *gh;
 	struct bpf_fib_lookup p;
-	__be32 peer = rt->peer;
+	__u32 hash;
+	__be32 peer;
 	__u16 sport;
 	__u8 tos;
 	int rc;
 
+	/* One hash per packet: it picks the group member and the outer source port. */
+	hash = flow_hash(iph, l4, (void *)(long)skb->data_end);
+	peer = nexthop_select(rt, hash);
+	if (unlikely(!peer))
+		return DROP_NO_NEXTHOP;
 	if (forward && iph->ttl <= 1)
 		return DROP_TTL_EXCEEDED;
 	/* Path MTU, in the order of the kernel's ip_forward (TTL, then size, so the quote
@@ -56,7 +64,7 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 	}
 	if (forward)
 		ipv4_decrease_ttl(iph);
-	sport = flow_sport(iph, l4, (void *)(long)skb->data_end);
+	sport = flow_sport_of(hash);
 	tos = iph->tos;
 	/* Last use of iph and l4: the clamp may rewrite the packet. */
 	tcp_clamp_mss(skb, cfg->tunnel_mtu);

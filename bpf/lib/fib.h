@@ -6,6 +6,7 @@
 #include "maps.h"
 #include "metrics.h"
 #include "csum.h"
+#include "parse.h"
 
 #ifndef AF_INET
 #define AF_INET			2
@@ -79,8 +80,38 @@ static __always_inline int forward_to_pod(struct __sk_buff *skb, struct ethhdr *
 	return ret;
 }
 
+/* Forwards the decapsulated IPv4 packet iph of frame eth to the site fabric, toward
+ * the next hop that lookup p (verdict rc) found: TTL decremented, MACs from the lookup
+ * and bpf_redirect, or bpf_redirect_neigh while the neighbour is unresolved. No
+ * netfilter, no conntrack. Returns TC_ACT_REDIRECT or a negative DROP_*. Counts
+ * METRIC_DELIVER_FABRIC. */
+static __always_inline int forward_to_fabric(struct __sk_buff *skb, struct ethhdr *eth,
+					     struct iphdr *iph, struct bpf_fib_lookup *p, int rc,
+					     __u8 hook)
+{
+	int ret;
+
+	if (iph->ttl <= 1)
+		return DROP_TTL_EXCEEDED;
+	ipv4_decrease_ttl(iph);
+	ret = redirect_nexthop(eth, p, rc, 0);
+	if (ret < 0)
+		return ret;
+	metrics_count(METRIC_DELIVER_FABRIC, hook, skb->len);
+	return ret;
+}
+
+/* Returns 1 if daddr is in fabric_prefixes: this node hands it to its site's fabric. */
+static __always_inline int is_fabric_dest(__be32 daddr)
+{
+	struct route_key key = { .prefixlen = 32, .addr = daddr };
+
+	return bpf_map_lookup_elem(&fabric_prefixes, &key) != NULL;
+}
+
 /* Delivers a decapsulated frame [eth][IPv4] arriving on the underlay: to a local pod
- * (pod_ifaces) with bpf_redirect_peer, or to this host through isthmus0 ingress.
+ * (pod_ifaces) with bpf_redirect_peer, to this host through isthmus0 ingress, or, for
+ * a destination in fabric_prefixes whose next hop is elsewhere, to the site fabric.
  * Returns TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_DELIVER_*. */
 static __always_inline int deliver_decapped(struct __sk_buff *skb,
 					    const struct datapath_config *cfg, __u8 hook)
@@ -111,10 +142,59 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 		metrics_count(METRIC_DELIVER_HOST, hook, skb->len);
 		return TC_ACT_REDIRECT;
 	}
-	if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) ||
-	    !bpf_map_lookup_elem(&pod_ifaces, &p.ifindex))
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
 		return DROP_NOT_LOCAL;
+	if (!bpf_map_lookup_elem(&pod_ifaces, &p.ifindex)) {
+		/* Never back into the tunnel through isthmus0: that would loop. */
+		if (p.ifindex != cfg->overlay_ifindex && is_fabric_dest(iph->daddr))
+			return forward_to_fabric(skb, eth, iph, &p, rc, hook);
+		return DROP_NOT_LOCAL;
+	}
 	if (iph->ttl <= 1)
 		return DROP_TTL_EXCEEDED;
 	return forward_to_pod(skb, eth, iph, &p, rc, hook);
+}
+
+/* Fabric ingress: the site fabric hands this node a plain IPv4 packet on the underlay
+ * for a local pod, from a remote overlay source (another node of the site decapsulated
+ * it and delivered it by fabric). Strict rp_filter would drop it (the route back to
+ * the source is into isthmus0) and another CNI's netfilter rules would judge it, so it
+ * is delivered straight to the pod. Only a packet for a destination in
+ * fabric_prefixes, from a source in routes, whose FIB next hop is a pod interface,
+ * qualifies. Returns TC_ACT_REDIRECT, TC_ACT_OK for everything else (untouched; also
+ * for an expiring TTL, so the stack answers), or a negative DROP_*. Counts
+ * METRIC_FABRIC_INGRESS. The caller has made the IPv4 header linear. */
+static __always_inline int fabric_ingress(struct __sk_buff *skb,
+					  const struct datapath_config *cfg, __u8 hook)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct cursor c = { .pos = data, .end = data_end };
+	struct route_key key = { .prefixlen = 32 };
+	struct bpf_fib_lookup p;
+	struct ethhdr *eth;
+	struct iphdr *iph;
+	int rc;
+
+	if (parse_eth(&c, &eth) != ETH_P_IP)
+		return TC_ACT_OK;
+	if (parse_ipv4(&c, &iph) < 0)
+		return TC_ACT_OK;
+	/* Cheapest tests first: most underlay traffic is for this node itself. */
+	if (iph->daddr == cfg->underlay_ip || !is_fabric_dest(iph->daddr))
+		return TC_ACT_OK;
+	key.addr = iph->saddr;
+	if (!bpf_map_lookup_elem(&routes, &key))
+		return TC_ACT_OK;
+	rc = fib_lookup_v4(skb, &p, iph->saddr, iph->daddr, iph->tos, iph->protocol,
+			   skb->ifindex);
+	if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) ||
+	    !bpf_map_lookup_elem(&pod_ifaces, &p.ifindex) || iph->ttl <= 1)
+		return TC_ACT_OK;
+	ipv4_decrease_ttl(iph);
+	rc = redirect_nexthop(eth, &p, rc, 1);
+	if (rc < 0)
+		return rc;
+	metrics_count(METRIC_FABRIC_INGRESS, hook, skb->len);
+	return rc;
 }

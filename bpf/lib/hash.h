@@ -31,15 +31,15 @@ static __always_inline __u32 jhash_3words(__u32 a, __u32 b, __u32 c, __u32 initv
 	return c;
 }
 
-/* Returns the outer UDP source port (host order, SPORT_MIN..SPORT_MAX) for the inner
- * IPv4 packet at iph. The words are the raw (network order) addresses and, for TCP
- * and UDP when the packet is not a fragment, the raw 4 bytes of the two ports, added
- * to the protocol number. l4 must point just past the IPv4 header. */
-static __always_inline __u16 flow_sport(const struct iphdr *iph, const void *l4,
-					const void *data_end)
+/* Returns the flow hash of the inner IPv4 packet at iph: jhash_3words over the raw
+ * (network order) addresses and, for TCP and UDP when the packet is not a fragment,
+ * the raw 4 bytes of the two ports, added to the protocol number. l4 must point just
+ * past the IPv4 header. It picks both the outer UDP source port (flow_sport_of) and
+ * the member of a next-hop group (nexthop_select): compute it once per packet. */
+static __always_inline __u32 flow_hash(const struct iphdr *iph, const void *l4,
+				       const void *data_end)
 {
 	__u32 ports = 0;
-	__u32 h;
 
 	if ((iph->protocol == IPPROTO_TCP || iph->protocol == IPPROTO_UDP) &&
 	    !ipv4_is_fragment(iph)) {
@@ -48,6 +48,20 @@ static __always_inline __u16 flow_sport(const struct iphdr *iph, const void *l4,
 		if ((const void *)(p + 1) <= data_end)
 			ports = *p;
 	}
-	h = jhash_3words(iph->saddr, iph->daddr, ports + iph->protocol, FLOW_HASH_SEED);
+	return jhash_3words(iph->saddr, iph->daddr, ports + iph->protocol, FLOW_HASH_SEED);
+}
+
+/* Returns the outer UDP source port (host order, SPORT_MIN..SPORT_MAX) of a flow with
+ * hash h (flow_hash). */
+static __always_inline __u16 flow_sport_of(__u32 h)
+{
 	return SPORT_MIN + (__u16)(h % (SPORT_MAX - SPORT_MIN + 1));
+}
+
+/* Returns the outer UDP source port for the inner IPv4 packet at iph:
+ * flow_sport_of(flow_hash(...)). */
+static __always_inline __u16 flow_sport(const struct iphdr *iph, const void *l4,
+					const void *data_end)
+{
+	return flow_sport_of(flow_hash(iph, l4, data_end));
 }
