@@ -1,6 +1,7 @@
 package objects
 
 import (
+	"fmt"
 	"net/netip"
 
 	corev1 "k8s.io/api/core/v1"
@@ -95,4 +96,44 @@ func siteHolds(site *v1alpha1.Site, ip netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// TunnelAddrField is the path of the tunnel address annotation, for messages
+// and origins.
+var TunnelAddrField = fmt.Sprintf("metadata.annotations[%q]", v1alpha1.AnnotationTunnelIPv4)
+
+// TunnelAddr returns the node's tunnel address and the object and field it
+// comes from (`Node "aks-1" metadata.annotations["isthmus.dev/tunnel-ipv4"]`
+// or `Node "flex-1" spec.podCIDRs[0]`): the annotation isthmus.dev/tunnel-ipv4
+// when set, else the first host address of the node's IPv4 podCIDR. The
+// annotation wins because a user who writes one means it (a node of an
+// unmanaged site may carry a podCIDR its CNI never uses, as in seed 000). In a
+// Set from Load the annotation is outside every pod block and podCIDR, or is
+// the first address of the node's own podCIDR, so it is never an address a pod
+// may get. ok is false when the node has neither (or the annotation is not an
+// IPv4 address, which Load rejects).
+func TunnelAddr(node *corev1.Node) (addr netip.Addr, origin string, ok bool) {
+	if s, set := node.Annotations[v1alpha1.AnnotationTunnelIPv4]; set {
+		a, err := netip.ParseAddr(s)
+		if err != nil || !a.Is4() {
+			return netip.Addr{}, "", false
+		}
+		return a, fmt.Sprintf("Node %q %s", node.Name, TunnelAddrField), true
+	}
+	for _, f := range PodCIDRFields(node) {
+		if a, ok := firstHost(f.Prefix); ok {
+			return a, fmt.Sprintf("Node %q %s", node.Name, f.Field), true
+		}
+	}
+	return netip.Addr{}, "", false
+}
+
+// firstHost returns the address after the network address of an IPv4 prefix
+// (192.168.20.1 for 192.168.20.0/25); false for IPv6 and for a /32.
+func firstHost(p netip.Prefix) (netip.Addr, bool) {
+	a := p.Masked().Addr().Next()
+	if !p.Addr().Is4() || p.Bits() >= 32 || !p.Contains(a) {
+		return netip.Addr{}, false
+	}
+	return a, true
 }

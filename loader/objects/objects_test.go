@@ -42,6 +42,12 @@ status:
 `, name, podCIDRs, ip)
 }
 
+// tunnelNode is node with the tunnel address annotation set to tunnel.
+func tunnelNode(name, ip, podCIDRs, tunnel string) string {
+	return strings.Replace(node(name, ip, podCIDRs), "metadata: {name: "+name+"}",
+		fmt.Sprintf("metadata:\n  name: %s\n  annotations: {isthmus.dev/tunnel-ipv4: %q}", name, tunnel), 1)
+}
+
 func docs(d ...string) []byte { return []byte(strings.Join(d, "---\n")) }
 
 // validSites is a correct two-site topology the error cases start from.
@@ -231,6 +237,83 @@ status:
 			},
 		},
 		{
+			name:  "unknown returnPath",
+			files: map[string][]byte{"s.yaml": []byte(site("a", "10.1.0.0/24", "10.10.0.0/16") + "  manageCniPlugin: false\n  returnPath: Masquerade\n")},
+			want:  []string{`s.yaml: Site "a": spec.returnPath: unknown return path "Masquerade" (want Fabric or SNAT)`},
+		},
+		{
+			name: "tunnel annotation not an IPv4 address",
+			files: map[string][]byte{"s.yaml": validSites, "n.yaml": docs(
+				tunnelNode("a1", "10.1.0.1", "", "fd00::4"),
+				tunnelNode("a2", "10.1.0.2", "", "100.64.0.2/32"),
+				tunnelNode("a3", "10.1.0.3", "", "::ffff:100.64.0.3"),
+				tunnelNode("a4", "10.1.0.4", "", ""),
+			)},
+			want: []string{
+				`n.yaml: Node "a1": metadata.annotations["isthmus.dev/tunnel-ipv4"]: "fd00::4" is not an IPv4 address`,
+				`n.yaml: Node "a2": metadata.annotations["isthmus.dev/tunnel-ipv4"]: "100.64.0.2/32" is not an IPv4 address`,
+				`n.yaml: Node "a3": metadata.annotations["isthmus.dev/tunnel-ipv4"]: "::ffff:100.64.0.3" is not an IPv4 address`,
+				`n.yaml: Node "a4": metadata.annotations["isthmus.dev/tunnel-ipv4"]: "" is not an IPv4 address`,
+			},
+		},
+		{
+			name: "tunnel annotation not unicast",
+			files: map[string][]byte{"s.yaml": validSites, "n.yaml": docs(
+				tunnelNode("a1", "10.1.0.1", "", "0.0.0.0"),
+				tunnelNode("a2", "10.1.0.2", "", "127.0.0.2"),
+				tunnelNode("a3", "10.1.0.3", "", "224.0.0.3"),
+				tunnelNode("a4", "10.1.0.4", "", "169.254.0.4"),
+				tunnelNode("a5", "10.1.0.5", "", "255.255.255.255"),
+			)},
+			want: []string{
+				`n.yaml: Node "a1": metadata.annotations["isthmus.dev/tunnel-ipv4"]: 0.0.0.0 is not a unicast address a peer can route to`,
+				`n.yaml: Node "a2": metadata.annotations["isthmus.dev/tunnel-ipv4"]: 127.0.0.2 is not a unicast`,
+				`n.yaml: Node "a3": metadata.annotations["isthmus.dev/tunnel-ipv4"]: 224.0.0.3 is not a unicast`,
+				`n.yaml: Node "a4": metadata.annotations["isthmus.dev/tunnel-ipv4"]: 169.254.0.4 is not a unicast`,
+				`n.yaml: Node "a5": metadata.annotations["isthmus.dev/tunnel-ipv4"]: 255.255.255.255 is not a unicast`,
+			},
+		},
+		{
+			name: "tunnel address is an underlay address",
+			files: map[string][]byte{"s.yaml": validSites, "n.yaml": docs(
+				tunnelNode("a1", "10.1.0.1", "", "10.2.0.1"),
+				tunnelNode("a2", "10.1.0.2", "", "10.1.0.2"),
+				node("b1", "10.2.0.1", ""),
+				// b2's podCIDR starts at a1's underlay address.
+				node("b2", "10.2.0.2", "10.1.0.0/30"),
+			)},
+			want: []string{
+				`n.yaml: Node "a1": metadata.annotations["isthmus.dev/tunnel-ipv4"]: tunnel address 10.2.0.1 is an underlay address: Node "b1" status.addresses[0] 10.2.0.1 in n.yaml`,
+				`n.yaml: Node "a2": metadata.annotations["isthmus.dev/tunnel-ipv4"]: tunnel address 10.1.0.2 is an underlay address: Node "a2" status.addresses[0] 10.1.0.2 in n.yaml`,
+				`n.yaml: Node "b2": spec.podCIDRs[0]: tunnel address 10.1.0.1 (the first address of spec.podCIDRs[0]) is an underlay address: Node "a1" status.addresses[0] 10.1.0.1 in n.yaml`,
+			},
+		},
+		{
+			name: "tunnel address inside a podCIDR or a pod block",
+			files: map[string][]byte{"s.yaml": validSites, "n.yaml": docs(
+				node("b1", "10.2.0.1", "10.20.1.0/24"),
+				tunnelNode("a1", "10.1.0.1", "", "10.20.1.9"),
+				tunnelNode("a2", "10.1.0.2", "10.10.2.0/24", "10.10.2.7"),
+				tunnelNode("a3", "10.1.0.3", "", "10.10.200.1"),
+			)},
+			want: []string{
+				`n.yaml: Node "a1": metadata.annotations["isthmus.dev/tunnel-ipv4"]: tunnel address 10.20.1.9 is inside Node "b1" spec.podCIDRs[0] 10.20.1.0/24 in n.yaml`,
+				`n.yaml: Node "a2": metadata.annotations["isthmus.dev/tunnel-ipv4"]: tunnel address 10.10.2.7 is a pod address of the node's own spec.podCIDRs[0] 10.10.2.0/24: use 10.10.2.1 (its first address, the default) or an address outside every pod block`,
+				`n.yaml: Node "a3": metadata.annotations["isthmus.dev/tunnel-ipv4"]: tunnel address 10.10.200.1 is inside a pod block, where a pod may get it: Site "a" spec.podCidrAssignments[0].cidrBlocks[0] 10.10.0.0/16 in s.yaml`,
+			},
+		},
+		{
+			name: "tunnel addresses not unique",
+			files: map[string][]byte{"s.yaml": validSites, "n.yaml": docs(
+				node("b1", "10.2.0.1", "10.20.1.0/24"),
+				tunnelNode("a1", "10.1.0.1", "", "100.64.0.1"),
+				tunnelNode("a2", "10.1.0.2", "", "100.64.0.1"),
+			)},
+			want: []string{
+				`n.yaml: Node "a2": metadata.annotations["isthmus.dev/tunnel-ipv4"]: tunnel address 100.64.0.1 is also the tunnel address of Node "a1" metadata.annotations["isthmus.dev/tunnel-ipv4"] 100.64.0.1 in n.yaml`,
+			},
+		},
+		{
 			name: "every error at once",
 			files: map[string][]byte{
 				"s.yaml": docs(site("a", "10.1.0.0/33", "10.10.0.0/16"), peering("p", "a, zz")),
@@ -338,6 +421,75 @@ func TestLoadDirSeed000(t *testing.T) {
 	}
 	if got := len(set.NodesOf("cluster")); got != 2 {
 		t.Errorf("NodesOf(cluster) has %d nodes, want 2", got)
+	}
+	if a, _, ok := TunnelAddr(set.Node("aks-nodepool1-1")); !ok || a != netip.MustParseAddr("100.64.0.5") {
+		t.Errorf("tunnel address of aks-nodepool1-1 = %v %v, want 100.64.0.5", a, ok)
+	}
+}
+
+// TestLoadTunnelAddrValid loads tunnel addresses every rule accepts, so the
+// error cases above cannot pass by rejecting everything.
+func TestLoadTunnelAddrValid(t *testing.T) {
+	_, warnings, err := Load(map[string][]byte{"s.yaml": validSites, "n.yaml": docs(
+		tunnelNode("a1", "10.1.0.1", "10.10.1.0/24", "10.10.1.1"),
+		tunnelNode("a2", "10.1.0.2", "10.10.2.0/24", "100.64.0.2"),
+		tunnelNode("a3", "10.1.0.3", "", "100.64.0.3"),
+		node("b1", "10.2.0.1", "10.20.1.0/24"),
+	)})
+	if err != nil || len(warnings) != 0 {
+		t.Errorf("Load: %v, warnings %v", err, warnings)
+	}
+}
+
+func TestTunnelAddr(t *testing.T) {
+	set, _, err := Load(map[string][]byte{"s.yaml": validSites, "n.yaml": docs(
+		node("a1", "10.1.0.1", "10.10.1.0/24"),
+		tunnelNode("a2", "10.1.0.2", "10.10.2.0/24", "100.64.0.2"),
+		tunnelNode("a3", "10.1.0.3", "", "100.64.0.3"),
+		node("a4", "10.1.0.4", `"fd00:10:4::/64"`),
+		node("a5", "10.1.0.5", ""),
+		node("a6", "10.1.0.6", "10.10.6.0/32"),
+	)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, n := range set.Nodes {
+		a, origin, ok := TunnelAddr(&n)
+		got = append(got, fmt.Sprintf("%s %v %s %v", n.Name, a, origin, ok))
+	}
+	want := []string{
+		`a1 10.10.1.1 Node "a1" spec.podCIDRs[0] true`,
+		`a2 100.64.0.2 Node "a2" metadata.annotations["isthmus.dev/tunnel-ipv4"] true`,
+		`a3 100.64.0.3 Node "a3" metadata.annotations["isthmus.dev/tunnel-ipv4"] true`,
+		`a4 invalid IP  false`,
+		`a5 invalid IP  false`,
+		`a6 invalid IP  false`,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("TunnelAddr (-want +got):\n%s", diff)
+	}
+}
+
+func TestLoadReturnPath(t *testing.T) {
+	set, warnings, err := Load(map[string][]byte{"s.yaml": docs(
+		site("a", "10.1.0.0/24", "10.10.0.0/16")+"  manageCniPlugin: false\n  returnPath: SNAT\n",
+		site("b", "10.2.0.0/24", "10.20.0.0/16")+"  returnPath: SNAT\n",
+		site("c", "10.3.0.0/24", "10.30.0.0/16")+"  manageCniPlugin: false\n  returnPath: Fabric\n",
+	)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, w := range warnings {
+		got = append(got, w.String())
+	}
+	want := []string{`s.yaml: Site "b": spec.returnPath: SNAT has no effect while manageCniPlugin is true: every pod source is in a node's podCIDR, which peers route back`}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("warnings (-want +got):\n%s", diff)
+	}
+	if a, c := set.Site("a").Spec.ReturnPathOrDefault(), set.Site("c").Spec.ReturnPathOrDefault(); a != "SNAT" || c != "Fabric" {
+		t.Errorf("returnPath a, c = %s, %s, want SNAT, Fabric", a, c)
 	}
 }
 

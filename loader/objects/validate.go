@@ -83,6 +83,7 @@ func (l *loader) validate() {
 			}
 		}
 	}
+	l.checkTunnelAddrs(podCIDRs, cidrBlocks)
 }
 
 func checkDuplicates[T any](l *loader, entries []entry[T], name func(*T) string) {
@@ -121,6 +122,12 @@ func (l *loader) validateSite(e entry[v1alpha1.Site]) (nodeCIDRs, cidrBlocks []f
 	}
 	normalizeCIDRs(l, e.file, e.label, "spec.localCidrs", spec.LocalCIDRs)
 	normalizeCIDRs(l, e.file, e.label, "spec.nonMasqueradeCIDRs", spec.NonMasqueradeCIDRs)
+	switch rp := spec.ReturnPath; {
+	case rp != "" && rp != v1alpha1.ReturnPathFabric && rp != v1alpha1.ReturnPathSNAT:
+		l.errorf(e.file, e.label, "spec.returnPath", "unknown return path %q (want Fabric or SNAT)", rp)
+	case rp == v1alpha1.ReturnPathSNAT && spec.ManagesCNIPlugin():
+		l.warnf(e.file, e.label, "spec.returnPath", "SNAT has no effect while manageCniPlugin is true: every pod source is in a node's podCIDR, which peers route back")
+	}
 	if mtu := spec.TunnelMTU; mtu != 0 && (mtu < 576 || mtu > 65535) {
 		l.errorf(e.file, e.label, "spec.tunnelMTU", "%d is out of range (576-65535, or 0 for automatic)", mtu)
 	}
