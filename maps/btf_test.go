@@ -74,6 +74,19 @@ func TestTypesMatchBTF(t *testing.T) {
 		{MapConfig, uint32(0), DatapathConfig{}},
 		{MapPodIfaces, uint32(0), PodIfaceValue{}},
 		{MapMetrics, MetricsKey{}, MetricsValue{}},
+		{MapNexthopGroups, uint32(0), NexthopGroupValue{}},
+		{MapFabricPrefixes, RouteKey{}, FabricPrefixValue{}},
+		{MapSNATExempt, RouteKey{}, SNATExemptValue{}},
+		{MapNat, NatKey{}, NatValue{}},
+	}
+	if len(cases) != len(AllMaps) {
+		t.Errorf("%d maps checked, AllMaps has %d: add the new one here", len(cases), len(AllMaps))
+	}
+	if n := len(NexthopGroupValue{}.Slots); n != NHGSlots {
+		t.Errorf("struct nexthop_group has %d slots, NHGSlots is %d", n, NHGSlots)
+	}
+	if ms := spec.Maps[string(MapNexthopGroups)]; ms == nil || ms.MaxEntries != MaxGroupID+1 {
+		t.Errorf("nexthop_groups spec %+v, want %d entries (MaxGroupID+1)", ms, MaxGroupID+1)
 	}
 	for _, c := range cases {
 		ms, ok := spec.Maps[string(c.m)]

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/cilium/ebpf"
 )
@@ -49,6 +50,8 @@ func (c Change) String() string {
 // Describe renders a kernel key (and value, unless nil) of map m as text:
 // "routes 10.1.0.0/24 -> 172.16.2.11", "peers 172.16.2.11",
 // "peer_sources 172.16.2.11 10.1.0.0/24", "pod_ifaces 7",
+// "routes 10.0.2.0/23 -> group 1", "nexthop_groups 1 live=2 172.16.2.11:30 172.16.2.12:34"
+// (slots per member), "fabric_prefixes 10.0.2.0/23", "snat_exempt 10.1.0.0/24",
 // "config vni=1 underlay=172.16.1.10 ...".
 func Describe(m Name, key, value any) string {
 	s := newState()
@@ -65,6 +68,9 @@ func Describe(m Name, key, value any) string {
 			if keyOnly {
 				return fmt.Sprintf("routes %v", p)
 			}
+			if r.Group != 0 {
+				return fmt.Sprintf("routes %v -> group %d%s", p, r.Group, flags(r.Flags))
+			}
 			return fmt.Sprintf("routes %v -> %v%s", p, r.Peer, flags(r.Flags))
 		}
 	case MapPeers:
@@ -79,12 +85,50 @@ func Describe(m Name, key, value any) string {
 		for i, p := range s.PodIfaces {
 			return fmt.Sprintf("pod_ifaces %d%s", i, flags(p.Flags))
 		}
+	case MapNexthopGroups:
+		id, _ := key.(uint32)
+		g := s.Groups[id]
+		if keyOnly {
+			return fmt.Sprintf("nexthop_groups %d", id)
+		}
+		return fmt.Sprintf("nexthop_groups %d live=%d%s", id, g.Live, slotCounts(g))
+	case MapFabricPrefixes:
+		for p := range s.FabricPrefixes {
+			return fmt.Sprintf("fabric_prefixes %v", p)
+		}
+	case MapSNATExempt:
+		for p := range s.SNATExempt {
+			return fmt.Sprintf("snat_exempt %v", p)
+		}
 	case MapConfig:
 		c := s.Config
-		return fmt.Sprintf("config vni=%d underlay=%v underlay_ifindex=%d overlay_ifindex=%d overlay_mac=%v tunnel_mtu=%d%s",
+		out := fmt.Sprintf("config vni=%d underlay=%v underlay_ifindex=%d overlay_ifindex=%d overlay_mac=%v tunnel_mtu=%d%s",
 			c.VNI, c.UnderlayIP, c.UnderlayIfindex, c.OverlayIfindex, net.HardwareAddr(c.OverlayMAC[:]), c.TunnelMTU, flags(c.Flags))
+		if c.TunnelIP.IsValid() {
+			out += fmt.Sprintf(" tunnel_ip=%v", c.TunnelIP)
+		}
+		if c.SNATPortMin != 0 || c.SNATPortMax != 0 {
+			out += fmt.Sprintf(" snat_ports=%d-%d", c.SNATPortMin, c.SNATPortMax)
+		}
+		return out
 	}
 	return string(m)
+}
+
+// slotCounts renders how many slots each member of g owns: " 172.16.2.11:30 ...",
+// members in address order.
+func slotCounts(g NexthopGroup) string {
+	n := map[netip.Addr]int{}
+	for _, a := range g.Slots {
+		if a.IsValid() {
+			n[a]++
+		}
+	}
+	var b strings.Builder
+	for _, a := range sortedKeys(n, cmpAddr) {
+		fmt.Fprintf(&b, " %v:%d", a, n[a])
+	}
+	return b.String()
 }
 
 func flags(f uint32) string {
@@ -106,15 +150,23 @@ func zeroValue(m Name) any {
 		return PodIfaceValue{}
 	case MapConfig:
 		return DatapathConfig{}
+	case MapNexthopGroups:
+		return NexthopGroupValue{}
+	case MapFabricPrefixes:
+		return FabricPrefixValue{}
+	case MapSNATExempt:
+		return SNATExemptValue{}
 	}
 	return nil
 }
 
 // Diff returns the changes that turn current into desired: every update first
-// (config, peers, peer_sources, pod_ifaces, routes: a route is only written once its
-// peer is accepted), then every delete in the reverse order, each map's entries in
+// (config, peers, peer_sources, pod_ifaces, fabric_prefixes, snat_exempt,
+// nexthop_groups, routes: a route is only written once its peer is accepted and
+// its group filled), then every delete in the reverse order, each map's entries in
 // key order. Entries equal in both are not touched. The config entry is never
-// deleted, only overwritten.
+// deleted, only overwritten. A nexthop_groups delete (an array entry) means writing
+// the zero entry; Set.Delete does that. Only the groups that changed are written.
 func Diff(current, desired State) []Change {
 	var updates, deletes []Change
 	if current.Config != desired.Config {
@@ -136,16 +188,46 @@ func Diff(current, desired State) []Change {
 			updates = append(updates, Change{OpUpdate, MapPodIfaces, i, PodIfaceValue{Flags: desired.PodIfaces[i].Flags}})
 		}
 	}
+	for _, p := range sortedKeys(desired.FabricPrefixes, cmpPrefix) {
+		if _, ok := current.FabricPrefixes[p]; !ok {
+			updates = append(updates, Change{OpUpdate, MapFabricPrefixes, RouteKeyFromPrefix(p), FabricPrefixValue{}})
+		}
+	}
+	for _, p := range sortedKeys(desired.SNATExempt, cmpPrefix) {
+		if _, ok := current.SNATExempt[p]; !ok {
+			updates = append(updates, Change{OpUpdate, MapSNATExempt, RouteKeyFromPrefix(p), SNATExemptValue{}})
+		}
+	}
+	for _, id := range sortedKeys(desired.Groups, cmp.Compare[uint32]) {
+		if g := desired.Groups[id]; current.Groups[id] != g {
+			updates = append(updates, Change{OpUpdate, MapNexthopGroups, id, g.toKernel()})
+		}
+	}
 	for _, p := range sortedKeys(desired.Routes, cmpPrefix) {
 		r := desired.Routes[p]
 		if v, ok := current.Routes[p]; !ok || v != r {
-			updates = append(updates, Change{OpUpdate, MapRoutes, RouteKeyFromPrefix(p), RouteValue{Peer: AddrToBE32(r.Peer), Flags: r.Flags}})
+			updates = append(updates, Change{OpUpdate, MapRoutes, RouteKeyFromPrefix(p), RouteValue{Peer: AddrToBE32(r.Peer), Flags: r.Flags, Group: r.Group}})
 		}
 	}
 
 	for _, p := range sortedKeys(current.Routes, cmpPrefix) {
 		if _, ok := desired.Routes[p]; !ok {
 			deletes = append(deletes, Change{Op: OpDelete, Map: MapRoutes, Key: RouteKeyFromPrefix(p)})
+		}
+	}
+	for _, id := range sortedKeys(current.Groups, cmp.Compare[uint32]) {
+		if _, ok := desired.Groups[id]; !ok && !current.Groups[id].IsZero() {
+			deletes = append(deletes, Change{Op: OpDelete, Map: MapNexthopGroups, Key: id})
+		}
+	}
+	for _, p := range sortedKeys(current.SNATExempt, cmpPrefix) {
+		if _, ok := desired.SNATExempt[p]; !ok {
+			deletes = append(deletes, Change{Op: OpDelete, Map: MapSNATExempt, Key: RouteKeyFromPrefix(p)})
+		}
+	}
+	for _, p := range sortedKeys(current.FabricPrefixes, cmpPrefix) {
+		if _, ok := desired.FabricPrefixes[p]; !ok {
+			deletes = append(deletes, Change{Op: OpDelete, Map: MapFabricPrefixes, Key: RouteKeyFromPrefix(p)})
 		}
 	}
 	for _, i := range sortedKeys(current.PodIfaces, cmp.Compare[uint32]) {

@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"net/netip"
 	"os"
 	"testing"
 
@@ -111,5 +112,63 @@ func TestKernelReadMetricsSumsCPUs(t *testing.T) {
 	}
 	if k.Name() != "unknown_peer" || !k.IsDrop() {
 		t.Fatalf("code 137 names %q (drop %v), want unknown_peer", k.Name(), k.IsDrop())
+	}
+}
+
+// TestKernelGroupsAndPrefixes: next-hop groups, fabric_prefixes and snat_exempt
+// through real maps; a group removed is the zero array entry, read back as absent.
+func TestKernelGroupsAndPrefixes(t *testing.T) {
+	s := newKernelSet(t)
+	n := testNode()
+	n.SNATPortMin, n.SNATPortMax = 61000, 65535
+	want, _ := FromPlan(unmanagedPlan(), n)
+	if _, err := Apply(s, Diff(State{}, want)); err != nil {
+		t.Fatalf("apply: %v", err)
+	}
+	got, err := s.Read()
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	if !got.Equal(want) {
+		t.Fatalf("kernel maps hold %+v\nwant %+v", got, want)
+	}
+	var rv RouteValue
+	if err := s.Map(MapRoutes).Lookup(RouteKey{Prefixlen: 32, Addr: AddrToBE32(addr("10.0.3.200"))}, &rv); err != nil || rv.Group != 1 || rv.Peer != 0 {
+		t.Fatalf("10.0.3.200 routes to %+v (%v), want group 1 and no peer", rv, err)
+	}
+	var gv NexthopGroupValue
+	if err := s.Map(MapNexthopGroups).Lookup(uint32(1), &gv); err != nil || gv.Live != 3 || BE32ToAddr(gv.Slots[5]) != want.Groups[1].Slots[5] {
+		t.Fatalf("group 1 = %+v (%v)", gv, err)
+	}
+	var fv FabricPrefixValue
+	if err := s.Map(MapFabricPrefixes).Lookup(RouteKey{Prefixlen: 32, Addr: AddrToBE32(addr("10.0.11.9"))}, &fv); err != nil {
+		t.Fatalf("fabric lookup 10.0.11.9: %v", err)
+	}
+	var cfg DatapathConfig
+	if err := s.Map(MapConfig).Lookup(uint32(0), &cfg); err != nil || BE32ToAddr(cfg.TunnelIp) != addr("10.0.1.1") || cfg.SnatPortMin != 61000 || cfg.SnatPortMax != 65535 {
+		t.Fatalf("config = %+v (%v)", cfg, err)
+	}
+
+	// Every group member down, and then the state cleared.
+	n.Down = map[netip.Addr]bool{m1: true, m2: true, m3: true, m4: true}
+	down, _ := FromPlan(unmanagedPlan(), n)
+	res, err := Apply(s, Diff(got, down))
+	if err != nil {
+		t.Fatalf("apply all down: %v", err)
+	}
+	if res.Updated != 0 || res.Deleted != 2 {
+		t.Errorf("all down wrote %d updates %d deletes, want the 2 groups zeroed", res.Updated, res.Deleted)
+	}
+	if err := s.Map(MapNexthopGroups).Lookup(uint32(1), &gv); err != nil || gv != (NexthopGroupValue{}) {
+		t.Fatalf("group 1 after all down = %+v (%v), want the zero entry", gv, err)
+	}
+	if got, err = s.Read(); err != nil || !got.Equal(down) {
+		t.Fatalf("read after all down: %v\n%+v\nwant %+v", err, got, down)
+	}
+	if _, err := Apply(s, Diff(got, State{})); err != nil {
+		t.Fatalf("apply empty: %v", err)
+	}
+	if got, err = s.Read(); err != nil || !got.Equal(State{}) {
+		t.Fatalf("after clearing maps hold %+v (%v)", got, err)
 	}
 }

@@ -4,9 +4,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -306,7 +308,228 @@ func randomStates(n int) []State {
 		for range r.IntN(3) {
 			s.PodIfaces[uint32(10+r.IntN(4))] = PodIface{}
 		}
+		for id := range uint32(r.IntN(3)) {
+			var live []netip.Addr
+			for k := range 1 + r.IntN(3) {
+				live = append(live, netip.AddrFrom4([4]byte{172, 16, 3, byte(10 + k + r.IntN(2))}))
+			}
+			s.Groups[id+1] = Rendezvous(live)
+			s.Routes[netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(2 * id), 0}), 23)] = Route{Group: id + 1}
+		}
+		for range r.IntN(3) {
+			s.FabricPrefixes[netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(10 + r.IntN(3)), 0}), 24)] = struct{}{}
+			s.SNATExempt[netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 1, byte(r.IntN(3)), 0}), 24)] = struct{}{}
+		}
+		if i%3 == 0 {
+			s.Config.TunnelIP = addr("10.0.1.1")
+			s.Config.SNATPortMin, s.Config.SNATPortMax = 61000, 65535
+		}
 		out = append(out, s)
 	}
 	return out
+}
+
+var (
+	m1 = addr("172.16.3.11")
+	m2 = addr("172.16.3.12")
+	m3 = addr("172.16.3.13")
+	m4 = addr("172.16.4.11")
+)
+
+// unmanagedPlan is node a1's plan with two unmanaged remote sites (10.0.2.0/23 and
+// 10.0.6.0/24 through c1..c3, 10.8.0.0/16 through d1), its own fabric block and
+// an SNAT policy.
+func unmanagedPlan() *plan.NodePlan {
+	p := testPlan()
+	p.Peers = append(p.Peers,
+		plan.Peer{Name: "c1", Underlay: m1, TunnelAddr: addr("10.250.0.1"), AllowedSources: []netip.Prefix{pfx("10.0.2.0/23"), pfx("10.250.0.1/32")}},
+		plan.Peer{Name: "c2", Underlay: m2, TunnelAddr: addr("10.250.0.2"), AllowedSources: []netip.Prefix{pfx("10.0.2.0/23"), pfx("10.250.0.2/32")}},
+		plan.Peer{Name: "c3", Underlay: m3, TunnelAddr: addr("10.250.0.3"), AllowedSources: []netip.Prefix{pfx("10.0.2.0/23"), pfx("10.250.0.3/32")}},
+		plan.Peer{Name: "d1", Underlay: m4, TunnelAddr: addr("10.251.0.1"), AllowedSources: []netip.Prefix{pfx("10.8.0.0/16")}},
+	)
+	c := []plan.NextHop{{Peer: "c1", Via: m1}, {Peer: "c2", Via: m2}, {Peer: "c3", Via: m3}}
+	p.Routes = append(p.Routes,
+		plan.Route{Prefix: pfx("10.0.2.0/23"), Group: c},
+		// The same members in another order: the same group.
+		plan.Route{Prefix: pfx("10.0.6.0/24"), Group: []plan.NextHop{c[2], c[0], c[1]}},
+		plan.Route{Prefix: pfx("10.8.0.0/16"), Group: []plan.NextHop{{Peer: "d1", Via: m4}}},
+		plan.Route{Prefix: pfx("10.250.0.1/32"), Peer: "c1", Via: m1},
+	)
+	p.FabricPrefixes = []netip.Prefix{pfx("10.0.10.0/23")}
+	p.SNAT = plan.SNATPolicy{Addr: addr("10.0.1.1"), Exempt: []plan.ExemptSource{
+		{Prefix: pfx("10.0.1.0/24"), Origin: "podCIDR"}, {Prefix: pfx("10.0.10.0/23"), Origin: "declared"},
+	}}
+	return p
+}
+
+func TestFromPlanUnmanaged(t *testing.T) {
+	n := testNode()
+	n.SNATPortMin, n.SNATPortMax = 61000, 65535
+	got, warnings := FromPlan(unmanagedPlan(), n)
+	if len(warnings) != 3 {
+		t.Errorf("warnings %q, want only the 3 IPv6 ones", warnings)
+	}
+	// Groups are numbered in the order of their sorted member lists.
+	for p, want := range map[string]Route{
+		"10.0.2.0/23":   {Group: 1},
+		"10.0.6.0/24":   {Group: 1},
+		"10.8.0.0/16":   {Group: 2},
+		"10.250.0.1/32": {Peer: m1},
+	} {
+		if r := got.Routes[pfx(p)]; r != want {
+			t.Errorf("route %s = %+v, want %+v", p, r, want)
+		}
+	}
+	if g := got.Groups[1]; g != Rendezvous([]netip.Addr{m1, m2, m3}) || g.Live != 3 {
+		t.Errorf("group 1 = %+v, want Rendezvous of c1..c3", g)
+	}
+	if g := got.Groups[2]; g != Rendezvous([]netip.Addr{m4}) || g.Slots[17] != m4 {
+		t.Errorf("group 2 = %+v, want every slot on d1", g)
+	}
+	if len(got.Groups) != 2 {
+		t.Errorf("groups %v, want ids 1 and 2", got.Groups)
+	}
+	if !maps.Equal(got.FabricPrefixes, map[netip.Prefix]struct{}{pfx("10.0.10.0/23"): {}}) {
+		t.Errorf("fabric prefixes %v", got.FabricPrefixes)
+	}
+	if !maps.Equal(got.SNATExempt, map[netip.Prefix]struct{}{pfx("10.0.1.0/24"): {}, pfx("10.0.10.0/23"): {}}) {
+		t.Errorf("snat exempt %v", got.SNATExempt)
+	}
+	if c := got.Config; c.TunnelIP != addr("10.0.1.1") || c.SNATPortMin != 61000 || c.SNATPortMax != 65535 {
+		t.Errorf("config tunnel_ip %v ports %d-%d", c.TunnelIP, c.SNATPortMin, c.SNATPortMax)
+	}
+
+	// c2 down: group 1 loses c2's slots only, ids stay; d1 down: group 2 is empty
+	// (zero entry), its route stays and points at it.
+	n.Down = map[netip.Addr]bool{m2: true, m4: true}
+	down, _ := FromPlan(unmanagedPlan(), n)
+	if g := down.Groups[1]; g != Rendezvous([]netip.Addr{m1, m3}) || g.Live != 2 {
+		t.Errorf("group 1 with c2 down = %+v", g)
+	}
+	if _, ok := down.Groups[2]; ok || down.Routes[pfx("10.8.0.0/16")] != (Route{Group: 2}) {
+		t.Errorf("group 2 with d1 down: entry %v route %+v; want no entry, route kept", down.Groups[2], down.Routes[pfx("10.8.0.0/16")])
+	}
+}
+
+func TestRendezvous(t *testing.T) {
+	all := []netip.Addr{m1, m2, m3, m4}
+	g := Rendezvous(all)
+	if g.Live != 4 {
+		t.Fatalf("live = %d", g.Live)
+	}
+	count := map[netip.Addr]int{}
+	for _, a := range g.Slots {
+		count[a]++
+	}
+	for _, m := range all {
+		if count[m] < NHGSlots/len(all)/2 {
+			t.Errorf("member %v owns %d of %d slots: not spread (%v)", m, count[m], NHGSlots, count)
+		}
+	}
+	// Order and duplicates do not matter.
+	if Rendezvous([]netip.Addr{m4, m2, m1, m3, m2}) != g {
+		t.Error("Rendezvous depends on the order of its input")
+	}
+	// Removing any one member moves exactly its slots, to the others.
+	for _, gone := range all {
+		var rest []netip.Addr
+		for _, m := range all {
+			if m != gone {
+				rest = append(rest, m)
+			}
+		}
+		h := Rendezvous(rest)
+		if h.Live != 3 {
+			t.Errorf("without %v live = %d", gone, h.Live)
+		}
+		for s := range NHGSlots {
+			switch {
+			case g.Slots[s] == gone && h.Slots[s] == gone:
+				t.Errorf("without %v: slot %d still on it", gone, s)
+			case g.Slots[s] != gone && h.Slots[s] != g.Slots[s]:
+				t.Errorf("without %v: slot %d moved from %v to %v", gone, s, g.Slots[s], h.Slots[s])
+			}
+		}
+		// And adding it back restores the group exactly.
+		if Rendezvous(append(rest, gone)) != g {
+			t.Errorf("re-adding %v does not restore the slots", gone)
+		}
+	}
+	if !Rendezvous(nil).IsZero() || !Rendezvous([]netip.Addr{addr("fd00::1")}).IsZero() {
+		t.Error("no IPv4 member must give the zero group")
+	}
+}
+
+func TestGroupIDsAreStable(t *testing.T) {
+	a := []netip.Addr{m1, m2}
+	b := []netip.Addr{m4}
+	ids := groupIDs([][]netip.Addr{b, a, a})
+	if ids[memberKey(a)] != 1 || ids[memberKey(b)] != 2 || len(ids) != 2 {
+		t.Fatalf("ids %v, want a=1 b=2", ids)
+	}
+	// A set that sorts after the others leaves their ids alone.
+	c := []netip.Addr{addr("172.16.9.1")}
+	ids2 := groupIDs([][]netip.Addr{a, b, c})
+	if ids2[memberKey(a)] != 1 || ids2[memberKey(b)] != 2 || ids2[memberKey(c)] != 3 {
+		t.Fatalf("ids %v after adding c", ids2)
+	}
+}
+
+// TestApplyTranscriptGroups: a member going down rewrites only its group entry; a
+// group going away is zeroed after its routes are gone.
+func TestApplyTranscriptGroups(t *testing.T) {
+	f := newFake()
+	n := testNode()
+	n.SNATPortMin, n.SNATPortMax = 61000, 65535
+	s1, _ := FromPlan(unmanagedPlan(), n)
+	sync(t, f, s1)
+	got := f.take()
+	g1 := "update nexthop_groups 1 live=3" + slotCounts(s1.Groups[1])
+	want := []string{
+		"update config vni=7 underlay=172.16.1.10 underlay_ifindex=2 overlay_ifindex=5 overlay_mac=02:00:00:00:00:05 tunnel_mtu=1450 tunnel_ip=10.0.1.1 snat_ports=61000-65535",
+		"update peers 172.16.2.11",
+		"update peers 172.16.2.12",
+		"update peers 172.16.3.11",
+		"update peers 172.16.3.12",
+		"update peers 172.16.3.13",
+		"update peers 172.16.4.11",
+	}
+	if diff := cmp.Diff(want, got[:len(want)]); diff != "" {
+		t.Fatalf("first sync transcript head (-want +got):\n%s", diff)
+	}
+	tail := []string{
+		"update fabric_prefixes 10.0.10.0/23",
+		"update snat_exempt 10.0.1.0/24",
+		"update snat_exempt 10.0.10.0/23",
+		g1,
+		"update nexthop_groups 2 live=1 172.16.4.11:64",
+		"update routes 10.0.2.0/23 -> group 1",
+		"update routes 10.0.6.0/24 -> group 1",
+		"update routes 10.1.0.0/24 -> 172.16.2.11",
+		"update routes 10.1.1.0/24 -> 172.16.2.12",
+		"update routes 10.8.0.0/16 -> group 2",
+		"update routes 10.250.0.1/32 -> 172.16.3.11",
+	}
+	if diff := cmp.Diff(tail, got[len(got)-len(tail):]); diff != "" {
+		t.Fatalf("first sync transcript tail (-want +got):\n%s", diff)
+	}
+
+	n.Down = map[netip.Addr]bool{m2: true}
+	s2, _ := FromPlan(unmanagedPlan(), n)
+	sync(t, f, s2)
+	if diff := cmp.Diff([]string{"update nexthop_groups 1 live=2" + slotCounts(s2.Groups[1])}, f.take()); diff != "" {
+		t.Fatalf("member down transcript (-want +got):\n%s", diff)
+	}
+
+	// d1's site goes away: routes first, then the group entry is zeroed.
+	p := unmanagedPlan()
+	p.Routes = slices.DeleteFunc(p.Routes, func(r plan.Route) bool { return r.Prefix == pfx("10.8.0.0/16") })
+	s3, _ := FromPlan(p, n)
+	sync(t, f, s3)
+	if diff := cmp.Diff([]string{"delete routes 10.8.0.0/16", "delete nexthop_groups 2"}, f.take()); diff != "" {
+		t.Fatalf("group removal transcript (-want +got):\n%s", diff)
+	}
+	if !f.state(t).Equal(s3) {
+		t.Fatal("fake does not hold the desired state")
+	}
 }

@@ -69,11 +69,15 @@ func (s *Set) Update(n Name, key, value any) error {
 }
 
 // Delete removes one entry; a missing entry returns an error wrapping
-// ebpf.ErrKeyNotExist (Apply treats it as success).
+// ebpf.ErrKeyNotExist (Apply treats it as success). In nexthop_groups, an array
+// whose entries always exist, it writes the zero entry instead.
 func (s *Set) Delete(n Name, key any) error {
 	m := s.maps[n]
 	if m == nil {
 		return fmt.Errorf("delete %s: no such map", n)
+	}
+	if n == MapNexthopGroups {
+		return m.Update(key, NexthopGroupValue{}, ebpf.UpdateExist)
 	}
 	return m.Delete(key)
 }
@@ -92,6 +96,15 @@ func (s *Set) Read() (State, error) {
 		return st, err
 	}
 	if err := readMap[uint32, PodIfaceValue](s, MapPodIfaces, &st); err != nil {
+		return st, err
+	}
+	if err := readMap[uint32, NexthopGroupValue](s, MapNexthopGroups, &st); err != nil {
+		return st, err
+	}
+	if err := readMap[RouteKey, FabricPrefixValue](s, MapFabricPrefixes, &st); err != nil {
+		return st, err
+	}
+	if err := readMap[RouteKey, SNATExemptValue](s, MapSNATExempt, &st); err != nil {
 		return st, err
 	}
 	var cfg DatapathConfig

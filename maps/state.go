@@ -5,25 +5,38 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"slices"
 
 	"github.com/isthmus-dev/isthmus/loader/plan"
 )
 
 // State is the contents of the datapath's writable maps as plain data: what a node
-// should hold (FromPlan) or what it holds (Set.Read). The metrics map is not part
-// of it. The zero State is empty; Diff treats nil maps as empty.
+// should hold (FromPlan) or what it holds (Set.Read). The metrics and nat maps are
+// not part of it (the datapath writes them). The zero State is empty; Diff treats
+// nil maps as empty.
 type State struct {
 	Routes      map[netip.Prefix]Route
 	Peers       map[netip.Addr]Peer
 	PeerSources map[PeerSource]struct{}
 	PodIfaces   map[uint32]PodIface
-	Config      Config
+	// Groups are the nexthop_groups entries by id that have a live member; an id
+	// missing here is the zero entry.
+	Groups map[uint32]NexthopGroup
+	// FabricPrefixes are the fabric_prefixes entries: inner destinations handed to
+	// the site fabric after decapsulation.
+	FabricPrefixes map[netip.Prefix]struct{}
+	// SNATExempt are the snat_exempt entries: pod sources that keep their address
+	// in the tunnel.
+	SNATExempt map[netip.Prefix]struct{}
+	Config     Config
 }
 
-// Route is the value of a routes entry: the peer that owns the prefix.
+// Route is the value of a routes entry: the peer that owns the prefix, or (Group
+// not 0) the next-hop group whose members share it.
 type Route struct {
 	Peer  netip.Addr
 	Flags uint32
+	Group uint32
 }
 
 // Peer is the value of a peers entry.
@@ -52,6 +65,12 @@ type Config struct {
 	OverlayMAC      [6]byte
 	TunnelMTU       uint16
 	Flags           uint32
+	// TunnelIP is the node's tunnel address, the return-path SNAT source; invalid
+	// means no SNAT.
+	TunnelIP netip.Addr
+	// SNATPortMin and SNATPortMax bound the ports SNAT picks when a flow's own
+	// port is taken.
+	SNATPortMin, SNATPortMax uint16
 }
 
 // NodeConfig carries what the datapath needs that the plan does not know: facts of
@@ -64,16 +83,24 @@ type NodeConfig struct {
 	TunnelMTU       int
 	// PodIfindexes are the pod-facing interfaces the agent has attached to.
 	PodIfindexes []int
+	// SNATPortMin and SNATPortMax are the SNAT port range (--snat-ports).
+	SNATPortMin, SNATPortMax uint16
+	// Down are the next-hop group members (underlay addresses) whose health
+	// checks fail: they own no slot. nil means every member is up.
+	Down map[netip.Addr]bool
 }
 
 // Clone returns a deep copy of s.
 func (s State) Clone() State {
 	return State{
-		Routes:      maps.Clone(s.Routes),
-		Peers:       maps.Clone(s.Peers),
-		PeerSources: maps.Clone(s.PeerSources),
-		PodIfaces:   maps.Clone(s.PodIfaces),
-		Config:      s.Config,
+		Routes:         maps.Clone(s.Routes),
+		Peers:          maps.Clone(s.Peers),
+		PeerSources:    maps.Clone(s.PeerSources),
+		PodIfaces:      maps.Clone(s.PodIfaces),
+		Groups:         maps.Clone(s.Groups),
+		FabricPrefixes: maps.Clone(s.FabricPrefixes),
+		SNATExempt:     maps.Clone(s.SNATExempt),
+		Config:         s.Config,
 	}
 }
 
@@ -81,20 +108,25 @@ func (s State) Clone() State {
 func (s State) Equal(o State) bool {
 	return maps.Equal(s.Routes, o.Routes) && maps.Equal(s.Peers, o.Peers) &&
 		maps.Equal(s.PeerSources, o.PeerSources) && maps.Equal(s.PodIfaces, o.PodIfaces) &&
-		s.Config == o.Config
+		maps.Equal(s.Groups, o.Groups) && maps.Equal(s.FabricPrefixes, o.FabricPrefixes) &&
+		maps.Equal(s.SNATExempt, o.SNATExempt) && s.Config == o.Config
 }
 
 // Len is the number of entries in s, the config entry included.
 func (s State) Len() int {
-	return len(s.Routes) + len(s.Peers) + len(s.PeerSources) + len(s.PodIfaces) + 1
+	return len(s.Routes) + len(s.Peers) + len(s.PeerSources) + len(s.PodIfaces) +
+		len(s.Groups) + len(s.FabricPrefixes) + len(s.SNATExempt) + 1
 }
 
 func newState() State {
 	return State{
-		Routes:      map[netip.Prefix]Route{},
-		Peers:       map[netip.Addr]Peer{},
-		PeerSources: map[PeerSource]struct{}{},
-		PodIfaces:   map[uint32]PodIface{},
+		Routes:         map[netip.Prefix]Route{},
+		Peers:          map[netip.Addr]Peer{},
+		PeerSources:    map[PeerSource]struct{}{},
+		PodIfaces:      map[uint32]PodIface{},
+		Groups:         map[uint32]NexthopGroup{},
+		FabricPrefixes: map[netip.Prefix]struct{}{},
+		SNATExempt:     map[netip.Prefix]struct{}{},
 	}
 }
 
@@ -102,6 +134,13 @@ func newState() State {
 // It is a pure function. The datapath is IPv4 only: IPv6 routes, peers and sources
 // are left out, each with a warning in the returned slice. A nil plan gives a State
 // with only the node's config and pod interfaces.
+//
+// A route with a Group goes to a next-hop group: one id per distinct set of member
+// underlay addresses, numbered 1, 2, ... in the sorted order of the sets (groupIDs),
+// whose slots are spread over the members not in node.Down by Rendezvous. A group
+// whose members are all down has no entry (the zero entry: the datapath drops with
+// DROP_NO_NEXTHOP). config.tunnel_ip is p.SNAT.Addr, the SNAT port range comes from
+// node, fabric_prefixes from p.FabricPrefixes and snat_exempt from p.SNAT.Exempt.
 func FromPlan(p *plan.NodePlan, node NodeConfig) (State, []string) {
 	s := newState()
 	var warnings []string
@@ -110,6 +149,8 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (State, []string) {
 		UnderlayIfindex: uint32(node.UnderlayIfindex),
 		OverlayIfindex:  uint32(node.OverlayIfindex),
 		TunnelMTU:       uint16(min(max(node.TunnelMTU, 0), 0xffff)),
+		SNATPortMin:     node.SNATPortMin,
+		SNATPortMax:     node.SNATPortMax,
 	}
 	copy(s.Config.OverlayMAC[:], node.OverlayMAC)
 	for _, ifindex := range node.PodIfindexes {
@@ -139,16 +180,91 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (State, []string) {
 			s.PeerSources[PeerSource{Peer: u, Src: src}] = struct{}{}
 		}
 	}
-	for _, r := range p.Routes {
-		via := r.Via.Unmap()
-		if !r.Prefix.Addr().Unmap().Is4() || !via.Is4() {
-			warnings = append(warnings, fmt.Sprintf("route %v via %v (%s): not IPv4, skipped", r.Prefix, r.Via, r.Peer))
+	if a := p.SNAT.Addr.Unmap(); a.Is4() {
+		s.Config.TunnelIP = a
+	} else if a.IsValid() {
+		warnings = append(warnings, fmt.Sprintf("SNAT address %v is not IPv4: no return-path SNAT", a))
+	}
+	for _, e := range p.SNAT.Exempt {
+		if pr, ok := prefix4(e.Prefix); ok {
+			s.SNATExempt[pr] = struct{}{}
+		} else {
+			warnings = append(warnings, fmt.Sprintf("SNAT exempt source %v (%s): not IPv4, skipped", e.Prefix, e.Origin))
+		}
+	}
+	for _, fp := range p.FabricPrefixes {
+		if pr, ok := prefix4(fp); ok {
+			s.FabricPrefixes[pr] = struct{}{}
+		} else {
+			warnings = append(warnings, fmt.Sprintf("fabric prefix %v: not IPv4, skipped", fp))
+		}
+	}
+
+	// Member sets first: group ids depend on all of them.
+	members := make([][]netip.Addr, len(p.Routes))
+	var sets [][]netip.Addr
+	for i, r := range p.Routes {
+		if len(r.Group) == 0 {
 			continue
 		}
-		prefix := netip.PrefixFrom(r.Prefix.Addr().Unmap(), r.Prefix.Bits()).Masked()
-		s.Routes[prefix] = Route{Peer: via}
+		for _, nh := range r.Group {
+			if v := nh.Via.Unmap(); v.Is4() {
+				members[i] = append(members[i], v)
+			} else {
+				warnings = append(warnings, fmt.Sprintf("route %v: group member %s via %v is not IPv4, left out", r.Prefix, nh.Peer, nh.Via))
+			}
+		}
+		slices.SortFunc(members[i], cmpAddr)
+		members[i] = slices.Compact(members[i])
+		if len(members[i]) > 0 {
+			sets = append(sets, members[i])
+		}
+	}
+	ids := groupIDs(sets)
+	for i, r := range p.Routes {
+		prefix, ok := prefix4(r.Prefix)
+		if len(r.Group) == 0 {
+			via := r.Via.Unmap()
+			if !ok || !via.Is4() {
+				warnings = append(warnings, fmt.Sprintf("route %v via %v (%s): not IPv4, skipped", r.Prefix, r.Via, r.Peer))
+				continue
+			}
+			s.Routes[prefix] = Route{Peer: via}
+			continue
+		}
+		if !ok || len(members[i]) == 0 {
+			warnings = append(warnings, fmt.Sprintf("route %v to a group: not IPv4, skipped", r.Prefix))
+			continue
+		}
+		id, ok := ids[memberKey(members[i])]
+		if !ok {
+			warnings = append(warnings, fmt.Sprintf("route %v: more than %d next-hop groups, skipped", r.Prefix, MaxGroupID))
+			continue
+		}
+		s.Routes[prefix] = Route{Group: id}
+		if _, done := s.Groups[id]; done {
+			continue
+		}
+		var live []netip.Addr
+		for _, m := range members[i] {
+			if !node.Down[m] {
+				live = append(live, m)
+			}
+		}
+		if g := Rendezvous(live); !g.IsZero() {
+			s.Groups[id] = g
+		}
 	}
 	return s, warnings
+}
+
+// prefix4 returns p masked, with its address unmapped, and whether it is IPv4.
+func prefix4(p netip.Prefix) (netip.Prefix, bool) {
+	a := p.Addr().Unmap()
+	if !a.Is4() {
+		return netip.Prefix{}, false
+	}
+	return netip.PrefixFrom(a, p.Bits()).Masked(), true
 }
 
 // toKernel returns the config map value of c.
@@ -161,6 +277,9 @@ func (c Config) toKernel() DatapathConfig {
 		OverlayMac:      c.OverlayMAC,
 		TunnelMtu:       c.TunnelMTU,
 		Flags:           c.Flags,
+		TunnelIp:        AddrToBE32(c.TunnelIP),
+		SnatPortMin:     c.SNATPortMin,
+		SnatPortMax:     c.SNATPortMax,
 	}
 }
 
@@ -172,9 +291,14 @@ func configFromKernel(k DatapathConfig) Config {
 		OverlayMAC:      k.OverlayMac,
 		TunnelMTU:       k.TunnelMtu,
 		Flags:           k.Flags,
+		SNATPortMin:     k.SnatPortMin,
+		SNATPortMax:     k.SnatPortMax,
 	}
 	if k.UnderlayIp != 0 {
 		c.UnderlayIP = BE32ToAddr(k.UnderlayIp)
+	}
+	if k.TunnelIp != 0 {
+		c.TunnelIP = BE32ToAddr(k.TunnelIp)
 	}
 	return c
 }
@@ -189,7 +313,37 @@ func (s *State) insert(m Name, key, value any) error {
 		if !ok1 || !ok2 {
 			break
 		}
-		s.Routes[PrefixFromRouteKey(k)] = Route{Peer: BE32ToAddr(v.Peer), Flags: v.Flags}
+		r := Route{Flags: v.Flags, Group: v.Group}
+		if v.Peer != 0 || v.Group == 0 {
+			r.Peer = BE32ToAddr(v.Peer)
+		}
+		s.Routes[PrefixFromRouteKey(k)] = r
+		return nil
+	case MapNexthopGroups:
+		k, ok1 := key.(uint32)
+		v, ok2 := value.(NexthopGroupValue)
+		if !ok1 || !ok2 {
+			break
+		}
+		if g := groupFromKernel(v); !g.IsZero() {
+			s.Groups[k] = g
+		} else {
+			delete(s.Groups, k)
+		}
+		return nil
+	case MapFabricPrefixes:
+		k, ok := key.(RouteKey)
+		if !ok {
+			break
+		}
+		s.FabricPrefixes[PrefixFromRouteKey(k)] = struct{}{}
+		return nil
+	case MapSNATExempt:
+		k, ok := key.(RouteKey)
+		if !ok {
+			break
+		}
+		s.SNATExempt[PrefixFromRouteKey(k)] = struct{}{}
 		return nil
 	case MapPeers:
 		k, ok1 := key.(uint32)

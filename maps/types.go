@@ -29,6 +29,13 @@ type (
 	PodIfaceValue   = bpf.IsthmusPodIfaceValue
 	MetricsKey      = bpf.IsthmusMetricsKey
 	MetricsValue    = bpf.IsthmusMetricsValue
+	// NexthopGroupValue is struct nexthop_group (the Go name NexthopGroup is the
+	// plain-data form).
+	NexthopGroupValue = bpf.IsthmusNexthopGroup
+	FabricPrefixValue = bpf.IsthmusFabricPrefixValue
+	SNATExemptValue   = bpf.IsthmusSnatExemptValue
+	NatKey            = bpf.IsthmusNatKey
+	NatValue          = bpf.IsthmusNatValue
 )
 
 // Name is the name of a pinned map, as in the C source and under the pin directory.
@@ -42,10 +49,19 @@ const (
 	MapConfig      Name = "config"
 	MapPodIfaces   Name = "pod_ifaces"
 	MapMetrics     Name = "metrics"
+	// MapNexthopGroups is an array: an entry is never deleted, only zeroed.
+	MapNexthopGroups  Name = "nexthop_groups"
+	MapFabricPrefixes Name = "fabric_prefixes"
+	MapSNATExempt     Name = "snat_exempt"
+	// MapNat is the return-path SNAT connection table. The datapath owns its
+	// entries: it is pinned but never part of a State, and its size is set at load
+	// time (loader/datapath).
+	MapNat Name = "nat"
 )
 
 // AllMaps lists every map the datapath pins, in a stable order.
-var AllMaps = []Name{MapRoutes, MapPeers, MapPeerSources, MapConfig, MapPodIfaces, MapMetrics}
+var AllMaps = []Name{MapRoutes, MapPeers, MapPeerSources, MapConfig, MapPodIfaces, MapMetrics,
+	MapNexthopGroups, MapFabricPrefixes, MapSNATExempt, MapNat}
 
 // AddrToBE32 returns the __be32 form of an IPv4 address: a uint32 whose in-memory
 // bytes are the address in network order. An invalid or IPv6 address gives 0.
