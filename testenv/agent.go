@@ -35,7 +35,7 @@ func (l *Lab) AgentArgs(node string, extra []string) []string {
 		"--objects", l.ObjectsDir(),
 		"--underlay-dev", UnderlayDev,
 		"--pin-dir", l.PinDir(node),
-		"--pod-interfaces", PodIfacePattern,
+		"--pod-interfaces", l.Scenario.PodInterfaces(),
 		"--ready-file", l.readyFile(node),
 	}
 	if l.Scenario.Decap != "" {

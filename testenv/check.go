@@ -39,6 +39,12 @@ type Probe struct {
 	Err string
 	// Saw is the source address the destination's server reported (TCP, UDP).
 	Saw netip.Addr
+	// Want is the source address the server had to report: the source pod's
+	// own, or its node's tunnel address when return-path SNAT translates it
+	// (Scenario.Expectations).
+	Want netip.Addr
+	// Translated says Want is not the source pod's own address.
+	Translated bool
 	// Attempts is how many tries it took (or were made).
 	Attempts int
 }
@@ -107,7 +113,16 @@ func (m *Matrix) String() string {
 		b.WriteString("\n")
 	}
 	fails := m.Failures()
-	fmt.Fprintf(&b, "cells: icmp tcp udp, + ok, x failed; %d probes, %d failed\n", len(m.Probes), len(fails))
+	fmt.Fprintf(&b, "cells: icmp tcp udp, + ok, x failed, . not probed (no path by design); %d probes, %d failed\n", len(m.Probes), len(fails))
+	var translated []string
+	for _, p := range m.Probes {
+		if p.Proto == TCP && p.Translated {
+			translated = append(translated, fmt.Sprintf("%s->%s as %s", p.Src, p.Dst, p.Want))
+		}
+	}
+	if len(translated) > 0 {
+		fmt.Fprintf(&b, "translated sources (return-path SNAT), seen as: %s\n", strings.Join(translated, ", "))
+	}
 	for _, f := range fails {
 		fmt.Fprintf(&b, "FAIL %s -> %s %s after %d attempts: %s\n", f.Src, f.Dst, f.Proto, f.Attempts, f.Err)
 	}
@@ -124,23 +139,24 @@ type CheckOptions struct {
 	Parallel int
 }
 
-// Check probes every ordered pair of distinct pods with ICMP echo, TCP and UDP.
-// TCP and UDP servers in the destination pod report the source address they
-// saw, which must be the source pod's own. The error is non-nil when any probe
-// failed (the matrix says which) or the check could not run.
+// Check probes with ICMP echo, TCP and UDP every ordered pair of distinct pods
+// that should talk (Scenario.Expectations: every pair, unless unmanaged pods
+// outside any routed block or unpeered sites are involved). TCP and UDP
+// servers in the destination pod report the source address they saw, which
+// must be the one the expectation names: the source pod's own, or its node's
+// tunnel address for a source that return-path SNAT translates. The error is
+// non-nil when any probe failed (the matrix says which) or the check could not
+// run.
 func (l *Lab) Check(ctx context.Context) (*Matrix, error) {
 	var pairs [][2]string
-	for _, s := range l.Scenario.Pods() {
-		for _, d := range l.Scenario.Pods() {
-			if s.Name != d.Name {
-				pairs = append(pairs, [2]string{s.Name, d.Name})
-			}
-		}
+	for _, e := range l.Scenario.Expectations() {
+		pairs = append(pairs, [2]string{e.Src, e.Dst})
 	}
 	return l.CheckPairs(ctx, pairs, CheckOptions{})
 }
 
-// CheckPairs probes the given (source, destination) pod pairs; see Check.
+// CheckPairs probes the given (source, destination) pod pairs; see Check. A
+// pair without an expectation must see the source pod's own address.
 func (l *Lab) CheckPairs(ctx context.Context, pairs [][2]string, opts CheckOptions) (*Matrix, error) {
 	if opts.Timeout == 0 {
 		opts.Timeout = time.Second
@@ -191,7 +207,10 @@ func (l *Lab) CheckPairs(ctx context.Context, pairs [][2]string, opts CheckOptio
 				defer wg.Done()
 				sem <- struct{}{}
 				defer func() { <-sem }()
-				p := Probe{Src: src.Name, Dst: dst.Name, Proto: proto}
+				p := Probe{Src: src.Name, Dst: dst.Name, Proto: proto, Want: src.Address}
+				if e, ok := l.Scenario.Expect(src.Name, dst.Name); ok {
+					p.Want, p.Translated = e.Saw, e.Saw != src.Address
+				}
 				for p.Attempts < opts.Attempts && ctx.Err() == nil {
 					p.Attempts++
 					var err error
@@ -203,8 +222,12 @@ func (l *Lab) CheckPairs(ctx context.Context, pairs [][2]string, opts CheckOptio
 					case UDP:
 						p.Saw, err = UDPEcho(l.PodNS(src.Name), netip.AddrPortFrom(dst.Address, srv.UDPPort), opts.Timeout)
 					}
-					if err == nil && proto != ICMP && p.Saw != src.Address {
-						err = fmt.Errorf("server saw source %s, want the pod's own %s", p.Saw, src.Address)
+					if err == nil && proto != ICMP && p.Saw != p.Want {
+						if p.Want == src.Address {
+							err = fmt.Errorf("server saw source %s, want the pod's own %s", p.Saw, src.Address)
+						} else {
+							err = fmt.Errorf("server saw source %s, want %s (the tunnel address of node %s: the pod is translated)", p.Saw, p.Want, src.Node)
+						}
 					}
 					if err == nil {
 						p.OK, p.Err = true, ""

@@ -26,7 +26,8 @@ const (
 	NSPrefix = "isl-"
 	// UnderlayDev is each node's underlay interface and each pod's interface.
 	UnderlayDev = "eth0"
-	// PodIfacePattern matches the host side of every pod veth (pod-<pod>).
+	// PodIfacePattern matches the host side of every managed pod's veth
+	// (pod-<pod>); see HostVeth and UnmanagedIfacePattern for the others.
 	PodIfacePattern = "pod-*"
 	// PodGateway is the pods' next hop, answered by the host side of the veth
 	// through a permanent neighbour entry, as Calico and Cilium do.
@@ -109,9 +110,6 @@ func (l *Lab) PodNS(pod string) string { return NSName(l.Name, pod) }
 // place to capture that node's underlay traffic (in RouterNS). Its MAC is the
 // gateway MAC the node's frames to other hosts carry.
 func RouterPort(node string) string { return "n-" + node }
-
-// HostVeth returns the host side of a pod's veth on its node.
-func HostVeth(pod string) string { return "pod-" + pod }
 
 // Pod returns the named pod.
 func (l *Lab) Pod(name string) (PodRef, bool) { return l.Scenario.pod(name) }
@@ -201,6 +199,12 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 		}
 		if err := l.nodeRules(ctx, n); err != nil {
 			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
+	if sc.Underlay.Firewall {
+		l.logf("lab %s: firewall between sites", l.Name)
+		if err := l.buildFirewall(ctx); err != nil {
+			return err
 		}
 	}
 	switch l.Datapath {
@@ -303,6 +307,10 @@ func (l *Lab) buildNode(n NodeRef) error {
 	}); err != nil {
 		return err
 	}
+	// The port's device group names the node's site, for the firewall.
+	if err := rt.LinkSetGroup(rport, int(l.Scenario.siteGroup(n.Site.Name))); err != nil {
+		return fmt.Errorf("set group of %s: %w", port, err)
+	}
 	if err := linkUp(rt, port); err != nil {
 		return err
 	}
@@ -361,7 +369,7 @@ func (l *Lab) buildPod(n NodeRef, p Pod) error {
 	defer h.Close()
 	defer nsh.Close()
 	mtu := p.mtu(l.Scenario.Underlay)
-	host := HostVeth(p.Name)
+	host := HostVeth(p)
 	if err := node.LinkAdd(&netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: host, MTU: mtu},
 		PeerName:      UnderlayDev,

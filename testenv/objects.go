@@ -14,8 +14,9 @@ import (
 const APIVersion = "isthmus.dev/v1alpha1"
 
 type objectMeta struct {
-	Name   string            `json:"name"`
-	Labels map[string]string `json:"labels,omitempty"`
+	Name        string            `json:"name"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Annotations map[string]string `json:"annotations,omitempty"`
 }
 
 type object struct {
@@ -43,7 +44,8 @@ type nodeStatus struct {
 // ObjectFiles renders the scenario's objects: file name -> multi-document YAML.
 // sites.yaml holds the Sites given as specs and every site's raw objects,
 // peerings.yaml the SitePeerings, nodes.yaml one core v1 Node per node (InternalIP,
-// Hostname, podCIDR and podCIDRs), extra.yaml the scenario's further objects.
+// Hostname, podCIDR and podCIDRs, labels, annotations), extra.yaml the scenario's
+// further objects.
 func (s *Scenario) ObjectFiles() (map[string][]byte, error) {
 	files := map[string][]byte{}
 	var sites []string
@@ -89,7 +91,7 @@ func (s *Scenario) ObjectFiles() (map[string][]byte, error) {
 			spec.PodCIDRs = append(spec.PodCIDRs, c.String())
 		}
 		doc, err := yaml.Marshal(object{APIVersion: "v1", Kind: "Node",
-			Metadata: objectMeta{Name: n.Name, Labels: n.Labels},
+			Metadata: objectMeta{Name: n.Name, Labels: n.Labels, Annotations: n.Annotations},
 			Spec:     spec,
 			Status: nodeStatus{Addresses: []nodeAddress{
 				{Type: "InternalIP", Address: n.Address.String()},

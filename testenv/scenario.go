@@ -55,6 +55,12 @@ type Scenario struct {
 type Underlay struct {
 	// MTU of every underlay link; default 1500.
 	MTU int `json:"mtu,omitempty"`
+	// Firewall makes the router a stateful firewall between sites: traffic
+	// between two ports of one site passes (the site's own fabric), between
+	// sites only node-to-node tunnel traffic (UDP 6081, or 4789 for the VXLAN
+	// baseline) and ICMP, and replies to it; everything else is dropped and
+	// counted (FirewallDrops).
+	Firewall bool `json:"firewall,omitempty"`
 }
 
 // NodeDefaults are per-node settings applied unless a node overrides them.
@@ -100,6 +106,9 @@ type Node struct {
 	PodCIDRs []netip.Prefix `json:"podCIDRs,omitempty"`
 	// Labels become the Node's labels.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Annotations become the Node's annotations, for example
+	// isthmus.dev/tunnel-ipv4 for a node without a podCIDR.
+	Annotations map[string]string `json:"annotations,omitempty"`
 	// CNILeftovers overrides Defaults.CNILeftovers for this node.
 	CNILeftovers *bool `json:"cniLeftovers,omitempty"`
 	// Pods are the node's pods.
@@ -107,13 +116,14 @@ type Node struct {
 }
 
 // Pod is one pod: a namespace with eth0 (address/32) wired to the node by a veth
-// whose host side is pod-<name>.
+// whose host side is HostVeth: pod-<name>, or azv-<name> for an unmanaged pod.
 type Pod struct {
 	Name    string     `json:"name"`
 	Address netip.Addr `json:"address"`
 	// Unmanaged marks a pod addressed by another CNI from a site-wide pool: its
-	// address need not be in the node's podCIDRs, and the underlay routes it to
-	// the node.
+	// address need not be in the node's podCIDRs, the underlay routes it (/32) to
+	// the node, and its host veth is named as Azure CNI names them (azv-<name>),
+	// outside the pattern of isthmus' own pods.
 	Unmanaged bool `json:"unmanaged,omitempty"`
 	// MTU of the pod's veth (both ends); default underlay MTU - 50 (GeneveOverhead).
 	// The underlay MTU itself stands for a pod of another CNI that knows nothing of
@@ -365,6 +375,11 @@ func (s *Scenario) validate() error {
 			if err := claimAddr(n.Address, "node "+n.Name); err != nil {
 				return fmt.Errorf("%s: %w", nwhere, err)
 			}
+			if v, ok := n.Annotations[TunnelAnnotation]; ok {
+				if a, err := netip.ParseAddr(v); err != nil || !a.Is4() {
+					return fmt.Errorf("%s: annotation %s %q: want an IPv4 address", nwhere, TunnelAnnotation, v)
+				}
+			}
 			for k, p := range n.PodCIDRs {
 				if p != p.Masked() {
 					return fmt.Errorf("%s: podCIDRs[%d] %s is not canonical (want %s)", nwhere, k, p, p.Masked())
@@ -501,7 +516,10 @@ func (s *Scenario) PodBlocks() []netip.Prefix {
 
 // manifest is the head of one YAML document.
 type manifest struct {
-	Kind string          `json:"kind"`
+	Kind     string `json:"kind"`
+	Metadata struct {
+		Name string `json:"name"`
+	} `json:"metadata"`
 	Spec json.RawMessage `json:"spec"`
 	Raw  []byte          `json:"-"`
 }

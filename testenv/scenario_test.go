@@ -215,7 +215,7 @@ func TestNames(t *testing.T) {
 		}
 	}
 	for _, p := range sc.Pods() {
-		if h := HostVeth(p.Name); len(h) > 15 || !strings.HasPrefix(h, "pod-") {
+		if h := HostVeth(p.Pod); len(h) > 15 || !strings.HasPrefix(h, "pod-") {
 			t.Errorf("host veth %q: want pod-* within 15 characters", h)
 		}
 	}
@@ -243,5 +243,111 @@ func TestMatrixString(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("matrix lacks %q:\n%s", want, got)
 		}
+	}
+}
+
+// TestSeed000Scenario: the seed's topology parses, its objects carry the seed's
+// manifests and the tunnel annotations, and the expectations derived from it say
+// which pairs talk and which source each destination sees.
+func TestSeed000Scenario(t *testing.T) {
+	sc, err := LoadScenario("seed000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sc.Underlay.Firewall {
+		t.Error("seed000: firewall off, want on")
+	}
+	var got []string
+	for _, e := range sc.Expectations() {
+		got = append(got, e.Src+">"+e.Dst+"="+e.Saw.String())
+	}
+	want := []string{
+		"aks1-p1>aks1-ext=10.0.2.128", "aks1-p1>aks2-p1=10.0.2.128", "aks1-p1>flex-p1=10.0.2.128",
+		"aks1-ext>aks1-p1=10.0.4.10", "aks1-ext>aks2-p1=10.0.4.10", "aks1-ext>flex-p1=100.64.0.4",
+		"aks2-p1>aks1-p1=10.0.2.200", "aks2-p1>aks1-ext=10.0.2.200", "aks2-p1>flex-p1=10.0.2.200",
+		// Nothing routes the undeclared 10.0.4.10 to the flex site: no flex-p1>aks1-ext.
+		"flex-p1>aks1-p1=192.168.20.6", "flex-p1>aks2-p1=192.168.20.6",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("expectations (-want +got):\n%s", diff)
+	}
+	if !sc.translated("aks1-ext") || sc.translated("aks1-p1") || sc.translated("flex-p1") {
+		t.Error("translated: want aks1-ext only")
+	}
+	if got := sc.PodInterfaces(); got != "pod-*,azv*" {
+		t.Errorf("PodInterfaces = %q, want pod-*,azv*", got)
+	}
+	aks1, _ := sc.node("aks-1")
+	flex, _ := sc.node("flex-1")
+	if got := aks1.TunnelAddr(); got != netip.MustParseAddr("100.64.0.4") {
+		t.Errorf("aks-1 tunnel address %s, want the annotation's 100.64.0.4", got)
+	}
+	if got := flex.TunnelAddr(); got != netip.MustParseAddr("192.168.20.1") {
+		t.Errorf("flex-1 tunnel address %s, want the first address of its podCIDR", got)
+	}
+	p, _ := sc.pod("aks1-p1")
+	if got := HostVeth(p.Pod); got != "azv-aks1-p1" {
+		t.Errorf("HostVeth(aks1-p1) = %q, want azv-aks1-p1", got)
+	}
+	files, err := sc.ObjectFiles()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for file, wants := range map[string][]string{
+		"sites.yaml": {"kind: Site\nmetadata: {name: cluster}\nspec:\n  manageCniPlugin: false\n  nodeCidrs: [10.0.0.0/27]",
+			"localCidrs: [10.0.0.0/16]\n  nonMasqueradeCIDRs: [0.0.0.0/0]", "nodeBlockSizes: {ipv4: 25}"},
+		"extra.yaml": {"apiVersion: isthmus.dev/v1alpha1\nkind: SitePeering\nmetadata: {name: cluster-flex}", "tunnelProtocol: GENEVE"},
+		"nodes.yaml": {"annotations:\n    isthmus.dev/tunnel-ipv4: 100.64.0.4\n  name: aks-1\n"},
+	} {
+		for _, w := range wants {
+			if !strings.Contains(string(files[file]), w) {
+				t.Errorf("%s lacks %q:\n%s", file, w, files[file])
+			}
+		}
+	}
+	if strings.Contains(string(files["sites.yaml"]), "unbounded") || strings.Contains(string(files["extra.yaml"]), "unbounded") {
+		t.Error("an unbounded apiVersion is left in the objects")
+	}
+	l := &Lab{Name: "x1", Scenario: sc, Datapath: DatapathIsthmus}
+	if args := strings.Join(l.AgentArgs("aks-1", nil), " "); !strings.Contains(args, "--pod-interfaces pod-*,azv*") {
+		t.Errorf("agent args %q: want --pod-interfaces pod-*,azv*", args)
+	}
+	rules := l.firewallRules()
+	for _, w := range []string{
+		":FORWARD DROP",
+		"-A FORWARD -m devgroup --src-group 1 --dst-group 1",
+		"-A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+		"-A FORWARD -s 10.0.0.0/27 -d 192.168.10.0/28 -p udp --dport 6081",
+		"-A FORWARD -s 192.168.10.0/28 -d 10.0.0.0/27 -p icmp",
+		"-A FORWARD -j isl-fw-drop\n-A isl-fw-drop -j DROP",
+	} {
+		if !strings.Contains(rules, w) {
+			t.Errorf("firewall rules lack %q:\n%s", w, rules)
+		}
+	}
+	l.Datapath = DatapathVXLAN
+	if !strings.Contains(l.firewallRules(), "--dport 4789") {
+		t.Errorf("firewall for the VXLAN baseline does not pass 4789:\n%s", l.firewallRules())
+	}
+}
+
+// TestExpectationsDefault: in the default scenario every pair talks with its own
+// address, as the check always required.
+func TestExpectationsDefault(t *testing.T) {
+	sc, err := LoadScenario("default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	es := sc.Expectations()
+	if n := len(sc.Pods()); len(es) != n*(n-1) {
+		t.Fatalf("%d expectations, want %d", len(es), n*(n-1))
+	}
+	for _, e := range es {
+		if p, _ := sc.pod(e.Src); e.Saw != p.Address {
+			t.Errorf("%s > %s: saw %s, want the pod's own %s", e.Src, e.Dst, e.Saw, p.Address)
+		}
+	}
+	if got := sc.PodInterfaces(); got != "pod-*" {
+		t.Errorf("PodInterfaces = %q, want pod-*", got)
 	}
 }

@@ -1,9 +1,12 @@
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -16,10 +19,13 @@ const VXLANDev = "vxlan0"
 const vxlanPort = 4789
 
 // vxlanRoutes joins every node with kernel VXLAN the way flannel's vxlan
-// backend does: a vxlan0 per node holding the first address of its podCIDR,
-// and per peer a route onlink via the peer's vxlan0 address, a permanent
-// neighbour for it and an FDB entry pointing its MAC at the peer's underlay
-// address. It is the baseline isthmus is measured against.
+// backend does: a vxlan0 per node holding the first address of its podCIDR
+// (or its tunnel address when it has none), and per peer a route onlink via
+// the peer's vxlan0 address for each of its podCIDRs (and for that address
+// itself when no podCIDR holds it), a permanent neighbour for it and an FDB
+// entry pointing its MAC at the peer's underlay address. Pods that isthmus
+// would translate are masqueraded to vxlan0's address (vxlanMasquerade). It is
+// the baseline isthmus is measured against.
 func (l *Lab) vxlanRoutes() error {
 	vni := int(l.Scenario.VNI)
 	if vni == 0 {
@@ -32,8 +38,9 @@ func (l *Lab) vxlanRoutes() error {
 	}
 	var vteps []vtep
 	for _, n := range l.Scenario.Nodes() {
-		if len(n.PodCIDRs) == 0 {
-			continue // nothing to route to a node without a podCIDR
+		addr := vtepAddr(n.Node)
+		if !addr.IsValid() {
+			continue // nothing to route to a node without a podCIDR or tunnel address
 		}
 		h, _, err := handleAt(l.NodeNS(n.Name))
 		if err != nil {
@@ -55,7 +62,6 @@ func (l *Lab) vxlanRoutes() error {
 			h.Close()
 			return fmt.Errorf("node %s: find %s: %w", n.Name, VXLANDev, err)
 		}
-		addr := n.PodCIDRs[0].Masked().Addr()
 		if err := h.AddrAdd(link, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(addr, 32))}); err != nil {
 			h.Close()
 			return fmt.Errorf("node %s: address %s: %w", n.Name, VXLANDev, err)
@@ -98,7 +104,11 @@ func (l *Lab) vxlanRoutes() error {
 						Flags: netlink.NTF_SELF, IP: peer.n.Address.AsSlice(), HardwareAddr: peer.mac})
 				}},
 			}
-			for _, c := range peer.n.PodCIDRs {
+			dsts := peer.n.PodCIDRs
+			if !slices.ContainsFunc(dsts, func(c netip.Prefix) bool { return c.Contains(peer.addr) }) {
+				dsts = append(slices.Clone(dsts), netip.PrefixFrom(peer.addr, 32))
+			}
+			for _, c := range dsts {
 				steps = append(steps, struct {
 					what string
 					do   func() error
@@ -114,6 +124,38 @@ func (l *Lab) vxlanRoutes() error {
 			}
 		}
 		h.Close()
+	}
+	return l.vxlanMasquerade(context.Background())
+}
+
+// vtepAddr returns the address of a node's vxlan0: the first address of its
+// podCIDR as flannel has it, else its tunnel address (the annotation), the
+// place unbounded0 took in seed 000; the zero Addr when it has neither.
+func vtepAddr(n Node) netip.Addr {
+	if len(n.PodCIDRs) > 0 {
+		return n.PodCIDRs[0].Masked().Addr()
+	}
+	return n.TunnelAddr()
+}
+
+// vxlanMasquerade installs, on each node, what a user of kernel VXLAN would add
+// for pods the other side cannot route back to (the ones isthmus translates
+// with return-path SNAT): `-t nat -A POSTROUTING -s <pod>/32 -o vxlan0 -j
+// MASQUERADE`, which rewrites them to vxlan0's address, the tunnel address.
+func (l *Lab) vxlanMasquerade(ctx context.Context) error {
+	for _, n := range l.Scenario.Nodes() {
+		var rules []string
+		for _, p := range n.Pods {
+			if l.Scenario.translated(p.Name) {
+				rules = append(rules, fmt.Sprintf("-A POSTROUTING -s %s/32 -o %s -j MASQUERADE", p.Address, VXLANDev))
+			}
+		}
+		for _, r := range rules {
+			argv := append([]string{"iptables", "-w", "-t", "nat"}, strings.Fields(r)...)
+			if _, err := l.Exec(ctx, l.NodeNS(n.Name), argv...); err != nil {
+				return fmt.Errorf("node %s: add MASQUERADE: %w", n.Name, err)
+			}
+		}
 	}
 	return nil
 }

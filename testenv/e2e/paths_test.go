@@ -516,8 +516,8 @@ func podLinks(t *testing.T, l *testenv.Lab, node string) map[string][2]uint32 {
 	}
 	for _, pod := range l.Scenario.Pods() {
 		if pod.Node == node {
-			if _, ok := out[testenv.HostVeth(pod.Name)]; !ok {
-				t.Errorf("%s: no pinned pod_ingress link for %s (pinned: %v)", node, testenv.HostVeth(pod.Name), pinned)
+			if _, ok := out[testenv.HostVeth(pod.Pod)]; !ok {
+				t.Errorf("%s: no pinned pod_ingress link for %s (pinned: %v)", node, testenv.HostVeth(pod.Pod), pinned)
 			}
 		}
 	}

@@ -1,0 +1,214 @@
+package testenv
+
+import (
+	"encoding/json"
+	"net/netip"
+	"slices"
+)
+
+// TunnelAnnotation is the Node annotation that gives a node without a podCIDR
+// its tunnel address (docs/unmanaged-sites.md).
+const TunnelAnnotation = "isthmus.dev/tunnel-ipv4"
+
+// Host-side interface names of pod veths: isthmus' own pods, and pods of another
+// CNI (Azure CNI names its host veths azv<id>).
+const (
+	ManagedVethPrefix   = "pod-"
+	UnmanagedVethPrefix = "azv-"
+	// UnmanagedIfacePattern is added to the agents' --pod-interfaces when the
+	// scenario has unmanaged pods.
+	UnmanagedIfacePattern = "azv*"
+)
+
+// HostVeth returns the host side of a pod's veth on its node: pod-<name>, or
+// azv-<name> for an unmanaged pod.
+func HostVeth(p Pod) string {
+	if p.Unmanaged {
+		return UnmanagedVethPrefix + p.Name
+	}
+	return ManagedVethPrefix + p.Name
+}
+
+// PodInterfaces returns the agents' --pod-interfaces: PodIfacePattern, plus
+// UnmanagedIfacePattern when any pod is unmanaged.
+func (s *Scenario) PodInterfaces() string {
+	for _, p := range s.Pods() {
+		if p.Unmanaged {
+			return PodIfacePattern + "," + UnmanagedIfacePattern
+		}
+	}
+	return PodIfacePattern
+}
+
+// TunnelAddr returns a node's tunnel address as docs/unmanaged-sites.md defines
+// it: the annotation isthmus.dev/tunnel-ipv4, else the first address of its
+// first IPv4 podCIDR; the zero Addr when it has neither.
+func (n *Node) TunnelAddr() netip.Addr {
+	if v, ok := n.Annotations[TunnelAnnotation]; ok {
+		a, _ := netip.ParseAddr(v) // validated
+		return a
+	}
+	for _, c := range n.PodCIDRs {
+		if a := c.Masked().Addr().Next(); c.Addr().Is4() && c.Bits() < 32 && c.Contains(a) {
+			return a
+		}
+	}
+	return netip.Addr{}
+}
+
+// siteSemantics is what the lab needs to know of a Site object to say which pod
+// pairs should talk and with which source address.
+type siteSemantics struct {
+	// unmanaged is spec.manageCniPlugin == false.
+	unmanaged bool
+	// snatReturn is spec.returnPath == SNAT: the site's pods are all translated.
+	snatReturn bool
+	// blocks are the declared pod blocks.
+	blocks []netip.Prefix
+}
+
+// semantics reads the site's Site object: the spec, or a Site named like the
+// site in Objects (else the first Site there).
+func (site *Site) semantics() siteSemantics {
+	var sem siteSemantics
+	sem.blocks, _ = site.podBlocks() // validated
+	raw := site.Spec
+	if len(raw) == 0 {
+		docs, _ := splitDocs(site.Objects)
+		for _, d := range docs {
+			if d.Kind != "Site" {
+				continue
+			}
+			if raw == nil || d.Metadata.Name == site.Name {
+				raw = d.Spec
+			}
+		}
+	}
+	var f struct {
+		ManageCNIPlugin *bool  `json:"manageCniPlugin"`
+		ReturnPath      string `json:"returnPath"`
+	}
+	if len(raw) > 0 && json.Unmarshal(raw, &f) == nil {
+		sem.unmanaged = f.ManageCNIPlugin != nil && !*f.ManageCNIPlugin
+		sem.snatReturn = f.ReturnPath == "SNAT"
+	}
+	return sem
+}
+
+// peered reports whether sites a and b are joined by a peering: one of
+// Peerings or a SitePeering among the raw objects.
+func (s *Scenario) peered(a, b string) bool {
+	for _, p := range s.Peerings {
+		if slices.Contains(p.Sites, a) && slices.Contains(p.Sites, b) {
+			return true
+		}
+	}
+	all := s.Objects
+	for _, site := range s.Sites {
+		all += "\n---\n" + site.Objects
+	}
+	docs, _ := splitDocs(all)
+	for _, d := range docs {
+		if d.Kind != "SitePeering" {
+			continue
+		}
+		var f struct {
+			Sites []string `json:"sites"`
+		}
+		if json.Unmarshal(d.Spec, &f) == nil && slices.Contains(f.Sites, a) && slices.Contains(f.Sites, b) {
+			return true
+		}
+	}
+	return false
+}
+
+// Expectation is what an isthmus lab must do for one ordered pod pair.
+type Expectation struct {
+	Src, Dst string
+	// Saw is the source address the destination must see: the source pod's
+	// own, or its node's tunnel address when return-path SNAT translates it.
+	Saw netip.Addr
+}
+
+// Expectations returns, in scenario order, the ordered pod pairs that should
+// reach each other in an isthmus lab and the source address each destination
+// should see, derived from the scenario as docs/unmanaged-sites.md defines:
+//
+//   - Pods of one site always talk (through the tunnel, or through the site's
+//     fabric for an unmanaged site) and see each other's own addresses.
+//   - Across peered sites, a destination is reachable when it is a managed pod
+//     (in its node's podCIDRs) or an unmanaged pod inside the declared pod
+//     blocks of an unmanaged site whose returnPath is Fabric (the default).
+//   - Across sites, a source keeps its address when it is a managed pod (in
+//     its node's podCIDRs, always exempt) or an unmanaged pod inside its
+//     unmanaged site's declared blocks with returnPath Fabric; any other source
+//     (returnPath SNAT, or an undeclared pool) is translated to its node's
+//     tunnel address, and without one it cannot send across sites at all.
+func (s *Scenario) Expectations() []Expectation {
+	var out []Expectation
+	sems := map[string]siteSemantics{}
+	for i := range s.Sites {
+		sems[s.Sites[i].Name] = s.Sites[i].semantics()
+	}
+	nodes := map[string]NodeRef{}
+	for _, n := range s.Nodes() {
+		nodes[n.Name] = n
+	}
+	managed := func(p PodRef) bool {
+		return slices.ContainsFunc(nodes[p.Node].PodCIDRs, func(c netip.Prefix) bool { return c.Contains(p.Address) })
+	}
+	declared := func(p PodRef) bool {
+		sem := sems[p.Site]
+		return sem.unmanaged && !sem.snatReturn &&
+			slices.ContainsFunc(sem.blocks, func(b netip.Prefix) bool { return b.Contains(p.Address) })
+	}
+	for _, src := range s.Pods() {
+		for _, dst := range s.Pods() {
+			if src.Name == dst.Name {
+				continue
+			}
+			if src.Site == dst.Site {
+				out = append(out, Expectation{Src: src.Name, Dst: dst.Name, Saw: src.Address})
+				continue
+			}
+			if !s.peered(src.Site, dst.Site) {
+				continue
+			}
+			if !managed(dst) && !declared(dst) {
+				continue
+			}
+			saw := src.Address
+			if !managed(src) && !declared(src) {
+				node := nodes[src.Node]
+				if saw = node.TunnelAddr(); !saw.IsValid() {
+					continue
+				}
+			}
+			out = append(out, Expectation{Src: src.Name, Dst: dst.Name, Saw: saw})
+		}
+	}
+	return out
+}
+
+// Expect returns the expectation of the pair, false when the pair should not
+// talk.
+func (s *Scenario) Expect(src, dst string) (Expectation, bool) {
+	for _, e := range s.Expectations() {
+		if e.Src == src && e.Dst == dst {
+			return e, true
+		}
+	}
+	return Expectation{}, false
+}
+
+// translated reports whether return-path SNAT translates the named pod's
+// traffic to other sites: some expectation of it sees another address.
+func (s *Scenario) translated(pod string) bool {
+	p, _ := s.pod(pod)
+	for _, e := range s.Expectations() {
+		if e.Src == pod && e.Saw != p.Address {
+			return true
+		}
+	}
+	return false
+}

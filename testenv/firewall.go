@@ -1,0 +1,109 @@
+package testenv
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// FirewallDropChain is the router's iptables chain every packet the firewall
+// refuses goes through: its one rule's counters are the drops.
+const FirewallDropChain = "isl-fw-drop"
+
+// GenevePort and VXLANPort are the tunnel ports the firewall lets through
+// between the nodes of different sites: GENEVE for isthmus, VXLAN for the
+// kernel VXLAN baseline.
+const (
+	GenevePort = 6081
+	VXLANPort  = vxlanPort
+)
+
+// siteGroup returns the device group of the router ports of a site's nodes: its
+// index in the scenario plus one (group 0 is every other device's).
+func (s *Scenario) siteGroup(site string) uint32 {
+	for i := range s.Sites {
+		if s.Sites[i].Name == site {
+			return uint32(i + 1)
+		}
+	}
+	return 0
+}
+
+// TunnelPort returns the UDP port the lab's datapath tunnels with, the one the
+// firewall passes between nodes of different sites.
+func (l *Lab) TunnelPort() int {
+	if l.Datapath == DatapathVXLAN {
+		return VXLANPort
+	}
+	return GenevePort
+}
+
+// firewallRules renders the router's filter table for underlay.firewall. The
+// router is the fabric of every site and the firewall between them at once,
+// so what is "inside a site" is said by ports, not addresses: a packet that
+// enters on a port of site S and leaves on a port of S is the site fabric's
+// own traffic (node to node, pod to pod through the fabric, whatever the
+// addresses, as a VNet routes them) and passes. Between sites only node-to-node
+// tunnel traffic and ICMP pass, and replies to what passed; the rest goes to
+// FirewallDropChain and is dropped there.
+func (l *Lab) firewallRules() string {
+	var b strings.Builder
+	b.WriteString("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n")
+	fmt.Fprintf(&b, ":%s - [0:0]\n", FirewallDropChain)
+	for _, site := range l.Scenario.Sites {
+		g := l.Scenario.siteGroup(site.Name)
+		fmt.Fprintf(&b, "-A FORWARD -m devgroup --src-group %d --dst-group %d -m comment --comment \"inside site %s\" -j ACCEPT\n", g, g, site.Name)
+	}
+	b.WriteString("-A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n")
+	for _, a := range l.Scenario.Sites {
+		for _, z := range l.Scenario.Sites {
+			if a.Name == z.Name {
+				continue
+			}
+			fmt.Fprintf(&b, "-A FORWARD -s %s -d %s -p udp --dport %d -m comment --comment \"tunnel %s to %s\" -j ACCEPT\n", a.Subnet, z.Subnet, l.TunnelPort(), a.Name, z.Name)
+			fmt.Fprintf(&b, "-A FORWARD -s %s -d %s -p icmp -m comment --comment \"icmp %s to %s\" -j ACCEPT\n", a.Subnet, z.Subnet, a.Name, z.Name)
+		}
+	}
+	fmt.Fprintf(&b, "-A FORWARD -j %s\n", FirewallDropChain)
+	fmt.Fprintf(&b, "-A %s -j DROP\n", FirewallDropChain)
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
+
+// buildFirewall installs firewallRules in the router.
+func (l *Lab) buildFirewall(ctx context.Context) error {
+	cmd := Command(ctx, l.RouterNS(), "iptables-restore", "-w")
+	cmd.Stdin = strings.NewReader(l.firewallRules())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("install firewall: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// FirewallDrops returns how many packets the firewall has dropped so far.
+func (l *Lab) FirewallDrops(ctx context.Context) (uint64, error) {
+	out, err := l.Exec(ctx, l.RouterNS(), "iptables-save", "-c", "-t", "filter")
+	if err != nil {
+		return 0, fmt.Errorf("read firewall counters: %w", err)
+	}
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		// [packets:bytes] -A isl-fw-drop -j DROP
+		line := sc.Text()
+		if !strings.HasSuffix(line, "-A "+FirewallDropChain+" -j DROP") || !strings.HasPrefix(line, "[") {
+			continue
+		}
+		pkts, _, ok := strings.Cut(strings.TrimPrefix(line, "["), ":")
+		if !ok {
+			break
+		}
+		n, err := strconv.ParseUint(pkts, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("read firewall counters: %q: %w", line, err)
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("read firewall counters: no rule in chain %s (firewall off?)", FirewallDropChain)
+}
