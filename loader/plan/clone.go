@@ -61,6 +61,6 @@ func (a Route) Equal(b Route) bool {
 
 // Equal reports whether two corrections are the same.
 func (a Correction) Equal(b Correction) bool {
-	return a.Removed == b.Removed && a.Endpoint == b.Endpoint && a.Origin == b.Origin &&
+	return a.Removed == b.Removed && a.Endpoint == b.Endpoint && a.Local == b.Local && a.Origin == b.Origin &&
 		slices.Equal(a.Kept, b.Kept)
 }

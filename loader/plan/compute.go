@@ -15,11 +15,19 @@ import (
 // Compute returns the desired datapath state of the named node.
 //
 // set must come from objects.Load (Compute relies on its validation: every
-// node in exactly one site, canonical CIDRs). Peers are the other nodes of
-// the node's own site and every node of each site joined to it by a
-// SitePeering with meshNodes; routes send each peer's podCIDRs to it. A route
-// that holds a peer's or this node's underlay address is split around that
-// address and the split is reported in Corrections. The result is sorted and
+// node in exactly one site, canonical CIDRs, valid tunnel addresses). Peers are
+// the other nodes of the node's own site and every node of each site joined to
+// it by a SitePeering with meshNodes; a node of an unmanaged site
+// (manageCniPlugin false) without a tunnel address is no peer. Routes send each
+// peer's podCIDRs and tunnel address to it, and the declared pod blocks of
+// every other unmanaged site with returnPath Fabric to a group of that site's
+// nodes. A route that holds an underlay address (a peer's or this node's) or
+// overlaps a LocalPrefix is split around it, and the split is reported in
+// Corrections. See docs/unmanaged-sites.md.
+//
+// Compute fails when the node is unknown, in no site, or belongs to an
+// unmanaged site and has no tunnel address: such a node cannot be anyone's
+// peer, so there is nothing useful to install. The result is sorted and
 // depends only on the objects, never on their order in files.
 func Compute(set *objects.Set, node string) (*NodePlan, error) {
 	self := set.Node(node)
@@ -40,33 +48,121 @@ func Compute(set *objects.Set, node string) (*NodePlan, error) {
 		Peers:     []Peer{},
 		Routes:    []Route{},
 	}
-	p.TunnelAddr = tunnelAddr(p.PodCIDRs)
-	if len(p.PodCIDRs) == 0 {
-		p.warnf("Node %q has no podCIDR yet: it has no tunnel address, and peers have no route back to its pods", node)
+	if a, origin, ok := objects.TunnelAddr(self); ok {
+		p.TunnelAddr, p.TunnelAddrOrigin = a, origin
+	} else if !site.Spec.ManagesCNIPlugin() {
+		return nil, fmt.Errorf("plan node %q: the node has no tunnel address, and as a node of Site %q "+
+			"(manageCniPlugin false) it needs one to be a peer: it has no IPv4 podCIDR, so set the annotation %s "+
+			"to an IPv4 address outside every pod block and underlay network, e.g. "+
+			"kubectl annotate node %s %s=100.64.0.4", node, site.Name, v1alpha1.AnnotationTunnelIPv4, node, v1alpha1.AnnotationTunnelIPv4)
 	}
+	switch {
+	case len(p.PodCIDRs) == 0 && !p.TunnelAddr.IsValid():
+		p.warnf("Node %q has no podCIDR yet: it has no tunnel address, and peers have no route back to its pods", node)
+	case len(p.PodCIDRs) == 0 && site.Spec.ManagesCNIPlugin():
+		p.warnf("Node %q has no podCIDR yet: peers have no route back to its pods", node)
+	case !p.TunnelAddr.IsValid():
+		p.warnf("Node %q has no IPv4 podCIDR and no annotation %s: it has no tunnel address", node, v1alpha1.AnnotationTunnelIPv4)
+	}
+	p.warnStrayPodCIDRs(self, site)
 
-	for _, peer := range peerNodes(set, self, site, p) {
+	p.LocalPrefixes = localPrefixes(site)
+	if fabricReturn(site) {
+		p.FabricPrefixes = declaredPrefixes(site)
+	}
+	peers, sites := peerNodes(set, self, site, p)
+	for _, peer := range peers {
 		p.addPeer(set, peer)
 	}
+	for _, name := range sites {
+		if name != site.Name {
+			p.addGroupRoutes(set.Site(name))
+		}
+	}
 	p.correctRoutes()
-	slices.SortFunc(p.Routes, func(a, b Route) int { return comparePrefix(a.Prefix, b.Prefix) })
+	p.dedupeRoutes()
+	p.SNAT = p.snatPolicy(self, site)
 	return p, nil
 }
 
-// tunnelAddr is the first host address of the first IPv4 prefix, or the zero
-// Addr when there is none (or the prefix is a single address).
-func tunnelAddr(pods []netip.Prefix) netip.Addr {
-	for _, pfx := range pods {
-		if a := pfx.Addr().Next(); pfx.Addr().Is4() && pfx.Bits() < 32 && pfx.Contains(a) {
-			return a
-		}
-	}
-	return netip.Addr{}
+// fabricReturn reports whether replies to the site's declared pod blocks come
+// back through the site's fabric: another CNI owns its pods and its
+// returnPath is Fabric.
+func fabricReturn(site *v1alpha1.Site) bool {
+	return !site.Spec.ManagesCNIPlugin() && site.Spec.ReturnPathOrDefault() == v1alpha1.ReturnPathFabric
 }
 
-// peerNodes returns the nodes self tunnels to, sorted by name: the rest of
-// its site and the nodes of every site meshed with it.
-func peerNodes(set *objects.Set, self *corev1.Node, site *v1alpha1.Site, p *NodePlan) []*corev1.Node {
+// declaredBlocks returns the site's podCidrAssignments[].cidrBlocks with the
+// field each comes from.
+func declaredBlocks(site *v1alpha1.Site) []objects.FieldPrefix {
+	var out []objects.FieldPrefix
+	for i, a := range site.Spec.PodCIDRAssignments {
+		for j, c := range a.CIDRBlocks {
+			if pfx, err := netip.ParsePrefix(string(c)); err == nil {
+				out = append(out, objects.FieldPrefix{
+					Prefix: pfx.Masked(),
+					Field:  fmt.Sprintf("spec.podCidrAssignments[%d].cidrBlocks[%d]", i, j),
+				})
+			}
+		}
+	}
+	return out
+}
+
+// declaredPrefixes is declaredBlocks without the fields, sorted and without
+// duplicates.
+func declaredPrefixes(site *v1alpha1.Site) []netip.Prefix {
+	var out []netip.Prefix
+	for _, b := range declaredBlocks(site) {
+		out = append(out, b.Prefix)
+	}
+	return sortedUnique(out)
+}
+
+// localPrefixes are the prefixes the site's own fabric and CNI keep on its
+// nodes: its localCidrs, and its declared pod blocks when another CNI owns
+// its pods (routing them into a tunnel is what black-holed kubelet-to-API
+// traffic on Azure CNI nodes in seed 000).
+func localPrefixes(site *v1alpha1.Site) []netip.Prefix {
+	var out []netip.Prefix
+	for _, c := range site.Spec.LocalCIDRs {
+		if pfx, err := netip.ParsePrefix(string(c)); err == nil {
+			out = append(out, pfx.Masked())
+		}
+	}
+	if !site.Spec.ManagesCNIPlugin() {
+		out = append(out, declaredPrefixes(site)...)
+	}
+	return sortedUnique(out)
+}
+
+// warnStrayPodCIDRs warns about each podCIDR of n outside every declared pod
+// block of its site (of the same family): overlap checks between sites do not
+// cover it, and on an unmanaged site it is usually one the CNI never uses
+// (seed 000's AKS node got 10.0.12.0/24 beside the pod subnet 10.0.2.0/23).
+func (p *NodePlan) warnStrayPodCIDRs(n *corev1.Node, site *v1alpha1.Site) {
+	blocks := declaredBlocks(site)
+	for _, f := range objects.PodCIDRFields(n) {
+		var family []string
+		inside := false
+		for _, b := range blocks {
+			if b.Prefix.Addr().Is4() != f.Prefix.Addr().Is4() {
+				continue
+			}
+			family = append(family, b.Prefix.String())
+			inside = inside || (b.Prefix.Bits() <= f.Prefix.Bits() && b.Prefix.Contains(f.Prefix.Addr()))
+		}
+		if len(family) > 0 && !inside {
+			p.warnf("Node %q %s %s is outside the pod blocks of Site %q (spec.podCidrAssignments[].cidrBlocks %v)",
+				n.Name, f.Field, f.Prefix, site.Name, family)
+		}
+	}
+}
+
+// peerNodes returns the nodes self tunnels to, sorted by name (the rest of
+// its site and the nodes of every site meshed with it), and the names of
+// those sites, sorted, its own included.
+func peerNodes(set *objects.Set, self *corev1.Node, site *v1alpha1.Site, p *NodePlan) ([]*corev1.Node, []string) {
 	sites := map[string]bool{site.Name: true}
 	for _, sp := range set.SitePeerings {
 		if !slices.Contains(sp.Spec.Sites, site.Name) {
@@ -91,17 +187,32 @@ func peerNodes(set *objects.Set, self *corev1.Node, site *v1alpha1.Site, p *Node
 		}
 	}
 	slices.SortFunc(peers, func(a, b *corev1.Node) int { return cmp.Compare(a.Name, b.Name) })
-	return peers
+	names := make([]string, 0, len(sites))
+	for s := range sites {
+		names = append(names, s)
+	}
+	slices.Sort(names)
+	return peers, names
 }
 
-// addPeer adds peer and routes for each of its podCIDRs.
+// addPeer adds peer with routes for its podCIDRs and its tunnel address, or
+// skips it with a warning when it belongs to an unmanaged site and has no
+// tunnel address (nothing could route back to it).
 func (p *NodePlan) addPeer(set *objects.Set, peer *corev1.Node) {
+	site := set.SiteOf(peer)
+	tunnel, tunnelOrigin, hasTunnel := objects.TunnelAddr(peer)
+	if !hasTunnel && !site.Spec.ManagesCNIPlugin() {
+		p.warnf("peer Node %q of Site %q has no tunnel address (no IPv4 podCIDR, no annotation %s): it is not a peer until it has one",
+			peer.Name, site.Name, v1alpha1.AnnotationTunnelIPv4)
+		return
+	}
 	underlay, _ := objects.InternalIP(peer)
 	fields := objects.PodCIDRFields(peer)
 	pr := Peer{
 		Name:           peer.Name,
-		Site:           set.SiteOf(peer).Name,
+		Site:           site.Name,
 		Underlay:       underlay,
+		TunnelAddr:     tunnel,
 		AllowedSources: []netip.Prefix{},
 	}
 	for _, f := range fields {
@@ -113,16 +224,59 @@ func (p *NodePlan) addPeer(set *objects.Set, peer *corev1.Node) {
 			Origin: fmt.Sprintf("Node %q %s", peer.Name, f.Field),
 		})
 	}
-	sortPrefixes(pr.AllowedSources)
-	if len(fields) == 0 {
+	if hasTunnel && !slices.ContainsFunc(fields, func(f objects.FieldPrefix) bool { return f.Prefix.Contains(tunnel) }) {
+		pr.AllowedSources = append(pr.AllowedSources, HostPrefix(tunnel))
+		p.Routes = append(p.Routes, Route{Prefix: HostPrefix(tunnel), Peer: peer.Name, Via: underlay, Origin: tunnelOrigin})
+	}
+	if fabricReturn(site) {
+		// Any node of the site may forward a pod of the site from anywhere in
+		// its blocks; with returnPath SNAT such sources never arrive.
+		pr.AllowedSources = append(pr.AllowedSources, declaredPrefixes(site)...)
+	}
+	pr.AllowedSources = sortedUnique(pr.AllowedSources)
+	p.warnStrayPodCIDRs(peer, site)
+	switch {
+	case len(fields) == 0 && !hasTunnel:
 		p.warnf("peer Node %q has no podCIDR yet: no routes to it", peer.Name)
+	case len(fields) == 0 && site.Spec.ManagesCNIPlugin():
+		p.warnf("peer Node %q has no podCIDR yet: only its tunnel address is routed to it", peer.Name)
 	}
 	p.Peers = append(p.Peers, pr)
 }
 
-// correctRoutes enforces the invariant that no route holds an underlay
-// address (a peer's or this node's own): sending a tunnel endpoint into the
-// tunnel would loop the tunnel into itself.
+// addGroupRoutes routes the declared pod blocks of u, another site, to the
+// group of u's peers when u is unmanaged with returnPath Fabric: any of them
+// hands a packet to u's fabric, which knows which node holds the pod.
+func (p *NodePlan) addGroupRoutes(u *v1alpha1.Site) {
+	if u == nil || !fabricReturn(u) {
+		return
+	}
+	var group []NextHop
+	for _, pr := range p.Peers {
+		if pr.Site == u.Name {
+			group = append(group, NextHop{Peer: pr.Name, Via: pr.Underlay})
+		}
+	}
+	blocks := declaredBlocks(u)
+	if len(group) == 0 {
+		if len(blocks) > 0 {
+			p.warnf("Site %q has no node with a tunnel address to deliver its pod blocks: they are not routed", u.Name)
+		}
+		return
+	}
+	for _, b := range blocks {
+		p.Routes = append(p.Routes, Route{
+			Prefix: b.Prefix,
+			Group:  slices.Clone(group),
+			Origin: fmt.Sprintf("Site %q %s", u.Name, b.Field),
+		})
+	}
+}
+
+// correctRoutes enforces two invariants. No route holds an underlay address
+// (a peer's or this node's own): sending a tunnel endpoint into the tunnel
+// would loop the tunnel into itself. No route overlaps a LocalPrefix: those
+// belong to the site's fabric and CNI on this node.
 func (p *NodePlan) correctRoutes() {
 	endpoints := []netip.Addr{p.Underlay}
 	for _, pr := range p.Peers {
@@ -131,34 +285,93 @@ func (p *NodePlan) correctRoutes() {
 	slices.SortFunc(endpoints, netip.Addr.Compare)
 	endpoints = slices.Compact(endpoints)
 
-	var routes []Route
+	routes := []Route{}
 	for _, r := range p.Routes {
-		var inside []netip.Addr
+		var cuts []Correction
 		var holes []netip.Prefix
 		for _, e := range endpoints {
 			if r.Prefix.Contains(e) {
-				inside = append(inside, e)
+				cuts = append(cuts, Correction{Removed: r.Prefix, Endpoint: e, Origin: r.Origin})
 				holes = append(holes, HostPrefix(e))
 			}
 		}
-		if len(inside) == 0 {
+		for _, l := range p.LocalPrefixes {
+			if r.Prefix.Overlaps(l) {
+				cuts = append(cuts, Correction{Removed: r.Prefix, Local: l, Origin: r.Origin})
+				holes = append(holes, l)
+			}
+		}
+		if len(cuts) == 0 {
 			routes = append(routes, r)
 			continue
 		}
 		kept := Subtract(r.Prefix, holes...)
-		for _, e := range inside {
-			p.Corrections = append(p.Corrections, Correction{Removed: r.Prefix, Endpoint: e, Kept: slices.Clone(kept), Origin: r.Origin})
+		for _, c := range cuts {
+			c.Kept = slices.Clone(kept)
+			if c.Kept == nil {
+				c.Kept = []netip.Prefix{}
+			}
+			p.Corrections = append(p.Corrections, c)
 		}
 		for _, k := range kept {
 			split := r
 			split.Prefix = k
+			split.Group = slices.Clone(r.Group)
 			routes = append(routes, split)
 		}
 	}
 	p.Routes = routes
 	slices.SortFunc(p.Corrections, func(a, b Correction) int {
-		return cmp.Or(comparePrefix(a.Removed, b.Removed), a.Endpoint.Compare(b.Endpoint))
+		return cmp.Or(comparePrefix(a.Removed, b.Removed), a.Endpoint.Compare(b.Endpoint), comparePrefix(a.Local, b.Local))
 	})
+}
+
+// dedupeRoutes sorts the routes by prefix and keeps one route per prefix: a
+// node's own prefixes (added first) win over a site's pod blocks, since the
+// datapath has one entry per prefix.
+func (p *NodePlan) dedupeRoutes() {
+	if len(p.Routes) == 0 {
+		return // keep the non-nil empty slice: the JSON says "routes": []
+	}
+	slices.SortStableFunc(p.Routes, func(a, b Route) int { return comparePrefix(a.Prefix, b.Prefix) })
+	var kept []Route
+	for _, r := range p.Routes {
+		if n := len(kept); n > 0 && kept[n-1].Prefix == r.Prefix {
+			p.warnf("route %s from %s is also claimed by %s: the first is kept", r.Prefix, kept[n-1].Origin, r.Origin)
+			continue
+		}
+		kept = append(kept, r)
+	}
+	p.Routes = kept
+}
+
+// snatPolicy returns the return-path SNAT policy of self: translate to the
+// tunnel address every IPv4 source that no peer routes back to this node.
+func (p *NodePlan) snatPolicy(self *corev1.Node, site *v1alpha1.Site) SNATPolicy {
+	if !p.TunnelAddr.IsValid() {
+		return SNATPolicy{Reason: fmt.Sprintf("Node %q has no tunnel address to translate to (no IPv4 podCIDR, no annotation %s)", self.Name, v1alpha1.AnnotationTunnelIPv4)}
+	}
+	s := SNATPolicy{Addr: p.TunnelAddr}
+	inPods := false
+	for _, f := range objects.PodCIDRFields(self) {
+		if f.Prefix.Addr().Is4() {
+			s.Exempt = append(s.Exempt, ExemptSource{Prefix: f.Prefix, Origin: fmt.Sprintf("Node %q %s", self.Name, f.Field)})
+			inPods = inPods || f.Prefix.Contains(p.TunnelAddr)
+		}
+	}
+	if !inPods {
+		s.Exempt = append(s.Exempt, ExemptSource{Prefix: HostPrefix(p.TunnelAddr), Origin: p.TunnelAddrOrigin})
+	}
+	if fabricReturn(site) {
+		for _, b := range declaredBlocks(site) {
+			if b.Prefix.Addr().Is4() {
+				s.Exempt = append(s.Exempt, ExemptSource{Prefix: b.Prefix, Origin: fmt.Sprintf("Site %q %s", site.Name, b.Field)})
+			}
+		}
+	}
+	slices.SortStableFunc(s.Exempt, func(a, b ExemptSource) int { return comparePrefix(a.Prefix, b.Prefix) })
+	s.Exempt = slices.CompactFunc(s.Exempt, func(a, b ExemptSource) bool { return a.Prefix == b.Prefix })
+	return s
 }
 
 func (p *NodePlan) warnf(format string, args ...any) {

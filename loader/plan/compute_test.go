@@ -3,6 +3,8 @@ package plan
 import (
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -55,18 +57,45 @@ func load(t *testing.T, docs ...string) *objects.Set {
 }
 
 // summary renders a plan one fact per line, so expectations read like the
-// plan itself.
+// plan itself. Empty sections give no line.
 func summary(p *NodePlan) []string {
-	lines := []string{fmt.Sprintf("node %s site %s underlay %s pods %v tunnel %v mtu %d",
-		p.Node, p.Site, p.Underlay, p.PodCIDRs, p.TunnelAddr, p.TunnelMTU)}
+	lines := []string{fmt.Sprintf("node %s site %s underlay %s pods %v tunnel %v (%s) mtu %d",
+		p.Node, p.Site, p.Underlay, p.PodCIDRs, p.TunnelAddr, p.TunnelAddrOrigin, p.TunnelMTU)}
 	for _, pr := range p.Peers {
-		lines = append(lines, fmt.Sprintf("peer %s %s %s %v", pr.Name, pr.Site, pr.Underlay, pr.AllowedSources))
+		lines = append(lines, fmt.Sprintf("peer %s %s %s %v %v", pr.Name, pr.Site, pr.Underlay, pr.TunnelAddr, pr.AllowedSources))
 	}
 	for _, r := range p.Routes {
+		if r.Group != nil {
+			var g []string
+			for _, h := range r.Group {
+				g = append(g, h.Peer+" "+h.Via.String())
+			}
+			lines = append(lines, fmt.Sprintf("route %s -> group [%s] (%s)", r.Prefix, strings.Join(g, ", "), r.Origin))
+			continue
+		}
 		lines = append(lines, fmt.Sprintf("route %s -> %s %s (%s)", r.Prefix, r.Peer, r.Via, r.Origin))
 	}
+	if len(p.LocalPrefixes) > 0 {
+		lines = append(lines, fmt.Sprintf("local %v", p.LocalPrefixes))
+	}
+	if len(p.FabricPrefixes) > 0 {
+		lines = append(lines, fmt.Sprintf("fabric %v", p.FabricPrefixes))
+	}
+	if p.SNAT.Addr.IsValid() {
+		var ex []string
+		for _, e := range p.SNAT.Exempt {
+			ex = append(ex, fmt.Sprintf("%s (%s)", e.Prefix, e.Origin))
+		}
+		lines = append(lines, fmt.Sprintf("snat %s except %s", p.SNAT.Addr, strings.Join(ex, ", ")))
+	} else {
+		lines = append(lines, "snat off: "+p.SNAT.Reason)
+	}
 	for _, c := range p.Corrections {
-		lines = append(lines, fmt.Sprintf("correction %s - %s = %v (%s)", c.Removed, c.Endpoint, c.Kept, c.Origin))
+		cut := c.Endpoint.String()
+		if c.Local.IsValid() {
+			cut = "local " + c.Local.String()
+		}
+		lines = append(lines, fmt.Sprintf("correction %s - %s = %v (%s)", c.Removed, cut, c.Kept, c.Origin))
 	}
 	for _, w := range p.Warnings {
 		lines = append(lines, "warning "+w)
@@ -76,7 +105,7 @@ func summary(p *NodePlan) []string {
 
 var twoSites = []string{
 	site("a", "10.1.0.0/24", "10.10.0.0/16", "  tunnelMTU: 1400\n"),
-	site("b", "10.2.0.0/24", "10.20.0.0/16, fd00:20::/48", ""),
+	site("b", "10.2.0.0/24", "10.20.0.0/16, fd00:20::/32", ""),
 	peering("a-b", "a, b", ""),
 	node("b2", "10.2.0.2", `10.20.2.0/24, "fd00:20:2::/64"`),
 	node("a2", "10.1.0.2", "10.10.2.0/24"),
@@ -102,10 +131,59 @@ var endpointInPods = []string{
 	site("a", "10.1.0.0/24", "10.10.0.0/16", ""),
 	site("b", "10.2.0.0/24", "10.1.0.0/16", ""),
 	peering("a-b", "a, b", ""),
-	node("a1", "10.1.0.1", "10.10.1.0/24"),
+	node("a1", "10.1.0.10", "10.10.1.0/24"),
 	node("a2", "10.1.0.100", "10.10.2.0/24"),
 	node("b1", "10.2.0.1", "10.1.0.0/25"),
 }
+
+// seedFiles returns the seed 000 fixture, each file passed through edit.
+func seedFiles(t *testing.T, edit func(name, data string) string) map[string][]byte {
+	t.Helper()
+	files := map[string][]byte{}
+	for _, name := range []string{"sites.yaml", "nodes.yaml"} {
+		data, err := os.ReadFile(filepath.Join("../objects/testdata/seed000", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[name] = []byte(edit(name, string(data)))
+	}
+	return files
+}
+
+func loadFiles(t *testing.T, files map[string][]byte) *objects.Set {
+	t.Helper()
+	set, _, err := objects.Load(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set
+}
+
+// seedSNAT is seed 000 with returnPath SNAT on the cluster Site.
+func seedSNAT(t *testing.T) *objects.Set {
+	return loadFiles(t, seedFiles(t, func(name, data string) string {
+		return strings.Replace(data, "  manageCniPlugin: false\n", "  manageCniPlugin: false\n  returnPath: SNAT\n", 1)
+	}))
+}
+
+// seedExtraNodes is seed 000 plus nodes.
+func seedExtraNodes(t *testing.T, nodes ...string) *objects.Set {
+	files := seedFiles(t, func(_, data string) string { return data })
+	files["more.yaml"] = []byte(strings.Join(nodes, "---\n"))
+	return loadFiles(t, files)
+}
+
+func annotated(name, ip, podCIDRs, tunnel string) string {
+	return strings.Replace(node(name, ip, podCIDRs), "metadata: {name: "+name+"}",
+		fmt.Sprintf("metadata:\n  name: %s\n  annotations: {isthmus.dev/tunnel-ipv4: %q}", name, tunnel), 1)
+}
+
+const (
+	aks0Tunnel = `Node "aks-nodepool1-0" metadata.annotations["isthmus.dev/tunnel-ipv4"]`
+	aks1Tunnel = `Node "aks-nodepool1-1" metadata.annotations["isthmus.dev/tunnel-ipv4"]`
+	clusterBlk = `Site "cluster" spec.podCidrAssignments[0].cidrBlocks[0]`
+	flexPods   = `Node "flex-1" spec.podCIDRs[0]`
+)
 
 func TestCompute(t *testing.T) {
 	seed000, _, err := objects.LoadDir("../objects/testdata/seed000")
@@ -123,14 +201,15 @@ func TestCompute(t *testing.T) {
 			set:  load(t, twoSites...),
 			node: "a1",
 			want: []string{
-				"node a1 site a underlay 10.1.0.1 pods [10.10.1.0/24] tunnel 10.10.1.1 mtu 1400",
-				"peer a2 a 10.1.0.2 [10.10.2.0/24]",
-				"peer b1 b 10.2.0.1 [10.20.1.0/24]",
-				"peer b2 b 10.2.0.2 [10.20.2.0/24 fd00:20:2::/64]",
+				`node a1 site a underlay 10.1.0.1 pods [10.10.1.0/24] tunnel 10.10.1.1 (Node "a1" spec.podCIDRs[0]) mtu 1400`,
+				"peer a2 a 10.1.0.2 10.10.2.1 [10.10.2.0/24]",
+				"peer b1 b 10.2.0.1 10.20.1.1 [10.20.1.0/24]",
+				"peer b2 b 10.2.0.2 10.20.2.1 [10.20.2.0/24 fd00:20:2::/64]",
 				`route 10.10.2.0/24 -> a2 10.1.0.2 (Node "a2" spec.podCIDRs[0])`,
 				`route 10.20.1.0/24 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
 				`route 10.20.2.0/24 -> b2 10.2.0.2 (Node "b2" spec.podCIDRs[0])`,
 				`route fd00:20:2::/64 -> b2 10.2.0.2 (Node "b2" spec.podCIDRs[1])`,
+				`snat 10.10.1.1 except 10.10.1.0/24 (Node "a1" spec.podCIDRs[0])`,
 			},
 		},
 		{
@@ -138,13 +217,14 @@ func TestCompute(t *testing.T) {
 			set:  load(t, twoSites...),
 			node: "b2",
 			want: []string{
-				"node b2 site b underlay 10.2.0.2 pods [10.20.2.0/24 fd00:20:2::/64] tunnel 10.20.2.1 mtu 0",
-				"peer a1 a 10.1.0.1 [10.10.1.0/24]",
-				"peer a2 a 10.1.0.2 [10.10.2.0/24]",
-				"peer b1 b 10.2.0.1 [10.20.1.0/24]",
+				`node b2 site b underlay 10.2.0.2 pods [10.20.2.0/24 fd00:20:2::/64] tunnel 10.20.2.1 (Node "b2" spec.podCIDRs[0]) mtu 0`,
+				"peer a1 a 10.1.0.1 10.10.1.1 [10.10.1.0/24]",
+				"peer a2 a 10.1.0.2 10.10.2.1 [10.10.2.0/24]",
+				"peer b1 b 10.2.0.1 10.20.1.1 [10.20.1.0/24]",
 				`route 10.10.1.0/24 -> a1 10.1.0.1 (Node "a1" spec.podCIDRs[0])`,
 				`route 10.10.2.0/24 -> a2 10.1.0.2 (Node "a2" spec.podCIDRs[0])`,
 				`route 10.20.1.0/24 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
+				`snat 10.20.2.1 except 10.20.2.0/24 (Node "b2" spec.podCIDRs[0])`,
 			},
 		},
 		{
@@ -152,9 +232,10 @@ func TestCompute(t *testing.T) {
 			set:  load(t, threeSites...),
 			node: "a1",
 			want: []string{
-				"node a1 site a underlay 10.1.0.1 pods [10.10.1.0/24] tunnel 10.10.1.1 mtu 0",
-				"peer b1 b 10.2.0.1 [10.20.1.0/24]",
+				`node a1 site a underlay 10.1.0.1 pods [10.10.1.0/24] tunnel 10.10.1.1 (Node "a1" spec.podCIDRs[0]) mtu 0`,
+				"peer b1 b 10.2.0.1 10.20.1.1 [10.20.1.0/24]",
 				`route 10.20.1.0/24 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
+				`snat 10.10.1.1 except 10.10.1.0/24 (Node "a1" spec.podCIDRs[0])`,
 				`warning SitePeering "a-c" has meshNodes false: gateway mode is not supported yet, so its sites give no peers`,
 			},
 		},
@@ -163,36 +244,173 @@ func TestCompute(t *testing.T) {
 			set:  load(t, threeSites...),
 			node: "b1",
 			want: []string{
-				"node b1 site b underlay 10.2.0.1 pods [10.20.1.0/24] tunnel 10.20.1.1 mtu 0",
-				"peer a1 a 10.1.0.1 [10.10.1.0/24]",
-				"peer c1 c 10.3.0.1 [10.30.1.0/24]",
+				`node b1 site b underlay 10.2.0.1 pods [10.20.1.0/24] tunnel 10.20.1.1 (Node "b1" spec.podCIDRs[0]) mtu 0`,
+				"peer a1 a 10.1.0.1 10.10.1.1 [10.10.1.0/24]",
+				"peer c1 c 10.3.0.1 10.30.1.1 [10.30.1.0/24]",
 				`route 10.10.1.0/24 -> a1 10.1.0.1 (Node "a1" spec.podCIDRs[0])`,
 				`route 10.30.1.0/24 -> c1 10.3.0.1 (Node "c1" spec.podCIDRs[0])`,
+				`snat 10.20.1.1 except 10.20.1.0/24 (Node "b1" spec.podCIDRs[0])`,
 			},
 		},
 		{
-			name: "seed 000, flex node",
+			name: "seed 000, flex node: the cluster's pod block goes to a group of its nodes",
 			set:  seed000,
 			node: "flex-1",
 			want: []string{
-				"node flex-1 site flex-site underlay 192.168.10.10 pods [192.168.20.0/25] tunnel 192.168.20.1 mtu 0",
-				"peer aks-nodepool1-0 cluster 10.0.0.4 []",
-				"peer aks-nodepool1-1 cluster 10.0.0.5 []",
-				`warning peer Node "aks-nodepool1-0" has no podCIDR yet: no routes to it`,
-				`warning peer Node "aks-nodepool1-1" has no podCIDR yet: no routes to it`,
+				`node flex-1 site flex-site underlay 192.168.10.10 pods [192.168.20.0/25] tunnel 192.168.20.1 (` + flexPods + `) mtu 0`,
+				"peer aks-nodepool1-0 cluster 10.0.0.4 100.64.0.4 [10.0.2.0/23 100.64.0.4/32]",
+				"peer aks-nodepool1-1 cluster 10.0.0.5 100.64.0.5 [10.0.2.0/23 100.64.0.5/32]",
+				`route 10.0.2.0/23 -> group [aks-nodepool1-0 10.0.0.4, aks-nodepool1-1 10.0.0.5] (` + clusterBlk + `)`,
+				`route 100.64.0.4/32 -> aks-nodepool1-0 10.0.0.4 (` + aks0Tunnel + `)`,
+				`route 100.64.0.5/32 -> aks-nodepool1-1 10.0.0.5 (` + aks1Tunnel + `)`,
+				`snat 192.168.20.1 except 192.168.20.0/25 (` + flexPods + `)`,
 			},
 		},
 		{
-			name: "seed 000, cluster node",
+			name: "seed 000, cluster node: its own blocks stay local, declared sources are kept",
 			set:  seed000,
 			node: "aks-nodepool1-0",
 			want: []string{
-				"node aks-nodepool1-0 site cluster underlay 10.0.0.4 pods [] tunnel invalid IP mtu 0",
-				"peer aks-nodepool1-1 cluster 10.0.0.5 []",
-				"peer flex-1 flex-site 192.168.10.10 [192.168.20.0/25]",
-				`route 192.168.20.0/25 -> flex-1 192.168.10.10 (Node "flex-1" spec.podCIDRs[0])`,
-				`warning Node "aks-nodepool1-0" has no podCIDR yet: it has no tunnel address, and peers have no route back to its pods`,
-				`warning peer Node "aks-nodepool1-1" has no podCIDR yet: no routes to it`,
+				`node aks-nodepool1-0 site cluster underlay 10.0.0.4 pods [] tunnel 100.64.0.4 (` + aks0Tunnel + `) mtu 0`,
+				"peer aks-nodepool1-1 cluster 10.0.0.5 100.64.0.5 [10.0.2.0/23 100.64.0.5/32]",
+				"peer flex-1 flex-site 192.168.10.10 192.168.20.1 [192.168.20.0/25]",
+				`route 100.64.0.5/32 -> aks-nodepool1-1 10.0.0.5 (` + aks1Tunnel + `)`,
+				`route 192.168.20.0/25 -> flex-1 192.168.10.10 (` + flexPods + `)`,
+				"local [10.0.0.0/16 10.0.2.0/23]",
+				"fabric [10.0.2.0/23]",
+				`snat 100.64.0.4 except 10.0.2.0/23 (` + clusterBlk + `), 100.64.0.4/32 (` + aks0Tunnel + `)`,
+			},
+		},
+		{
+			name: "seed 000 with returnPath SNAT, flex node: no group route, tunnel addresses only",
+			set:  seedSNAT(t),
+			node: "flex-1",
+			want: []string{
+				`node flex-1 site flex-site underlay 192.168.10.10 pods [192.168.20.0/25] tunnel 192.168.20.1 (` + flexPods + `) mtu 0`,
+				"peer aks-nodepool1-0 cluster 10.0.0.4 100.64.0.4 [100.64.0.4/32]",
+				"peer aks-nodepool1-1 cluster 10.0.0.5 100.64.0.5 [100.64.0.5/32]",
+				`route 100.64.0.4/32 -> aks-nodepool1-0 10.0.0.4 (` + aks0Tunnel + `)`,
+				`route 100.64.0.5/32 -> aks-nodepool1-1 10.0.0.5 (` + aks1Tunnel + `)`,
+				`snat 192.168.20.1 except 192.168.20.0/25 (` + flexPods + `)`,
+			},
+		},
+		{
+			name: "seed 000 with returnPath SNAT, cluster node: every pod source translated",
+			set:  seedSNAT(t),
+			node: "aks-nodepool1-0",
+			want: []string{
+				`node aks-nodepool1-0 site cluster underlay 10.0.0.4 pods [] tunnel 100.64.0.4 (` + aks0Tunnel + `) mtu 0`,
+				"peer aks-nodepool1-1 cluster 10.0.0.5 100.64.0.5 [100.64.0.5/32]",
+				"peer flex-1 flex-site 192.168.10.10 192.168.20.1 [192.168.20.0/25]",
+				`route 100.64.0.5/32 -> aks-nodepool1-1 10.0.0.5 (` + aks1Tunnel + `)`,
+				`route 192.168.20.0/25 -> flex-1 192.168.10.10 (` + flexPods + `)`,
+				"local [10.0.0.0/16 10.0.2.0/23]",
+				`snat 100.64.0.4 except 100.64.0.4/32 (` + aks0Tunnel + `)`,
+			},
+		},
+		{
+			name: "seed 000, a cluster node without tunnel address is no peer",
+			set:  seedExtraNodes(t, node("aks-nodepool1-2", "10.0.0.6", "")),
+			node: "flex-1",
+			want: []string{
+				`node flex-1 site flex-site underlay 192.168.10.10 pods [192.168.20.0/25] tunnel 192.168.20.1 (` + flexPods + `) mtu 0`,
+				"peer aks-nodepool1-0 cluster 10.0.0.4 100.64.0.4 [10.0.2.0/23 100.64.0.4/32]",
+				"peer aks-nodepool1-1 cluster 10.0.0.5 100.64.0.5 [10.0.2.0/23 100.64.0.5/32]",
+				`route 10.0.2.0/23 -> group [aks-nodepool1-0 10.0.0.4, aks-nodepool1-1 10.0.0.5] (` + clusterBlk + `)`,
+				`route 100.64.0.4/32 -> aks-nodepool1-0 10.0.0.4 (` + aks0Tunnel + `)`,
+				`route 100.64.0.5/32 -> aks-nodepool1-1 10.0.0.5 (` + aks1Tunnel + `)`,
+				`snat 192.168.20.1 except 192.168.20.0/25 (` + flexPods + `)`,
+				`warning peer Node "aks-nodepool1-2" of Site "cluster" has no tunnel address (no IPv4 podCIDR, no annotation isthmus.dev/tunnel-ipv4): it is not a peer until it has one`,
+			},
+		},
+		{
+			// The seed's canary got spec.podCIDR 10.0.12.0/24 from the cluster,
+			// outside the pod subnet: it is routed to the node from the flex
+			// site, and its first address is the node's tunnel address.
+			name: "seed 000, stray podCIDR on a cluster node, seen from the flex node",
+			set:  seedExtraNodes(t, node("aks-canary", "10.0.0.7", "10.0.12.0/24")),
+			node: "flex-1",
+			want: []string{
+				`node flex-1 site flex-site underlay 192.168.10.10 pods [192.168.20.0/25] tunnel 192.168.20.1 (` + flexPods + `) mtu 0`,
+				"peer aks-canary cluster 10.0.0.7 10.0.12.1 [10.0.2.0/23 10.0.12.0/24]",
+				"peer aks-nodepool1-0 cluster 10.0.0.4 100.64.0.4 [10.0.2.0/23 100.64.0.4/32]",
+				"peer aks-nodepool1-1 cluster 10.0.0.5 100.64.0.5 [10.0.2.0/23 100.64.0.5/32]",
+				`route 10.0.2.0/23 -> group [aks-canary 10.0.0.7, aks-nodepool1-0 10.0.0.4, aks-nodepool1-1 10.0.0.5] (` + clusterBlk + `)`,
+				`route 10.0.12.0/24 -> aks-canary 10.0.0.7 (Node "aks-canary" spec.podCIDRs[0])`,
+				`route 100.64.0.4/32 -> aks-nodepool1-0 10.0.0.4 (` + aks0Tunnel + `)`,
+				`route 100.64.0.5/32 -> aks-nodepool1-1 10.0.0.5 (` + aks1Tunnel + `)`,
+				`snat 192.168.20.1 except 192.168.20.0/25 (` + flexPods + `)`,
+				`warning Node "aks-canary" spec.podCIDRs[0] 10.0.12.0/24 is outside the pod blocks of Site "cluster" (spec.podCidrAssignments[].cidrBlocks [10.0.2.0/23])`,
+			},
+		},
+		{
+			name: "seed 000, stray podCIDR on the cluster node itself: localCidrs keep it off the tunnel",
+			set:  seedExtraNodes(t, node("aks-canary", "10.0.0.7", "10.0.12.0/24")),
+			node: "aks-nodepool1-0",
+			want: []string{
+				`node aks-nodepool1-0 site cluster underlay 10.0.0.4 pods [] tunnel 100.64.0.4 (` + aks0Tunnel + `) mtu 0`,
+				"peer aks-canary cluster 10.0.0.7 10.0.12.1 [10.0.2.0/23 10.0.12.0/24]",
+				"peer aks-nodepool1-1 cluster 10.0.0.5 100.64.0.5 [10.0.2.0/23 100.64.0.5/32]",
+				"peer flex-1 flex-site 192.168.10.10 192.168.20.1 [192.168.20.0/25]",
+				`route 100.64.0.5/32 -> aks-nodepool1-1 10.0.0.5 (` + aks1Tunnel + `)`,
+				`route 192.168.20.0/25 -> flex-1 192.168.10.10 (` + flexPods + `)`,
+				"local [10.0.0.0/16 10.0.2.0/23]",
+				"fabric [10.0.2.0/23]",
+				`snat 100.64.0.4 except 10.0.2.0/23 (` + clusterBlk + `), 100.64.0.4/32 (` + aks0Tunnel + `)`,
+				`correction 10.0.12.0/24 - local 10.0.0.0/16 = [] (Node "aks-canary" spec.podCIDRs[0])`,
+				`warning Node "aks-canary" spec.podCIDRs[0] 10.0.12.0/24 is outside the pod blocks of Site "cluster" (spec.podCidrAssignments[].cidrBlocks [10.0.2.0/23])`,
+			},
+		},
+		{
+			name: "localCidrs overlapping remote podCIDRs split them",
+			set: load(t,
+				site("a", "10.1.0.0/24", "10.10.0.0/16", "  localCidrs: [10.20.1.128/25, 10.20.2.0/23]\n"),
+				site("b", "10.2.0.0/24", "10.20.0.0/16", ""),
+				peering("a-b", "a, b", ""),
+				node("a1", "10.1.0.1", "10.10.1.0/24"),
+				node("b1", "10.2.0.1", "10.20.1.0/24"),
+				node("b2", "10.2.0.2", "10.20.2.0/24"),
+				node("b3", "10.2.0.3", "10.20.4.0/24"),
+			),
+			node: "a1",
+			want: []string{
+				`node a1 site a underlay 10.1.0.1 pods [10.10.1.0/24] tunnel 10.10.1.1 (Node "a1" spec.podCIDRs[0]) mtu 0`,
+				"peer b1 b 10.2.0.1 10.20.1.1 [10.20.1.0/24]",
+				"peer b2 b 10.2.0.2 10.20.2.1 [10.20.2.0/24]",
+				"peer b3 b 10.2.0.3 10.20.4.1 [10.20.4.0/24]",
+				`route 10.20.1.0/25 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
+				`route 10.20.4.0/24 -> b3 10.2.0.3 (Node "b3" spec.podCIDRs[0])`,
+				"local [10.20.1.128/25 10.20.2.0/23]",
+				`snat 10.10.1.1 except 10.10.1.0/24 (Node "a1" spec.podCIDRs[0])`,
+				`correction 10.20.1.0/24 - local 10.20.1.128/25 = [10.20.1.0/25] (Node "b1" spec.podCIDRs[0])`,
+				`correction 10.20.2.0/24 - local 10.20.2.0/23 = [] (Node "b2" spec.podCIDRs[0])`,
+			},
+		},
+		{
+			name: "an unmanaged site without usable nodes gets no group route",
+			set: load(t,
+				site("a", "10.1.0.0/24", "10.10.0.0/16", ""),
+				site("u", "10.2.0.0/24", "10.20.0.0/16", "  manageCniPlugin: false\n"),
+				peering("a-u", "a, u", ""),
+				node("a1", "10.1.0.1", "10.10.1.0/24"),
+			),
+			node: "a1",
+			want: []string{
+				`node a1 site a underlay 10.1.0.1 pods [10.10.1.0/24] tunnel 10.10.1.1 (Node "a1" spec.podCIDRs[0]) mtu 0`,
+				`snat 10.10.1.1 except 10.10.1.0/24 (Node "a1" spec.podCIDRs[0])`,
+				`warning Site "u" has no node with a tunnel address to deliver its pod blocks: they are not routed`,
+			},
+		},
+		{
+			name: "a managed node with only an annotation is reached at its tunnel address",
+			set:  load(t, append(twoSites[:3:3], node("a1", "10.1.0.1", "10.10.1.0/24"), annotated("b1", "10.2.0.1", "", "100.64.0.21"))...),
+			node: "a1",
+			want: []string{
+				`node a1 site a underlay 10.1.0.1 pods [10.10.1.0/24] tunnel 10.10.1.1 (Node "a1" spec.podCIDRs[0]) mtu 1400`,
+				"peer b1 b 10.2.0.1 100.64.0.21 [100.64.0.21/32]",
+				`route 100.64.0.21/32 -> b1 10.2.0.1 (Node "b1" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
+				`snat 10.10.1.1 except 10.10.1.0/24 (Node "a1" spec.podCIDRs[0])`,
+				`warning peer Node "b1" has no podCIDR yet: only its tunnel address is routed to it`,
 			},
 		},
 		{
@@ -200,13 +418,13 @@ func TestCompute(t *testing.T) {
 			set:  load(t, endpointInPods...),
 			node: "a1",
 			want: []string{
-				"node a1 site a underlay 10.1.0.1 pods [10.10.1.0/24] tunnel 10.10.1.1 mtu 0",
-				"peer a2 a 10.1.0.100 [10.10.2.0/24]",
-				"peer b1 b 10.2.0.1 [10.1.0.0/25]",
-				`route 10.1.0.0/32 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
-				`route 10.1.0.2/31 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
-				`route 10.1.0.4/30 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
-				`route 10.1.0.8/29 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
+				`node a1 site a underlay 10.1.0.10 pods [10.10.1.0/24] tunnel 10.10.1.1 (Node "a1" spec.podCIDRs[0]) mtu 0`,
+				"peer a2 a 10.1.0.100 10.10.2.1 [10.10.2.0/24]",
+				"peer b1 b 10.2.0.1 10.1.0.1 [10.1.0.0/25]",
+				`route 10.1.0.0/29 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
+				`route 10.1.0.8/31 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
+				`route 10.1.0.11/32 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
+				`route 10.1.0.12/30 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
 				`route 10.1.0.16/28 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
 				`route 10.1.0.32/27 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
 				`route 10.1.0.64/27 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
@@ -216,8 +434,9 @@ func TestCompute(t *testing.T) {
 				`route 10.1.0.104/29 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
 				`route 10.1.0.112/28 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
 				`route 10.10.2.0/24 -> a2 10.1.0.100 (Node "a2" spec.podCIDRs[0])`,
-				`correction 10.1.0.0/25 - 10.1.0.1 = [10.1.0.0/32 10.1.0.2/31 10.1.0.4/30 10.1.0.8/29 10.1.0.16/28 10.1.0.32/27 10.1.0.64/27 10.1.0.96/30 10.1.0.101/32 10.1.0.102/31 10.1.0.104/29 10.1.0.112/28] (Node "b1" spec.podCIDRs[0])`,
-				`correction 10.1.0.0/25 - 10.1.0.100 = [10.1.0.0/32 10.1.0.2/31 10.1.0.4/30 10.1.0.8/29 10.1.0.16/28 10.1.0.32/27 10.1.0.64/27 10.1.0.96/30 10.1.0.101/32 10.1.0.102/31 10.1.0.104/29 10.1.0.112/28] (Node "b1" spec.podCIDRs[0])`,
+				`snat 10.10.1.1 except 10.10.1.0/24 (Node "a1" spec.podCIDRs[0])`,
+				`correction 10.1.0.0/25 - 10.1.0.10 = [10.1.0.0/29 10.1.0.8/31 10.1.0.11/32 10.1.0.12/30 10.1.0.16/28 10.1.0.32/27 10.1.0.64/27 10.1.0.96/30 10.1.0.101/32 10.1.0.102/31 10.1.0.104/29 10.1.0.112/28] (Node "b1" spec.podCIDRs[0])`,
+				`correction 10.1.0.0/25 - 10.1.0.100 = [10.1.0.0/29 10.1.0.8/31 10.1.0.11/32 10.1.0.12/30 10.1.0.16/28 10.1.0.32/27 10.1.0.64/27 10.1.0.96/30 10.1.0.101/32 10.1.0.102/31 10.1.0.104/29 10.1.0.112/28] (Node "b1" spec.podCIDRs[0])`,
 			},
 		},
 		{
@@ -225,11 +444,12 @@ func TestCompute(t *testing.T) {
 			set:  load(t, endpointInPods...),
 			node: "b1",
 			want: []string{
-				"node b1 site b underlay 10.2.0.1 pods [10.1.0.0/25] tunnel 10.1.0.1 mtu 0",
-				"peer a1 a 10.1.0.1 [10.10.1.0/24]",
-				"peer a2 a 10.1.0.100 [10.10.2.0/24]",
-				`route 10.10.1.0/24 -> a1 10.1.0.1 (Node "a1" spec.podCIDRs[0])`,
+				`node b1 site b underlay 10.2.0.1 pods [10.1.0.0/25] tunnel 10.1.0.1 (Node "b1" spec.podCIDRs[0]) mtu 0`,
+				"peer a1 a 10.1.0.10 10.10.1.1 [10.10.1.0/24]",
+				"peer a2 a 10.1.0.100 10.10.2.1 [10.10.2.0/24]",
+				`route 10.10.1.0/24 -> a1 10.1.0.10 (Node "a1" spec.podCIDRs[0])`,
 				`route 10.10.2.0/24 -> a2 10.1.0.100 (Node "a2" spec.podCIDRs[0])`,
+				`snat 10.1.0.1 except 10.1.0.0/25 (Node "b1" spec.podCIDRs[0])`,
 			},
 		},
 		{
@@ -237,16 +457,17 @@ func TestCompute(t *testing.T) {
 			set:  load(t, append(twoSites, node("a3", "10.1.0.3", ""))...),
 			node: "a3",
 			want: []string{
-				"node a3 site a underlay 10.1.0.3 pods [] tunnel invalid IP mtu 1400",
-				"peer a1 a 10.1.0.1 [10.10.1.0/24]",
-				"peer a2 a 10.1.0.2 [10.10.2.0/24]",
-				"peer b1 b 10.2.0.1 [10.20.1.0/24]",
-				"peer b2 b 10.2.0.2 [10.20.2.0/24 fd00:20:2::/64]",
+				"node a3 site a underlay 10.1.0.3 pods [] tunnel invalid IP () mtu 1400",
+				"peer a1 a 10.1.0.1 10.10.1.1 [10.10.1.0/24]",
+				"peer a2 a 10.1.0.2 10.10.2.1 [10.10.2.0/24]",
+				"peer b1 b 10.2.0.1 10.20.1.1 [10.20.1.0/24]",
+				"peer b2 b 10.2.0.2 10.20.2.1 [10.20.2.0/24 fd00:20:2::/64]",
 				`route 10.10.1.0/24 -> a1 10.1.0.1 (Node "a1" spec.podCIDRs[0])`,
 				`route 10.10.2.0/24 -> a2 10.1.0.2 (Node "a2" spec.podCIDRs[0])`,
 				`route 10.20.1.0/24 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
 				`route 10.20.2.0/24 -> b2 10.2.0.2 (Node "b2" spec.podCIDRs[0])`,
 				`route fd00:20:2::/64 -> b2 10.2.0.2 (Node "b2" spec.podCIDRs[1])`,
+				`snat off: Node "a3" has no tunnel address to translate to (no IPv4 podCIDR, no annotation isthmus.dev/tunnel-ipv4)`,
 				`warning Node "a3" has no podCIDR yet: it has no tunnel address, and peers have no route back to its pods`,
 			},
 		},
@@ -254,7 +475,10 @@ func TestCompute(t *testing.T) {
 			name: "a lone node has no peers",
 			set:  load(t, site("a", "10.1.0.0/24", "10.10.0.0/16", ""), node("a1", "10.1.0.1", "10.10.1.0/31")),
 			node: "a1",
-			want: []string{"node a1 site a underlay 10.1.0.1 pods [10.10.1.0/31] tunnel 10.10.1.1 mtu 0"},
+			want: []string{
+				`node a1 site a underlay 10.1.0.1 pods [10.10.1.0/31] tunnel 10.10.1.1 (Node "a1" spec.podCIDRs[0]) mtu 0`,
+				`snat 10.10.1.1 except 10.10.1.0/31 (Node "a1" spec.podCIDRs[0])`,
+			},
 		},
 	}
 	for _, tt := range tests {
@@ -266,14 +490,38 @@ func TestCompute(t *testing.T) {
 			if diff := cmp.Diff(tt.want, summary(p)); diff != "" {
 				t.Errorf("plan (-want +got):\n%s", diff)
 			}
-			for _, r := range p.Routes {
-				for _, e := range append([]netip.Addr{p.Underlay}, peerUnderlays(p)...) {
-					if r.Prefix.Contains(e) {
-						t.Errorf("route %s holds underlay address %s", r.Prefix, e)
-					}
-				}
-			}
+			checkInvariants(t, p)
 		})
+	}
+}
+
+// checkInvariants fails when a route holds an underlay address or overlaps
+// a LocalPrefix, or a group has a member that is not a peer.
+func checkInvariants(t *testing.T, p *NodePlan) {
+	t.Helper()
+	peers := map[string]netip.Addr{}
+	for _, pr := range p.Peers {
+		peers[pr.Name] = pr.Underlay
+	}
+	for _, r := range p.Routes {
+		for _, e := range append([]netip.Addr{p.Underlay}, peerUnderlays(p)...) {
+			if r.Prefix.Contains(e) {
+				t.Errorf("route %s holds underlay address %s", r.Prefix, e)
+			}
+		}
+		for _, l := range p.LocalPrefixes {
+			if r.Prefix.Overlaps(l) {
+				t.Errorf("route %s overlaps local prefix %s", r.Prefix, l)
+			}
+		}
+		if (r.Peer == "") == (len(r.Group) == 0) {
+			t.Errorf("route %s has peer %q and group %v: want exactly one", r.Prefix, r.Peer, r.Group)
+		}
+		for _, h := range r.Group {
+			if via, ok := peers[h.Peer]; !ok || via != h.Via {
+				t.Errorf("route %s: group member %s %s is not a peer", r.Prefix, h.Peer, h.Via)
+			}
+		}
 	}
 }
 
@@ -319,35 +567,98 @@ func TestComputeDeterministic(t *testing.T) {
 }
 
 func TestCloneEqual(t *testing.T) {
-	p, err := Compute(load(t, endpointInPods...), "a1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := p.Clone()
-	if !c.Equal(p) {
-		t.Fatalf("clone differs: %s", cmp.Diff(summary(p), summary(c)))
-	}
-	mutations := []func(*NodePlan){
-		func(q *NodePlan) { q.Peers[0].AllowedSources[0] = netip.MustParsePrefix("10.99.0.0/16") },
-		func(q *NodePlan) { q.Corrections[0].Kept[0] = netip.MustParsePrefix("10.99.0.0/16") },
-		func(q *NodePlan) { q.Routes[0].Via = netip.MustParseAddr("10.99.0.1") },
-		func(q *NodePlan) { q.PodCIDRs[0] = netip.MustParsePrefix("10.99.0.0/16") },
-		func(q *NodePlan) { q.Warnings = append(q.Warnings, "x") },
-		func(q *NodePlan) { q.TunnelMTU = 1 },
-	}
-	orig := p.Clone()
-	for i, mutate := range mutations {
-		c := p.Clone()
-		mutate(c)
-		if c.Equal(p) || p.Equal(c) {
-			t.Errorf("mutation %d: still equal", i)
+	canary := seedExtraNodes(t, node("aks-canary", "10.0.0.7", "10.0.12.0/24"))
+	for _, tc := range []struct {
+		set       *objects.Set
+		node      string
+		mutations []func(*NodePlan)
+	}{
+		{load(t, endpointInPods...), "a1", []func(*NodePlan){
+			func(q *NodePlan) { q.Peers[0].AllowedSources[0] = netip.MustParsePrefix("10.99.0.0/16") },
+			func(q *NodePlan) { q.Corrections[0].Kept[0] = netip.MustParsePrefix("10.99.0.0/16") },
+			func(q *NodePlan) { q.Corrections[0].Endpoint = netip.MustParseAddr("10.99.0.1") },
+			func(q *NodePlan) { q.Routes[0].Via = netip.MustParseAddr("10.99.0.1") },
+			func(q *NodePlan) { q.PodCIDRs[0] = netip.MustParsePrefix("10.99.0.0/16") },
+			func(q *NodePlan) { q.Warnings = append(q.Warnings, "x") },
+			func(q *NodePlan) { q.TunnelMTU = 1 },
+			func(q *NodePlan) { q.TunnelAddrOrigin = "x" },
+			func(q *NodePlan) { q.Peers[0].TunnelAddr = netip.MustParseAddr("10.99.0.1") },
+		}},
+		{canary, "flex-1", []func(*NodePlan){
+			func(q *NodePlan) { q.Routes[0].Group[0].Via = netip.MustParseAddr("10.99.0.1") },
+			func(q *NodePlan) { q.Routes[0].Group = q.Routes[0].Group[:1] },
+			func(q *NodePlan) { q.SNAT.Exempt[0].Origin = "x" },
+			func(q *NodePlan) { q.SNAT.Addr = netip.MustParseAddr("10.99.0.1") },
+			func(q *NodePlan) { q.SNAT.Reason = "x" },
+		}},
+		{canary, "aks-nodepool1-0", []func(*NodePlan){
+			func(q *NodePlan) { q.Corrections[0].Local = netip.MustParsePrefix("10.99.0.0/16") },
+			func(q *NodePlan) { q.LocalPrefixes[0] = netip.MustParsePrefix("10.99.0.0/16") },
+			func(q *NodePlan) { q.FabricPrefixes[0] = netip.MustParsePrefix("10.99.0.0/16") },
+			func(q *NodePlan) { q.SNAT.Exempt[1].Prefix = netip.MustParsePrefix("10.99.0.1/32") },
+		}},
+	} {
+		p, err := Compute(tc.set, tc.node)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if !p.Equal(orig) {
-			t.Errorf("mutation %d changed the original", i)
+		if c := p.Clone(); !c.Equal(p) {
+			t.Fatalf("%s: clone differs: %s", tc.node, cmp.Diff(summary(p), summary(c)))
+		}
+		orig := p.Clone()
+		for i, mutate := range tc.mutations {
+			c := p.Clone()
+			mutate(c)
+			if c.Equal(p) || p.Equal(c) {
+				t.Errorf("%s: mutation %d: still equal", tc.node, i)
+			}
+			if !p.Equal(orig) {
+				t.Errorf("%s: mutation %d changed the original", tc.node, i)
+			}
 		}
 	}
 	var nilPlan *NodePlan
+	p, _ := Compute(load(t, twoSites...), "a1")
 	if !nilPlan.Equal(nil) || nilPlan.Equal(p) || nilPlan.Clone() != nil {
 		t.Errorf("nil plan handling wrong")
+	}
+}
+
+// TestComputeNoTunnelAddr: a node of an unmanaged site without a tunnel
+// address cannot be a peer, so its plan is an error that says how to fix it.
+func TestComputeNoTunnelAddr(t *testing.T) {
+	set := seedExtraNodes(t, node("aks-nodepool1-2", "10.0.0.6", ""))
+	_, err := Compute(set, "aks-nodepool1-2")
+	want := `plan node "aks-nodepool1-2": the node has no tunnel address, and as a node of Site "cluster" (manageCniPlugin false) it needs one to be a peer: ` +
+		`it has no IPv4 podCIDR, so set the annotation isthmus.dev/tunnel-ipv4 to an IPv4 address outside every pod block and underlay network, ` +
+		`e.g. kubectl annotate node aks-nodepool1-2 isthmus.dev/tunnel-ipv4=100.64.0.4`
+	if err == nil || err.Error() != want {
+		t.Errorf("Compute error = %v\nwant %s", err, want)
+	}
+}
+
+// TestComputeDuplicatePrefix: a node's podCIDR equal to its unmanaged site's
+// block gives one route, to the node.
+func TestComputeDuplicatePrefix(t *testing.T) {
+	set := load(t,
+		site("a", "10.1.0.0/24", "10.10.0.0/16", ""),
+		site("u", "10.2.0.0/24", "10.20.0.0/24", "  manageCniPlugin: false\n"),
+		peering("a-u", "a, u", ""),
+		node("a1", "10.1.0.1", "10.10.1.0/24"),
+		node("u1", "10.2.0.1", "10.20.0.0/24"),
+	)
+	p, err := Compute(set, "a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		`node a1 site a underlay 10.1.0.1 pods [10.10.1.0/24] tunnel 10.10.1.1 (Node "a1" spec.podCIDRs[0]) mtu 0`,
+		"peer u1 u 10.2.0.1 10.20.0.1 [10.20.0.0/24]",
+		`route 10.20.0.0/24 -> u1 10.2.0.1 (Node "u1" spec.podCIDRs[0])`,
+		`snat 10.10.1.1 except 10.10.1.0/24 (Node "a1" spec.podCIDRs[0])`,
+		`warning route 10.20.0.0/24 from Node "u1" spec.podCIDRs[0] is also claimed by Site "u" spec.podCidrAssignments[0].cidrBlocks[0]: the first is kept`,
+	}
+	if diff := cmp.Diff(want, summary(p)); diff != "" {
+		t.Errorf("plan (-want +got):\n%s", diff)
 	}
 }

@@ -72,3 +72,9 @@ func comparePrefix(a, b netip.Prefix) int {
 func sortPrefixes(ps []netip.Prefix) {
 	slices.SortFunc(ps, comparePrefix)
 }
+
+// sortedUnique sorts ps in place and drops repeats; nil stays nil.
+func sortedUnique(ps []netip.Prefix) []netip.Prefix {
+	sortPrefixes(ps)
+	return slices.Compact(ps)
+}

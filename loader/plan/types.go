@@ -19,11 +19,13 @@ type NodePlan struct {
 	// PodCIDRs are the node's own pod prefixes (spec.podCIDRs), IPv4 first.
 	PodCIDRs []netip.Prefix `json:"podCIDRs,omitempty"`
 	// TunnelAddr is the overlay address of the node's own stack (host traffic into
-	// the tunnel leaves with it): the first address of its IPv4 podCIDR. Invalid
-	// (zero) when the node has none.
+	// the tunnel leaves with it, return-path SNAT translates to it, peers route it
+	// back here): the annotation isthmus.dev/tunnel-ipv4, else the first address
+	// of its IPv4 podCIDR (objects.TunnelAddr). Invalid (zero) when the node has
+	// neither; only a node of a managed site can be planned without one.
 	TunnelAddr netip.Addr `json:"tunnelAddr,omitzero"`
 	// TunnelAddrOrigin names where TunnelAddr came from: `Node "a1" spec.podCIDRs[0]`
-	// or `Node "aks-1" annotation isthmus.dev/tunnel-ipv4`.
+	// or `Node "aks-1" metadata.annotations["isthmus.dev/tunnel-ipv4"]`.
 	TunnelAddrOrigin string `json:"tunnelAddrOrigin,omitempty"`
 	// TunnelMTU is the Site's spec.tunnelMTU, 0 when unset (the agent then uses
 	// the underlay MTU minus the 50 bytes of IPv4 GENEVE overhead).
@@ -45,8 +47,8 @@ type NodePlan struct {
 	// the CNI is unmanaged. Routes overlapping them are split (see Corrections).
 	// Sorted.
 	LocalPrefixes []netip.Prefix `json:"localPrefixes,omitempty"`
-	// Corrections report every route that was split because it contained a
-	// peer's underlay address or overlapped a LocalPrefix.
+	// Corrections report every route that was split because it contained an
+	// underlay address or overlapped a LocalPrefix, sorted by removed prefix.
 	Corrections []Correction `json:"corrections,omitempty"`
 	// Warnings are problems that did not stop the plan (a peer without a
 	// podCIDR, say), one sentence each.
@@ -81,7 +83,10 @@ type SNATPolicy struct {
 	// Addr is the translated source: the node's tunnel address. Invalid (zero)
 	// means no translation on this node; Reason then says why.
 	Addr netip.Addr `json:"addr,omitzero"`
-	// Exempt are the sources the peers route back to this node, sorted by prefix.
+	// Exempt are the IPv4 sources the peers route back to this node, sorted by
+	// prefix: its podCIDRs, its tunnel address (unless inside one) and, on a
+	// site whose pods another CNI owns with returnPath Fabric, the site's
+	// declared pod blocks.
 	Exempt []ExemptSource `json:"exempt,omitempty"`
 	// Reason explains a disabled policy, e.g. the node has no tunnel address.
 	Reason string `json:"reason,omitempty"`
@@ -111,11 +116,15 @@ type Route struct {
 	Origin string `json:"origin"`
 }
 
-// Correction records a prefix that contained a peer's underlay address and was
-// replaced by the prefixes around it.
+// Correction records a route that was cut: it contained a tunnel endpoint
+// (Endpoint, a peer's or this node's underlay address) or overlapped one of the
+// node's LocalPrefixes (Local). Exactly one of Endpoint and Local is set. Kept
+// are the prefixes that replaced Removed; empty when nothing of it is left. A
+// route cut in several places gives one Correction per cut, with the same Kept.
 type Correction struct {
 	Removed  netip.Prefix   `json:"removed"`
-	Endpoint netip.Addr     `json:"endpoint"`
+	Endpoint netip.Addr     `json:"endpoint,omitzero"`
+	Local    netip.Prefix   `json:"local,omitzero"`
 	Kept     []netip.Prefix `json:"kept"`
 	Origin   string         `json:"origin"`
 }
