@@ -68,11 +68,24 @@ func CheckBPFFS(dir string) error {
 	}
 }
 
+// DefaultNatEntries is the default size of the nat map (--snat-table-size).
+const DefaultNatEntries = 65536
+
+// Options are the load-time settings of the collection.
+type Options struct {
+	// NatEntries is the size of the nat map (both directions of every translated
+	// flow take one entry each); 0 means DefaultNatEntries.
+	NatEntries uint32
+}
+
 // Load loads the BPF collection with every map pinned by name in pinDir: a map
 // already pinned there (by an earlier run) is reused with its contents, a missing
 // one is created and pinned. A pinned map that does not match this build is an
-// error naming it. Programs are loaded but not attached.
-func Load(pinDir string) (*Datapath, error) {
+// error naming it. The nat map is created with opts.NatEntries entries; a pinned
+// one of another size is an error that says so: resizing would drop every live
+// translation, so it takes an explicit `isthmus uninstall`. Programs are loaded but
+// not attached.
+func Load(pinDir string, opts Options) (*Datapath, error) {
 	if err := CheckBPFFS(pinDir); err != nil {
 		return nil, err
 	}
@@ -83,6 +96,14 @@ func Load(pinDir string) (*Datapath, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load bpf spec: %w", err)
 	}
+	if opts.NatEntries == 0 {
+		opts.NatEntries = DefaultNatEntries
+	}
+	nat, ok := spec.Maps[string(maps.MapNat)]
+	if !ok {
+		return nil, fmt.Errorf("load bpf spec: no map %s", maps.MapNat)
+	}
+	nat.MaxEntries = opts.NatEntries
 	for name, ms := range spec.Maps {
 		if _, ours := mapNames[name]; !ours {
 			continue // .rodata and friends
@@ -124,6 +145,11 @@ func checkPinned(pinDir, name string, ms *ebpf.MapSpec) error {
 		return fmt.Errorf("open pinned map %s: %w (remove it with: isthmus uninstall --pin-dir %s)", path, err, pinDir)
 	}
 	defer m.Close()
+	if name == string(maps.MapNat) {
+		if info, err := m.Info(); err == nil && info.MaxEntries != ms.MaxEntries {
+			return fmt.Errorf("reuse pinned map %s: it has %d entries, --snat-table-size asks for %d; resizing drops every live translation, so remove the old datapath first (isthmus uninstall --pin-dir %s) or keep the old size", path, info.MaxEntries, ms.MaxEntries, pinDir)
+		}
+	}
 	if err := ms.Compatible(m); err != nil {
 		return fmt.Errorf("reuse pinned map %s: %w (this build needs another layout; remove the old datapath with: isthmus uninstall --pin-dir %s)", path, err, pinDir)
 	}

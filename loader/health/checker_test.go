@@ -1,0 +1,56 @@
+package health
+
+import (
+	"io"
+	"log/slog"
+	"net/netip"
+	"testing"
+	"time"
+)
+
+// TestCheckerLoopback runs the responder and the prober on 127.0.0.1: 127.0.0.1
+// answers, 127.0.0.2 (nobody listens there) goes down after 3 intervals, and comes
+// up within an interval of a responder appearing on it.
+func TestCheckerLoopback(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	const interval = 20 * time.Millisecond
+	c, err := Start(Config{Addr: netip.MustParseAddr("127.0.0.1"), Interval: interval, Multiplier: 3, Log: log})
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	defer c.Close()
+	up := Target{Name: "self", Underlay: netip.MustParseAddr("192.0.2.1"), TunnelAddr: netip.MustParseAddr("127.0.0.1")}
+	dead := Target{Name: "dead", Underlay: netip.MustParseAddr("192.0.2.2"), TunnelAddr: netip.MustParseAddr("127.0.0.2")}
+	c.SetTargets([]Target{up, dead})
+
+	start := time.Now()
+	select {
+	case down := <-c.Changes():
+		if len(down) != 1 || !down[dead.Underlay] {
+			t.Fatalf("first change: down = %v, want only 127.0.0.2's member", down)
+		}
+		if el := time.Since(start); el < 3*interval || el > 3*interval+time.Second {
+			t.Errorf("down after %v, want after 3 intervals and within interval x 3 + 1s", el)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the dead member never went down")
+	}
+
+	// A responder on 127.0.0.2 at the same port brings it back.
+	r, err := Start(Config{Addr: netip.MustParseAddr("127.0.0.2"), Port: c.Port(), Interval: time.Hour, Log: log})
+	if err != nil {
+		t.Fatalf("start second responder: %v", err)
+	}
+	defer r.Close()
+	select {
+	case down := <-c.Changes():
+		if len(down) != 0 {
+			t.Fatalf("after the responder appeared: down = %v", down)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the member never came back up")
+	}
+	if d := c.Down(); len(d) != 0 {
+		t.Fatalf("Down() = %v", d)
+	}
+}

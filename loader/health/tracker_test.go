@@ -1,0 +1,137 @@
+package health
+
+import (
+	"maps"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/isthmus-dev/isthmus/loader/plan"
+)
+
+var (
+	a = Target{Name: "c1", Underlay: netip.MustParseAddr("172.16.3.11"), TunnelAddr: netip.MustParseAddr("10.250.0.1")}
+	b = Target{Name: "c2", Underlay: netip.MustParseAddr("172.16.3.12"), TunnelAddr: netip.MustParseAddr("10.250.0.2")}
+)
+
+var addrEq = cmp.Comparer(func(x, y netip.Addr) bool { return x == y })
+
+// clock is a fake clock advanced by hand, one probe interval at a time.
+type clock struct{ now time.Time }
+
+func (c *clock) tick() time.Time { c.now = c.now.Add(time.Second); return c.now }
+
+func TestTrackerDownAfterMultiplierMissesUpOnFirstAnswer(t *testing.T) {
+	clk := &clock{now: time.Unix(1000, 0)}
+	tr := NewTracker(3)
+	tr.SetTargets([]Target{a, b})
+	if tr.Down() != nil {
+		t.Fatalf("new members must start up, down = %v", tr.Down())
+	}
+	// Round 1 sends the first probes; b answers every round, a never does.
+	var downAt time.Time
+	for round := 1; round <= 5; round++ {
+		ts := tr.Round(clk.tick())
+		switch {
+		case round < 4 && len(ts) != 0:
+			t.Fatalf("round %d: transitions %v before 3 misses", round, ts)
+		case round == 4:
+			want := []Transition{{Target: a, Up: false, Misses: 3, At: clk.now}}
+			if diff := cmp.Diff(want, ts, addrEq); diff != "" {
+				t.Fatalf("round 4 (-want +got):\n%s", diff)
+			}
+			downAt = clk.now
+		case round == 5 && len(ts) != 0:
+			t.Fatalf("round 5: a already down, got %v again", ts)
+		}
+		tr.Answer(b.TunnelAddr, clk.now.Add(time.Millisecond))
+	}
+	// Failover within interval x multiplier + 1s of a's last chance to answer
+	// (its first probe went out at 1001).
+	if downAt.Sub(time.Unix(1001, 0)) > 3*time.Second+time.Second {
+		t.Errorf("down at %v: later than interval x multiplier + 1s", downAt)
+	}
+	if !maps.Equal(tr.Down(), map[netip.Addr]bool{a.Underlay: true}) {
+		t.Fatalf("down = %v, want only a", tr.Down())
+	}
+	// One answer, even late, brings a back.
+	ts := tr.Answer(a.TunnelAddr, clk.now.Add(500*time.Millisecond))
+	if len(ts) != 1 || !ts[0].Up || ts[0].Target != a || ts[0].Misses != 4 {
+		t.Fatalf("answer after down: %v, want a up after 4 misses", ts)
+	}
+	if tr.Down() != nil {
+		t.Fatalf("down after the answer = %v", tr.Down())
+	}
+	if ts := tr.Answer(a.TunnelAddr, clk.now); len(ts) != 0 {
+		t.Fatalf("a second answer is no transition: %v", ts)
+	}
+}
+
+func TestTrackerMissesMustBeInARow(t *testing.T) {
+	clk := &clock{now: time.Unix(0, 0)}
+	tr := NewTracker(3)
+	tr.SetTargets([]Target{a})
+	// Probes of rounds 1 and 2 go unanswered, 3 is answered, then 4, 5 and 6 go
+	// unanswered: down only when round 7 counts the third miss in a row.
+	for i, answer := range []bool{false, false, true, false, false, false} {
+		if ts := tr.Round(clk.tick()); len(ts) != 0 {
+			t.Fatalf("round %d: %v", i+1, ts)
+		}
+		if answer {
+			tr.Answer(a.TunnelAddr, clk.now)
+		}
+	}
+	if ts := tr.Round(clk.tick()); len(ts) != 1 || ts[0].Up {
+		t.Fatalf("third miss in a row: %v, want down", ts)
+	}
+}
+
+func TestTrackerTargetsChange(t *testing.T) {
+	clk := &clock{now: time.Unix(0, 0)}
+	tr := NewTracker(1)
+	tr.SetTargets([]Target{a, b})
+	tr.Round(clk.tick())
+	tr.Round(clk.tick())
+	if len(tr.Down()) != 2 {
+		t.Fatalf("down = %v, want both", tr.Down())
+	}
+	// b stays (keeps its state), a leaves, a stranger's answer is ignored.
+	tr.SetTargets([]Target{b})
+	if !maps.Equal(tr.Down(), map[netip.Addr]bool{b.Underlay: true}) {
+		t.Fatalf("down after a left = %v", tr.Down())
+	}
+	if ts := tr.Answer(a.TunnelAddr, clk.now); len(ts) != 0 {
+		t.Fatalf("answer from a former target: %v", ts)
+	}
+	// b's tunnel address changes: it starts over, up.
+	b2 := b
+	b2.TunnelAddr = netip.MustParseAddr("10.250.0.22")
+	tr.SetTargets([]Target{b2})
+	if tr.Down() != nil {
+		t.Fatalf("down = %v after b's tunnel address changed", tr.Down())
+	}
+}
+
+func TestTargets(t *testing.T) {
+	p := &plan.NodePlan{
+		Peers: []plan.Peer{
+			{Name: "c1", Underlay: a.Underlay, TunnelAddr: a.TunnelAddr},
+			{Name: "c2", Underlay: b.Underlay, TunnelAddr: b.TunnelAddr},
+			{Name: "c3", Underlay: netip.MustParseAddr("172.16.3.13")},
+		},
+		Routes: []plan.Route{
+			{Prefix: netip.MustParsePrefix("10.1.0.0/24"), Peer: "c1", Via: a.Underlay},
+			{Prefix: netip.MustParsePrefix("10.0.2.0/23"), Group: []plan.NextHop{{Peer: "c2", Via: b.Underlay}, {Peer: "c1", Via: a.Underlay}, {Peer: "c3", Via: netip.MustParseAddr("172.16.3.13")}}},
+			{Prefix: netip.MustParsePrefix("10.0.6.0/24"), Group: []plan.NextHop{{Peer: "c1", Via: a.Underlay}}},
+		},
+	}
+	got, warns := Targets(p)
+	if diff := cmp.Diff([]Target{a, b}, got, addrEq); diff != "" {
+		t.Errorf("targets (-want +got):\n%s", diff)
+	}
+	if len(warns) != 1 {
+		t.Errorf("warnings %q, want one for c3 without a tunnel address", warns)
+	}
+}
