@@ -212,3 +212,6 @@ func (s *Scenario) translated(pod string) bool {
 	}
 	return false
 }
+
+// Pod returns the named pod, false when there is none.
+func (s *Scenario) Pod(name string) (PodRef, bool) { return s.pod(name) }

@@ -77,7 +77,6 @@ func udpRoundTrip(ns string, to netip.AddrPort, timeout time.Duration) error {
 	return err
 }
 
-
 // TestSeed000Topology checks the unmanaged-CNI lab without any datapath: the
 // Azure-CNI-style pods hang off azv-* veths with strict rp_filter, the fabric
 // routes each of them (/32) to its node, pods of the cluster site reach each
@@ -197,5 +196,14 @@ func TestSeed000VXLAN(t *testing.T) {
 	}
 	if p, _ := m.Get("aks1-ext", "flex-p1", TCP); p.Saw != netip.MustParseAddr("100.64.0.4") {
 		t.Errorf("flex-p1 saw %s, want 100.64.0.4", p.Saw)
+	}
+	// The connection-rate loop of the SNAT benchmark, briefly, on this path.
+	cr, err := ConnRate(ctx, l.PodNS("aks1-ext"), l.PodNS("flex-p1"), l.PodAddr("flex-p1"), 2, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d connections in %s (%.0f/s), %d failed, seen as %s", cr.Conns, cr.Duration.Round(time.Millisecond), cr.PerSecond(), cr.Failed, cr.Saw)
+	if cr.Saw != netip.MustParseAddr("100.64.0.4") || cr.Conns < 100 || cr.Failed > 0 {
+		t.Errorf("connection rate: %+v, want 100.64.0.4, at least 100 connections, none failed", cr)
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"time"
@@ -12,7 +13,9 @@ import (
 
 func newBenchCmd() *cobra.Command {
 	opts := bench.Options{Scenario: "default", Src: "a1-p1", Dst: "b1-p1", Duration: 8 * time.Second, Rounds: 3, WithoutRules: true}
+	snatOpts := bench.SNATOptions{Scenario: "seed000", Src: "aks1-ext", Dst: "flex-p1", Duration: 5 * time.Second, Rounds: 3, Workers: 4}
 	var output string
+	var snat bool
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure one TCP stream pod to pod: isthmus vs kernel VXLAN vs plain routing, in one run",
@@ -20,7 +23,13 @@ func newBenchCmd() *cobra.Command {
 sets it up, plain routing), with and without the CNI leftover iptables rules, then
 measures a single iperf3 TCP stream between two pods in every lab, round after round
 so drift spreads over all of them alike, and prints medians and ratios. The labs are
-removed afterwards. Needs root and iperf3. See docs/benchmarks.md.`,
+removed afterwards. Needs root and iperf3. See docs/benchmarks.md.
+
+With --snat it compares return-path source NAT instead: the seed000 scenario with
+isthmus (BPF SNAT translates the undeclared pod aks1-ext to aks-1's tunnel
+address) and with kernel VXLAN plus iptables MASQUERADE of that pod on its node,
+measuring in each a TCP connection rate (--workers loops opening, using and
+closing connections for --duration) and one iperf3 stream, interleaved.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if output != "table" && output != "json" {
@@ -29,6 +38,9 @@ removed afterwards. Needs root and iperf3. See docs/benchmarks.md.`,
 			exe, err := os.Executable()
 			if err != nil {
 				return fmt.Errorf("find isthmus binary: %w", err)
+			}
+			if snat {
+				return runSNATBench(cmd, snatOpts, opts, exe, output)
 			}
 			opts.Binary = exe
 			opts.Log = cmd.ErrOrStderr()
@@ -56,5 +68,44 @@ removed afterwards. Needs root and iperf3. See docs/benchmarks.md.`,
 	f.IntVar(&opts.Rounds, "rounds", opts.Rounds, "measurements per configuration, interleaved")
 	f.BoolVar(&opts.WithoutRules, "without-rules", opts.WithoutRules, "also measure every datapath with the CNI leftover rules removed")
 	f.StringVarP(&output, "output", "o", "table", "table or json")
+	f.BoolVar(&snat, "snat", false, "compare BPF return-path SNAT with iptables MASQUERADE over kernel VXLAN (scenario seed000, aks1-ext -> flex-p1, 5s)")
+	f.IntVar(&snatOpts.Workers, "workers", snatOpts.Workers, "with --snat: parallel connection loops of the connection-rate test")
 	return cmd
+}
+
+// runSNATBench runs `bench --snat`: the flags given explicitly override the
+// SNAT defaults.
+func runSNATBench(cmd *cobra.Command, so bench.SNATOptions, o bench.Options, exe, output string) error {
+	f := cmd.Flags()
+	if f.Changed("scenario") {
+		so.Scenario = o.Scenario
+	}
+	if f.Changed("src") {
+		so.Src = o.Src
+	}
+	if f.Changed("dst") {
+		so.Dst = o.Dst
+	}
+	if f.Changed("duration") {
+		so.Duration = o.Duration
+	}
+	if f.Changed("rounds") {
+		so.Rounds = o.Rounds
+	}
+	so.Binary = exe
+	so.Log = cmd.ErrOrStderr()
+	rep, err := bench.RunSNAT(cmd.Context(), so)
+	if err != nil {
+		return err
+	}
+	if output == "json" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return fmt.Errorf("encode report: %w", err)
+		}
+		_, err = fmt.Fprintln(cmd.OutOrStdout(), string(b))
+		return err
+	}
+	_, err = fmt.Fprint(cmd.OutOrStdout(), rep.String())
+	return err
 }

@@ -128,3 +128,62 @@ func TestRunShort(t *testing.T) {
 		}
 	}
 }
+
+func TestSNATReport(t *testing.T) {
+	rep := &SNATReport{Scenario: "seed000", Src: "aks1-ext", Dst: "flex-p1", Rounds: 3, Workers: 4, Duration: 5 * time.Second,
+		Results: []SNATResult{
+			{Config: SNATIsthmus, Samples: []SNATSample{{ConnsPerSec: 3000, Gbps: 12}, {ConnsPerSec: 2800, Gbps: 10}, {ConnsPerSec: 3200, Gbps: 11}}},
+			{Config: SNATMasquerade, Samples: []SNATSample{{ConnsPerSec: 2000, Gbps: 10}, {ConnsPerSec: 2500, Gbps: 11}, {ConnsPerSec: 1500, Gbps: 9}}},
+		}}
+	conns, gbps := rep.Ratios()
+	if math.Abs(conns-1.5) > 1e-9 || math.Abs(gbps-1.1) > 1e-9 {
+		t.Errorf("Ratios = %v, %v, want 1.5, 1.1", conns, gbps)
+	}
+	table := rep.String()
+	for _, want := range []string{"isthmus BPF SNAT    3000", "vxlan + MASQUERADE  2000", "1.50x connection rate, 1.10x throughput"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+	if c, g := (&SNATReport{}).Ratios(); c != 0 || g != 0 {
+		t.Errorf("Ratios of an empty report = %v, %v, want 0, 0", c, g)
+	}
+}
+
+// TestRunSNATShort runs the SNAT benchmark briefly on seed000: both source NATs
+// must carry connections and a stream with the translated address, so a broken
+// BPF SNAT or a broken MASQUERADE baseline fails here.
+func TestRunSNATShort(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("TestRunSNATShort needs root: it builds network namespaces and loads BPF programs")
+	}
+	bin := filepath.Join(t.TempDir(), "isthmus")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/isthmus").CombinedOutput(); err != nil {
+		t.Fatalf("build isthmus: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := RunSNAT(ctx, SNATOptions{Scenario: "seed000", Binary: bin, Src: "aks1-ext", Dst: "flex-p1",
+		Duration: 2 * time.Second, Rounds: 1, Workers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", rep)
+	if rep.SeenAs.String() != "100.64.0.4" {
+		t.Errorf("seen as %s, want aks-1's tunnel address 100.64.0.4", rep.SeenAs)
+	}
+	if len(rep.Results) != 2 {
+		t.Fatalf("got %d results, want 2", len(rep.Results))
+	}
+	for _, r := range rep.Results {
+		// Far below any sane figure here, far above a path that stalls.
+		if len(r.Samples) != 1 || r.MedianConns() < 100 || r.MedianGbps() < 0.3 {
+			t.Errorf("%s: samples %+v, want one above 100 conn/s and 0.3 Gbit/s", r.Config, r.Samples)
+		}
+	}
+	for _, c := range SNATConfigs {
+		if left, _ := filepath.Glob("/run/netns/isl-" + c.labName() + "-*"); len(left) > 0 {
+			t.Errorf("lab %s left namespaces: %v", c.labName(), left)
+		}
+	}
+}
