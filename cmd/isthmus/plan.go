@@ -21,9 +21,11 @@ func newPlanCmd() *cobra.Command {
 		Short: "Print the datapath state a node's agent would install",
 		Long: `plan loads the Site, SitePeering and Node objects in DIR (every *.yaml and
 *.yml file), computes the plan of one node and prints it: its site, underlay
-and tunnel address, its peers, the routes into the overlay, the corrections
-made to keep tunnel endpoints out of the overlay, and warnings. Nothing on the
-machine is changed.`,
+and tunnel address, the prefixes left to its site (local) and handed to its
+site's fabric, its peers, the routes into the overlay (a route to an
+unmanaged site goes to a group of its nodes), the sources return-path SNAT
+translates, the corrections made to keep tunnel endpoints and local prefixes
+out of the overlay, and warnings. Nothing on the machine is changed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runPlan(cmd.OutOrStdout(), cmd.ErrOrStderr(), node, dir, output)
@@ -79,29 +81,61 @@ func writePlanTable(w io.Writer, p *plan.NodePlan, warnings []objects.Warning) e
 	fmt.Fprintf(tw, "SITE\t%s\n", p.Site)
 	fmt.Fprintf(tw, "UNDERLAY\t%s\n", p.Underlay)
 	fmt.Fprintf(tw, "POD CIDRS\t%s\n", orNone(joinPrefixes(p.PodCIDRs)))
-	fmt.Fprintf(tw, "TUNNEL ADDRESS\t%s\n", orNone(addrText(p.TunnelAddr)))
+	tunnel := "(none)"
+	if p.TunnelAddr.IsValid() {
+		tunnel = fmt.Sprintf("%s from %s", p.TunnelAddr, p.TunnelAddrOrigin)
+	}
+	fmt.Fprintf(tw, "TUNNEL ADDRESS\t%s\n", tunnel)
 	fmt.Fprintf(tw, "TUNNEL MTU\t%s\n", mtu)
+	fmt.Fprintf(tw, "LOCAL\t%s\n", orNone(joinPrefixes(p.LocalPrefixes)))
+	fmt.Fprintf(tw, "FABRIC\t%s\n", orNone(joinPrefixes(p.FabricPrefixes)))
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write plan: %w", err)
 	}
 
 	section(w, "PEERS", len(p.Peers), func(tw *tabwriter.Writer) {
-		fmt.Fprintln(tw, "NAME\tSITE\tUNDERLAY\tALLOWED SOURCES")
+		fmt.Fprintln(tw, "NAME\tSITE\tUNDERLAY\tTUNNEL ADDRESS\tALLOWED SOURCES")
 		for _, pr := range p.Peers {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", pr.Name, pr.Site, pr.Underlay, orNone(joinPrefixes(pr.AllowedSources)))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", pr.Name, pr.Site, pr.Underlay, orNone(addrText(pr.TunnelAddr)), orNone(joinPrefixes(pr.AllowedSources)))
 		}
 	})
+	groups := 0
 	section(w, "ROUTES", len(p.Routes), func(tw *tabwriter.Writer) {
 		fmt.Fprintln(tw, "PREFIX\tPEER\tVIA\tORIGIN")
 		for _, r := range p.Routes {
+			if len(r.Group) > 0 {
+				groups++
+				fmt.Fprintf(tw, "%s\tgroup of %d\t(see ROUTE GROUPS)\t%s\n", r.Prefix, len(r.Group), r.Origin)
+				continue
+			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Prefix, r.Peer, r.Via, r.Origin)
 		}
 	})
+	section(w, "ROUTE GROUPS", groups, func(tw *tabwriter.Writer) {
+		// One row per route: each flow to the prefix takes one member by
+		// consistent hash, among those passing health checks.
+		fmt.Fprintln(tw, "PREFIX\tMEMBERS")
+		for _, r := range p.Routes {
+			if len(r.Group) == 0 {
+				continue
+			}
+			members := make([]string, len(r.Group))
+			for i, h := range r.Group {
+				members[i] = fmt.Sprintf("%s %s", h.Peer, h.Via)
+			}
+			fmt.Fprintf(tw, "%s\t%s\n", r.Prefix, strings.Join(members, ", "))
+		}
+	})
+	writeSNAT(w, p.SNAT)
 	section(w, "CORRECTIONS", len(p.Corrections), func(tw *tabwriter.Writer) {
 		// Kept last: it is the one column that can be long.
-		fmt.Fprintln(tw, "REMOVED\tENDPOINT\tORIGIN\tKEPT")
+		fmt.Fprintln(tw, "REMOVED\tCUT OUT\tORIGIN\tKEPT")
 		for _, c := range p.Corrections {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", c.Removed, c.Endpoint, c.Origin, orNone(joinPrefixes(c.Kept)))
+			cut := "underlay " + addrText(c.Endpoint)
+			if c.Local.IsValid() {
+				cut = "local " + c.Local.String()
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", c.Removed, cut, c.Origin, orNone(joinPrefixes(c.Kept)))
 		}
 	})
 	var all []string
@@ -115,6 +149,23 @@ func writePlanTable(w io.Writer, p *plan.NodePlan, warnings []objects.Warning) e
 		}
 	})
 	return nil
+}
+
+// writeSNAT prints the return-path SNAT policy: which sources entering the
+// tunnel on this node are translated, and why the others are not.
+func writeSNAT(w io.Writer, s plan.SNATPolicy) {
+	fmt.Fprintf(w, "\nSNAT\n")
+	if !s.Addr.IsValid() {
+		fmt.Fprintf(w, "off: %s\n", s.Reason)
+		return
+	}
+	fmt.Fprintf(w, "sources translated to %s on this node: everything except\n", s.Addr)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "PREFIX\tORIGIN")
+	for _, e := range s.Exempt {
+		fmt.Fprintf(tw, "%s\t%s\n", e.Prefix, e.Origin)
+	}
+	tw.Flush()
 }
 
 // section prints a titled table, or the title and "(none)" when it is empty.

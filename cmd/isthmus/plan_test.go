@@ -43,17 +43,29 @@ func TestPlanTable(t *testing.T) {
 			args:   []string{"--node", "flex-1", "--objects", seed000},
 			rows: []string{
 				"UNDERLAY        192.168.10.10",
-				"TUNNEL ADDRESS  192.168.20.1",
-				"aks-nodepool1-0  cluster  10.0.0.4  (none)",
-				`- peer Node "aks-nodepool1-1" has no podCIDR yet: no routes to it`,
+				`TUNNEL ADDRESS  192.168.20.1 from Node "flex-1" spec.podCIDRs[0]`,
+				"aks-nodepool1-0  cluster  10.0.0.4  100.64.0.4      10.0.2.0/23,100.64.0.4/32",
+				`10.0.2.0/23    group of 2       (see ROUTE GROUPS)  Site "cluster" spec.podCidrAssignments[0].cidrBlocks[0]`,
+				`100.64.0.4/32  aks-nodepool1-0  10.0.0.4            Node "aks-nodepool1-0" metadata.annotations["isthmus.dev/tunnel-ipv4"]`,
+				"ROUTE GROUPS\nPREFIX       MEMBERS\n10.0.2.0/23  aks-nodepool1-0 10.0.0.4, aks-nodepool1-1 10.0.0.5\n",
+				"sources translated to 192.168.20.1 on this node: everything except\nPREFIX           ORIGIN\n192.168.20.0/25  Node \"flex-1\" spec.podCIDRs[0]\n\n",
+				"LOCAL           (none)\nFABRIC          (none)\n",
 			},
 		},
 		{
 			golden: "plan-seed000-aks-nodepool1-0.txt",
 			args:   []string{"--node", "aks-nodepool1-0", "--objects", seed000, "-o", "table"},
 			rows: []string{
-				"flex-1           flex-site  192.168.10.10  192.168.20.0/25",
-				`192.168.20.0/25  flex-1  192.168.10.10  Node "flex-1" spec.podCIDRs[0]`,
+				`TUNNEL ADDRESS  100.64.0.4 from Node "aks-nodepool1-0" metadata.annotations["isthmus.dev/tunnel-ipv4"]`,
+				"LOCAL           10.0.0.0/16,10.0.2.0/23\nFABRIC          10.0.2.0/23\n",
+				"flex-1           flex-site  192.168.10.10  192.168.20.1    192.168.20.0/25",
+				`192.168.20.0/25  flex-1           192.168.10.10  Node "flex-1" spec.podCIDRs[0]`,
+				"ROUTE GROUPS\n(none)\n",
+				"sources translated to 100.64.0.4 on this node: everything except\n" +
+					"PREFIX         ORIGIN\n" +
+					"10.0.2.0/23    Site \"cluster\" spec.podCidrAssignments[0].cidrBlocks[0]\n" +
+					"100.64.0.4/32  Node \"aks-nodepool1-0\" metadata.annotations[\"isthmus.dev/tunnel-ipv4\"]\n\n",
+				"WARNINGS\n(none)\n",
 			},
 		},
 		{
@@ -62,7 +74,7 @@ func TestPlanTable(t *testing.T) {
 			rows: []string{
 				"TUNNEL MTU      1400",
 				`10.1.0.101/32  b1    10.2.0.1    Node "b1" spec.podCIDRs[0]`,
-				`10.1.0.0/25  10.1.0.100  Node "b1" spec.podCIDRs[0]  10.1.0.0/32,10.1.0.2/31,`,
+				`10.1.0.0/25  underlay 10.1.0.100  Node "b1" spec.podCIDRs[0]  10.1.0.0/29,10.1.0.8/31,10.1.0.11/32,`,
 				`- objects.yaml: Site "b": spec.podCidrAssignments[0].cidrBlocks[0]: 10.1.0.5/16 has host bits set; normalized to 10.1.0.0/16`,
 			},
 		},
@@ -115,7 +127,51 @@ func TestPlanJSON(t *testing.T) {
 	if !got.Equal(want) {
 		t.Errorf("JSON round trip differs:\n%s", out)
 	}
-	for _, field := range []string{`"underlay": "192.168.10.10"`, `"tunnelAddr": "192.168.20.1"`, `"podCIDRs": [`} {
+	if len(got.Routes) == 0 || len(got.Routes[0].Group) != 2 || len(got.SNAT.Exempt) != 1 {
+		t.Errorf("JSON lost the route group or the SNAT exemptions:\n%s", out)
+	}
+	for _, field := range []string{
+		`"underlay": "192.168.10.10"`, `"tunnelAddr": "192.168.20.1"`, `"podCIDRs": [`,
+		`"tunnelAddrOrigin": "Node \"flex-1\" spec.podCIDRs[0]"`,
+		`"group": [`, `"peer": "aks-nodepool1-0"`, `"via": "10.0.0.4"`,
+		`"snat": {`, `"addr": "192.168.20.1"`, `"exempt": [`,
+	} {
+		if !strings.Contains(out, field) {
+			t.Errorf("JSON lacks %s:\n%s", field, out)
+		}
+	}
+}
+
+func TestPlanJSONUnmanaged(t *testing.T) {
+	out, _, err := runPlanCmd(t, "--node", "aks-nodepool1-0", "--objects", seed000, "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got plan.NodePlan
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("output is not a NodePlan: %v\n%s", err, out)
+	}
+	set, _, err := objects.LoadDir(seed000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := plan.Compute(set, "aks-nodepool1-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.Equal(want) {
+		t.Errorf("JSON round trip differs:\n%s", out)
+	}
+	for _, field := range []string{
+		`"localPrefixes": [
+    "10.0.0.0/16",
+    "10.0.2.0/23"
+  ]`,
+		`"fabricPrefixes": [
+    "10.0.2.0/23"
+  ]`,
+		`"tunnelAddr": "100.64.0.5"`,
+	} {
 		if !strings.Contains(out, field) {
 			t.Errorf("JSON lacks %s:\n%s", field, out)
 		}
@@ -127,6 +183,20 @@ func TestPlanErrors(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(bad, "sites.yaml"), []byte("apiVersion: isthmus.dev/v1alpha1\nkind: Site\nmetadata: {name: s}\nspec: {nodeCidrs: [10.0.0.0/33]}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Seed 000 plus a cluster node without a tunnel address.
+	noTunnel := t.TempDir()
+	for _, name := range []string{"sites.yaml", "nodes.yaml"} {
+		data, err := os.ReadFile(filepath.Join(seed000, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(noTunnel, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(noTunnel, "more.yaml"), []byte("apiVersion: v1\nkind: Node\nmetadata: {name: aks-nodepool1-2}\nstatus: {addresses: [{type: InternalIP, address: 10.0.0.6}]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		args []string
 		want string
@@ -136,6 +206,8 @@ func TestPlanErrors(t *testing.T) {
 		{[]string{"--node", "flex-1", "--objects", bad}, `sites.yaml: Site "s": spec.nodeCidrs[0]: invalid CIDR "10.0.0.0/33"`},
 		{[]string{"--node", "flex-1", "--objects", filepath.Join(bad, "missing")}, "read objects directory"},
 		{[]string{"--objects", seed000}, `"node" not set`},
+		{[]string{"--node", "aks-nodepool1-2", "--objects", noTunnel}, `plan node "aks-nodepool1-2": the node has no tunnel address`},
+		{[]string{"--node", "aks-nodepool1-2", "--objects", noTunnel}, `set the annotation isthmus.dev/tunnel-ipv4`},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
