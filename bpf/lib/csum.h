@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Internet checksums: a full IPv4 header sum and the incremental TTL update. */
+/* Internet checksums: a full IPv4 header sum, the incremental TTL update, incremental
+ * updates of any checksum for a changed 16- or 32-bit field. */
 #pragma once
 
 #include "common.h"
@@ -33,4 +34,22 @@ static __always_inline void ipv4_decrease_ttl(struct iphdr *iph)
 	check += (__u32)bpf_htons(0x0100);
 	iph->check = (__sum16)(check + (check >= 0xFFFF));
 	iph->ttl--;
+}
+
+/* Returns checksum check updated for a 16-bit word of the summed data changing from
+ * from to to (RFC 1624 eqn. 3, as the kernel's csum_replace2). Byte order does not
+ * matter as long as all three are in the same one. */
+static __always_inline __sum16 csum_replace16(__sum16 check, __be16 from, __be16 to)
+{
+	return (__sum16)csum_fold32((__u32)(__u16)~check + (__u16)~from + (__u16)to);
+}
+
+/* Returns checksum check updated for a 32-bit field changing from from to to (RFC
+ * 1624 eqn. 3, as the kernel's csum_replace4). */
+static __always_inline __sum16 csum_replace32(__sum16 check, __be32 from, __be32 to)
+{
+	__u32 nf = ~from;
+
+	return (__sum16)csum_fold32((__u32)(__u16)~check + (nf & 0xffff) + (nf >> 16) +
+				    (to & 0xffff) + (to >> 16));
 }

@@ -13,6 +13,7 @@
 #include "fib.h"
 #include "icmp.h"
 #include "tcp.h"
+#include "nat.h"
 
 #define ENCAP_FLAGS	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | \
 			 BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH | \
@@ -164,8 +165,20 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 
 	key.addr = iph->daddr;
 	rt = bpf_map_lookup_elem(&routes, &key);
-	if (rt)
+	if (rt) {
+		/* Return-path SNAT (lib/nat.h); its rewrite invalidates the pointers. */
+		int nat = from_pod ? snat_egress(skb, cfg, iph, hook) : 0;
+
+		if (nat < 0)
+			return nat;
+		if (nat > 0) {
+			c.pos = (void *)(long)skb->data;
+			c.end = (void *)(long)skb->data_end;
+			if (parse_eth(&c, &eth) != ETH_P_IP || parse_ipv4(&c, &iph) < 0)
+				return DROP_SNAT_REWRITE;
+		}
 		return encap_geneve(skb, cfg, rt, iph, c.pos, from_pod, hook);
+	}
 	if (!from_pod)
 		return DROP_NO_OVERLAY_ROUTE;
 	return deliver_local_pod(skb, eth, iph, hook);

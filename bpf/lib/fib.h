@@ -6,6 +6,7 @@
 #include "maps.h"
 #include "metrics.h"
 #include "csum.h"
+#include "nat.h"
 #include "parse.h"
 
 #ifndef AF_INET
@@ -116,6 +117,8 @@ static __always_inline int is_fabric_dest(__be32 daddr)
 static __always_inline int deliver_decapped(struct __sk_buff *skb,
 					    const struct datapath_config *cfg, __u8 hook)
 {
+	/* Reverse SNAT first (lib/nat.h): it may rewrite the destination to a pod. */
+	int nat = snat_reverse(skb, cfg, hook);
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct cursor c = { .pos = data, .end = data_end };
@@ -125,6 +128,8 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 	long ret;
 	int rc;
 
+	if (nat < 0)
+		return nat;
 	if (parse_eth(&c, &eth) != ETH_P_IP)
 		return DROP_INNER_INVALID;
 	if (parse_ipv4(&c, &iph) < 0)

@@ -1,0 +1,98 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Connection tracking for return-path SNAT: idle timeouts, TCP state and the refresh of
+ * the two nat entries of a flow. The entries themselves are struct nat_key/nat_value. */
+#pragma once
+
+#include "common.h"
+#include "tcp.h"
+
+#define NSEC_PER_SEC		1000000000ULL
+
+/* Idle timeouts of a nat entry, in nanoseconds. An entry idle for longer counts as
+ * absent: its flow starts over and its port may be given to another flow. */
+#ifndef NAT_TCP_SYN_TIMEOUT
+#define NAT_TCP_SYN_TIMEOUT	(60 * NSEC_PER_SEC)	/* TCP, no reply yet */
+#endif
+#ifndef NAT_TCP_EST_TIMEOUT
+#define NAT_TCP_EST_TIMEOUT	(6 * 3600 * NSEC_PER_SEC)	/* TCP, reply seen */
+#endif
+#ifndef NAT_TCP_CLOSING_TIMEOUT
+#define NAT_TCP_CLOSING_TIMEOUT	(10 * NSEC_PER_SEC)	/* TCP, FIN or RST seen */
+#endif
+#ifndef NAT_UDP_TIMEOUT
+#define NAT_UDP_TIMEOUT		(60 * NSEC_PER_SEC)
+#endif
+#ifndef NAT_ICMP_TIMEOUT
+#define NAT_ICMP_TIMEOUT	(30 * NSEC_PER_SEC)
+#endif
+/* last_seen is rewritten at most this often while the state stays the same, so a busy
+ * flow does not bounce the entries' cache lines between CPUs on every packet. */
+#ifndef NAT_REFRESH
+#define NAT_REFRESH		NSEC_PER_SEC
+#endif
+
+#define TCP_FLAG_FIN		0x01
+#define TCP_FLAG_RST		0x04
+#define TCP_FLAG_ACK		0x10
+
+/* A packet as connection tracking sees it: its nat_key and, for TCP, its flags. */
+struct ct_tuple {
+	struct nat_key key;
+	__u8 tcp_flags;		/* TCP header byte 13; 0 for other protocols */
+};
+
+/* Returns the idle timeout (ns) of an entry of protocol proto in state state. */
+static __always_inline __u64 ct_timeout(__u8 proto, __u8 state)
+{
+	if (proto == IPPROTO_TCP) {
+		if (state == NAT_STATE_ESTABLISHED)
+			return NAT_TCP_EST_TIMEOUT;
+		if (state == NAT_STATE_CLOSING)
+			return NAT_TCP_CLOSING_TIMEOUT;
+		return NAT_TCP_SYN_TIMEOUT;
+	}
+	if (proto == IPPROTO_UDP)
+		return NAT_UDP_TIMEOUT;
+	return NAT_ICMP_TIMEOUT;
+}
+
+/* Returns 1 if entry v of protocol proto saw a packet within its timeout before now,
+ * 0 if it expired (a last_seen in the future wraps around and counts as expired). */
+static __always_inline int ct_live(const struct nat_value *v, __u8 proto, __u64 now)
+{
+	return now - v->last_seen <= ct_timeout(proto, v->state);
+}
+
+/* Returns the state of a flow of protocol proto in state state after a packet with
+ * TCP flags flags, in the reply direction or not: FIN or RST either way closes; a
+ * bare SYN from the pod (a new connection on the tuple) starts over; the first reply
+ * establishes. UDP and ICMP only record that a reply came. */
+static __always_inline __u8 ct_next_state(__u8 proto, __u8 state, __u8 flags, int reply)
+{
+	if (proto != IPPROTO_TCP)
+		return reply ? NAT_STATE_ESTABLISHED : state;
+	if (flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+		return NAT_STATE_CLOSING;
+	if (!reply && (flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+		return NAT_STATE_NEW;
+	if (reply && state == NAT_STATE_NEW)
+		return NAT_STATE_ESTABLISHED;
+	return state;
+}
+
+/* Records a packet of a flow at now in state state on its entry v and on the entry of
+ * the other direction o (may be NULL): both carry the same state and time, so they
+ * expire together. Returns nothing; writes only on a state change or after
+ * NAT_REFRESH. */
+static __always_inline void ct_refresh(struct nat_value *v, struct nat_value *o, __u8 state,
+				       __u64 now)
+{
+	if (v->state == state && now - v->last_seen < NAT_REFRESH)
+		return;
+	v->state = state;
+	v->last_seen = now;
+	if (o) {
+		o->state = state;
+		o->last_seen = now;
+	}
+}
