@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/isthmus-dev/isthmus/loader/datapath"
+	"github.com/isthmus-dev/isthmus/loader/health"
 	"github.com/isthmus-dev/isthmus/loader/objects"
 	"github.com/isthmus-dev/isthmus/loader/plan"
 	"github.com/isthmus-dev/isthmus/maps"
@@ -46,6 +47,18 @@ type Config struct {
 	VNI uint32
 	// ReadyFile, if set, is written after the first full sync.
 	ReadyFile string
+	// NatEntries is the size of the SNAT connection table (0: the default,
+	// datapath.DefaultNatEntries).
+	NatEntries uint32
+	// SNATPortMin and SNATPortMax bound the ports return-path SNAT picks when a
+	// flow's own port is taken (0, 0: DefaultSNATPortMin..DefaultSNATPortMax).
+	SNATPortMin, SNATPortMax uint16
+	// HealthPort, HealthInterval and HealthMultiplier configure the health checks
+	// of next-hop group members (0: health.DefaultPort, DefaultInterval,
+	// DefaultMultiplier).
+	HealthPort       int
+	HealthInterval   time.Duration
+	HealthMultiplier int
 	// Resync is the period of full resyncs (default 30s); Debounce the quiet time
 	// after a change in ObjectsDir before it is read (default 100ms).
 	Resync, Debounce time.Duration
@@ -65,7 +78,22 @@ type Agent struct {
 	xdp      bool
 	overlay  datapath.Overlay
 	pods     map[string]int // attached pod interface name -> ifindex
+	// health checks group members from the tunnel address healthAddr; nil when
+	// the node has no tunnel address (every member then counts as up). down is
+	// the last set of members it reported down.
+	health     *health.Checker
+	healthAddr netip.Addr
+	down       map[netip.Addr]bool
 }
+
+// The default return-path SNAT port range: above Linux's default ephemeral range
+// (net.ipv4.ip_local_port_range 32768-60999), so a translated flow never takes a
+// port the node's own connections from its tunnel address (health probes, host
+// traffic into the tunnel) would pick, and outside NodePorts (30000-32767).
+const (
+	DefaultSNATPortMin = 61000
+	DefaultSNATPortMax = 65535
+)
 
 // Run starts the agent and runs it until ctx is done. On return everything stays in
 // place (pinned); see datapath.Uninstall.
@@ -123,6 +151,15 @@ func Start(cfg Config) (*Agent, error) {
 	if cfg.Planner == nil {
 		cfg.Planner = DefaultPlanner
 	}
+	if cfg.HealthPort == 0 {
+		cfg.HealthPort = health.DefaultPort
+	}
+	if cfg.SNATPortMin == 0 && cfg.SNATPortMax == 0 {
+		cfg.SNATPortMin, cfg.SNATPortMax = DefaultSNATPortMin, DefaultSNATPortMax
+	}
+	if cfg.SNATPortMin == 0 || cfg.SNATPortMin > cfg.SNATPortMax {
+		return nil, fmt.Errorf("start agent: SNAT port range %d-%d is empty", cfg.SNATPortMin, cfg.SNATPortMax)
+	}
 	if cfg.Node == "" || cfg.ObjectsDir == "" {
 		return nil, errors.New("start agent: node and objects dir are required")
 	}
@@ -138,7 +175,7 @@ func Start(cfg Config) (*Agent, error) {
 	if a.underlay, err = datapath.FindUnderlay(cfg.UnderlayDev, p.Underlay); err != nil {
 		return nil, err
 	}
-	if a.dp, err = datapath.Load(cfg.PinDir); err != nil {
+	if a.dp, err = datapath.Load(cfg.PinDir, datapath.Options{NatEntries: cfg.NatEntries}); err != nil {
 		return nil, err
 	}
 	ok := false
@@ -190,8 +227,13 @@ func Start(cfg Config) (*Agent, error) {
 	return a, nil
 }
 
-// Close releases the agent's handles; the datapath stays attached and pinned.
+// Close releases the agent's handles and stops its health checks; the datapath
+// stays attached and pinned (the groups keep the last slots written).
 func (a *Agent) Close() {
+	if a.health != nil {
+		a.health.Close()
+		a.health = nil
+	}
 	if a.dp != nil {
 		a.dp.Close()
 		a.dp = nil
@@ -246,6 +288,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			a.log.Info("agent stopping; datapath stays in place")
 			return nil
+		case down := <-a.healthChanges():
+			a.down = down
+			a.syncLogged("health", false)
 		case ev, ok := <-w.Events:
 			if !ok {
 				return errors.New("watch objects: watcher closed")
@@ -303,6 +348,7 @@ func (a *Agent) sync(reason string, reload bool) error {
 			return err
 		}
 	}
+	a.ensureHealth()
 	current, err := a.dp.Maps.Read()
 	if err != nil {
 		return err
@@ -332,6 +378,9 @@ func (a *Agent) desired() maps.State {
 		OverlayIfindex:  a.overlay.Ifindex,
 		OverlayMAC:      a.overlay.MAC,
 		TunnelMTU:       a.overlay.MTU,
+		SNATPortMin:     a.cfg.SNATPortMin,
+		SNATPortMax:     a.cfg.SNATPortMax,
+		Down:            a.down,
 	}
 	for _, i := range a.pods {
 		node.PodIfindexes = append(node.PodIfindexes, i)
@@ -347,6 +396,49 @@ func (a *Agent) routes() []datapath.Route {
 		prefixes = append(prefixes, r.Prefix)
 	}
 	return datapath.OverlayRoutes(prefixes, a.overlay.Ifindex, a.plan.TunnelAddr)
+}
+
+// ensureHealth runs the health checks from the plan's tunnel address (restarting
+// them when it changed) and hands them the plan's group members. Without a tunnel
+// address, or when the sockets cannot be opened (logged; retried on the next
+// sync), there are none and every member counts as up.
+func (a *Agent) ensureHealth() {
+	addr := a.plan.TunnelAddr.Unmap()
+	if a.health != nil && a.healthAddr != addr {
+		a.health.Close()
+		a.health, a.down = nil, nil
+	}
+	targets, warns := health.Targets(a.plan)
+	if a.health == nil {
+		if !addr.Is4() {
+			if len(targets) > 0 {
+				a.log.Warn("no tunnel address: next-hop group members are not health-checked")
+			}
+			return
+		}
+		c, err := health.Start(health.Config{
+			Addr: addr, Port: a.cfg.HealthPort, Interval: a.cfg.HealthInterval,
+			Multiplier: a.cfg.HealthMultiplier, Log: a.log,
+		})
+		if err != nil {
+			a.log.Error("health checks not running; every group member counts as up", "err", err)
+			return
+		}
+		a.health, a.healthAddr = c, addr
+		a.log.Info("health checks started", "addr", addr, "port", c.Port())
+	}
+	a.logWarnings(warns)
+	a.health.SetTargets(targets)
+	a.down = a.health.Down()
+}
+
+// healthChanges is the channel of down-set changes, nil (never ready) without
+// health checks.
+func (a *Agent) healthChanges() <-chan map[netip.Addr]bool {
+	if a.health == nil {
+		return nil
+	}
+	return a.health.Changes()
 }
 
 func (a *Agent) ensureOverlay() error {

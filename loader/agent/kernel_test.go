@@ -25,6 +25,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/isthmus-dev/isthmus/loader/datapath"
+	"github.com/isthmus-dev/isthmus/loader/health"
+	"github.com/isthmus-dev/isthmus/loader/plan"
 	"github.com/isthmus-dev/isthmus/maps"
 )
 
@@ -202,7 +204,8 @@ func (e *testEnv) wantState(t *testing.T, a *Agent, pods ...netlink.Link) maps.S
 		t.Fatal(err)
 	}
 	node := maps.NodeConfig{VNI: 5, UnderlayIfindex: e.under.Attrs().Index, OverlayIfindex: ov.Attrs().Index,
-		OverlayMAC: ov.Attrs().HardwareAddr, TunnelMTU: 1450}
+		OverlayMAC: ov.Attrs().HardwareAddr, TunnelMTU: 1450,
+		SNATPortMin: DefaultSNATPortMin, SNATPortMax: DefaultSNATPortMax}
 	for _, l := range pods {
 		node.PodIfindexes = append(node.PodIfindexes, l.Attrs().Index)
 	}
@@ -430,4 +433,139 @@ func TestAgentKernel(t *testing.T) {
 		t.Errorf("pod-a still has %d programs after uninstall", n)
 	}
 	_ = net.IPv4len
+}
+
+// withGroups wraps the default planner: a1 routes 10.0.2.0/23 to a group of two
+// members of an unmanaged site (x: 172.16.1.20, tunnel 10.77.0.1; y: 172.16.1.21,
+// tunnel 10.77.0.2), hands 10.0.10.0/23 to its fabric and translates pod sources
+// outside its podCIDR to its tunnel address. (Until plan.Compute fills these, the
+// test makes them by hand.)
+func withGroups(dir, node string) (*plan.NodePlan, []string, error) {
+	p, warns, err := DefaultPlanner(dir, node)
+	if err != nil {
+		return nil, nil, err
+	}
+	x := plan.Peer{Name: "x", Site: "u", Underlay: netip.MustParseAddr("172.16.1.20"), TunnelAddr: netip.MustParseAddr("10.77.0.1"),
+		AllowedSources: []netip.Prefix{netip.MustParsePrefix("10.0.2.0/23")}}
+	y := plan.Peer{Name: "y", Site: "u", Underlay: netip.MustParseAddr("172.16.1.21"), TunnelAddr: netip.MustParseAddr("10.77.0.2"),
+		AllowedSources: []netip.Prefix{netip.MustParsePrefix("10.0.2.0/23")}}
+	p.Peers = append(p.Peers, x, y)
+	p.Routes = append(p.Routes, plan.Route{Prefix: netip.MustParsePrefix("10.0.2.0/23"),
+		Group: []plan.NextHop{{Peer: "x", Via: x.Underlay}, {Peer: "y", Via: y.Underlay}}})
+	p.FabricPrefixes = []netip.Prefix{netip.MustParsePrefix("10.0.10.0/23")}
+	p.SNAT = plan.SNATPolicy{Addr: p.TunnelAddr, Exempt: []plan.ExemptSource{{Prefix: netip.MustParsePrefix("10.10.1.0/24"), Origin: "podCIDR"}}}
+	return p, warns, nil
+}
+
+// TestAgentKernelGroups: the new maps from the plan and the flags, the nat size at
+// load, and health checks driving nexthop_groups: a member that does not answer
+// loses its slots, and with no member left the group entry is zero while its route
+// stays.
+func TestAgentKernelGroups(t *testing.T) {
+	e := setup(t)
+	// x's tunnel address is local here, with a responder the test controls; y's
+	// goes into the tunnel and is never answered.
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustAddr(t, lo, "10.77.0.1/32")
+	if err := netlink.LinkSetUp(lo); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := health.Start(health.Config{Addr: netip.MustParseAddr("10.77.0.1"), Port: 9997, Interval: time.Hour})
+	if err != nil {
+		t.Fatalf("start x's responder: %v", err)
+	}
+	defer resp.Close()
+
+	e.cfg.Planner = withGroups
+	e.cfg.NatEntries = 1024
+	e.cfg.SNATPortMin, e.cfg.SNATPortMax = 62000, 62999
+	e.cfg.HealthInterval = 50 * time.Millisecond
+	a, err := Start(e.cfg)
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	defer func() { a.Close() }()
+	x, y := netip.MustParseAddr("172.16.1.20"), netip.MustParseAddr("172.16.1.21")
+	grouped := netip.MustParsePrefix("10.0.2.0/23")
+
+	st := readMaps(t, e.pinDir)
+	if r := st.Routes[grouped]; r.Group != 1 {
+		t.Fatalf("route %v = %+v, want group 1", grouped, r)
+	}
+	if g := st.Groups[1]; g != maps.Rendezvous([]netip.Addr{x, y}) {
+		t.Fatalf("group 1 at start = %+v, want both members (they start up)", g)
+	}
+	if _, ok := st.FabricPrefixes[netip.MustParsePrefix("10.0.10.0/23")]; !ok || len(st.FabricPrefixes) != 1 {
+		t.Errorf("fabric_prefixes = %v", st.FabricPrefixes)
+	}
+	if _, ok := st.SNATExempt[netip.MustParsePrefix("10.10.1.0/24")]; !ok || len(st.SNATExempt) != 1 {
+		t.Errorf("snat_exempt = %v", st.SNATExempt)
+	}
+	if c := st.Config; c.TunnelIP != netip.MustParseAddr("10.10.1.1") || c.SNATPortMin != 62000 || c.SNATPortMax != 62999 {
+		t.Errorf("config tunnel_ip=%v snat ports %d-%d", c.TunnelIP, c.SNATPortMin, c.SNATPortMax)
+	}
+	nat, err := ebpf.LoadPinnedMap(filepath.Join(e.pinDir, "nat"), nil)
+	if err != nil {
+		t.Fatalf("open pinned nat: %v", err)
+	}
+	if n := nat.MaxEntries(); n != 1024 {
+		t.Errorf("nat has %d entries, want --snat-table-size 1024", n)
+	}
+	nat.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var runErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		runtime.LockOSThread()
+		if err := netns.Set(e.ns); err != nil {
+			runErr = err
+			return
+		}
+		runErr = a.Run(ctx)
+	}()
+	stop := func() {
+		cancel()
+		wg.Wait()
+		if runErr != nil {
+			t.Errorf("run: %v", runErr)
+		}
+	}
+	defer stop()
+
+	// y never answers: within interval x multiplier + 1s every slot is x's.
+	eventually(t, 1500*time.Millisecond, "y down: group 1 all on x", func() bool {
+		return readMaps(t, e.pinDir).Groups[1] == maps.Rendezvous([]netip.Addr{x})
+	})
+	// x stops answering too: the group has no live member, its route stays.
+	resp.Close()
+	eventually(t, 1500*time.Millisecond, "x down: group 1 zero", func() bool {
+		st := readMaps(t, e.pinDir)
+		_, ok := st.Groups[1]
+		return !ok && st.Routes[grouped].Group == 1
+	})
+	// x answers again: back at once (first answer).
+	resp, err = health.Start(health.Config{Addr: netip.MustParseAddr("10.77.0.1"), Port: 9997, Interval: time.Hour})
+	if err != nil {
+		t.Fatalf("restart x's responder: %v", err)
+	}
+	eventually(t, time.Second, "x up again", func() bool {
+		return readMaps(t, e.pinDir).Groups[1] == maps.Rendezvous([]netip.Addr{x})
+	})
+	stop()
+	a.Close()
+
+	// Another table size against the pinned nat map is refused, naming the fix.
+	e.cfg.NatEntries = 2048
+	if b, err := Start(e.cfg); err == nil {
+		b.Close()
+		t.Fatal("start with another --snat-table-size reused the pinned nat map")
+	} else if !strings.Contains(err.Error(), "1024") || !strings.Contains(err.Error(), "isthmus uninstall") {
+		t.Errorf("error %q does not name the old size and isthmus uninstall", err)
+	}
 }
