@@ -80,6 +80,13 @@ func be32(a netip.Addr) uint32 {
 // newLab builds the namespace and loads the objects; everything is removed in Cleanup.
 func newLab(t testing.TB) *lab {
 	t.Helper()
+	return newLabSpec(t, nil)
+}
+
+// newLabSpec is newLab with edit, if not nil, applied to the spec before loading (to
+// shrink a map, say).
+func newLabSpec(t testing.TB, edit func(*ebpf.CollectionSpec)) *lab {
+	t.Helper()
 	requireRoot(t)
 	l := &lab{}
 
@@ -112,6 +119,9 @@ func newLab(t testing.TB) *lab {
 	}
 	for _, m := range spec.Maps {
 		m.Pinning = ebpf.PinNone // tests must not touch bpffs
+	}
+	if edit != nil {
+		edit(spec)
 	}
 	if err := spec.LoadAndAssign(&l.objs, nil); err != nil {
 		var ve *ebpf.VerifierError
