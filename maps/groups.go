@@ -74,12 +74,13 @@ func rendezvousScore(m netip.Addr, s int) uint64 {
 }
 
 // groupIDs returns the id of every distinct member set in sets (each sorted and
-// without duplicates): 1, 2, ... in the lexicographic order of the sets, so the ids
-// are a pure function of the plan and stay put as long as the set of groups does
-// not change (members going down or up never renumber; a member set that changes
-// keeps its id unless its new list sorts past another group's). Sets beyond
-// MaxGroupID get no id.
-func groupIDs(sets [][]netip.Addr) map[string]uint32 {
+// without duplicates): the id prefer gives it (what its routes use in the kernel)
+// when no other set took that id first, else the smallest free id, sets taken in
+// lexicographic order. So ids are a pure function of the plan and the current state,
+// and never move under live flows: members going down or up never renumber, a new
+// group never takes an id in use, and a member set that changes keeps its routes'
+// id. Sets beyond MaxGroupID get no id.
+func groupIDs(sets [][]netip.Addr, prefer map[string]uint32) map[string]uint32 {
 	distinct := map[string][]netip.Addr{}
 	for _, s := range sets {
 		distinct[memberKey(s)] = s
@@ -90,11 +91,30 @@ func groupIDs(sets [][]netip.Addr) map[string]uint32 {
 	}
 	slices.SortFunc(ordered, func(a, b []netip.Addr) int { return slices.CompareFunc(a, b, cmpAddr) })
 	ids := map[string]uint32{}
-	for i, s := range ordered {
-		if i+1 > MaxGroupID {
+	taken := map[uint32]bool{}
+	// Ids in use stay with their member set, so flows never see a route's group id
+	// point at another set while the maps are rewritten.
+	for _, s := range ordered {
+		k := memberKey(s)
+		if id, ok := prefer[k]; ok && id >= 1 && id <= MaxGroupID && !taken[id] {
+			ids[k] = id
+			taken[id] = true
+		}
+	}
+	next := uint32(1)
+	for _, s := range ordered {
+		k := memberKey(s)
+		if _, ok := ids[k]; ok {
+			continue
+		}
+		for taken[next] {
+			next++
+		}
+		if next > MaxGroupID {
 			break
 		}
-		ids[memberKey(s)] = uint32(i + 1)
+		ids[k] = next
+		taken[next] = true
 	}
 	return ids
 }

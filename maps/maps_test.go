@@ -463,15 +463,57 @@ func TestRendezvous(t *testing.T) {
 func TestGroupIDsAreStable(t *testing.T) {
 	a := []netip.Addr{m1, m2}
 	b := []netip.Addr{m4}
-	ids := groupIDs([][]netip.Addr{b, a, a})
+	ids := groupIDs([][]netip.Addr{b, a, a}, nil)
 	if ids[memberKey(a)] != 1 || ids[memberKey(b)] != 2 || len(ids) != 2 {
 		t.Fatalf("ids %v, want a=1 b=2", ids)
 	}
 	// A set that sorts after the others leaves their ids alone.
 	c := []netip.Addr{addr("172.16.9.1")}
-	ids2 := groupIDs([][]netip.Addr{a, b, c})
+	ids2 := groupIDs([][]netip.Addr{a, b, c}, nil)
 	if ids2[memberKey(a)] != 1 || ids2[memberKey(b)] != 2 || ids2[memberKey(c)] != 3 {
 		t.Fatalf("ids %v after adding c", ids2)
+	}
+	// A set that sorts first takes a free id, not one in use.
+	first := []netip.Addr{addr("10.0.0.1")}
+	ids3 := groupIDs([][]netip.Addr{a, b, first}, map[string]uint32{memberKey(a): 1, memberKey(b): 2})
+	if ids3[memberKey(a)] != 1 || ids3[memberKey(b)] != 2 || ids3[memberKey(first)] != 3 {
+		t.Fatalf("ids %v after adding a set that sorts first, want a=1 b=2 first=3", ids3)
+	}
+	// Two sets claiming the same id: the first in order keeps it.
+	ids4 := groupIDs([][]netip.Addr{a, b}, map[string]uint32{memberKey(a): 5, memberKey(b): 5})
+	if ids4[memberKey(a)] != 5 || ids4[memberKey(b)] != 1 {
+		t.Fatalf("ids %v, want a=5 b=1", ids4)
+	}
+}
+
+// TestFromPlanKeepsGroupIDs: a new group whose members sort before an existing
+// group's does not take the existing group's id when the current routes are given.
+func TestFromPlanKeepsGroupIDs(t *testing.T) {
+	n := testNode()
+	p := unmanagedPlan()
+	before, _ := FromPlan(p, n)
+	current := map[netip.Prefix]uint32{}
+	for pr, r := range before.Routes {
+		if r.Group != 0 {
+			current[pr] = r.Group
+		}
+	}
+	if len(current) == 0 {
+		t.Fatal("unmanagedPlan has no group route")
+	}
+	// A second unmanaged site whose only member sorts before every other.
+	p2 := p.Clone()
+	p2.Routes = append(p2.Routes, plan.Route{Prefix: netip.MustParsePrefix("10.99.0.0/16"),
+		Group: []plan.NextHop{{Peer: "early", Via: addr("10.0.0.1")}}, Origin: "test"})
+	n.CurrentGroups = current
+	after, _ := FromPlan(p2, n)
+	for pr, id := range current {
+		if got := after.Routes[pr].Group; got != id {
+			t.Errorf("route %v moved from group %d to %d", pr, id, got)
+		}
+	}
+	if id := after.Routes[netip.MustParsePrefix("10.99.0.0/16")].Group; id == 0 || slices.Contains(slices.Collect(maps.Values(current)), id) {
+		t.Errorf("new group got id %d, want a free one (in use: %v)", id, current)
 	}
 }
 

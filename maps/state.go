@@ -88,6 +88,11 @@ type NodeConfig struct {
 	// Down are the next-hop group members (underlay addresses) whose health
 	// checks fail: they own no slot. nil means every member is up.
 	Down map[netip.Addr]bool
+	// CurrentGroups is the group id each route prefix has in the kernel now (the
+	// Routes of the state read back). A member set keeps the id its routes use, so
+	// ids do not move under live flows when groups come and go, nor across agent
+	// restarts. nil: ids are numbered afresh.
+	CurrentGroups map[netip.Prefix]uint32
 }
 
 // Clone returns a deep copy of s.
@@ -136,7 +141,8 @@ func newState() State {
 // with only the node's config and pod interfaces.
 //
 // A route with a Group goes to a next-hop group: one id per distinct set of member
-// underlay addresses, numbered 1, 2, ... in the sorted order of the sets (groupIDs),
+// underlay addresses, the id its routes have now (node.CurrentGroups) or else the
+// smallest free one, in the sorted order of the sets (groupIDs),
 // whose slots are spread over the members not in node.Down by Rendezvous. A group
 // whose members are all down has no entry (the zero entry: the datapath drops with
 // DROP_NO_NEXTHOP). config.tunnel_ip is p.SNAT.Addr, the SNAT port range comes from
@@ -220,7 +226,20 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (State, []string) {
 			sets = append(sets, members[i])
 		}
 	}
-	ids := groupIDs(sets)
+	prefer := map[string]uint32{}
+	for i, r := range p.Routes {
+		if len(members[i]) == 0 {
+			continue
+		}
+		if pr, ok := prefix4(r.Prefix); ok {
+			if id := node.CurrentGroups[pr]; id != 0 {
+				if _, seen := prefer[memberKey(members[i])]; !seen {
+					prefer[memberKey(members[i])] = id
+				}
+			}
+		}
+	}
+	ids := groupIDs(sets, prefer)
 	for i, r := range p.Routes {
 		prefix, ok := prefix4(r.Prefix)
 		if len(r.Group) == 0 {

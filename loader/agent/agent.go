@@ -196,7 +196,7 @@ func Start(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	want := cur.Clone()
-	want.Config = a.desired().Config
+	want.Config = a.desired(cur).Config
 	if _, err := maps.Apply(a.dp.Maps, maps.Diff(cur, want)); err != nil {
 		return nil, fmt.Errorf("write config: %w", err)
 	}
@@ -353,7 +353,7 @@ func (a *Agent) sync(reason string, reload bool) error {
 	if err != nil {
 		return err
 	}
-	res, err := maps.Apply(a.dp.Maps, maps.Diff(current, a.desired()))
+	res, err := maps.Apply(a.dp.Maps, maps.Diff(current, a.desired(current)))
 	if err != nil {
 		return err
 	}
@@ -371,7 +371,9 @@ func (a *Agent) sync(reason string, reload bool) error {
 	return nil
 }
 
-func (a *Agent) desired() maps.State {
+// desired computes the maps' desired state; current (what the kernel holds) keeps
+// next-hop group ids where they are.
+func (a *Agent) desired(current maps.State) maps.State {
 	node := maps.NodeConfig{
 		VNI:             a.cfg.VNI,
 		UnderlayIfindex: a.underlay.Attrs().Index,
@@ -381,6 +383,12 @@ func (a *Agent) desired() maps.State {
 		SNATPortMin:     a.cfg.SNATPortMin,
 		SNATPortMax:     a.cfg.SNATPortMax,
 		Down:            a.down,
+		CurrentGroups:   map[netip.Prefix]uint32{},
+	}
+	for p, r := range current.Routes {
+		if r.Group != 0 {
+			node.CurrentGroups[p] = r.Group
+		}
 	}
 	for _, i := range a.pods {
 		node.PodIfindexes = append(node.PodIfindexes, i)
