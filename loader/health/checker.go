@@ -193,11 +193,18 @@ func (c *Checker) readAnswers() {
 	}
 }
 
-// loop sends a round of probes every interval.
+// loop sends a round of probes every interval and expires the round's unanswered
+// probes half an interval later: a probe through the tunnel answers in well under a
+// millisecond, and counting the miss then, not at the next round, keeps failover
+// within interval x multiplier + 1s with room to spare (interval x multiplier +
+// interval/2 after the first lost probe).
 func (c *Checker) loop() {
 	defer c.wg.Done()
 	tick := time.NewTicker(c.cfg.Interval)
 	defer tick.Stop()
+	expire := time.NewTimer(time.Hour)
+	expire.Stop()
+	defer expire.Stop()
 	var round uint64
 	msg := make([]byte, len(probeMagic)+8)
 	copy(msg, probeMagic)
@@ -205,6 +212,11 @@ func (c *Checker) loop() {
 		select {
 		case <-c.done:
 			return
+		case now := <-expire.C:
+			c.mu.Lock()
+			ts := c.tr.Expire(now)
+			c.mu.Unlock()
+			c.report(ts)
 		case now := <-tick.C:
 			round++
 			c.mu.Lock()
@@ -219,6 +231,7 @@ func (c *Checker) loop() {
 					c.cfg.Log.Debug("health probe", "to", to, "err", err)
 				}
 			}
+			expire.Reset(c.cfg.Interval / 2)
 		}
 	}
 }

@@ -134,19 +134,35 @@ func (tr *Tracker) Targets() []Target {
 }
 
 // Round records that a probe goes out to every target at now. A target whose
-// previous probe is still unanswered counts a miss; one that reaches the multiplier
-// goes down. Returns the members that went down, sorted by underlay address.
+// previous probe is still unanswered (Expire was not called for it) counts a miss
+// first; one that reaches the multiplier goes down. Returns the members that went
+// down, sorted by underlay address.
 func (tr *Tracker) Round(now time.Time) []Transition {
+	out := tr.Expire(now)
+	for _, m := range tr.members {
+		m.awaiting = true
+	}
+	return out
+}
+
+// Expire records that the probes out at now have timed out: every target still
+// awaiting an answer counts a miss, and one that reaches the multiplier goes down.
+// Called a timeout after each round (shorter than the interval), it makes the
+// last miss count before the next round, so detection takes interval x
+// (multiplier - 1) + timeout after the first lost probe. Returns the members that
+// went down, sorted by underlay address.
+func (tr *Tracker) Expire(now time.Time) []Transition {
 	var out []Transition
 	for _, m := range tr.members {
-		if m.awaiting {
-			m.misses++
-			if !m.down && m.misses >= tr.multiplier {
-				m.down = true
-				out = append(out, Transition{Target: m.t, Up: false, Misses: m.misses, At: now})
-			}
+		if !m.awaiting {
+			continue
 		}
-		m.awaiting = true
+		m.awaiting = false
+		m.misses++
+		if !m.down && m.misses >= tr.multiplier {
+			m.down = true
+			out = append(out, Transition{Target: m.t, Up: false, Misses: m.misses, At: now})
+		}
 	}
 	slices.SortFunc(out, func(a, b Transition) int { return a.Target.Underlay.Compare(b.Target.Underlay) })
 	return out

@@ -135,3 +135,35 @@ func TestTargets(t *testing.T) {
 		t.Errorf("warnings %q, want one for c3 without a tunnel address", warns)
 	}
 }
+
+// TestTrackerExpireCountsBeforeTheNextRound: with the round's probes expired a
+// timeout after they went out, the member goes down at the third expiry, half an
+// interval before the round that would otherwise count it, and a late answer
+// before the expiry saves the round.
+func TestTrackerExpireCountsBeforeTheNextRound(t *testing.T) {
+	clk := &clock{now: time.Unix(0, 0)}
+	tr := NewTracker(3)
+	tr.SetTargets([]Target{a})
+	for i := 1; i <= 2; i++ {
+		tr.Round(clk.tick())
+		if ts := tr.Expire(clk.now.Add(500 * time.Millisecond)); len(ts) != 0 {
+			t.Fatalf("expiry %d: %v, want no transition yet", i, ts)
+		}
+	}
+	tr.Round(clk.tick())
+	ts := tr.Expire(clk.now.Add(500 * time.Millisecond))
+	if len(ts) != 1 || ts[0].Up || ts[0].Misses != 3 {
+		t.Fatalf("third expiry: %v, want a down after 3 misses", ts)
+	}
+	// The next round must not count the expired probe a second time.
+	if ts := tr.Round(clk.tick()); len(ts) != 0 {
+		t.Fatalf("round after the expiry: %v", ts)
+	}
+	// An answer before the expiry: up again, and the expiry counts nothing.
+	if ts := tr.Answer(a.TunnelAddr, clk.now.Add(time.Millisecond)); len(ts) != 1 || !ts[0].Up {
+		t.Fatalf("answer: %v, want up", ts)
+	}
+	if ts := tr.Expire(clk.now.Add(500 * time.Millisecond)); len(ts) != 0 || tr.Down() != nil {
+		t.Fatalf("expiry after an answer: %v, down %v", ts, tr.Down())
+	}
+}
