@@ -61,6 +61,7 @@ const (
 	IsthmusDropReasonDROP_SNAT_INSERT       IsthmusDropReason = 4294967144
 	IsthmusDropReasonDROP_SNAT_UNSUPPORTED  IsthmusDropReason = 4294967143
 	IsthmusDropReasonDROP_SNAT_REWRITE      IsthmusDropReason = 4294967142
+	IsthmusDropReasonDROP_TRANSIT_LOOP      IsthmusDropReason = 4294967141
 )
 
 type IsthmusFabricPrefixValue struct {
@@ -90,6 +91,7 @@ const (
 	IsthmusMetricMETRIC_SNAT_REVERSE     IsthmusMetric = 8
 	IsthmusMetricMETRIC_SNAT_NEW         IsthmusMetric = 9
 	IsthmusMetricMETRIC_FABRIC_INGRESS   IsthmusMetric = 10
+	IsthmusMetricMETRIC_TRANSIT          IsthmusMetric = 11
 )
 
 type IsthmusMetricsKey struct {

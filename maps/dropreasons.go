@@ -41,6 +41,7 @@ var dropReasons = []DropReason{
 	{-152, "DROP_SNAT_INSERT", "snat_insert", "The nat table refused a new translation."},
 	{-153, "DROP_SNAT_UNSUPPORTED", "snat_unsupported", "The source needs SNAT but the protocol cannot be translated."},
 	{-154, "DROP_SNAT_REWRITE", "snat_rewrite", "Rewriting addresses or checksums for SNAT failed."},
+	{-155, "DROP_TRANSIT_LOOP", "transit_loop", "Transit would send the packet back to the peer it came from."},
 }
 
 // DropReasons returns every drop reason, in code order from -130 down.

@@ -43,6 +43,7 @@ var metricNames = map[uint16]string{
 	8:  "snat_reverse",
 	9:  "snat_new",
 	10: "fabric_ingress",
+	11: "transit",
 }
 
 // MetricKey identifies one counter: a code (METRIC_* or -DROP_*) at a hook.

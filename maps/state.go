@@ -165,6 +165,9 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (State, []string) {
 	if p == nil {
 		return s, nil
 	}
+	if p.Gateway {
+		s.Config.Flags |= ConfigFlagTransit
+	}
 	if u := p.Underlay.Unmap(); u.Is4() {
 		s.Config.UnderlayIP = u
 	} else {

@@ -42,6 +42,11 @@ type (
 type Name string
 
 // The maps of the datapath (docs/architecture.md, "Maps").
+// ConfigFlagTransit is CFG_F_TRANSIT of bpf/lib/types.h (a #define, so not in the
+// object's BTF; TestConfigFlagsMatchHeader compares them): the node is a gateway
+// and forwards GENEVE whose inner destination routes to another peer.
+const ConfigFlagTransit uint32 = 1 << 0
+
 const (
 	MapRoutes      Name = "routes"
 	MapPeers       Name = "peers"

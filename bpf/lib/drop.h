@@ -29,4 +29,5 @@ enum drop_reason {
 	DROP_SNAT_INSERT	= -152,	/* the nat table refused a new translation */
 	DROP_SNAT_UNSUPPORTED	= -153,	/* needs SNAT but the protocol cannot be translated */
 	DROP_SNAT_REWRITE	= -154,	/* rewriting addresses or checksums failed */
+	DROP_TRANSIT_LOOP	= -155,	/* transit would send the packet back to its sender */
 };

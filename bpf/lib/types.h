@@ -98,6 +98,10 @@ struct peer_source_value {
 };
 
 /* config (array, one entry at index 0): written by the agent before it attaches. */
+
+/* datapath_config.flags */
+#define CFG_F_TRANSIT		(1 << 0)	/* a gateway: GENEVE whose inner destination
+						 * routes to another peer is forwarded there */
 struct datapath_config {
 	__u32 vni;		/* GENEVE VNI, host order, low 24 bits */
 	__be32 underlay_ip;	/* this node's tunnel endpoint, the outer source */
@@ -149,6 +153,7 @@ enum metric {
 	METRIC_SNAT_REVERSE	= 8,	/* reply translated back to the pod */
 	METRIC_SNAT_NEW		= 9,	/* new translation (both directions) inserted */
 	METRIC_FABRIC_INGRESS	= 10,	/* overlay packet from the site fabric delivered to a pod */
+	METRIC_TRANSIT		= 11,	/* GENEVE forwarded to another peer (gateway) */
 };
 
 /* Written by underlay_xdp in front of a frame it has popped (XDP metadata), read by

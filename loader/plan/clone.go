@@ -18,6 +18,7 @@ func (p *NodePlan) Clone() *NodePlan {
 		c.Routes[i].Group = slices.Clone(p.Routes[i].Group)
 	}
 	c.SNAT.Exempt = slices.Clone(p.SNAT.Exempt)
+	c.GatewayPools = slices.Clone(p.GatewayPools)
 	c.FabricPrefixes = slices.Clone(p.FabricPrefixes)
 	c.LocalPrefixes = slices.Clone(p.LocalPrefixes)
 	c.Corrections = slices.Clone(p.Corrections)
@@ -37,6 +38,7 @@ func (p *NodePlan) Equal(q *NodePlan) bool {
 	return p.Node == q.Node && p.Site == q.Site && p.Underlay == q.Underlay &&
 		slices.Equal(p.PodCIDRs, q.PodCIDRs) && p.TunnelAddr == q.TunnelAddr &&
 		p.TunnelAddrOrigin == q.TunnelAddrOrigin && p.TunnelMTU == q.TunnelMTU &&
+		p.Gateway == q.Gateway && slices.Equal(p.GatewayPools, q.GatewayPools) &&
 		slices.EqualFunc(p.Peers, q.Peers, Peer.Equal) &&
 		slices.EqualFunc(p.Routes, q.Routes, Route.Equal) &&
 		p.SNAT.Addr == q.SNAT.Addr && p.SNAT.Reason == q.SNAT.Reason &&

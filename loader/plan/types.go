@@ -30,6 +30,11 @@ type NodePlan struct {
 	// TunnelMTU is the Site's spec.tunnelMTU, 0 when unset (the agent then uses
 	// the underlay MTU minus the 50 bytes of IPv4 GENEVE overhead).
 	TunnelMTU int `json:"tunnelMTU,omitempty"`
+	// Gateway is true when a GatewayPool selects this node: it forwards GENEVE
+	// between its site's members and remote gateways (transit), and GatewayPools
+	// names the pools, sorted.
+	Gateway      bool     `json:"gateway,omitempty"`
+	GatewayPools []string `json:"gatewayPools,omitempty"`
 	// Peers are the nodes this node tunnels to, sorted by name.
 	Peers []Peer `json:"peers"`
 	// Routes are the overlay prefixes and the peer each one goes to, sorted by

@@ -1,0 +1,32 @@
+package maps
+
+import (
+	"os"
+	"regexp"
+	"strconv"
+	"testing"
+)
+
+// TestConfigFlagsMatchHeader: the Go mirrors of the CFG_F_* defines carry the
+// values bpf/lib/types.h gives them.
+func TestConfigFlagsMatchHeader(t *testing.T) {
+	src, err := os.ReadFile("../bpf/lib/types.h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]uint32{"CFG_F_TRANSIT": ConfigFlagTransit}
+	re := regexp.MustCompile(`#define\s+(CFG_F_\w+)\s+\(1 << (\d+)\)`)
+	found := map[string]uint32{}
+	for _, m := range re.FindAllStringSubmatch(string(src), -1) {
+		bit, _ := strconv.Atoi(m[2])
+		found[m[1]] = 1 << bit
+	}
+	if len(found) != len(want) {
+		t.Errorf("types.h defines %v, Go mirrors %v", found, want)
+	}
+	for name, v := range want {
+		if found[name] != v {
+			t.Errorf("%s: types.h %#x, Go %#x", name, found[name], v)
+		}
+	}
+}
