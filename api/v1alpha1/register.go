@@ -14,14 +14,17 @@ var GroupVersion = schema.GroupVersion{Group: Group, Version: "v1alpha1"}
 
 // Kind names as they appear in manifests.
 const (
-	KindSite        = "Site"
-	KindSitePeering = "SitePeering"
+	KindSite                      = "Site"
+	KindSitePeering               = "SitePeering"
+	KindGatewayPool               = "GatewayPool"
+	KindSiteGatewayPoolAssignment = "SiteGatewayPoolAssignment"
 )
 
 var (
 	// SchemeBuilder registers this package's types with a runtime.Scheme.
 	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
-	// AddToScheme adds Site, SitePeering and their lists to a scheme.
+	// AddToScheme adds Site, SitePeering, GatewayPool,
+	// SiteGatewayPoolAssignment and their lists to a scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
 
@@ -29,6 +32,8 @@ func addKnownTypes(scheme *runtime.Scheme) error {
 	scheme.AddKnownTypes(GroupVersion,
 		&Site{}, &SiteList{},
 		&SitePeering{}, &SitePeeringList{},
+		&GatewayPool{}, &GatewayPoolList{},
+		&SiteGatewayPoolAssignment{}, &SiteGatewayPoolAssignmentList{},
 	)
 	metav1.AddToGroupVersion(scheme, GroupVersion)
 	return nil

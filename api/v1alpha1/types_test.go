@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 )
 
@@ -21,6 +22,8 @@ func TestDefaults(t *testing.T) {
 		{"meshNodes false", (&SitePeeringSpec{MeshNodes: &no}).MeshesNodes(), false},
 		{"meshNodes true", (&SitePeeringSpec{MeshNodes: &yes}).MeshesNodes(), true},
 		{"tunnelProtocol unset", (&SitePeeringSpec{}).Protocol(), TunnelGENEVE},
+		{"routeNodeCidrs unset", (&SiteGatewayPoolAssignmentSpec{}).RoutesNodeCIDRs(), true},
+		{"routeNodeCidrs false", (&SiteGatewayPoolAssignmentSpec{RouteNodeCIDRs: &no}).RoutesNodeCIDRs(), false},
 		{"tunnelProtocol set", (&SitePeeringSpec{TunnelProtocol: "VXLAN"}).Protocol(), TunnelProtocol("VXLAN")},
 	}
 	for _, tt := range tests {
@@ -47,12 +50,37 @@ func TestDeepCopyIsDeep(t *testing.T) {
 	}
 }
 
+func TestGatewayDeepCopyIsDeep(t *testing.T) {
+	no := false
+	p := &GatewayPool{Spec: GatewayPoolSpec{
+		Type:         GatewayPoolInternal,
+		NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"gw": "yes"}},
+		RoutedCIDRs:  []CIDR{"10.0.2.0/23"},
+	}}
+	c := p.DeepCopy()
+	c.Spec.NodeSelector.MatchLabels["gw"] = "no"
+	c.Spec.RoutedCIDRs[0] = "x"
+	if p.Spec.NodeSelector.MatchLabels["gw"] != "yes" || p.Spec.RoutedCIDRs[0] != "10.0.2.0/23" {
+		t.Errorf("changing the copy changed the original pool: %+v", p.Spec)
+	}
+	a := &SiteGatewayPoolAssignment{Spec: SiteGatewayPoolAssignmentSpec{
+		Sites: []string{"a", "b"}, GatewayPools: []string{"p"}, RouteNodeCIDRs: &no,
+	}}
+	d := a.DeepCopy()
+	d.Spec.Sites[0], d.Spec.GatewayPools[0] = "x", "x"
+	*d.Spec.RouteNodeCIDRs = true
+	if a.Spec.Sites[0] != "a" || a.Spec.GatewayPools[0] != "p" || *a.Spec.RouteNodeCIDRs {
+		t.Errorf("changing the copy changed the original assignment: %+v", a.Spec)
+	}
+}
+
 func TestAddToScheme(t *testing.T) {
 	scheme := runtime.NewScheme()
 	if err := AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	for _, kind := range []string{KindSite, KindSitePeering, "SiteList", "SitePeeringList"} {
+	for _, kind := range []string{KindSite, KindSitePeering, KindGatewayPool, KindSiteGatewayPoolAssignment,
+		"SiteList", "SitePeeringList", "GatewayPoolList", "SiteGatewayPoolAssignmentList"} {
 		if !scheme.Recognizes(GroupVersion.WithKind(kind)) {
 			t.Errorf("scheme does not recognize %s", kind)
 		}
