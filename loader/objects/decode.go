@@ -24,6 +24,8 @@ type entry[T any] struct {
 type loader struct {
 	sites    []entry[v1alpha1.Site]
 	peerings []entry[v1alpha1.SitePeering]
+	pools    []entry[v1alpha1.GatewayPool]
+	assigns  []entry[v1alpha1.SiteGatewayPoolAssignment]
 	nodes    []entry[corev1.Node]
 	errs     []error
 	warnings []Warning
@@ -124,17 +126,19 @@ func (l *loader) decodeObject(file, where string, js []byte) {
 		object = fmt.Sprintf("%s %q", h.Kind, h.Metadata.Name)
 	}
 	want := map[string]string{
-		v1alpha1.KindSite:        v1alpha1.GroupVersion.String(),
-		v1alpha1.KindSitePeering: v1alpha1.GroupVersion.String(),
-		"Node":                   "v1",
-		"List":                   "v1",
+		v1alpha1.KindSite:                      v1alpha1.GroupVersion.String(),
+		v1alpha1.KindSitePeering:               v1alpha1.GroupVersion.String(),
+		v1alpha1.KindGatewayPool:               v1alpha1.GroupVersion.String(),
+		v1alpha1.KindSiteGatewayPoolAssignment: v1alpha1.GroupVersion.String(),
+		"Node":                                 "v1",
+		"List":                                 "v1",
 	}
 	switch wantVersion, known := want[h.Kind]; {
 	case h.Kind == "":
 		l.errorf(file, object, "kind", "required")
 		return
 	case !known:
-		l.errorf(file, object, "kind", "unknown kind %q (want Site, SitePeering or Node)", h.Kind)
+		l.errorf(file, object, "kind", "unknown kind %q (want Site, SitePeering, GatewayPool, SiteGatewayPoolAssignment or Node)", h.Kind)
 		return
 	case h.APIVersion == "":
 		l.errorf(file, object, "apiVersion", "required (want %s)", wantVersion)
@@ -162,6 +166,14 @@ func (l *loader) decodeObject(file, where string, js []byte) {
 	case v1alpha1.KindSitePeering:
 		if obj, ok := decodeStrict[v1alpha1.SitePeering](l, file, object, js); ok {
 			l.peerings = append(l.peerings, entry[v1alpha1.SitePeering]{obj, file, object})
+		}
+	case v1alpha1.KindGatewayPool:
+		if obj, ok := decodeStrict[v1alpha1.GatewayPool](l, file, object, js); ok {
+			l.pools = append(l.pools, entry[v1alpha1.GatewayPool]{obj, file, object})
+		}
+	case v1alpha1.KindSiteGatewayPoolAssignment:
+		if obj, ok := decodeStrict[v1alpha1.SiteGatewayPoolAssignment](l, file, object, js); ok {
+			l.assigns = append(l.assigns, entry[v1alpha1.SiteGatewayPoolAssignment]{obj, file, object})
 		}
 	case "Node":
 		if obj, ok := decodeStrict[corev1.Node](l, file, object, js); ok {

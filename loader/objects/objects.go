@@ -1,4 +1,5 @@
-// Package objects reads isthmus objects (Site, SitePeering) and core v1 Nodes
+// Package objects reads isthmus objects (Site, SitePeering, GatewayPool,
+// SiteGatewayPoolAssignment) and core v1 Nodes
 // from multi-document YAML and validates them as a whole.
 //
 // Load is pure (file contents in, validated Set out) and LoadDir is its file
@@ -27,11 +28,17 @@ import (
 // A Set returned by Load satisfies: names are unique per kind, every CIDR
 // field is valid and canonical, every Node has an InternalIP inside the
 // nodeCidrs of exactly one Site, no two Sites overlap, no two Nodes' podCIDRs
-// overlap, and every SitePeering names at least two existing Sites.
+// overlap, every SitePeering names at least two existing Sites, every
+// GatewayPool has a valid type and a valid, non-empty nodeSelector, and every
+// SiteGatewayPoolAssignment names at least two existing Sites and existing
+// pools with a gateway in each of its sites (one with an ExternalIP for an
+// External pool).
 type Set struct {
-	Sites        []v1alpha1.Site
-	SitePeerings []v1alpha1.SitePeering
-	Nodes        []corev1.Node
+	Sites                      []v1alpha1.Site
+	SitePeerings               []v1alpha1.SitePeering
+	GatewayPools               []v1alpha1.GatewayPool
+	SiteGatewayPoolAssignments []v1alpha1.SiteGatewayPoolAssignment
+	Nodes                      []corev1.Node
 }
 
 // Warning is a problem that did not stop loading, such as a normalized prefix.
@@ -105,11 +112,19 @@ func Load(files map[string][]byte) (*Set, []Warning, error) {
 	for _, p := range l.peerings {
 		set.SitePeerings = append(set.SitePeerings, *p.obj)
 	}
+	for _, p := range l.pools {
+		set.GatewayPools = append(set.GatewayPools, *p.obj)
+	}
+	for _, a := range l.assigns {
+		set.SiteGatewayPoolAssignments = append(set.SiteGatewayPoolAssignments, *a.obj)
+	}
 	for _, n := range l.nodes {
 		set.Nodes = append(set.Nodes, *n.obj)
 	}
 	sortByName(set.Sites, func(s v1alpha1.Site) string { return s.Name })
 	sortByName(set.SitePeerings, func(p v1alpha1.SitePeering) string { return p.Name })
+	sortByName(set.GatewayPools, func(p v1alpha1.GatewayPool) string { return p.Name })
+	sortByName(set.SiteGatewayPoolAssignments, func(a v1alpha1.SiteGatewayPoolAssignment) string { return a.Name })
 	sortByName(set.Nodes, func(n corev1.Node) string { return n.Name })
 	return set, l.warnings, nil
 }

@@ -53,6 +53,8 @@ func normalizeCIDRs[S ~string](l *loader, file, object, field string, list []S) 
 func (l *loader) validate() {
 	checkDuplicates(l, l.sites, func(s *v1alpha1.Site) string { return s.Name })
 	checkDuplicates(l, l.peerings, func(p *v1alpha1.SitePeering) string { return p.Name })
+	checkDuplicates(l, l.pools, func(p *v1alpha1.GatewayPool) string { return p.Name })
+	checkDuplicates(l, l.assigns, func(a *v1alpha1.SiteGatewayPoolAssignment) string { return a.Name })
 	checkDuplicates(l, l.nodes, func(n *corev1.Node) string { return n.Name })
 
 	var nodeCIDRs, cidrBlocks []fieldPrefix
@@ -84,6 +86,7 @@ func (l *loader) validate() {
 		}
 	}
 	l.checkTunnelAddrs(podCIDRs, cidrBlocks)
+	l.validateGateways(siteNames)
 }
 
 func checkDuplicates[T any](l *loader, entries []entry[T], name func(*T) string) {

@@ -1,0 +1,220 @@
+package objects
+
+import (
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/isthmus-dev/isthmus/api/v1alpha1"
+)
+
+// GatewayPool returns the GatewayPool with the given name, or nil.
+func (s *Set) GatewayPool(name string) *v1alpha1.GatewayPool {
+	for i := range s.GatewayPools {
+		if s.GatewayPools[i].Name == name {
+			return &s.GatewayPools[i]
+		}
+	}
+	return nil
+}
+
+// GatewaysOf returns the Nodes the pool's nodeSelector selects, in any site,
+// sorted by name. A pool from a Set of Load always has a valid selector; an
+// invalid one selects nothing.
+func (s *Set) GatewaysOf(pool *v1alpha1.GatewayPool) []*corev1.Node {
+	sel, err := poolSelector(pool)
+	if err != nil {
+		return nil
+	}
+	var out []*corev1.Node
+	for i := range s.Nodes {
+		if sel.Matches(labels.Set(s.Nodes[i].Labels)) {
+			out = append(out, &s.Nodes[i])
+		}
+	}
+	return out
+}
+
+// PoolsSelecting returns the names of the GatewayPools whose nodeSelector
+// selects node, sorted. Whether the node is a gateway of an assignment also
+// depends on its site: see plan.Compute.
+func (s *Set) PoolsSelecting(node *corev1.Node) []string {
+	var out []string
+	for i := range s.GatewayPools {
+		if sel, err := poolSelector(&s.GatewayPools[i]); err == nil && sel.Matches(labels.Set(node.Labels)) {
+			out = append(out, s.GatewayPools[i].Name)
+		}
+	}
+	return out
+}
+
+// poolSelector turns the pool's nodeSelector into a labels.Selector. A nil
+// selector selects nothing (LabelSelectorAsSelector would say so too, but Load
+// rejects it anyway).
+func poolSelector(pool *v1alpha1.GatewayPool) (labels.Selector, error) {
+	if pool.Spec.NodeSelector == nil {
+		return labels.Nothing(), nil
+	}
+	sel, err := metav1.LabelSelectorAsSelector(pool.Spec.NodeSelector)
+	if err != nil {
+		return nil, fmt.Errorf("parse node selector: %w", err)
+	}
+	return sel, nil
+}
+
+// validatePool checks one GatewayPool and returns its selector, nil when the
+// selector is unusable (reported).
+func (l *loader) validatePool(e entry[v1alpha1.GatewayPool]) labels.Selector {
+	spec := &e.obj.Spec
+	switch spec.Type {
+	case "":
+		l.errorf(e.file, e.label, "spec.type", "required (want Internal or External)")
+	case v1alpha1.GatewayPoolInternal, v1alpha1.GatewayPoolExternal:
+	default:
+		l.errorf(e.file, e.label, "spec.type", "unknown type %q (want Internal or External)", spec.Type)
+	}
+	normalizeCIDRs(l, e.file, e.label, "spec.routedCidrs", spec.RoutedCIDRs)
+	sel := spec.NodeSelector
+	switch {
+	case sel == nil:
+		l.errorf(e.file, e.label, "spec.nodeSelector", "required: it picks the pool's gateway nodes")
+		return nil
+	case len(sel.MatchLabels) == 0 && len(sel.MatchExpressions) == 0:
+		// Kubernetes reads an empty selector as "everything": every node a
+		// gateway is a mistake, not a topology.
+		l.errorf(e.file, e.label, "spec.nodeSelector", "empty selector selects every node: give matchLabels or matchExpressions")
+		return nil
+	}
+	s, err := metav1.LabelSelectorAsSelector(sel)
+	if err != nil {
+		l.errorf(e.file, e.label, "spec.nodeSelector", "invalid selector: %v", err)
+		return nil
+	}
+	return s
+}
+
+// validateGateways checks the pools and the assignments against the Sites and
+// Nodes: an External pool's gateways need an ExternalIP, and every site of an
+// assignment needs a gateway of one of its pools, or the other sites could
+// not reach it.
+func (l *loader) validateGateways(siteNames map[string]bool) {
+	selectors := make(map[string]labels.Selector)
+	types := make(map[string]v1alpha1.GatewayPoolType)
+	for _, p := range l.pools {
+		if sel := l.validatePool(p); sel != nil {
+			selectors[p.obj.Name] = sel
+		}
+		types[p.obj.Name] = p.obj.Spec.Type
+	}
+	nodeSite := l.nodeSites()
+	for _, p := range l.pools {
+		sel := selectors[p.obj.Name]
+		if sel == nil || p.obj.Spec.Type != v1alpha1.GatewayPoolExternal {
+			continue
+		}
+		for _, n := range l.nodes {
+			if !sel.Matches(labels.Set(n.obj.Labels)) {
+				continue
+			}
+			if _, ok := ExternalIP(n.obj); !ok {
+				l.errorf(p.file, p.label, "spec.nodeSelector", "selects %s in %s, which has no ExternalIP: the gateways of an External pool are reached by their ExternalIP", n.label, n.file)
+			}
+		}
+	}
+	for _, a := range l.assigns {
+		l.validateAssignment(a, siteNames, types, selectors, nodeSite)
+	}
+}
+
+// nodeSites maps each node's label to the name of its Site, for nodes in
+// exactly one (the others are reported by validateNode).
+func (l *loader) nodeSites() map[string]string {
+	out := make(map[string]string)
+	for _, n := range l.nodes {
+		ip, ok := InternalIP(n.obj)
+		if !ok {
+			continue
+		}
+		var in []string
+		for _, s := range l.sites {
+			if siteHolds(s.obj, ip) {
+				in = append(in, s.obj.Name)
+			}
+		}
+		if len(in) == 1 {
+			out[n.label] = in[0]
+		}
+	}
+	return out
+}
+
+func (l *loader) validateAssignment(e entry[v1alpha1.SiteGatewayPoolAssignment], siteNames map[string]bool,
+	types map[string]v1alpha1.GatewayPoolType, selectors map[string]labels.Selector, nodeSite map[string]string) {
+	spec := &e.obj.Spec
+	var sites []int // indexes of the known sites, each once
+	seen := make(map[string]bool)
+	for i, name := range spec.Sites {
+		field := fieldIndex("spec.sites", i)
+		switch {
+		case seen[name]:
+			l.errorf(e.file, e.label, field, "site %q is listed twice", name)
+		case !siteNames[name]:
+			l.errorf(e.file, e.label, field, "unknown Site %q", name)
+		default:
+			sites = append(sites, i)
+		}
+		seen[name] = true
+	}
+	if len(seen) < 2 {
+		l.errorf(e.file, e.label, "spec.sites", "an assignment needs at least two sites, got %d", len(seen))
+	}
+	var pools []string
+	usable := true
+	seenPool := make(map[string]bool)
+	for i, name := range spec.GatewayPools {
+		field := fieldIndex("spec.gatewayPools", i)
+		_, known := types[name]
+		switch {
+		case seenPool[name]:
+			l.errorf(e.file, e.label, field, "pool %q is listed twice", name)
+		case !known:
+			l.errorf(e.file, e.label, field, "unknown GatewayPool %q", name)
+			usable = false
+		default:
+			pools = append(pools, name)
+			usable = usable && selectors[name] != nil
+		}
+		seenPool[name] = true
+	}
+	if len(spec.GatewayPools) == 0 {
+		l.errorf(e.file, e.label, "spec.gatewayPools", "required: an assignment joins its sites through at least one GatewayPool")
+		return
+	}
+	if !usable {
+		return // an unknown pool or a broken selector is reported already
+	}
+	for _, i := range sites {
+		site := spec.Sites[i]
+		found := false
+		for _, n := range l.nodes {
+			if nodeSite[n.label] != site {
+				continue
+			}
+			for _, p := range pools {
+				found = found || selectors[p].Matches(labels.Set(n.obj.Labels))
+			}
+		}
+		if !found {
+			quoted := make([]string, len(pools))
+			for j, p := range pools {
+				quoted[j] = fmt.Sprintf("%q", p)
+			}
+			l.errorf(e.file, e.label, fieldIndex("spec.sites", i),
+				"Site %q has no gateway: none of its Nodes is selected by GatewayPool %s, so the other sites cannot reach it",
+				site, strings.Join(quoted, " or "))
+		}
+	}
+}
