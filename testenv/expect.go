@@ -95,6 +95,12 @@ func (site *Site) semantics() siteSemantics {
 	return sem
 }
 
+// joined reports whether pods of sites a and b talk: the sites are joined by a
+// peering (mesh) or by a SiteGatewayPoolAssignment (through gateways). The
+// rules of Expectations are the same either way: gateways forward without
+// touching the source.
+func (s *Scenario) joined(a, b string) bool { return s.peered(a, b) || s.assigned(a, b) }
+
 // peered reports whether sites a and b are joined by a peering: one of
 // Peerings or a SitePeering among the raw objects.
 func (s *Scenario) peered(a, b string) bool {
@@ -136,7 +142,9 @@ type Expectation struct {
 //
 //   - Pods of one site always talk (through the tunnel, or through the site's
 //     fabric for an unmanaged site) and see each other's own addresses.
-//   - Across peered sites, a destination is reachable when it is a managed pod
+//   - Across joined sites (a SitePeering, or a SiteGatewayPoolAssignment: the
+//     pods talk through the gateways, which keep every source as it is), a
+//     destination is reachable when it is a managed pod
 //     (in its node's podCIDRs) or an unmanaged pod inside the declared pod
 //     blocks of an unmanaged site whose returnPath is Fabric (the default).
 //   - Across sites, a source keeps its address when it is a managed pod (in
@@ -154,6 +162,7 @@ func (s *Scenario) Expectations() []Expectation {
 	for _, n := range s.Nodes() {
 		nodes[n.Name] = n
 	}
+	joined := map[[2]string]bool{}
 	managed := func(p PodRef) bool {
 		return slices.ContainsFunc(nodes[p.Node].PodCIDRs, func(c netip.Prefix) bool { return c.Contains(p.Address) })
 	}
@@ -171,7 +180,13 @@ func (s *Scenario) Expectations() []Expectation {
 				out = append(out, Expectation{Src: src.Name, Dst: dst.Name, Saw: src.Address})
 				continue
 			}
-			if !s.peered(src.Site, dst.Site) {
+			key := [2]string{src.Site, dst.Site}
+			j, ok := joined[key]
+			if !ok {
+				j = s.joined(src.Site, dst.Site)
+				joined[key] = j
+			}
+			if !j {
 				continue
 			}
 			if !managed(dst) && !declared(dst) {

@@ -46,8 +46,9 @@ func (l *Lab) TunnelPort() int {
 // enters on a port of site S and leaves on a port of S is the site fabric's
 // own traffic (node to node, pod to pod through the fabric, whatever the
 // addresses, as a VNet routes them) and passes. Between sites only node-to-node
-// tunnel traffic and ICMP pass, and replies to what passed; the rest goes to
-// FirewallDropChain and is dropped there.
+// tunnel traffic and ICMP pass (only between gateways with CrossSiteGateways),
+// and replies to what passed; the rest goes to FirewallDropChain and is dropped
+// there.
 func (l *Lab) firewallRules() string {
 	var b strings.Builder
 	b.WriteString("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n")
@@ -57,13 +58,34 @@ func (l *Lab) firewallRules() string {
 		fmt.Fprintf(&b, "-A FORWARD -m devgroup --src-group %d --dst-group %d -m comment --comment \"inside site %s\" -j ACCEPT\n", g, g, site.Name)
 	}
 	b.WriteString("-A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n")
-	for _, a := range l.Scenario.Sites {
-		for _, z := range l.Scenario.Sites {
-			if a.Name == z.Name {
-				continue
+	if l.Scenario.Underlay.CrossSite == CrossSiteGateways {
+		// Only gateways talk across sites, to each other. The addresses are
+		// the nodes' own: filtering sees a packet after the DNAT of an
+		// external address and before the SNAT to one.
+		var gws []NodeRef
+		for _, n := range l.Scenario.Nodes() {
+			if l.Scenario.IsGateway(n.Name) {
+				gws = append(gws, n)
 			}
-			fmt.Fprintf(&b, "-A FORWARD -s %s -d %s -p udp --dport %d -m comment --comment \"tunnel %s to %s\" -j ACCEPT\n", a.Subnet, z.Subnet, l.TunnelPort(), a.Name, z.Name)
-			fmt.Fprintf(&b, "-A FORWARD -s %s -d %s -p icmp -m comment --comment \"icmp %s to %s\" -j ACCEPT\n", a.Subnet, z.Subnet, a.Name, z.Name)
+		}
+		for _, a := range gws {
+			for _, z := range gws {
+				if a.Site.Name == z.Site.Name {
+					continue
+				}
+				fmt.Fprintf(&b, "-A FORWARD -s %s/32 -d %s/32 -p udp --dport %d -m comment --comment \"tunnel gateway %s to gateway %s\" -j ACCEPT\n", a.Address, z.Address, l.TunnelPort(), a.Name, z.Name)
+				fmt.Fprintf(&b, "-A FORWARD -s %s/32 -d %s/32 -p icmp -m comment --comment \"icmp gateway %s to gateway %s\" -j ACCEPT\n", a.Address, z.Address, a.Name, z.Name)
+			}
+		}
+	} else {
+		for _, a := range l.Scenario.Sites {
+			for _, z := range l.Scenario.Sites {
+				if a.Name == z.Name {
+					continue
+				}
+				fmt.Fprintf(&b, "-A FORWARD -s %s -d %s -p udp --dport %d -m comment --comment \"tunnel %s to %s\" -j ACCEPT\n", a.Subnet, z.Subnet, l.TunnelPort(), a.Name, z.Name)
+				fmt.Fprintf(&b, "-A FORWARD -s %s -d %s -p icmp -m comment --comment \"icmp %s to %s\" -j ACCEPT\n", a.Subnet, z.Subnet, a.Name, z.Name)
+			}
 		}
 	}
 	fmt.Fprintf(&b, "-A FORWARD -j %s\n", FirewallDropChain)
@@ -106,4 +128,34 @@ func (l *Lab) FirewallDrops(ctx context.Context) (uint64, error) {
 		return n, nil
 	}
 	return 0, fmt.Errorf("read firewall counters: no rule in chain %s (firewall off?)", FirewallDropChain)
+}
+
+// buildExternalNAT maps every node's externalAddress 1:1 to its address in the
+// router, as a cloud's public IP in front of a NAT: packets to the external
+// address are DNATed to the node, and the node's packets leaving its site
+// (out of a port of another site's group) are SNATed to the external address.
+// Inside its site the node keeps its own address.
+func (l *Lab) buildExternalNAT(ctx context.Context) error {
+	var b strings.Builder
+	b.WriteString("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n")
+	have := false
+	for _, n := range l.Scenario.Nodes() {
+		if !n.ExternalAddress.IsValid() {
+			continue
+		}
+		have = true
+		g := l.Scenario.siteGroup(n.Site.Name)
+		fmt.Fprintf(&b, "-A PREROUTING -d %s/32 -m comment --comment \"external address of %s\" -j DNAT --to-destination %s\n", n.ExternalAddress, n.Name, n.Address)
+		fmt.Fprintf(&b, "-A POSTROUTING -s %s/32 -m devgroup ! --dst-group %d -m comment --comment \"external address of %s\" -j SNAT --to-source %s\n", n.Address, g, n.Name, n.ExternalAddress)
+	}
+	if !have {
+		return nil
+	}
+	b.WriteString("COMMIT\n")
+	cmd := Command(ctx, l.RouterNS(), "iptables-restore", "-w", "--noflush")
+	cmd.Stdin = strings.NewReader(b.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("install external address NAT: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }

@@ -207,6 +207,9 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 			return err
 		}
 	}
+	if err := l.buildExternalNAT(ctx); err != nil {
+		return err
+	}
 	switch l.Datapath {
 	case DatapathIsthmus, DatapathNone:
 	case DatapathPlain:
@@ -445,7 +448,8 @@ func (l *Lab) nodeSysctls(n NodeRef) error {
 // exempted from MASQUERADE first, as every routed CNI does for its own traffic;
 // isthmus must not need that exemption.
 func (l *Lab) nodeRules(ctx context.Context, n NodeRef) error {
-	if !l.Scenario.Leftovers(&n.Node) {
+	lo := l.Scenario.Leftovers(&n.Node)
+	if !lo.On {
 		return nil
 	}
 	blocks := l.Scenario.PodBlocks()
@@ -458,8 +462,12 @@ func (l *Lab) nodeRules(ctx context.Context, n NodeRef) error {
 			}
 		}
 	}
-	for _, s := range blocks {
-		fmt.Fprintf(&b, "-A POSTROUTING -s %s ! -d 224.0.0.0/4 -j MASQUERADE\n", s)
+	if lo.Masquerade != "" {
+		fmt.Fprintf(&b, "-A POSTROUTING %s\n", lo.Masquerade)
+	} else {
+		for _, s := range blocks {
+			fmt.Fprintf(&b, "-A POSTROUTING -s %s ! -d 224.0.0.0/4 -j MASQUERADE\n", s)
+		}
 	}
 	b.WriteString("COMMIT\n*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n")
 	b.WriteString("-A FORWARD -m conntrack --ctstate INVALID -j DROP\n")

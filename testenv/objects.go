@@ -44,8 +44,8 @@ type nodeStatus struct {
 // ObjectFiles renders the scenario's objects: file name -> multi-document YAML.
 // sites.yaml holds the Sites given as specs and every site's raw objects,
 // peerings.yaml the SitePeerings, nodes.yaml one core v1 Node per node (InternalIP,
-// Hostname, podCIDR and podCIDRs, labels, annotations), extra.yaml the scenario's
-// further objects.
+// ExternalIP when the node has an externalAddress, Hostname, podCIDR and
+// podCIDRs, labels, annotations), extra.yaml the scenario's further objects.
 func (s *Scenario) ObjectFiles() (map[string][]byte, error) {
 	files := map[string][]byte{}
 	var sites []string
@@ -90,13 +90,15 @@ func (s *Scenario) ObjectFiles() (map[string][]byte, error) {
 			}
 			spec.PodCIDRs = append(spec.PodCIDRs, c.String())
 		}
+		addrs := []nodeAddress{{Type: "InternalIP", Address: n.Address.String()}}
+		if n.ExternalAddress.IsValid() {
+			addrs = append(addrs, nodeAddress{Type: "ExternalIP", Address: n.ExternalAddress.String()})
+		}
+		addrs = append(addrs, nodeAddress{Type: "Hostname", Address: n.Name})
 		doc, err := yaml.Marshal(object{APIVersion: "v1", Kind: "Node",
 			Metadata: objectMeta{Name: n.Name, Labels: n.Labels, Annotations: n.Annotations},
 			Spec:     spec,
-			Status: nodeStatus{Addresses: []nodeAddress{
-				{Type: "InternalIP", Address: n.Address.String()},
-				{Type: "Hostname", Address: n.Name},
-			}}})
+			Status:   nodeStatus{Addresses: addrs}})
 		if err != nil {
 			return nil, fmt.Errorf("render node %q: %w", n.Name, err)
 		}

@@ -9,6 +9,7 @@
 package testenv
 
 import (
+	"bytes"
 	"embed"
 	"encoding/json"
 	"fmt"
@@ -61,14 +62,71 @@ type Underlay struct {
 	// baseline) and ICMP, and replies to it; everything else is dropped and
 	// counted (FirewallDrops).
 	Firewall bool `json:"firewall,omitempty"`
+	// CrossSite says which nodes the firewall lets talk to other sites:
+	// CrossSiteAll (the default, every node) or CrossSiteGateways (only the
+	// nodes a GatewayPool of the scenario selects, to each other: the members
+	// of a site cannot reach another site's underlay at all, which is why
+	// gateways exist). Needs Firewall.
+	CrossSite string `json:"crossSite,omitempty"`
 }
+
+// Values of Underlay.CrossSite.
+const (
+	CrossSiteAll      = "all"
+	CrossSiteGateways = "gateways"
+)
 
 // NodeDefaults are per-node settings applied unless a node overrides them.
 type NodeDefaults struct {
 	// CNILeftovers installs the iptables rules another CNI typically leaves on a
 	// node (MASQUERADE of pod blocks, FORWARD policy DROP, conntrack INVALID
-	// drops). Default false.
-	CNILeftovers bool `json:"cniLeftovers,omitempty"`
+	// drops). Default off.
+	CNILeftovers Leftovers `json:"cniLeftovers,omitzero"`
+}
+
+// Leftovers are the iptables rules another CNI leaves on a node. In YAML it is
+// either a bool (on with the default rules, or off) or an object, which turns
+// them on and may replace the MASQUERADE rules:
+//
+//	cniLeftovers: true
+//	cniLeftovers: {masquerade: "-s 10.16.0.0/12 ! -d 224.0.0.0/4 -j MASQUERADE --random-fully"}
+type Leftovers struct {
+	// On installs the rules.
+	On bool `json:"-"`
+	// Masquerade, when set, is the one nat POSTROUTING rule installed (iptables
+	// arguments after `-A POSTROUTING`, split on blanks) instead of one
+	// `-s <block> ! -d 224.0.0.0/4 -j MASQUERADE` per pod block: for example
+	// flannel's rule, exactly as a report quotes it.
+	Masquerade string `json:"masquerade,omitempty"`
+}
+
+// UnmarshalJSON reads a bool or an object with the fields of Leftovers; unknown
+// fields are errors.
+func (lo *Leftovers) UnmarshalJSON(data []byte) error {
+	var on bool
+	if err := json.Unmarshal(data, &on); err == nil {
+		*lo = Leftovers{On: on}
+		return nil
+	}
+	type plain Leftovers
+	var v plain
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil {
+		return fmt.Errorf("cniLeftovers: want true, false or {masquerade: RULE}: %w", err)
+	}
+	*lo = Leftovers(v)
+	lo.On = true
+	return nil
+}
+
+// MarshalJSON writes a bool when the rules are the default ones.
+func (lo Leftovers) MarshalJSON() ([]byte, error) {
+	if !lo.On || lo.Masquerade == "" {
+		return json.Marshal(lo.On)
+	}
+	type plain Leftovers
+	return json.Marshal(plain(lo))
 }
 
 // Site is one site: an underlay subnet, its nodes, and its Site object given
@@ -109,8 +167,13 @@ type Node struct {
 	// Annotations become the Node's annotations, for example
 	// isthmus.dev/tunnel-ipv4 for a node without a podCIDR.
 	Annotations map[string]string `json:"annotations,omitempty"`
+	// ExternalAddress, when set, is the node's public address in front of a
+	// 1:1 NAT (a cloud public IP): the router translates it to Address for
+	// packets coming in and Address to it for packets leaving the site, and the
+	// Node gets it as ExternalIP. It must lie outside every site subnet.
+	ExternalAddress netip.Addr `json:"externalAddress,omitzero"`
 	// CNILeftovers overrides Defaults.CNILeftovers for this node.
-	CNILeftovers *bool `json:"cniLeftovers,omitempty"`
+	CNILeftovers *Leftovers `json:"cniLeftovers,omitempty"`
 	// Pods are the node's pods.
 	Pods []Pod `json:"pods,omitempty"`
 }
@@ -147,8 +210,9 @@ type Peering struct {
 	MeshNodes *bool `json:"meshNodes,omitempty"`
 }
 
-// Leftovers reports whether node n gets the CNI leftover rules.
-func (s *Scenario) Leftovers(n *Node) bool {
+// Leftovers returns the CNI leftover rules of node n: its own, else the
+// scenario's default.
+func (s *Scenario) Leftovers(n *Node) Leftovers {
 	if n.CNILeftovers != nil {
 		return *n.CNILeftovers
 	}
@@ -375,6 +439,19 @@ func (s *Scenario) validate() error {
 			if err := claimAddr(n.Address, "node "+n.Name); err != nil {
 				return fmt.Errorf("%s: %w", nwhere, err)
 			}
+			if ext := n.ExternalAddress; ext.IsValid() {
+				if !ext.Is4() {
+					return fmt.Errorf("%s: externalAddress %s: want IPv4", nwhere, ext)
+				}
+				for _, other := range s.Sites {
+					if other.Subnet.Contains(ext) {
+						return fmt.Errorf("%s: externalAddress %s inside site %q's subnet %s (want a public address outside every site)", nwhere, ext, other.Name, other.Subnet)
+					}
+				}
+				if err := claimAddr(ext, "external address of node "+n.Name); err != nil {
+					return fmt.Errorf("%s: %w", nwhere, err)
+				}
+			}
 			if v, ok := n.Annotations[TunnelAnnotation]; ok {
 				if a, err := netip.ParseAddr(v); err != nil || !a.Is4() {
 					return fmt.Errorf("%s: annotation %s %q: want an IPv4 address", nwhere, TunnelAnnotation, v)
@@ -430,7 +507,7 @@ func (s *Scenario) validate() error {
 	if _, err := splitDocs(s.Objects); err != nil {
 		return fmt.Errorf("objects: %w", err)
 	}
-	return nil
+	return s.validateGateways()
 }
 
 func lastAddr(p netip.Prefix) netip.Addr {

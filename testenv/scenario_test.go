@@ -17,7 +17,7 @@ func TestDefaultScenario(t *testing.T) {
 	var nodes, pods []string
 	for _, n := range sc.Nodes() {
 		nodes = append(nodes, n.Site.Name+"/"+n.Name)
-		if !sc.Leftovers(&n.Node) {
+		if !sc.Leftovers(&n.Node).On {
 			t.Errorf("node %s: CNI leftovers off, want on in the default scenario", n.Name)
 		}
 	}

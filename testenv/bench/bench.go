@@ -212,7 +212,7 @@ func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 			return nil, err
 		}
 		if !c.Rules {
-			sc.Defaults.CNILeftovers = false
+			sc.Defaults.CNILeftovers = testenv.Leftovers{}
 			for si := range sc.Sites {
 				for ni := range sc.Sites[si].Nodes {
 					sc.Sites[si].Nodes[ni].CNILeftovers = nil
