@@ -42,7 +42,12 @@ func TestMain(m *testing.M) {
 		if err != nil {
 			setupErr = fmt.Errorf("build isthmus: %v\n%s", err, out)
 		}
-		return m.Run()
+		code := m.Run()
+		// Labs shared between tests go now, while the binary is still here.
+		if !downSharedLabs() && code == 0 {
+			code = 1
+		}
+		return code
 	}()
 	os.Exit(code)
 }
