@@ -444,7 +444,8 @@ func (l *Lab) nodeSysctls(n NodeRef) error {
 }
 
 // nodeRules installs the iptables rules another CNI typically leaves on a node,
-// when the scenario asks for them. In the baseline datapaths pod-to-pod traffic is
+// when the scenario asks for them: its exact MASQUERADE rule when Leftovers
+// gives one, else one MASQUERADE per pod block. In the baseline datapaths pod-to-pod traffic is
 // exempted from MASQUERADE first, as every routed CNI does for its own traffic;
 // isthmus must not need that exemption.
 func (l *Lab) nodeRules(ctx context.Context, n NodeRef) error {
