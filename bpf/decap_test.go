@@ -321,6 +321,12 @@ func FuzzUnderlayIngress(f *testing.F) {
 	}
 	f.Add(geneveFrame(l, goodOpts(podIP), innerEth(innerIPv4(goodOpts(podIP)))))
 	f.Add(geneveFrame(l, goodOpts(hostIP), innerEth(innerIPv4(goodOpts(hostIP)))))
+	// Transit (lib/transit.h): every input runs on the node as a member and as a
+	// gateway, where memberIP's frames for a remote prefix are forwarded.
+	addMember(f, l)
+	f.Add(transitFrame(l, transitOpts{outerSrc: memberIP, innerSrc: memberPod, innerDst: remotePodIP, innerTTL: 63, sport: 1234}))
+	f.Add(transitFrame(l, transitOpts{outerSrc: memberIP, innerSrc: memberPod, innerDst: remotePodIP, innerTTL: 1, sport: 1234, udpCsum: true}))
+	f.Add(transitFrame(l, transitOpts{outerSrc: peerIP, innerSrc: remotePodIP, innerDst: remotePodIP, innerTTL: 63, sport: 1234, ipOptions: []byte{1, 1, 1, 0}}))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		// BPF_PROG_TEST_RUN refuses data larger than a page; frames on a 1500-byte
 		// underlay are at most 1514 bytes.
@@ -334,6 +340,19 @@ func FuzzUnderlayIngress(f *testing.F) {
 			(binary.BigEndian.Uint16(in[12:]) == 0x86dd && len(in) < 14+40) {
 			return
 		}
+		for _, transit := range []bool{false, true} {
+			setTransit(t, l, transit)
+			checkUnderlayIngress(t, l, isDrop, in)
+		}
+	})
+}
+
+// checkUnderlayIngress runs underlay_ingress on in and fails t unless the verdict and
+// the counters that moved agree: a pass counts nothing, a drop counts one reason, a
+// redirect counts a delivery, a fabric ingress or a transit.
+func checkUnderlayIngress(t *testing.T, l *lab, isDrop map[uint16]bool, in []byte) {
+	t.Helper()
+	{
 		before := l.counts(t)
 		ret, _ := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
 		d := delta(before, l.counts(t))
@@ -359,13 +378,19 @@ func FuzzUnderlayIngress(f *testing.F) {
 				t.Fatalf("dropped with counters %v, want exactly one drop counted", d)
 			}
 		case tcActRedirect:
-			// Decapsulated and delivered, or a plain packet the fabric handed over.
-			fabric := d[metricKey(IsthmusMetricMETRIC_FABRIC_INGRESS, IsthmusHookHOOK_UNDERLAY_TC)] == 1 && len(d) == 1
-			if !fabric && (d[metricKey(IsthmusMetricMETRIC_DECAP, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 2) {
-				t.Fatalf("redirected with counters %v, want METRIC_DECAP and one delivery, or METRIC_FABRIC_INGRESS", d)
+			// Decapsulated and delivered, a plain packet the fabric handed over, or
+			// forwarded whole to another peer (transit, on a gateway only).
+			alone := func(m IsthmusMetric) bool { return d[metricKey(m, IsthmusHookHOOK_UNDERLAY_TC)] == 1 && len(d) == 1 }
+			transit := alone(IsthmusMetricMETRIC_TRANSIT)
+			if transit && !l.isTransit(t) {
+				t.Fatalf("transit without CFG_F_TRANSIT")
+			}
+			if !alone(IsthmusMetricMETRIC_FABRIC_INGRESS) && !transit &&
+				(d[metricKey(IsthmusMetricMETRIC_DECAP, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 2) {
+				t.Fatalf("redirected with counters %v, want METRIC_DECAP and one delivery, METRIC_FABRIC_INGRESS or METRIC_TRANSIT", d)
 			}
 		default:
 			t.Fatalf("verdict %d not one of OK, SHOT, REDIRECT", ret)
 		}
-	})
+	}
 }

@@ -9,6 +9,7 @@
 #include "geneve.h"
 #include "fib.h"
 #include "tcp.h"
+#include "transit.h"
 
 /* Makes linear what decapsulation reads: outer Ethernet, IPv4 with options, UDP, GENEVE
  * with its options, inner Ethernet and inner IPv4 (without options), with the lengths read
@@ -64,11 +65,13 @@ static __always_inline __u32 decap_len(__u32 optlen)
 	return DECAP_FIXED + optlen + ETH_HLEN;
 }
 
-/* TC decapsulation: validate, pop, deliver. Returns TC_ACT_OK for frames that are not
- * ours, TC_ACT_REDIRECT when delivered, or a negative DROP_*. */
+/* TC decapsulation: validate, then forward (transit on a gateway, lib/transit.h) or
+ * pop and deliver. Returns TC_ACT_OK for frames that are not ours, TC_ACT_REDIRECT when
+ * forwarded or delivered, or a negative DROP_*. */
 static __always_inline int tc_decap(struct __sk_buff *skb, const struct datapath_config *cfg,
 				    __u8 hook)
 {
+	const struct route_value *rt;
 	struct decap_info info = {};
 	struct cursor c;
 	__be32 peer = 0;
@@ -84,6 +87,9 @@ static __always_inline int tc_decap(struct __sk_buff *skb, const struct datapath
 	ret = geneve_validate(&c, cfg, peer, &info);
 	if (ret < 0)
 		return ret;
+	rt = transit_route(cfg, info.daddr);
+	if (rt)
+		return transit_forward(skb, cfg, rt, hook);
 	/* FIXED_GSO: gso_size of a tunnelled GSO packet is the inner MSS already. */
 	if (bpf_skb_adjust_room(skb, -(__s32)decap_len(info.optlen), BPF_ADJ_ROOM_MAC,
 				DECAP_FLAGS))
@@ -104,8 +110,8 @@ static __always_inline int tc_xdp_decapped(struct __sk_buff *skb)
 }
 
 /* XDP decapsulation: validate, pop to [outer Ethernet][inner IPv4], leave a decap_meta
- * for underlay_ingress. A frame that cannot carry metadata is passed unpopped, for
- * underlay_ingress to decapsulate itself. Returns XDP_PASS or a negative DROP_*. */
+ * for underlay_ingress. A frame that cannot carry metadata, or that will transit, is
+ * passed unpopped, for underlay_ingress to decapsulate or forward itself. Returns XDP_PASS or a negative DROP_*. */
 static __always_inline int xdp_decap(struct xdp_md *ctx, const struct datapath_config *cfg,
 				     __u8 hook)
 {
@@ -124,6 +130,10 @@ static __always_inline int xdp_decap(struct xdp_md *ctx, const struct datapath_c
 	ret = geneve_validate(&c, cfg, peer, &info);
 	if (ret < 0)
 		return ret;
+	/* A frame that will transit stays whole, without metadata: underlay_ingress
+	 * forwards it (a popped frame could not be encapsulated again, DESIGN.md). */
+	if (transit_route(cfg, info.daddr))
+		return XDP_PASS;
 
 	/* Reserve the metadata before popping. A popped frame without it would reach
 	 * underlay_ingress as plain IPv4 on the underlay device, and the stack would

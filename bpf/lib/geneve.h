@@ -30,6 +30,7 @@ static __always_inline __be32 geneve_vni_word(__u32 vni)
 struct decap_info {
 	__be32 peer;		/* outer source */
 	__u32 optlen;		/* GENEVE option bytes, 0..252 */
+	__be32 daddr;		/* inner IPv4 destination */
 };
 
 /* Validates the GENEVE header and the inner Ethernet and IPv4 headers at c, for a
@@ -80,5 +81,6 @@ static __always_inline int geneve_validate(struct cursor *c, const struct datapa
 
 	info->peer = peer;
 	info->optlen = optlen;
+	info->daddr = iiph->daddr;
 	return 0;
 }

@@ -31,6 +31,21 @@ static __always_inline __u32 jhash_3words(__u32 a, __u32 b, __u32 c, __u32 initv
 	return c;
 }
 
+/* Returns non-zero if the flow hash of the IPv4 packet at iph covers its ports: TCP or
+ * UDP, and not a fragment. */
+static __always_inline int flow_has_ports(const struct iphdr *iph)
+{
+	return (iph->protocol == IPPROTO_TCP || iph->protocol == IPPROTO_UDP) &&
+	       !ipv4_is_fragment(iph);
+}
+
+/* Returns the flow hash of the IPv4 packet at iph whose first 4 L4 bytes, raw, are
+ * ports (0 when flow_has_ports is false or the packet ends before them). */
+static __always_inline __u32 flow_hash_ports(const struct iphdr *iph, __u32 ports)
+{
+	return jhash_3words(iph->saddr, iph->daddr, ports + iph->protocol, FLOW_HASH_SEED);
+}
+
 /* Returns the flow hash of the inner IPv4 packet at iph: jhash_3words over the raw
  * (network order) addresses and, for TCP and UDP when the packet is not a fragment,
  * the raw 4 bytes of the two ports, added to the protocol number. l4 must point just
@@ -41,14 +56,13 @@ static __always_inline __u32 flow_hash(const struct iphdr *iph, const void *l4,
 {
 	__u32 ports = 0;
 
-	if ((iph->protocol == IPPROTO_TCP || iph->protocol == IPPROTO_UDP) &&
-	    !ipv4_is_fragment(iph)) {
+	if (flow_has_ports(iph)) {
 		const __u32 *p = l4;
 
 		if ((const void *)(p + 1) <= data_end)
 			ports = *p;
 	}
-	return jhash_3words(iph->saddr, iph->daddr, ports + iph->protocol, FLOW_HASH_SEED);
+	return flow_hash_ports(iph, ports);
 }
 
 /* Returns the outer UDP source port (host order, SPORT_MIN..SPORT_MAX) of a flow with

@@ -1,0 +1,152 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Gateway transit: GENEVE whose inner destination routes to another peer goes on to it
+ * with its outer IPv4 header rewritten in place; nothing is popped or pushed. */
+#pragma once
+
+#include "common.h"
+#include "maps.h"
+#include "metrics.h"
+#include "parse.h"
+#include "csum.h"
+#include "hash.h"
+#include "nexthop.h"
+#include "geneve.h"
+#include "fib.h"
+
+/* Returns the route a validated GENEVE frame for inner destination daddr transits by:
+ * NULL unless this node is a gateway (CFG_F_TRANSIT) and daddr is in routes. On any
+ * other node this is the flag test only. */
+static __always_inline const struct route_value *
+transit_route(const struct datapath_config *cfg, __be32 daddr)
+{
+	struct route_key key = { .prefixlen = 32, .addr = daddr };
+
+	if (likely(!(cfg->flags & CFG_F_TRANSIT)))
+		return NULL;
+	return bpf_map_lookup_elem(&routes, &key);
+}
+
+/* The headers of a GENEVE frame that transit reads or rewrites. */
+struct transit_hdrs {
+	struct iphdr *oip;	/* outer IPv4 */
+	struct udphdr *udp;	/* outer UDP */
+	struct iphdr *iip;	/* inner IPv4 */
+	void *l4;		/* just past the inner IPv4 header */
+	__u32 udp_off;		/* offsets from the start of the frame */
+	__u32 l4_off;
+};
+
+/* Finds the headers of a frame geneve_validate accepted (so they are linear). Returns 0,
+ * or DROP_INVALID_PACKET / DROP_INNER_INVALID if they are not there after all. */
+static __always_inline int transit_parse(struct __sk_buff *skb, struct transit_hdrs *h)
+{
+	struct cursor c = { .pos = (void *)(long)skb->data, .end = (void *)(long)skb->data_end };
+	struct genevehdr *gh;
+	struct ethhdr *eth;
+	__u32 optlen;
+
+	if (parse_eth(&c, &eth) != ETH_P_IP || parse_ipv4(&c, &h->oip) < 0 ||
+	    parse_udp(&c, &h->udp) < 0)
+		return DROP_INVALID_PACKET;
+	gh = c.pos;
+	if ((void *)(gh + 1) > c.end)
+		return DROP_GENEVE_TRUNCATED;
+	optlen = gh->opt_len * 4;
+	c.pos = (void *)(gh + 1) + optlen;
+	if (parse_eth(&c, &eth) != ETH_P_IP || parse_ipv4(&c, &h->iip) < 0)
+		return DROP_INNER_INVALID;
+	h->l4 = c.pos;
+	h->udp_off = ETH_HLEN + h->oip->ihl * 4;
+	h->l4_off = h->udp_off + sizeof(struct udphdr) + GENEVE_HLEN + optlen + ETH_HLEN +
+		    h->iip->ihl * 4;
+	return 0;
+}
+
+/* Returns the flow hash of the inner packet of h, the one encap_geneve computed when it
+ * was encapsulated: the ports are read from the packet when they are not linear. */
+static __always_inline __u32 transit_flow_hash(struct __sk_buff *skb,
+					       const struct transit_hdrs *h)
+{
+	const __u32 *l4 = h->l4;
+	__u32 ports = 0;
+
+	if (!flow_has_ports(h->iip))
+		return flow_hash_ports(h->iip, 0);
+	if ((void *)(l4 + 1) <= (void *)(long)skb->data_end)
+		ports = *l4;
+	else if (bpf_skb_load_bytes(skb, h->l4_off, &ports, sizeof(ports)))
+		ports = 0;	/* shorter than its ports: so was it for encap_geneve */
+	return flow_hash_ports(h->iip, ports);
+}
+
+/* Forwards a GENEVE frame tc_decap validated, whose inner destination hit route rt on a
+ * gateway, to the route's next hop: rt->peer, or the member of its group for the flow
+ * (the hash encapsulation uses, so the flow keeps one gateway). The inner TTL is
+ * decremented; the outer IPv4 header gets this node's underlay address as source, the
+ * next hop as destination and TTL 64, its checksum patched; a non-zero outer UDP
+ * checksum is patched for the two addresses, a zero one stays zero; the UDP source port,
+ * GENEVE and the inner frame are left as they are. Then the FIB lookup and redirect of
+ * encapsulation. Returns TC_ACT_REDIRECT or a negative DROP_*: DROP_NO_NEXTHOP,
+ * DROP_TRANSIT_LOOP (the next hop sent it), DROP_TTL_EXCEEDED. Counts METRIC_TRANSIT. */
+static __always_inline int transit_forward(struct __sk_buff *skb,
+					   const struct datapath_config *cfg,
+					   const struct route_value *rt, __u8 hook)
+{
+	const __u64 l4_flags = BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0 | sizeof(__be32);
+	struct transit_hdrs h;
+	struct bpf_fib_lookup p;
+	struct ethhdr *eth;
+	__be32 osrc, odst, nh, src = cfg->underlay_ip;
+	__be16 ttl_from;
+	__sum16 check;
+	__u32 udp_check_off;
+	int rc;
+
+	rc = transit_parse(skb, &h);
+	if (rc < 0)
+		return rc;
+	nh = nexthop_select(rt, transit_flow_hash(skb, &h));
+	if (unlikely(!nh))
+		return DROP_NO_NEXTHOP;
+	osrc = h.oip->saddr;
+	odst = h.oip->daddr;
+	if (nh == osrc)
+		return DROP_TRANSIT_LOOP;
+	if (h.iip->ttl <= 1)
+		return DROP_TTL_EXCEEDED;
+	/* Incremental: the sum over each header is unchanged, so a checksum covering it (the
+	 * outer UDP one, a CHECKSUM_COMPLETE skb->csum) needs no fix for these writes. */
+	ipv4_decrease_ttl(h.iip);
+
+	/* The outer header may carry options: patch its checksum rather than recompute. */
+	ttl_from = *(__be16 *)&h.oip->ttl;	/* TTL and protocol */
+	h.oip->ttl = OUTER_TTL;
+	check = csum_replace16(h.oip->check, ttl_from, *(__be16 *)&h.oip->ttl);
+	check = csum_replace32(check, osrc, src);
+	h.oip->check = csum_replace32(check, odst, nh);
+	h.oip->saddr = src;
+	h.oip->daddr = nh;
+
+	/* The outer UDP checksum covers both addresses. bpf_l4_csum_replace knows what the
+	 * field holds: a full checksum, or the pseudo-header seed of a CHECKSUM_PARTIAL or
+	 * UDP_TUNNEL_CSUM GSO skb, which segmentation completes later (zeroing that seed
+	 * would corrupt every segment), and it keeps a CHECKSUM_COMPLETE skb->csum right.
+	 * MARK_MANGLED_0: a computed 0 is sent as 0xffff, and a zero field is skipped. */
+	if (h.udp->check) {
+		udp_check_off = h.udp_off + offsetof(struct udphdr, check);
+		if (bpf_l4_csum_replace(skb, udp_check_off, osrc, src, l4_flags) ||
+		    bpf_l4_csum_replace(skb, udp_check_off, odst, nh, l4_flags))
+			return DROP_ENCAP_FAILED;
+	}
+
+	/* The helpers above may have moved the data: only the Ethernet header is needed. */
+	eth = (void *)(long)skb->data;
+	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
+		return DROP_ENCAP_FAILED;
+	rc = fib_lookup_v4(skb, &p, src, nh, 0, IPPROTO_UDP, skb->ifindex);
+	rc = redirect_nexthop(eth, &p, rc, 0);
+	if (rc < 0)
+		return rc;
+	metrics_count(METRIC_TRANSIT, hook, skb->len);
+	return rc;
+}
