@@ -186,11 +186,13 @@ func TestGatewayBuiltins(t *testing.T) {
 	for _, c := range []struct {
 		scenario string
 		gateways []string
+		external bool
 	}{
-		{"seed003", []string{"master-gw", "edge-gw"}},
-		{"seed000gw", []string{"aks-1", "flex-1"}},
-		{"seed001", []string{"u-gw", "r-gw"}},
-		{"gwfailover", []string{"gw-w1", "gw-w2", "gw-e1"}},
+		{"seed003", []string{"master-gw", "edge-gw"}, false},
+		{"seed000gw", []string{"aks-1", "flex-1"}, false},
+		{"seed001", []string{"u-gw", "r-gw"}, false},
+		{"gwfailover", []string{"gw-w1", "gw-w2", "gw-e1"}, false},
+		{"gwexternal", []string{"dc-gw", "cl-gw"}, true},
 	} {
 		sc, err := LoadScenario(c.scenario)
 		if err != nil {
@@ -211,8 +213,10 @@ func TestGatewayBuiltins(t *testing.T) {
 				t.Errorf("%s: %s -> %s expects source %s, want the pod's own %s", c.scenario, e.Src, e.Dst, e.Saw, src.Address)
 			}
 		}
-		if slices.ContainsFunc(sc.Nodes(), func(n NodeRef) bool { return n.ExternalAddress.IsValid() }) {
-			t.Errorf("%s: a node has an externalAddress; the pools are Internal", c.scenario)
+		for _, n := range sc.Nodes() {
+			if want := c.external && sc.IsGateway(n.Name); n.ExternalAddress.IsValid() != want {
+				t.Errorf("%s: node %s externalAddress %v, want one: %v", c.scenario, n.Name, n.ExternalAddress, want)
+			}
 		}
 	}
 	sc, _ := LoadScenario("seed003")

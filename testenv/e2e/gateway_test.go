@@ -468,3 +468,62 @@ func TestGatewayFailover(t *testing.T) {
 			worst.Round(time.Millisecond), failoverLimit, healthInterval, healthMultiplier, tailFile(l.AgentLog("w-1")), tailFile(l.AgentLog("gw-e1")))
 	}
 }
+
+// TestGatewayExternal: the gateways of an External pool sit behind 1:1 NAT
+// and tunnel to each other's ExternalIPs. Every pod pair talks with its own
+// source, each gateway's plan has the other as a peer at its ExternalIP, and
+// the tunnel between the sites runs between the public addresses on the wire
+// (outside the router's NAT: on the remote gateway's port the outer source is
+// the sender's public address).
+func TestGatewayExternal(t *testing.T) {
+	l := upScenario(t, "gwexternal")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	t.Run("plan", func(t *testing.T) {
+		for _, c := range []struct{ node, peer, at string }{
+			{"dc-gw", "cl-gw", "198.51.100.20"},
+			{"cl-gw", "dc-gw", "203.0.113.10"},
+		} {
+			out, err := exec.CommandContext(ctx, binary, "plan", "--node", c.node, "--objects", l.ObjectsDir(), "-o", "json").Output()
+			if err != nil {
+				t.Fatalf("plan %s: %v", c.node, err)
+			}
+			var p plan.NodePlan
+			if err := json.Unmarshal(out, &p); err != nil {
+				t.Fatalf("plan %s: %v", c.node, err)
+			}
+			i := slices.IndexFunc(p.Peers, func(x plan.Peer) bool { return x.Name == c.peer })
+			if i < 0 || p.Peers[i].Underlay != netip.MustParseAddr(c.at) {
+				t.Errorf("plan of %s: want peer %s at its ExternalIP %s; peers %+v", c.node, c.peer, c.at, p.Peers)
+			}
+		}
+	})
+
+	t.Run("matrix", func(t *testing.T) {
+		m := checkAll(t, l, "dc-gw", "cl-gw", "dc-1")
+		requirePairs(t, m, "member to remote member", [2]string{"dc1-p1", "cl1-p1"}, [2]string{"cl1-p1", "dc1-p1"})
+	})
+
+	t.Run("wire", func(t *testing.T) {
+		// Between the sites the tunnel's outer source, as the receiving
+		// gateway sees it, is the sender's public address.
+		wait := capture(t, l.RouterNS(), testenv.RouterPort("cl-gw"), 4*time.Second)
+		for range 5 {
+			testenv.Ping(l.PodNS("dc1-p1"), l.PodAddr("cl1-p1"), 500*time.Millisecond)
+		}
+		frames := wait()
+		var fromDC int
+		for _, f := range frames {
+			if len(f.ipSrc) > 0 && len(f.ipDst) > 0 && f.ipSrc[0] == "203.0.113.10" && f.ipDst[0] == "172.24.0.10" {
+				fromDC++
+			}
+			if len(f.ipSrc) > 0 && strings.HasPrefix(f.ipSrc[0], "172.23.") {
+				t.Errorf("frame to cl-gw with dc's private outer source %s: the NAT was bypassed", f.ipSrc[0])
+			}
+		}
+		if fromDC == 0 {
+			t.Errorf("no GENEVE frame from 203.0.113.10 reached cl-gw (%d frames captured)", len(frames))
+		}
+	})
+}
