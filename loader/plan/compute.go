@@ -3,6 +3,7 @@ package plan
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 
@@ -15,20 +16,28 @@ import (
 // Compute returns the desired datapath state of the named node.
 //
 // set must come from objects.Load (Compute relies on its validation: every
-// node in exactly one site, canonical CIDRs, valid tunnel addresses). Peers are
-// the other nodes of the node's own site and every node of each site joined to
-// it by a SitePeering with meshNodes; a node of an unmanaged site
-// (manageCniPlugin false) without a tunnel address is no peer. Routes send each
-// peer's podCIDRs and tunnel address to it, and the declared pod blocks of
-// every other unmanaged site with returnPath Fabric to a group of that site's
-// nodes. A route that holds an underlay address (a peer's or this node's) or
-// overlaps a LocalPrefix is split around it, and the split is reported in
-// Corrections. See docs/unmanaged-sites.md.
+// node in exactly one site, canonical CIDRs, valid tunnel addresses, valid
+// pools and assignments). Peers are the other nodes of the node's own site and
+// every node of each site joined to it by a SitePeering with meshNodes; a node
+// of an unmanaged site (manageCniPlugin false) without a tunnel address is no
+// peer unless it is a gateway. Routes send each peer's podCIDRs and tunnel
+// address to it, and the declared pod blocks of every other unmanaged site
+// with returnPath Fabric to a group of that site's nodes. See
+// docs/unmanaged-sites.md.
+//
+// Sites joined by a SiteGatewayPoolAssignment (and not meshed) reach each
+// other through gateways (docs/gateways.md): a member routes the prefixes of
+// the other sites to a group of its site's gateways; a gateway has the remote
+// gateways as peers and routes the other sites' prefixes to a group of them,
+// each remote gateway's own prefixes straight to it. A route that holds an
+// underlay address (a peer's, this node's, or, on a member, one its gateways
+// tunnel to) or overlaps a LocalPrefix is split around it, and the split is
+// reported in Corrections.
 //
 // Compute fails when the node is unknown, in no site, or belongs to an
-// unmanaged site and has no tunnel address: such a node cannot be anyone's
-// peer, so there is nothing useful to install. The result is sorted and
-// depends only on the objects, never on their order in files.
+// unmanaged site, has no tunnel address and is no gateway: such a node cannot
+// be anyone's peer, so there is nothing useful to install. The result is
+// sorted and depends only on the objects, never on their order in files.
 func Compute(set *objects.Set, node string) (*NodePlan, error) {
 	self := set.Node(node)
 	if self == nil {
@@ -48,15 +57,21 @@ func Compute(set *objects.Set, node string) (*NodePlan, error) {
 		Peers:     []Peer{},
 		Routes:    []Route{},
 	}
+	all := assignments(set)
+	isGateway := slices.ContainsFunc(all, func(a assignment) bool { _, ok := a.has(site.Name, node); return ok })
 	if a, origin, ok := objects.TunnelAddr(self); ok {
 		p.TunnelAddr, p.TunnelAddrOrigin = a, origin
-	} else if !site.Spec.ManagesCNIPlugin() {
+	} else if !site.Spec.ManagesCNIPlugin() && !isGateway {
 		return nil, fmt.Errorf("plan node %q: the node has no tunnel address, and as a node of Site %q "+
 			"(manageCniPlugin false) it needs one to be a peer: it has no IPv4 podCIDR, so set the annotation %s "+
 			"to an IPv4 address outside every pod block and underlay network, e.g. "+
 			"kubectl annotate node %s %s=100.64.0.4", node, site.Name, v1alpha1.AnnotationTunnelIPv4, node, v1alpha1.AnnotationTunnelIPv4)
 	}
 	switch {
+	case isGateway && !p.TunnelAddr.IsValid():
+		// A gateway forwards without one; only its own host traffic and the
+		// health checks of those who route through it need the address.
+		p.warnf("gateway Node %q has no tunnel address: it forwards, but peers cannot health-check it and its host traffic cannot use the tunnel", node)
 	case len(p.PodCIDRs) == 0 && !p.TunnelAddr.IsValid():
 		p.warnf("Node %q has no podCIDR yet: it has no tunnel address, and peers have no route back to its pods", node)
 	case len(p.PodCIDRs) == 0 && site.Spec.ManagesCNIPlugin():
@@ -70,17 +85,26 @@ func Compute(set *objects.Set, node string) (*NodePlan, error) {
 	if fabricReturn(site) {
 		p.FabricPrefixes = declaredPrefixes(site)
 	}
-	peers, sites := peerNodes(set, self, site, p)
-	for _, peer := range peers {
-		p.addPeer(set, peer)
-	}
-	for _, name := range sites {
-		if name != site.Name {
-			p.addGroupRoutes(set.Site(name))
+	meshed := p.meshedSites(set, site, all)
+	peers := map[string]*candidate{}
+	for i := range set.Nodes {
+		n := &set.Nodes[i]
+		if s := set.SiteOf(n); n.Name != node && s != nil && (s.Name == site.Name || meshed[s.Name] != "") {
+			underlay, _ := objects.InternalIP(n)
+			peers[n.Name] = &candidate{node: n, underlay: underlay}
 		}
 	}
-	p.correctRoutes()
+	gp := p.addAssignments(set, all, self, site, meshed, peers)
+	for _, name := range slices.Sorted(maps.Keys(peers)) {
+		p.addPeer(set, peers[name])
+	}
+	for _, name := range slices.Sorted(maps.Keys(meshed)) {
+		p.addGroupRoutes(set.Site(name))
+	}
+	p.addGatewayRoutes(gp.routes)
+	p.correctRoutes(gp.endpoints)
 	p.dedupeRoutes()
+	p.addGatewayFabric(gp.fabric)
 	p.SNAT = p.snatPolicy(self, site)
 	return p, nil
 }
@@ -159,54 +183,50 @@ func (p *NodePlan) warnStrayPodCIDRs(n *corev1.Node, site *v1alpha1.Site) {
 	}
 }
 
-// peerNodes returns the nodes self tunnels to, sorted by name (the rest of
-// its site and the nodes of every site meshed with it), and the names of
-// those sites, sorted, its own included.
-func peerNodes(set *objects.Set, self *corev1.Node, site *v1alpha1.Site, p *NodePlan) ([]*corev1.Node, []string) {
-	sites := map[string]bool{site.Name: true}
+// meshedSites returns the sites meshed with site by a SitePeering with
+// meshNodes, each with the name of the first such peering. A peering with
+// meshNodes false meshes nothing: its sites need a SiteGatewayPoolAssignment,
+// and a warning names each pair that has none.
+func (p *NodePlan) meshedSites(set *objects.Set, site *v1alpha1.Site, all []assignment) map[string]string {
+	meshed := map[string]string{}
 	for _, sp := range set.SitePeerings {
-		if !slices.Contains(sp.Spec.Sites, site.Name) {
-			continue
+		if sp.Spec.MeshesNodes() && slices.Contains(sp.Spec.Sites, site.Name) {
+			for _, s := range sp.Spec.Sites {
+				if _, ok := meshed[s]; !ok && s != site.Name {
+					meshed[s] = sp.Name
+				}
+			}
 		}
-		if !sp.Spec.MeshesNodes() {
-			p.warnf("SitePeering %q has meshNodes false: gateway mode is not supported yet, so its sites give no peers", sp.Name)
+	}
+	for _, sp := range set.SitePeerings {
+		if sp.Spec.MeshesNodes() || !slices.Contains(sp.Spec.Sites, site.Name) {
 			continue
 		}
 		for _, s := range sp.Spec.Sites {
-			sites[s] = true
+			joined := slices.ContainsFunc(all, func(a assignment) bool {
+				return slices.Contains(a.obj.Spec.Sites, site.Name) && slices.Contains(a.obj.Spec.Sites, s)
+			})
+			if _, ok := meshed[s]; !ok && s != site.Name && !joined {
+				p.warnf("SitePeering %q has meshNodes false, and no SiteGatewayPoolAssignment joins Sites %q and %q: they are not connected", sp.Name, site.Name, s)
+			}
 		}
 	}
-	var peers []*corev1.Node
-	for i := range set.Nodes {
-		n := &set.Nodes[i]
-		if n.Name == self.Name {
-			continue
-		}
-		if s := set.SiteOf(n); s != nil && sites[s.Name] {
-			peers = append(peers, n)
-		}
-	}
-	slices.SortFunc(peers, func(a, b *corev1.Node) int { return cmp.Compare(a.Name, b.Name) })
-	names := make([]string, 0, len(sites))
-	for s := range sites {
-		names = append(names, s)
-	}
-	slices.Sort(names)
-	return peers, names
+	return meshed
 }
 
-// addPeer adds peer with routes for its podCIDRs and its tunnel address, or
-// skips it with a warning when it belongs to an unmanaged site and has no
-// tunnel address (nothing could route back to it).
-func (p *NodePlan) addPeer(set *objects.Set, peer *corev1.Node) {
+// addPeer adds c's node as a peer reached at c.underlay, with routes for its
+// podCIDRs and its tunnel address and c.extra among its allowed sources, or
+// skips it with a warning when it belongs to an unmanaged site, has no tunnel
+// address (nothing could route back to it) and is no gateway.
+func (p *NodePlan) addPeer(set *objects.Set, c *candidate) {
+	peer, underlay := c.node, c.underlay
 	site := set.SiteOf(peer)
 	tunnel, tunnelOrigin, hasTunnel := objects.TunnelAddr(peer)
-	if !hasTunnel && !site.Spec.ManagesCNIPlugin() {
+	if !hasTunnel && !site.Spec.ManagesCNIPlugin() && !c.gateway {
 		p.warnf("peer Node %q of Site %q has no tunnel address (no IPv4 podCIDR, no annotation %s): it is not a peer until it has one",
 			peer.Name, site.Name, v1alpha1.AnnotationTunnelIPv4)
 		return
 	}
-	underlay, _ := objects.InternalIP(peer)
 	fields := objects.PodCIDRFields(peer)
 	pr := Peer{
 		Name:           peer.Name,
@@ -233,12 +253,12 @@ func (p *NodePlan) addPeer(set *objects.Set, peer *corev1.Node) {
 		// its blocks; with returnPath SNAT such sources never arrive.
 		pr.AllowedSources = append(pr.AllowedSources, declaredPrefixes(site)...)
 	}
-	pr.AllowedSources = sortedUnique(pr.AllowedSources)
+	pr.AllowedSources = sortedUnique(append(pr.AllowedSources, c.extra...))
 	p.warnStrayPodCIDRs(peer, site)
 	switch {
-	case len(fields) == 0 && !hasTunnel:
+	case len(fields) == 0 && !hasTunnel && !c.gateway:
 		p.warnf("peer Node %q has no podCIDR yet: no routes to it", peer.Name)
-	case len(fields) == 0 && site.Spec.ManagesCNIPlugin():
+	case len(fields) == 0 && site.Spec.ManagesCNIPlugin() && !c.gateway:
 		p.warnf("peer Node %q has no podCIDR yet: only its tunnel address is routed to it", peer.Name)
 	}
 	p.Peers = append(p.Peers, pr)
@@ -274,11 +294,12 @@ func (p *NodePlan) addGroupRoutes(u *v1alpha1.Site) {
 }
 
 // correctRoutes enforces two invariants. No route holds an underlay address
-// (a peer's or this node's own): sending a tunnel endpoint into the tunnel
-// would loop the tunnel into itself. No route overlaps a LocalPrefix: those
-// belong to the site's fabric and CNI on this node.
-func (p *NodePlan) correctRoutes() {
-	endpoints := []netip.Addr{p.Underlay}
+// (a peer's, this node's own, or one in extra: those its gateways tunnel to):
+// sending a tunnel endpoint into the tunnel would loop the tunnel into
+// itself. No route overlaps a LocalPrefix: those belong to the site's fabric
+// and CNI on this node.
+func (p *NodePlan) correctRoutes(extra []netip.Addr) {
+	endpoints := append([]netip.Addr{p.Underlay}, extra...)
 	for _, pr := range p.Peers {
 		endpoints = append(endpoints, pr.Underlay)
 	}
@@ -328,7 +349,9 @@ func (p *NodePlan) correctRoutes() {
 
 // dedupeRoutes sorts the routes by prefix and keeps one route per prefix: a
 // node's own prefixes (added first) win over a site's pod blocks, since the
-// datapath has one entry per prefix.
+// datapath has one entry per prefix. Only a tie between different next hops
+// earns a warning: a prefix both declared and listed in routedCidrs goes to
+// the same gateways either way.
 func (p *NodePlan) dedupeRoutes() {
 	if len(p.Routes) == 0 {
 		return // keep the non-nil empty slice: the JSON says "routes": []
@@ -337,12 +360,20 @@ func (p *NodePlan) dedupeRoutes() {
 	var kept []Route
 	for _, r := range p.Routes {
 		if n := len(kept); n > 0 && kept[n-1].Prefix == r.Prefix {
+			if sameTarget(kept[n-1], r) {
+				continue
+			}
 			p.warnf("route %s from %s is also claimed by %s: the first is kept", r.Prefix, kept[n-1].Origin, r.Origin)
 			continue
 		}
 		kept = append(kept, r)
 	}
 	p.Routes = kept
+}
+
+// sameTarget reports whether two routes go to the same peer or group.
+func sameTarget(a, b Route) bool {
+	return a.Peer == b.Peer && a.Via == b.Via && slices.Equal(a.Group, b.Group)
 }
 
 // snatPolicy returns the return-path SNAT policy of self: translate to the

@@ -236,7 +236,7 @@ func TestCompute(t *testing.T) {
 				"peer b1 b 10.2.0.1 10.20.1.1 [10.20.1.0/24]",
 				`route 10.20.1.0/24 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
 				`snat 10.10.1.1 except 10.10.1.0/24 (Node "a1" spec.podCIDRs[0])`,
-				`warning SitePeering "a-c" has meshNodes false: gateway mode is not supported yet, so its sites give no peers`,
+				`warning SitePeering "a-c" has meshNodes false, and no SiteGatewayPoolAssignment joins Sites "a" and "c": they are not connected`,
 			},
 		},
 		{
@@ -615,6 +615,20 @@ func TestCloneEqual(t *testing.T) {
 			if !p.Equal(orig) {
 				t.Errorf("%s: mutation %d changed the original", tc.node, i)
 			}
+		}
+	}
+	gwPlan, err := Compute(seed000Gateway(t), "aks-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, mutate := range []func(*NodePlan){
+		func(q *NodePlan) { q.GatewayPools[0] = "x" },
+		func(q *NodePlan) { q.Gateway = false },
+	} {
+		c := gwPlan.Clone()
+		mutate(c)
+		if c.Equal(gwPlan) || gwPlan.GatewayPools[0] != "gateways" {
+			t.Errorf("gateway mutation %d: still equal, or changed the original", i)
 		}
 	}
 	var nilPlan *NodePlan

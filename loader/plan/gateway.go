@@ -1,0 +1,319 @@
+package plan
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/isthmus-dev/isthmus/api/v1alpha1"
+	"github.com/isthmus-dev/isthmus/loader/objects"
+)
+
+// assignment is a SiteGatewayPoolAssignment with its gateways found.
+type assignment struct {
+	obj   *v1alpha1.SiteGatewayPoolAssignment
+	pools []*v1alpha1.GatewayPool
+	// gateways are the gateways of each of its sites, sorted by name: the
+	// site's nodes selected by one of its pools.
+	gateways map[string][]gateway
+}
+
+// gateway is a gateway node of one assignment.
+type gateway struct {
+	node *corev1.Node
+	// addr is where the gateways of other sites tunnel to: the InternalIP when
+	// an Internal pool of the assignment selects the node (it says the sites
+	// share a routed underlay), else the ExternalIP.
+	addr netip.Addr
+	// pools are the assignment's pools that select the node, sorted.
+	pools []string
+}
+
+// assignments returns every SiteGatewayPoolAssignment of set with its
+// gateways, in name order.
+func assignments(set *objects.Set) []assignment {
+	var out []assignment
+	for i := range set.SiteGatewayPoolAssignments {
+		obj := &set.SiteGatewayPoolAssignments[i]
+		a := assignment{obj: obj, gateways: map[string][]gateway{}}
+		for _, name := range obj.Spec.GatewayPools {
+			if pool := set.GatewayPool(name); pool != nil && !slices.Contains(a.pools, pool) {
+				a.pools = append(a.pools, pool)
+			}
+		}
+		for _, site := range obj.Spec.Sites {
+			for _, n := range set.NodesOf(site) {
+				if g, ok := a.gatewayOf(set, n); ok {
+					a.gateways[site] = append(a.gateways[site], g)
+				}
+			}
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// gatewayOf reports whether one of a's pools selects n, and how n is reached.
+func (a *assignment) gatewayOf(set *objects.Set, n *corev1.Node) (gateway, bool) {
+	g := gateway{node: n}
+	internal := false
+	for _, pool := range a.pools {
+		if slices.ContainsFunc(set.GatewaysOf(pool), func(s *corev1.Node) bool { return s.Name == n.Name }) {
+			g.pools = append(g.pools, pool.Name)
+			internal = internal || pool.Spec.Type != v1alpha1.GatewayPoolExternal
+		}
+	}
+	if len(g.pools) == 0 {
+		return g, false
+	}
+	slices.Sort(g.pools)
+	if internal {
+		g.addr, _ = objects.InternalIP(n)
+	} else {
+		g.addr, _ = objects.ExternalIP(n)
+	}
+	return g, true
+}
+
+// has reports whether node is a gateway of site in a, and returns it.
+func (a *assignment) has(site, node string) (gateway, bool) {
+	for _, g := range a.gateways[site] {
+		if g.node.Name == node {
+			return g, true
+		}
+	}
+	return gateway{}, false
+}
+
+// sitePrefix is one prefix of a site, as an assignment routes it.
+type sitePrefix struct {
+	prefix netip.Prefix
+	origin string
+	// node is the node the prefix belongs to (its podCIDR or tunnel address),
+	// empty for a prefix of the site.
+	node string
+	// fabric is true for the prefixes only the site's fabric delivers (pools'
+	// routedCidrs and the site's nodeCidrs): a gateway hands them to it.
+	fabric bool
+}
+
+// prefixesOf returns the prefixes of site t in a (docs/gateways.md, "Prefixes
+// of a site T"), one entry per prefix, the first origin kept: the podCIDRs
+// and tunnel addresses of t's nodes, t's declared pod blocks when its CNI is
+// unmanaged with returnPath Fabric, the routedCidrs of a's pools that have
+// gateways in t, and t's nodeCidrs when a routes them.
+func (a *assignment) prefixesOf(set *objects.Set, t *v1alpha1.Site) []sitePrefix {
+	var out []sitePrefix
+	add := func(sp sitePrefix) {
+		if !slices.ContainsFunc(out, func(o sitePrefix) bool { return o.prefix == sp.prefix }) {
+			out = append(out, sp)
+		}
+	}
+	for _, n := range set.NodesOf(t.Name) {
+		fields := objects.PodCIDRFields(n)
+		for _, f := range fields {
+			add(sitePrefix{prefix: f.Prefix, origin: fmt.Sprintf("Node %q %s", n.Name, f.Field), node: n.Name})
+		}
+		if tunnel, origin, ok := objects.TunnelAddr(n); ok && !slices.ContainsFunc(fields, func(f objects.FieldPrefix) bool { return f.Prefix.Contains(tunnel) }) {
+			add(sitePrefix{prefix: HostPrefix(tunnel), origin: origin, node: n.Name})
+		}
+	}
+	if fabricReturn(t) {
+		for _, b := range declaredBlocks(t) {
+			add(sitePrefix{prefix: b.Prefix, origin: fmt.Sprintf("Site %q %s", t.Name, b.Field)})
+		}
+	}
+	for _, pool := range a.pools {
+		if !slices.ContainsFunc(a.gateways[t.Name], func(g gateway) bool { return slices.Contains(g.pools, pool.Name) }) {
+			continue
+		}
+		for i, c := range pool.Spec.RoutedCIDRs {
+			if pfx, err := netip.ParsePrefix(string(c)); err == nil {
+				add(sitePrefix{prefix: pfx.Masked(), origin: fmt.Sprintf("GatewayPool %q spec.routedCidrs[%d]", pool.Name, i), fabric: true})
+			}
+		}
+	}
+	if a.obj.Spec.RoutesNodeCIDRs() {
+		for i, c := range t.Spec.NodeCIDRs {
+			if pfx, err := netip.ParsePrefix(string(c)); err == nil {
+				add(sitePrefix{prefix: pfx.Masked(), origin: fmt.Sprintf("Site %q spec.nodeCidrs[%d]", t.Name, i), fabric: true})
+			}
+		}
+	}
+	return out
+}
+
+// sources returns the prefixes of sps as inner sources a node accepts, cut
+// around its local prefixes: a remote site never legitimately sends from an
+// address this node's own site keeps (a pool spanning both sites may list it
+// in routedCidrs, as seed 000's does).
+func (p *NodePlan) sources(sps []sitePrefix) []netip.Prefix {
+	var out []netip.Prefix
+	for _, sp := range sps {
+		out = append(out, Subtract(sp.prefix, p.LocalPrefixes...)...)
+	}
+	return sortedUnique(out)
+}
+
+// candidate is a peer before addPeer: where it is reached and what it may
+// send besides its own sources.
+type candidate struct {
+	node     *corev1.Node
+	underlay netip.Addr
+	extra    []netip.Prefix
+	// gateway keeps the peer even without a tunnel address: it forwards for
+	// its site, and only health checks need the address.
+	gateway bool
+}
+
+// groupRoute is a route to the gateways of a site, its members resolved to
+// peers once every peer is known.
+type groupRoute struct {
+	sp      sitePrefix
+	members []string
+}
+
+// gatewayPlan is what the assignments add to a node's plan.
+type gatewayPlan struct {
+	routes []groupRoute
+	// endpoints are the tunnel endpoints the node's gateways tunnel to, for a
+	// member: its routes must not hold them either, since the gateway never
+	// carries traffic for its own tunnel endpoints (that route is cut there),
+	// so such a route on the member would be a black hole.
+	endpoints []netip.Addr
+	// fabric are the prefixes the node, a gateway, hands to its site's fabric.
+	fabric []netip.Prefix
+}
+
+// addAssignments applies the roles of docs/gateways.md for every assignment
+// naming site: it marks the node as a gateway, adds remote gateways to peers
+// and extra allowed sources to the peers that forward for remote sites, and
+// returns the group routes, the extra endpoints and the fabric prefixes.
+// meshed names, for each site meshed with site, the SitePeering that does it:
+// a mesh wins over an assignment for the same pair of sites.
+func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *corev1.Node, site *v1alpha1.Site,
+	meshed map[string]string, peers map[string]*candidate) gatewayPlan {
+	var gp gatewayPlan
+	for i := range all {
+		a := &all[i]
+		if !slices.Contains(a.obj.Spec.Sites, site.Name) {
+			continue
+		}
+		me, isGateway := a.has(site.Name, self.Name)
+		if isGateway {
+			p.Gateway = true
+			p.GatewayPools = append(p.GatewayPools, me.pools...)
+			for _, sp := range a.prefixesOf(set, site) {
+				if sp.fabric {
+					gp.fabric = append(gp.fabric, sp.prefix)
+				}
+			}
+		}
+		for _, tName := range a.obj.Spec.Sites {
+			t := set.Site(tName)
+			if tName == site.Name || t == nil {
+				continue
+			}
+			if sp, ok := meshed[tName]; ok {
+				p.warnf("Sites %q and %q are joined both by SitePeering %q (meshNodes) and by SiteGatewayPoolAssignment %q: they mesh, and the assignment is not used between them",
+					site.Name, tName, sp, a.obj.Name)
+				continue
+			}
+			prefixes := a.prefixesOf(set, t)
+			sources := p.sources(prefixes)
+			if isGateway {
+				// Remote gateways are peers, reached at their pool's address;
+				// each one's own prefixes go straight to it (its health probe
+				// must test that gateway), the rest of the site to the group.
+				var members []string
+				for _, g := range a.gateways[tName] {
+					c := peers[g.node.Name]
+					if c == nil {
+						c = &candidate{node: g.node, underlay: g.addr}
+						peers[g.node.Name] = c
+					} else if c.underlay != g.addr {
+						p.warnf("gateway Node %q is reached at %s by SiteGatewayPoolAssignment %q but at %s by another: %s is used",
+							g.node.Name, g.addr, a.obj.Name, c.underlay, c.underlay)
+					}
+					c.gateway = true
+					c.extra = append(c.extra, sources...)
+					members = append(members, g.node.Name)
+				}
+				for _, sp := range prefixes {
+					if !slices.Contains(members, sp.node) {
+						gp.routes = append(gp.routes, groupRoute{sp: sp, members: members})
+					}
+				}
+				continue
+			}
+			// A member sends the remote site's prefixes to its own site's
+			// gateways (peers of its site, reached at their InternalIP) and
+			// accepts those sources back from them.
+			var members []string
+			for _, g := range a.gateways[site.Name] {
+				if c := peers[g.node.Name]; c != nil {
+					c.gateway = true
+					c.extra = append(c.extra, sources...)
+					members = append(members, g.node.Name)
+				}
+			}
+			for _, g := range a.gateways[tName] {
+				gp.endpoints = append(gp.endpoints, g.addr)
+			}
+			for _, sp := range prefixes {
+				gp.routes = append(gp.routes, groupRoute{sp: sp, members: members})
+			}
+		}
+	}
+	p.GatewayPools = slices.Compact(slices.Sorted(slices.Values(p.GatewayPools)))
+	return gp
+}
+
+// addGatewayRoutes appends the group routes of the assignments, after every
+// peer's own routes (those win a tie in dedupeRoutes). A member that is no
+// peer (skipped by addPeer) is left out of the group.
+func (p *NodePlan) addGatewayRoutes(routes []groupRoute) {
+	peers := map[string]Peer{}
+	for _, pr := range p.Peers {
+		peers[pr.Name] = pr
+	}
+	warned := map[string]bool{}
+	for _, gr := range routes {
+		var group []NextHop
+		for _, m := range gr.members {
+			pr, ok := peers[m]
+			if !ok {
+				continue
+			}
+			group = append(group, NextHop{Peer: m, Via: pr.Underlay})
+			if !pr.TunnelAddr.IsValid() && !warned[m] {
+				warned[m] = true
+				p.warnf("gateway Node %q has no tunnel address: it cannot be health-checked, so it is always up", m)
+			}
+		}
+		if len(group) == 0 {
+			continue
+		}
+		slices.SortFunc(group, func(a, b NextHop) int { return cmp.Compare(a.Peer, b.Peer) })
+		p.Routes = append(p.Routes, Route{Prefix: gr.sp.prefix, Group: group, Origin: gr.sp.origin})
+	}
+}
+
+// addGatewayFabric adds to FabricPrefixes the prefixes a gateway hands to
+// its site's fabric (its pools' routedCidrs, its site's nodeCidrs), except
+// those it routes itself: a pool spanning several sites lists the same
+// routedCidrs for each, and the node sends them where they are.
+func (p *NodePlan) addGatewayFabric(fabric []netip.Prefix) {
+	for _, f := range fabric {
+		routed := slices.ContainsFunc(p.Routes, func(r Route) bool {
+			return r.Prefix.Bits() <= f.Bits() && r.Prefix.Contains(f.Addr())
+		})
+		if !routed {
+			p.FabricPrefixes = append(p.FabricPrefixes, f)
+		}
+	}
+	p.FabricPrefixes = sortedUnique(p.FabricPrefixes)
+}
