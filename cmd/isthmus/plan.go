@@ -19,20 +19,22 @@ func newPlanCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "plan --node NAME --objects DIR [-o table|json]",
 		Short: "Print the datapath state a node's agent would install",
-		Long: `plan loads the Site, SitePeering and Node objects in DIR (every *.yaml and
-*.yml file), computes the plan of one node and prints it: its site, underlay
-and tunnel address, the prefixes left to its site (local) and handed to its
-site's fabric, its peers, the routes into the overlay (a route to an
-unmanaged site goes to a group of its nodes), the sources return-path SNAT
-translates, the corrections made to keep tunnel endpoints and local prefixes
-out of the overlay, and warnings. Nothing on the machine is changed.`,
+		Long: `plan loads the Site, SitePeering, GatewayPool, SiteGatewayPoolAssignment and
+Node objects in DIR (every *.yaml and *.yml file), computes the plan of one
+node and prints it: its site, its role (a gateway of which pools, or a
+member), underlay and tunnel address, the prefixes left to its site (local)
+and handed to its site's fabric, its peers, the routes into the overlay (a
+route to an unmanaged site, or through gateways, goes to a group of nodes,
+listed under ROUTE GROUPS), the sources return-path SNAT translates, the
+corrections made to keep tunnel endpoints and local prefixes out of the
+overlay, and warnings. Nothing on the machine is changed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runPlan(cmd.OutOrStdout(), cmd.ErrOrStderr(), node, dir, output)
 		},
 	}
 	cmd.Flags().StringVar(&node, "node", "", "name of the Node to plan for")
-	cmd.Flags().StringVar(&dir, "objects", "", "directory of YAML files with Site, SitePeering and Node objects")
+	cmd.Flags().StringVar(&dir, "objects", "", "directory of YAML files with Site, SitePeering, GatewayPool, SiteGatewayPoolAssignment and Node objects")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
 	_ = cmd.MarkFlagRequired("node")
 	_ = cmd.MarkFlagRequired("objects")
@@ -79,6 +81,7 @@ func writePlanTable(w io.Writer, p *plan.NodePlan, warnings []objects.Warning) e
 	}
 	fmt.Fprintf(tw, "NODE\t%s\n", p.Node)
 	fmt.Fprintf(tw, "SITE\t%s\n", p.Site)
+	fmt.Fprintf(tw, "ROLE\t%s\n", role(p))
 	fmt.Fprintf(tw, "UNDERLAY\t%s\n", p.Underlay)
 	fmt.Fprintf(tw, "POD CIDRS\t%s\n", orNone(joinPrefixes(p.PodCIDRs)))
 	tunnel := "(none)"
@@ -149,6 +152,15 @@ func writePlanTable(w io.Writer, p *plan.NodePlan, warnings []objects.Warning) e
 		}
 	})
 	return nil
+}
+
+// role says whether the node forwards between sites: "gateway of GatewayPool
+// a, b (transit)", or "member" (it never forwards).
+func role(p *plan.NodePlan) string {
+	if !p.Gateway {
+		return "member"
+	}
+	return fmt.Sprintf("gateway of GatewayPool %s (transit)", strings.Join(p.GatewayPools, ", "))
 }
 
 // writeSNAT prints the return-path SNAT policy: which sources entering the

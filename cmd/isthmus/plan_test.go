@@ -17,7 +17,10 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 
-const seed000 = "../../loader/objects/testdata/seed000"
+const (
+	seed000        = "../../loader/objects/testdata/seed000"
+	seed000Gateway = "../../loader/objects/testdata/seed000-gateway"
+)
 
 func runPlanCmd(t *testing.T, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
@@ -76,6 +79,41 @@ func TestPlanTable(t *testing.T) {
 				`10.1.0.101/32  b1    10.2.0.1    Node "b1" spec.podCIDRs[0]`,
 				`10.1.0.0/25  underlay 10.1.0.100  Node "b1" spec.podCIDRs[0]  10.1.0.0/29,10.1.0.8/31,10.1.0.11/32,`,
 				`- objects.yaml: Site "b": spec.podCidrAssignments[0].cidrBlocks[0]: 10.1.0.5/16 has host bits set; normalized to 10.1.0.0/16`,
+			},
+		},
+		{
+			// Seed 000's gateway section: the canary's route to the flex
+			// site's nodeCidrs is cut around the tunnel endpoint.
+			golden: "plan-seed000-gateway-aks-1.txt",
+			args:   []string{"--node", "aks-1", "--objects", seed000Gateway},
+			rows: []string{
+				"ROLE            gateway of GatewayPool gateways (transit)\n",
+				"FABRIC          10.0.0.0/27,10.0.2.0/23\n",
+				"flex-1  flex-site  192.168.10.10  192.168.20.1    192.168.10.0/28,192.168.20.0/25",
+				`192.168.10.11/32  group of 1  (see ROUTE GROUPS)  Site "flex-site" spec.nodeCidrs[0]`,
+				`192.168.20.0/25   flex-1      192.168.10.10       Node "flex-1" spec.podCIDRs[0]`,
+				"192.168.10.12/30  flex-1 192.168.10.10\n",
+				`192.168.10.0/28  underlay 192.168.10.10  Site "flex-site" spec.nodeCidrs[0]          192.168.10.0/29,192.168.10.8/31,192.168.10.11/32,192.168.10.12/30`,
+			},
+		},
+		{
+			golden: "plan-seed000-gateway-aks-2.txt",
+			args:   []string{"--node", "aks-2", "--objects", seed000Gateway},
+			rows: []string{
+				"ROLE            member\n",
+				"aks-1  cluster  10.0.0.4  100.64.0.4      10.0.2.0/23,100.64.0.4/32,192.168.10.0/28,192.168.20.0/25",
+				`192.168.20.0/25   group of 1  (see ROUTE GROUPS)  Node "flex-1" spec.podCIDRs[0]`,
+				"192.168.20.0/25   aks-1 10.0.0.4\n",
+			},
+		},
+		{
+			golden: "plan-seed000-gateway-flex-1.txt",
+			args:   []string{"--node", "flex-1", "--objects", seed000Gateway},
+			rows: []string{
+				"ROLE            gateway of GatewayPool gateways (transit)\n",
+				`10.0.2.0/23    group of 1  (see ROUTE GROUPS)  Site "cluster" spec.podCidrAssignments[0].cidrBlocks[0]`,
+				`100.64.0.4/32  aks-1       10.0.0.4            Node "aks-1" metadata.annotations["isthmus.dev/tunnel-ipv4"]`,
+				"10.0.2.0/23    aks-1 10.0.0.4\n",
 			},
 		},
 	}
@@ -216,5 +254,32 @@ func TestPlanErrors(t *testing.T) {
 				t.Errorf("error = %v, want one containing %q", err, tt.want)
 			}
 		})
+	}
+}
+
+func TestPlanJSONGateway(t *testing.T) {
+	out, _, err := runPlanCmd(t, "--node", "aks-1", "--objects", seed000Gateway, "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got plan.NodePlan
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("output is not a NodePlan: %v\n%s", err, out)
+	}
+	set, _, err := objects.LoadDir(seed000Gateway)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := plan.Compute(set, "aks-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.Equal(want) {
+		t.Errorf("JSON round trip differs:\n%s", out)
+	}
+	for _, field := range []string{`"gateway": true`, "\"gatewayPools\": [\n    \"gateways\"\n  ]", `"endpoint": "192.168.10.10"`} {
+		if !strings.Contains(out, field) {
+			t.Errorf("JSON lacks %s:\n%s", field, out)
+		}
 	}
 }
