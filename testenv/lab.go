@@ -233,9 +233,13 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 }
 
 // buildRouter makes the router: a routed fabric, not a bridge. Each node's underlay
-// veth ends on its own router port, the router holds every site gateway address on
-// its loopback and answers ARP for the rest of a site's subnet by proxy, as a cloud
-// VPC fabric does. A Linux bridge would not do: it has no hw_enc_features, so it
+// veth ends on its own router port, which holds the site's gateway address (/32) and
+// answers ARP for the rest of the site's subnet by proxy, as a cloud VPC fabric does.
+// The gateway address sits on each port rather than once on the loopback so that
+// the router's own ARP requests to a node leave from an address of the node's own
+// subnet, as a real router's do: from another site's address, a node that routes
+// remote node CIDRs into the tunnel would ignore them (strict rp_filter) and fall
+// off the underlay once its neighbour entry expired. A Linux bridge would not do: it has no hw_enc_features, so it
 // segments every tunnelled GSO frame in software, which no real underlay does and
 // which would make every overlay in the lab look four times slower than it is.
 func (l *Lab) buildRouter() error {
@@ -248,16 +252,6 @@ func (l *Lab) buildRouter() error {
 		return err
 	}
 	defer h.Close()
-	lo, err := h.LinkByName("lo")
-	if err != nil {
-		return fmt.Errorf("find lo: %w", err)
-	}
-	for _, site := range l.Scenario.Sites {
-		addr := &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(site.Gateway, 32))}
-		if err := h.AddrAdd(lo, addr); err != nil {
-			return fmt.Errorf("add gateway %s of site %s: %w", site.Gateway, site.Name, err)
-		}
-	}
 	if err := linkUp(h, "lo"); err != nil {
 		return err
 	}
@@ -313,6 +307,9 @@ func (l *Lab) buildNode(n NodeRef) error {
 	// The port's device group names the node's site, for the firewall.
 	if err := rt.LinkSetGroup(rport, int(l.Scenario.siteGroup(n.Site.Name))); err != nil {
 		return fmt.Errorf("set group of %s: %w", port, err)
+	}
+	if err := rt.AddrAdd(rport, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(n.Site.Gateway, 32))}); err != nil {
+		return fmt.Errorf("add site gateway %s to %s: %w", n.Site.Gateway, port, err)
 	}
 	if err := linkUp(rt, port); err != nil {
 		return err
