@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -174,8 +175,10 @@ func TestFailedUpCleansUp(t *testing.T) {
 	name := uniqueLab(t)
 	t.Cleanup(func() { Down(name, DownOptions{}) })
 	_, err = Up(context.Background(), sc, Options{Name: name, Binary: "/nonexistent/isthmus", ReadyTimeout: 10 * time.Second})
-	if err == nil || !strings.Contains(err.Error(), "agent on a1") {
-		t.Fatalf("Up with a missing binary = %v, want an agent error", err)
+	// Agents start together: whichever exits first is the one named.
+	if err == nil || !regexp.MustCompile(`agent on (a1|a2|b1|b2) exited`).MatchString(err.Error()) ||
+		!strings.Contains(err.Error(), "/nonexistent/isthmus") {
+		t.Fatalf("Up with a missing binary = %v, want an error naming an agent and the binary", err)
 	}
 	assertGone(t, name)
 	if err := Down(name, DownOptions{}); err != nil {
