@@ -28,8 +28,10 @@ vet:
 	$(GO) vet ./...
 
 # Unit tests, BPF program tests and end-to-end lab tests. Needs root (netns, BPF).
+# One package at a time (-p 1): the lab tests measure throughput and failover gaps,
+# which another package's iperf3 on the same two cores would distort.
 test: deps check-generated vet
-	$(GO) test -count=1 -timeout 45m ./...
+	$(GO) test -p 1 -count=1 -timeout 45m ./...
 
 # Only what needs no root and no kernel: loading, the plan, pure map diffs.
 test-unit:
