@@ -2,7 +2,7 @@
 GO      ?= go
 BIN     := bin/isthmus
 # Generated files that must match what `make generate` produces.
-GENERATED := bpf api
+GENERATED := bpf api deploy/crds
 
 .PHONY: all deps build generate check-generated vet test test-unit bench demo lab-down clean
 
@@ -14,7 +14,7 @@ deps:
 build:
 	$(GO) build -o $(BIN) ./cmd/isthmus
 
-# bpf2go (BPF objects and their Go bindings) and controller-gen (deep-copy).
+# bpf2go (BPF objects and their Go bindings) and controller-gen (deep-copy, deploy/crds).
 generate: deps
 	$(GO) generate ./bpf/... ./api/...
 

@@ -20,12 +20,20 @@ const (
 // reach each other (docs/gateways.md).
 //
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:scope=Cluster
+// +kubebuilder:resource:scope=Cluster,categories=isthmus
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Type",type=string,JSONPath=`.spec.type`
+// +kubebuilder:printcolumn:name="RoutedCIDRs",type=string,JSONPath=`.spec.routedCidrs`
+// +kubebuilder:printcolumn:name="Gateways",type=integer,JSONPath=`.status.gateways`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type GatewayPool struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
 	Spec GatewayPoolSpec `json:"spec"`
+	// +optional
+	Status GatewayPoolStatus `json:"status,omitempty"`
 }
 
 // GatewayPoolSpec says which nodes are gateways, how remote gateways reach
@@ -45,6 +53,7 @@ type GatewayPoolSpec struct {
 	//
 	// +optional
 	// +listType=set
+	// +kubebuilder:validation:MaxItems=256
 	RoutedCIDRs []CIDR `json:"routedCidrs,omitempty"`
 }
 
@@ -62,12 +71,19 @@ type GatewayPoolList struct {
 // the gateways of different sites tunnel to each other.
 //
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:scope=Cluster
+// +kubebuilder:resource:scope=Cluster,categories=isthmus
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Sites",type=string,JSONPath=`.spec.sites`
+// +kubebuilder:printcolumn:name="Pools",type=string,JSONPath=`.spec.gatewayPools`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type SiteGatewayPoolAssignment struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
 	Spec SiteGatewayPoolAssignmentSpec `json:"spec"`
+	// +optional
+	Status ObjectStatus `json:"status,omitempty"`
 }
 
 // SiteGatewayPoolAssignmentSpec names the sites and the pools that join them.

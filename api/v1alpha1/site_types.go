@@ -12,12 +12,21 @@ type CIDR string
 // one lab) and share a pod addressing plan.
 //
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:scope=Cluster
+// +kubebuilder:resource:scope=Cluster,categories=isthmus
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="ManageCNI",type=boolean,JSONPath=`.spec.manageCniPlugin`
+// +kubebuilder:printcolumn:name="NodeCIDRs",type=string,JSONPath=`.spec.nodeCidrs`
+// +kubebuilder:printcolumn:name="Nodes",type=integer,JSONPath=`.status.nodes`
+// +kubebuilder:printcolumn:name="PoolExhausted",type=string,JSONPath=`.status.conditions[?(@.type=="PoolExhausted")].status`,priority=1
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Site struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
 	Spec SiteSpec `json:"spec"`
+	// +optional
+	Status SiteStatus `json:"status,omitempty"`
 }
 
 // SiteSpec describes a site's nodes and pod addressing.
@@ -27,12 +36,14 @@ type SiteSpec struct {
 	//
 	// +optional
 	// +listType=set
+	// +kubebuilder:validation:MaxItems=256
 	NodeCIDRs []CIDR `json:"nodeCidrs,omitempty"`
 
 	// PodCIDRAssignments are the pod address blocks of the site and how node
 	// blocks are carved from them.
 	//
 	// +optional
+	// +kubebuilder:validation:MaxItems=32
 	PodCIDRAssignments []PodCIDRAssignment `json:"podCidrAssignments,omitempty"`
 
 	// ManageCNIPlugin is true (the default) when isthmus owns the pods'
@@ -47,6 +58,7 @@ type SiteSpec struct {
 	//
 	// +optional
 	// +listType=set
+	// +kubebuilder:validation:MaxItems=256
 	LocalCIDRs []CIDR `json:"localCidrs,omitempty"`
 
 	// NonMasqueradeCIDRs are destinations pods of this site reach with their own
@@ -54,6 +66,7 @@ type SiteSpec struct {
 	//
 	// +optional
 	// +listType=set
+	// +kubebuilder:validation:MaxItems=256
 	NonMasqueradeCIDRs []CIDR `json:"nonMasqueradeCIDRs,omitempty"`
 
 	// TunnelMTU is the MTU of the overlay on the site's nodes; 0 means the
@@ -101,6 +114,7 @@ type PodCIDRAssignment struct {
 	// CIDRBlocks are the prefixes of this assignment.
 	//
 	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
 	// +listType=set
 	CIDRBlocks []CIDR `json:"cidrBlocks"`
 
@@ -125,6 +139,38 @@ type PodCIDRAssignment struct {
 	//
 	// +optional
 	NodeRegex string `json:"nodeRegex,omitempty"`
+}
+
+// Default node block sizes, used when nodeBlockSizes or one of its fields is
+// unset.
+const (
+	DefaultNodeBlockSizeIPv4 = 24
+	DefaultNodeBlockSizeIPv6 = 64
+)
+
+// BlockSizes reports the assignment's per-node prefix lengths (IPv4, IPv6)
+// with the defaults (/24, /64) applied to unset fields.
+func (a *PodCIDRAssignment) BlockSizes() (ipv4, ipv6 int) {
+	ipv4, ipv6 = DefaultNodeBlockSizeIPv4, DefaultNodeBlockSizeIPv6
+	if a.NodeBlockSizes != nil {
+		if a.NodeBlockSizes.IPv4 != 0 {
+			ipv4 = int(a.NodeBlockSizes.IPv4)
+		}
+		if a.NodeBlockSizes.IPv6 != 0 {
+			ipv6 = int(a.NodeBlockSizes.IPv6)
+		}
+	}
+	return ipv4, ipv6
+}
+
+// AssignsIn reports whether node blocks are assigned from this assignment of
+// the given site: assignmentEnabled when set, else the site's
+// manageCniPlugin (with its default, true).
+func (a *PodCIDRAssignment) AssignsIn(site *SiteSpec) bool {
+	if a.AssignmentEnabled != nil {
+		return *a.AssignmentEnabled
+	}
+	return site.ManagesCNIPlugin()
 }
 
 // NodeBlockSizes are per-family prefix lengths of a node's pod block.

@@ -13,12 +13,19 @@ const TunnelGENEVE TunnelProtocol = "GENEVE"
 // SitePeering joins the pod networks of two or more sites.
 //
 // +kubebuilder:object:root=true
-// +kubebuilder:resource:scope=Cluster
+// +kubebuilder:resource:scope=Cluster,categories=isthmus
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Sites",type=string,JSONPath=`.spec.sites`
+// +kubebuilder:printcolumn:name="Mesh",type=boolean,JSONPath=`.spec.meshNodes`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type SitePeering struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
 	Spec SitePeeringSpec `json:"spec"`
+	// +optional
+	Status ObjectStatus `json:"status,omitempty"`
 }
 
 // SitePeeringSpec names the peered sites and how their nodes connect.
