@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"fmt"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,6 +25,13 @@ func TestDefaults(t *testing.T) {
 		{"tunnelProtocol unset", (&SitePeeringSpec{}).Protocol(), TunnelGENEVE},
 		{"routeNodeCidrs unset", (&SiteGatewayPoolAssignmentSpec{}).RoutesNodeCIDRs(), true},
 		{"routeNodeCidrs false", (&SiteGatewayPoolAssignmentSpec{RouteNodeCIDRs: &no}).RoutesNodeCIDRs(), false},
+		{"assignmentEnabled unset, managed", (&PodCIDRAssignment{}).AssignsIn(&SiteSpec{}), true},
+		{"assignmentEnabled unset, unmanaged", (&PodCIDRAssignment{}).AssignsIn(&SiteSpec{ManageCNIPlugin: &no}), false},
+		{"assignmentEnabled true, unmanaged", (&PodCIDRAssignment{AssignmentEnabled: &yes}).AssignsIn(&SiteSpec{ManageCNIPlugin: &no}), true},
+		{"assignmentEnabled false, managed", (&PodCIDRAssignment{AssignmentEnabled: &no}).AssignsIn(&SiteSpec{}), false},
+		{"nodeBlockSizes unset", fmt.Sprint((&PodCIDRAssignment{}).BlockSizes()), "24 64"},
+		{"nodeBlockSizes ipv4 only", fmt.Sprint((&PodCIDRAssignment{NodeBlockSizes: &NodeBlockSizes{IPv4: 25}}).BlockSizes()), "25 64"},
+		{"nodeBlockSizes both", fmt.Sprint((&PodCIDRAssignment{NodeBlockSizes: &NodeBlockSizes{IPv4: 26, IPv6: 80}}).BlockSizes()), "26 80"},
 		{"tunnelProtocol set", (&SitePeeringSpec{TunnelProtocol: "VXLAN"}).Protocol(), TunnelProtocol("VXLAN")},
 	}
 	for _, tt := range tests {
