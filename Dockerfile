@@ -1,0 +1,44 @@
+# syntax=docker/dockerfile:1
+# The isthmus image: one static binary (agent, controller, uninstall, plan) plus
+# the tools an operator reaches for on a node: bpftool and iproute2.
+#
+#   docker build -t isthmus:dev .
+#
+# The BPF objects and their Go bindings are committed (bpf2go output), so the
+# build needs neither clang nor kernel headers.
+
+FROM golang:1.26 AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN --mount=type=cache,target=/go/pkg/mod go mod download
+COPY . .
+# Static: CGO_ENABLED=0 (cilium/ebpf and vishvananda/netlink are pure Go), so the
+# binary runs on any base and carries no libc dependency.
+RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
+    CGO_ENABLED=0 GOOS=linux go build -trimpath -buildvcs=false \
+      -ldflags "-s -w" -o /out/isthmus ./cmd/isthmus
+
+# Debian, not distroless: the agent pod is where an operator debugs the datapath
+# (kubectl exec ... bpftool map dump pinned /sys/fs/bpf/isthmus/routes, bpftool
+# link show, ip route show proto 201), and the manifests use a shell: the init
+# container that mounts bpffs where the node has none, the readiness probe
+# (test -f), the uninstall DaemonSet's idle container (sleep). distroless has
+# none of these, and bpftool with its libelf, zlib and libcap cannot be copied in
+# cleanly. trixie rather than bookworm: bookworm's bpftool 7.1 predates tcx
+# (Linux 6.6) and cannot name the tcx links the agent attaches with; trixie's
+# can, and golang:1.26 is built on trixie too.
+FROM debian:trixie-slim
+ARG VERSION=dev
+LABEL org.opencontainers.image.title="isthmus" \
+      org.opencontainers.image.description="eBPF GENEVE datapath joining the pod networks of several Kubernetes sites: agent, controller and tools" \
+      org.opencontainers.image.source="https://github.com/isthmus-dev/isthmus" \
+      org.opencontainers.image.version="${VERSION}"
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends bpftool iproute2 \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /out/isthmus /usr/local/bin/isthmus
+# No USER: the agent must run as root (it loads BPF programs, pins on the node's
+# bpffs, creates isthmus0 and writes net sysctls; see deploy/agent-daemonset.yaml).
+# The controller needs nothing of the kind, and its Deployment runs it as
+# UID 65532 with a read-only root filesystem and no capabilities.
+ENTRYPOINT ["isthmus"]
