@@ -123,7 +123,7 @@ func (l *loader) decodeObject(file, where string, js []byte) {
 	}
 	object := where
 	if h.Kind != "" && h.Metadata.Name != "" {
-		object = fmt.Sprintf("%s %q", h.Kind, h.Metadata.Name)
+		object = label(h.Kind, h.Metadata.Name)
 	}
 	want := map[string]string{
 		v1alpha1.KindSite:                      v1alpha1.GroupVersion.String(),

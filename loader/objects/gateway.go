@@ -120,7 +120,7 @@ func (l *loader) validateGateways(siteNames map[string]bool) {
 				continue
 			}
 			if _, ok := ExternalIP(n.obj); !ok {
-				l.errorf(p.file, p.label, "spec.nodeSelector", "selects %s in %s, which has no ExternalIP: the gateways of an External pool are reached by their ExternalIP", n.label, n.file)
+				l.errorf(p.file, p.label, "spec.nodeSelector", "selects %s, which has no ExternalIP: the gateways of an External pool are reached by their ExternalIP", inFile(n.label, n.file))
 			}
 		}
 	}

@@ -3,9 +3,10 @@
 // from multi-document YAML and validates them as a whole.
 //
 // Load is pure (file contents in, validated Set out) and LoadDir is its file
-// system front end. Every problem found is reported, not only the first, each
-// naming the file, the object and the field, so a user fixes everything in one
-// pass. CIDR fields are normalized in place (10.0.2.5/23 becomes 10.0.2.0/23,
+// system front end; Validate runs the same rules on objects that came from the
+// Kubernetes API, without files. Every problem found is reported, not only the
+// first, each naming the file (if any), the object and the field, so a user
+// fixes everything in one pass. CIDR fields are normalized in place (10.0.2.5/23 becomes 10.0.2.0/23,
 // with a Warning), so consumers of a Set can parse them without checking again.
 package objects
 
@@ -16,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -41,10 +43,21 @@ type Set struct {
 	Nodes                      []corev1.Node
 }
 
+// Objects are Sites, SitePeerings, GatewayPools, SiteGatewayPoolAssignments
+// and Nodes not yet validated, such as the contents of informer caches.
+type Objects struct {
+	Sites                      []v1alpha1.Site
+	SitePeerings               []v1alpha1.SitePeering
+	GatewayPools               []v1alpha1.GatewayPool
+	SiteGatewayPoolAssignments []v1alpha1.SiteGatewayPoolAssignment
+	Nodes                      []corev1.Node
+}
+
 // Warning is a problem that did not stop loading, such as a normalized prefix.
 type Warning struct {
-	// File is the base name of the file the object came from.
-	File string `json:"file"`
+	// File is the base name of the file the object came from; empty for an
+	// object from the API.
+	File string `json:"file,omitempty"`
 	// Object is the kind and name, such as `Site "flex-site"`.
 	Object string `json:"object"`
 	// Field is the path of the field, such as spec.nodeCidrs[0].
@@ -55,16 +68,73 @@ type Warning struct {
 // String formats the warning as "file: Object: field: message".
 func (w Warning) String() string { return location(w.File, w.Object, w.Field, w.Message) }
 
-// Error is one validation problem; Load joins them with errors.Join.
+// Error is one validation problem; Load and Validate join them with
+// errors.Join (see Errors).
 type Error struct {
-	File   string
+	// File is the base name of the file the object came from; empty for an
+	// object from the API.
+	File string
+	// Object is the kind and name, such as `Site "flex-site"`, or where in
+	// its file an object without a name starts.
 	Object string
 	Field  string
 	Msg    string
 }
 
-// Error formats the problem as "file: Object: field: message".
+// Error formats the problem as "file: Object: field: message", leaving out
+// empty parts.
 func (e *Error) Error() string { return location(e.File, e.Object, e.Field, e.Msg) }
+
+// KindName splits Object into the kind and the name, such as "Site" and
+// "flex-site"; ok is false when the object has no name.
+func (e *Error) KindName() (kind, name string, ok bool) {
+	return splitLabel(e.Object)
+}
+
+// Errors returns the *Error values in err (as returned by Load or Validate),
+// in order; nil for nil.
+func Errors(err error) []*Error {
+	var out []*Error
+	var walk func(error)
+	walk = func(err error) {
+		if e, ok := err.(*Error); ok {
+			out = append(out, e)
+			return
+		}
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, e := range j.Unwrap() {
+				walk(e)
+			}
+		}
+	}
+	if err != nil {
+		walk(err)
+	}
+	return out
+}
+
+// label is how messages name an object: `Kind "name"`.
+func label(kind, name string) string { return fmt.Sprintf("%s %q", kind, name) }
+
+func splitLabel(l string) (kind, name string, ok bool) {
+	kind, quoted, found := strings.Cut(l, " ")
+	if !found {
+		return "", "", false
+	}
+	name, err := strconv.Unquote(quoted)
+	if err != nil {
+		return "", "", false
+	}
+	return kind, name, true
+}
+
+// inFile describes an object with the file it came from, if any.
+func inFile(object, file string) string {
+	if file == "" {
+		return object
+	}
+	return object + " in " + file
+}
 
 func location(parts ...string) string {
 	return strings.Join(slices.DeleteFunc(parts, func(s string) bool { return s == "" }), ": ")
@@ -101,6 +171,44 @@ func Load(files map[string][]byte) (*Set, []Warning, error) {
 	for _, name := range slices.Sorted(maps.Keys(files)) {
 		l.decodeFile(name, files[name])
 	}
+	return l.finish()
+}
+
+// Validate runs every rule of Load on objects that came from somewhere other
+// than files, such as the Kubernetes API: the same checks, the same
+// normalization, the same Set. Messages name the object and the field, such
+// as `Site "flex-site": spec.nodeCidrs[1]: invalid CIDR "10.0.0.0/33"`. It
+// does not modify in: the Set holds deep copies, so in may be shared (with an
+// informer cache, say). Objects without a name are rejected, as in files.
+func Validate(in Objects) (*Set, []Warning, error) {
+	l := &loader{}
+	addEntries(l, &l.sites, v1alpha1.KindSite, in.Sites, func(o *v1alpha1.Site) *v1alpha1.Site { return o.DeepCopy() })
+	addEntries(l, &l.peerings, v1alpha1.KindSitePeering, in.SitePeerings, func(o *v1alpha1.SitePeering) *v1alpha1.SitePeering { return o.DeepCopy() })
+	addEntries(l, &l.pools, v1alpha1.KindGatewayPool, in.GatewayPools, func(o *v1alpha1.GatewayPool) *v1alpha1.GatewayPool { return o.DeepCopy() })
+	addEntries(l, &l.assigns, v1alpha1.KindSiteGatewayPoolAssignment, in.SiteGatewayPoolAssignments, func(o *v1alpha1.SiteGatewayPoolAssignment) *v1alpha1.SiteGatewayPoolAssignment { return o.DeepCopy() })
+	addEntries(l, &l.nodes, "Node", in.Nodes, func(o *corev1.Node) *corev1.Node { return o.DeepCopy() })
+	return l.finish()
+}
+
+// named is what addEntries needs of an object.
+type named interface{ GetName() string }
+
+func addEntries[T any, PT interface {
+	*T
+	named
+}](l *loader, dst *[]entry[T], kind string, objs []T, deepCopy func(*T) *T) {
+	for i := range objs {
+		name := PT(&objs[i]).GetName()
+		if name == "" {
+			l.errorf("", fmt.Sprintf("%s [%d]", kind, i), "metadata.name", "required")
+			continue
+		}
+		*dst = append(*dst, entry[T]{deepCopy(&objs[i]), "", label(kind, name)})
+	}
+}
+
+// finish validates what the loader holds and builds the Set.
+func (l *loader) finish() (*Set, []Warning, error) {
 	l.validate()
 	if len(l.errs) > 0 {
 		return nil, l.warnings, errors.Join(l.errs...)

@@ -16,7 +16,7 @@ type fieldAddr struct {
 }
 
 func (f fieldAddr) describe() string {
-	return fmt.Sprintf("%s %s %s in %s", f.object, f.field, f.addr, f.file)
+	return inFile(fmt.Sprintf("%s %s %s", f.object, f.field, f.addr), f.file)
 }
 
 // checkTunnelAddrs validates every node's tunnel address (see TunnelAddr)

@@ -17,7 +17,7 @@ type fieldPrefix struct {
 }
 
 func (f fieldPrefix) describe() string {
-	return fmt.Sprintf("%s %s %s in %s", f.object, f.field, f.prefix, f.file)
+	return inFile(fmt.Sprintf("%s %s %s", f.object, f.field, f.prefix), f.file)
 }
 
 func fieldIndex(field string, i int) string { return fmt.Sprintf("%s[%d]", field, i) }
@@ -93,7 +93,11 @@ func checkDuplicates[T any](l *loader, entries []entry[T], name func(*T) string)
 	first := make(map[string]entry[T])
 	for _, e := range entries {
 		if f, ok := first[name(e.obj)]; ok {
-			l.errorf(e.file, e.label, "metadata.name", "duplicate name, first defined in %s", f.file)
+			if f.file == "" {
+				l.errorf(e.file, e.label, "metadata.name", "duplicate name")
+			} else {
+				l.errorf(e.file, e.label, "metadata.name", "duplicate name, first defined in %s", f.file)
+			}
 			continue
 		}
 		first[name(e.obj)] = e
