@@ -160,7 +160,7 @@ func TestLoadGatewayErrors(t *testing.T) {
 			if !errors.As(err, &e) {
 				t.Errorf("error %v holds no *Error", err)
 			}
-		checkSharedPath(t, tt.files, err)
+			checkSharedPath(t, tt.files, err)
 		})
 	}
 }

@@ -345,7 +345,7 @@ status:
 			if !errors.As(err, &e) {
 				t.Errorf("error %v holds no *Error", err)
 			}
-		checkSharedPath(t, tt.files, err)
+			checkSharedPath(t, tt.files, err)
 		})
 	}
 }
