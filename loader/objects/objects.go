@@ -286,3 +286,29 @@ func (s *Set) NodesOf(site string) []*corev1.Node {
 	}
 	return nodes
 }
+
+// WithoutUnsitedNodes returns in without the Nodes that belong to no Site (no
+// InternalIP, or an InternalIP in no Site's nodeCidrs), with a Warning for
+// each. In a cluster such nodes are simply not part of isthmus (a control
+// plane node, a node that joined before its Site was created); in a file they
+// are a mistake, so Load and Validate reject them. in is not modified.
+func (in Objects) WithoutUnsitedNodes() (Objects, []Warning) {
+	out := in
+	out.Nodes = nil
+	var warns []Warning
+	for i := range in.Nodes {
+		n := &in.Nodes[i]
+		ip, ok := InternalIP(n)
+		if !ok {
+			warns = append(warns, Warning{Object: label("Node", n.Name), Field: "status.addresses", Message: "no InternalIP yet: left out"})
+			continue
+		}
+		if !slices.ContainsFunc(in.Sites, func(s v1alpha1.Site) bool { return siteHolds(&s, ip) }) {
+			warns = append(warns, Warning{Object: label("Node", n.Name), Field: "status.addresses",
+				Message: fmt.Sprintf("InternalIP %s is in no Site's spec.nodeCidrs: left out", ip)})
+			continue
+		}
+		out.Nodes = append(out.Nodes, *n)
+	}
+	return out, warns
+}

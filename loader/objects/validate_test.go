@@ -187,3 +187,42 @@ func TestValidateSeedsLikeLoad(t *testing.T) {
 		})
 	}
 }
+
+func TestWithoutUnsitedNodes(t *testing.T) {
+	addr := func(ip string) []corev1.NodeAddress {
+		return []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
+	}
+	in := Objects{
+		Sites: []v1alpha1.Site{{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Spec: v1alpha1.SiteSpec{NodeCIDRs: []v1alpha1.CIDR{"10.1.0.0/24"}}}},
+		Nodes: []corev1.Node{
+			{ObjectMeta: metav1.ObjectMeta{Name: "a1"}, Status: corev1.NodeStatus{Addresses: addr("10.1.0.1")}},
+			{ObjectMeta: metav1.ObjectMeta{Name: "cp"}, Status: corev1.NodeStatus{Addresses: addr("192.168.0.1")}},
+			{ObjectMeta: metav1.ObjectMeta{Name: "new"}},
+		},
+	}
+	_, _, err := Validate(in)
+	if err == nil {
+		t.Fatal("Validate accepted nodes outside every Site")
+	}
+	kept, warns := in.WithoutUnsitedNodes()
+	if len(kept.Nodes) != 1 || kept.Nodes[0].Name != "a1" || len(kept.Sites) != 1 {
+		t.Errorf("kept %+v, want Site a and Node a1", kept)
+	}
+	if len(in.Nodes) != 3 {
+		t.Errorf("input changed: %d nodes", len(in.Nodes))
+	}
+	var got []string
+	for _, w := range warns {
+		got = append(got, w.String())
+	}
+	want := []string{
+		`Node "cp": status.addresses: InternalIP 192.168.0.1 is in no Site's spec.nodeCidrs: left out`,
+		`Node "new": status.addresses: no InternalIP yet: left out`,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("warnings (-want +got):\n%s", diff)
+	}
+	if _, _, err := Validate(kept); err != nil {
+		t.Errorf("Validate(kept): %v", err)
+	}
+}
