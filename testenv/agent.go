@@ -30,14 +30,18 @@ func pidFile(lab, node string) string       { return filepath.Join(StateDir(lab)
 
 // AgentArgs returns the command line (after nsenter) of a node's agent.
 func (l *Lab) AgentArgs(node string, extra []string) []string {
-	args := []string{l.Binary, "agent",
-		"--node", node,
-		"--objects", l.ObjectsDir(),
+	args := []string{l.Binary, "agent", "--node", node}
+	if kc := l.Kubeconfig(); kc != "" {
+		args = append(args, "--kubeconfig", kc)
+	} else {
+		args = append(args, "--objects", l.ObjectsDir())
+	}
+	args = append(args,
 		"--underlay-dev", UnderlayDev,
 		"--pin-dir", l.PinDir(node),
 		"--pod-interfaces", l.Scenario.PodInterfaces(),
 		"--ready-file", l.readyFile(node),
-	}
+	)
 	if l.Scenario.Decap != "" {
 		args = append(args, "--decap", l.Scenario.Decap)
 	}

@@ -37,7 +37,8 @@ func (l *Lab) Down() error {
 	l.mu.Lock()
 	agents := l.agents
 	l.mu.Unlock()
-	return down(l.Name, DownOptions{Binary: l.Binary, Log: l.log}, agents)
+	err := down(l.Name, DownOptions{Binary: l.Binary, Log: l.log}, agents)
+	return errors.Join(err, l.stopKube())
 }
 
 func down(lab string, opts DownOptions, agents map[string]*agent) error {

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/isthmus-dev/isthmus/testenv/kube"
 )
 
 // Default locations of a lab's state and pins.
@@ -68,6 +70,14 @@ type Options struct {
 	AgentArgs []string
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
+	// Source is where the agents read their objects: SourceFiles (default) or
+	// SourceKube (see kubemode.go).
+	Source Source
+	// Kube is the API server for SourceKube; nil makes the lab start its own
+	// and stop it in Down.
+	Kube *kube.Server
+	// CRDDir holds the CRDs SourceKube installs; default DefaultCRDDir().
+	CRDDir string
 }
 
 // Lab is a built lab. Its methods are safe to call from several goroutines.
@@ -80,6 +90,7 @@ type Lab struct {
 
 	mu     sync.Mutex
 	agents map[string]*agent // started by this process, by node
+	kube   *kubeLab          // SourceKube only
 }
 
 // StateDir returns the lab's state directory.
@@ -163,6 +174,9 @@ func Up(ctx context.Context, sc *Scenario, opts Options) (*Lab, error) {
 		return nil, fmt.Errorf("build lab %q: namespaces %v exist; run `isthmus lab down` first", l.Name, existing)
 	}
 	if err := l.build(ctx, opts); err != nil {
+		if kerr := l.stopKube(); kerr != nil {
+			err = errors.Join(err, kerr)
+		}
 		if derr := Down(l.Name, DownOptions{Binary: l.Binary, Log: opts.Log}); derr != nil {
 			err = errors.Join(err, derr)
 		}
@@ -225,6 +239,15 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 	}
 	if err := sc.WriteObjects(l.ObjectsDir()); err != nil {
 		return err
+	}
+	switch opts.Source {
+	case "", SourceFiles:
+	case SourceKube:
+		if err := l.startKube(ctx, opts); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("source %q: want files or kube", opts.Source)
 	}
 	if l.Datapath != DatapathIsthmus {
 		return nil
