@@ -57,10 +57,10 @@ var grants = map[string][]string{
 		"cluster isthmus.dev sites list",
 		"cluster isthmus.dev sites watch",
 	},
-	// The controller, as loader/controller/doc.go lists it: informers on Nodes
-	// and Sites, merge patches of Nodes (site label, tunnel-address annotation,
-	// podCIDRs), Site status updates; in its own namespace a leader-election
-	// Lease and the Events leader election records.
+	// The controller (loader/controller/controller.go): informers on Nodes and
+	// Sites, merge patches of Nodes (site label, tunnel-address annotation,
+	// podCIDRs), Site UpdateStatus; in its own namespace the leader-election
+	// Lease. Its LeaseLock has no EventRecorder: no Events.
 	"isthmus-system/isthmus-controller": {
 		"cluster core nodes get",
 		"cluster core nodes list",
@@ -73,8 +73,6 @@ var grants = map[string][]string{
 		"isthmus-system coordination.k8s.io leases create",
 		"isthmus-system coordination.k8s.io leases get",
 		"isthmus-system coordination.k8s.io leases update",
-		"isthmus-system core events create",
-		"isthmus-system core events patch",
 	},
 }
 
