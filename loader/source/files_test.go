@@ -1,0 +1,70 @@
+package source
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const filesSites = `apiVersion: isthmus.dev/v1alpha1
+kind: Site
+metadata: {name: a}
+spec: {nodeCidrs: [10.1.0.0/24]}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: a1}
+status:
+  addresses: [{type: InternalIP, address: 10.1.0.1}]
+`
+
+func TestFiles(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, data string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("sites.yaml", filesSites)
+	f, err := NewFiles(dir, 10*time.Millisecond, slog.New(slog.NewTextHandler(testWriter{t}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	wantSummary(t, f, "site a 10.1.0.0/24", "node a1@a ")
+
+	// Three writes in a burst are one change.
+	write("b.yaml", "apiVersion: v1\nkind: Node\nmetadata: {name: a2}\nstatus:\n  addresses: [{type: InternalIP, address: 10.1.0.2}]\n")
+	write("notes.txt", "ignored\n")
+	write("b.yaml", "apiVersion: v1\nkind: Node\nmetadata: {name: a2}\nspec: {podCIDRs: [10.10.2.0/24]}\nstatus:\n  addresses: [{type: InternalIP, address: 10.1.0.2}]\n")
+	waitChanged(t, f, "files were written")
+	noChange(t, f, "one burst")
+	wantSummary(t, f, "site a 10.1.0.0/24", "node a1@a ", "node a2@a 10.10.2.0/24")
+
+	write("b.yaml", "kind: Gadget\n")
+	waitChanged(t, f, "a bad file was written")
+	if _, _, err := f.Snapshot(); err == nil || !strings.Contains(err.Error(), "b.yaml") {
+		t.Errorf("snapshot of a bad file: err %v, want it to name b.yaml", err)
+	}
+	if err := os.Remove(filepath.Join(dir, "b.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	waitChanged(t, f, "a file was removed")
+	wantSummary(t, f, "site a 10.1.0.0/24", "node a1@a ")
+	if err := f.Close(); err != nil {
+		t.Errorf("close: %v", err)
+	}
+	if err := f.Close(); err != nil {
+		t.Errorf("second close: %v", err)
+	}
+}
+
+func TestFilesMissingDir(t *testing.T) {
+	if _, err := NewFiles(filepath.Join(t.TempDir(), "nope"), 0, nil); err == nil {
+		t.Error("NewFiles of a missing directory succeeded")
+	}
+}

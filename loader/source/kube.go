@@ -1,0 +1,289 @@
+package source
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/isthmus-dev/isthmus/api/v1alpha1"
+	"github.com/isthmus-dev/isthmus/loader/objects"
+)
+
+// The resources of the isthmus kinds.
+var (
+	SitesResource                      = v1alpha1.GroupVersion.WithResource("sites")
+	SitePeeringsResource               = v1alpha1.GroupVersion.WithResource("sitepeerings")
+	GatewayPoolsResource               = v1alpha1.GroupVersion.WithResource("gatewaypools")
+	SiteGatewayPoolAssignmentsResource = v1alpha1.GroupVersion.WithResource("sitegatewaypoolassignments")
+)
+
+// DefaultResync is the informers' resync period: every cached object is
+// handed to the event handlers again, so Changed fires at least this often.
+const DefaultResync = 5 * time.Minute
+
+// RESTConfig returns the client configuration from the kubeconfig file at
+// path, or the in-cluster configuration (service account, KUBERNETES_SERVICE_HOST)
+// when path is empty.
+func RESTConfig(path string) (*rest.Config, error) {
+	if path == "" {
+		c, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("load in-cluster config: %w", err)
+		}
+		return c, nil
+	}
+	c, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		return nil, fmt.Errorf("load kubeconfig %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// KubernetesConfig configures a Kubernetes source.
+type KubernetesConfig struct {
+	// Client reads Nodes; Dynamic reads the isthmus resources.
+	Client  kubernetes.Interface
+	Dynamic dynamic.Interface
+	// Resync is the informers' resync period (0: DefaultResync).
+	Resync time.Duration
+	// Debounce is the quiet time after an event before Changed fires (0:
+	// DefaultDebounce).
+	Debounce time.Duration
+	// Log (nil: slog.Default) gets conversion problems and watch errors.
+	Log *slog.Logger
+}
+
+// Kubernetes is the source of Kubernetes mode: client-go informers on Nodes
+// and the four isthmus resources. Snapshot reads the informers' caches, so
+// when the API server goes away it keeps returning the last objects seen;
+// the reflectors relist when it returns, and Changed fires for what differs.
+// Nothing here clears a cache on an error.
+type Kubernetes struct {
+	log     *slog.Logger
+	n       *notifier
+	synced  atomic.Bool
+	cancel  context.CancelFunc
+	factory informers.SharedInformerFactory
+	dynamic dynamicinformer.DynamicSharedInformerFactory
+	nodes   cache.SharedIndexInformer
+	isthmus map[schema.GroupVersionResource]cache.SharedIndexInformer
+}
+
+// NewKubernetes starts the informers and waits until their caches hold a full
+// list, or ctx is done (an API server that is not there yet keeps it
+// waiting; the caller's datapath stays as it is meanwhile).
+func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*Kubernetes, error) {
+	if cfg.Client == nil || cfg.Dynamic == nil {
+		return nil, errors.New("start kubernetes source: a client and a dynamic client are required")
+	}
+	if cfg.Resync <= 0 {
+		cfg.Resync = DefaultResync
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	k := &Kubernetes{
+		log:     cfg.Log,
+		n:       newNotifier(cfg.Debounce),
+		factory: informers.NewSharedInformerFactory(cfg.Client, cfg.Resync),
+		dynamic: dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, cfg.Resync),
+		isthmus: make(map[schema.GroupVersionResource]cache.SharedIndexInformer),
+	}
+	k.nodes = k.factory.Core().V1().Nodes().Informer()
+	// Keep what the plan reads; drop what only costs memory.
+	if err := k.nodes.SetTransform(trimNode); err != nil {
+		return nil, fmt.Errorf("start kubernetes source: %w", err)
+	}
+	if _, err := k.nodes.AddEventHandler(k.handler(nodeChanged)); err != nil {
+		return nil, fmt.Errorf("start kubernetes source: %w", err)
+	}
+	for _, gvr := range []schema.GroupVersionResource{SitesResource, SitePeeringsResource, GatewayPoolsResource, SiteGatewayPoolAssignmentsResource} {
+		inf := k.dynamic.ForResource(gvr).Informer()
+		if err := inf.SetTransform(trimManagedFields); err != nil {
+			return nil, fmt.Errorf("start kubernetes source: %w", err)
+		}
+		if _, err := inf.AddEventHandler(k.handler(objectChanged)); err != nil {
+			return nil, fmt.Errorf("start kubernetes source: %w", err)
+		}
+		if err := inf.SetWatchErrorHandlerWithContext(k.watchError(gvr.Resource)); err != nil {
+			return nil, fmt.Errorf("start kubernetes source: %w", err)
+		}
+		k.isthmus[gvr] = inf
+	}
+	if err := k.nodes.SetWatchErrorHandlerWithContext(k.watchError("nodes")); err != nil {
+		return nil, fmt.Errorf("start kubernetes source: %w", err)
+	}
+
+	run, cancel := context.WithCancel(context.Background())
+	k.cancel = cancel
+	k.factory.Start(run.Done())
+	k.dynamic.Start(run.Done())
+	syncs := []cache.InformerSynced{k.nodes.HasSynced}
+	for _, inf := range k.isthmus {
+		syncs = append(syncs, inf.HasSynced)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), syncs...) {
+		k.Close()
+		return nil, fmt.Errorf("sync kubernetes caches: %w", context.Cause(ctx))
+	}
+	k.synced.Store(true)
+	return k, nil
+}
+
+// watchError logs a failed list or watch; the reflector retries with backoff
+// and keeps its cache meanwhile.
+func (k *Kubernetes) watchError(what string) cache.WatchErrorHandlerWithContext {
+	return func(ctx context.Context, _ *cache.Reflector, err error) {
+		if ctx.Err() == nil {
+			k.log.Warn("watch kubernetes objects; retrying, the last objects stay in use", "resource", what, "err", err)
+		}
+	}
+}
+
+// handler pokes the notifier for every add and delete after the caches
+// synced, and for updates that changed reports as relevant.
+func (k *Kubernetes) handler(changed func(old, new any) bool) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) {
+			if k.synced.Load() {
+				k.n.poke()
+			}
+		},
+		UpdateFunc: func(old, new any) {
+			if k.synced.Load() && changed(old, new) {
+				k.n.poke()
+			}
+		},
+		DeleteFunc: func(any) {
+			if k.synced.Load() {
+				k.n.poke()
+			}
+		},
+	}
+}
+
+// nodeChanged reports whether an update changed what objects and the plan
+// read of a Node: labels, annotations, podCIDRs and addresses. Kubelet status
+// heartbeats change none of these.
+func nodeChanged(old, new any) bool {
+	o, ok1 := old.(*corev1.Node)
+	n, ok2 := new.(*corev1.Node)
+	if !ok1 || !ok2 {
+		return true
+	}
+	return !maps.Equal(o.Labels, n.Labels) || !maps.Equal(o.Annotations, n.Annotations) ||
+		o.Spec.PodCIDR != n.Spec.PodCIDR || !slices.Equal(o.Spec.PodCIDRs, n.Spec.PodCIDRs) ||
+		!equality.Semantic.DeepEqual(o.Status.Addresses, n.Status.Addresses)
+}
+
+// objectChanged reports whether an update changed an isthmus object's spec,
+// labels or annotations: a resync hands the same object again, and the
+// controller's status writes change nothing the plan reads.
+func objectChanged(old, new any) bool {
+	o, ok1 := old.(*unstructured.Unstructured)
+	n, ok2 := new.(*unstructured.Unstructured)
+	if !ok1 || !ok2 {
+		return true
+	}
+	return !equality.Semantic.DeepEqual(o.Object["spec"], n.Object["spec"]) ||
+		!maps.Equal(o.GetLabels(), n.GetLabels()) || !maps.Equal(o.GetAnnotations(), n.GetAnnotations())
+}
+
+// trimNode keeps the fields of a Node the plan reads, and the metadata.
+func trimNode(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	n.ManagedFields = nil
+	n.Status = corev1.NodeStatus{Addresses: n.Status.Addresses}
+	return n, nil
+}
+
+func trimManagedFields(obj any) (any, error) {
+	if m, ok := obj.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+// Snapshot lists Nodes and the isthmus objects from the caches, leaves out
+// Nodes that belong to no Site (warnings, see objects.WithoutUnsitedNodes)
+// and validates the rest with objects.Validate. An object the cache holds in
+// a form that does not convert to its type fails the snapshot, naming it.
+func (k *Kubernetes) Snapshot() (*objects.Set, []objects.Warning, error) {
+	var in objects.Objects
+	var errs []error
+	nodes, err := k.factory.Core().V1().Nodes().Lister().List(labels.Everything())
+	if err != nil {
+		return nil, nil, fmt.Errorf("list nodes: %w", err)
+	}
+	for _, n := range nodes {
+		in.Nodes = append(in.Nodes, *n)
+	}
+	errs = append(errs, convertAll(k.isthmus[SitesResource], v1alpha1.KindSite, &in.Sites)...)
+	errs = append(errs, convertAll(k.isthmus[SitePeeringsResource], v1alpha1.KindSitePeering, &in.SitePeerings)...)
+	errs = append(errs, convertAll(k.isthmus[GatewayPoolsResource], v1alpha1.KindGatewayPool, &in.GatewayPools)...)
+	errs = append(errs, convertAll(k.isthmus[SiteGatewayPoolAssignmentsResource], v1alpha1.KindSiteGatewayPoolAssignment, &in.SiteGatewayPoolAssignments)...)
+	if len(errs) > 0 {
+		return nil, nil, errors.Join(errs...)
+	}
+	in, warns := in.WithoutUnsitedNodes()
+	set, more, err := objects.Validate(in)
+	warns = append(warns, more...)
+	if err != nil {
+		return nil, warns, fmt.Errorf("validate objects: %w", err)
+	}
+	return set, warns, nil
+}
+
+// convertAll converts every object in inf's cache to T, appending to out.
+func convertAll[T any](inf cache.SharedIndexInformer, kind string, out *[]T) []error {
+	var errs []error
+	for _, obj := range inf.GetStore().List() {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			errs = append(errs, fmt.Errorf("convert %s: unexpected %T in the cache", kind, obj))
+			continue
+		}
+		var t T
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &t); err != nil {
+			errs = append(errs, fmt.Errorf("convert %s %q: %w", kind, u.GetName(), err))
+			continue
+		}
+		*out = append(*out, t)
+	}
+	return errs
+}
+
+// Changed fires after an object was added, changed or deleted.
+func (k *Kubernetes) Changed() <-chan struct{} { return k.n.ch }
+
+// Close stops the informers.
+func (k *Kubernetes) Close() error {
+	k.cancel()
+	k.n.stop()
+	k.factory.Shutdown()
+	k.dynamic.Shutdown()
+	return nil
+}
