@@ -1,9 +1,11 @@
 // Package agent is the isthmus agent loop: it loads the datapath, attaches it to the
 // underlay device, isthmus0 and every pod interface matching the configured
 // patterns, and keeps the pinned maps and the routes equal to the plan computed
-// from the objects directory. It reacts to changes of the directory (debounced),
-// to pod interfaces coming and going, and resyncs periodically. Every sync diffs
-// against what the kernel holds and writes only the difference.
+// from the objects of a source.Source (a directory of YAML, or the Kubernetes
+// API). It reacts to changes of the objects, to pod interfaces coming and going,
+// and resyncs periodically. Every sync diffs against what the kernel holds and
+// writes only the difference; objects that fail to load or plan leave the last
+// good state in force.
 //
 // All kernel work happens on the goroutine that calls Start and Run, so a caller
 // that locked its thread into a network namespace gets the agent in that namespace.
@@ -19,7 +21,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -27,12 +28,17 @@ import (
 	"github.com/isthmus-dev/isthmus/loader/health"
 	"github.com/isthmus-dev/isthmus/loader/objects"
 	"github.com/isthmus-dev/isthmus/loader/plan"
+	"github.com/isthmus-dev/isthmus/loader/source"
 	"github.com/isthmus-dev/isthmus/maps"
 )
 
 // Config is what the agent is told on its command line.
 type Config struct {
-	Node       string
+	Node string
+	// Source hands the agent its objects; the agent does not close it. Nil
+	// means a source.Files on ObjectsDir, which the agent owns. Exactly one
+	// of Source and ObjectsDir must be set.
+	Source     source.Source
 	ObjectsDir string
 	// UnderlayDev is the underlay device; empty means the one holding the node's
 	// InternalIP.
@@ -59,12 +65,14 @@ type Config struct {
 	HealthPort       int
 	HealthInterval   time.Duration
 	HealthMultiplier int
-	// Resync is the period of full resyncs (default 30s); Debounce the quiet time
-	// after a change in ObjectsDir before it is read (default 100ms).
+	// Resync is the period of full resyncs (default 30s): the objects are read
+	// again and the kernel state diffed. Debounce is the quiet time after a
+	// change in ObjectsDir before it is read (default source.DefaultDebounce).
 	Resync, Debounce time.Duration
 	Log              *slog.Logger
-	// Planner computes the plan; nil means objects.LoadDir then plan.Compute.
-	Planner func(dir, node string) (*plan.NodePlan, []string, error)
+	// Planner computes the node's plan from a validated Set; nil means
+	// DefaultPlanner.
+	Planner func(set *objects.Set, node string) (*plan.NodePlan, []string, error)
 }
 
 // Agent is a started agent. Its methods must be called from the goroutine that
@@ -72,6 +80,8 @@ type Config struct {
 type Agent struct {
 	cfg      Config
 	log      *slog.Logger
+	src      source.Source
+	ownSrc   bool // src was opened by Start and is closed by Close
 	dp       *datapath.Datapath
 	plan     *plan.NodePlan
 	underlay netlink.Link
@@ -106,21 +116,14 @@ func Run(ctx context.Context, cfg Config) error {
 	return a.Run(ctx)
 }
 
-// DefaultPlanner reads dir with objects.LoadDir and computes node's plan.
-func DefaultPlanner(dir, node string) (*plan.NodePlan, []string, error) {
-	set, warns, err := objects.LoadDir(dir)
-	if err != nil {
-		return nil, nil, fmt.Errorf("load objects %s: %w", dir, err)
-	}
+// DefaultPlanner computes node's plan with plan.Compute and returns its
+// warnings and corrections as text.
+func DefaultPlanner(set *objects.Set, node string) (*plan.NodePlan, []string, error) {
 	p, err := plan.Compute(set, node)
 	if err != nil {
 		return nil, nil, fmt.Errorf("compute plan for %s: %w", node, err)
 	}
-	var out []string
-	for _, w := range warns {
-		out = append(out, w.String())
-	}
-	out = append(out, p.Warnings...)
+	out := slices.Clone(p.Warnings)
 	for _, c := range p.Corrections {
 		out = append(out, fmt.Sprintf("route %v (%s) contained peer endpoint %v: replaced by %v", c.Removed, c.Origin, c.Endpoint, c.Kept))
 	}
@@ -143,7 +146,7 @@ func Start(cfg Config) (*Agent, error) {
 		cfg.Resync = 30 * time.Second
 	}
 	if cfg.Debounce <= 0 {
-		cfg.Debounce = 100 * time.Millisecond
+		cfg.Debounce = source.DefaultDebounce
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -160,12 +163,29 @@ func Start(cfg Config) (*Agent, error) {
 	if cfg.SNATPortMin == 0 || cfg.SNATPortMin > cfg.SNATPortMax {
 		return nil, fmt.Errorf("start agent: SNAT port range %d-%d is empty", cfg.SNATPortMin, cfg.SNATPortMax)
 	}
-	if cfg.Node == "" || cfg.ObjectsDir == "" {
-		return nil, errors.New("start agent: node and objects dir are required")
+	if cfg.Node == "" {
+		return nil, errors.New("start agent: node is required")
 	}
-	a := &Agent{cfg: cfg, log: cfg.Log.With("node", cfg.Node), pods: map[string]int{}}
+	if (cfg.ObjectsDir == "") == (cfg.Source == nil) {
+		return nil, errors.New("start agent: want exactly one object source, an objects dir or a Source")
+	}
+	a := &Agent{cfg: cfg, log: cfg.Log.With("node", cfg.Node), pods: map[string]int{}, src: cfg.Source}
+	ok := false
+	defer func() {
+		if !ok {
+			a.Close()
+		}
+	}()
+	if a.src == nil {
+		// Watch before the first read, so no change falls between the two.
+		f, err := source.NewFiles(cfg.ObjectsDir, cfg.Debounce, a.log)
+		if err != nil {
+			return nil, err
+		}
+		a.src, a.ownSrc = f, true
+	}
 
-	p, warns, err := cfg.Planner(cfg.ObjectsDir, cfg.Node)
+	p, warns, err := a.load()
 	if err != nil {
 		return nil, err
 	}
@@ -178,12 +198,6 @@ func Start(cfg Config) (*Agent, error) {
 	if a.dp, err = datapath.Load(cfg.PinDir, datapath.Options{NatEntries: cfg.NatEntries}); err != nil {
 		return nil, err
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			a.Close()
-		}
-	}()
 	if err := datapath.EnableForwarding(); err != nil {
 		return nil, err
 	}
@@ -227,9 +241,34 @@ func Start(cfg Config) (*Agent, error) {
 	return a, nil
 }
 
-// Close releases the agent's handles and stops its health checks; the datapath
-// stays attached and pinned (the groups keep the last slots written).
+// load reads a snapshot of the objects and computes the plan, with the
+// warnings of both.
+func (a *Agent) load() (*plan.NodePlan, []string, error) {
+	set, owarns, err := a.src.Snapshot()
+	if err != nil {
+		return nil, nil, err
+	}
+	p, warns, err := a.cfg.Planner(set, a.cfg.Node)
+	if err != nil {
+		return nil, nil, err
+	}
+	var out []string
+	for _, w := range owarns {
+		out = append(out, w.String())
+	}
+	return p, append(out, warns...), nil
+}
+
+// Close releases the agent's handles and stops its health checks and the
+// source it opened; the datapath stays attached and pinned (the groups keep
+// the last slots written).
 func (a *Agent) Close() {
+	if a.ownSrc && a.src != nil {
+		if err := a.src.Close(); err != nil {
+			a.log.Error("close object source", "err", err)
+		}
+		a.src = nil
+	}
 	if a.health != nil {
 		a.health.Close()
 		a.health = nil
@@ -250,17 +289,8 @@ func (a *Agent) PodInterfaces() []string {
 	return out
 }
 
-// Run watches the objects directory and the interfaces until ctx is done.
+// Run follows the object source and the interfaces until ctx is done.
 func (a *Agent) Run(ctx context.Context) error {
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		return fmt.Errorf("watch objects: %w", err)
-	}
-	defer w.Close()
-	if err := w.Add(a.cfg.ObjectsDir); err != nil {
-		return fmt.Errorf("watch objects %s: %w", a.cfg.ObjectsDir, err)
-	}
-
 	links := make(chan netlink.LinkUpdate, 64)
 	done := make(chan struct{})
 	defer close(done)
@@ -279,8 +309,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.syncLogged("pods", false)
 
-	debounce := time.NewTimer(time.Hour)
-	debounce.Stop()
 	resync := time.NewTicker(a.cfg.Resync)
 	defer resync.Stop()
 	for {
@@ -291,16 +319,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		case down := <-a.healthChanges():
 			a.down = down
 			a.syncLogged("health", false)
-		case ev, ok := <-w.Events:
-			if !ok {
-				return errors.New("watch objects: watcher closed")
-			}
-			if ev.Op&(fsnotify.Create|fsnotify.Write|fsnotify.Remove|fsnotify.Rename) != 0 {
-				debounce.Reset(a.cfg.Debounce)
-			}
-		case err := <-w.Errors:
-			a.log.Error("watch objects", "err", err)
-		case <-debounce.C:
+		case <-a.src.Changed():
 			a.syncLogged("objects", true)
 		case u, ok := <-links:
 			if !ok {
@@ -331,7 +350,7 @@ func (a *Agent) syncLogged(reason string, reload bool) {
 func (a *Agent) sync(reason string, reload bool) error {
 	start := time.Now()
 	if reload {
-		p, warns, err := a.cfg.Planner(a.cfg.ObjectsDir, a.cfg.Node)
+		p, warns, err := a.load()
 		if err != nil {
 			a.log.Error("objects rejected; keeping the last good state", "err", err)
 		} else {

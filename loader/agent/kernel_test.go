@@ -26,6 +26,7 @@ import (
 
 	"github.com/isthmus-dev/isthmus/loader/datapath"
 	"github.com/isthmus-dev/isthmus/loader/health"
+	"github.com/isthmus-dev/isthmus/loader/objects"
 	"github.com/isthmus-dev/isthmus/loader/plan"
 	"github.com/isthmus-dev/isthmus/maps"
 )
@@ -199,7 +200,11 @@ func (e *testEnv) wantState(t *testing.T, a *Agent, pods ...netlink.Link) maps.S
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, _, err := DefaultPlanner(e.objects, "a1")
+	set, _, err := objects.LoadDir(e.objects)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _, err := DefaultPlanner(set, "a1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -440,8 +445,8 @@ func TestAgentKernel(t *testing.T) {
 // tunnel 10.77.0.2), hands 10.0.10.0/23 to its fabric and translates pod sources
 // outside its podCIDR to its tunnel address. (Until plan.Compute fills these, the
 // test makes them by hand.)
-func withGroups(dir, node string) (*plan.NodePlan, []string, error) {
-	p, warns, err := DefaultPlanner(dir, node)
+func withGroups(set *objects.Set, node string) (*plan.NodePlan, []string, error) {
+	p, warns, err := DefaultPlanner(set, node)
 	if err != nil {
 		return nil, nil, err
 	}
