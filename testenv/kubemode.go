@@ -13,7 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vishvananda/netns"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -99,7 +98,11 @@ func (l *Lab) startKube(ctx context.Context, opts Options) error {
 	// loopback: a forwarder there carries their connections to the host's.
 	port := k.server.Port()
 	for _, n := range l.Scenario.Nodes() {
-		ln, err := listenIn(NSPath(l.NodeNS(n.Name)), "127.0.0.1:"+strconv.Itoa(port))
+		var ln net.Listener
+		err := Do(l.NodeNS(n.Name), func() (err error) {
+			ln, err = net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+			return err
+		})
 		if err != nil {
 			return fmt.Errorf("node %s: forward the API server: %w", n.Name, err)
 		}
@@ -209,42 +212,6 @@ func (l *Lab) stopKube() error {
 		return k.server.Stop()
 	}
 	return nil
-}
-
-// listenIn opens a TCP listener in the network namespace at nsPath: the socket
-// is created on a thread moved into that namespace, and keeps it.
-func listenIn(nsPath, addr string) (net.Listener, error) {
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return nil, fmt.Errorf("get current netns: %w", err)
-	}
-	defer orig.Close()
-	target, err := netns.GetFromPath(nsPath)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return nil, fmt.Errorf("open netns %s: %w", nsPath, err)
-	}
-	defer target.Close()
-	if err := netns.Set(target); err != nil {
-		runtime.UnlockOSThread()
-		return nil, fmt.Errorf("enter netns %s: %w", nsPath, err)
-	}
-	ln, lerr := net.Listen("tcp", addr)
-	if err := netns.Set(orig); err != nil {
-		// The thread is stuck in the other namespace: keep it locked, so the
-		// runtime retires it with this goroutine instead of reusing it.
-		if ln != nil {
-			ln.Close()
-		}
-		return nil, fmt.Errorf("return to netns: %w", err)
-	}
-	runtime.UnlockOSThread()
-	if lerr != nil {
-		return nil, fmt.Errorf("listen on %s in %s: %w", addr, nsPath, lerr)
-	}
-	return ln, nil
 }
 
 // forward accepts on ln until it is closed and copies each connection to and

@@ -1,0 +1,98 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/isthmus-dev/isthmus/testenv"
+)
+
+// TestKubeMatrix runs the default scenario with every agent fed from a real
+// kube-apiserver (--kubeconfig, no objects directory): the lab installs the
+// CRDs of deploy/crds, creates the Sites, the SitePeering and the Nodes, and
+// the agents must reach the same datapath as in file mode: every pod reaches
+// every other over ICMP, TCP and UDP with its own source address.
+func TestKubeMatrix(t *testing.T) {
+	requireSetup(t)
+	sc, err := testenv.LoadScenario("default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := labName()
+	// The first run on a machine builds kube-apiserver and etcd (minutes).
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	l, err := testenv.Up(ctx, sc, testenv.Options{Name: name, Binary: binary, Source: testenv.SourceKube, ReadyTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Down(); err != nil {
+			t.Error(err)
+		}
+		assertGone(t, name)
+	})
+	for _, n := range sc.Nodes() {
+		args, err := os.ReadFile("/proc/" + agentPid(t, l, n.Name) + "/cmdline")
+		if err != nil {
+			t.Fatal(err)
+		}
+		argv := strings.Split(string(args), "\x00")
+		if !contains(argv, "--kubeconfig") || contains(argv, "--objects") {
+			t.Fatalf("agent on %s runs %q, want --kubeconfig and no --objects", n.Name, argv)
+		}
+	}
+	cs, err := kubernetes.NewForConfig(l.Kube().RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes.Items) != len(sc.Nodes()) {
+		t.Fatalf("%d Nodes in the API server, want %d", len(nodes.Items), len(sc.Nodes()))
+	}
+
+	cctx, ccancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer ccancel()
+	m, err := l.Check(cctx)
+	t.Logf("matrix:\n%s", m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods := l.Scenario.Pods()
+	if want := len(pods) * (len(pods) - 1) * len(testenv.Protos); len(m.Probes) != want {
+		t.Fatalf("%d probes, want %d", len(m.Probes), want)
+	}
+	for _, p := range m.Probes {
+		if p.Proto != testenv.ICMP && p.Saw != l.PodAddr(p.Src) {
+			t.Errorf("%s -> %s %s: server saw %s, want the pod's own %s", p.Src, p.Dst, p.Proto, p.Saw, l.PodAddr(p.Src))
+		}
+	}
+}
+
+// agentPid returns the pid (as text) of a node's agent from the lab's state.
+func agentPid(t *testing.T, l *testenv.Lab, node string) string {
+	t.Helper()
+	data, err := os.ReadFile(l.StateDir() + "/" + node + ".pid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(data))
+}
+
+func contains(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
