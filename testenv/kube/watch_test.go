@@ -487,4 +487,3 @@ func prefixes(ps []netip.Prefix) string {
 	b, _ := json.Marshal(ps)
 	return string(b)
 }
-
