@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -8,31 +10,87 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/isthmus-dev/isthmus/loader/agent"
 	"github.com/isthmus-dev/isthmus/loader/datapath"
 	"github.com/isthmus-dev/isthmus/loader/health"
+	"github.com/isthmus-dev/isthmus/loader/source"
 )
 
+// objectSource is where `isthmus agent` reads its objects.
+type objectSource struct {
+	// dir is set in file mode.
+	dir string
+	// kube is true in Kubernetes mode; kubeconfig is empty for the in-cluster
+	// configuration.
+	kube       bool
+	kubeconfig string
+}
+
+// chooseSource picks the object source from --objects and --kubeconfig: the
+// two are exclusive, and with neither the agent runs in-cluster when
+// KUBERNETES_SERVICE_HOST is set.
+func chooseSource(objectsDir, kubeconfig string, getenv func(string) string) (objectSource, error) {
+	switch {
+	case objectsDir != "" && kubeconfig != "":
+		return objectSource{}, errors.New("choose object source: --objects and --kubeconfig are exclusive: give a directory of YAML or a cluster, not both")
+	case objectsDir != "":
+		return objectSource{dir: objectsDir}, nil
+	case kubeconfig != "":
+		return objectSource{kube: true, kubeconfig: kubeconfig}, nil
+	case getenv("KUBERNETES_SERVICE_HOST") != "":
+		return objectSource{kube: true}, nil
+	}
+	return objectSource{}, errors.New("choose object source: give --objects DIR or --kubeconfig FILE (in a pod, the in-cluster config needs KUBERNETES_SERVICE_HOST)")
+}
+
+// openKubernetes connects to the API server and waits for the informers'
+// first full list (until ctx is done).
+func openKubernetes(ctx context.Context, kubeconfig string, log *slog.Logger) (*source.Kubernetes, error) {
+	rc, err := source.RESTConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	rc.UserAgent = "isthmus-agent"
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("create kubernetes client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("create dynamic client: %w", err)
+	}
+	log.Info("waiting for the API server's objects", "host", rc.Host)
+	return source.NewKubernetes(ctx, source.KubernetesConfig{Client: client, Dynamic: dyn, Log: log})
+}
+
 // newAgentCmd is `isthmus agent`: load, attach and keep the datapath in sync with
-// the objects directory until SIGINT or SIGTERM, then exit leaving it in place.
+// the objects (a directory, or the Kubernetes API) until SIGINT or SIGTERM, then
+// exit leaving it in place.
 func newAgentCmd() *cobra.Command {
 	var (
-		cfg      agent.Config
-		patterns string
-		decap    string
-		vni      uint32
-		debug    bool
-		snat     string
+		cfg        agent.Config
+		patterns   string
+		decap      string
+		vni        uint32
+		debug      bool
+		snat       string
+		kubeconfig string
 	)
 	cmd := &cobra.Command{
-		Use:   "agent --node NAME --objects DIR",
+		Use:   "agent --node NAME (--objects DIR | --kubeconfig FILE | in-cluster)",
 		Short: "Run the node agent: load the datapath and keep it in sync with the objects",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var err error
+			src, err := chooseSource(cfg.ObjectsDir, kubeconfig, os.Getenv)
+			if err != nil {
+				return err
+			}
 			if cfg.PodPatterns, err = agent.ParsePatterns(patterns); err != nil {
 				return err
 			}
@@ -62,12 +120,22 @@ func newAgentCmd() *cobra.Command {
 			cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			if src.kube {
+				k, err := openKubernetes(ctx, src.kubeconfig, cfg.Log)
+				if err != nil {
+					return err
+				}
+				defer k.Close()
+				cfg.Source = k
+			}
 			return agent.Run(ctx, cfg)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&cfg.Node, "node", "", "name of this node (required)")
-	f.StringVar(&cfg.ObjectsDir, "objects", "", "directory of Site, SitePeering and Node YAML (required)")
+	f.StringVar(&cfg.ObjectsDir, "objects", "", "directory of Site, SitePeering, GatewayPool, SiteGatewayPoolAssignment and Node YAML (file mode; excludes --kubeconfig)")
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the cluster to read Nodes and isthmus objects from (excludes --objects; with neither, the in-cluster config)")
+	f.DurationVar(&cfg.Resync, "resync", 30*time.Second, "period of full resyncs: objects read again, kernel state diffed")
 	f.StringVar(&cfg.UnderlayDev, "underlay-dev", "", "underlay device (default: the one holding the node's InternalIP)")
 	f.StringVar(&cfg.PinDir, "pin-dir", datapath.DefaultPinDir, "bpffs directory for the pinned maps and links")
 	f.StringVar(&patterns, "pod-interfaces", "pod-*", "comma-separated shell globs naming pod-facing host interfaces (e.g. 'pod-*,azv*' for another CNI's)")
@@ -83,7 +151,6 @@ func newAgentCmd() *cobra.Command {
 	f.IntVar(&cfg.HealthMultiplier, "health-multiplier", health.DefaultMultiplier, "unanswered probes in a row that mark a member down")
 	f.BoolVar(&debug, "debug", false, "log every map write")
 	cmd.MarkFlagRequired("node")
-	cmd.MarkFlagRequired("objects")
 	return cmd
 }
 
