@@ -78,6 +78,97 @@ func TestKubeMatrix(t *testing.T) {
 	}
 }
 
+// TestKubeNodeRemoval: the agents follow the API server live. With the
+// default scenario up in Kubernetes mode, a1 routes b2's podCIDR into the
+// tunnel; once b2's Node is deleted the route goes, and when the Node comes
+// back (same podCIDR, addresses written through the status subresource) the
+// route returns and a1-p1 reaches b2-p1 again.
+func TestKubeNodeRemoval(t *testing.T) {
+	requireSetup(t)
+	sc, err := testenv.LoadScenario("default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := labName()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	l, err := testenv.Up(ctx, sc, testenv.Options{Name: name, Binary: binary, Source: testenv.SourceKube, ReadyTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Down(); err != nil {
+			t.Error(err)
+		}
+		assertGone(t, name)
+	})
+	b2, _ := l.Node("b2")
+	block := b2.PodCIDRs[0].String()
+	route := func() string {
+		out, err := l.Exec(ctx, l.NodeNS("a1"), "ip", "-4", "route", "show", "exact", block)
+		if err != nil {
+			t.Fatalf("ip route on a1: %v: %s", err, out)
+		}
+		return strings.TrimSpace(out)
+	}
+	waitRoute := func(want bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			got := route()
+			if (got != "") == want {
+				if want && !strings.Contains(got, "isthmus0") {
+					t.Fatalf("a1 routes %s as %q, want via isthmus0", block, got)
+				}
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("a1 route to %s: %q after 30s, want present=%v", block, got, want)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	waitRoute(true)
+
+	cs, err := kubernetes.NewForConfig(l.Kube().RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.CoreV1().Nodes().Delete(ctx, "b2", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitRoute(false)
+
+	node := testenv.KubeNode(b2)
+	status := node.Status
+	created, err := cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	created.Status = status
+	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitRoute(true)
+	eventuallyPing(t, l, "a1-p1", "b2-p1")
+}
+
+// eventuallyPing waits up to 30s until src reaches dst over ICMP.
+func eventuallyPing(t *testing.T, l *testenv.Lab, src, dst string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := testenv.Ping(l.PodNS(src), l.PodAddr(dst), 2*time.Second)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s -> %s: %v", src, dst, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // agentPid returns the pid (as text) of a node's agent from the lab's state.
 func agentPid(t *testing.T, l *testenv.Lab, node string) string {
 	t.Helper()
