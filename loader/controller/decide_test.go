@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -629,5 +630,29 @@ func TestSiteStatusInvalid(t *testing.T) {
 	}
 	if c := condition(t, d.Statuses["b"], v1alpha1.ConditionInvalid); strings.Contains(c.Message, "Node") {
 		t.Errorf("Site b reports a problem of other sites' nodes: %q", c.Message)
+	}
+}
+
+// TestSiteStatusCapsMessages: a thousand bad nodes must not make a Site too
+// large to store (a condition message holds at most 32768 bytes).
+func TestSiteStatusCapsMessages(t *testing.T) {
+	sites := []v1alpha1.Site{mkSite("s", []string{"10.0.0.0/16"}, nil, assign("10.1.0.0/24"))}
+	var nodes []corev1.Node
+	for i := range 1000 {
+		nodes = append(nodes, mkNode(fmt.Sprintf("n%04d", i), fmt.Sprintf("10.0.%d.%d", i/250, i%250+1), "bogus"))
+	}
+	d := Decide(Input{Sites: sites, Nodes: nodes, TunnelCIDR: DefaultTunnelCIDR})
+	for _, c := range d.Statuses["s"].Conditions {
+		if len(c.Message) > 4096 {
+			t.Errorf("%s message is %d bytes", c.Type, len(c.Message))
+		}
+	}
+	inv := condition(t, d.Statuses["s"], v1alpha1.ConditionInvalid)
+	if !strings.HasSuffix(inv.Message, "and 990 more problems") {
+		t.Errorf("Invalid message ends %q", inv.Message[len(inv.Message)-60:])
+	}
+	pe := condition(t, d.Statuses["s"], v1alpha1.ConditionPoolExhausted)
+	if !strings.HasSuffix(pe.Message, "and 989 more") {
+		t.Errorf("PoolExhausted message %q", pe.Message)
 	}
 }

@@ -75,7 +75,11 @@ func SiteStatuses(sites []v1alpha1.Site, nodes []corev1.Node, problems map[strin
 		}
 		invalid := problems[site.Name]
 		if len(invalid) > 0 {
-			set(v1alpha1.ConditionInvalid, true, v1alpha1.ReasonInvalid, strings.Join(invalid, "; "))
+			msg := strings.Join(invalid, "; ")
+			if len(invalid) > maxListed {
+				msg = fmt.Sprintf("%s; and %d more problems", strings.Join(invalid[:maxListed], "; "), len(invalid)-maxListed)
+			}
+			set(v1alpha1.ConditionInvalid, true, v1alpha1.ReasonInvalid, msg)
 		} else {
 			set(v1alpha1.ConditionInvalid, false, v1alpha1.ReasonValid, "every CIDR is valid and no pool overlaps another Site's")
 		}
