@@ -38,22 +38,16 @@ const pinDir = "/sys/fs/bpf/isthmus"
 // anything else fails the test, and so does a missing grant.
 var grants = map[string][]string{
 	// The agent reads through informers (loader/source/kube.go: list and watch
-	// of Nodes and the four kinds; get adds nothing list does not) and writes
-	// nothing.
+	// of Nodes and the four kinds, never a get) and writes nothing.
 	"isthmus-system/isthmus-agent": {
-		"cluster core nodes get",
 		"cluster core nodes list",
 		"cluster core nodes watch",
-		"cluster isthmus.dev gatewaypools get",
 		"cluster isthmus.dev gatewaypools list",
 		"cluster isthmus.dev gatewaypools watch",
-		"cluster isthmus.dev sitegatewaypoolassignments get",
 		"cluster isthmus.dev sitegatewaypoolassignments list",
 		"cluster isthmus.dev sitegatewaypoolassignments watch",
-		"cluster isthmus.dev sitepeerings get",
 		"cluster isthmus.dev sitepeerings list",
 		"cluster isthmus.dev sitepeerings watch",
-		"cluster isthmus.dev sites get",
 		"cluster isthmus.dev sites list",
 		"cluster isthmus.dev sites watch",
 	},
@@ -62,11 +56,9 @@ var grants = map[string][]string{
 	// podCIDRs), Site UpdateStatus; in its own namespace the leader-election
 	// Lease. Its LeaseLock has no EventRecorder: no Events.
 	"isthmus-system/isthmus-controller": {
-		"cluster core nodes get",
 		"cluster core nodes list",
 		"cluster core nodes patch",
 		"cluster core nodes watch",
-		"cluster isthmus.dev sites get",
 		"cluster isthmus.dev sites list",
 		"cluster isthmus.dev sites watch",
 		"cluster isthmus.dev sites/status update",
