@@ -1,0 +1,189 @@
+package plan
+
+import (
+	"encoding/json"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/isthmus-dev/isthmus/loader/objects"
+)
+
+func TestExplain(t *testing.T) {
+	seed000, _, err := objects.LoadDir("../objects/testdata/seed000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := seed000Gateway(t)
+	const (
+		aksAnno   = `Node "aks-nodepool1-1" metadata.annotations["isthmus.dev/tunnel-ipv4"]`
+		podBlock  = `Site "cluster" spec.podCidrAssignments[0].cidrBlocks[0]`
+		localCidr = `Site "cluster" spec.localCidrs`
+		routed    = `GatewayPool "gateways" spec.routedCidrs[0]`
+	)
+	for _, tc := range []struct {
+		name       string
+		set        *objects.Set
+		node, addr string
+		// kind, prefix, origin and peer of the winning match; kind "" means none.
+		kind, prefix, origin, peer string
+		group                      int // members of the matched route's group
+		matches                    int
+		verdict                    string   // substring of the verdict
+		why                        []string // substrings of each correction's Why, in order
+		translated                 bool
+		exempt, exemptOrigin       string
+	}{{
+		name: "route to a peer's tunnel address", set: seed000, node: "aks-nodepool1-0", addr: "100.64.0.5",
+		kind: MatchRoute, prefix: "100.64.0.5/32", origin: aksAnno, peer: "aks-nodepool1-1", matches: 1,
+		verdict: "to peer aks-nodepool1-1 (underlay 10.0.0.5)", translated: true,
+	}, {
+		name: "pod block of an unmanaged site: local beats fabric at equal length", set: seed000, node: "aks-nodepool1-0", addr: "10.0.2.7",
+		kind: MatchLocal, prefix: "10.0.2.0/23", origin: podBlock, matches: 3, verdict: "is local",
+		exempt: "10.0.2.0/23", exemptOrigin: podBlock,
+	}, {
+		name: "localCidrs only", set: seed000, node: "aks-nodepool1-0", addr: "10.0.5.1",
+		kind: MatchLocal, prefix: "10.0.0.0/16", origin: localCidr, matches: 1, verdict: "is local", translated: true,
+	}, {
+		name: "peer underlay inside localCidrs", set: seed000, node: "aks-nodepool1-0", addr: "10.0.0.5",
+		kind: MatchPeerUnderlay, prefix: "10.0.0.5/32", origin: `Node "aks-nodepool1-1" status.addresses[InternalIP]`, peer: "aks-nodepool1-1",
+		matches: 2, verdict: "tunnel endpoint", translated: true,
+	}, {
+		name: "own underlay", set: seed000, node: "aks-nodepool1-0", addr: "10.0.0.4",
+		kind: MatchUnderlay, prefix: "10.0.0.4/32", matches: 2, verdict: "own underlay", translated: true,
+	}, {
+		name: "own tunnel address is exempt", set: seed000, node: "aks-nodepool1-0", addr: "100.64.0.4",
+		kind: MatchTunnelAddr, prefix: "100.64.0.4/32", origin: `Node "aks-nodepool1-0" metadata.annotations["isthmus.dev/tunnel-ipv4"]`,
+		matches: 1, verdict: "own tunnel address",
+		exempt: "100.64.0.4/32", exemptOrigin: `Node "aks-nodepool1-0" metadata.annotations["isthmus.dev/tunnel-ipv4"]`,
+	}, {
+		name: "no route", set: seed000, node: "aks-nodepool1-0", addr: "8.8.8.8",
+		verdict: "no route: stays on the underlay", translated: true,
+	}, {
+		name: "IPv4-mapped address is unmapped", set: seed000, node: "aks-nodepool1-0", addr: "::ffff:192.168.20.9",
+		kind: MatchRoute, prefix: "192.168.20.0/25", origin: `Node "flex-1" spec.podCIDRs[0]`, peer: "flex-1", matches: 1,
+		verdict: "to peer flex-1", translated: true,
+	}, {
+		name: "route to a group", set: seed000, node: "flex-1", addr: "10.0.2.9",
+		kind: MatchRoute, prefix: "10.0.2.0/23", origin: podBlock, group: 2, matches: 1,
+		verdict: "group of 2", translated: true,
+	}, {
+		name: "own pod", set: seed000, node: "flex-1", addr: "192.168.20.5",
+		kind: MatchPodCIDR, prefix: "192.168.20.0/25", origin: `Node "flex-1" spec.podCIDRs[0]`, matches: 1,
+		verdict: "a pod on this node", exempt: "192.168.20.0/25", exemptOrigin: `Node "flex-1" spec.podCIDRs[0]`,
+	}, {
+		name: "gateway route cut by both local prefixes", set: gw, node: "aks-2", addr: "10.0.2.9",
+		kind: MatchLocal, prefix: "10.0.2.0/23", origin: podBlock, matches: 3, verdict: "is local",
+		why: []string{
+			"10.0.2.0/23 would cover this address but 10.0.0.0/16 is local on this node: " + localCidr + " (the route came from " + routed + ")",
+			"10.0.2.0/23 would cover this address but 10.0.2.0/23 is local on this node: " + podBlock + " (the route came from " + routed + ")",
+		},
+		exempt: "10.0.2.0/23", exemptOrigin: podBlock,
+	}, {
+		name: "remote gateway's underlay cut out of a routed nodeCidrs", set: gw, node: "aks-2", addr: "192.168.10.10",
+		verdict: "no route", translated: true,
+		why: []string{`192.168.10.0/28 would cover this address but it is a tunnel endpoint (underlay address), which never goes into the tunnel (the route came from Site "flex-site" spec.nodeCidrs[0])`},
+	}, {
+		name: "what is left of the cut nodeCidrs", set: gw, node: "aks-2", addr: "192.168.10.3",
+		kind: MatchRoute, prefix: "192.168.10.0/29", origin: `Site "flex-site" spec.nodeCidrs[0]`, group: 1, matches: 1,
+		verdict: "aks-1 10.0.0.4", translated: true,
+	}, {
+		name: "gateway: peer gateway underlay", set: gw, node: "flex-1", addr: "10.0.0.4",
+		kind: MatchPeerUnderlay, prefix: "10.0.0.4/32", peer: "aks-1", origin: `Node "aks-1" status.addresses[InternalIP]`, matches: 1,
+		verdict: "peer aks-1", translated: true,
+		why: []string{`10.0.0.0/27 would cover this address but it is a tunnel endpoint`},
+	}, {
+		name: "gateway: fabric prefix from nodeCidrs", set: gw, node: "flex-1", addr: "192.168.10.3",
+		kind: MatchFabric, prefix: "192.168.10.0/28", origin: `Site "flex-site" fabric prefixes (its pod blocks, or on a gateway its nodeCidrs)`,
+		matches: 1, verdict: "handed to this site's fabric", translated: true,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := Compute(tc.set, tc.node)
+			if err != nil {
+				t.Fatal(err)
+			}
+			orig := p.Clone()
+			e := Explain(p, netip.MustParseAddr(tc.addr))
+			if !p.Equal(orig) {
+				t.Error("Explain changed the plan")
+			}
+			if e.Node != tc.node || e.Addr != netip.MustParseAddr(tc.addr).Unmap() {
+				t.Errorf("node %q addr %v, want %q %v", e.Node, e.Addr, tc.node, tc.addr)
+			}
+			if tc.kind == "" {
+				if e.Match != nil {
+					t.Errorf("match %+v, want none", *e.Match)
+				}
+			} else if e.Match == nil {
+				t.Errorf("no match, want %s %s", tc.kind, tc.prefix)
+			} else {
+				m := e.Match
+				if m.Kind != tc.kind || m.Prefix.String() != tc.prefix || m.Peer != tc.peer || len(m.Group) != tc.group {
+					t.Errorf("match %s %v peer %q group %d, want %s %s peer %q group %d", m.Kind, m.Prefix, m.Peer, len(m.Group), tc.kind, tc.prefix, tc.peer, tc.group)
+				}
+				if tc.origin != "" && m.Origin != tc.origin {
+					t.Errorf("origin %q, want %q", m.Origin, tc.origin)
+				}
+			}
+			if len(e.Matches) != tc.matches {
+				t.Errorf("%d matches %+v, want %d", len(e.Matches), e.Matches, tc.matches)
+			}
+			for i := 1; i < len(e.Matches); i++ {
+				if e.Matches[i].Prefix.Bits() > e.Matches[i-1].Prefix.Bits() {
+					t.Errorf("matches not longest first: %v before %v", e.Matches[i-1].Prefix, e.Matches[i].Prefix)
+				}
+			}
+			if !strings.Contains(e.Verdict, tc.verdict) {
+				t.Errorf("verdict %q, want it to contain %q", e.Verdict, tc.verdict)
+			}
+			if len(e.Corrections) != len(tc.why) {
+				t.Fatalf("%d corrections %+v, want %d", len(e.Corrections), e.Corrections, len(tc.why))
+			}
+			for i, w := range tc.why {
+				if !strings.Contains(e.Corrections[i].Why, w) {
+					t.Errorf("correction %d: %q, want it to contain %q", i, e.Corrections[i].Why, w)
+				}
+			}
+			s := e.SNAT
+			if s.Translated != tc.translated {
+				t.Errorf("translated %v (%s), want %v", s.Translated, s.Reason, tc.translated)
+			}
+			if s.Translated && s.To != p.SNAT.Addr {
+				t.Errorf("translated to %v, want %v", s.To, p.SNAT.Addr)
+			}
+			switch {
+			case tc.exempt == "" && s.Exempt != nil:
+				t.Errorf("exempt by %+v, want no entry", *s.Exempt)
+			case tc.exempt != "" && (s.Exempt == nil || s.Exempt.Prefix.String() != tc.exempt || s.Exempt.Origin != tc.exemptOrigin):
+				t.Errorf("exempt by %+v, want %s from %s", s.Exempt, tc.exempt, tc.exemptOrigin)
+			}
+			if _, err := json.Marshal(e); err != nil {
+				t.Errorf("marshal: %v", err)
+			}
+		})
+	}
+}
+
+// TestExplainSNATOff: a node without a tunnel address translates nothing, and
+// says why.
+func TestExplainSNATOff(t *testing.T) {
+	p := &NodePlan{Node: "n", SNAT: SNATPolicy{Reason: "no tunnel address"}}
+	e := Explain(p, netip.MustParseAddr("10.9.9.9"))
+	if e.SNAT.Translated || e.SNAT.Exempt != nil || !strings.Contains(e.SNAT.Reason, "no tunnel address") {
+		t.Errorf("SNAT %+v, want off with the plan's reason", e.SNAT)
+	}
+	if e.Match != nil || !strings.HasPrefix(e.Verdict, "no route") {
+		t.Errorf("match %v verdict %q, want none", e.Match, e.Verdict)
+	}
+}
+
+// TestExplainLongestExempt: the longest exempt prefix is the one reported.
+func TestExplainLongestExempt(t *testing.T) {
+	p := &NodePlan{Node: "n", SNAT: SNATPolicy{Addr: netip.MustParseAddr("10.1.0.1"), Exempt: []ExemptSource{
+		{Prefix: netip.MustParsePrefix("10.0.0.0/8"), Origin: "wide"},
+		{Prefix: netip.MustParsePrefix("10.1.0.0/24"), Origin: "narrow"},
+	}}}
+	if e := Explain(p, netip.MustParseAddr("10.1.0.7")); e.SNAT.Exempt == nil || e.SNAT.Exempt.Origin != "narrow" {
+		t.Errorf("exempt %+v, want narrow", e.SNAT.Exempt)
+	}
+}
