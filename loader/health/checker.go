@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -41,8 +43,9 @@ type Checker struct {
 	done    chan struct{}
 	wg      sync.WaitGroup
 
-	mu sync.Mutex
-	tr *Tracker
+	mu    sync.Mutex
+	tr    *Tracker
+	flaps map[string]*[2]uint64 // peer name -> transitions [up, down]
 
 	pubMu sync.Mutex // one publisher at a time, so publish never blocks
 }
@@ -76,7 +79,7 @@ func Start(cfg Config) (*Checker, error) {
 	c := &Checker{
 		cfg: cfg, resp: resp, probe: probe, port: resp.LocalAddr().(*net.UDPAddr).Port,
 		changes: make(chan map[netip.Addr]bool, 1), done: make(chan struct{}),
-		tr: NewTracker(cfg.Multiplier),
+		tr: NewTracker(cfg.Multiplier), flaps: map[string]*[2]uint64{},
 	}
 	c.wg.Add(3)
 	go c.respond()
@@ -106,6 +109,55 @@ func (c *Checker) Down() map[netip.Addr]bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.tr.Down()
+}
+
+// PeerState is the health of one peer (a node whose addresses are next-hop
+// group members) as metrics report it.
+type PeerState struct {
+	Name string
+	// Tracked is true while the peer is a target; Up is then true when none of
+	// its addresses is down.
+	Tracked, Up bool
+	// Ups and Downs count the transitions of its addresses since the Checker
+	// started; they stay after the peer stops being a target.
+	Ups, Downs uint64
+}
+
+// Peers returns the state of every peer that is a target or has had a
+// transition, sorted by name.
+func (c *Checker) Peers() []PeerState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	byName := map[string]*PeerState{}
+	get := func(n string) *PeerState {
+		p := byName[n]
+		if p == nil {
+			p = &PeerState{Name: n, Up: true}
+			byName[n] = p
+		}
+		return p
+	}
+	down := c.tr.Down()
+	for _, t := range c.tr.Targets() {
+		p := get(t.Name)
+		p.Tracked = true
+		if down[t.Underlay] {
+			p.Up = false
+		}
+	}
+	for n, f := range c.flaps {
+		p := get(n)
+		p.Ups, p.Downs = f[0], f[1]
+	}
+	out := make([]PeerState, 0, len(byName))
+	for _, p := range byName {
+		if !p.Tracked {
+			p.Up = false
+		}
+		out = append(out, *p)
+	}
+	slices.SortFunc(out, func(a, b PeerState) int { return strings.Compare(a.Name, b.Name) })
+	return out
 }
 
 // Changes delivers the set of down members after each change; only the latest is
@@ -139,6 +191,20 @@ func (c *Checker) report(ts []Transition) {
 	if len(ts) == 0 {
 		return
 	}
+	c.mu.Lock()
+	for _, t := range ts {
+		f := c.flaps[t.Target.Name]
+		if f == nil {
+			f = new([2]uint64)
+			c.flaps[t.Target.Name] = f
+		}
+		if t.Up {
+			f[0]++
+		} else {
+			f[1]++
+		}
+	}
+	c.mu.Unlock()
 	for _, t := range ts {
 		if t.Up {
 			c.cfg.Log.Info("group member up", "member", t.Target.Name, "underlay", t.Target.Underlay, "tunnel", t.Target.TunnelAddr)

@@ -1,0 +1,147 @@
+// Package metrics is the agent's Prometheus side: a Collector that reads the
+// datapath's pinned maps at scrape time (per-CPU counters, map fill levels) and
+// the health checker's peer states, the sync metrics the agent records, and the
+// HTTP handler for /metrics, /healthz and /readyz. docs/metrics.md lists every
+// metric.
+//
+// Nothing here polls: every datapath value is read from the kernel when
+// Prometheus scrapes.
+package metrics
+
+import (
+	"runtime"
+	"runtime/debug"
+	"sort"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/isthmus-dev/isthmus/loader/health"
+	"github.com/isthmus-dev/isthmus/maps"
+)
+
+// MapLevel is how full one map is: Entries in use out of Capacity (max_entries).
+type MapLevel struct {
+	Map      maps.Name
+	Entries  int
+	Capacity int
+}
+
+// Source is what the Collector reads at scrape time. Its methods are called from
+// the HTTP server's goroutines, one scrape at a time or concurrently.
+type Source interface {
+	// Counters returns the datapath's per-CPU counters, summed over CPUs.
+	Counters() (map[maps.MetricKey]maps.Counter, error)
+	// MapLevels returns the fill level of the maps listed in LevelMaps.
+	MapLevels() ([]MapLevel, error)
+}
+
+// Version is the agent's version in isthmus_build_info; the build may set it with
+// -ldflags "-X github.com/isthmus-dev/isthmus/loader/metrics.Version=v1.2.3". When
+// empty, the main module's version from the build info is used.
+var Version = ""
+
+func version() string {
+	if Version != "" {
+		return Version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "unknown"
+}
+
+var (
+	descPackets = prometheus.NewDesc("isthmus_datapath_packets_total",
+		"Packets the datapath handled, by event (what it did) and hook (where).", []string{"event", "hook"}, nil)
+	descBytes = prometheus.NewDesc("isthmus_datapath_bytes_total",
+		"Bytes of the packets counted in isthmus_datapath_packets_total, as the hook saw them.", []string{"event", "hook"}, nil)
+	descDrops = prometheus.NewDesc("isthmus_datapath_drops_total",
+		"Packets the datapath dropped, by reason and hook.", []string{"reason", "hook"}, nil)
+	descDroppedBytes = prometheus.NewDesc("isthmus_datapath_dropped_bytes_total",
+		"Bytes of the packets counted in isthmus_datapath_drops_total.", []string{"reason", "hook"}, nil)
+	descEntries = prometheus.NewDesc("isthmus_map_entries",
+		"Entries in use in a datapath map (nexthop_groups: groups with a member; nat: counted by iterating the LRU at scrape time).", []string{"map"}, nil)
+	descCapacity = prometheus.NewDesc("isthmus_map_capacity",
+		"Maximum entries of a datapath map (max_entries).", []string{"map"}, nil)
+	descPeerUp = prometheus.NewDesc("isthmus_peer_up",
+		"1 if every health-checked address of the peer answers, 0 if one is down. Only next-hop group members are health-checked.", []string{"peer"}, nil)
+	descPeerTransitions = prometheus.NewDesc("isthmus_peer_transitions_total",
+		"Health state changes of a peer since the agent started (state: the state entered).", []string{"peer", "state"}, nil)
+	descBuildInfo = prometheus.NewDesc("isthmus_build_info",
+		"Always 1; the labels say which build runs.", []string{"version", "go_version"}, nil)
+)
+
+// Collector is a prometheus.Collector that reads a Source and the peer states at
+// every scrape. It is safe for concurrent use if its Source and Peers are.
+type Collector struct {
+	src   Source
+	peers func() []health.PeerState
+}
+
+// NewCollector returns a Collector over src. peers returns the health checker's
+// peer states; nil means there is none (no isthmus_peer_* series).
+func NewCollector(src Source, peers func() []health.PeerState) *Collector {
+	return &Collector{src: src, peers: peers}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descPackets, descBytes, descDrops, descDroppedBytes,
+		descEntries, descCapacity, descPeerUp, descPeerTransitions, descBuildInfo} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector. A map that cannot be read becomes an
+// invalid metric: the scrape reports the error and still serves the rest.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(descBuildInfo, prometheus.GaugeValue, 1, version(), runtime.Version())
+
+	if cs, err := c.src.Counters(); err != nil {
+		ch <- prometheus.NewInvalidMetric(descPackets, err)
+	} else {
+		keys := make([]maps.MetricKey, 0, len(cs))
+		for k := range cs {
+			keys = append(keys, k)
+		}
+		sort.Slice(keys, func(i, j int) bool {
+			if keys[i].Code != keys[j].Code {
+				return keys[i].Code < keys[j].Code
+			}
+			return keys[i].Hook < keys[j].Hook
+		})
+		for _, k := range keys {
+			v := cs[k]
+			pd, bd := descPackets, descBytes
+			if k.IsDrop() {
+				pd, bd = descDrops, descDroppedBytes
+			}
+			ch <- prometheus.MustNewConstMetric(pd, prometheus.CounterValue, float64(v.Packets), k.Name(), k.Hook.String())
+			ch <- prometheus.MustNewConstMetric(bd, prometheus.CounterValue, float64(v.Bytes), k.Name(), k.Hook.String())
+		}
+	}
+
+	if ls, err := c.src.MapLevels(); err != nil {
+		ch <- prometheus.NewInvalidMetric(descEntries, err)
+	} else {
+		for _, l := range ls {
+			ch <- prometheus.MustNewConstMetric(descEntries, prometheus.GaugeValue, float64(l.Entries), string(l.Map))
+			ch <- prometheus.MustNewConstMetric(descCapacity, prometheus.GaugeValue, float64(l.Capacity), string(l.Map))
+		}
+	}
+
+	if c.peers == nil {
+		return
+	}
+	for _, p := range c.peers() {
+		if p.Tracked {
+			up := 0.0
+			if p.Up {
+				up = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descPeerUp, prometheus.GaugeValue, up, p.Name)
+		}
+		ch <- prometheus.MustNewConstMetric(descPeerTransitions, prometheus.CounterValue, float64(p.Ups), p.Name, "up")
+		ch <- prometheus.MustNewConstMetric(descPeerTransitions, prometheus.CounterValue, float64(p.Downs), p.Name, "down")
+	}
+}

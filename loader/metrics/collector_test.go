@@ -1,0 +1,176 @@
+package metrics
+
+import (
+	"errors"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/isthmus-dev/isthmus/loader/health"
+	"github.com/isthmus-dev/isthmus/maps"
+)
+
+// fakeSource returns fixed counters and levels, or errors.
+type fakeSource struct {
+	counters   map[maps.MetricKey]maps.Counter
+	levels     []MapLevel
+	counterErr error
+	levelErr   error
+}
+
+func (f fakeSource) Counters() (map[maps.MetricKey]maps.Counter, error) {
+	return f.counters, f.counterErr
+}
+func (f fakeSource) MapLevels() ([]MapLevel, error) { return f.levels, f.levelErr }
+
+func TestCollectorExposition(t *testing.T) {
+	Version = "v0.0.0-test"
+	t.Cleanup(func() { Version = "" })
+	src := fakeSource{
+		counters: map[maps.MetricKey]maps.Counter{
+			{Code: 1, Hook: maps.HookPodIngress}:  {Packets: 5, Bytes: 490},
+			{Code: 2, Hook: maps.HookUnderlayTC}:  {Packets: 3, Bytes: 450},
+			{Code: 11, Hook: maps.HookUnderlayXDP}: {Packets: 1, Bytes: 100},
+			{Code: 137, Hook: maps.HookUnderlayTC}: {Packets: 7, Bytes: 1050}, // DROP_UNKNOWN_PEER
+			{Code: 145, Hook: maps.HookOverlayEgress}: {Packets: 2, Bytes: 168}, // DROP_NO_OVERLAY_ROUTE
+		},
+		levels: []MapLevel{
+			{Map: maps.MapRoutes, Entries: 4, Capacity: 1024},
+			{Map: maps.MapNat, Entries: 2, Capacity: 65536},
+		},
+	}
+	peers := func() []health.PeerState {
+		return []health.PeerState{
+			{Name: "b1", Tracked: true, Up: true, Ups: 1, Downs: 1},
+			{Name: "b2", Tracked: true, Up: false, Downs: 1},
+			{Name: "gone", Ups: 2, Downs: 2},
+		}
+	}
+	want := `
+# HELP isthmus_build_info Always 1; the labels say which build runs.
+# TYPE isthmus_build_info gauge
+isthmus_build_info{go_version="` + runtime.Version() + `",version="v0.0.0-test"} 1
+# HELP isthmus_datapath_bytes_total Bytes of the packets counted in isthmus_datapath_packets_total, as the hook saw them.
+# TYPE isthmus_datapath_bytes_total counter
+isthmus_datapath_bytes_total{event="decap",hook="underlay_tc"} 450
+isthmus_datapath_bytes_total{event="encap",hook="pod_ingress"} 490
+isthmus_datapath_bytes_total{event="transit",hook="underlay_xdp"} 100
+# HELP isthmus_datapath_dropped_bytes_total Bytes of the packets counted in isthmus_datapath_drops_total.
+# TYPE isthmus_datapath_dropped_bytes_total counter
+isthmus_datapath_dropped_bytes_total{hook="overlay_egress",reason="no_overlay_route"} 168
+isthmus_datapath_dropped_bytes_total{hook="underlay_tc",reason="unknown_peer"} 1050
+# HELP isthmus_datapath_drops_total Packets the datapath dropped, by reason and hook.
+# TYPE isthmus_datapath_drops_total counter
+isthmus_datapath_drops_total{hook="overlay_egress",reason="no_overlay_route"} 2
+isthmus_datapath_drops_total{hook="underlay_tc",reason="unknown_peer"} 7
+# HELP isthmus_datapath_packets_total Packets the datapath handled, by event (what it did) and hook (where).
+# TYPE isthmus_datapath_packets_total counter
+isthmus_datapath_packets_total{event="decap",hook="underlay_tc"} 3
+isthmus_datapath_packets_total{event="encap",hook="pod_ingress"} 5
+isthmus_datapath_packets_total{event="transit",hook="underlay_xdp"} 1
+# HELP isthmus_map_capacity Maximum entries of a datapath map (max_entries).
+# TYPE isthmus_map_capacity gauge
+isthmus_map_capacity{map="nat"} 65536
+isthmus_map_capacity{map="routes"} 1024
+# HELP isthmus_map_entries Entries in use in a datapath map (nexthop_groups: groups with a member; nat: counted by iterating the LRU at scrape time).
+# TYPE isthmus_map_entries gauge
+isthmus_map_entries{map="nat"} 2
+isthmus_map_entries{map="routes"} 4
+# HELP isthmus_peer_transitions_total Health state changes of a peer since the agent started (state: the state entered).
+# TYPE isthmus_peer_transitions_total counter
+isthmus_peer_transitions_total{peer="b1",state="down"} 1
+isthmus_peer_transitions_total{peer="b1",state="up"} 1
+isthmus_peer_transitions_total{peer="b2",state="down"} 1
+isthmus_peer_transitions_total{peer="b2",state="up"} 0
+isthmus_peer_transitions_total{peer="gone",state="down"} 2
+isthmus_peer_transitions_total{peer="gone",state="up"} 2
+# HELP isthmus_peer_up 1 if every health-checked address of the peer answers, 0 if one is down. Only next-hop group members are health-checked.
+# TYPE isthmus_peer_up gauge
+isthmus_peer_up{peer="b1"} 1
+isthmus_peer_up{peer="b2"} 0
+`
+	if err := testutil.CollectAndCompare(NewCollector(src, peers), strings.NewReader(want)); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestCollectorErrors: a source that fails reports the error in the scrape
+// rather than a silent zero.
+func TestCollectorErrors(t *testing.T) {
+	src := fakeSource{counterErr: errors.New("open pinned map metrics: no such file"), levelErr: errors.New("open pinned map nat: gone")}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(NewCollector(src, nil))
+	_, err := reg.Gather()
+	if err == nil || !strings.Contains(err.Error(), "pinned map metrics") || !strings.Contains(err.Error(), "pinned map nat") {
+		t.Errorf("Gather: %v, want both source errors", err)
+	}
+}
+
+// TestCollectorLint: the metrics follow the naming conventions promlint checks.
+func TestCollectorLint(t *testing.T) {
+	src := fakeSource{
+		counters: map[maps.MetricKey]maps.Counter{{Code: 1}: {Packets: 1, Bytes: 1}, {Code: 137}: {Packets: 1, Bytes: 1}},
+		levels:   []MapLevel{{Map: maps.MapRoutes, Entries: 1, Capacity: 2}},
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewCollector(src, func() []health.PeerState { return []health.PeerState{{Name: "b1", Tracked: true}} }))
+	NewSync(reg).Observe(0, 0, time.Unix(0, 0), nil)
+	problems, err := testutil.GatherAndLint(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("%s: %s", p.Metric, p.Text)
+	}
+}
+
+func TestSyncMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := NewSync(reg)
+	s.Observe(2*time.Millisecond, 7, time.Unix(1700000000, 500000000), nil)
+	s.Observe(30*time.Millisecond, 2, time.Unix(1700000100, 0), errors.New("write routes: boom"))
+	var nilSync *Sync
+	nilSync.Observe(time.Second, 1, time.Now(), nil) // records nothing, does not panic
+	want := `
+# HELP isthmus_sync_entries_written_total Map entries written (updated or deleted) by syncs.
+# TYPE isthmus_sync_entries_written_total counter
+isthmus_sync_entries_written_total 9
+# HELP isthmus_sync_last_success_timestamp_seconds Unix time of the end of the last successful sync (0: none yet).
+# TYPE isthmus_sync_last_success_timestamp_seconds gauge
+isthmus_sync_last_success_timestamp_seconds 1.7000000005e+09
+# HELP isthmus_syncs_total Syncs, by result (ok or error).
+# TYPE isthmus_syncs_total counter
+isthmus_syncs_total{result="error"} 1
+isthmus_syncs_total{result="ok"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"isthmus_sync_entries_written_total", "isthmus_sync_last_success_timestamp_seconds", "isthmus_syncs_total"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(s.duration); n != 1 {
+		t.Errorf("duration histogram: %d series, want 1", n)
+	}
+	// Both observations landed in the histogram, the 2ms one at or below 8ms.
+	mf, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range mf {
+		if f.GetName() != "isthmus_sync_duration_seconds" {
+			continue
+		}
+		h := f.GetMetric()[0].GetHistogram()
+		if h.GetSampleCount() != 2 {
+			t.Errorf("sync duration count %d, want 2", h.GetSampleCount())
+		}
+		for _, b := range h.GetBucket() {
+			if b.GetUpperBound() == 0.008 && b.GetCumulativeCount() != 1 {
+				t.Errorf("bucket le=0.008 holds %d, want 1", b.GetCumulativeCount())
+			}
+		}
+	}
+}

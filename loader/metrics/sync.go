@@ -1,0 +1,61 @@
+package metrics
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Sync holds the metrics of the agent's syncs. A nil *Sync records nothing.
+type Sync struct {
+	duration    prometheus.Histogram
+	written     prometheus.Counter
+	syncs       *prometheus.CounterVec
+	lastSuccess prometheus.Gauge
+}
+
+// NewSync returns the sync metrics, registered with reg.
+func NewSync(reg prometheus.Registerer) *Sync {
+	s := &Sync{
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "isthmus_sync_duration_seconds",
+			Help: "Time a sync took: objects read (on reload), maps diffed and written, routes synced.",
+			// A sync of a small site takes about a millisecond; of a large one, with
+			// the Kubernetes objects re-read, up to seconds.
+			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 9),
+		}),
+		written: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "isthmus_sync_entries_written_total",
+			Help: "Map entries written (updated or deleted) by syncs.",
+		}),
+		syncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "isthmus_syncs_total",
+			Help: "Syncs, by result (ok or error).",
+		}, []string{"result"}),
+		lastSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "isthmus_sync_last_success_timestamp_seconds",
+			Help: "Unix time of the end of the last successful sync (0: none yet).",
+		}),
+	}
+	// Both results exist from the start, so rate() sees the first error.
+	s.syncs.WithLabelValues("ok")
+	s.syncs.WithLabelValues("error")
+	reg.MustRegister(s.duration, s.written, s.syncs, s.lastSuccess)
+	return s
+}
+
+// Observe records one sync that took d, wrote written entries and ended at end
+// with err.
+func (s *Sync) Observe(d time.Duration, written int, end time.Time, err error) {
+	if s == nil {
+		return
+	}
+	s.duration.Observe(d.Seconds())
+	s.written.Add(float64(written))
+	if err != nil {
+		s.syncs.WithLabelValues("error").Inc()
+		return
+	}
+	s.syncs.WithLabelValues("ok").Inc()
+	s.lastSuccess.Set(float64(end.UnixNano()) / 1e9)
+}
