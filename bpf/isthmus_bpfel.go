@@ -182,6 +182,32 @@ type IsthmusSnatExemptValue struct {
 	Flags uint32
 }
 
+type IsthmusTraceEvent struct {
+	_             structs.HostLayout
+	Timestamp     uint64
+	Code          int32
+	Hook          uint8
+	Proto         uint8
+	TunnelSport   uint16
+	Ifindex       uint32
+	Len           uint32
+	Saddr         uint32
+	Daddr         uint32
+	Sport         uint16
+	Dport         uint16
+	Peer          uint32
+	Group         uint32
+	NatAddr       uint32
+	NatPort       uint16
+	Reserved      uint16
+	TargetIfindex uint32
+}
+
+type IsthmusTracePrefixValue struct {
+	_     structs.HostLayout
+	Flags uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -196,6 +222,8 @@ const (
 	IsthmusMapPodIfaces        = "pod_ifaces"
 	IsthmusMapRoutes           = "routes"
 	IsthmusMapSnatExempt       = "snat_exempt"
+	IsthmusMapTraceEvents      = "trace_events"
+	IsthmusMapTracePrefixes    = "trace_prefixes"
 	IsthmusProgOverlayEgress   = "overlay_egress"
 	IsthmusProgPodIngress      = "pod_ingress"
 	IsthmusProgUnderlayIngress = "underlay_ingress"
@@ -264,6 +292,8 @@ type IsthmusMapSpecs struct {
 	PodIfaces      *ebpf.MapSpec `ebpf:"pod_ifaces"`
 	Routes         *ebpf.MapSpec `ebpf:"routes"`
 	SnatExempt     *ebpf.MapSpec `ebpf:"snat_exempt"`
+	TraceEvents    *ebpf.MapSpec `ebpf:"trace_events"`
+	TracePrefixes  *ebpf.MapSpec `ebpf:"trace_prefixes"`
 }
 
 // IsthmusVariableSpecs contains global variables before they are loaded into the kernel.
@@ -302,6 +332,8 @@ type IsthmusMaps struct {
 	PodIfaces      *ebpf.Map `ebpf:"pod_ifaces"`
 	Routes         *ebpf.Map `ebpf:"routes"`
 	SnatExempt     *ebpf.Map `ebpf:"snat_exempt"`
+	TraceEvents    *ebpf.Map `ebpf:"trace_events"`
+	TracePrefixes  *ebpf.Map `ebpf:"trace_prefixes"`
 }
 
 func (m *IsthmusMaps) Close() error {
@@ -316,6 +348,8 @@ func (m *IsthmusMaps) Close() error {
 		m.PodIfaces,
 		m.Routes,
 		m.SnatExempt,
+		m.TraceEvents,
+		m.TracePrefixes,
 	)
 }
 

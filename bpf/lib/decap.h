@@ -95,6 +95,7 @@ static __always_inline int tc_decap(struct __sk_buff *skb, const struct datapath
 				DECAP_FLAGS))
 		return DROP_DECAP_FAILED;
 	metrics_count(METRIC_DECAP, hook, skb->len);
+	trace_tc(skb, cfg, METRIC_DECAP, hook, info.peer, 0);
 	tcp_clamp_mss(skb, cfg->tunnel_mtu);	/* the sender's side may not clamp */
 	return deliver_decapped(skb, cfg, hook);
 }
@@ -161,5 +162,6 @@ static __always_inline int xdp_decap(struct xdp_md *ctx, const struct datapath_c
 	meta->magic = DECAP_META_MAGIC;
 	meta->peer = info.peer;
 	metrics_count(METRIC_DECAP, hook, ctx->data_end - ctx->data);
+	trace_xdp(ctx, cfg, METRIC_DECAP, hook, info.peer, 0);
 	return XDP_PASS;
 }

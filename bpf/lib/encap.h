@@ -59,8 +59,12 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 	 * the host stack has already applied the device MTU. */
 	if (unlikely(cfg->tunnel_mtu && !skb->gso_size &&
 		     skb->len - ETH_HLEN > cfg->tunnel_mtu)) {
-		if (forward && (iph->frag_off & bpf_htons(IP_DF)))
-			return icmp4_frag_needed(skb, cfg->tunnel_mtu, hook);
+		if (forward && (iph->frag_off & bpf_htons(IP_DF))) {
+			rc = icmp4_frag_needed(skb, cfg->tunnel_mtu, hook);
+			if (rc >= 0)
+				trace_tc(skb, cfg, METRIC_FRAG_NEEDED_SENT, hook, 0, 0);
+			return rc;
+		}
 		return DROP_FRAG_NEEDED;
 	}
 	if (forward)
@@ -114,6 +118,7 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 	if (rc < 0)
 		return rc;
 	metrics_count(METRIC_ENCAP, hook, skb->len);
+	trace_tc(skb, cfg, METRIC_ENCAP, hook, peer, rt->group);
 	return rc;
 }
 
@@ -122,8 +127,9 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
  * bpf_redirect_peer (no netfilter on the way). Returns TC_ACT_REDIRECT, TC_ACT_OK to
  * leave it to the stack (also for an expiring TTL, so the stack answers with ICMP), or a
  * negative DROP_*. */
-static __always_inline int deliver_local_pod(struct __sk_buff *skb, struct ethhdr *eth,
-					     struct iphdr *iph, __u8 hook)
+static __always_inline int deliver_local_pod(struct __sk_buff *skb,
+					     const struct datapath_config *cfg,
+					     struct ethhdr *eth, struct iphdr *iph, __u8 hook)
 {
 	struct bpf_fib_lookup p;
 	int rc;
@@ -134,7 +140,7 @@ static __always_inline int deliver_local_pod(struct __sk_buff *skb, struct ethhd
 		return TC_ACT_OK;
 	if (iph->ttl <= 1)
 		return TC_ACT_OK;
-	return forward_to_pod(skb, eth, iph, &p, rc, hook);
+	return forward_to_pod(skb, cfg, eth, iph, &p, rc, hook);
 }
 
 /* The encapsulation hooks: parse, look up routes, encapsulate or deliver locally.
@@ -181,5 +187,5 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 	}
 	if (!from_pod)
 		return DROP_NO_OVERLAY_ROUTE;
-	return deliver_local_pod(skb, eth, iph, hook);
+	return deliver_local_pod(skb, cfg, eth, iph, hook);
 }

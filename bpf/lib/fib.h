@@ -67,7 +67,8 @@ static __always_inline int redirect_nexthop(struct ethhdr *eth, struct bpf_fib_l
  * (verdict rc) found: TTL decremented (the caller checked it), MACs from the lookup and
  * bpf_redirect_peer, or bpf_redirect_neigh while the pod's neighbour is unresolved.
  * Returns TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_DELIVER_POD. */
-static __always_inline int forward_to_pod(struct __sk_buff *skb, struct ethhdr *eth,
+static __always_inline int forward_to_pod(struct __sk_buff *skb,
+					  const struct datapath_config *cfg, struct ethhdr *eth,
 					  struct iphdr *iph, struct bpf_fib_lookup *p, int rc,
 					  __u8 hook)
 {
@@ -78,6 +79,7 @@ static __always_inline int forward_to_pod(struct __sk_buff *skb, struct ethhdr *
 	if (ret < 0)
 		return ret;
 	metrics_count(METRIC_DELIVER_POD, hook, skb->len);
+	trace_tc(skb, cfg, METRIC_DELIVER_POD, hook, 0, p->ifindex);
 	return ret;
 }
 
@@ -86,7 +88,8 @@ static __always_inline int forward_to_pod(struct __sk_buff *skb, struct ethhdr *
  * and bpf_redirect, or bpf_redirect_neigh while the neighbour is unresolved. No
  * netfilter, no conntrack. Returns TC_ACT_REDIRECT or a negative DROP_*. Counts
  * METRIC_DELIVER_FABRIC. */
-static __always_inline int forward_to_fabric(struct __sk_buff *skb, struct ethhdr *eth,
+static __always_inline int forward_to_fabric(struct __sk_buff *skb,
+					     const struct datapath_config *cfg, struct ethhdr *eth,
 					     struct iphdr *iph, struct bpf_fib_lookup *p, int rc,
 					     __u8 hook)
 {
@@ -99,6 +102,7 @@ static __always_inline int forward_to_fabric(struct __sk_buff *skb, struct ethhd
 	if (ret < 0)
 		return ret;
 	metrics_count(METRIC_DELIVER_FABRIC, hook, skb->len);
+	trace_tc(skb, cfg, METRIC_DELIVER_FABRIC, hook, 0, p->ifindex);
 	return ret;
 }
 
@@ -145,6 +149,7 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 		if (ret != TC_ACT_REDIRECT)
 			return DROP_REDIRECT_FAILED;
 		metrics_count(METRIC_DELIVER_HOST, hook, skb->len);
+		trace_tc(skb, cfg, METRIC_DELIVER_HOST, hook, 0, cfg->overlay_ifindex);
 		return TC_ACT_REDIRECT;
 	}
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
@@ -152,12 +157,12 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 	if (!bpf_map_lookup_elem(&pod_ifaces, &p.ifindex)) {
 		/* Never back into the tunnel through isthmus0: that would loop. */
 		if (p.ifindex != cfg->overlay_ifindex && is_fabric_dest(iph->daddr))
-			return forward_to_fabric(skb, eth, iph, &p, rc, hook);
+			return forward_to_fabric(skb, cfg, eth, iph, &p, rc, hook);
 		return DROP_NOT_LOCAL;
 	}
 	if (iph->ttl <= 1)
 		return DROP_TTL_EXCEEDED;
-	return forward_to_pod(skb, eth, iph, &p, rc, hook);
+	return forward_to_pod(skb, cfg, eth, iph, &p, rc, hook);
 }
 
 /* Fabric ingress: the site fabric hands this node a plain IPv4 packet on the underlay
@@ -201,5 +206,6 @@ static __always_inline int fabric_ingress(struct __sk_buff *skb,
 	if (rc < 0)
 		return rc;
 	metrics_count(METRIC_FABRIC_INGRESS, hook, skb->len);
+	trace_tc(skb, cfg, METRIC_FABRIC_INGRESS, hook, 0, p.ifindex);
 	return rc;
 }

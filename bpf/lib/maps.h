@@ -28,6 +28,13 @@
 #ifndef SNAT_EXEMPT_MAX
 #define SNAT_EXEMPT_MAX		1024
 #endif
+#ifndef TRACE_PREFIXES_MAX
+#define TRACE_PREFIXES_MAX	256
+#endif
+/* Bytes of the trace ring buffer: a power of two, a multiple of the page size. */
+#ifndef TRACE_RINGBUF_SIZE
+#define TRACE_RINGBUF_SIZE	(1 << 20)
+#endif
 /* Default size of the nat table; the agent sets it at load time (--snat-table-size). */
 #ifndef NAT_MAX
 #define NAT_MAX			65536
@@ -126,6 +133,23 @@ struct {
 	__uint(max_entries, NAT_MAX);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } nat SEC(".maps");
+
+/* Prefixes whose packets emit trace events while CFG_F_TRACE is set. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct route_key);
+	__type(value, struct trace_prefix_value);
+	__uint(max_entries, TRACE_PREFIXES_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} trace_prefixes SEC(".maps");
+
+/* struct trace_event records of traced packets, read by `isthmus trace`. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, TRACE_RINGBUF_SIZE);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} trace_events SEC(".maps");
 
 /* Returns the node's config, or NULL if the agent has not written it yet. */
 static __always_inline const struct datapath_config *config_get(void)

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "maps.h"
+#include "trace.h"
 
 /* Adds one packet of len bytes to (code, hook). Returns nothing: a full map loses a count,
  * never a packet. */
@@ -31,6 +32,7 @@ static __always_inline void metrics_count(__u16 code, __u8 hook, __u64 len)
 /* Counts a drop under (-reason, hook). Returns TC_ACT_SHOT. reason must be negative. */
 static __always_inline int tc_drop(struct __sk_buff *skb, int reason, __u8 hook)
 {
+	trace_drop_tc(skb, reason, hook);
 	metrics_count((__u16)(-reason), hook, skb->len);
 	return TC_ACT_SHOT;
 }
@@ -38,6 +40,7 @@ static __always_inline int tc_drop(struct __sk_buff *skb, int reason, __u8 hook)
 /* Counts a drop under (-reason, hook). Returns XDP_DROP. reason must be negative. */
 static __always_inline int xdp_drop(struct xdp_md *ctx, int reason, __u8 hook)
 {
+	trace_drop_xdp(ctx, reason, hook);
 	metrics_count((__u16)(-reason), hook, ctx->data_end - ctx->data);
 	return XDP_DROP;
 }

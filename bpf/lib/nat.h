@@ -306,6 +306,7 @@ static __always_inline int snat_egress(struct __sk_buff *skb, const struct datap
 	if (ret < 0)
 		return ret;
 	metrics_count(METRIC_SNAT, hook, skb->len);
+	trace_tc(skb, cfg, METRIC_SNAT, hook, 0, t.key.saddr | (__u64)t.key.sport << 32);
 	return 1;
 }
 
@@ -443,8 +444,10 @@ static __always_inline int snat_reverse(struct __sk_buff *skb, const struct data
 		    type != ICMP_PARAMETERPROB)
 			return 0;
 		ret = snat_reverse_icmp_error(skb, cfg, l4off, now);
-		if (ret > 0)
+		if (ret > 0) {
 			metrics_count(METRIC_SNAT_REVERSE, hook, skb->len);
+			trace_tc(skb, cfg, METRIC_SNAT_REVERSE, hook, 0, 0);
+		}
 		return ret;
 	}
 	if (ret)
@@ -467,5 +470,6 @@ static __always_inline int snat_reverse(struct __sk_buff *skb, const struct data
 	if (ret < 0)
 		return ret;
 	metrics_count(METRIC_SNAT_REVERSE, hook, skb->len);
+	trace_tc(skb, cfg, METRIC_SNAT_REVERSE, hook, 0, t.key.daddr | (__u64)t.key.dport << 32);
 	return 1;
 }

@@ -148,5 +148,6 @@ static __always_inline int transit_forward(struct __sk_buff *skb,
 	if (rc < 0)
 		return rc;
 	metrics_count(METRIC_TRANSIT, hook, skb->len);
+	trace_tc(skb, cfg, METRIC_TRANSIT, hook, nh, rt->group);
 	return rc;
 }

@@ -102,6 +102,8 @@ struct peer_source_value {
 /* datapath_config.flags */
 #define CFG_F_TRANSIT		(1 << 0)	/* a gateway: GENEVE whose inner destination
 						 * routes to another peer is forwarded there */
+#define CFG_F_TRACE		(1 << 1)	/* tracing on: packets matching trace_prefixes
+						 * emit a trace_event at every decision */
 struct datapath_config {
 	__u32 vni;		/* GENEVE VNI, host order, low 24 bits */
 	__be32 underlay_ip;	/* this node's tunnel endpoint, the outer source */
@@ -165,3 +167,35 @@ struct decap_meta {
 
 /* decap_meta.magic: marks metadata written by underlay_xdp ("isth"). */
 #define DECAP_META_MAGIC	0x69737468
+
+/* trace_prefixes (LPM trie, key struct route_key): while CFG_F_TRACE is set, a packet
+ * whose inner source or destination (behind the outer header on the underlay) falls in
+ * one of these emits a trace_event at every decision. Written by `isthmus trace`. */
+struct trace_prefix_value {
+	__u32 flags;		/* none defined yet */
+};
+
+/* trace_events (ring buffer): one record per decision on a traced packet. Addresses
+ * and ports are those of the inner packet as it is at the decision (after a rewrite
+ * for METRIC_SNAT and METRIC_SNAT_REVERSE); fields a decision does not have are 0. */
+struct trace_event {
+	__u64 timestamp;	/* bpf_ktime_get_ns() */
+	__s32 code;		/* METRIC_* (positive) or DROP_* (negative) */
+	__u8 hook;		/* HOOK_* */
+	__u8 proto;		/* inner IP protocol */
+	__be16 tunnel_sport;	/* outer UDP source port when the packet is GENEVE */
+	__u32 ifindex;		/* the interface the program runs on */
+	__u32 len;		/* packet length at the decision */
+	__be32 saddr;		/* inner IPv4 source */
+	__be32 daddr;		/* inner IPv4 destination */
+	__be16 sport;		/* inner TCP/UDP ports; 0 for other protocols */
+	__be16 dport;
+	__be32 peer;		/* encap: the chosen peer; decap: the sender; transit: the next
+				 * hop; drops of GENEVE: the outer source (underlay) or
+				 * destination (encap hooks) */
+	__u32 group;		/* encap, transit: the route's next-hop group, 0 = none */
+	__be32 nat_addr;	/* SNAT: the source before; reverse SNAT: the destination before */
+	__be16 nat_port;	/* and its port (ICMP: identifier) */
+	__u16 reserved;
+	__u32 target_ifindex;	/* deliveries: the interface the packet went to */
+};
