@@ -4,6 +4,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 )
@@ -32,6 +33,10 @@ func TestCheckerLoopback(t *testing.T) {
 		if el := time.Since(start); el < 3*interval || el > 3*interval+time.Second {
 			t.Errorf("down after %v, want after 3 intervals and within interval x 3 + 1s", el)
 		}
+		want := []PeerState{{Name: "dead", Tracked: true, Downs: 1}, {Name: "self", Tracked: true, Up: true}}
+		if got := c.Peers(); !slices.Equal(got, want) {
+			t.Errorf("Peers() = %+v, want %+v", got, want)
+		}
 	case <-time.After(2 * time.Second):
 		t.Fatal("the dead member never went down")
 	}
@@ -52,5 +57,11 @@ func TestCheckerLoopback(t *testing.T) {
 	}
 	if d := c.Down(); len(d) != 0 {
 		t.Fatalf("Down() = %v", d)
+	}
+	// The flap stays counted; dropping the member keeps its counts, untracked.
+	c.SetTargets([]Target{up})
+	want := []PeerState{{Name: "dead", Ups: 1, Downs: 1}, {Name: "self", Tracked: true, Up: true}}
+	if got := c.Peers(); !slices.Equal(got, want) {
+		t.Errorf("Peers() after removing dead = %+v, want %+v", got, want)
 	}
 }

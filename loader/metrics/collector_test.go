@@ -32,11 +32,11 @@ func TestCollectorExposition(t *testing.T) {
 	t.Cleanup(func() { Version = "" })
 	src := fakeSource{
 		counters: map[maps.MetricKey]maps.Counter{
-			{Code: 1, Hook: maps.HookPodIngress}:  {Packets: 5, Bytes: 490},
-			{Code: 2, Hook: maps.HookUnderlayTC}:  {Packets: 3, Bytes: 450},
-			{Code: 11, Hook: maps.HookUnderlayXDP}: {Packets: 1, Bytes: 100},
-			{Code: 137, Hook: maps.HookUnderlayTC}: {Packets: 7, Bytes: 1050}, // DROP_UNKNOWN_PEER
-			{Code: 145, Hook: maps.HookOverlayEgress}: {Packets: 2, Bytes: 168}, // DROP_NO_OVERLAY_ROUTE
+			{Code: 1, Hook: maps.HookPodIngress}:      {Packets: 5, Bytes: 490},
+			{Code: 2, Hook: maps.HookUnderlayTC}:      {Packets: 3, Bytes: 450},
+			{Code: 11, Hook: maps.HookUnderlayXDP}:    {Packets: 1, Bytes: 100},
+			{Code: 137, Hook: maps.HookUnderlayTC}:    {Packets: 7, Bytes: 1050}, // DROP_UNKNOWN_PEER
+			{Code: 145, Hook: maps.HookOverlayEgress}: {Packets: 2, Bytes: 168},  // DROP_NO_OVERLAY_ROUTE
 		},
 		levels: []MapLevel{
 			{Map: maps.MapRoutes, Entries: 4, Capacity: 1024},

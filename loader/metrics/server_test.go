@@ -79,4 +79,5 @@ func TestEndpoints(t *testing.T) {
 		t.Errorf("/nothing: %d, want 404", code)
 	}
 }
+
 var fakeNow = time.Unix(1700000000, 0)
