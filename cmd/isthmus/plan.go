@@ -15,9 +15,9 @@ import (
 )
 
 func newPlanCmd() *cobra.Command {
-	var node, dir, output string
+	var node, dir, output, explain string
 	cmd := &cobra.Command{
-		Use:   "plan --node NAME --objects DIR [-o table|json]",
+		Use:   "plan --node NAME --objects DIR [--explain ADDRESS] [-o table|json]",
 		Short: "Print the datapath state a node's agent would install",
 		Long: `plan loads the Site, SitePeering, GatewayPool, SiteGatewayPoolAssignment and
 Node objects in DIR (every *.yaml and *.yml file), computes the plan of one
@@ -27,15 +27,26 @@ and handed to its site's fabric, its peers, the routes into the overlay (a
 route to an unmanaged site, or through gateways, goes to a group of nodes,
 listed under ROUTE GROUPS), the sources return-path SNAT translates, the
 corrections made to keep tunnel endpoints and local prefixes out of the
-overlay, and warnings. Nothing on the machine is changed.`,
+overlay, and warnings. Nothing on the machine is changed.
+
+With --explain ADDRESS it prints instead what the node does with one address:
+the entry it matches (longest prefix among routes, local and fabric prefixes,
+the node's podCIDRs, tunnel and underlay addresses and its peers' underlay
+addresses), where a packet to it goes, the corrections that cut a route which
+would have covered it, and whether a packet from it entering the tunnel is
+translated by SNAT, each with the object and field that made it so.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if explain != "" {
+				return runExplain(cmd.OutOrStdout(), cmd.ErrOrStderr(), node, dir, explain, output)
+			}
 			return runPlan(cmd.OutOrStdout(), cmd.ErrOrStderr(), node, dir, output)
 		},
 	}
 	cmd.Flags().StringVar(&node, "node", "", "name of the Node to plan for")
 	cmd.Flags().StringVar(&dir, "objects", "", "directory of YAML files with Site, SitePeering, GatewayPool, SiteGatewayPoolAssignment and Node objects")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	cmd.Flags().StringVar(&explain, "explain", "", "explain what the node does with this IPv4 address instead of printing the plan")
 	_ = cmd.MarkFlagRequired("node")
 	_ = cmd.MarkFlagRequired("objects")
 	return cmd

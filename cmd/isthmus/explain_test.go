@@ -1,0 +1,97 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/isthmus-dev/isthmus/loader/plan"
+)
+
+func TestPlanExplain(t *testing.T) {
+	for _, tt := range []struct {
+		golden string
+		args   []string
+		// rows must appear whatever the golden says.
+		rows []string
+	}{{
+		golden: "explain-seed000-gateway-aks-2-10.0.2.9.txt",
+		args:   []string{"--node", "aks-2", "--objects", seed000Gateway, "--explain", "10.0.2.9"},
+		rows: []string{
+			"MATCH           local 10.0.2.0/23",
+			`- 10.0.2.0/23 would cover this address but 10.0.0.0/16 is local on this node: Site "cluster" spec.localCidrs`,
+			"SNAT AS SOURCE  no, exempt: 10.0.2.0/23",
+		},
+	}, {
+		golden: "explain-seed000-aks-nodepool1-0-192.168.20.9.txt",
+		args:   []string{"--node", "aks-nodepool1-0", "--objects", seed000, "--explain", "192.168.20.9"},
+		rows: []string{
+			"MATCH           route 192.168.20.0/25",
+			`ORIGIN          Node "flex-1" spec.podCIDRs[0]`,
+			"SNAT AS SOURCE  yes, translated to 100.64.0.4",
+		},
+	}, {
+		golden: "explain-seed000-aks-nodepool1-0-8.8.8.8.txt",
+		args:   []string{"--node", "aks-nodepool1-0", "--objects", seed000, "--explain", "8.8.8.8"},
+		rows:   []string{"MATCH           (none)", "GOES            no route: stays on the underlay"},
+	}} {
+		t.Run(tt.golden, func(t *testing.T) {
+			out, _, err := runPlanCmd(t, tt.args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, row := range tt.rows {
+				if !strings.Contains(out, row) {
+					t.Errorf("output lacks %q:\n%s", row, out)
+				}
+			}
+			path := filepath.Join("testdata", tt.golden)
+			if *update {
+				if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(string(want), out); diff != "" {
+				t.Errorf("output differs from %s (-want +got; -update rewrites it):\n%s", path, diff)
+			}
+		})
+	}
+}
+
+func TestPlanExplainJSON(t *testing.T) {
+	out, _, err := runPlanCmd(t, "--node", "flex-1", "--objects", seed000, "--explain", "10.0.2.9", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e plan.Explanation
+	if err := json.Unmarshal([]byte(out), &e); err != nil {
+		t.Fatalf("decode: %v\n%s", err, out)
+	}
+	if e.Match == nil || e.Match.Kind != plan.MatchRoute || e.Match.Prefix.String() != "10.0.2.0/23" || len(e.Match.Group) != 2 ||
+		e.Match.Origin != `Site "cluster" spec.podCidrAssignments[0].cidrBlocks[0]` {
+		t.Errorf("match %+v, want the route 10.0.2.0/23 to a group of 2 from the site's pod block", e.Match)
+	}
+	if !e.SNAT.Translated || e.SNAT.To.String() != "192.168.20.1" {
+		t.Errorf("snat %+v, want translated to 192.168.20.1", e.SNAT)
+	}
+}
+
+func TestPlanExplainErrors(t *testing.T) {
+	for _, tt := range []struct{ addr, want string }{
+		{"nonsense", "parse --explain"},
+		{"2001:db8::1", "not IPv4"},
+	} {
+		_, _, err := runPlanCmd(t, "--node", "flex-1", "--objects", seed000, "--explain", tt.addr)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("--explain %s: error %v, want %q", tt.addr, err, tt.want)
+		}
+	}
+}
