@@ -414,6 +414,8 @@ func (a *Agent) desired(current maps.State) maps.State {
 	}
 	s, warns := maps.FromPlan(a.plan, node)
 	a.logWarnings(warns)
+	// CFG_F_TRACE belongs to a running `isthmus trace`: keep what the kernel holds.
+	s.Config.Flags |= current.Config.Flags & maps.ConfigFlagTrace
 	return s
 }
 
