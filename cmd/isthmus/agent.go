@@ -19,6 +19,7 @@ import (
 	"github.com/isthmus-dev/isthmus/loader/agent"
 	"github.com/isthmus-dev/isthmus/loader/datapath"
 	"github.com/isthmus-dev/isthmus/loader/health"
+	"github.com/isthmus-dev/isthmus/loader/metrics"
 	"github.com/isthmus-dev/isthmus/loader/source"
 )
 
@@ -74,13 +75,14 @@ func openKubernetes(ctx context.Context, kubeconfig string, log *slog.Logger) (*
 // exit leaving it in place.
 func newAgentCmd() *cobra.Command {
 	var (
-		cfg        agent.Config
-		patterns   string
-		decap      string
-		vni        uint32
-		debug      bool
-		snat       string
-		kubeconfig string
+		cfg         agent.Config
+		patterns    string
+		decap       string
+		vni         uint32
+		debug       bool
+		snat        string
+		kubeconfig  string
+		metricsAddr string
 	)
 	cmd := &cobra.Command{
 		Use:   "agent --node NAME (--objects DIR | --kubeconfig FILE | in-cluster)",
@@ -120,6 +122,22 @@ func newAgentCmd() *cobra.Command {
 			cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			// The endpoints answer from the start: /healthz while the agent waits for
+			// the API server and loads the datapath, /readyz once it is in sync.
+			cfg.Status = agent.NewStatus()
+			if metricsAddr != "" {
+				reg, syncs := metrics.NewRegistry(metrics.Pinned{Dir: cfg.PinDir}, cfg.Status.Peers)
+				cfg.Metrics = syncs
+				served, err := metrics.Serve(ctx, metricsAddr, metrics.Handler(reg, cfg.Status, cfg.Log))
+				if err != nil {
+					return err
+				}
+				go func() {
+					if err := <-served; err != nil {
+						cfg.Log.Error("metrics server stopped", "err", err)
+					}
+				}()
+			}
 			if src.kube {
 				k, err := openKubernetes(ctx, src.kubeconfig, cfg.Log)
 				if err != nil {
@@ -149,6 +167,7 @@ func newAgentCmd() *cobra.Command {
 	f.IntVar(&cfg.HealthPort, "health-port", health.DefaultPort, "UDP port of the health-check responder on the tunnel address")
 	f.DurationVar(&cfg.HealthInterval, "health-interval", health.DefaultInterval, "interval between health probes to each next-hop group member")
 	f.IntVar(&cfg.HealthMultiplier, "health-multiplier", health.DefaultMultiplier, "unanswered probes in a row that mark a member down")
+	f.StringVar(&metricsAddr, "metrics-addr", metrics.DefaultAddr, "address to serve /metrics, /healthz and /readyz on (empty: none)")
 	f.BoolVar(&debug, "debug", false, "log every map write")
 	cmd.MarkFlagRequired("node")
 	return cmd

@@ -26,6 +26,7 @@ import (
 
 	"github.com/isthmus-dev/isthmus/loader/datapath"
 	"github.com/isthmus-dev/isthmus/loader/health"
+	"github.com/isthmus-dev/isthmus/loader/metrics"
 	"github.com/isthmus-dev/isthmus/loader/objects"
 	"github.com/isthmus-dev/isthmus/loader/plan"
 	"github.com/isthmus-dev/isthmus/loader/source"
@@ -73,6 +74,10 @@ type Config struct {
 	// Planner computes the node's plan from a validated Set; nil means
 	// DefaultPlanner.
 	Planner func(set *objects.Set, node string) (*plan.NodePlan, []string, error)
+	// Status, if set, is kept up to date for /healthz and /readyz; Metrics, if
+	// set, records every sync.
+	Status  *Status
+	Metrics *metrics.Sync
 }
 
 // Agent is a started agent. Its methods must be called from the goroutine that
@@ -94,6 +99,7 @@ type Agent struct {
 	health     *health.Checker
 	healthAddr netip.Addr
 	down       map[netip.Addr]bool
+	st         *Status // never nil
 }
 
 // The default return-path SNAT port range: above Linux's default ephemeral range
@@ -169,7 +175,10 @@ func Start(cfg Config) (*Agent, error) {
 	if (cfg.ObjectsDir == "") == (cfg.Source == nil) {
 		return nil, errors.New("start agent: want exactly one object source, an objects dir or a Source")
 	}
-	a := &Agent{cfg: cfg, log: cfg.Log.With("node", cfg.Node), pods: map[string]int{}, src: cfg.Source}
+	if cfg.Status == nil {
+		cfg.Status = NewStatus()
+	}
+	a := &Agent{cfg: cfg, log: cfg.Log.With("node", cfg.Node), pods: map[string]int{}, src: cfg.Source, st: cfg.Status}
 	ok := false
 	defer func() {
 		if !ok {
@@ -224,6 +233,7 @@ func Start(cfg Config) (*Agent, error) {
 	if err := a.scanPods(); err != nil {
 		return nil, err
 	}
+	a.st.podsErr(nil)
 	if err := a.pruneLinks(); err != nil {
 		return nil, err
 	}
@@ -235,6 +245,7 @@ func Start(cfg Config) (*Agent, error) {
 			return nil, fmt.Errorf("write ready file: %w", err)
 		}
 	}
+	a.st.setAttached()
 	a.log.Info("agent ready", "underlay", a.underlay.Attrs().Name, "xdp", a.xdp,
 		"overlay_mtu", a.overlay.MTU, "pods", len(a.pods), "pin_dir", cfg.PinDir)
 	ok = true
@@ -272,6 +283,7 @@ func (a *Agent) Close() {
 	if a.health != nil {
 		a.health.Close()
 		a.health = nil
+		a.st.setChecker(nil)
 	}
 	if a.dp != nil {
 		a.dp.Close()
@@ -304,15 +316,17 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("subscribe to link updates: %w", err)
 	}
 	// Interfaces that appeared between Start and the subscription.
-	if err := a.scanPods(); err != nil {
-		a.log.Error("scan pod interfaces", "err", err)
-	}
+	a.scanPodsLogged()
 	a.syncLogged("pods", false)
 
 	resync := time.NewTicker(a.cfg.Resync)
 	defer resync.Stop()
+	beat := time.NewTicker(heartbeat)
+	defer beat.Stop()
 	for {
+		a.st.turned()
 		select {
+		case <-beat.C:
 		case <-ctx.Done():
 			a.log.Info("agent stopping; datapath stays in place")
 			return nil
@@ -328,15 +342,24 @@ func (a *Agent) Run(ctx context.Context) error {
 				continue
 			}
 			if a.handleLink(u) {
+				a.scanPodsLogged() // clears an earlier attach failure once all are attached
 				a.syncLogged("pods", false)
 			}
 		case <-resync.C:
-			if err := a.scanPods(); err != nil {
-				a.log.Error("scan pod interfaces", "err", err)
-			}
+			a.scanPodsLogged()
 			a.syncLogged("resync", true)
 		}
 	}
+}
+
+// scanPodsLogged scans the pod interfaces; a failure is logged and keeps the
+// agent not ready until a scan attaches them all.
+func (a *Agent) scanPodsLogged() {
+	err := a.scanPods()
+	if err != nil {
+		a.log.Error("scan pod interfaces", "err", err)
+	}
+	a.st.podsErr(err)
 }
 
 func (a *Agent) syncLogged(reason string, reload bool) {
@@ -346,11 +369,19 @@ func (a *Agent) syncLogged(reason string, reload bool) {
 }
 
 // sync reads the objects (if reload) and brings isthmus0, the maps and the routes
-// to the plan. A plan that fails to load leaves the last good one in force.
-func (a *Agent) sync(reason string, reload bool) error {
+// to the plan. A plan that fails to load leaves the last good one in force. It
+// records its result in the Status and the sync metrics.
+func (a *Agent) sync(reason string, reload bool) (err error) {
 	start := time.Now()
+	written := 0
+	defer func() {
+		end := time.Now()
+		a.cfg.Metrics.Observe(end.Sub(start), written, end, err)
+		a.st.synced(err)
+	}()
 	if reload {
 		p, warns, err := a.load()
+		a.st.loaded(err)
 		if err != nil {
 			a.log.Error("objects rejected; keeping the last good state", "err", err)
 		} else {
@@ -373,6 +404,7 @@ func (a *Agent) sync(reason string, reload bool) error {
 		return err
 	}
 	res, err := maps.Apply(a.dp.Maps, maps.Diff(current, a.desired(current)))
+	written = res.Updated + res.Deleted // what was written before a failure too
 	if err != nil {
 		return err
 	}
@@ -436,6 +468,7 @@ func (a *Agent) ensureHealth() {
 	if a.health != nil && a.healthAddr != addr {
 		a.health.Close()
 		a.health, a.down = nil, nil
+		a.st.setChecker(nil)
 	}
 	targets, warns := health.Targets(a.plan)
 	if a.health == nil {
@@ -454,6 +487,7 @@ func (a *Agent) ensureHealth() {
 			return
 		}
 		a.health, a.healthAddr = c, addr
+		a.st.setChecker(c)
 		a.log.Info("health checks started", "addr", addr, "port", c.Port())
 	}
 	a.logWarnings(warns)
@@ -566,6 +600,7 @@ func (a *Agent) handleLink(u netlink.LinkUpdate) bool {
 		if a.pods[name] != index {
 			if err := a.attachPod(name, index); err != nil {
 				a.log.Error("attach pod interface", "dev", name, "err", err)
+				a.st.podsErr(err)
 				return changed
 			}
 			changed = true
