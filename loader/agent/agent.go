@@ -204,7 +204,7 @@ func Start(cfg Config) (*Agent, error) {
 	if a.underlay, err = datapath.FindUnderlay(cfg.UnderlayDev, p.Underlay); err != nil {
 		return nil, err
 	}
-	if a.dp, err = datapath.Load(cfg.PinDir, datapath.Options{NatEntries: cfg.NatEntries}); err != nil {
+	if a.dp, err = datapath.Load(cfg.PinDir, datapath.Options{NatEntries: cfg.NatEntries, Log: a.log}); err != nil {
 		return nil, err
 	}
 	if err := datapath.EnableForwarding(); err != nil {

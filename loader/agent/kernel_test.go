@@ -565,12 +565,23 @@ func TestAgentKernelGroups(t *testing.T) {
 	stop()
 	a.Close()
 
-	// Another table size against the pinned nat map is refused, naming the fix.
+	// Another table size migrates the pinned nat map: the agent starts, nat has
+	// the new size and the maps the agent owns are intact.
 	e.cfg.NatEntries = 2048
-	if b, err := Start(e.cfg); err == nil {
-		b.Close()
-		t.Fatal("start with another --snat-table-size reused the pinned nat map")
-	} else if !strings.Contains(err.Error(), "1024") || !strings.Contains(err.Error(), "isthmus uninstall") {
-		t.Errorf("error %q does not name the old size and isthmus uninstall", err)
+	b, err := Start(e.cfg)
+	if err != nil {
+		t.Fatalf("start with another --snat-table-size: %v", err)
+	}
+	defer b.Close()
+	nat, err = ebpf.LoadPinnedMap(filepath.Join(e.pinDir, "nat"), nil)
+	if err != nil {
+		t.Fatalf("open pinned nat after the migration: %v", err)
+	}
+	defer nat.Close()
+	if n := nat.MaxEntries(); n != 2048 {
+		t.Errorf("nat has %d entries after the migration, want 2048", n)
+	}
+	if r := readMaps(t, e.pinDir).Routes[grouped]; r.Group != 1 {
+		t.Errorf("route %v after the migration = %+v, want group 1", grouped, r)
 	}
 }

@@ -12,6 +12,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -76,15 +77,29 @@ type Options struct {
 	// NatEntries is the size of the nat map (both directions of every translated
 	// flow take one entry each); 0 means DefaultNatEntries.
 	NatEntries uint32
+	// Log receives what Load reuses and migrates; nil means slog.Default().
+	Log *slog.Logger
+	// Fill, if set, is called during a migration with the new maps, after the
+	// convertible entries are copied and before any link switches to the new
+	// programs: the agent writes the maps it owns from its plan, so that the new
+	// programs never see a map the migration could not convert.
+	Fill func(*maps.Set) error
 }
 
-// Load loads the BPF collection with every map pinned by name in pinDir: a map
-// already pinned there (by an earlier run) is reused with its contents, a missing
-// one is created and pinned. A pinned map that does not match this build is an
-// error naming it. The nat map is created with opts.NatEntries entries; a pinned
-// one of another size is an error that says so: resizing would drop every live
-// translation, so it takes an explicit `isthmus uninstall`. Programs are loaded but
-// not attached.
+// Load loads the BPF collection with every map pinned by name in pinDir and
+// returns it with its programs loaded but not attached.
+//
+// A map already pinned there (by an earlier run) is reused with its contents, a
+// missing one is created and pinned. A pinned map whose layout differs from this
+// build's (another key, value, type, flags or size: a new build, or a new
+// --snat-table-size for nat) is migrated: a new map is created and pinned under a
+// temporary name, the entries that convert are copied into it (Converter; same key
+// and value sizes copy byte for byte), opts.Fill rewrites the agent's own maps,
+// every pinned link is updated in place to the new programs, which use the new
+// maps, and only then the temporary pins are renamed over the old ones, which
+// frees the old maps. Traffic never meets a program without its maps. After a
+// successful load the layout record (<pinDir>/layout) holds this build's
+// maps.LayoutVersion and spec hash.
 func Load(pinDir string, opts Options) (*Datapath, error) {
 	if err := CheckBPFFS(pinDir); err != nil {
 		return nil, err
@@ -92,7 +107,15 @@ func Load(pinDir string, opts Options) (*Datapath, error) {
 	if err := os.MkdirAll(filepath.Join(pinDir, "links"), 0o700); err != nil {
 		return nil, fmt.Errorf("create pin dir: %w", err)
 	}
+	log := opts.Log
+	if log == nil {
+		log = slog.Default()
+	}
 	spec, err := bpf.LoadIsthmus()
+	if err != nil {
+		return nil, fmt.Errorf("load bpf spec: %w", err)
+	}
+	layout, err := maps.CurrentLayout(spec)
 	if err != nil {
 		return nil, fmt.Errorf("load bpf spec: %w", err)
 	}
@@ -104,27 +127,113 @@ func Load(pinDir string, opts Options) (*Datapath, error) {
 		return nil, fmt.Errorf("load bpf spec: no map %s", maps.MapNat)
 	}
 	nat.MaxEntries = opts.NatEntries
-	for name, ms := range spec.Maps {
-		if _, ours := mapNames[name]; !ours {
-			continue // .rodata and friends
+
+	old, hadLayout := readLayout(pinDir)
+	var migs []*migration
+	defer func() {
+		for _, m := range migs {
+			m.close()
+		}
+	}()
+	for _, n := range maps.AllMaps {
+		ms := spec.Maps[string(n)]
+		if ms == nil {
+			return nil, fmt.Errorf("load bpf spec: no map %s", n)
 		}
 		ms.Pinning = ebpf.PinByName
-		if err := checkPinned(pinDir, name, ms); err != nil {
+		// A temporary pin left by an interrupted migration: the old pin is still
+		// the one in use, so start over.
+		os.Remove(filepath.Join(pinDir, string(n)) + tempSuffix)
+		m, why, err := checkPinned(pinDir, string(n), ms)
+		if err != nil {
 			return nil, err
 		}
+		if m != nil {
+			migs = append(migs, &migration{name: n, old: m, why: why})
+		}
+	}
+	if len(migs) == 0 {
+		coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
+			Maps: ebpf.MapOptions{PinPath: pinDir},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("load bpf collection: %w", err)
+		}
+		return finish(pinDir, coll, layout, old, hadLayout, log)
+	}
+
+	log.Info("pinned maps differ from this build: migrating", "from_layout", old.Version, "to_layout", layout.Version, "maps", len(migs))
+	repl := map[string]*ebpf.Map{}
+	for _, m := range migs {
+		ms := spec.Maps[string(m.name)]
+		if err := m.prepare(pinDir, ms, old, log); err != nil {
+			removeTemp(pinDir, migs)
+			return nil, err
+		}
+		repl[string(m.name)] = m.new
 	}
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
-		Maps: ebpf.MapOptions{PinPath: pinDir},
+		Maps:            ebpf.MapOptions{PinPath: pinDir},
+		MapReplacements: repl,
 	})
 	if err != nil {
+		removeTemp(pinDir, migs)
 		return nil, fmt.Errorf("load bpf collection: %w", err)
 	}
+	fail := func(err error) (*Datapath, error) {
+		coll.Close()
+		removeTemp(pinDir, migs)
+		return nil, err
+	}
+	if opts.Fill != nil {
+		set, err := maps.FromCollection(coll)
+		if err != nil {
+			return fail(err)
+		}
+		if err := opts.Fill(set); err != nil {
+			return fail(fmt.Errorf("fill migrated maps: %w", err))
+		}
+	}
+	switched, err := switchLinks(pinDir, coll)
+	if err != nil {
+		// Links already switched run the new programs on the new maps, which they
+		// hold; the next start migrates again from the old pins.
+		return fail(err)
+	}
+	for _, m := range migs {
+		late := m.topUp()
+		path := filepath.Join(pinDir, string(m.name))
+		if err := os.Rename(path+tempSuffix, path); err != nil {
+			return fail(fmt.Errorf("swap pinned map %s: %w", path, err))
+		}
+		log.Info("pinned map migrated", "map", m.name, "copied_during_swap", late)
+	}
+	log.Info("datapath migrated", "from_layout", old.Version, "to_layout", layout.Version, "links_switched", switched)
+	return finish(pinDir, coll, layout, old, hadLayout, log)
+}
+
+// finish writes the layout record and wraps the loaded collection.
+func finish(pinDir string, coll *ebpf.Collection, layout, old maps.LayoutRecord, hadLayout bool, log *slog.Logger) (*Datapath, error) {
 	set, err := maps.FromCollection(coll)
 	if err != nil {
 		coll.Close()
 		return nil, err
 	}
+	if !hadLayout || old != layout {
+		if err := writeLayout(pinDir, layout); err != nil {
+			coll.Close()
+			return nil, err
+		}
+		log.Info("layout record written", "layout", layout.Version, "previous", old.Version, "had_record", hadLayout)
+	}
 	return &Datapath{PinDir: pinDir, Collection: coll, Maps: set}, nil
+}
+
+// removeTemp removes the temporary pins of an abandoned migration.
+func removeTemp(pinDir string, migs []*migration) {
+	for _, m := range migs {
+		os.Remove(filepath.Join(pinDir, string(m.name)) + tempSuffix)
+	}
 }
 
 var mapNames = func() map[string]struct{} {
@@ -135,23 +244,20 @@ var mapNames = func() map[string]struct{} {
 	return m
 }()
 
-func checkPinned(pinDir, name string, ms *ebpf.MapSpec) error {
+// checkPinned opens the map pinned as name in pinDir and returns it with the reason
+// when it must be migrated to ms; nil when there is none or it is reused as is.
+func checkPinned(pinDir, name string, ms *ebpf.MapSpec) (*ebpf.Map, error, error) {
 	path := filepath.Join(pinDir, name)
 	m, err := ebpf.LoadPinnedMap(path, nil)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return fmt.Errorf("open pinned map %s: %w (remove it with: isthmus uninstall --pin-dir %s)", path, err, pinDir)
-	}
-	defer m.Close()
-	if name == string(maps.MapNat) {
-		if info, err := m.Info(); err == nil && info.MaxEntries != ms.MaxEntries {
-			return fmt.Errorf("reuse pinned map %s: it has %d entries, --snat-table-size asks for %d; resizing drops every live translation, so remove the old datapath first (isthmus uninstall --pin-dir %s) or keep the old size", path, info.MaxEntries, ms.MaxEntries, pinDir)
-		}
+		return nil, nil, fmt.Errorf("open pinned map %s: %w (remove it with: isthmus uninstall --pin-dir %s)", path, err, pinDir)
 	}
 	if err := ms.Compatible(m); err != nil {
-		return fmt.Errorf("reuse pinned map %s: %w (this build needs another layout; remove the old datapath with: isthmus uninstall --pin-dir %s)", path, err, pinDir)
+		return m, err, nil
 	}
-	return nil
+	m.Close()
+	return nil, nil, nil
 }

@@ -1,0 +1,241 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/isthmus-dev/isthmus/maps"
+)
+
+// tempSuffix marks a migrated map pinned next to the one it replaces until the
+// swap renames it over the old pin (bpffs refuses dots in names).
+const tempSuffix = ":migrating"
+
+// Converter copies the entries of a pinned map of an older layout (from) into the
+// map of this build (to) and returns how many it copied and how many it dropped.
+type Converter func(from, to *ebpf.Map, fromVersion uint32) (copied, dropped int, err error)
+
+// converters are the per-map converters for key or value layouts that changed
+// between layout versions. A map without one is copied entry by entry when its key
+// and value sizes are unchanged (a new max_entries or flags) and otherwise starts
+// empty: the maps the agent owns are rewritten from the plan (Options.Fill) before
+// any link switches to the new programs; nat and metrics lose what does not convert.
+var converters = map[maps.Name]Converter{}
+
+// agentOwned are the maps the agent rewrites from the plan on every sync.
+var agentOwned = map[maps.Name]bool{
+	maps.MapRoutes: true, maps.MapPeers: true, maps.MapPeerSources: true, maps.MapConfig: true,
+	maps.MapPodIfaces: true, maps.MapNexthopGroups: true, maps.MapFabricPrefixes: true, maps.MapSNATExempt: true,
+}
+
+// copyEntries copies every entry of from into to, byte for byte; both must have the
+// same key and value sizes. Entries that do not fit (a smaller hash) are counted as
+// dropped; an LRU map evicts its oldest instead.
+func copyEntries(from, to *ebpf.Map) (copied, dropped int, err error) {
+	if from.KeySize() != to.KeySize() || from.ValueSize() != to.ValueSize() {
+		return 0, 0, fmt.Errorf("copy entries: key/value sizes %d/%d and %d/%d differ",
+			from.KeySize(), from.ValueSize(), to.KeySize(), to.ValueSize())
+	}
+	perCPU := hasPerCPUValue(from.Type())
+	var (
+		key []byte
+		val []byte
+		pcv [][]byte
+	)
+	if perCPU {
+		n, err := ebpf.PossibleCPU()
+		if err != nil {
+			return 0, 0, fmt.Errorf("copy entries: %w", err)
+		}
+		pcv = make([][]byte, n)
+	}
+	it := from.Iterate()
+	for {
+		var ok bool
+		if perCPU {
+			ok = it.Next(&key, pcv)
+		} else {
+			ok = it.Next(&key, &val)
+		}
+		if !ok {
+			break
+		}
+		var err error
+		if perCPU {
+			err = to.Update(key, pcv, ebpf.UpdateAny)
+		} else {
+			err = to.Update(key, val, ebpf.UpdateAny)
+		}
+		switch {
+		case err == nil:
+			copied++
+		case errors.Is(err, unix.E2BIG):
+			// Full, or an array index past the new size.
+			dropped++
+		default:
+			return copied, dropped, fmt.Errorf("copy entries: %w", err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return copied, dropped, fmt.Errorf("copy entries: %w", err)
+	}
+	return copied, dropped, nil
+}
+
+// migration is one pinned map being replaced by a map of this build's layout.
+type migration struct {
+	name maps.Name
+	old  *ebpf.Map
+	new  *ebpf.Map
+	why  error
+}
+
+func (m *migration) close() {
+	if m.old != nil {
+		m.old.Close()
+	}
+	if m.new != nil {
+		m.new.Close()
+	}
+}
+
+// prepare creates the new map, copies what converts and pins it at its temporary
+// path.
+func (m *migration) prepare(pinDir string, ms *ebpf.MapSpec, from maps.LayoutRecord, log *slog.Logger) error {
+	spec := ms.Copy()
+	spec.Pinning = ebpf.PinNone
+	nm, err := ebpf.NewMap(spec)
+	if err != nil {
+		return fmt.Errorf("create map %s for migration: %w", m.name, err)
+	}
+	m.new = nm
+	var copied, dropped int
+	switch conv, ok := converters[m.name]; {
+	case ok:
+		copied, dropped, err = conv(m.old, nm, from.Version)
+	case m.old.KeySize() == nm.KeySize() && m.old.ValueSize() == nm.ValueSize():
+		copied, dropped, err = copyEntries(m.old, nm)
+	case agentOwned[m.name]:
+		// Rewritten from the plan before the links switch.
+	default:
+		log.Warn("pinned map has no converter: its entries are dropped", "map", m.name, "from_layout", from.Version, "to_layout", maps.LayoutVersion)
+	}
+	if err != nil {
+		return fmt.Errorf("migrate map %s: %w", m.name, err)
+	}
+	log.Info("migrating pinned map", "map", m.name, "reason", m.why, "copied", copied, "dropped", dropped)
+	path := filepath.Join(pinDir, string(m.name)) + tempSuffix
+	os.Remove(path)
+	if err := nm.Pin(path); err != nil {
+		return fmt.Errorf("pin map %s: %w", path, err)
+	}
+	return nil
+}
+
+// topUp copies into the new map the entries the old programs created after the
+// first copy (nat only: a translation made during the swap); existing entries of
+// the new map win.
+func (m *migration) topUp() int {
+	if m.name != maps.MapNat || m.old.KeySize() != m.new.KeySize() || m.old.ValueSize() != m.new.ValueSize() {
+		return 0
+	}
+	var key, val []byte
+	n := 0
+	it := m.old.Iterate()
+	for it.Next(&key, &val) {
+		if m.new.Update(key, val, ebpf.UpdateNoExist) == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// switchLinks updates every pinned link under pinDir to the program of its hook in
+// coll. A link that cannot be opened is left to the agent's attach and prune.
+func switchLinks(pinDir string, coll *ebpf.Collection) (int, error) {
+	pins, err := ListLinks(pinDir)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, p := range pins {
+		prog := coll.Programs[p.Hook.Program()]
+		if !p.Hook.valid() || prog == nil {
+			continue
+		}
+		l, err := link.LoadPinnedLink(p.Path, nil)
+		if err != nil {
+			continue
+		}
+		err = l.Update(prog)
+		l.Close()
+		if err != nil {
+			return n, fmt.Errorf("update link %s: %w", p.Path, err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// readLayout returns the pinned layout record, false if there is none (a first
+// start, or a pin dir from before layout records).
+func readLayout(pinDir string) (maps.LayoutRecord, bool) {
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, string(maps.MapLayout)), nil)
+	if err != nil {
+		return maps.LayoutRecord{}, false
+	}
+	defer m.Close()
+	var r maps.LayoutRecord
+	if err := m.Lookup(uint32(0), &r); err != nil {
+		return maps.LayoutRecord{}, false
+	}
+	return r, true
+}
+
+// writeLayout pins (or rewrites) the layout record; a pinned record of another
+// shape is replaced.
+func writeLayout(pinDir string, r maps.LayoutRecord) error {
+	path := filepath.Join(pinDir, string(maps.MapLayout))
+	spec := &ebpf.MapSpec{Name: string(maps.MapLayout), Type: ebpf.Array, KeySize: 4,
+		ValueSize: uint32(binarySize(r)), MaxEntries: 1}
+	m, err := ebpf.LoadPinnedMap(path, nil)
+	if err == nil && spec.Compatible(m) != nil {
+		m.Close()
+		os.Remove(path)
+		err = os.ErrNotExist
+	}
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			os.Remove(path)
+		}
+		if m, err = ebpf.NewMap(spec); err != nil {
+			return fmt.Errorf("create layout record: %w", err)
+		}
+		if err := m.Pin(path); err != nil {
+			m.Close()
+			return fmt.Errorf("pin layout record: %w", err)
+		}
+	}
+	defer m.Close()
+	if err := m.Update(uint32(0), r, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("write layout record: %w", err)
+	}
+	return nil
+}
+
+func hasPerCPUValue(t ebpf.MapType) bool {
+	switch t {
+	case ebpf.PerCPUHash, ebpf.PerCPUArray, ebpf.LRUCPUHash, ebpf.PerCPUCGroupStorage:
+		return true
+	}
+	return false
+}
+
+func binarySize(maps.LayoutRecord) int { return 4 + 4 + 32 }

@@ -1,0 +1,318 @@
+package datapath
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/isthmus-dev/isthmus/bpf"
+	"github.com/isthmus-dev/isthmus/maps"
+)
+
+// migrationEnv is a fresh pin dir under /sys/fs/bpf, removed when the test ends.
+func migrationEnv(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("this test pins BPF maps and links and needs root (sudo go test ./loader/datapath)")
+	}
+	if err := CheckBPFFS("/sys/fs/bpf"); err != nil {
+		if err := unix.Mount("bpf", "/sys/fs/bpf", "bpf", 0, ""); err != nil {
+			t.Fatalf("mount bpffs on /sys/fs/bpf: %v", err)
+		}
+	}
+	b := make([]byte, 6)
+	rand.Read(b)
+	dir := "/sys/fs/bpf/isthmus-test-" + hex.EncodeToString(b)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// inNewNetns locks the test's thread into a new network namespace with a veth
+// pair up, and returns its index; the thread is never unlocked.
+func inNewNetns(t *testing.T, name string) int {
+	t.Helper()
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := netns.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { netns.Set(orig); ns.Close(); orig.Close() })
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}); err != nil {
+		t.Fatalf("create veth %s: %v", name, err)
+	}
+	for _, n := range []string{name + "p", name} {
+		l, err := netlink.LinkByName(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Attrs().Index
+}
+
+func natKey(i int) maps.NatKey {
+	return maps.NatKey{Saddr: uint32(0x0a000000 + i), Daddr: 0x0a0a0a0a, Sport: uint16(1000 + i), Dport: 53, Proto: 17}
+}
+
+func pinnedMapID(t *testing.T, dir string, n maps.Name) ebpf.MapID {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, string(n)), nil)
+	if err != nil {
+		t.Fatalf("open pinned %s: %v", n, err)
+	}
+	defer m.Close()
+	info, err := m.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	return id
+}
+
+func linkProg(t *testing.T, path string) (link.ID, ebpf.ProgramID) {
+	t.Helper()
+	l, err := link.LoadPinnedLink(path, nil)
+	if err != nil {
+		t.Fatalf("open pinned link %s: %v", path, err)
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.ID, info.Program
+}
+
+func progID(t *testing.T, p *ebpf.Program) ebpf.ProgramID {
+	t.Helper()
+	info, err := p.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	return id
+}
+
+func noTempPins(t *testing.T, dir string) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), tempSuffix) {
+			t.Errorf("temporary pin %s left in %s", e.Name(), dir)
+		}
+	}
+}
+
+// TestLoadMigratesNatSize: a pinned nat map of another size (a new
+// --snat-table-size) is migrated instead of refused: the new size is pinned, the
+// nat entries and counters are kept, the pinned link keeps its id and runs the new
+// program, no temporary pin is left, and a second Load is a no-op.
+func TestLoadMigratesNatSize(t *testing.T) {
+	dir := migrationEnv(t)
+	ifindex := inNewNetns(t, "mig0")
+
+	dp, err := Load(dir, Options{NatEntries: 1024})
+	if err != nil {
+		t.Fatalf("first load: %v", err)
+	}
+	if r, ok := readLayout(dir); !ok || r.Version != maps.LayoutVersion {
+		t.Errorf("layout record after the first load = %+v, %v; want version %d", r, ok, maps.LayoutVersion)
+	}
+	nat, met := dp.Maps.Map(maps.MapNat), dp.Maps.Map(maps.MapMetrics)
+	for i := range 100 {
+		if err := nat.Update(natKey(i), maps.NatValue{Addr: 0x01020304, Port: uint16(i), LastSeen: uint64(i)}, ebpf.UpdateAny); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counters := make([]maps.MetricsValue, ncpu)
+	counters[0] = maps.MetricsValue{Packets: 7, Bytes: 700}
+	mk := maps.MetricsKey{Code: 3, Hook: 1}
+	if err := met.Update(mk, counters, ebpf.UpdateAny); err != nil {
+		t.Fatal(err)
+	}
+	route := maps.RouteKeyFromPrefix(netip.MustParsePrefix("10.9.0.0/16"))
+	if err := dp.Maps.Update(maps.MapRoutes, route, maps.RouteValue{}); err != nil {
+		t.Fatal(err)
+	}
+	att, err := Attach(dir, HookPodIngress, dp.Program(HookPodIngress), "mig0", ifindex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldProg := progID(t, dp.Program(HookPodIngress))
+	oldRoutes := pinnedMapID(t, dir, maps.MapRoutes)
+	dp.Close()
+
+	dp, err = Load(dir, Options{NatEntries: 2048})
+	if err != nil {
+		t.Fatalf("load with another nat size: %v", err)
+	}
+	noTempPins(t, dir)
+	pinned, err := ebpf.LoadPinnedMap(filepath.Join(dir, string(maps.MapNat)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pinned.MaxEntries() != 2048 {
+		t.Errorf("pinned nat has %d entries, want 2048", pinned.MaxEntries())
+	}
+	for i := range 100 {
+		var v maps.NatValue
+		if err := pinned.Lookup(natKey(i), &v); err != nil {
+			t.Errorf("nat entry %d lost in the migration: %v", i, err)
+		} else if v.Port != uint16(i) || v.LastSeen != uint64(i) {
+			t.Errorf("nat entry %d = %+v after the migration", i, v)
+		}
+	}
+	pinned.Close()
+	got := make([]maps.MetricsValue, ncpu)
+	if err := dp.Maps.Map(maps.MapMetrics).Lookup(mk, got); err != nil || got[0] != counters[0] {
+		t.Errorf("metrics after the migration = %+v, %v; want %+v", got[0], err, counters[0])
+	}
+	if pinnedMapID(t, dir, maps.MapRoutes) != oldRoutes {
+		t.Error("routes, whose layout did not change, was replaced")
+	}
+	var rv maps.RouteValue
+	if err := dp.Maps.Map(maps.MapRoutes).Lookup(route, &rv); err != nil {
+		t.Errorf("route lost: %v", err)
+	}
+	lid, pid := linkProg(t, LinkPin(dir, "mig0", HookPodIngress))
+	if lid != att.LinkID {
+		t.Errorf("link id %d became %d", att.LinkID, lid)
+	}
+	if newProg := progID(t, dp.Program(HookPodIngress)); pid != newProg || pid == oldProg {
+		t.Errorf("link runs program %d; old %d, new %d", pid, oldProg, newProg)
+	}
+	// The new program uses the migrated nat map.
+	natID := pinnedMapID(t, dir, maps.MapNat)
+	info, err := dp.Program(HookPodIngress).Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := info.MapIDs()
+	found := false
+	for _, id := range ids {
+		found = found || id == natID
+	}
+	if !found {
+		t.Errorf("pod_ingress uses maps %v, not the pinned nat %d", ids, natID)
+	}
+	dp.Close()
+
+	dp, err = Load(dir, Options{NatEntries: 2048})
+	if err != nil {
+		t.Fatalf("third load: %v", err)
+	}
+	defer dp.Close()
+	if id := pinnedMapID(t, dir, maps.MapNat); id != natID {
+		t.Errorf("a load with the same layout replaced nat (%d -> %d)", natID, id)
+	}
+}
+
+// TestLoadMigratesOldLayout: maps pinned by an older build whose peers value was
+// another size (no converter: the agent rewrites it through Fill before the
+// switch) and whose nat had another size are migrated; Fill sees the new maps.
+func TestLoadMigratesOldLayout(t *testing.T) {
+	dir := migrationEnv(t)
+	spec, err := bpf.LoadIsthmus()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range maps.AllMaps {
+		ms := spec.Maps[string(n)].Copy()
+		ms.Pinning = ebpf.PinNone
+		switch n {
+		case maps.MapNat:
+			ms.MaxEntries = 512
+		case maps.MapPeers:
+			ms.ValueSize += 8
+			ms.Key, ms.Value = nil, nil
+		}
+		m, err := ebpf.NewMap(ms)
+		if err != nil {
+			t.Fatalf("create old %s: %v", n, err)
+		}
+		if n == maps.MapNat {
+			if err := m.Update(natKey(1), maps.NatValue{Port: 4242}, ebpf.UpdateAny); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n == maps.MapPeers {
+			if err := m.Update(uint32(9), make([]byte, ms.ValueSize), ebpf.UpdateAny); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := m.Pin(filepath.Join(dir, string(n))); err != nil {
+			t.Fatal(err)
+		}
+		m.Close()
+	}
+	if err := writeLayout(dir, maps.LayoutRecord{Version: 0}); err != nil {
+		t.Fatal(err)
+	}
+	filled := false
+	peer := uint32(0x0101a8c0)
+	dp, err := Load(dir, Options{NatEntries: 1024, Fill: func(s *maps.Set) error {
+		filled = true
+		return s.Update(maps.MapPeers, peer, maps.PeerValue{})
+	}})
+	if err != nil {
+		t.Fatalf("load over an old layout: %v", err)
+	}
+	defer dp.Close()
+	if !filled {
+		t.Error("Fill was not called during the migration")
+	}
+	noTempPins(t, dir)
+	if r, _ := readLayout(dir); r.Version != maps.LayoutVersion {
+		t.Errorf("layout record says %d after the migration, want %d", r.Version, maps.LayoutVersion)
+	}
+	st, err := dp.Maps.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Peers) != 1 {
+		t.Errorf("peers after the migration = %v, want only the one Fill wrote", st.Peers)
+	}
+	pinned, err := maps.OpenPinned(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pinned.Close()
+	if vs := pinned.Map(maps.MapPeers).ValueSize(); vs != spec.Maps[string(maps.MapPeers)].ValueSize {
+		t.Errorf("pinned peers value size %d, want this build's", vs)
+	}
+	var v maps.NatValue
+	if err := pinned.Map(maps.MapNat).Lookup(natKey(1), &v); err != nil || v.Port != 4242 {
+		t.Errorf("nat entry after the migration = %+v, %v", v, err)
+	}
+}
