@@ -1,0 +1,215 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/isthmus-dev/isthmus/maps"
+	"github.com/isthmus-dev/isthmus/testenv"
+)
+
+// metricsPort is the agent's default --metrics-addr port, which the lab keeps.
+const metricsPort = 9963
+
+// scrape GETs path from the agent of node: the socket is opened on a thread in
+// the node's network namespace (where the agent listens), then used from here.
+func scrape(t *testing.T, l *testenv.Lab, node, path string) (int, string) {
+	t.Helper()
+	var conn net.Conn
+	if err := testenv.Do(l.NodeNS(node), func() error {
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", metricsPort), 2*time.Second)
+		conn = c
+		return err
+	}); err != nil {
+		t.Fatalf("connect to the agent of %s: %v", node, err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	req, err := http.NewRequest("GET", "http://agent"+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Close = true
+	if err := req.Write(conn); err != nil {
+		t.Fatalf("GET %s from %s: %v", path, node, err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		t.Fatalf("GET %s from %s: %v", path, node, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s from %s: %v", path, node, err)
+	}
+	return resp.StatusCode, string(body)
+}
+
+// exposition is a scraped text exposition: series (name and labels, as served)
+// to value.
+type exposition map[string]float64
+
+func scrapeMetrics(t *testing.T, l *testenv.Lab, node string) exposition {
+	t.Helper()
+	code, body := scrape(t, l, node, "/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("GET /metrics from %s: %d\n%s", node, code, body)
+	}
+	out := exposition{}
+	for _, line := range strings.Split(body, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if i < 0 || err != nil {
+			t.Fatalf("GET /metrics from %s: bad line %q", node, line)
+		}
+		out[line[:i]] = v
+	}
+	return out
+}
+
+// sum adds the values of every series of metric whose labels include all of
+// labels (each `name="value"`).
+func (e exposition) sum(metric string, labels ...string) float64 {
+	var s float64
+next:
+	for series, v := range e {
+		if !strings.HasPrefix(series, metric+"{") {
+			continue
+		}
+		for _, l := range labels {
+			if !strings.Contains(series, l) {
+				continue next
+			}
+		}
+		s += v
+	}
+	return s
+}
+
+// TestMetricsEndpoint: the agent serves /readyz and /healthz, and /metrics
+// reports what the datapath did. After exactly N pings a1-p1 -> b1-p1, encap on
+// a1 at pod_ingress moved by N and decap on b1 by N; after M GENEVE frames from
+// an address that is no peer, drops{reason="unknown_peer"} on a1 moved by
+// exactly M. The scraped values agree with the pinned map.
+func TestMetricsEndpoint(t *testing.T) {
+	l := upDefault(t)
+
+	// Ready soon after the ready file (written just before the status flips).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, body := scrape(t, l, "a1", "/readyz")
+		if code == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz on a1: %d %q, want 200 once the agent is ready", code, body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, n := range []string{"a1", "b1"} {
+		if code, body := scrape(t, l, n, "/healthz"); code != http.StatusOK {
+			t.Errorf("/healthz on %s: %d %q", n, code, body)
+		}
+		if code, body := scrape(t, l, n, "/readyz"); code != http.StatusOK {
+			t.Errorf("/readyz on %s: %d %q", n, code, body)
+		}
+	}
+
+	const pings = 7
+	encapA1 := `isthmus_datapath_packets_total{event="encap",hook="pod_ingress"}`
+	beforeA1, beforeB1 := scrapeMetrics(t, l, "a1"), scrapeMetrics(t, l, "b1")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dst := l.PodAddr("b1-p1")
+	if out, err := l.Exec(ctx, l.PodNS("a1-p1"), "ping", "-n", "-q", "-c", strconv.Itoa(pings), "-i", "0.1", "-W", "2", dst.String()); err != nil {
+		t.Fatalf("ping a1-p1 -> b1-p1 (%v): %v\n%s", dst, err, out)
+	}
+	afterA1, afterB1 := scrapeMetrics(t, l, "a1"), scrapeMetrics(t, l, "b1")
+	if got := afterA1[encapA1] - beforeA1[encapA1]; got != pings {
+		t.Errorf("%s on a1 moved by %v, want %d", encapA1, got, pings)
+	}
+	decap := func(e exposition) float64 { return e.sum("isthmus_datapath_packets_total", `event="decap"`) }
+	if got := decap(afterB1) - decap(beforeB1); got != pings {
+		t.Errorf("decap on b1 moved by %v, want %d", got, pings)
+	}
+	// The bytes moved with the packets: at least an IPv4 + ICMP header each.
+	encapBytes := `isthmus_datapath_bytes_total{event="encap",hook="pod_ingress"}`
+	if got := afterA1[encapBytes] - beforeA1[encapBytes]; got < pings*28 {
+		t.Errorf("%s on a1 moved by %v, want at least %d", encapBytes, got, pings*28)
+	}
+	// What /metrics says is what the pinned map holds.
+	pinned := nodeMetrics(t, l, "a1")
+	if got, want := scrapeMetrics(t, l, "a1")[encapA1], float64(packets(pinned, 1, maps.HookPodIngress)); got != want {
+		t.Errorf("scraped encap %v, pinned map %v", got, want)
+	}
+
+	// Frames from a stranger, as TestDropCounted sends them.
+	const frames = 5
+	a1, _ := l.Node("a1")
+	stranger := netip.MustParseAddr("172.16.9.99")
+	for _, n := range l.Scenario.Nodes() {
+		if n.Address == stranger || n.Site.Subnet.Contains(stranger) {
+			t.Fatalf("%s belongs to node %s or its site; pick another stranger", stranger, n.Name)
+		}
+	}
+	a1MAC := linkAt(t, l.NodeNS("a1"), testenv.UnderlayDev).Attrs().HardwareAddr.String()
+	drops := `isthmus_datapath_drops_total{hook="underlay_tc",reason="unknown_peer"}`
+	droppedBytes := `isthmus_datapath_dropped_bytes_total{hook="underlay_tc",reason="unknown_peer"}`
+	before := scrapeMetrics(t, l, "a1")
+	argv := []string{"/usr/bin/python3", "-c", sendScript, testenv.RouterPort("a1"), routerPortMAC(t, l, "a1"), a1MAC,
+		stranger.String(), a1.Address.String(), strconv.Itoa(vni), l.PodAddr("b1-p1").String(), l.PodAddr("a1-p1").String(),
+		strconv.Itoa(frames)}
+	if out, err := l.Exec(ctx, l.RouterNS(), argv...); err != nil {
+		t.Fatalf("send with scapy: %v\n%s", err, out)
+	}
+	var after exposition
+	deadline = time.Now().Add(2 * time.Second)
+	for {
+		after = scrapeMetrics(t, l, "a1")
+		if after[drops]-before[drops] >= frames || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond) // let any extra count show up too
+	after = scrapeMetrics(t, l, "a1")
+	if got := after[drops] - before[drops]; got != frames {
+		t.Errorf("%s on a1 moved by %v, want exactly the %d frames sent", drops, got, frames)
+	}
+	if got := after[droppedBytes] - before[droppedBytes]; got < frames*50 {
+		t.Errorf("%s on a1 moved by %v, want at least %d (50 bytes of outer headers a frame)", droppedBytes, got, frames*50)
+	}
+
+	// The rest of the families are there.
+	for _, s := range []string{
+		`isthmus_syncs_total{result="ok"}`,
+		`isthmus_sync_entries_written_total`,
+		`isthmus_sync_last_success_timestamp_seconds`,
+		`isthmus_sync_duration_seconds_count`,
+		`isthmus_map_capacity{map="nat"}`,
+		`isthmus_map_entries{map="routes"}`,
+		`isthmus_map_entries{map="peers"}`,
+	} {
+		if after[s] <= 0 {
+			t.Errorf("/metrics on a1: %s = %v, want > 0", s, after[s])
+		}
+	}
+	if after.sum("isthmus_build_info") != 1 {
+		t.Errorf("/metrics on a1 has no isthmus_build_info")
+	}
+	if got, capacity := after[`isthmus_map_entries{map="nat"}`], after[`isthmus_map_capacity{map="nat"}`]; got > capacity {
+		t.Errorf("nat entries %v over capacity %v", got, capacity)
+	}
+}
