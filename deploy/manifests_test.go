@@ -450,16 +450,38 @@ func TestAgentDaemonSet(t *testing.T) {
 	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() {
 		t.Error("agent: no cpu and memory requests")
 	}
-	// The readiness probe waits for the file the agent writes after its first sync.
-	ready := flagValue(c.Args, "--ready-file")
-	if p := c.ReadinessProbe; p == nil || p.Exec == nil || ready == "" || !slices.Contains(p.Exec.Command, ready) {
-		t.Errorf("agent: readiness probe %+v does not check --ready-file %q", c.ReadinessProbe, ready)
+	// The agent serves /metrics, /healthz and /readyz on --metrics-addr, declared
+	// as the metrics port; the probes and the scrape annotations use it.
+	pi := slices.IndexFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "metrics" })
+	if pi < 0 || c.Ports[pi].ContainerPort != 9963 || (c.Ports[pi].Protocol != "" && c.Ports[pi].Protocol != corev1.ProtocolTCP) {
+		t.Fatalf("agent: ports %+v, want metrics 9963/TCP", c.Ports)
 	}
-	// No endpoint exists yet (issue 6), so no probe may pretend to reach one.
-	for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe, c.StartupProbe} {
-		if p != nil && (p.HTTPGet != nil || p.TCPSocket != nil || p.GRPC != nil) {
-			t.Errorf("agent: probe %+v reaches an endpoint the agent does not serve", p)
+	if addr := flagValue(c.Args, "--metrics-addr"); addr != ":9963" {
+		t.Errorf("agent: --metrics-addr %q, want :9963 (the metrics port)", addr)
+	}
+	ann := ds.Spec.Template.Annotations
+	if ann["prometheus.io/scrape"] != "true" || ann["prometheus.io/port"] != "9963" || ann["prometheus.io/path"] != "/metrics" {
+		t.Errorf("agent: pod annotations %v, want prometheus.io scrape true, port 9963, path /metrics", ann)
+	}
+	for _, tc := range []struct {
+		name string
+		p    *corev1.Probe
+		path string
+	}{{"readiness", c.ReadinessProbe, "/readyz"}, {"liveness", c.LivenessProbe, "/healthz"}} {
+		if tc.p == nil || tc.p.HTTPGet == nil {
+			t.Errorf("agent: %s probe %+v, want httpGet %s", tc.name, tc.p, tc.path)
+			continue
 		}
+		g := tc.p.HTTPGet
+		if g.Path != tc.path || !(g.Port.String() == "metrics" || g.Port.IntValue() == 9963) {
+			t.Errorf("agent: %s probe gets %s on port %s, want %s on metrics", tc.name, g.Path, g.Port.String(), tc.path)
+		}
+		if tc.p.Exec != nil {
+			t.Errorf("agent: %s probe still runs a command", tc.name)
+		}
+	}
+	if flagValue(c.Args, "--ready-file") != "" {
+		t.Error("agent: --ready-file is left over from the exec probe; /readyz replaces it")
 	}
 }
 
