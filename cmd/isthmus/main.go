@@ -15,7 +15,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newPlanCmd(), newAgentCmd(), newControllerCmd(), newUninstallCmd(), newLabCmd(), newBenchCmd(), newTraceCmd())
+	root.AddCommand(newPlanCmd(), newAgentCmd(), newControllerCmd(), newUninstallCmd(), newLabCmd(), newBenchCmd(), newTraceCmd(), newInspectCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "isthmus:", err)
 		os.Exit(1)

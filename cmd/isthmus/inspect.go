@@ -1,0 +1,57 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/isthmus-dev/isthmus/loader/datapath"
+	"github.com/isthmus-dev/isthmus/loader/inspect"
+)
+
+func newInspectCmd() *cobra.Command {
+	var pinDir, output string
+	cmd := &cobra.Command{
+		Use:   "inspect routes|peers|nat|counters|groups|config [--pin-dir DIR] [-o table|json]",
+		Short: "Print what the datapath's pinned maps hold on this node",
+		Long: `inspect reads the maps the agent pinned under --pin-dir and prints one view:
+
+  routes    overlay prefixes, the peer or next-hop group each goes to (with the
+            group's live members and the slots each owns), flags
+  peers     underlay address of each peer, flags, the inner sources it may send
+  nat       return-path SNAT flows, both directions paired: pod <-> translated
+            source, destination, TCP state, idle time and live or expired by
+            the datapath's own timeouts
+  counters  non-zero counters by verdict or drop reason and hook, packets and
+            bytes summed over CPUs
+  groups    next-hop groups with a live member and their slot owners
+  config    the config entry, pod interfaces, fabric prefixes, SNAT exempt
+
+It only reads, and works whether or not the agent runs. It needs root (or
+CAP_BPF) and the bpffs the maps are pinned on; maps are not per network
+namespace, so pointing --pin-dir at a node's pin directory is enough (in the
+lab: --pin-dir /sys/fs/bpf/isthmus-<node>, or nsenter into the node).
+See docs/inspect.md.`,
+		Args:      cobra.ExactArgs(1),
+		ValidArgs: inspect.Views,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !slices.Contains(inspect.Views, args[0]) {
+				return fmt.Errorf("parse view: unknown view %q (want one of %s)", args[0], strings.Join(inspect.Views, ", "))
+			}
+			if output != "table" && output != "json" {
+				return fmt.Errorf("parse --output: unknown format %q (want table or json)", output)
+			}
+			m, err := inspect.Open(pinDir)
+			if err != nil {
+				return err
+			}
+			defer m.Close()
+			return inspect.Write(cmd.OutOrStdout(), m, args[0], output)
+		},
+	}
+	cmd.Flags().StringVar(&pinDir, "pin-dir", datapath.DefaultPinDir, "bpffs directory the agent pinned the maps into")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	return cmd
+}
