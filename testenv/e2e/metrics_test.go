@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -212,4 +214,53 @@ func TestMetricsEndpoint(t *testing.T) {
 	if got, capacity := after[`isthmus_map_entries{map="nat"}`], after[`isthmus_map_capacity{map="nat"}`]; got > capacity {
 		t.Errorf("nat entries %v over capacity %v", got, capacity)
 	}
+	// The fill levels are the pinned maps' contents.
+	set, err := maps.OpenPinned(l.PinDir("a1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := set.Read()
+	set.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m, n := range map[string]int{"routes": len(st.Routes), "peers": len(st.Peers), "peer_sources": len(st.PeerSources),
+		"pod_ifaces": len(st.PodIfaces), "nexthop_groups": len(st.Groups)} {
+		if got := after[`isthmus_map_entries{map="`+m+`"}`]; got != float64(n) {
+			t.Errorf("isthmus_map_entries{map=%q} = %v, the pinned map holds %d", m, got, n)
+		}
+	}
+}
+
+// TestReadyzObjectsRejected: objects the agent rejects make /readyz 503 with
+// the reason (the last good state stays in force), and fixing them makes it 200
+// again; /healthz stays 200 throughout.
+func TestReadyzObjectsRejected(t *testing.T) {
+	l := upDefault(t)
+	bad := filepath.Join(l.ObjectsDir(), "zz-broken.yaml")
+	if err := os.WriteFile(bad, []byte("apiVersion: isthmus.dev/v1alpha1\nkind: Site\nmetadata: [not, a, map]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus := func(want int, substr string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			code, body := scrape(t, l, "a1", "/readyz")
+			if code == want && strings.Contains(body, substr) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("/readyz on a1: %d %q, want %d containing %q", code, body, want, substr)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitStatus(http.StatusServiceUnavailable, "objects rejected")
+	if code, body := scrape(t, l, "a1", "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz on a1 with rejected objects: %d %q, want 200", code, body)
+	}
+	if err := os.Remove(bad); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(http.StatusOK, "ok")
 }
