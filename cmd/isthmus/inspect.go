@@ -32,7 +32,7 @@ func newInspectCmd() *cobra.Command {
 It only reads, and works whether or not the agent runs. It needs root (or
 CAP_BPF) and the bpffs the maps are pinned on; maps are not per network
 namespace, so pointing --pin-dir at a node's pin directory is enough (in the
-lab: --pin-dir /sys/fs/bpf/isthmus-<node>, or nsenter into the node).
+lab: --pin-dir /sys/fs/bpf/isthmus-lab/<lab>/<node>).
 See docs/inspect.md.`,
 		Args:      cobra.ExactArgs(1),
 		ValidArgs: inspect.Views,
