@@ -205,6 +205,10 @@ func addEntries[T any, PT interface {
 		}
 		*dst = append(*dst, entry[T]{deepCopy(&objs[i]), "", label(kind, name)})
 	}
+	// Objects from the API come in no particular order (an informer cache is a
+	// map): sort them, so the same objects always give the same messages (which of
+	// two overlapping Sites is reported against the other, say).
+	slices.SortStableFunc(*dst, func(a, b entry[T]) int { return strings.Compare(a.label, b.label) })
 }
 
 // finish validates what the loader holds and builds the Set.

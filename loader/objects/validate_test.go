@@ -92,11 +92,22 @@ func TestValidateNamesObjectsNotFiles(t *testing.T) {
 	want := []string{
 		`Node [0]: metadata.name: required`,
 		`Site "flex-site": spec.nodeCidrs[1]: invalid CIDR "10.0.0.0/33"`,
-		`Site "cluster": spec.nodeCidrs[0]: 10.0.0.16/28 overlaps Site "flex-site" spec.nodeCidrs[0] 10.0.0.0/27`,
+		`Site "flex-site": spec.nodeCidrs[0]: 10.0.0.0/27 overlaps Site "cluster" spec.nodeCidrs[0] 10.0.0.16/28`,
 		`SitePeering "p": spec.sites[1]: unknown Site "gone"`,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("errors (-want +got):\n%s", diff)
+	}
+	// API objects have no order (informer caches are maps): the same objects in
+	// another order give the same messages.
+	slices.Reverse(in.Sites)
+	_, _, err = Validate(in)
+	var again []string
+	for _, e := range Errors(err) {
+		again = append(again, e.Error())
+	}
+	if diff := cmp.Diff(got, again); diff != "" {
+		t.Errorf("errors depend on the order of the objects (-first +reversed):\n%s", diff)
 	}
 	var e *Error
 	if !errors.As(err, &e) {
