@@ -38,7 +38,6 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 	struct iphdr *oip, ip = {};
 	struct udphdr *oudp;
 	struct genevehdr *gh;
-	struct bpf_fib_lookup p;
 	__u32 hash;
 	__be32 peer;
 	__u16 sport;
@@ -113,13 +112,7 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 	gh->proto_type = bpf_htons(ETH_P_TEB);
 	*(__be32 *)gh->vni = geneve_vni_word(cfg->vni);
 
-	rc = fib_lookup_v4(skb, &p, cfg->underlay_ip, peer, 0, IPPROTO_UDP, skb->ifindex);
-	rc = redirect_nexthop(eth, &p, rc, 0);
-	if (rc < 0)
-		return rc;
-	metrics_count(METRIC_ENCAP, hook, skb->len);
-	trace_tc(skb, cfg, METRIC_ENCAP, hook, peer, rt->group);
-	return rc;
+	return send_to_peer(skb, cfg, eth, cfg->underlay_ip, peer, METRIC_ENCAP, hook, rt->group);
 }
 
 /* Same-node delivery of a pod's packet that matched no route: if the FIB sends it out a

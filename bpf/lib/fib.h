@@ -63,6 +63,26 @@ static __always_inline int redirect_nexthop(struct ethhdr *eth, struct bpf_fib_l
 	return TC_ACT_REDIRECT;
 }
 
+/* Sends a GENEVE frame whose outer IPv4 header goes from src to peer toward the peer's
+ * underlay next hop (FIB lookup, then redirect), and accounts it as metric, with group
+ * (0 for none) in the trace. Encapsulation and transit both end here. Returns
+ * TC_ACT_REDIRECT or a negative DROP_*. eth is the frame's Ethernet header. */
+static __always_inline int send_to_peer(struct __sk_buff *skb, const struct datapath_config *cfg,
+					struct ethhdr *eth, __be32 src, __be32 peer, int metric,
+					__u8 hook, __u32 group)
+{
+	struct bpf_fib_lookup p;
+	int rc;
+
+	rc = fib_lookup_v4(skb, &p, src, peer, 0, IPPROTO_UDP, skb->ifindex);
+	rc = redirect_nexthop(eth, &p, rc, 0);
+	if (rc < 0)
+		return rc;
+	metrics_count(metric, hook, skb->len);
+	trace_tc(skb, cfg, metric, hook, peer, group);
+	return rc;
+}
+
 /* Forwards the IPv4 packet iph of frame eth to the local pod interface that lookup p
  * (verdict rc) found: TTL decremented (the caller checked it), MACs from the lookup and
  * bpf_redirect_peer, or bpf_redirect_neigh while the pod's neighbour is unresolved.

@@ -94,7 +94,6 @@ static __always_inline int transit_forward(struct __sk_buff *skb,
 {
 	const __u64 l4_flags = BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0 | sizeof(__be32);
 	struct transit_hdrs h;
-	struct bpf_fib_lookup p;
 	struct ethhdr *eth;
 	__be32 osrc, odst, nh, src = cfg->underlay_ip;
 	__be16 ttl_from;
@@ -143,11 +142,5 @@ static __always_inline int transit_forward(struct __sk_buff *skb,
 	eth = (void *)(long)skb->data;
 	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
 		return DROP_ENCAP_FAILED;
-	rc = fib_lookup_v4(skb, &p, src, nh, 0, IPPROTO_UDP, skb->ifindex);
-	rc = redirect_nexthop(eth, &p, rc, 0);
-	if (rc < 0)
-		return rc;
-	metrics_count(METRIC_TRANSIT, hook, skb->len);
-	trace_tc(skb, cfg, METRIC_TRANSIT, hook, nh, rt->group);
-	return rc;
+	return send_to_peer(skb, cfg, eth, src, nh, METRIC_TRANSIT, hook, rt->group);
 }
