@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -348,125 +347,8 @@ func TestGatewayFailover(t *testing.T) {
 	l := upScenario(t, "gwfailover")
 	// 32 flows: the chance that none, or all, of them touch gw-w2 (either
 	// direction) is below 1e-4.
-	const flows = 32
-	const every = 50 * time.Millisecond
-	srv, err := testenv.StartEchoServer(l.PodNS("e1-p1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	dst := netip.AddrPortFrom(l.PodAddr("e1-p1"), srv.UDPPort)
-
-	var mu sync.Mutex
-	replies := make([][]time.Time, flows)
-	conns := make([]*net.UDPConn, flows)
-	for i := range conns {
-		if err := testenv.Do(l.PodNS("w1-p1"), func() error {
-			var err error
-			conns[i], err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(dst))
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for i, c := range conns {
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			tick := time.NewTicker(every)
-			defer tick.Stop()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-tick.C:
-					c.Write([]byte("failover probe\n"))
-				}
-			}
-		}()
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, 256)
-			for {
-				if _, err := c.Read(buf); err != nil {
-					return
-				}
-				mu.Lock()
-				replies[i] = append(replies[i], time.Now())
-				mu.Unlock()
-			}
-		}()
-	}
-	defer func() {
-		close(stop)
-		for _, c := range conns {
-			c.Close()
-		}
-		wg.Wait()
-	}()
-
-	time.Sleep(2 * time.Second)
-	mu.Lock()
-	for i, r := range replies {
-		if len(r) == 0 {
-			t.Errorf("flow %d (port %d): no reply before the failure", i, conns[i].LocalAddr().(*net.UDPAddr).Port)
-		}
-	}
-	mu.Unlock()
-	if t.Failed() {
-		t.Fatalf("agent log of w-1:\n%s\nagent log of gw-w1:\n%s\nagent log of gw-e1:\n%s",
-			tailFile(l.AgentLog("w-1")), tailFile(l.AgentLog("gw-w1")), tailFile(l.AgentLog("gw-e1")))
-	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	down := time.Now()
-	if _, err := l.Exec(ctx, l.NodeNS("gw-w2"), "ip", "link", "set", testenv.UnderlayDev, "down"); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(failoverLimit + 3*time.Second)
-
-	mu.Lock()
-	defer mu.Unlock()
-	var gaps []time.Duration
-	var lines []string
-	for i, r := range replies {
-		last := down
-		var gap time.Duration
-		for _, at := range r {
-			if at.Before(down) {
-				continue
-			}
-			gap = max(gap, at.Sub(last))
-			last = at
-		}
-		if tail := time.Since(last); tail > gap {
-			gap = tail // never resumed, or stopped again
-		}
-		gaps = append(gaps, gap)
-		lines = append(lines, fmt.Sprintf("flow %2d port %5d: longest gap %s", i, conns[i].LocalAddr().(*net.UDPAddr).Port, gap.Round(time.Millisecond)))
-	}
-	t.Logf("gw-w2's eth0 down at %s:\n%s", down.Format("15:04:05.000"), strings.Join(lines, "\n"))
-	worst := slices.Max(gaps)
-	interrupted := 0
-	for _, g := range gaps {
-		if g > 500*time.Millisecond {
-			interrupted++
-		}
-	}
-	t.Logf("%d of %d flows touched gw-w2 and were interrupted; gateway failover gap %s (limit %s)", interrupted, flows, worst.Round(time.Millisecond), failoverLimit)
-	if interrupted == 0 {
-		t.Errorf("no flow of %d was interrupted: none went through gw-w2, so the gateways never shared them (or the link did not go down)", flows)
-	}
-	if interrupted == flows {
-		t.Errorf("every flow was interrupted: flows through gw-w1 must not stop")
-	}
-	if worst > failoverLimit {
-		t.Errorf("failover took %s, want at most %s (health interval %s x %d + 1s); w-1 agent log:\n%s\ngw-e1 agent log:\n%s",
-			worst.Round(time.Millisecond), failoverLimit, healthInterval, healthMultiplier, tailFile(l.AgentLog("w-1")), tailFile(l.AgentLog("gw-e1")))
-	}
+	measureFailover(t, l, failover{SrcPod: "w1-p1", DstPod: "e1-p1", Flows: 32, FailNode: "gw-w2",
+		Logs: []string{"w-1", "gw-w1", "gw-e1"}})
 }
 
 // TestGatewayExternal: the gateways of an External pool sit behind 1:1 NAT

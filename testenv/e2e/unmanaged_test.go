@@ -2,12 +2,7 @@ package e2e
 
 import (
 	"context"
-	"fmt"
-	"net"
 	"net/netip"
-	"slices"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -139,125 +134,6 @@ func TestSeed000(t *testing.T) {
 // resume through aks-1 within health interval x multiplier + 1s.
 func TestSeed000Failover(t *testing.T) {
 	l := upScenario(t, "seed000")
-	const flows = 16
-	const every = 50 * time.Millisecond
-	srv, err := testenv.StartEchoServer(l.PodNS("aks1-p1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	dst := netip.AddrPortFrom(l.PodAddr("aks1-p1"), srv.UDPPort)
-
-	// One UDP socket per flow (its own source port, so its own hash), a sender
-	// ticking every 50ms and a reader noting when each answer came.
-	var mu sync.Mutex
-	replies := make([][]time.Time, flows)
-	conns := make([]*net.UDPConn, flows)
-	for i := range conns {
-		if err := testenv.Do(l.PodNS("flex-p1"), func() error {
-			var err error
-			conns[i], err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(dst))
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for i, c := range conns {
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			tick := time.NewTicker(every)
-			defer tick.Stop()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-tick.C:
-					c.Write([]byte("failover probe\n"))
-				}
-			}
-		}()
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, 256)
-			for {
-				if _, err := c.Read(buf); err != nil {
-					return
-				}
-				mu.Lock()
-				replies[i] = append(replies[i], time.Now())
-				mu.Unlock()
-			}
-		}()
-	}
-	defer func() {
-		close(stop)
-		for _, c := range conns {
-			c.Close()
-		}
-		wg.Wait()
-	}()
-
-	time.Sleep(2 * time.Second)
-	mu.Lock()
-	for i, r := range replies {
-		if len(r) == 0 {
-			t.Errorf("flow %d (port %d): no reply before the failure", i, conns[i].LocalAddr().(*net.UDPAddr).Port)
-		}
-	}
-	mu.Unlock()
-	if t.Failed() {
-		t.FailNow()
-	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	down := time.Now()
-	if _, err := l.Exec(ctx, l.NodeNS("aks-2"), "ip", "link", "set", testenv.UnderlayDev, "down"); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(failoverLimit + 3*time.Second)
-
-	mu.Lock()
-	defer mu.Unlock()
-	var gaps []time.Duration
-	var lines []string
-	for i, r := range replies {
-		// The longest silence of the flow from the link going down on.
-		last := down
-		var gap time.Duration
-		for _, at := range r {
-			if at.Before(down) {
-				continue
-			}
-			gap = max(gap, at.Sub(last))
-			last = at
-		}
-		if tail := time.Since(last); tail > gap {
-			gap = tail // never resumed, or stopped again
-		}
-		gaps = append(gaps, gap)
-		lines = append(lines, fmt.Sprintf("flow %2d port %5d: longest gap %s", i, conns[i].LocalAddr().(*net.UDPAddr).Port, gap.Round(time.Millisecond)))
-	}
-	t.Logf("aks-2's eth0 down at %s:\n%s", down.Format("15:04:05.000"), strings.Join(lines, "\n"))
-	worst := slices.Max(gaps)
-	interrupted := 0
-	for _, g := range gaps {
-		if g > 500*time.Millisecond {
-			interrupted++
-		}
-	}
-	t.Logf("%d of %d flows went through aks-2 and were interrupted; failover gap %s (limit %s)", interrupted, flows, worst.Round(time.Millisecond), failoverLimit)
-	if interrupted == 0 {
-		t.Errorf("no flow of %d was interrupted: none went through aks-2, so the group never spread them (or the link did not go down)", flows)
-	}
-	if interrupted == flows {
-		t.Errorf("every flow was interrupted: flows through aks-1 must not stop")
-	}
-	if worst > failoverLimit {
-		t.Errorf("failover took %s, want at most %s (health interval %s x %d + 1s); flex-1 agent log:\n%s",
-			worst.Round(time.Millisecond), failoverLimit, healthInterval, healthMultiplier, tailFile(l.AgentLog("flex-1")))
-	}
+	measureFailover(t, l, failover{SrcPod: "flex-p1", DstPod: "aks1-p1", Flows: 16, FailNode: "aks-2",
+		Logs: []string{"flex-1"}})
 }
