@@ -577,19 +577,7 @@ func TestRestartWithoutLoss(t *testing.T) {
 		}
 		for _, n := range restarted {
 			after := podLinks(t, l, n)
-			for ifname, b := range before[n] {
-				a, ok := after[ifname]
-				switch {
-				case !ok:
-					t.Errorf("round %d: %s %s: pinned pod_ingress link gone after the restart", round, n, ifname)
-				case a[0] != b[0]:
-					t.Errorf("round %d: %s %s: link id %d became %d: the restart replaced the link instead of updating it", round, n, ifname, b[0], a[0])
-				case a[1] == b[1]:
-					t.Errorf("round %d: %s %s: program id still %d: the restarted agent did not swap in its program", round, n, ifname, a[1])
-				default:
-					t.Logf("round %d: %s %s: link %d, program %d -> %d", round, n, ifname, a[0], b[1], a[1])
-				}
-			}
+			checkLinksUpdated(t, fmt.Sprintf("round %d: %s", round, n), "restart", before[n], after)
 			before[n] = after
 		}
 		time.Sleep(200 * time.Millisecond)
@@ -597,18 +585,7 @@ func TestRestartWithoutLoss(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 
 	finished = true
-	for _, s := range streams {
-		sent, received, dups, sendErrs, mean := s.finish(500 * time.Millisecond)
-		lost := sent - received
-		t.Logf("%s: sent %d datagrams (ticker %s, mean interval %s), received %d, lost %d, duplicated %d, send errors %d",
-			s.name, sent, interval, mean.Round(10*time.Microsecond), received, lost, dups, sendErrs)
-		if sent < 500 {
-			t.Errorf("%s: only %d datagrams sent; the stream did not cover the restarts", s.name, sent)
-		}
-		if lost != 0 {
-			t.Errorf("%s: %d of %d datagrams lost across agent restarts", s.name, lost, sent)
-		}
-	}
+	checkNoLoss(t, streams, interval, "restarts")
 	if t.Failed() {
 		for _, n := range restarted {
 			t.Logf("counters of %s:\n%s\nagent log:\n%s", n, formatMetrics(nodeMetrics(t, l, n)), tailFile(l.AgentLog(n)))
@@ -708,5 +685,43 @@ func TestDropCounted(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// checkLinksUpdated compares a node's pinned pod_ingress links (podLinks) before
+// and after its agent was replaced ("restart", "upgrade"): every link is still
+// there with the same ID, and runs a new program, swapped in through the link.
+func checkLinksUpdated(t *testing.T, where, what string, before, after map[string][2]uint32) {
+	t.Helper()
+	for ifname, b := range before {
+		a, ok := after[ifname]
+		switch {
+		case !ok:
+			t.Errorf("%s %s: pinned pod_ingress link gone after the %s", where, ifname, what)
+		case a[0] != b[0]:
+			t.Errorf("%s %s: link id %d became %d: the %s replaced the link instead of updating it", where, ifname, b[0], a[0], what)
+		case a[1] == b[1]:
+			t.Errorf("%s %s: program id still %d: the new agent did not swap in its program", where, ifname, a[1])
+		default:
+			t.Logf("%s %s: link %d, program %d -> %d", where, ifname, a[0], b[1], a[1])
+		}
+	}
+}
+
+// checkNoLoss ends the streams and requires that they covered the agent
+// replacements (what: "restarts", "upgrades") and lost nothing.
+func checkNoLoss(t *testing.T, streams []*stream, interval time.Duration, what string) {
+	t.Helper()
+	for _, s := range streams {
+		sent, received, dups, sendErrs, mean := s.finish(500 * time.Millisecond)
+		lost := sent - received
+		t.Logf("%s: sent %d datagrams (ticker %s, mean interval %s), received %d, lost %d, duplicated %d, send errors %d",
+			s.name, sent, interval, mean.Round(10*time.Microsecond), received, lost, dups, sendErrs)
+		if sent < 500 {
+			t.Errorf("%s: only %d datagrams sent; the stream did not cover the %s", s.name, sent, what)
+		}
+		if lost != 0 {
+			t.Errorf("%s: %d of %d datagrams lost across agent %s", s.name, lost, sent, what)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -105,19 +106,7 @@ func TestUpgradeWithoutLoss(t *testing.T) {
 				}
 			}
 			links := podLinks(t, l, n)
-			for ifname, b := range beforeLinks[n] {
-				a, ok := links[ifname]
-				switch {
-				case !ok:
-					t.Errorf("round %d: %s %s: pinned pod_ingress link gone after the upgrade", round, n, ifname)
-				case a[0] != b[0]:
-					t.Errorf("round %d: %s %s: link id %d became %d: the upgrade replaced the link instead of updating it", round, n, ifname, b[0], a[0])
-				case a[1] == b[1]:
-					t.Errorf("round %d: %s %s: program id still %d: the upgraded agent did not swap in its program", round, n, ifname, a[1])
-				default:
-					t.Logf("round %d: %s %s: link %d, program %d -> %d, nat %d entries", round, n, ifname, a[0], b[1], a[1], got)
-				}
-			}
+			checkLinksUpdated(t, fmt.Sprintf("round %d: %s (nat %d entries)", round, n, got), "upgrade", beforeLinks[n], links)
 			beforeLinks[n] = links
 		}
 		time.Sleep(200 * time.Millisecond)
@@ -125,18 +114,7 @@ func TestUpgradeWithoutLoss(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 
 	finished = true
-	for _, s := range streams {
-		sent, received, dups, sendErrs, mean := s.finish(500 * time.Millisecond)
-		lost := sent - received
-		t.Logf("%s: sent %d datagrams (ticker %s, mean interval %s), received %d, lost %d, duplicated %d, send errors %d",
-			s.name, sent, interval, mean.Round(10*time.Microsecond), received, lost, dups, sendErrs)
-		if sent < 500 {
-			t.Errorf("%s: only %d datagrams sent; the stream did not cover the upgrades", s.name, sent)
-		}
-		if lost != 0 {
-			t.Errorf("%s: %d of %d datagrams lost across agent upgrades", s.name, lost, sent)
-		}
-	}
+	checkNoLoss(t, streams, interval, "upgrades")
 	if t.Failed() {
 		for _, n := range upgraded {
 			t.Logf("counters of %s:\n%s\nagent log:\n%s", n, formatMetrics(nodeMetrics(t, l, n)), tailFile(l.AgentLog(n)))
