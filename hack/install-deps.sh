@@ -1,25 +1,43 @@
 #!/usr/bin/env bash
-# Installs what isthmus needs to build, test and run its lab on Debian, as root.
-# Idempotent: it only calls apt-get when a tool is missing, so repeat runs are instant.
+# Installs, on Debian as root, the package of every program in
+# testenv/programs/programs.tsv that is missing: the table lists each program
+# isthmus' build, tests, lab, benchmarks and demo run. Idempotent: apt-get runs
+# only when something is missing, so a repeat run takes a moment.
+#
+#   hack/install-deps.sh            install what is missing, mount bpffs
+#   hack/install-deps.sh --missing  print the packages it would install, one a line
 set -euo pipefail
 
-need=()
-have() { command -v "$1" >/dev/null 2>&1; }
-have clang     || need+=(clang)
-have llc       || need+=(llvm)
-have llvm-strip || need+=(llvm)
-have bpftool   || need+=(bpftool)
-have ip        || need+=(iproute2)
-have iptables  || need+=(iptables)
-have iperf3    || need+=(iperf3)
-have tshark    || need+=(tshark)
-have tcpdump   || need+=(tcpdump)
-have socat     || need+=(socat)
-have conntrack || need+=(conntrack)
-have ethtool   || need+=(ethtool)
-have nsenter   || need+=(util-linux)
-/usr/bin/python3 -c 'import scapy' >/dev/null 2>&1 || need+=(python3-scapy)
+here="${BASH_SOURCE[0]%/*}"
+[ "$here" = "${BASH_SOURCE[0]}" ] && here=.
+table="$here/../testenv/programs/programs.tsv"
 
+# missing prints, once each, the package of every row whose program is absent
+# or whose check fails; rows with package "-" (not from apt) are left to the
+# README. Bash builtins only, so it answers even on a bare PATH.
+missing() {
+	local program package check used
+	local -A said=()
+	while IFS=$'\t' read -r program package check used; do
+		case "$program" in '' | '#'*) continue ;; esac
+		[ "$package" = - ] && continue
+		if [ "$check" = - ]; then
+			command -v "$program" >/dev/null 2>&1 && continue
+		else
+			sh -c "$check" >/dev/null 2>&1 && continue
+		fi
+		[ -n "${said[$package]:-}" ] && continue
+		said[$package]=1
+		echo "$package"
+	done <"$table"
+}
+
+if [ "${1:-}" = --missing ]; then
+	missing
+	exit 0
+fi
+
+mapfile -t need < <(missing)
 if [ "${#need[@]}" -gt 0 ]; then
 	if [ "$(id -u)" -ne 0 ]; then
 		echo "install-deps: missing ${need[*]}; run as root (apt-get needs it)" >&2
@@ -31,6 +49,12 @@ if [ "${#need[@]}" -gt 0 ]; then
 	echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+	# A row naming the wrong package shows here, not later in a test.
+	mapfile -t still < <(missing)
+	if [ "${#still[@]}" -gt 0 ]; then
+		echo "install-deps: still missing after apt-get: ${still[*]}; check $table" >&2
+		exit 1
+	fi
 fi
 
 # Programs are pinned in bpffs; a fresh machine may not have it mounted.

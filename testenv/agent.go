@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -84,8 +83,7 @@ func (l *Lab) StartAgent(node string, extra ...string) error {
 	}
 	defer logf.Close()
 	fmt.Fprintf(logf, "--- %s lab: starting agent\n", time.Now().Format(time.RFC3339))
-	args := append([]string{"--net=" + NSPath(l.NodeNS(node)), "--"}, l.AgentArgs(node, extra)...)
-	cmd := exec.Command("nsenter", args...)
+	cmd := Command(context.Background(), l.NodeNS(node), l.AgentArgs(node, extra)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Own session: the agent outlives `isthmus lab up` and no terminal signal
 	// reaches it; Down signals the whole group.

@@ -13,6 +13,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/isthmus-dev/isthmus/testenv/programs"
 )
 
 // NetnsDir is where named network namespaces live (as with `ip netns`).
@@ -160,10 +162,27 @@ func handleAt(nsName string) (*netlink.Handle, netns.NsHandle, error) {
 
 // Command returns a command that runs argv inside the named network namespace
 // through nsenter --net (unlike `ip netns exec`, it keeps /sys and so
-// /sys/fs/bpf as they are).
+// /sys/fs/bpf as they are). When nsenter or argv[0] is missing, or not listed
+// in testenv/programs' table, the command does not start: Start, Run and
+// Output return an error naming the program and its Debian package.
 func Command(ctx context.Context, nsName string, argv ...string) *exec.Cmd {
 	args := append([]string{"--net=" + NSPath(nsName), "--"}, argv...)
-	return exec.CommandContext(ctx, "nsenter", args...)
+	cmd := exec.CommandContext(ctx, "nsenter", args...)
+	if err := requireArgv(argv); err != nil {
+		cmd.Err = err
+	}
+	return cmd
+}
+
+// requireArgv checks nsenter and the program argv runs.
+func requireArgv(argv []string) error {
+	if len(argv) == 0 {
+		return errors.New("run in netns: no program given")
+	}
+	if err := programs.Require("nsenter"); err != nil {
+		return err
+	}
+	return programs.Require(argv[0])
 }
 
 // Exec runs argv inside the named network namespace and returns its combined
@@ -171,7 +190,11 @@ func Command(ctx context.Context, nsName string, argv ...string) *exec.Cmd {
 func Exec(ctx context.Context, nsName string, argv ...string) (string, error) {
 	out, err := Command(ctx, nsName, argv...).CombinedOutput()
 	if err != nil {
-		return string(out), fmt.Errorf("run %q in %s: %w: %s", strings.Join(argv, " "), nsName, err, strings.TrimSpace(string(out)))
+		err = fmt.Errorf("run %q in %s: %w", strings.Join(argv, " "), nsName, err)
+		if text := strings.TrimSpace(string(out)); text != "" {
+			err = fmt.Errorf("%w: %s", err, text)
+		}
+		return string(out), err
 	}
 	return string(out), nil
 }

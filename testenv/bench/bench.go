@@ -12,14 +12,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/isthmus-dev/isthmus/testenv"
+	"github.com/isthmus-dev/isthmus/testenv/programs"
 )
 
 // Options say what to measure.
@@ -186,8 +188,8 @@ func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 	if opts.Rounds < 1 {
 		return nil, fmt.Errorf("bench: rounds %d: want at least 1", opts.Rounds)
 	}
-	if _, err := exec.LookPath("iperf3"); err != nil {
-		return nil, fmt.Errorf("bench: %w (apt-get install iperf3)", err)
+	if err := programs.Require("iperf3"); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
 	}
 	logf := func(format string, args ...any) {
 		if opts.Log != nil {
@@ -324,10 +326,11 @@ func parseIperf(out []byte) (Sample, error) {
 	return Sample{Gbps: v.End.SumReceived.BitsPerSecond / 1e9, Retransmits: v.End.SumSent.Retransmits}, nil
 }
 
+// kernelRelease is what `uname -r` prints, without running it.
 func kernelRelease() string {
-	out, err := exec.Command("uname", "-r").Output()
-	if err != nil {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
 		return "unknown"
 	}
-	return strings.TrimSpace(string(out))
+	return unix.ByteSliceToString(u.Release[:])
 }

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
-	"os/exec"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/isthmus-dev/isthmus/testenv"
+	"github.com/isthmus-dev/isthmus/testenv/programs"
 )
 
 // SNATOptions say what RunSNAT measures.
@@ -177,8 +177,8 @@ func RunSNAT(ctx context.Context, opts SNATOptions) (rep *SNATReport, err error)
 	if opts.Workers < 1 {
 		return nil, fmt.Errorf("bench snat: workers %d: want at least 1", opts.Workers)
 	}
-	if _, err := exec.LookPath("iperf3"); err != nil {
-		return nil, fmt.Errorf("bench snat: %w (apt-get install iperf3)", err)
+	if err := programs.Require("iperf3"); err != nil {
+		return nil, fmt.Errorf("bench snat: %w", err)
 	}
 	logf := func(format string, args ...any) {
 		if opts.Log != nil {
