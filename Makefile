@@ -4,7 +4,7 @@ BIN     := bin/isthmus
 # Generated files that must match what `make generate` produces.
 GENERATED := bpf api deploy/crds
 
-.PHONY: all deps build generate check-generated vet test test-unit bench demo lab-down clean
+.PHONY: all deps build generate check-generated vet kube-binaries test test-unit bench demo lab-down clean
 
 all: build
 
@@ -27,10 +27,15 @@ check-generated: generate
 vet:
 	$(GO) vet ./...
 
+# The kube-apiserver and etcd the Kubernetes tests run, built once into
+# /var/cache/isthmus with a progress line every few seconds (go test would hide it).
+kube-binaries:
+	$(GO) run ./testenv/kube/cmd/prebuild
+
 # Unit tests, BPF program tests and end-to-end lab tests. Needs root (netns, BPF).
 # One package at a time (-p 1): the lab tests measure throughput and failover gaps,
 # which another package's iperf3 on the same two cores would distort.
-test: deps check-generated vet
+test: deps check-generated vet kube-binaries
 	$(GO) test -p 1 -count=1 -timeout 45m ./...
 
 # Only what needs no root and no kernel: loading, the plan, pure map diffs.

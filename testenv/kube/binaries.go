@@ -8,11 +8,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -38,7 +40,21 @@ const DefaultCacheRoot = "/var/cache/isthmus"
 // empty build cache), more when other builds compete. Later calls return at
 // once.
 // A failed build returns an error with the tail of the compiler's output.
+// Progress goes to standard error (see Build).
 func Binaries(ctx context.Context) (apiserver, etcd string, err error) {
+	return Build(ctx, os.Stderr)
+}
+
+// ProgressInterval is how often a running build step reports.
+const ProgressInterval = 10 * time.Second
+
+// Build is Binaries reporting to progress: a line for each step (waiting for
+// another builder, listing a binary's packages, which downloads its modules,
+// compiling it) and, while a step runs, a line every ProgressInterval with the
+// time so far and the modules downloaded or packages compiled. It prints one
+// line when the binaries are already cached. `make test` runs it through
+// testenv/kube/cmd/prebuild before `go test`, which would hide this output.
+func Build(ctx context.Context, progress io.Writer) (apiserver, etcd string, err error) {
 	tools, err := toolsDir()
 	if err != nil {
 		return "", "", err
@@ -54,28 +70,38 @@ func Binaries(ctx context.Context) (apiserver, etcd string, err error) {
 	dir := filepath.Join(root, key)
 	apiserver = filepath.Join(dir, "kube-apiserver")
 	etcd = filepath.Join(dir, "etcd")
+	say := func(format string, args ...any) { fmt.Fprintf(progress, "testenv/kube: "+format+"\n", args...) }
 	if exists(apiserver) && exists(etcd) {
+		say("kube-apiserver and etcd found in %s", dir)
 		return apiserver, etcd, nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", "", fmt.Errorf("create kube binary cache: %w", err)
 	}
-	unlock, err := lockFile(ctx, filepath.Join(dir, ".lock"))
+	start := time.Now()
+	say("kube-apiserver and etcd are not in %s yet: building them once, for this and every later run (about 5 minutes on 2 idle cores)", dir)
+	unlock, err := lockFile(ctx, filepath.Join(dir, ".lock"), func() {
+		say("waiting for another process that is building into %s", dir)
+	})
 	if err != nil {
 		return "", "", err
 	}
 	defer unlock()
-	for _, b := range []struct{ out, pkg, ldflags string }{
+	steps := []struct{ out, pkg, ldflags string }{
 		{etcd, "go.etcd.io/etcd/server/v3", "-s -w"},
 		{apiserver, "k8s.io/kubernetes/cmd/kube-apiserver", apiserverLDFlags(tools)},
-	} {
+	}
+	for i, b := range steps {
 		if exists(b.out) {
-			continue // built by the process that held the lock before us
+			say("[%d/%d] %s: built meanwhile by the process we waited for", i+1, len(steps), filepath.Base(b.out))
+			continue
 		}
-		if err := goBuild(ctx, tools, b.out, b.pkg, b.ldflags); err != nil {
+		bs := buildStep{tools: tools, name: fmt.Sprintf("[%d/%d] %s", i+1, len(steps), filepath.Base(b.out)), say: say, every: ProgressInterval}
+		if err := bs.build(ctx, b.out, b.pkg, b.ldflags); err != nil {
 			return "", "", err
 		}
 	}
+	say("kube-apiserver and etcd ready in %s after %s", dir, time.Since(start).Round(time.Second))
 	return apiserver, etcd, nil
 }
 
@@ -162,27 +188,108 @@ func apiserverLDFlags(tools string) string {
 	return flags
 }
 
-// goBuild builds pkg in the tools module into out, through a temporary name so
-// that a half-written binary is never found.
-func goBuild(ctx context.Context, tools, out, pkg, ldflags string) error {
-	tmp := out + ".tmp"
+// buildStep builds one binary of the tools module, reporting as it goes.
+type buildStep struct {
+	tools string
+	name  string // "[2/2] kube-apiserver"
+	say   func(format string, args ...any)
+	every time.Duration // between progress lines
+}
+
+// build lists pkg's packages (which downloads the modules they need), then
+// builds pkg into out through a temporary name, so that a half-written binary
+// is never found.
+func (b buildStep) build(ctx context.Context, out, pkg, ldflags string) error {
 	start := time.Now()
-	cmd := exec.CommandContext(ctx, goCmd(), "build", "-o", tmp, "-ldflags", ldflags, pkg)
-	cmd.Dir, cmd.Env = tools, toolsEnv()
-	output, err := cmd.CombinedOutput()
+	b.say("%s: listing the packages of %s (downloads their modules on first use)", b.name, pkg)
+	var downloaded int
+	listed, _, err := b.goRun(ctx, "listing", func() string { return fmt.Sprintf("%d modules downloaded", downloaded) },
+		func(line string) {
+			if strings.HasPrefix(line, "go: downloading ") {
+				downloaded++
+			}
+		}, "list", "-deps", "-f", "{{.ImportPath}}", pkg)
+	if err != nil {
+		return fmt.Errorf("list the packages of %s in %s: %w", pkg, b.tools, err)
+	}
+	deps := map[string]bool{}
+	for _, p := range strings.Fields(string(listed)) {
+		deps[p] = true
+	}
+	b.say("%s: %d packages, %d modules downloaded, in %s; compiling what the build cache lacks", b.name, len(deps), downloaded, time.Since(start).Round(time.Second))
+
+	tmp := out + ".tmp"
+	var compiled int
+	var last string
+	_, stderr, err := b.goRun(ctx, "compiling", func() string {
+		return fmt.Sprintf("%d of %d packages compiled, last %s", compiled, len(deps), last)
+	}, func(line string) {
+		if deps[line] { // go build -v names each package as it compiles it
+			compiled++
+			last = line
+		}
+	}, "build", "-v", "-o", tmp, "-ldflags", ldflags, pkg)
 	if err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("build %s in %s (go build %s): %w\n%s", filepath.Base(out), tools, pkg, err, tailLines(string(output), 40))
+		return fmt.Errorf("build %s in %s (go build %s): %w\n%s", filepath.Base(out), b.tools, pkg, err, tailLines(stderr, 40))
 	}
 	if err := os.Rename(tmp, out); err != nil {
 		return fmt.Errorf("install %s: %w", out, err)
 	}
-	fmt.Fprintf(os.Stderr, "testenv/kube: built %s in %s\n", out, time.Since(start).Round(time.Second))
+	b.say("%s: built %s in %s (%d packages compiled)", b.name, out, time.Since(start).Round(time.Second), compiled)
 	return nil
 }
 
-// lockFile takes an exclusive flock on path, waiting until ctx ends.
-func lockFile(ctx context.Context, path string) (func(), error) {
+// goRun runs the go command in the tools module, handing each line it writes
+// to standard error to line, and reporting "<name>: <what>, <elapsed>,
+// <status()>" every b.every until it ends. It returns standard output
+// and standard error.
+func (b buildStep) goRun(ctx context.Context, what string, status func() string, line func(string), args ...string) (stdout []byte, stderr string, err error) {
+	cmd := exec.CommandContext(ctx, goCmd(), args...)
+	cmd.Dir, cmd.Env = b.tools, toolsEnv()
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	pipe, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, "", fmt.Errorf("go %s: %w", args[0], err)
+	}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, "", fmt.Errorf("go %s: %w", args[0], err)
+	}
+	var mu sync.Mutex // line and status share the counters
+	var errText strings.Builder
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		sc := bufio.NewScanner(pipe)
+		sc.Buffer(make([]byte, 64*1024), 1024*1024)
+		for sc.Scan() {
+			mu.Lock()
+			errText.WriteString(sc.Text() + "\n")
+			line(sc.Text())
+			mu.Unlock()
+		}
+	}()
+	tick := time.NewTicker(b.every)
+	defer tick.Stop()
+	for waiting := true; waiting; {
+		select {
+		case <-scanned:
+			waiting = false
+		case <-tick.C:
+			mu.Lock()
+			b.say("%s: %s, %s, %s", b.name, what, time.Since(start).Round(time.Second), status())
+			mu.Unlock()
+		}
+	}
+	err = cmd.Wait()
+	return out.Bytes(), errText.String(), err
+}
+
+// lockFile takes an exclusive flock on path, waiting until ctx ends; it calls
+// waiting once if another process holds the lock.
+func lockFile(ctx context.Context, path string, waiting func()) (func(), error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("open build lock: %w", err)
@@ -195,6 +302,10 @@ func lockFile(ctx context.Context, path string) (func(), error) {
 		if !errors.Is(err, syscall.EWOULDBLOCK) {
 			f.Close()
 			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		if waiting != nil {
+			waiting()
+			waiting = nil
 		}
 		select {
 		case <-ctx.Done():

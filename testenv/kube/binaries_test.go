@@ -1,0 +1,146 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// lines collects what a build step says.
+type lines struct {
+	mu  sync.Mutex
+	all []string
+}
+
+func (l *lines) say(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.all = append(l.all, fmt.Sprintf(format, args...))
+}
+
+func (l *lines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.all, "\n")
+}
+
+// TestBuildStepReportsProgress builds a small module whose source is new to
+// the build cache (so at least its main package compiles) and checks the step
+// lines, the periodic lines with their package counts, and the binary.
+func TestBuildStepReportsProgress(t *testing.T) {
+	dir := t.TempDir()
+	for name, text := range map[string]string{
+		"go.mod":  "module example.com/tiny\n\ngo 1.26\n",
+		"main.go": fmt.Sprintf("package main\n\nconst built = %d\n\nfunc main() { println(built) }\n", time.Now().UnixNano()),
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got lines
+	out := filepath.Join(t.TempDir(), "tiny")
+	b := buildStep{tools: dir, name: "[1/1] tiny", say: got.say, every: 10 * time.Millisecond}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := b.build(ctx, out, "example.com/tiny", "-s -w"); err != nil {
+		t.Fatal(err)
+	}
+	if !exists(out) || exists(out+".tmp") {
+		t.Errorf("want %s and no .tmp left", out)
+	}
+	for _, re := range []string{
+		`(?m)^\[1/1\] tiny: listing the packages of example\.com/tiny`,
+		`(?m)^\[1/1\] tiny: (\d+) packages, 0 modules downloaded, in \d+s; compiling`,
+		`(?m)^\[1/1\] tiny: compiling, \d+s, \d+ of \d+ packages compiled, last \S+`,
+		`(?m)^\[1/1\] tiny: built .*/tiny in \d+s \([1-9]\d* packages compiled\)$`,
+	} {
+		if !regexp.MustCompile(re).MatchString(got.String()) {
+			t.Errorf("no line matches %s in:\n%s", re, got.String())
+		}
+	}
+}
+
+// TestBuildStepFailureShowsCompiler: a package that does not compile fails
+// with the compiler's message, and leaves no binary.
+func TestBuildStepFailureShowsCompiler(t *testing.T) {
+	dir := t.TempDir()
+	for name, text := range map[string]string{
+		"go.mod":  "module example.com/broken\n\ngo 1.26\n",
+		"main.go": "package main\n\nfunc main() { undefinedThing() }\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got lines
+	out := filepath.Join(t.TempDir(), "broken")
+	b := buildStep{tools: dir, name: "[1/1] broken", say: got.say, every: time.Minute}
+	err := b.build(context.Background(), out, "example.com/broken", "")
+	if err == nil || !strings.Contains(err.Error(), "undefined: undefinedThing") {
+		t.Fatalf("build = %v, want the compiler's error", err)
+	}
+	if exists(out) || exists(out+".tmp") {
+		t.Errorf("a failed build left %s or its .tmp", out)
+	}
+}
+
+// TestBuildSaysWhenCached: with both binaries in the cache directory, Build
+// prints one line and builds nothing.
+func TestBuildSaysWhenCached(t *testing.T) {
+	root := t.TempDir()
+	t.Setenv(CacheEnv, root)
+	tools, err := toolsDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := buildKey(context.Background(), tools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, key)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range []string{"kube-apiserver", "etcd"} {
+		if err := os.WriteFile(filepath.Join(dir, b), nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out strings.Builder
+	apiserver, etcd, err := Build(context.Background(), &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if apiserver != filepath.Join(dir, "kube-apiserver") || etcd != filepath.Join(dir, "etcd") {
+		t.Errorf("Build = %s, %s; want the cached pair in %s", apiserver, etcd, dir)
+	}
+	if want := "testenv/kube: kube-apiserver and etcd found in " + dir + "\n"; out.String() != want {
+		t.Errorf("Build printed %q, want %q", out.String(), want)
+	}
+}
+
+// TestLockFileSaysWhenWaiting: a second taker of the lock is told once that it
+// waits, and gives up when its context ends.
+func TestLockFileSaysWhenWaiting(t *testing.T) {
+	path := filepath.Join(t.TempDir(), ".lock")
+	unlock, err := lockFile(context.Background(), path, func() { t.Error("first taker told to wait") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 1200*time.Millisecond)
+	defer cancel()
+	waits := 0
+	if _, err := lockFile(ctx, path, func() { waits++ }); err == nil {
+		t.Fatal("second taker got the lock while the first held it")
+	}
+	if waits != 1 {
+		t.Errorf("told to wait %d times, want 1", waits)
+	}
+}
