@@ -30,19 +30,24 @@ func (l *lines) String() string {
 	return strings.Join(l.all, "\n")
 }
 
-// TestBuildStepReportsProgress builds a small module whose source is new to
-// the build cache (so at least its main package compiles) and checks the step
-// lines, the periodic lines with their package counts, and the binary.
-func TestBuildStepReportsProgress(t *testing.T) {
+// writeModule writes a module of one main package into a new directory.
+func writeModule(t *testing.T, path, mainGo string) string {
+	t.Helper()
 	dir := t.TempDir()
-	for name, text := range map[string]string{
-		"go.mod":  "module example.com/tiny\n\ngo 1.26\n",
-		"main.go": fmt.Sprintf("package main\n\nconst built = %d\n\nfunc main() { println(built) }\n", time.Now().UnixNano()),
-	} {
+	for name, text := range map[string]string{"go.mod": "module " + path + "\n\ngo 1.26\n", "main.go": mainGo} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return dir
+}
+
+// TestBuildStepReportsProgress builds a small module whose source is new to
+// the build cache (so at least its main package compiles) and checks the step
+// lines, the periodic lines with their package counts, and the binary.
+func TestBuildStepReportsProgress(t *testing.T) {
+	dir := writeModule(t, "example.com/tiny",
+		fmt.Sprintf("package main\n\nconst built = %d\n\nfunc main() { println(built) }\n", time.Now().UnixNano()))
 	var got lines
 	out := filepath.Join(t.TempDir(), "tiny")
 	b := buildStep{tools: dir, name: "[1/1] tiny", say: got.say, every: 10 * time.Millisecond}
@@ -69,15 +74,7 @@ func TestBuildStepReportsProgress(t *testing.T) {
 // TestBuildStepFailureShowsCompiler: a package that does not compile fails
 // with the compiler's message, and leaves no binary.
 func TestBuildStepFailureShowsCompiler(t *testing.T) {
-	dir := t.TempDir()
-	for name, text := range map[string]string{
-		"go.mod":  "module example.com/broken\n\ngo 1.26\n",
-		"main.go": "package main\n\nfunc main() { undefinedThing() }\n",
-	} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := writeModule(t, "example.com/broken", "package main\n\nfunc main() { undefinedThing() }\n")
 	var got lines
 	out := filepath.Join(t.TempDir(), "broken")
 	b := buildStep{tools: dir, name: "[1/1] broken", say: got.say, every: time.Minute}
