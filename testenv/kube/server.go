@@ -28,6 +28,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/isthmus-dev/isthmus/testenv/kube/kubebin"
 )
 
 // AdminUser is the user of the admin token, in group system:masters.
@@ -68,13 +70,13 @@ type process struct {
 	err  error
 }
 
-// Start builds or finds the binaries (see Binaries), starts etcd and
+// Start builds or finds the binaries (see kubebin.Binaries), starts etcd and
 // kube-apiserver on free loopback ports in a new temporary directory, waits
 // until /readyz answers ok and writes a kubeconfig for the admin user. On
 // error nothing is left running. The caller must call Stop; the child
 // processes also die with the calling process (SIGKILL on parent death).
 func Start(ctx context.Context, opts Options) (*Server, error) {
-	apiserver, etcd, err := Binaries(ctx)
+	apiserver, etcd, err := kubebin.Binaries(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -328,7 +330,7 @@ func (s *Server) waitHTTP(ctx context.Context, p *process, url string, tlsConf *
 			if resp.StatusCode == http.StatusOK {
 				return nil
 			}
-			last = fmt.Sprintf("%s: %s", resp.Status, tailLines(string(body), 10))
+			last = fmt.Sprintf("%s: %s", resp.Status, kubebin.TailLines(string(body), 10))
 		} else {
 			last = err.Error()
 		}
@@ -369,5 +371,5 @@ func tailFile(path string, n int) string {
 	if err != nil {
 		return "(" + err.Error() + ")"
 	}
-	return tailLines(string(data), n)
+	return kubebin.TailLines(string(data), n)
 }

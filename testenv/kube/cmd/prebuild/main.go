@@ -1,5 +1,5 @@
 // Command prebuild fills the cache of kube-apiserver and etcd binaries that the
-// Kubernetes tests use (testenv/kube.Binaries), printing each step and a
+// Kubernetes tests use (testenv/kube/kubebin), printing each step and a
 // progress line every few seconds. `make test` runs it before `go test`, which
 // shows the output of a passing package only with -v: without it, the first
 // run on a machine would sit silent for minutes while kube-apiserver compiles.
@@ -13,13 +13,13 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/isthmus-dev/isthmus/testenv/kube"
+	"github.com/isthmus-dev/isthmus/testenv/kube/kubebin"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if _, _, err := kube.Build(ctx, os.Stdout); err != nil {
+	if _, _, err := kubebin.Build(ctx, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
 		os.Exit(1)
 	}

@@ -1,0 +1,336 @@
+// Package kubebin builds the kube-apiserver and etcd that testenv/kube runs,
+// once, into a cache shared by every later run, reporting its progress. It
+// depends on the standard library alone, so that `go run` of
+// testenv/kube/cmd/prebuild starts at once on a machine with an empty build
+// cache, before anything else has compiled client-go.
+package kubebin
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// CacheEnv names the environment variable that overrides DefaultCacheRoot.
+const CacheEnv = "ISTHMUS_KUBE_CACHE"
+
+// DefaultCacheRoot holds one directory of binaries per build key. It survives
+// between runs (and between CI runs on the same machine), so only the first
+// run pays for the build.
+const DefaultCacheRoot = "/var/cache/isthmus"
+
+// Binaries returns the paths of a kube-apiserver and an etcd built from the
+// tools module (testenv/kube/tools: k8s.io/kubernetes with its staging modules
+// pinned by replace directives, and go.etcd.io/etcd/server/v3). They are built
+// once into a cache directory keyed by the module versions, a hash of the tools
+// module's go.mod and go.sum, and the Go version, under $ISTHMUS_KUBE_CACHE or
+// DefaultCacheRoot. A lock file serialises builds across processes, so two test
+// binaries never build at once; the second finds the first one's result.
+//
+// The first build on a clean machine downloads the modules and compiles
+// kube-apiserver: about 5 minutes on 2 idle cores (4m43s measured with an
+// empty build cache), more when other builds compete. Later calls return at
+// once.
+// A failed build returns an error with the tail of the compiler's output.
+// Progress goes to standard error (see Build).
+func Binaries(ctx context.Context) (apiserver, etcd string, err error) {
+	return Build(ctx, os.Stderr)
+}
+
+// ProgressInterval is how often a running build step reports.
+const ProgressInterval = 10 * time.Second
+
+// Build is Binaries reporting to progress: a line for each step (waiting for
+// another builder, listing a binary's packages, which downloads its modules,
+// compiling it) and, while a step runs, a line every ProgressInterval with the
+// time so far and the modules downloaded or packages compiled. It prints one
+// line when the binaries are already cached. `make test` runs it through
+// testenv/kube/cmd/prebuild before `go test`, which would hide this output.
+func Build(ctx context.Context, progress io.Writer) (apiserver, etcd string, err error) {
+	tools, err := toolsDir()
+	if err != nil {
+		return "", "", err
+	}
+	key, err := buildKey(ctx, tools)
+	if err != nil {
+		return "", "", err
+	}
+	root := os.Getenv(CacheEnv)
+	if root == "" {
+		root = DefaultCacheRoot
+	}
+	dir := filepath.Join(root, key)
+	apiserver = filepath.Join(dir, "kube-apiserver")
+	etcd = filepath.Join(dir, "etcd")
+	say := func(format string, args ...any) { fmt.Fprintf(progress, "testenv/kube: "+format+"\n", args...) }
+	if exists(apiserver) && exists(etcd) {
+		say("kube-apiserver and etcd found in %s", dir)
+		return apiserver, etcd, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", "", fmt.Errorf("create kube binary cache: %w", err)
+	}
+	start := time.Now()
+	say("kube-apiserver and etcd are not in %s yet: building them once, for this and every later run (about 5 minutes on 2 idle cores)", dir)
+	unlock, err := lockFile(ctx, filepath.Join(dir, ".lock"), func() {
+		say("waiting for another process that is building into %s", dir)
+	})
+	if err != nil {
+		return "", "", err
+	}
+	defer unlock()
+	steps := []struct{ out, pkg, ldflags string }{
+		{etcd, "go.etcd.io/etcd/server/v3", "-s -w"},
+		{apiserver, "k8s.io/kubernetes/cmd/kube-apiserver", apiserverLDFlags(tools)},
+	}
+	for i, b := range steps {
+		if exists(b.out) {
+			say("[%d/%d] %s: built meanwhile by the process we waited for", i+1, len(steps), filepath.Base(b.out))
+			continue
+		}
+		bs := buildStep{tools: tools, name: fmt.Sprintf("[%d/%d] %s", i+1, len(steps), filepath.Base(b.out)), say: say, every: ProgressInterval}
+		if err := bs.build(ctx, b.out, b.pkg, b.ldflags); err != nil {
+			return "", "", err
+		}
+	}
+	say("kube-apiserver and etcd ready in %s after %s", dir, time.Since(start).Round(time.Second))
+	return apiserver, etcd, nil
+}
+
+// toolsDir finds the tools module, testenv/kube/tools, from this source file.
+func toolsDir() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("find tools module: no caller information")
+	}
+	dir := filepath.Join(filepath.Dir(file), "..", "tools")
+	if !exists(filepath.Join(dir, "go.mod")) {
+		return "", fmt.Errorf("find tools module: %s has no go.mod (Binaries needs the source tree)", dir)
+	}
+	return dir, nil
+}
+
+// goCmd returns the go command: the one on PATH, else the one of this
+// binary's GOROOT.
+func goCmd() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	return filepath.Join(runtime.GOROOT(), "bin", "go")
+}
+
+// toolsEnv is the environment of every go command run in the tools module: no
+// workspace, and the module's own go.sum is the authority.
+func toolsEnv() []string {
+	return append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
+}
+
+// moduleVersion returns the version the tools module's go.mod requires of a
+// module path, or "".
+func moduleVersion(gomod []byte, path string) string {
+	sc := bufio.NewScanner(bytes.NewReader(gomod))
+	for sc.Scan() {
+		f := strings.Fields(strings.TrimPrefix(strings.TrimSpace(sc.Text()), "require "))
+		if len(f) >= 2 && f[0] == path && strings.HasPrefix(f[1], "v") {
+			return f[1]
+		}
+	}
+	return ""
+}
+
+// buildKey names the cache directory: kube-<kubernetes>-etcd-<etcd>-<go>-<hash>.
+func buildKey(ctx context.Context, tools string) (string, error) {
+	gomod, err := os.ReadFile(filepath.Join(tools, "go.mod"))
+	if err != nil {
+		return "", fmt.Errorf("read tools go.mod: %w", err)
+	}
+	gosum, err := os.ReadFile(filepath.Join(tools, "go.sum"))
+	if err != nil {
+		return "", fmt.Errorf("read tools go.sum: %w", err)
+	}
+	cmd := exec.CommandContext(ctx, goCmd(), "env", "GOVERSION")
+	cmd.Dir, cmd.Env = tools, toolsEnv()
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("read go version: %w", err)
+	}
+	gover := strings.TrimSpace(string(out))
+	h := sha256.New()
+	h.Write(gomod)
+	h.Write(gosum)
+	h.Write([]byte(gover + runtime.GOOS + runtime.GOARCH))
+	return fmt.Sprintf("kube-%s-etcd-%s-%s-%s", moduleVersion(gomod, "k8s.io/kubernetes"),
+		moduleVersion(gomod, "go.etcd.io/etcd/server/v3"), gover, hex.EncodeToString(h.Sum(nil))[:10]), nil
+}
+
+// apiserverLDFlags stamps the Kubernetes version into kube-apiserver, as the
+// release build does, so discovery reports it.
+func apiserverLDFlags(tools string) string {
+	gomod, _ := os.ReadFile(filepath.Join(tools, "go.mod"))
+	v := moduleVersion(gomod, "k8s.io/kubernetes")
+	flags := "-s -w"
+	var major, minor string
+	if parts := strings.Split(strings.TrimPrefix(v, "v"), "."); len(parts) >= 2 {
+		major, minor = parts[0], parts[1]
+	}
+	const pkg = "k8s.io/component-base/version"
+	if v != "" {
+		flags += fmt.Sprintf(" -X %s.gitVersion=%s -X %s.gitMajor=%s -X %s.gitMinor=%s", pkg, v, pkg, major, pkg, minor)
+	}
+	return flags
+}
+
+// buildStep builds one binary of the tools module, reporting as it goes.
+type buildStep struct {
+	tools string
+	name  string // "[2/2] kube-apiserver"
+	say   func(format string, args ...any)
+	every time.Duration // between progress lines
+}
+
+// build lists pkg's packages (which downloads the modules they need), then
+// builds pkg into out through a temporary name, so that a half-written binary
+// is never found.
+func (b buildStep) build(ctx context.Context, out, pkg, ldflags string) error {
+	start := time.Now()
+	b.say("%s: listing the packages of %s (downloads their modules on first use)", b.name, pkg)
+	var downloaded int
+	listed, _, err := b.goRun(ctx, "listing", func() string { return fmt.Sprintf("%d modules downloaded", downloaded) },
+		func(line string) {
+			if strings.HasPrefix(line, "go: downloading ") {
+				downloaded++
+			}
+		}, "list", "-deps", "-f", "{{.ImportPath}}", pkg)
+	if err != nil {
+		return fmt.Errorf("list the packages of %s in %s: %w", pkg, b.tools, err)
+	}
+	deps := map[string]bool{}
+	for _, p := range strings.Fields(string(listed)) {
+		deps[p] = true
+	}
+	b.say("%s: %d packages, %d modules downloaded, in %s; compiling what the build cache lacks", b.name, len(deps), downloaded, time.Since(start).Round(time.Second))
+
+	tmp := out + ".tmp"
+	var compiled int
+	var last string
+	_, stderr, err := b.goRun(ctx, "compiling", func() string {
+		return fmt.Sprintf("%d of %d packages compiled, last %s", compiled, len(deps), last)
+	}, func(line string) {
+		if deps[line] { // go build -v names each package as it compiles it
+			compiled++
+			last = line
+		}
+	}, "build", "-v", "-o", tmp, "-ldflags", ldflags, pkg)
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("build %s in %s (go build %s): %w\n%s", filepath.Base(out), b.tools, pkg, err, TailLines(stderr, 40))
+	}
+	if err := os.Rename(tmp, out); err != nil {
+		return fmt.Errorf("install %s: %w", out, err)
+	}
+	b.say("%s: built %s in %s (%d packages compiled)", b.name, out, time.Since(start).Round(time.Second), compiled)
+	return nil
+}
+
+// goRun runs the go command in the tools module, handing each line it writes
+// to standard error to line, and reporting "<name>: <what>, <elapsed>,
+// <status()>" every b.every until it ends. It returns standard output
+// and standard error.
+func (b buildStep) goRun(ctx context.Context, what string, status func() string, line func(string), args ...string) (stdout []byte, stderr string, err error) {
+	cmd := exec.CommandContext(ctx, goCmd(), args...)
+	cmd.Dir, cmd.Env = b.tools, toolsEnv()
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	pipe, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, "", fmt.Errorf("go %s: %w", args[0], err)
+	}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, "", fmt.Errorf("go %s: %w", args[0], err)
+	}
+	var mu sync.Mutex // line and status share the counters
+	var errText strings.Builder
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		sc := bufio.NewScanner(pipe)
+		sc.Buffer(make([]byte, 64*1024), 1024*1024)
+		for sc.Scan() {
+			mu.Lock()
+			errText.WriteString(sc.Text() + "\n")
+			line(sc.Text())
+			mu.Unlock()
+		}
+	}()
+	tick := time.NewTicker(b.every)
+	defer tick.Stop()
+	for waiting := true; waiting; {
+		select {
+		case <-scanned:
+			waiting = false
+		case <-tick.C:
+			mu.Lock()
+			b.say("%s: %s, %s, %s", b.name, what, time.Since(start).Round(time.Second), status())
+			mu.Unlock()
+		}
+	}
+	err = cmd.Wait()
+	return out.Bytes(), errText.String(), err
+}
+
+// lockFile takes an exclusive flock on path, waiting until ctx ends; it calls
+// waiting once if another process holds the lock.
+func lockFile(ctx context.Context, path string, waiting func()) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open build lock: %w", err)
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			return func() { syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		if waiting != nil {
+			waiting()
+			waiting = nil
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("wait for build lock %s: %w", path, ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// TailLines returns the last n lines of s.
+func TailLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
