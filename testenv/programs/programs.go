@@ -135,7 +135,7 @@ func (t *Table) Require(name string) error {
 	}
 	if strings.Contains(name, "/") && !systemBin(name) {
 		if _, err := exec.LookPath(name); err != nil {
-			return fmt.Errorf("%w: %s: %w", ErrMissing, name, err)
+			return fmt.Errorf("%w: %w", ErrMissing, err) // exec's error names the path
 		}
 		t.ok.Store(name, struct{}{})
 		return nil
