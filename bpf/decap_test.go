@@ -49,6 +49,7 @@ func innerEth(payload []byte) []byte { return ethFrame(innerMAC, innerMAC, 0x080
 
 func TestDecapTC(t *testing.T) {
 	l := newLab(t)
+	setTunnelIP(t, l, hostIP) // host delivery is for the node's tunnel address only
 	opt := []byte{0x01, 0x02, 0x03, 0x01, 0xaa, 0xbb, 0xcc, 0xdd} // one non-critical option, 4 data bytes
 	for _, tc := range []struct {
 		name    string
@@ -216,7 +217,7 @@ func rejectCases(l *lab) []rejectCase {
 	add("other UDP port", geneveFrame(l, o, ie), 0)
 	o = with(func(o *frameOpts) { o.outerDst = netip.MustParseAddr("192.168.1.7") })
 	add("other destination", geneveFrame(l, o, ie), 0)
-	add("outer fragment", ethFrame(l.undMAC, gwMAC, 0x0800, ipv4Packet(peerIP, underlayIP, 17, ipOpts{ttl: 64, fragOff: 0x2000}, udpDatagram(50000, 6081, geneveHeader(g.gnv, ie)))), 0)
+	add("outer fragment", ethFrame(l.undMAC, gwMAC, 0x0800, ipv4Packet(peerIP, underlayIP, 17, ipOpts{ttl: 64, fragOff: 0x2000}, udpDatagram(50000, 6081, geneveHeader(g.gnv, ie)))), IsthmusDropReasonDROP_OUTER_FRAGMENT)
 	add("ARP", ethFrame(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, gwMAC, 0x0806, make([]byte, 28)), 0)
 	return cases
 }

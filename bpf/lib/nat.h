@@ -277,8 +277,8 @@ static __always_inline int snat_egress(struct __sk_buff *skb, const struct datap
 {
 	struct route_key ek = { .prefixlen = 32 };
 	struct ct_tuple t;
-	struct nat_l4 l;
-	__be16 port;
+	struct nat_l4 l = {};
+	__be16 port = 0;
 	int ret;
 
 	if (!cfg->tunnel_ip)
@@ -286,8 +286,7 @@ static __always_inline int snat_egress(struct __sk_buff *skb, const struct datap
 	ek.addr = iph->saddr;
 	if (bpf_map_lookup_elem(&snat_exempt, &ek))
 		return 0;
-	if (iph->ttl <= 1 ||
-	    (cfg->tunnel_mtu && !skb->gso_size && skb->len - ETH_HLEN > cfg->tunnel_mtu))
+	if (iph->ttl <= 1 || (cfg->tunnel_mtu && ipv4_wire_len(skb, iph) > cfg->tunnel_mtu))
 		return 0;
 	/* Fragments: a non-first fragment carries no ports, so nothing tells its flow or
 	 * translated port; translating only the first fragment of a datagram would not
