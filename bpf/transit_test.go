@@ -225,6 +225,14 @@ func TestTransitGroup(t *testing.T) {
 	l := gatewayLab(t)
 	g := groupOf(members)
 	withGroup(t, l, g)
+	// This lab's pod_ingress stands in for the member's, so memberPod must be a pod
+	// here: pod_ingress takes only sources that route back through the interface.
+	if err := inNS(l.ns, func() error {
+		return netlink.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: memberPod.AsSlice(), Mask: net.CIDRMask(32, 32)},
+			LinkIndex: l.pod.Attrs().Index, Scope: netlink.SCOPE_LINK})
+	}); err != nil {
+		t.Fatalf("route memberPod: %v", err)
+	}
 	per := map[netip.Addr]int{}
 	for i := range uint16(64) {
 		sport := 30000 + i
