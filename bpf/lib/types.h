@@ -114,7 +114,8 @@ struct datapath_config {
 	__u8 overlay_mac[6];	/* isthmus0's MAC, the inner destination MAC for host traffic */
 	__u16 tunnel_mtu;	/* largest inner IPv4 packet that fits the tunnel (non-GSO) */
 	__u32 flags;		/* CFG_F_* */
-	__be32 tunnel_ip;	/* this node's tunnel address: the SNAT source; 0 = no SNAT */
+	__be32 tunnel_ip;	/* this node's tunnel address: the SNAT source and the one
+				 * local address decapsulation delivers to; 0 = neither */
 	__u16 snat_port_min;	/* host order: range for translated ports when the */
 	__u16 snat_port_max;	/* original one is taken */
 };
