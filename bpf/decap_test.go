@@ -380,15 +380,16 @@ func checkUnderlayIngress(t *testing.T, l *lab, isDrop map[uint16]bool, in []byt
 			}
 		case tcActRedirect:
 			// Decapsulated and delivered, a plain packet the fabric handed over, or
-			// forwarded whole to another peer (transit, on a gateway only).
+			// forwarded whole to another peer (transit, on a gateway only), or, in
+			// transit, answered with ICMP time exceeded back to the sender.
 			alone := func(m IsthmusMetric) bool { return d[metricKey(m, IsthmusHookHOOK_UNDERLAY_TC)] == 1 && len(d) == 1 }
-			transit := alone(IsthmusMetricMETRIC_TRANSIT)
+			transit := alone(IsthmusMetricMETRIC_TRANSIT) || alone(IsthmusMetricMETRIC_TIME_EXCEEDED_SENT)
 			if transit && !l.isTransit(t) {
 				t.Fatalf("transit without CFG_F_TRANSIT")
 			}
 			if !alone(IsthmusMetricMETRIC_FABRIC_INGRESS) && !transit &&
 				(d[metricKey(IsthmusMetricMETRIC_DECAP, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 2) {
-				t.Fatalf("redirected with counters %v, want METRIC_DECAP and one delivery, METRIC_FABRIC_INGRESS or METRIC_TRANSIT", d)
+				t.Fatalf("redirected with counters %v, want METRIC_DECAP and one delivery, METRIC_FABRIC_INGRESS, METRIC_TRANSIT or METRIC_TIME_EXCEEDED_SENT", d)
 			}
 		default:
 			t.Fatalf("verdict %d not one of OK, SHOT, REDIRECT", ret)

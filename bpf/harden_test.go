@@ -492,3 +492,45 @@ func TestFabricIngressNeighbour(t *testing.T) {
 		}
 	}
 }
+
+// TestTransitTimeExceeded: a transiting frame whose inner TTL expires at the gateway
+// goes back to the hop that sent it, as GENEVE, carrying ICMP time exceeded from the
+// gateway's tunnel address to the inner source, so traceroute across sites shows the
+// gateway as a hop.
+func TestTransitTimeExceeded(t *testing.T) {
+	l := gatewayLab(t)
+	setTunnelIP(t, l, hostIP)
+	o := transitOpts{outerSrc: memberIP, innerSrc: memberPod, innerDst: remotePodIP, innerTTL: 1, sport: 33434,
+		gnvOpts: []byte{0x01, 0x02, 0x03, 0x01, 0xaa, 0xbb, 0xcc, 0xdd}}
+	in := transitFrame(l, o)
+	before := l.counts(t)
+	ret, out := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
+	if ret != tcActRedirect {
+		t.Fatalf("verdict %d, want TC_ACT_REDIRECT (time exceeded back to the member)", ret)
+	}
+	icmp := icmpTimeExceeded(memberInner(o), hostIP)
+	ohl, iip := 20, 14+20+8+8+len(o.gnvOpts)+14
+	if len(out) != iip+len(icmp) || !bytes.Equal(out[iip:], icmp) {
+		t.Fatalf("inner packet is not the ICMP time exceeded\n got %x\nwant %x", out, icmp)
+	}
+	if !bytes.Equal(out[:12], append(append([]byte{}, gwMAC...), l.undMAC...)) {
+		t.Errorf("outer MACs %x, want toward the underlay gateway", out[:12])
+	}
+	if src, dst := netip.AddrFrom4([4]byte(out[14+12:14+16])), netip.AddrFrom4([4]byte(out[14+16:14+20])); src != underlayIP || dst != memberIP {
+		t.Errorf("outer %s -> %s, want %s -> %s", src, dst, underlayIP, memberIP)
+	}
+	if csum16(out[14:14+ohl]) != 0 || int(binary.BigEndian.Uint16(out[14+2:])) != len(out)-14 || out[14+8] != 64 {
+		t.Errorf("outer IPv4 header: checksum ok %v, total length %d (frame %d), TTL %d",
+			csum16(out[14:14+ohl]) == 0, binary.BigEndian.Uint16(out[14+2:]), len(out)-14, out[14+8])
+	}
+	udp := out[14+ohl:]
+	if binary.BigEndian.Uint16(udp[2:]) != 6081 || int(binary.BigEndian.Uint16(udp[4:])) != len(udp) || binary.BigEndian.Uint16(udp[6:]) != 0 {
+		t.Errorf("outer UDP %x: want port 6081, length %d, checksum 0", udp[:8], len(udp))
+	}
+	if !bytes.Equal(out[14+ohl+8:iip], in[14+ohl+8:iip]) {
+		t.Errorf("GENEVE header or inner Ethernet changed\n got %x\nwant %x", out[14+ohl+8:iip], in[14+ohl+8:iip])
+	}
+	if d := delta(before, l.counts(t)); d[metricKey(IsthmusMetricMETRIC_TIME_EXCEEDED_SENT, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 1 {
+		t.Errorf("counters moved %v, want only METRIC_TIME_EXCEEDED_SENT +1", d)
+	}
+}

@@ -303,8 +303,6 @@ func TestTransitDrops(t *testing.T) {
 	}{
 		// peerIP may send from remoteNet, whose route is peerIP itself.
 		{"next hop is the sender", with(func(o *transitOpts) { o.outerSrc, o.innerSrc = peerIP, netip.MustParseAddr("10.2.0.9") }), IsthmusDropReasonDROP_TRANSIT_LOOP},
-		{"inner TTL 1", with(func(o *transitOpts) { o.innerTTL = 1 }), IsthmusDropReasonDROP_TTL_EXCEEDED},
-		{"inner TTL 0", with(func(o *transitOpts) { o.innerTTL = 0 }), IsthmusDropReasonDROP_TTL_EXCEEDED},
 		// Transit weakens none of the checks of decapsulation.
 		{"inner source not allowed", with(func(o *transitOpts) { o.innerSrc = deniedIP }), IsthmusDropReasonDROP_INNER_SRC_DENIED},
 		{"member's source from another peer", with(func(o *transitOpts) { o.outerSrc = peerIP }), IsthmusDropReasonDROP_INNER_SRC_DENIED},
