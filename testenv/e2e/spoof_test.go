@@ -13,31 +13,38 @@ import (
 )
 
 // receiveScript prints "ready", then the source address and payload of every UDP
-// datagram that reaches port argv[1] within argv[2] seconds: the receiving kernel's
-// socket is the oracle of what source a pod was shown.
+// datagram that reaches port argv[1], until a second after the first one tagged
+// argv[2] (sent last) or argv[3] seconds: the receiving kernel's socket is the oracle
+// of what source a pod was shown.
 const receiveScript = `
 import socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.bind(("0.0.0.0", int(sys.argv[1])))
 s.settimeout(0.2)
 print("ready", flush=True)
-end = time.time() + float(sys.argv[2])
+end = time.time() + float(sys.argv[3])
 while time.time() < end:
     try:
         data, addr = s.recvfrom(2048)
     except socket.timeout:
         continue
-    print(addr[0], data.decode(errors="replace"), flush=True)
+    tag = data.decode(errors="replace")
+    print(addr[0], tag, flush=True)
+    if tag == sys.argv[2]:
+        end = min(end, time.time() + 1)
 `
 
-// sendAsScript sends three UDP datagrams from source argv[1] (whatever the
-// interface's address is) to argv[2]:argv[3] carrying argv[4], as a compromised pod
-// with CAP_NET_RAW can.
+// sendAsScript sends, for each argument src=tag after argv[1] (destination) and
+// argv[2] (port), three UDP datagrams from source src (whatever the interface's
+// address is) carrying tag, in order, as a compromised pod with CAP_NET_RAW can.
 const sendAsScript = `
 import sys
-from scapy.all import IP, UDP, Raw, send
-src, dst, port, tag = sys.argv[1:5]
-send(IP(src=src, dst=dst, ttl=64) / UDP(sport=40000, dport=int(port)) / Raw(tag.encode()), count=3, inter=0.1, verbose=False)
+from scapy.all import IP, UDP, Raw, send, conf, L3RawSocket
+conf.L3socket = L3RawSocket  # the kernel routes and resolves the gateway, as for any socket
+dst, port = sys.argv[1], int(sys.argv[2])
+for arg in sys.argv[3:]:
+    src, tag = arg.split("=")
+    send(IP(src=src, dst=dst, ttl=64) / UDP(sport=40000, dport=port) / Raw(tag.encode()), count=3, inter=0.1, verbose=False)
 `
 
 // TestPodSpoofedSource: a pod (a1-p1) sending UDP with the source of its neighbour
@@ -51,9 +58,9 @@ func TestPodSpoofedSource(t *testing.T) {
 	code := dropCode(t, "DROP_POD_SRC_SPOOFED")
 	before := packets(nodeMetrics(t, l, "a1"), code, maps.HookPodIngress)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	recv := testenv.Command(ctx, l.PodNS(receiver), "/usr/bin/python3", "-c", receiveScript, strconv.Itoa(port), "8")
+	recv := testenv.Command(ctx, l.PodNS(receiver), "/usr/bin/python3", "-c", receiveScript, strconv.Itoa(port), "own", "60")
 	stdout, err := recv.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -66,14 +73,11 @@ func TestPodSpoofedSource(t *testing.T) {
 	if !sc.Scan() || sc.Text() != "ready" {
 		t.Fatalf("receiver in %s did not start: %q", receiver, sc.Text())
 	}
-	for _, s := range []struct{ src, tag string }{
-		{l.PodAddr(neighbour).String(), "spoofed"},
-		{l.PodAddr(sender).String(), "own"},
-	} {
-		if out, err := l.Exec(ctx, l.PodNS(sender), "/usr/bin/python3", "-c", sendAsScript,
-			s.src, l.PodAddr(receiver).String(), strconv.Itoa(port), s.tag); err != nil {
-			t.Fatalf("send from %s as %s: %v\n%s", sender, s.src, err, out)
-		}
+	// The forged datagrams first: the receiver stops a second after the first own one.
+	if out, err := l.Exec(ctx, l.PodNS(sender), "/usr/bin/python3", "-c", sendAsScript,
+		l.PodAddr(receiver).String(), strconv.Itoa(port),
+		l.PodAddr(neighbour).String()+"=spoofed", l.PodAddr(sender).String()+"=own"); err != nil {
+		t.Fatalf("send from %s: %v\n%s", sender, err, out)
 	}
 	seen := map[string]int{}
 	for sc.Scan() {
