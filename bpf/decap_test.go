@@ -49,6 +49,7 @@ func innerEth(payload []byte) []byte { return ethFrame(innerMAC, innerMAC, 0x080
 
 func TestDecapTC(t *testing.T) {
 	l := newLab(t)
+	setTunnelIP(t, l, hostIP) // host delivery is for the node's tunnel address only
 	opt := []byte{0x01, 0x02, 0x03, 0x01, 0xaa, 0xbb, 0xcc, 0xdd} // one non-critical option, 4 data bytes
 	for _, tc := range []struct {
 		name    string
@@ -216,7 +217,7 @@ func rejectCases(l *lab) []rejectCase {
 	add("other UDP port", geneveFrame(l, o, ie), 0)
 	o = with(func(o *frameOpts) { o.outerDst = netip.MustParseAddr("192.168.1.7") })
 	add("other destination", geneveFrame(l, o, ie), 0)
-	add("outer fragment", ethFrame(l.undMAC, gwMAC, 0x0800, ipv4Packet(peerIP, underlayIP, 17, ipOpts{ttl: 64, fragOff: 0x2000}, udpDatagram(50000, 6081, geneveHeader(g.gnv, ie)))), 0)
+	add("outer fragment", ethFrame(l.undMAC, gwMAC, 0x0800, ipv4Packet(peerIP, underlayIP, 17, ipOpts{ttl: 64, fragOff: 0x2000}, udpDatagram(50000, 6081, geneveHeader(g.gnv, ie)))), IsthmusDropReasonDROP_OUTER_FRAGMENT)
 	add("ARP", ethFrame(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, gwMAC, 0x0806, make([]byte, 28)), 0)
 	return cases
 }
@@ -379,15 +380,16 @@ func checkUnderlayIngress(t *testing.T, l *lab, isDrop map[uint16]bool, in []byt
 			}
 		case tcActRedirect:
 			// Decapsulated and delivered, a plain packet the fabric handed over, or
-			// forwarded whole to another peer (transit, on a gateway only).
+			// forwarded whole to another peer (transit, on a gateway only), or, in
+			// transit, answered with ICMP time exceeded back to the sender.
 			alone := func(m IsthmusMetric) bool { return d[metricKey(m, IsthmusHookHOOK_UNDERLAY_TC)] == 1 && len(d) == 1 }
-			transit := alone(IsthmusMetricMETRIC_TRANSIT)
+			transit := alone(IsthmusMetricMETRIC_TRANSIT) || alone(IsthmusMetricMETRIC_TIME_EXCEEDED_SENT)
 			if transit && !l.isTransit(t) {
 				t.Fatalf("transit without CFG_F_TRANSIT")
 			}
 			if !alone(IsthmusMetricMETRIC_FABRIC_INGRESS) && !transit &&
 				(d[metricKey(IsthmusMetricMETRIC_DECAP, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 2) {
-				t.Fatalf("redirected with counters %v, want METRIC_DECAP and one delivery, METRIC_FABRIC_INGRESS or METRIC_TRANSIT", d)
+				t.Fatalf("redirected with counters %v, want METRIC_DECAP and one delivery, METRIC_FABRIC_INGRESS, METRIC_TRANSIT or METRIC_TIME_EXCEEDED_SENT", d)
 			}
 		default:
 			t.Fatalf("verdict %d not one of OK, SHOT, REDIRECT", ret)

@@ -228,10 +228,11 @@ func TestFabricDelivery(t *testing.T) {
 }
 
 // plainFrame is an overlay packet as the site fabric hands it to this node: plain
-// IPv4 on the underlay device, from the fabric router.
-// scapy: Ether(dst=<und0 MAC>, src="02:00:00:00:01:fd")/IP(src=src, dst=dst, ttl=ttl)/UDP(sport=4000, dport=5000, chksum=0)/b"payload"
+// IPv4 on the underlay device, from the site router (the neighbour toward the peers,
+// the only one fabric ingress takes remote sources from: TestFabricIngressNeighbour).
+// scapy: Ether(dst=<und0 MAC>, src="02:00:00:00:01:fe")/IP(src=src, dst=dst, ttl=ttl)/UDP(sport=4000, dport=5000, chksum=0)/b"payload"
 func plainFrame(l *lab, src, dst netip.Addr, ttl byte) []byte {
-	return ethFrame(l.undMAC, fabricMAC, 0x0800,
+	return ethFrame(l.undMAC, gwMAC, 0x0800,
 		ipv4Packet(src, dst, 17, ipOpts{ttl: ttl}, udpDatagram(4000, 5000, []byte("payload"))))
 }
 

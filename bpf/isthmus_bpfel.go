@@ -62,6 +62,11 @@ const (
 	IsthmusDropReasonDROP_SNAT_UNSUPPORTED  IsthmusDropReason = 4294967143
 	IsthmusDropReasonDROP_SNAT_REWRITE      IsthmusDropReason = 4294967142
 	IsthmusDropReasonDROP_TRANSIT_LOOP      IsthmusDropReason = 4294967141
+	IsthmusDropReasonDROP_POD_SRC_SPOOFED   IsthmusDropReason = 4294967140
+	IsthmusDropReasonDROP_POD_GENEVE        IsthmusDropReason = 4294967139
+	IsthmusDropReasonDROP_GENEVE_OAM        IsthmusDropReason = 4294967138
+	IsthmusDropReasonDROP_OUTER_FRAGMENT    IsthmusDropReason = 4294967137
+	IsthmusDropReasonDROP_ECN_NOT_ECT       IsthmusDropReason = 4294967136
 )
 
 type IsthmusFabricPrefixValue struct {
@@ -81,17 +86,18 @@ const (
 type IsthmusMetric uint32
 
 const (
-	IsthmusMetricMETRIC_ENCAP            IsthmusMetric = 1
-	IsthmusMetricMETRIC_DECAP            IsthmusMetric = 2
-	IsthmusMetricMETRIC_DELIVER_POD      IsthmusMetric = 3
-	IsthmusMetricMETRIC_DELIVER_HOST     IsthmusMetric = 4
-	IsthmusMetricMETRIC_FRAG_NEEDED_SENT IsthmusMetric = 5
-	IsthmusMetricMETRIC_DELIVER_FABRIC   IsthmusMetric = 6
-	IsthmusMetricMETRIC_SNAT             IsthmusMetric = 7
-	IsthmusMetricMETRIC_SNAT_REVERSE     IsthmusMetric = 8
-	IsthmusMetricMETRIC_SNAT_NEW         IsthmusMetric = 9
-	IsthmusMetricMETRIC_FABRIC_INGRESS   IsthmusMetric = 10
-	IsthmusMetricMETRIC_TRANSIT          IsthmusMetric = 11
+	IsthmusMetricMETRIC_ENCAP              IsthmusMetric = 1
+	IsthmusMetricMETRIC_DECAP              IsthmusMetric = 2
+	IsthmusMetricMETRIC_DELIVER_POD        IsthmusMetric = 3
+	IsthmusMetricMETRIC_DELIVER_HOST       IsthmusMetric = 4
+	IsthmusMetricMETRIC_FRAG_NEEDED_SENT   IsthmusMetric = 5
+	IsthmusMetricMETRIC_DELIVER_FABRIC     IsthmusMetric = 6
+	IsthmusMetricMETRIC_SNAT               IsthmusMetric = 7
+	IsthmusMetricMETRIC_SNAT_REVERSE       IsthmusMetric = 8
+	IsthmusMetricMETRIC_SNAT_NEW           IsthmusMetric = 9
+	IsthmusMetricMETRIC_FABRIC_INGRESS     IsthmusMetric = 10
+	IsthmusMetricMETRIC_TRANSIT            IsthmusMetric = 11
+	IsthmusMetricMETRIC_TIME_EXCEEDED_SENT IsthmusMetric = 12
 )
 
 type IsthmusMetricsKey struct {
@@ -123,6 +129,8 @@ const (
 	IsthmusNatStateNAT_STATE_NEW         IsthmusNatState = 0
 	IsthmusNatStateNAT_STATE_ESTABLISHED IsthmusNatState = 1
 	IsthmusNatStateNAT_STATE_CLOSING     IsthmusNatState = 2
+	IsthmusNatStateNAT_STATE_FIN_ORIG    IsthmusNatState = 3
+	IsthmusNatStateNAT_STATE_FIN_REPLY   IsthmusNatState = 4
 )
 
 type IsthmusNatValue struct {

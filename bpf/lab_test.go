@@ -255,15 +255,22 @@ type skbCtx struct {
 // caller's namespace). ifindex is the interface the skb pretends to arrive on (0 for XDP).
 func (l *lab) run(t testing.TB, prog *ebpf.Program, in []byte, ifindex int) (uint32, []byte) {
 	t.Helper()
+	var ctx any
+	if ifindex != 0 {
+		ctx = skbCtx{Ifindex: uint32(ifindex)}
+	}
+	return l.runCtx(t, prog, in, ctx)
+}
+
+// runCtx is run with the context ctx (nil: none) as the program's input context.
+func (l *lab) runCtx(t testing.TB, prog *ebpf.Program, in []byte, ctx any) (uint32, []byte) {
+	t.Helper()
 	var (
 		ret uint32
 		out = make([]byte, len(in)+512)
 	)
 	err := inNS(l.ns, func() error {
-		opts := &ebpf.RunOptions{Data: in, DataOut: out}
-		if ifindex != 0 {
-			opts.Context = skbCtx{Ifindex: uint32(ifindex)}
-		}
+		opts := &ebpf.RunOptions{Data: in, DataOut: out, Context: ctx}
 		var err error
 		ret, err = prog.Run(opts)
 		out = opts.DataOut

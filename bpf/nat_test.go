@@ -58,7 +58,12 @@ func natLab(t *testing.T, min, max uint16, edit func(*ebpf.CollectionSpec)) *lab
 			State: netlink.NUD_PERMANENT, IP: pod2IP.AsSlice(), HardwareAddr: pod2MAC}); err != nil {
 			return err
 		}
-		return netlink.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: pod2IP.AsSlice(), Mask: net.CIDRMask(32, 32)},
+		if err := netlink.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: pod2IP.AsSlice(), Mask: net.CIDRMask(32, 32)},
+			LinkIndex: l.pod.Attrs().Index, Scope: netlink.SCOPE_LINK}); err != nil {
+			return err
+		}
+		// exemptIP sends from pod0h too: pod_ingress takes only sources routed there.
+		return netlink.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: exemptIP.AsSlice(), Mask: net.CIDRMask(32, 32)},
 			LinkIndex: l.pod.Attrs().Index, Scope: netlink.SCOPE_LINK})
 	})
 	if err != nil {
@@ -289,7 +294,7 @@ func TestSNATTCP(t *testing.T) {
 	wantEntry(t, l, fk, tunnelIP, 33000, natEstablished, 0)
 	wantEntry(t, l, rk, podIP, 33000, natEstablished, natReply)
 
-	// The ACK reuses the entry (no new flow); a FIN closes it in both entries.
+	// The ACK reuses the entry (no new flow); a FIN half-closes it in both entries.
 	before = l.counts(t)
 	in = fromPod(l, podMAC, podIP, remotePodIP, 6, tcp(podIP, remotePodIP, 33000, 80, 0x10))
 	sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, 6, ipOpts{ttl: 63}, tcp(tunnelIP, remotePodIP, 33000, 80, 0x10))))
@@ -297,8 +302,8 @@ func TestSNATTCP(t *testing.T) {
 		metricKey(IsthmusMetricMETRIC_SNAT, podIngress): 1, metricKey(IsthmusMetricMETRIC_ENCAP, podIngress): 1})
 	in = fromPod(l, podMAC, podIP, remotePodIP, 6, tcp(podIP, remotePodIP, 33000, 80, 0x11))
 	sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, 6, ipOpts{ttl: 63}, tcp(tunnelIP, remotePodIP, 33000, 80, 0x11))))
-	wantEntry(t, l, fk, tunnelIP, 33000, natClosing, 0)
-	wantEntry(t, l, rk, podIP, 33000, natClosing, natReply)
+	wantEntry(t, l, fk, tunnelIP, 33000, uint8(IsthmusNatStateNAT_STATE_FIN_ORIG), 0)
+	wantEntry(t, l, rk, podIP, 33000, uint8(IsthmusNatStateNAT_STATE_FIN_ORIG), natReply)
 
 	// A packet to the tunnel address that matches no translation goes to the host unchanged.
 	other := ipv4Packet(remotePodIP, tunnelIP, 6, ipOpts{ttl: 64}, tcp(remotePodIP, tunnelIP, 80, 33001, 0x12))

@@ -42,6 +42,11 @@ var dropReasons = []DropReason{
 	{-153, "DROP_SNAT_UNSUPPORTED", "snat_unsupported", "The source needs SNAT but the protocol cannot be translated."},
 	{-154, "DROP_SNAT_REWRITE", "snat_rewrite", "Rewriting addresses or checksums for SNAT failed."},
 	{-155, "DROP_TRANSIT_LOOP", "transit_loop", "Transit would send the packet back to the peer it came from."},
+	{-156, "DROP_POD_SRC_SPOOFED", "pod_src_spoofed", "A pod sent from a source that does not route back through its interface."},
+	{-157, "DROP_POD_GENEVE", "pod_geneve", "A pod sent UDP to the GENEVE port of a peer's underlay address."},
+	{-158, "DROP_GENEVE_OAM", "geneve_oam", "GENEVE control frame (O bit set): never forwarded to a pod."},
+	{-159, "DROP_OUTER_FRAGMENT", "outer_fragment", "First fragment of a GENEVE datagram to this node: outer fragments are not reassembled."},
+	{-160, "DROP_ECN_NOT_ECT", "ecn_not_ect", "Outer header marked CE on an inner packet that is not ECN-capable (RFC 6040)."},
 }
 
 // DropReasons returns every drop reason, in code order from -130 down.

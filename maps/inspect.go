@@ -20,6 +20,8 @@ const (
 	NatStateNew         uint8 = 0
 	NatStateEstablished uint8 = 1
 	NatStateClosing     uint8 = 2
+	NatStateFinOrig     uint8 = 3
+	NatStateFinReply    uint8 = 4
 )
 
 // The idle timeouts of bpf/lib/conntrack.h (NAT_*_TIMEOUT defaults): an entry
@@ -45,7 +47,7 @@ func NatTimeout(proto, state uint8) time.Duration {
 	switch proto {
 	case ProtoTCP:
 		switch state {
-		case NatStateEstablished:
+		case NatStateEstablished, NatStateFinOrig, NatStateFinReply:
 			return NatTCPEstTimeout
 		case NatStateClosing:
 			return NatTCPClosingTimeout
@@ -70,7 +72,8 @@ func ProtoName(p uint8) string {
 	return fmt.Sprint(p)
 }
 
-// NatStateName returns "new", "established", "closing" or the number.
+// NatStateName returns "new", "established", "closing", "fin_orig", "fin_reply" or
+// the number.
 func NatStateName(s uint8) string {
 	switch s {
 	case NatStateNew:
@@ -79,6 +82,10 @@ func NatStateName(s uint8) string {
 		return "established"
 	case NatStateClosing:
 		return "closing"
+	case NatStateFinOrig:
+		return "fin_orig"
+	case NatStateFinReply:
+		return "fin_reply"
 	}
 	return fmt.Sprintf("state_%d", s)
 }

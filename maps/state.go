@@ -65,8 +65,9 @@ type Config struct {
 	OverlayMAC      [6]byte
 	TunnelMTU       uint16
 	Flags           uint32
-	// TunnelIP is the node's tunnel address, the return-path SNAT source; invalid
-	// means no SNAT.
+	// TunnelIP is the node's tunnel address, the return-path SNAT source and the
+	// one local address decapsulated packets are delivered to; invalid means
+	// neither.
 	TunnelIP netip.Addr
 	// SNATPortMin and SNATPortMax bound the ports SNAT picks when a flow's own
 	// port is taken.

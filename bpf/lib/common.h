@@ -43,8 +43,6 @@
 /* Outer IPv4 + UDP + GENEVE (no options) + inner Ethernet: bytes pushed by encap. */
 #define ENCAP_OVERHEAD		(sizeof(struct iphdr) + sizeof(struct udphdr) + \
 				 GENEVE_HLEN + sizeof(struct ethhdr))
-/* Outer IPv4 + UDP + GENEVE without options: the fixed part popped by decap. */
-#define DECAP_FIXED		(sizeof(struct iphdr) + sizeof(struct udphdr) + GENEVE_HLEN)
 
 #ifndef likely
 #define likely(x)		__builtin_expect(!!(x), 1)

@@ -45,7 +45,10 @@ struct ct_tuple {
 static __always_inline __u64 ct_timeout(__u8 proto, __u8 state)
 {
 	if (proto == IPPROTO_TCP) {
-		if (state == NAT_STATE_ESTABLISHED)
+		/* Half-closed: the open direction may stay quiet as long as an
+		 * established flow. */
+		if (state == NAT_STATE_ESTABLISHED || state == NAT_STATE_FIN_ORIG ||
+		    state == NAT_STATE_FIN_REPLY)
 			return NAT_TCP_EST_TIMEOUT;
 		if (state == NAT_STATE_CLOSING)
 			return NAT_TCP_CLOSING_TIMEOUT;
@@ -64,15 +67,22 @@ static __always_inline int ct_live(const struct nat_value *v, __u8 proto, __u64 
 }
 
 /* Returns the state of a flow of protocol proto in state state after a packet with
- * TCP flags flags, in the reply direction or not: FIN or RST either way closes; a
- * bare SYN from the pod (a new connection on the tuple) starts over; the first reply
- * establishes. UDP and ICMP only record that a reply came. */
+ * TCP flags flags, in the reply direction or not: RST, or a FIN after the other
+ * side's, closes; a first FIN half-closes (the other side may go on sending, RFC 9293
+ * 3.6); a bare SYN from the pod (a new connection on the tuple) starts over; the
+ * first reply establishes. UDP and ICMP only record that a reply came. */
 static __always_inline __u8 ct_next_state(__u8 proto, __u8 state, __u8 flags, int reply)
 {
 	if (proto != IPPROTO_TCP)
 		return reply ? NAT_STATE_ESTABLISHED : state;
-	if (flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+	if (flags & TCP_FLAG_RST)
 		return NAT_STATE_CLOSING;
+	if (flags & TCP_FLAG_FIN) {
+		if (state == NAT_STATE_CLOSING ||
+		    state == (reply ? NAT_STATE_FIN_ORIG : NAT_STATE_FIN_REPLY))
+			return NAT_STATE_CLOSING;
+		return reply ? NAT_STATE_FIN_REPLY : NAT_STATE_FIN_ORIG;
+	}
 	if (!reply && (flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
 		return NAT_STATE_NEW;
 	if (reply && state == NAT_STATE_NEW)

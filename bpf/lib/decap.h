@@ -10,6 +10,7 @@
 #include "fib.h"
 #include "tcp.h"
 #include "transit.h"
+#include "csum.h"
 
 /* Makes linear what decapsulation reads: outer Ethernet, IPv4 with options, UDP, GENEVE
  * with its options, inner Ethernet and inner IPv4 (without options), with the lengths read
@@ -31,11 +32,12 @@ static __always_inline int pull_geneve_headers(struct __sk_buff *skb)
 
 #define DECAP_FLAGS	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_DECAP_L3_IPV4)
 
-/* Parses outer Ethernet, IPv4 and UDP at c. Returns 1 with *peer set and c at the
- * GENEVE header if the frame is GENEVE addressed to this node, 0 if it is not ours
- * (pass it on), or a negative DROP_* for an IPv4 packet too malformed to tell. */
+/* Parses outer Ethernet, IPv4 and UDP at c. Returns 1 with info->peer and
+ * info->outer_hlen set and c at the GENEVE header if the frame is GENEVE addressed to
+ * this node, 0 if it is not ours (pass it on), or a negative DROP_* for an IPv4 packet
+ * too malformed to tell. */
 static __always_inline int underlay_classify(struct cursor *c, const struct datapath_config *cfg,
-					     __be32 *peer)
+					     struct decap_info *info)
 {
 	struct ethhdr *eth;
 	struct iphdr *iph;
@@ -47,22 +49,57 @@ static __always_inline int underlay_classify(struct cursor *c, const struct data
 	proto = parse_ipv4(c, &iph);
 	if (proto < 0)
 		return DROP_INVALID_PACKET;
-	/* Outer fragments are left to the stack's reassembly. */
-	if (iph->daddr != cfg->underlay_ip || proto != IPPROTO_UDP || ipv4_is_fragment(iph))
+	if (iph->daddr != cfg->underlay_ip || proto != IPPROTO_UDP)
+		return 0;
+	/* A later fragment has no ports to tell: the stack's reassembly keeps it and times
+	 * it out. A first one that is GENEVE is ours to count: reassembled, it would reach
+	 * a port nobody listens on and vanish (our peers send DF, never fragments). */
+	if (iph->frag_off & bpf_htons(IP_OFFSET))
 		return 0;
 	if (parse_udp(c, &udp) < 0)
 		return DROP_INVALID_PACKET;
 	if (udp->dest != bpf_htons(GENEVE_PORT))
 		return 0;
-	*peer = iph->saddr;
+	if (ipv4_is_fragment(iph))
+		return DROP_OUTER_FRAGMENT;
+	info->peer = iph->saddr;
+	info->outer_tos = iph->tos;
+	/* The real length: the pop must remove the options that validation skipped, or
+	 * it would land inside them, on bytes nobody validated (issue 10). */
+	info->outer_hlen = iph->ihl * 4;
 	return 1;
 }
 
-/* Bytes popped for a frame with optlen bytes of GENEVE options: outer IPv4, UDP,
- * GENEVE, options and the inner Ethernet header (the outer Ethernet header stays). */
-static __always_inline __u32 decap_len(__u32 optlen)
+#define INET_ECN_MASK		0x03
+#define INET_ECN_CE		0x03
+
+/* RFC 6040 decapsulation (normal mode), as the kernel's INET_ECN_decapsulate: outer CE
+ * on an ECN-capable inner packet marks it CE, with its header checksum patched; outer
+ * CE on a Not-ECT one is dropped, because the congestion signal could not reach the
+ * receiver. Any other outer codepoint leaves the inner header alone. Returns 0 or
+ * DROP_ECN_NOT_ECT. Call it before the pop, while info->inner points into the packet. */
+static __always_inline int decap_ecn(const struct decap_info *info)
 {
-	return DECAP_FIXED + optlen + ETH_HLEN;
+	struct iphdr *iip = info->inner;
+	__be16 from, to;
+
+	if ((info->outer_tos & INET_ECN_MASK) != INET_ECN_CE ||
+	    (iip->tos & INET_ECN_MASK) == INET_ECN_CE)
+		return 0;
+	if (!(iip->tos & INET_ECN_MASK))
+		return DROP_ECN_NOT_ECT;
+	from = *(__be16 *)iip;		/* version, ihl and tos */
+	iip->tos |= INET_ECN_CE;
+	to = *(__be16 *)iip;
+	iip->check = csum_replace16(iip->check, from, to);
+	return 0;
+}
+
+/* Bytes popped for a validated frame: outer IPv4 with its options, UDP, GENEVE with
+ * its options and the inner Ethernet header (the outer Ethernet header stays). */
+static __always_inline __u32 decap_len(const struct decap_info *info)
+{
+	return info->outer_hlen + sizeof(struct udphdr) + GENEVE_HLEN + info->optlen + ETH_HLEN;
 }
 
 /* TC decapsulation: validate, then forward (transit on a gateway, lib/transit.h) or
@@ -74,24 +111,26 @@ static __always_inline int tc_decap(struct __sk_buff *skb, const struct datapath
 	const struct route_value *rt;
 	struct decap_info info = {};
 	struct cursor c;
-	__be32 peer = 0;
 	int ret;
 
 	if (pull_geneve_headers(skb))
 		return TC_ACT_OK;
 	c.pos = (void *)(long)skb->data;
 	c.end = (void *)(long)skb->data_end;
-	ret = underlay_classify(&c, cfg, &peer);
+	ret = underlay_classify(&c, cfg, &info);
 	if (ret <= 0)
 		return ret;
-	ret = geneve_validate(&c, cfg, peer, &info);
+	ret = geneve_validate(&c, cfg, &info);
 	if (ret < 0)
 		return ret;
 	rt = transit_route(cfg, info.daddr);
 	if (rt)
 		return transit_forward(skb, cfg, rt, hook);
+	ret = decap_ecn(&info);
+	if (ret < 0)
+		return ret;
 	/* FIXED_GSO: gso_size of a tunnelled GSO packet is the inner MSS already. */
-	if (bpf_skb_adjust_room(skb, -(__s32)decap_len(info.optlen), BPF_ADJ_ROOM_MAC,
+	if (bpf_skb_adjust_room(skb, -(__s32)decap_len(&info), BPF_ADJ_ROOM_MAC,
 				DECAP_FLAGS))
 		return DROP_DECAP_FAILED;
 	metrics_count(METRIC_DECAP, hook, skb->len);
@@ -120,21 +159,23 @@ static __always_inline int xdp_decap(struct xdp_md *ctx, const struct datapath_c
 	struct decap_meta *meta;
 	struct ethhdr oeth, *eth;
 	struct cursor c;
-	__be32 peer = 0;
 	int ret;
 
 	c.pos = (void *)(long)ctx->data;
 	c.end = (void *)(long)ctx->data_end;
-	ret = underlay_classify(&c, cfg, &peer);
+	ret = underlay_classify(&c, cfg, &info);
 	if (ret <= 0)
 		return ret ? ret : XDP_PASS;
-	ret = geneve_validate(&c, cfg, peer, &info);
+	ret = geneve_validate(&c, cfg, &info);
 	if (ret < 0)
 		return ret;
 	/* A frame that will transit stays whole, without metadata: underlay_ingress
 	 * forwards it (a popped frame could not be encapsulated again, DESIGN.md). */
 	if (transit_route(cfg, info.daddr))
 		return XDP_PASS;
+	ret = decap_ecn(&info);
+	if (ret < 0)
+		return ret;
 
 	/* Reserve the metadata before popping. A popped frame without it would reach
 	 * underlay_ingress as plain IPv4 on the underlay device, and the stack would
@@ -148,7 +189,7 @@ static __always_inline int xdp_decap(struct xdp_md *ctx, const struct datapath_c
 		return DROP_DECAP_FAILED;
 	__builtin_memcpy(&oeth, eth, ETH_HLEN);
 	/* Moves the metadata along with the start of the frame. */
-	if (bpf_xdp_adjust_head(ctx, decap_len(info.optlen)))
+	if (bpf_xdp_adjust_head(ctx, decap_len(&info)))
 		return DROP_DECAP_FAILED;
 	/* The inner Ethernet header now leads the frame: overwrite it with the outer one,
 	 * whose destination is this device, so the stack and TC take the frame as ours. */

@@ -30,4 +30,9 @@ enum drop_reason {
 	DROP_SNAT_UNSUPPORTED	= -153,	/* needs SNAT but the protocol cannot be translated */
 	DROP_SNAT_REWRITE	= -154,	/* rewriting addresses or checksums failed */
 	DROP_TRANSIT_LOOP	= -155,	/* transit would send the packet back to its sender */
+	DROP_POD_SRC_SPOOFED	= -156,	/* pod source does not route back via its interface */
+	DROP_POD_GENEVE		= -157,	/* pod sent UDP to port 6081 of a peer's tunnel endpoint */
+	DROP_GENEVE_OAM		= -158,	/* GENEVE control frame (O bit): not for a pod */
+	DROP_OUTER_FRAGMENT	= -159,	/* first fragment of a GENEVE datagram: we do not reassemble */
+	DROP_ECN_NOT_ECT	= -160,	/* outer CE on a Not-ECT inner packet (RFC 6040) */
 };

@@ -14,6 +14,7 @@
 #include "icmp.h"
 #include "tcp.h"
 #include "nat.h"
+#include "podguard.h"
 
 #define ENCAP_FLAGS	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | \
 			 BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH | \
@@ -49,15 +50,20 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 	peer = nexthop_select(rt, hash);
 	if (unlikely(!peer))
 		return DROP_NO_NEXTHOP;
-	if (forward && iph->ttl <= 1)
-		return DROP_TTL_EXCEEDED;
+	/* As a router would: the sender hears where its packet died (traceroute). */
+	if (forward && iph->ttl <= 1) {
+		rc = icmp4_time_exceeded(skb, cfg->tunnel_ip ? cfg->tunnel_ip : cfg->underlay_ip,
+					 hook);
+		if (rc >= 0)
+			trace_tc(skb, cfg, METRIC_TIME_EXCEEDED_SENT, hook, 0, 0);
+		return rc;
+	}
 	/* Path MTU, in the order of the kernel's ip_forward (TTL, then size, so the quote
-	 * shows the header as received). GSO packets are cut to gso_size later: the MSS
-	 * clamp below and the pod MTU bound those. A pod's DF packet gets ICMP frag
-	 * needed; one without DF would need fragmenting, which we do not do; on isthmus0
-	 * the host stack has already applied the device MTU. */
-	if (unlikely(cfg->tunnel_mtu && !skb->gso_size &&
-		     skb->len - ETH_HLEN > cfg->tunnel_mtu)) {
+	 * shows the header as received). A GSO packet is checked by the segments it will
+	 * be cut into, as ip_forward's skb_gso_validate_network_len does. A pod's DF packet
+	 * gets ICMP frag needed; one without DF would need fragmenting, which we do not
+	 * do; on isthmus0 the host stack has already applied the device MTU. */
+	if (unlikely(cfg->tunnel_mtu && ipv4_wire_len(skb, iph) > cfg->tunnel_mtu)) {
 		if (forward && (iph->frag_off & bpf_htons(IP_DF))) {
 			rc = icmp4_frag_needed(skb, cfg->tunnel_mtu, hook);
 			if (rc >= 0)
@@ -161,12 +167,21 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 	cfg = config_get();
 	if (!cfg)
 		return from_pod ? TC_ACT_OK : DROP_NO_CONFIG;
+	if (from_pod) {
+		int guard = pod_source_check(skb, iph, c.pos, c.end);
+
+		if (guard < 0)
+			return guard;
+	}
 
 	key.addr = iph->daddr;
 	rt = bpf_map_lookup_elem(&routes, &key);
 	if (rt) {
-		/* Return-path SNAT (lib/nat.h); its rewrite invalidates the pointers. */
-		int nat = from_pod ? snat_egress(skb, cfg, iph, hook) : 0;
+		/* Return-path SNAT (lib/nat.h); its rewrite invalidates the pointers. On
+		 * isthmus0 too: a pod of an interface isthmus does not own arrives here
+		 * through the host stack with its own source, which no peer routes back.
+		 * The host's own traffic leaves from the tunnel address, which is exempt. */
+		int nat = snat_egress(skb, cfg, iph, hook);
 
 		if (nat < 0)
 			return nat;

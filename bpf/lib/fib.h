@@ -8,6 +8,7 @@
 #include "csum.h"
 #include "nat.h"
 #include "parse.h"
+#include "nexthop.h"
 
 #ifndef AF_INET
 #define AF_INET			2
@@ -134,6 +135,20 @@ static __always_inline int is_fabric_dest(__be32 daddr)
 	return bpf_map_lookup_elem(&fabric_prefixes, &key) != NULL;
 }
 
+/* Hands a decapsulated frame eth to this host's stack through isthmus0 ingress, so the
+ * stack sees it arrive on the device its reverse route points at and strict rp_filter
+ * holds. Returns TC_ACT_REDIRECT or DROP_REDIRECT_FAILED. Counts METRIC_DELIVER_HOST. */
+static __always_inline int deliver_host(struct __sk_buff *skb, const struct datapath_config *cfg,
+					struct ethhdr *eth, __u8 hook)
+{
+	__builtin_memcpy(eth->h_dest, cfg->overlay_mac, ETH_ALEN);
+	if (bpf_redirect(cfg->overlay_ifindex, BPF_F_INGRESS) != TC_ACT_REDIRECT)
+		return DROP_REDIRECT_FAILED;
+	metrics_count(METRIC_DELIVER_HOST, hook, skb->len);
+	trace_tc(skb, cfg, METRIC_DELIVER_HOST, hook, 0, cfg->overlay_ifindex);
+	return TC_ACT_REDIRECT;
+}
+
 /* Delivers a decapsulated frame [eth][IPv4] arriving on the underlay: to a local pod
  * (pod_ifaces) with bpf_redirect_peer, to this host through isthmus0 ingress, or, for
  * a destination in fabric_prefixes whose next hop is elsewhere, to the site fabric.
@@ -149,7 +164,6 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 	struct bpf_fib_lookup p;
 	struct ethhdr *eth;
 	struct iphdr *iph;
-	long ret;
 	int rc;
 
 	if (nat < 0)
@@ -162,15 +176,13 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 	rc = fib_lookup_v4(skb, &p, iph->saddr, iph->daddr, iph->tos, iph->protocol,
 			   skb->ifindex);
 	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED) {
-		/* A local address: the host stack must see it arrive on isthmus0, where
-		 * the reverse route points, so strict rp_filter holds. */
-		__builtin_memcpy(eth->h_dest, cfg->overlay_mac, ETH_ALEN);
-		ret = bpf_redirect(cfg->overlay_ifindex, BPF_F_INGRESS);
-		if (ret != TC_ACT_REDIRECT)
-			return DROP_REDIRECT_FAILED;
-		metrics_count(METRIC_DELIVER_HOST, hook, skb->len);
-		trace_tc(skb, cfg, METRIC_DELIVER_HOST, hook, 0, cfg->overlay_ifindex);
-		return TC_ACT_REDIRECT;
+		/* Local, broadcast or multicast. Only the node's overlay address is the host's
+		 * to receive through the tunnel: loopback, broadcasts and the underlay
+		 * addresses would reach services that trust them (or filter on the device
+		 * they arrive on) from any peer. */
+		if (!cfg->tunnel_ip || iph->daddr != cfg->tunnel_ip)
+			return DROP_NOT_LOCAL;
+		return deliver_host(skb, cfg, eth, hook);
 	}
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
 		return DROP_NOT_LOCAL;
@@ -178,6 +190,11 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 		/* Never back into the tunnel through isthmus0: that would loop. */
 		if (p.ifindex != cfg->overlay_ifindex && is_fabric_dest(iph->daddr))
 			return forward_to_fabric(skb, cfg, eth, iph, &p, rc, hook);
+		/* A reply translated back to a source the host stack sent through
+		 * isthmus0 (another CNI's pod): the stack forwards it, as it did the
+		 * request, through its own filters. */
+		if (nat > 0 && p.ifindex != cfg->overlay_ifindex)
+			return deliver_host(skb, cfg, eth, hook);
 		return DROP_NOT_LOCAL;
 	}
 	if (iph->ttl <= 1)
@@ -185,13 +202,38 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 	return forward_to_pod(skb, cfg, eth, iph, &p, rc, hook);
 }
 
+/* Returns 1 if frame eth, arriving on skb->ifindex with a source of route rt, comes
+ * from the neighbour this node itself reaches rt's peer through: the site router, the
+ * one L2 neighbour a remote site's source can legitimately arrive from (in a routed
+ * fabric every node's frames do). That is strict rp_filter one layer down: any other
+ * L2 neighbour on the underlay (another tenant's host, a node of another site sharing
+ * the segment) claiming a remote pod's source is refused. For a group route, member 0
+ * stands for the group: members are reached the same way. */
+static __always_inline int from_site_router(struct __sk_buff *skb,
+					    const struct datapath_config *cfg,
+					    const struct ethhdr *eth, const struct route_value *rt)
+{
+	const __u16 *src = (const __u16 *)eth->h_source;
+	struct bpf_fib_lookup p;
+	__be32 peer = nexthop_select(rt, 0);
+	__u16 *mac;
+
+	if (!peer || fib_lookup_v4(skb, &p, cfg->underlay_ip, peer, 0, IPPROTO_UDP,
+				   skb->ifindex) != BPF_FIB_LKUP_RET_SUCCESS)
+		return 0;
+	/* In 16-bit words: dmac sits at an offset of 58 in the lookup struct. */
+	mac = (__u16 *)p.dmac;
+	return p.ifindex == skb->ifindex && mac[0] == src[0] && mac[1] == src[1] &&
+	       mac[2] == src[2];
+}
+
 /* Fabric ingress: the site fabric hands this node a plain IPv4 packet on the underlay
  * for a local pod, from a remote overlay source (another node of the site decapsulated
  * it and delivered it by fabric). Strict rp_filter would drop it (the route back to
  * the source is into isthmus0) and another CNI's netfilter rules would judge it, so it
  * is delivered straight to the pod. Only a packet for a destination in
- * fabric_prefixes, from a source in routes, whose FIB next hop is a pod interface,
- * qualifies. Returns TC_ACT_REDIRECT, TC_ACT_OK for everything else (untouched; also
+ * fabric_prefixes, from a source in routes, arriving from the site router
+ * (from_site_router), whose FIB next hop is a pod interface, qualifies. Returns TC_ACT_REDIRECT, TC_ACT_OK for everything else (untouched; also
  * for an expiring TTL, so the stack answers), or a negative DROP_*. Counts
  * METRIC_FABRIC_INGRESS. The caller has made the IPv4 header linear. */
 static __always_inline int fabric_ingress(struct __sk_buff *skb,
@@ -201,6 +243,7 @@ static __always_inline int fabric_ingress(struct __sk_buff *skb,
 	void *data_end = (void *)(long)skb->data_end;
 	struct cursor c = { .pos = data, .end = data_end };
 	struct route_key key = { .prefixlen = 32 };
+	const struct route_value *rt;
 	struct bpf_fib_lookup p;
 	struct ethhdr *eth;
 	struct iphdr *iph;
@@ -214,7 +257,8 @@ static __always_inline int fabric_ingress(struct __sk_buff *skb,
 	if (iph->daddr == cfg->underlay_ip || !is_fabric_dest(iph->daddr))
 		return TC_ACT_OK;
 	key.addr = iph->saddr;
-	if (!bpf_map_lookup_elem(&routes, &key))
+	rt = bpf_map_lookup_elem(&routes, &key);
+	if (!rt || !from_site_router(skb, cfg, eth, rt))
 		return TC_ACT_OK;
 	rc = fib_lookup_v4(skb, &p, iph->saddr, iph->daddr, iph->tos, iph->protocol,
 			   skb->ifindex);

@@ -29,16 +29,21 @@ static __always_inline __be32 geneve_vni_word(__u32 vni)
 /* What decapsulation learns from a valid GENEVE frame. */
 struct decap_info {
 	__be32 peer;		/* outer source */
+	__u32 outer_hlen;	/* outer IPv4 header with its options, 20..60 bytes */
 	__u32 optlen;		/* GENEVE option bytes, 0..252 */
 	__be32 daddr;		/* inner IPv4 destination */
+	__u8 outer_tos;		/* outer DSCP and ECN */
+	struct iphdr *inner;	/* inner IPv4 header, valid until the packet changes */
 };
 
 /* Validates the GENEVE header and the inner Ethernet and IPv4 headers at c, for a
- * frame from outer source peer. Returns 0 and fills *info, or a negative DROP_*.
- * The order of checks fixes which reason a frame with several faults gets. */
+ * frame from outer source info->peer. Returns 0 and fills the rest of *info, or a
+ * negative DROP_*. The order of checks fixes which reason a frame with several faults
+ * gets. */
 static __always_inline int geneve_validate(struct cursor *c, const struct datapath_config *cfg,
-					   __be32 peer, struct decap_info *info)
+					   struct decap_info *info)
 {
+	__be32 peer = info->peer;
 	struct peer_source_key skey = { .prefixlen = 64, .peer = peer };
 	struct genevehdr *gh = c->pos;
 	struct ethhdr *ieth;
@@ -54,6 +59,9 @@ static __always_inline int geneve_validate(struct cursor *c, const struct datapa
 		return DROP_GENEVE_OPT_LEN;
 	if (gh->critical)
 		return DROP_GENEVE_CRITICAL;
+	/* A control message for the tunnel endpoint (RFC 8926 3.4); we speak none. */
+	if (gh->oam)
+		return DROP_GENEVE_OAM;
 	if (gh->proto_type != bpf_htons(ETH_P_TEB))
 		return DROP_GENEVE_PROTOCOL;
 	/* The last byte of this word is reserved: ignored, as Linux geneve does. */
@@ -79,8 +87,8 @@ static __always_inline int geneve_validate(struct cursor *c, const struct datapa
 	if (!bpf_map_lookup_elem(&peer_sources, &skey))
 		return DROP_INNER_SRC_DENIED;
 
-	info->peer = peer;
 	info->optlen = optlen;
 	info->daddr = iiph->daddr;
+	info->inner = iiph;
 	return 0;
 }

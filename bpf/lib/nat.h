@@ -181,8 +181,10 @@ static __always_inline __u32 snat_hash(const struct nat_key *k)
 
 /* Creates the translation of the new flow t: port want if its reply tuple is free,
  * else up to SNAT_PORT_TRIES ports of [snat_port_min, snat_port_max] from the flow's
- * hash on. Inserts the reply entry, then the original one, both BPF_NOEXIST; a failed
- * second insert removes the first. Returns 0 with *port set (network order), or
+ * hash on. Inserts the reply entry, then the original one, both BPF_NOEXIST. A failed
+ * second insert means another CPU translated the same flow in between: if its entry
+ * leads to the same port it relies on our reply entry, and so does this packet; else
+ * the reply entry is removed. Returns 0 with *port set (network order), or
  * DROP_SNAT_NO_PORT / DROP_SNAT_INSERT. Counts METRIC_SNAT_NEW. */
 static __always_inline int snat_new(struct __sk_buff *skb, const struct datapath_config *cfg,
 				    const struct ct_tuple *t, __be16 want, __u64 now,
@@ -226,6 +228,13 @@ static __always_inline int snat_new(struct __sk_buff *skb, const struct datapath
 	if (st == SNAT_PORT_FREE && bpf_map_update_elem(&nat, &rk, &rv, BPF_NOEXIST))
 		return DROP_SNAT_INSERT;
 	if (bpf_map_update_elem(&nat, &t->key, &fv, BPF_NOEXIST)) {
+		const struct nat_value *won = bpf_map_lookup_elem(&nat, &t->key);
+
+		if (won && !(won->flags & NAT_F_REPLY) && won->addr == fv.addr &&
+		    won->port == fv.port) {
+			*port = fv.port;
+			return 0;
+		}
 		if (st == SNAT_PORT_FREE)
 			bpf_map_delete_elem(&nat, &rk);
 		return DROP_SNAT_INSERT;
@@ -277,8 +286,8 @@ static __always_inline int snat_egress(struct __sk_buff *skb, const struct datap
 {
 	struct route_key ek = { .prefixlen = 32 };
 	struct ct_tuple t;
-	struct nat_l4 l;
-	__be16 port;
+	struct nat_l4 l = {};
+	__be16 port = 0;
 	int ret;
 
 	if (!cfg->tunnel_ip)
@@ -286,8 +295,7 @@ static __always_inline int snat_egress(struct __sk_buff *skb, const struct datap
 	ek.addr = iph->saddr;
 	if (bpf_map_lookup_elem(&snat_exempt, &ek))
 		return 0;
-	if (iph->ttl <= 1 ||
-	    (cfg->tunnel_mtu && !skb->gso_size && skb->len - ETH_HLEN > cfg->tunnel_mtu))
+	if (iph->ttl <= 1 || (cfg->tunnel_mtu && ipv4_wire_len(skb, iph) > cfg->tunnel_mtu))
 		return 0;
 	/* Fragments: a non-first fragment carries no ports, so nothing tells its flow or
 	 * translated port; translating only the first fragment of a datagram would not

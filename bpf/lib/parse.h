@@ -60,6 +60,27 @@ static __always_inline int ipv4_is_fragment(const struct iphdr *iph)
 	return iph->frag_off & bpf_htons(IP_MF | IP_OFFSET);
 }
 
+/* Returns the length of the largest IPv4 packet skb (whose IPv4 header is iph) puts on
+ * the wire: its own length, or for a GSO packet one segment's, IPv4 and TCP (or UDP)
+ * headers plus gso_size. A GSO packet's segments must fit the tunnel as much as a
+ * plain packet must: gso_size is what the sender's path MTU allowed, not ours. */
+static __always_inline __u32 ipv4_wire_len(struct __sk_buff *skb, const struct iphdr *iph)
+{
+	__u32 hlen = iph->ihl * 4;
+	__u8 doff;
+
+	if (!skb->gso_size)
+		return skb->len - ETH_HLEN;
+	if (iph->protocol == IPPROTO_TCP) {
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + hlen + 12, &doff, 1))
+			return 0;	/* no TCP header to segment by */
+		hlen += (doff >> 4) * 4;
+	} else if (iph->protocol == IPPROTO_UDP) {
+		hlen += sizeof(struct udphdr);
+	}
+	return hlen + skb->gso_size;
+}
+
 /* Makes sure the first min(len, want) bytes are linear. Returns 0, or -1 if the pull
  * failed. Invalidates packet pointers when it pulls. */
 static __always_inline int pull_headers(struct __sk_buff *skb, __u32 want)

@@ -81,7 +81,7 @@ static __always_inline int tcp_clamp_mss(struct __sk_buff *skb, __u16 tunnel_mtu
 	struct ethhdr *eth;
 	struct iphdr *iph;
 	__u8 hdr[2];		/* TCP bytes 12 and 13: data offset, flags */
-	__be16 old_be, new_be;
+	__be16 old_be, new_be, old_cs, new_cs;
 	__u32 l4off, thlen;
 	__u16 max_mss, mss;
 	int i;
@@ -121,14 +121,19 @@ static __always_inline int tcp_clamp_mss(struct __sk_buff *skb, __u16 tunnel_mtu
 		return 0;
 	old_be = bpf_htons(mss);
 	new_be = bpf_htons(max_mss);
+	/* The checksum sums 16-bit words from the start of the segment. A value at an odd
+	 * offset (a lone NOP before the MSS) straddles two words, each byte in the other
+	 * half: its contribution is the byte-swapped value. */
+	old_cs = i & 1 ? __builtin_bswap16(old_be) : old_be;
+	new_cs = i & 1 ? __builtin_bswap16(new_be) : new_be;
 	/* Checksum first: if it fails nothing has changed. If the store then fails, put
 	 * the checksum back (that region is writable by now). */
-	if (bpf_l4_csum_replace(skb, l4off + offsetof(struct tcphdr, check), old_be, new_be,
+	if (bpf_l4_csum_replace(skb, l4off + offsetof(struct tcphdr, check), old_cs, new_cs,
 				sizeof(__u16)))
 		return 0;
 	if (bpf_skb_store_bytes(skb, l4off + sizeof(struct tcphdr) + i, &new_be,
 				sizeof(new_be), 0)) {
-		bpf_l4_csum_replace(skb, l4off + offsetof(struct tcphdr, check), new_be, old_be,
+		bpf_l4_csum_replace(skb, l4off + offsetof(struct tcphdr, check), new_cs, old_cs,
 				    sizeof(__u16));
 		return 0;
 	}

@@ -12,6 +12,7 @@
 #include "nexthop.h"
 #include "geneve.h"
 #include "fib.h"
+#include "icmp.h"
 
 /* Returns the route a validated GENEVE frame for inner destination daddr transits by:
  * NULL unless this node is a gateway (CFG_F_TRANSIT) and daddr is in routes. On any
@@ -79,6 +80,71 @@ static __always_inline __u32 transit_flow_hash(struct __sk_buff *skb,
 	return flow_hash_ports(h->iip, ports);
 }
 
+/* Longest outer IPv4 header: with 40 bytes of options. */
+#define IPV4_HLEN_MAX		60
+
+/* Answers a transiting frame whose inner TTL expired here, as a router would: the
+ * inner packet becomes ICMP time exceeded from this node's tunnel address (its
+ * underlay address when it has none) to the inner source, and the frame goes back as
+ * GENEVE to the hop that sent it (outer source this node, destination that hop, TTL
+ * 64, UDP checksum 0; GENEVE and the inner Ethernet header as they came), so
+ * traceroute across sites shows the gateway. h is from transit_parse. Returns
+ * TC_ACT_REDIRECT or a negative DROP_* (DROP_TTL_EXCEEDED if the frame could not be
+ * rewritten). Counts METRIC_TIME_EXCEEDED_SENT. */
+static __always_inline int transit_time_exceeded(struct __sk_buff *skb,
+						 const struct datapath_config *cfg,
+						 const struct transit_hdrs *h, __u8 hook)
+{
+	__u32 iip_off = h->l4_off - h->iip->ihl * 4, ohl;
+	__be32 prev = h->oip->saddr, src = cfg->underlay_ip;
+	__u8 ohdr[IPV4_HLEN_MAX];
+	struct icmp4_error e;
+	struct iphdr *oip = (void *)ohdr;
+	struct udphdr udp;
+	struct ethhdr *eth;
+	__u32 tot;
+	__s64 sum;
+	int elen;
+
+	elen = icmp4_error_build(skb, iip_off, ICMP_TIME_EXCEEDED, ICMP_EXC_TTL, 0,
+				 cfg->tunnel_ip ? cfg->tunnel_ip : cfg->underlay_ip, &e,
+				 DROP_TTL_EXCEEDED);
+	if (elen < 0)
+		return elen;
+	/* A fixed 60 bytes, options or not: the frame is longer than that before and
+	 * after the shrink (UDP, GENEVE, inner Ethernet and IPv4 follow), and a constant
+	 * length is one the verifier need not bound. */
+	if (elen > (int)sizeof(e) || bpf_skb_load_bytes(skb, ETH_HLEN, ohdr, sizeof(ohdr)) ||
+	    bpf_skb_load_bytes(skb, h->udp_off, &udp, sizeof(udp)))
+		return DROP_TTL_EXCEEDED;
+	ohl = oip->ihl * 4;
+	tot = iip_off + elen - ETH_HLEN;
+	oip->tot_len = bpf_htons(tot);
+	oip->ttl = OUTER_TTL;
+	oip->saddr = src;
+	oip->daddr = prev;
+	oip->check = 0;
+	/* The outer header may carry options: sum all of it (a multiple of 4 bytes). */
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)ohdr, ohl, 0);
+	if (sum < 0)
+		return DROP_TTL_EXCEEDED;
+	oip->check = (__sum16)csum_fold32((__u32)sum);
+	udp.dest = bpf_htons(GENEVE_PORT);
+	udp.len = bpf_htons(tot - ohl);
+	udp.check = 0;	/* allowed for IPv4; the inner ICMP has its own */
+	/* Shrinking also makes the skb linear and drops its GSO state. In this order: the
+	 * 60 bytes of ohdr reach past the outer header, over bytes the later stores set. */
+	if (bpf_skb_change_tail(skb, iip_off + elen, 0) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, ohdr, sizeof(ohdr), 0) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + ohl, &udp, sizeof(udp), 0) ||
+	    bpf_skb_store_bytes(skb, iip_off, &e, elen, 0))
+		return DROP_TTL_EXCEEDED;
+	eth = (void *)(long)skb->data;
+	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
+		return DROP_TTL_EXCEEDED;
+	return send_to_peer(skb, cfg, eth, src, prev, METRIC_TIME_EXCEEDED_SENT, hook, 0);
+}
+
 /* Forwards a GENEVE frame tc_decap validated, whose inner destination hit route rt on a
  * gateway, to the route's next hop: rt->peer, or the member of its group for the flow
  * (the hash encapsulation uses, so the flow keeps one gateway). The inner TTL is
@@ -112,7 +178,7 @@ static __always_inline int transit_forward(struct __sk_buff *skb,
 	if (nh == osrc)
 		return DROP_TRANSIT_LOOP;
 	if (h.iip->ttl <= 1)
-		return DROP_TTL_EXCEEDED;
+		return transit_time_exceeded(skb, cfg, &h, hook);
 	/* Incremental: the sum over each header is unchanged, so a checksum covering it (the
 	 * outer UDP one, a CHECKSUM_COMPLETE skb->csum) needs no fix for these writes. */
 	ipv4_decrease_ttl(h.iip);

@@ -74,7 +74,9 @@ struct nat_value {
 enum nat_state {
 	NAT_STATE_NEW		= 0,	/* first packet seen (TCP: SYN only) */
 	NAT_STATE_ESTABLISHED	= 1,	/* TCP: the reply came */
-	NAT_STATE_CLOSING	= 2,	/* TCP: FIN or RST seen */
+	NAT_STATE_CLOSING	= 2,	/* TCP: FIN both ways, or RST */
+	NAT_STATE_FIN_ORIG	= 3,	/* TCP: the pod sent FIN, the remote side may still send */
+	NAT_STATE_FIN_REPLY	= 4,	/* TCP: the remote side sent FIN, the pod may still send */
 };
 
 /* peers (hash): underlay IPv4 of a peer -> what we know about it. Decapsulation drops
@@ -112,7 +114,8 @@ struct datapath_config {
 	__u8 overlay_mac[6];	/* isthmus0's MAC, the inner destination MAC for host traffic */
 	__u16 tunnel_mtu;	/* largest inner IPv4 packet that fits the tunnel (non-GSO) */
 	__u32 flags;		/* CFG_F_* */
-	__be32 tunnel_ip;	/* this node's tunnel address: the SNAT source; 0 = no SNAT */
+	__be32 tunnel_ip;	/* this node's tunnel address: the SNAT source and the one
+				 * local address decapsulation delivers to; 0 = neither */
 	__u16 snat_port_min;	/* host order: range for translated ports when the */
 	__u16 snat_port_max;	/* original one is taken */
 };
@@ -156,6 +159,7 @@ enum metric {
 	METRIC_SNAT_NEW		= 9,	/* new translation (both directions) inserted */
 	METRIC_FABRIC_INGRESS	= 10,	/* overlay packet from the site fabric delivered to a pod */
 	METRIC_TRANSIT		= 11,	/* GENEVE forwarded to another peer (gateway) */
+	METRIC_TIME_EXCEEDED_SENT = 12,	/* TTL expired here: answered with ICMP time exceeded */
 };
 
 /* Written by underlay_xdp in front of a frame it has popped (XDP metadata), read by

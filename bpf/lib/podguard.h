@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* What a pod may send: only from its own addresses, and no GENEVE to a peer's tunnel
+ * endpoint. Checked at pod_ingress before any other decision. */
+#pragma once
+
+#include "common.h"
+#include "maps.h"
+#include "parse.h"
+#include "fib.h"
+
+/* Returns 0 if the pod behind the interface the packet arrived on (skb->ifindex) may
+ * send iph, whose L4 header starts at l4 (data_end bounds the linear part), or a
+ * negative DROP_*:
+ * DROP_POD_SRC_SPOOFED when the source does not route back through that interface.
+ * This is strict rp_filter (RFC 3704) done by the program, because bpf_redirect_peer
+ * and the encapsulation redirect skip the interface's own rp_filter. The FIB is the
+ * one source that holds every pod, managed or not: isthmus and every routed CNI
+ * (Azure CNI, Calico, Cilium in native routing) install a /32 (or the pod's prefix)
+ * route through the pod's host interface, and an address the pod does not own has
+ * none. BPF_FIB_LOOKUP_SKIP_NEIGH: a pod whose neighbour entry expired still owns its
+ * address.
+ * DROP_POD_GENEVE for UDP to port 6081 of a known peer: the peer would take it as a
+ * tunnel frame from this node once something (another CNI's masquerade) rewrites the
+ * source to the node's address, and any inner source would reach its pods. */
+static __always_inline int pod_source_check(struct __sk_buff *skb, const struct iphdr *iph,
+					    const void *l4, const void *data_end)
+{
+	const struct udphdr *udp = l4;
+	struct bpf_fib_lookup p;
+	__be32 daddr = iph->daddr;
+	int rc;
+
+	__builtin_memset(&p, 0, sizeof(p));
+	p.family = AF_INET;
+	p.ipv4_src = daddr;
+	p.ipv4_dst = iph->saddr;
+	p.ifindex = skb->ifindex;
+	rc = bpf_fib_lookup(skb, &p, sizeof(p), BPF_FIB_LOOKUP_SKIP_NEIGH);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS || p.ifindex != skb->ifindex)
+		return DROP_POD_SRC_SPOOFED;
+
+	/* A later fragment carries no ports; without its first one it reassembles to
+	 * nothing, so only offset 0 needs the check. */
+	if (iph->protocol != IPPROTO_UDP || (iph->frag_off & bpf_htons(IP_OFFSET)))
+		return 0;
+	/* Only the ports are read (ENCAP_PULL_L4 made them linear when present). */
+	if ((void *)udp + 4 > data_end)
+		return 0;
+	if (udp->dest == bpf_htons(GENEVE_PORT) && bpf_map_lookup_elem(&peers, &daddr))
+		return DROP_POD_GENEVE;
+	return 0;
+}
