@@ -406,6 +406,24 @@ func TestAgentKernel(t *testing.T) {
 		t.Fatalf("a bad objects file changed the routes: %v", rs)
 	}
 
+	// One bad object stops nothing else: b3 overlaps b2 and is set aside, b4
+	// in the same file is planned and applied, b2 keeps its route.
+	if err := os.WriteFile(filepath.Join(e.objects, "zz-more.yaml"), []byte(
+		"apiVersion: v1\nkind: Node\nmetadata: {name: b3}\nspec: {podCIDRs: [10.20.2.0/25]}\nstatus: {addresses: [{type: InternalIP, address: 172.16.2.13}]}\n"+
+			"---\napiVersion: v1\nkind: Node\nmetadata: {name: b4}\nspec: {podCIDRs: [10.20.4.0/24]}\nstatus: {addresses: [{type: InternalIP, address: 172.16.2.14}]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Second, "route for b4 beside a set-aside b3", func() bool {
+		st := readMaps(t, e.pinDir)
+		r4, ok4 := st.Routes[netip.MustParsePrefix("10.20.4.0/24")]
+		r2 := st.Routes[b2]
+		_, ok3 := st.Routes[netip.MustParsePrefix("10.20.2.0/25")]
+		return ok4 && r4.Peer == netip.MustParseAddr("172.16.2.14") && r2.Peer == netip.MustParseAddr("172.16.2.12") && !ok3
+	})
+	if err := a.st.Ready(); err != nil {
+		t.Errorf("ready with another node set aside: %v", err)
+	}
+
 	cancel()
 	wg.Wait()
 	if runErr != nil {

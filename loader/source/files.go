@@ -66,9 +66,10 @@ func (f *Files) watch() {
 	}
 }
 
-// Snapshot reads and validates the directory.
+// Snapshot reads and validates the directory; invalid objects are set aside
+// (objects.LoadDirSettingAside), only a directory that cannot be read fails.
 func (f *Files) Snapshot() (*objects.Set, []objects.Warning, error) {
-	set, warns, err := objects.LoadDir(f.dir)
+	set, warns, err := objects.LoadDirSettingAside(f.dir)
 	if err != nil {
 		return nil, warns, fmt.Errorf("load objects %s: %w", f.dir, err)
 	}

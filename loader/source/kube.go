@@ -229,7 +229,8 @@ func trimManagedFields(obj any) (any, error) {
 
 // Snapshot lists Nodes and the isthmus objects from the caches, leaves out
 // Nodes that belong to no Site (warnings, see objects.WithoutUnsitedNodes)
-// and validates the rest with objects.Validate. An object the cache holds in
+// and validates the rest with objects.ValidateSettingAside: an invalid object
+// is set aside in the Set's Rejected, never an error. An object the cache holds in
 // a form that does not convert to its type fails the snapshot, naming it.
 func (k *Kubernetes) Snapshot() (*objects.Set, []objects.Warning, error) {
 	var in objects.Objects
@@ -249,12 +250,8 @@ func (k *Kubernetes) Snapshot() (*objects.Set, []objects.Warning, error) {
 		return nil, nil, errors.Join(errs...)
 	}
 	in, warns := in.WithoutUnsitedNodes()
-	set, more, err := objects.Validate(in)
-	warns = append(warns, more...)
-	if err != nil {
-		return nil, warns, fmt.Errorf("validate objects: %w", err)
-	}
-	return set, warns, nil
+	set, more := objects.ValidateSettingAside(in)
+	return set, append(warns, more...), nil
 }
 
 // convertAll converts every object in inf's cache to T, appending to out.

@@ -257,16 +257,18 @@ func TestKubernetesFollowsTheAPI(t *testing.T) {
 	waitChanged(t, k, "GatewayPool gw was created")
 	wantSummary(t, k, "site a 10.1.0.0/24", "site b 10.2.0.0/24,10.2.1.0/24", "node b1@b 10.20.1.0/24", "node b2@b ", "peering a-b", "pool gw")
 
-	// An edit that makes the objects invalid fails the snapshot, naming the
-	// object; the fix brings it back.
+	// An edit that makes Site b invalid sets it aside with its reason, and
+	// with it what depended on it (its Nodes, the peering); Site a and the
+	// pool stay. The fix brings everything back.
 	bad := unstructuredOf(t, kubeSite("b", "10.2.0.0/24", "10.1.0.0/16"))
 	if _, err := f.dynamic.Resource(SitesResource).Update(ctx, bad, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitChanged(t, k, "Site b overlapped a")
-	if _, _, err := k.Snapshot(); err == nil || !strings.Contains(err.Error(), `Site "b": spec.nodeCidrs[1]: 10.1.0.0/16 overlaps Site "a" spec.nodeCidrs[0] 10.1.0.0/24`) {
-		t.Errorf("snapshot of overlapping sites: err %v", err)
+	if set, _, err := k.Snapshot(); err != nil || !strings.Contains(set.Rejection(`Site "b"`).String(), `Site "b": spec.nodeCidrs[1]: 10.1.0.0/16 overlaps Site "a" spec.nodeCidrs[0] 10.1.0.0/24`) {
+		t.Errorf("snapshot of overlapping sites: %v, %v", set, err)
 	}
+	wantSummary(t, k, "site a 10.1.0.0/24", "pool gw")
 	if _, err := f.dynamic.Resource(SitesResource).Update(ctx, b, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -14,9 +14,10 @@ import (
 
 // Source is where the agent's objects come from.
 type Source interface {
-	// Snapshot returns the current objects, validated. An error (objects
-	// that do not validate, an unreadable directory) means the caller should
-	// keep what it has; a later Snapshot may succeed.
+	// Snapshot returns the current objects, validated, with invalid objects
+	// set aside in the Set's Rejected. An error (an unreadable directory, a
+	// cache that does not convert) means the caller should keep what it has;
+	// a later Snapshot may succeed.
 	Snapshot() (*objects.Set, []objects.Warning, error)
 	// Changed receives a value, debounced and coalesced, after the objects
 	// may have changed. It is never closed.
