@@ -166,4 +166,3 @@ func dropLabeled[T any](entries *[]entry[T], bad map[string]bool) int {
 	*entries = slices.DeleteFunc(*entries, func(e entry[T]) bool { return bad[e.label] })
 	return n - len(*entries)
 }
-
