@@ -56,8 +56,10 @@ var grants = map[string][]string{
 	// The controller (loader/controller/controller.go): informers on Nodes and
 	// Sites, merge patches of Nodes (site label, tunnel-address annotation,
 	// podCIDRs), Site UpdateStatus; in its own namespace the leader-election
-	// Lease. Its LeaseLock has no EventRecorder: no Events.
+	// Lease; Warning Events on invalid Sites (in the default namespace). Its
+	// LeaseLock has no EventRecorder: no Events about the Lease.
 	"isthmus-system/isthmus-controller": {
+		"cluster core events create",
 		"cluster core nodes list",
 		"cluster core nodes patch",
 		"cluster core nodes watch",

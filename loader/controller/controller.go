@@ -17,6 +17,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -341,6 +342,10 @@ func (c *controller) reconcile(ctx context.Context) error {
 	for _, name := range sortedKeys(d.Statuses) {
 		if err := c.updateSiteStatus(ctx, raw[name], d.Statuses[name]); err != nil {
 			errs = append(errs, fmt.Errorf("update status of site %s: %w", name, err))
+			continue
+		}
+		if err := c.invalidEvent(ctx, raw[name], d.Statuses[name]); err != nil {
+			errs = append(errs, fmt.Errorf("record event for site %s: %w", name, err))
 		}
 	}
 	for _, e := range d.Exhausted {
@@ -391,6 +396,39 @@ func (c *controller) updateSiteStatus(ctx context.Context, cur *unstructured.Uns
 	}
 	c.assumedSites[out.GetName()] = assumed[*unstructured.Unstructured]{out, time.Now()}
 	return nil
+}
+
+// EventNamespace holds the Events about Sites: Sites are cluster-scoped, and
+// kubectl describe looks for their Events in "default".
+const EventNamespace = metav1.NamespaceDefault
+
+// invalidEvent records a Warning Event on the Site when its new status makes
+// it Invalid with a message it did not have before: objects set aside show in
+// `kubectl describe site` and `kubectl get events`, once per change.
+func (c *controller) invalidEvent(ctx context.Context, cur *unstructured.Unstructured, st v1alpha1.SiteStatus) error {
+	now := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionInvalid)
+	if now == nil || now.Status != metav1.ConditionTrue {
+		return nil
+	}
+	var old v1alpha1.SiteStatus
+	if m, ok := cur.Object["status"].(map[string]any); ok {
+		_ = runtime.DefaultUnstructuredConverter.FromUnstructured(m, &old)
+	}
+	if was := meta.FindStatusCondition(old.Conditions, v1alpha1.ConditionInvalid); was != nil &&
+		was.Status == metav1.ConditionTrue && was.Message == now.Message {
+		return nil
+	}
+	t := metav1.Now()
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: cur.GetName() + ".", Namespace: EventNamespace},
+		InvolvedObject: corev1.ObjectReference{APIVersion: v1alpha1.GroupVersion.String(), Kind: v1alpha1.KindSite,
+			Name: cur.GetName(), UID: cur.GetUID(), ResourceVersion: cur.GetResourceVersion()},
+		Reason: v1alpha1.ReasonInvalid, Message: "objects set aside: " + now.Message, Type: corev1.EventTypeWarning,
+		Source:         corev1.EventSource{Component: "isthmus-controller"},
+		FirstTimestamp: t, LastTimestamp: t, Count: 1,
+	}
+	_, err := c.cfg.Client.CoreV1().Events(EventNamespace).Create(ctx, ev, metav1.CreateOptions{})
+	return err
 }
 
 // observe lists Nodes and Sites from the caches, each replaced by our own

@@ -413,3 +413,48 @@ func TestConfigDefaults(t *testing.T) {
 		t.Error("Run without clients succeeded")
 	}
 }
+
+// TestRunInvalidEvent: a Node whose podCIDR overlaps an older Node's makes its
+// Site Invalid naming the newer one (the older wins), with one Warning Event
+// on the Site; a later pass that finds the same problem records no other.
+func TestRunInvalidEvent(t *testing.T) {
+	older := labeled(mkNode("z-old", "10.0.0.2", "", "10.1.1.0/24"), "s")
+	older.CreationTimestamp = metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	newer := labeled(mkNode("a-new", "10.0.0.3", "", "10.1.1.0/25"), "s")
+	newer.CreationTimestamp = metav1.NewTime(older.CreationTimestamp.Add(time.Hour))
+	sites := []v1alpha1.Site{mkSite("s", []string{"10.0.0.0/24"}, nil, assign("10.1.0.0/16"))}
+	cs, dyn := newFakes(t, sites, []corev1.Node{older, newer})
+	stop := startController(t, Config{Client: cs, Dynamic: dyn, Log: quiet})
+	eventually(t, "Site s Invalid", func() bool {
+		return meta.IsStatusConditionTrue(getSite(t, dyn, "s").Status.Conditions, v1alpha1.ConditionInvalid)
+	})
+	c := meta.FindStatusCondition(getSite(t, dyn, "s").Status.Conditions, v1alpha1.ConditionInvalid)
+	if !strings.Contains(c.Message, `Node "a-new"`) || !strings.Contains(c.Message, "overlaps") {
+		t.Errorf("Invalid message %q, want the newer node a-new and the overlap", c.Message)
+	}
+	// Another pass, forced by an edit the controller does not read.
+	u, err := dyn.Resource(SiteResource).Get(context.Background(), "s", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.SetLabels(map[string]string{"touched": "yes"})
+	if _, err := dyn.Resource(SiteResource).Update(context.Background(), u, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	evs, err := cs.CoreV1().Events(EventNamespace).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs.Items) != 1 {
+		t.Fatalf("%d Events, want 1: %+v", len(evs.Items), evs.Items)
+	}
+	ev := evs.Items[0]
+	if ev.InvolvedObject.Kind != v1alpha1.KindSite || ev.InvolvedObject.Name != "s" || ev.Type != corev1.EventTypeWarning ||
+		ev.Reason != v1alpha1.ReasonInvalid || !strings.Contains(ev.Message, `Node "a-new"`) {
+		t.Errorf("Event %+v, want a Warning Invalid on Site s naming a-new", ev)
+	}
+}
