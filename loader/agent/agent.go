@@ -548,7 +548,9 @@ func (a *Agent) desired(current maps.State) maps.State {
 func (a *Agent) routes() []datapath.Route {
 	var prefixes []netip.Prefix
 	for _, r := range a.plan.Routes {
-		prefixes = append(prefixes, r.Prefix)
+		if !r.TransitOnly { // only forwarded traffic takes it: not the kernel's
+			prefixes = append(prefixes, r.Prefix)
+		}
 	}
 	return datapath.OverlayRoutes(prefixes, a.overlay.Ifindex, a.plan.TunnelAddr)
 }

@@ -103,6 +103,7 @@ func Compute(set *objects.Set, node string) (*NodePlan, error) {
 	}
 	p.addGatewayRoutes(gp.routes)
 	p.correctRoutes(gp.endpoints)
+	p.splitDirect(gp.direct)
 	p.dedupeRoutes()
 	p.addGatewayFabric(gp.fabric)
 	p.SNAT = p.snatPolicy(self, site)

@@ -176,6 +176,21 @@ type groupRoute struct {
 	members []string
 }
 
+// memberAddrs returns the InternalIPs of site t's nodes that are no gateway
+// of a, as host prefixes.
+func (a *assignment) memberAddrs(set *objects.Set, t string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, n := range set.NodesOf(t) {
+		if _, gw := a.has(t, n.Name); gw {
+			continue // a peer: correctRoutes cuts its endpoint, and reports it
+		}
+		if ip, ok := objects.InternalIP(n); ok {
+			out = append(out, HostPrefix(ip))
+		}
+	}
+	return out
+}
+
 // gatewayPlan is what the assignments add to a node's plan.
 type gatewayPlan struct {
 	routes []groupRoute
@@ -186,6 +201,47 @@ type gatewayPlan struct {
 	endpoints []netip.Addr
 	// fabric are the prefixes the node, a gateway, hands to its site's fabric.
 	fabric []netip.Prefix
+	// direct are addresses a gateway reaches on the underlay for its own
+	// traffic: the InternalIPs of the remote members that reach it there
+	// (see splitDirect).
+	direct []netip.Prefix
+}
+
+// splitDirect cuts the addresses in direct out of the group routes, after
+// correctRoutes, and routes each of them TransitOnly to the same group: the
+// kernel sends this node's own traffic to them on the underlay, the datapath
+// forwards others' traffic through the tunnel. The split is by design, not
+// a correction to report.
+func (p *NodePlan) splitDirect(direct []netip.Prefix) {
+	if len(direct) == 0 {
+		return
+	}
+	var routes []Route
+	for _, r := range p.Routes {
+		var inside []netip.Prefix
+		for _, d := range direct {
+			if r.Group != nil && r.Prefix.Contains(d.Addr()) {
+				inside = append(inside, d)
+			}
+		}
+		if len(inside) == 0 {
+			routes = append(routes, r)
+			continue
+		}
+		for _, k := range Subtract(r.Prefix, inside...) {
+			split := r
+			split.Prefix = k
+			split.Group = slices.Clone(r.Group)
+			routes = append(routes, split)
+		}
+		for _, d := range inside {
+			transit := r
+			transit.Prefix, transit.TransitOnly = d, true
+			transit.Group = slices.Clone(r.Group)
+			routes = append(routes, transit)
+		}
+	}
+	p.Routes = routes
 }
 
 // addAssignments applies the roles of docs/gateways.md for every assignment
@@ -225,6 +281,13 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 			prefixes := a.prefixesOf(set, t)
 			sources := p.sources(prefixes)
 			if isGateway {
+				// Paths are symmetric: t's members reach this gateway at its
+				// InternalIP on the underlay (it is a tunnel endpoint, cut from
+				// their routes), so its own traffic reaches their InternalIPs
+				// there too; only what it forwards takes t's gateways.
+				if own, _ := objects.InternalIP(self); me.addr == own {
+					gp.direct = append(gp.direct, a.memberAddrs(set, tName)...)
+				}
 				// Remote gateways are peers, reached at their pool's address;
 				// each one's own prefixes go straight to it (its health probe
 				// must test that gateway), the rest of the site to the group.
