@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -78,6 +79,11 @@ type Options struct {
 	Kube *kube.Server
 	// CRDDir holds the CRDs SourceKube installs; default DefaultCRDDir().
 	CRDDir string
+	// CheckNodes makes Up ping every node's address from every other node,
+	// before the agents start and again once they are ready, and fail naming
+	// the pairs without a reply: isthmus must never break node-to-node
+	// traffic (paths stay symmetric, docs/gateways.md).
+	CheckNodes bool
 }
 
 // Lab is a built lab. Its methods are safe to call from several goroutines.
@@ -249,10 +255,59 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 	default:
 		return fmt.Errorf("source %q: want files or kube", opts.Source)
 	}
+	if opts.CheckNodes {
+		if err := l.CheckNodes(); err != nil {
+			return fmt.Errorf("before the agents: %w", err)
+		}
+	}
 	if l.Datapath != DatapathIsthmus {
 		return nil
 	}
-	return l.startAgents(ctx, opts)
+	if err := l.startAgents(ctx, opts); err != nil {
+		return err
+	}
+	if opts.CheckNodes {
+		if err := l.CheckNodes(); err != nil {
+			return fmt.Errorf("with the agents: %w", err)
+		}
+	}
+	return nil
+}
+
+// CheckNodes pings every node's address from every other node (each ordered
+// pair once, in parallel) and returns an error naming every pair without a
+// reply.
+func (l *Lab) CheckNodes() error {
+	nodes := l.Scenario.Nodes()
+	var mu sync.Mutex
+	var failed []string
+	var wg sync.WaitGroup
+	for _, a := range nodes {
+		for _, b := range nodes {
+			if a.Name == b.Name {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var err error
+				for range 3 { // a first packet may wait for ARP at every hop
+					if err = Ping(l.NodeNS(a.Name), b.Address, time.Second); err == nil {
+						return
+					}
+				}
+				mu.Lock()
+				failed = append(failed, fmt.Sprintf("%s -> %s (%s): %v", a.Name, b.Name, b.Address, err))
+				mu.Unlock()
+			}()
+		}
+	}
+	wg.Wait()
+	if len(failed) > 0 {
+		slices.Sort(failed)
+		return fmt.Errorf("node to node: %d of %d pairs fail:\n%s", len(failed), len(nodes)*(len(nodes)-1), strings.Join(failed, "\n"))
+	}
+	return nil
 }
 
 // buildRouter makes the router: a routed fabric, not a bridge. Each node's underlay
