@@ -105,6 +105,9 @@ func Compute(set *objects.Set, node string) (*NodePlan, error) {
 	p.correctRoutes(gp.endpoints)
 	p.splitDirect(gp.direct)
 	p.dedupeRoutes()
+	if len(p.Routes) > 0 {
+		p.Routes = aggregateRoutes(p.Routes)
+	}
 	p.addGatewayFabric(gp.fabric)
 	p.SNAT = p.snatPolicy(self, site)
 	return p, nil
@@ -254,7 +257,7 @@ func (p *NodePlan) addPeer(set *objects.Set, c *candidate) {
 		// its blocks; with returnPath SNAT such sources never arrive.
 		pr.AllowedSources = append(pr.AllowedSources, declaredPrefixes(site)...)
 	}
-	pr.AllowedSources = sortedUnique(append(pr.AllowedSources, c.extra...))
+	pr.AllowedSources = AggregatePrefixes(sortedUnique(append(pr.AllowedSources, c.extra...)))
 	p.warnStrayPodCIDRs(peer, site)
 	switch {
 	case len(fields) == 0 && !hasTunnel && !c.gateway:
