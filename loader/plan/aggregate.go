@@ -166,4 +166,3 @@ func sibling(p netip.Prefix) (netip.Prefix, bool) {
 func parent(p netip.Prefix) netip.Prefix {
 	return netip.PrefixFrom(p.Addr(), p.Bits()-1).Masked()
 }
-
