@@ -280,28 +280,23 @@ func sortByName[T any](items []T, name func(T) string) {
 }
 
 // Site returns the Site with the given name, or nil.
-func (s *Set) Site(name string) *v1alpha1.Site {
-	for i := range s.Sites {
-		if s.Sites[i].Name == name {
-			return &s.Sites[i]
-		}
-	}
-	return nil
-}
+func (s *Set) Site(name string) *v1alpha1.Site { return s.lookup().sites[name] }
 
 // Node returns the Node with the given name, or nil.
-func (s *Set) Node(name string) *corev1.Node {
-	for i := range s.Nodes {
-		if s.Nodes[i].Name == name {
-			return &s.Nodes[i]
-		}
-	}
-	return nil
-}
+func (s *Set) Node(name string) *corev1.Node { return s.lookup().nodes[name] }
 
 // SiteOf returns the Site whose nodeCidrs hold the node's InternalIP, or nil
-// when there is none. In a Set from Load there is exactly one.
+// when there is none. In a Set from Load there is exactly one. node is
+// usually one of the Set's own Nodes (looked up in its index); any other is
+// matched against the Sites.
 func (s *Set) SiteOf(node *corev1.Node) *v1alpha1.Site {
+	ix := s.lookup()
+	if site, ok := ix.siteOf[node]; ok {
+		return site
+	}
+	if ix.nodes[node.Name] == node {
+		return nil // one of ours, in no Site
+	}
 	ip, ok := InternalIP(node)
 	if !ok {
 		return nil
@@ -314,16 +309,9 @@ func (s *Set) SiteOf(node *corev1.Node) *v1alpha1.Site {
 	return nil
 }
 
-// NodesOf returns the Nodes of the named Site, sorted by name.
-func (s *Set) NodesOf(site string) []*corev1.Node {
-	var nodes []*corev1.Node
-	for i := range s.Nodes {
-		if st := s.SiteOf(&s.Nodes[i]); st != nil && st.Name == site {
-			nodes = append(nodes, &s.Nodes[i])
-		}
-	}
-	return nodes
-}
+// NodesOf returns the Nodes of the named Site, sorted by name. The slice is
+// shared: do not modify it.
+func (s *Set) NodesOf(site string) []*corev1.Node { return s.lookup().nodesOf[site] }
 
 // WithoutUnsitedNodes returns in without the Nodes that belong to no Site (no
 // InternalIP, or an InternalIP in no Site's nodeCidrs), with a Warning for

@@ -2,6 +2,7 @@ package objects
 
 import (
 	"math/rand/v2"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -183,5 +184,29 @@ func TestSetAsideFilesAndDuplicates(t *testing.T) {
 	}
 	if len(set.Sites) != 1 || set.Sites[0].Spec.NodeCIDRs[0] != "10.1.0.0/24" || set.Node("z") == nil {
 		t.Errorf("kept %v, want a.yaml's Site s and Node z", set.Sites)
+	}
+}
+
+// TestOverlapPairs compares the sweep with comparing every pair, for random
+// nested, equal and disjoint prefixes.
+func TestOverlapPairs(t *testing.T) {
+	for seed := range uint64(300) {
+		r := rand.New(rand.NewPCG(seed, 5))
+		var ps []fieldPrefix
+		for range r.IntN(30) {
+			a := netip.AddrFrom4([4]byte{10, byte(r.IntN(4)), byte(r.IntN(256)), 0})
+			ps = append(ps, fieldPrefix{prefix: netip.PrefixFrom(a, 14+r.IntN(11)).Masked()})
+		}
+		var want [][2]int
+		for i, a := range ps {
+			for j, b := range ps[:i] {
+				if a.prefix.Overlaps(b.prefix) {
+					want = append(want, [2]int{i, j})
+				}
+			}
+		}
+		if diff := cmp.Diff(want, overlapPairs(ps)); diff != "" {
+			t.Fatalf("seed %d (-every pair +sweep):\n%s", seed, diff)
+		}
 	}
 }

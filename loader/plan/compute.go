@@ -314,11 +314,14 @@ func (p *NodePlan) correctRoutes(extra []netip.Addr) {
 	for _, r := range p.Routes {
 		var cuts []Correction
 		var holes []netip.Prefix
-		for _, e := range endpoints {
-			if r.Prefix.Contains(e) {
-				cuts = append(cuts, Correction{Removed: r.Prefix, Endpoint: e, Origin: r.Origin})
-				holes = append(holes, HostPrefix(e))
+		// endpoints is sorted: those inside the prefix are one run of it.
+		first, _ := slices.BinarySearchFunc(endpoints, r.Prefix.Masked().Addr(), netip.Addr.Compare)
+		for _, e := range endpoints[first:] {
+			if !r.Prefix.Contains(e) {
+				break
 			}
+			cuts = append(cuts, Correction{Removed: r.Prefix, Endpoint: e, Origin: r.Origin})
+			holes = append(holes, HostPrefix(e))
 		}
 		for _, l := range p.LocalPrefixes {
 			if r.Prefix.Overlaps(l) {

@@ -44,8 +44,21 @@ func assignments(set *objects.Set) []assignment {
 				a.pools = append(a.pools, pool)
 			}
 		}
+		// The gateways are the nodes of a's sites its pools select: walk the
+		// pools' selections (a few nodes each), not every node of every site.
+		candidates := map[*corev1.Node]bool{}
+		for _, pool := range a.pools {
+			for _, n := range set.GatewaysOf(pool) {
+				if st := set.SiteOf(n); st != nil && slices.Contains(obj.Spec.Sites, st.Name) {
+					candidates[n] = true
+				}
+			}
+		}
 		for _, site := range obj.Spec.Sites {
 			for _, n := range set.NodesOf(site) {
+				if !candidates[n] {
+					continue
+				}
 				if g, ok := a.gatewayOf(set, n); ok {
 					a.gateways[site] = append(a.gateways[site], g)
 				}
@@ -60,8 +73,9 @@ func assignments(set *objects.Set) []assignment {
 func (a *assignment) gatewayOf(set *objects.Set, n *corev1.Node) (gateway, bool) {
 	g := gateway{node: n}
 	internal := false
+	selecting := set.PoolsSelecting(n)
 	for _, pool := range a.pools {
-		if slices.ContainsFunc(set.GatewaysOf(pool), func(s *corev1.Node) bool { return s.Name == n.Name }) {
+		if slices.Contains(selecting, pool.Name) {
 			g.pools = append(g.pools, pool.Name)
 			internal = internal || pool.Spec.Type != v1alpha1.GatewayPoolExternal
 		}
@@ -216,11 +230,17 @@ func (p *NodePlan) splitDirect(direct []netip.Prefix) {
 	if len(direct) == 0 {
 		return
 	}
+	direct = sortedUnique(slices.Clone(direct))
 	var routes []Route
 	for _, r := range p.Routes {
 		var inside []netip.Prefix
-		for _, d := range direct {
-			if r.Group != nil && r.Prefix.Contains(d.Addr()) {
+		if r.Group != nil {
+			// direct is sorted: those inside the route are one run of it.
+			first, _ := slices.BinarySearchFunc(direct, r.Prefix.Masked(), comparePrefix)
+			for _, d := range direct[first:] {
+				if !r.Prefix.Contains(d.Addr()) {
+					break
+				}
 				inside = append(inside, d)
 			}
 		}
