@@ -104,6 +104,10 @@ type Agent struct {
 	// reported holds the lines last logged per group (set-aside objects,
 	// warnings), so a resync that finds the same problems logs nothing.
 	reported map[string]map[string]bool
+	// loadedGen is the source's Generation at the last successful load
+	// (loaded false before one, or with a source that does not count).
+	loadedGen uint64
+	loaded    bool
 }
 
 // The default return-path SNAT port range: above Linux's default ephemeral range
@@ -273,10 +277,17 @@ func start(ctx context.Context, cfg Config, wait bool) (*Agent, error) {
 // warnings of both. Objects set aside are reported (see reportRejected); only
 // a failure to plan this node is an error.
 func (a *Agent) load() (*plan.NodePlan, []string, error) {
+	a.loaded = false
+	gens, counted := a.src.(source.Generations)
+	var gen uint64
+	if counted {
+		gen = gens.Generation() // before the snapshot: a change during it reloads next time
+	}
 	set, owarns, err := a.src.Snapshot()
 	if err != nil {
 		return nil, nil, err
 	}
+	defer func() { a.loadedGen, a.loaded = gen, counted && a.loaded }()
 	a.reportRejected(set.Rejected)
 	var out []string
 	for _, w := range owarns {
@@ -299,7 +310,16 @@ func (a *Agent) load() (*plan.NodePlan, []string, error) {
 	if err != nil {
 		return nil, out, err
 	}
+	a.loaded = true
 	return p, append(out, warns...), nil
+}
+
+// unchanged reports whether the source saw no change since the last
+// successful load, so a periodic resync can keep the plan and only compare
+// the kernel with it.
+func (a *Agent) unchanged() bool {
+	gens, ok := a.src.(source.Generations)
+	return ok && a.loaded && gens.Generation() == a.loadedGen
 }
 
 // waitForPlan waits for the objects to change (or the resync period) after a
@@ -470,6 +490,10 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 		a.cfg.Metrics.Observe(end.Sub(start), written, end, err)
 		a.st.synced(err)
 	}()
+	reused := reload && reason == "resync" && a.unchanged()
+	if reused {
+		reload = false // nothing changed: compare the kernel with the plan we have
+	}
 	if reload {
 		p, warns, err := a.load()
 		a.st.loaded(err)
@@ -508,7 +532,7 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 	}
 	a.log.Info("synced", "reason", reason, "entries_written", res.Updated+res.Deleted,
 		"updated", res.Updated, "deleted", res.Deleted,
-		"routes_replaced", rres.Replaced, "routes_deleted", rres.Deleted,
+		"routes_replaced", rres.Replaced, "routes_deleted", rres.Deleted, "plan_reused", reused,
 		"pods", len(a.pods), "duration", time.Since(start).Round(time.Microsecond))
 	for _, c := range res.Applied {
 		a.log.Debug("map write", "change", c.String())

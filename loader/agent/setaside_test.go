@@ -191,3 +191,46 @@ func rejectedGauge(t *testing.T, reg *prometheus.Registry, kind string) float64 
 	t.Fatalf("isthmus_objects_rejected{kind=%q} not registered", kind)
 	return 0
 }
+
+// genSource is fakeSource counting changes, as source.Files does.
+type genSource struct {
+	fakeSource
+	gen uint64
+}
+
+func (g *genSource) Generation() uint64 { return g.gen }
+
+// TestResyncReusesPlan: after a successful load, a resync with no change in
+// the source reuses the plan (unchanged); a change, or a failed load, makes
+// the next resync load again.
+func TestResyncReusesPlan(t *testing.T) {
+	dir := t.TempDir()
+	two, err := os.ReadFile("testdata/two-sites.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeObjects(t, dir, "a.yaml", string(two))
+	src := &genSource{fakeSource: fakeSource{dir: dir}}
+	a := &Agent{cfg: Config{Node: "a1", Planner: DefaultPlanner}, log: slog.New(slog.DiscardHandler), src: src,
+		st: NewStatus(), reported: map[string]map[string]bool{}}
+	if a.unchanged() {
+		t.Error("unchanged before any load")
+	}
+	if _, _, err := a.load(); err != nil {
+		t.Fatal(err)
+	}
+	if !a.unchanged() {
+		t.Error("not unchanged right after a load")
+	}
+	src.gen++
+	if a.unchanged() {
+		t.Error("unchanged after the source counted a change")
+	}
+	a.cfg.Node = "nobody"
+	if _, _, err := a.load(); err == nil {
+		t.Fatal("load of an unknown node succeeded")
+	}
+	if a.unchanged() {
+		t.Error("unchanged after a failed load")
+	}
+}

@@ -68,3 +68,32 @@ func TestFilesMissingDir(t *testing.T) {
 		t.Error("NewFiles of a missing directory succeeded")
 	}
 }
+
+// TestNotifierMaxWait: pokes that never leave the debounce time quiet still
+// fire within MaxWaitFactor debounce times of the first, and every poke
+// counts one generation.
+func TestNotifierMaxWait(t *testing.T) {
+	n := newNotifier(20 * time.Millisecond)
+	defer n.stop()
+	start := time.Now()
+	deadline := start.Add(MaxWaitFactor*20*time.Millisecond + 150*time.Millisecond)
+	pokes := 0
+	for {
+		n.poke()
+		pokes++
+		select {
+		case <-n.ch:
+			if waited := time.Since(start); waited < MaxWaitFactor*20*time.Millisecond-5*time.Millisecond {
+				t.Errorf("fired after %v of constant pokes, before the maximum wait", waited)
+			}
+			if got := n.gen.Load(); got != uint64(pokes) {
+				t.Errorf("generation %d after %d pokes", got, pokes)
+			}
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no fire within %v of constant pokes", deadline.Sub(start))
+		}
+	}
+}

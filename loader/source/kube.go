@@ -273,6 +273,10 @@ func convertAll[T any](inf cache.SharedIndexInformer, kind string, out *[]T) []e
 	return errs
 }
 
+// Generation counts the relevant changes the informers delivered (see
+// Generations).
+func (k *Kubernetes) Generation() uint64 { return k.n.gen.Load() }
+
 // Changed fires after an object was added, changed or deleted.
 func (k *Kubernetes) Changed() <-chan struct{} { return k.n.ch }
 
