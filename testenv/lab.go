@@ -80,9 +80,11 @@ type Options struct {
 	// CRDDir holds the CRDs SourceKube installs; default DefaultCRDDir().
 	CRDDir string
 	// CheckNodes makes Up ping every node's address from every other node,
-	// before the agents start and again once they are ready, and fail naming
-	// the pairs without a reply: isthmus must never break node-to-node
-	// traffic (paths stay symmetric, docs/gateways.md).
+	// before the agents start and again once they are ready, and fail when a
+	// pair that had a reply before has none with the agents, or when a pair
+	// gets a reply one way only: isthmus must never break node-to-node traffic
+	// and keeps paths symmetric (docs/gateways.md). Which pairs reach each
+	// other at all is the scenario's (a firewall may pass only gateways).
 	CheckNodes bool
 }
 
@@ -255,8 +257,11 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 	default:
 		return fmt.Errorf("source %q: want files or kube", opts.Source)
 	}
+	var before map[[2]string]bool
 	if opts.CheckNodes {
-		if err := l.CheckNodes(); err != nil {
+		before = l.NodeReach()
+		l.logf("lab %s: node to node before the agents:\n%s", l.Name, reachString(before))
+		if err := symmetric(before); err != nil {
 			return fmt.Errorf("before the agents: %w", err)
 		}
 	}
@@ -267,20 +272,32 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 		return err
 	}
 	if opts.CheckNodes {
-		if err := l.CheckNodes(); err != nil {
+		after := l.NodeReach()
+		l.logf("lab %s: node to node with the agents:\n%s", l.Name, reachString(after))
+		var lost []string
+		for pair, ok := range before {
+			if ok && !after[pair] {
+				lost = append(lost, pair[0]+" -> "+pair[1])
+			}
+		}
+		if len(lost) > 0 {
+			slices.Sort(lost)
+			return fmt.Errorf("with the agents: node to node lost: %s", strings.Join(lost, ", "))
+		}
+		if err := symmetric(after); err != nil {
 			return fmt.Errorf("with the agents: %w", err)
 		}
 	}
 	return nil
 }
 
-// CheckNodes pings every node's address from every other node (each ordered
-// pair once, in parallel) and returns an error naming every pair without a
-// reply.
-func (l *Lab) CheckNodes() error {
+// NodeReach pings every node's address from every other node (each ordered
+// pair, in parallel, up to three tries: a first packet may wait for ARP at
+// every hop) and reports which pairs got a reply.
+func (l *Lab) NodeReach() map[[2]string]bool {
 	nodes := l.Scenario.Nodes()
+	out := make(map[[2]string]bool)
 	var mu sync.Mutex
-	var failed []string
 	var wg sync.WaitGroup
 	for _, a := range nodes {
 		for _, b := range nodes {
@@ -290,24 +307,51 @@ func (l *Lab) CheckNodes() error {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				var err error
-				for range 3 { // a first packet may wait for ARP at every hop
-					if err = Ping(l.NodeNS(a.Name), b.Address, time.Second); err == nil {
-						return
+				ok := false
+				for range 3 {
+					if Ping(l.NodeNS(a.Name), b.Address, time.Second) == nil {
+						ok = true
+						break
 					}
 				}
 				mu.Lock()
-				failed = append(failed, fmt.Sprintf("%s -> %s (%s): %v", a.Name, b.Name, b.Address, err))
+				out[[2]string{a.Name, b.Name}] = ok
 				mu.Unlock()
 			}()
 		}
 	}
 	wg.Wait()
-	if len(failed) > 0 {
-		slices.Sort(failed)
-		return fmt.Errorf("node to node: %d of %d pairs fail:\n%s", len(failed), len(nodes)*(len(nodes)-1), strings.Join(failed, "\n"))
+	return out
+}
+
+// symmetric returns an error naming every pair that reaches one way only:
+// paths must be the same both ways, so a stateful firewall or strict
+// rp_filter passes both or neither.
+func symmetric(reach map[[2]string]bool) error {
+	var oneWay []string
+	for pair, ok := range reach {
+		if ok && !reach[[2]string{pair[1], pair[0]}] {
+			oneWay = append(oneWay, pair[0]+" -> "+pair[1])
+		}
+	}
+	if len(oneWay) > 0 {
+		slices.Sort(oneWay)
+		return fmt.Errorf("node to node one way only: %s", strings.Join(oneWay, ", "))
 	}
 	return nil
+}
+
+func reachString(reach map[[2]string]bool) string {
+	var lines []string
+	for pair, ok := range reach {
+		mark := "ok"
+		if !ok {
+			mark = "no reply"
+		}
+		lines = append(lines, fmt.Sprintf("  %s -> %s: %s", pair[0], pair[1], mark))
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
 }
 
 // buildRouter makes the router: a routed fabric, not a bridge. Each node's underlay
