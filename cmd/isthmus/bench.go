@@ -89,15 +89,20 @@ func runControlPlaneBench(cmd *cobra.Command, output string) error {
 		}
 		all = append(all, rs...)
 	}
+	return printReport(cmd, output, all, cpbench.Table(all))
+}
+
+// printReport prints rep as indented JSON with output json, else table.
+func printReport(cmd *cobra.Command, output string, rep any, table string) error {
 	if output == "json" {
-		b, err := json.MarshalIndent(all, "", "  ")
+		b, err := json.MarshalIndent(rep, "", "  ")
 		if err != nil {
 			return fmt.Errorf("encode report: %w", err)
 		}
 		_, err = fmt.Fprintln(cmd.OutOrStdout(), string(b))
 		return err
 	}
-	_, err := fmt.Fprint(cmd.OutOrStdout(), cpbench.Table(all))
+	_, err := fmt.Fprint(cmd.OutOrStdout(), table)
 	return err
 }
 
@@ -126,14 +131,5 @@ func runSNATBench(cmd *cobra.Command, so bench.SNATOptions, o bench.Options, exe
 	if err != nil {
 		return err
 	}
-	if output == "json" {
-		b, err := json.MarshalIndent(rep, "", "  ")
-		if err != nil {
-			return fmt.Errorf("encode report: %w", err)
-		}
-		_, err = fmt.Fprintln(cmd.OutOrStdout(), string(b))
-		return err
-	}
-	_, err = fmt.Fprint(cmd.OutOrStdout(), rep.String())
-	return err
+	return printReport(cmd, output, rep, rep.String())
 }

@@ -56,6 +56,18 @@ func writeObjects(t *testing.T, dir, name, data string) {
 	}
 }
 
+// twoSitesDir returns a new directory holding testdata/two-sites.yaml as a.yaml.
+func twoSitesDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	two, err := os.ReadFile("testdata/two-sites.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeObjects(t, dir, "a.yaml", string(two))
+	return dir
+}
+
 const conflictingNode = `apiVersion: v1
 kind: Node
 metadata: {name: b9}
@@ -68,12 +80,7 @@ status: {addresses: [{type: InternalIP, address: 172.16.2.19}]}
 // again, and is counted in isthmus_objects_rejected; this node's own object
 // set aside fails its plan with the reason.
 func TestLoadSetsAsideOthers(t *testing.T) {
-	dir := t.TempDir()
-	two, err := os.ReadFile("testdata/two-sites.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeObjects(t, dir, "a.yaml", string(two))
+	dir := twoSitesDir(t)
 	writeObjects(t, dir, "z.yaml", conflictingNode)
 	var logs syncBuffer
 	reg := prometheus.NewRegistry()
@@ -130,12 +137,7 @@ func TestLoadSetsAsideOthers(t *testing.T) {
 // why once (not once per change event) in its log and /readyz, stays live, and
 // stops when its context ends, without touching the kernel.
 func TestStartWaitsForItsSite(t *testing.T) {
-	dir := t.TempDir()
-	two, err := os.ReadFile("testdata/two-sites.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeObjects(t, dir, "a.yaml", string(two))
+	dir := twoSitesDir(t)
 	src := &fakeSource{dir: dir, changed: make(chan struct{})}
 	var logs syncBuffer
 	st := NewStatus()
@@ -204,12 +206,7 @@ func (g *genSource) Generation() uint64 { return g.gen }
 // the source reuses the plan (unchanged); a change, or a failed load, makes
 // the next resync load again.
 func TestResyncReusesPlan(t *testing.T) {
-	dir := t.TempDir()
-	two, err := os.ReadFile("testdata/two-sites.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeObjects(t, dir, "a.yaml", string(two))
+	dir := twoSitesDir(t)
 	src := &genSource{fakeSource: fakeSource{dir: dir}}
 	a := &Agent{cfg: Config{Node: "a1", Planner: DefaultPlanner}, log: slog.New(slog.DiscardHandler), src: src,
 		st: NewStatus(), reported: map[string]map[string]bool{}}
