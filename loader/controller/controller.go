@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -45,6 +46,11 @@ const (
 	DefaultRenewDeadline = 10 * time.Second
 	DefaultRetryPeriod   = 2 * time.Second
 	DefaultResync        = 10 * time.Minute
+	DefaultPatchWorkers  = 8
+	// DefaultQPS and DefaultBurst are the controller's client rate limits:
+	// client-go's own (5 and 10) make 5,000 node patches take over 15 minutes.
+	DefaultQPS   = 50
+	DefaultBurst = 100
 )
 
 // SiteResource is the Site resource the controller reads and whose status it
@@ -76,6 +82,10 @@ type Config struct {
 	// Resync is how often every object is looked at again even without a
 	// change (DefaultResync).
 	Resync time.Duration
+	// PatchWorkers is how many Node patches are in flight at once
+	// (DefaultPatchWorkers): bootstrapping 5,000 nodes one round trip at a
+	// time takes minutes. The client's QPS and burst still bound the rate.
+	PatchWorkers int
 	// Log receives what the controller does (slog.Default()).
 	Log *slog.Logger
 }
@@ -114,6 +124,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Resync == 0 {
 		c.Resync = DefaultResync
+	}
+	if c.PatchWorkers <= 0 {
+		c.PatchWorkers = DefaultPatchWorkers
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()
@@ -196,6 +209,7 @@ type controller struct {
 	// just set could hand the same block to a second node.
 	assumedNodes map[string]assumed[*corev1.Node]
 	assumedSites map[string]assumed[*unstructured.Unstructured]
+	assumedMu    sync.Mutex // guards assumedNodes while patches run in parallel
 }
 
 type assumed[T metav1.Object] struct {
@@ -307,8 +321,7 @@ func (c *controller) reconcile(ctx context.Context) error {
 	if d.Empty() {
 		return nil
 	}
-	var errs []error
-	for _, name := range sortedKeys(d.PodCIDRs) {
+	errs := c.parallel(sortedKeys(d.PodCIDRs), func(name string) error {
 		ps := d.PodCIDRs[name]
 		s := make([]string, len(ps))
 		for i, p := range ps {
@@ -316,11 +329,11 @@ func (c *controller) reconcile(ctx context.Context) error {
 		}
 		patch := map[string]any{"spec": map[string]any{"podCIDR": s[0], "podCIDRs": s}}
 		if err := c.patchNode(ctx, name, patch); err != nil {
-			errs = append(errs, fmt.Errorf("assign podCIDRs %v to node %s: %w", s, name, err))
-			continue
+			return fmt.Errorf("assign podCIDRs %v to node %s: %w", s, name, err)
 		}
 		c.log.Info("assigned podCIDRs", "node", name, "podCIDRs", s)
-	}
+		return nil
+	})
 	meta := make(map[string]map[string]any)
 	for name, v := range d.Labels {
 		var val any = v
@@ -332,13 +345,13 @@ func (c *controller) reconcile(ctx context.Context) error {
 	for name, a := range d.TunnelAddrs {
 		metaOf(meta, name)["annotations"] = map[string]any{v1alpha1.AnnotationTunnelIPv4: a.String()}
 	}
-	for _, name := range sortedKeys(meta) {
+	errs = append(errs, c.parallel(sortedKeys(meta), func(name string) error {
 		if err := c.patchNode(ctx, name, map[string]any{"metadata": meta[name]}); err != nil {
-			errs = append(errs, fmt.Errorf("label node %s: %w", name, err))
-			continue
+			return fmt.Errorf("label node %s: %w", name, err)
 		}
 		c.log.Info("labeled node", "node", name, "site", d.Labels[name], "tunnelAddress", d.TunnelAddrs[name])
-	}
+		return nil
+	})...)
 	for _, name := range sortedKeys(d.Statuses) {
 		if err := c.updateSiteStatus(ctx, raw[name], d.Statuses[name]); err != nil {
 			errs = append(errs, fmt.Errorf("update status of site %s: %w", name, err))
@@ -352,6 +365,29 @@ func (c *controller) reconcile(ctx context.Context) error {
 		c.log.Warn("pool exhausted", "site", e.Site, "node", e.Node, "missing", e.Missing)
 	}
 	return errors.Join(errs...)
+}
+
+// parallel runs f for each name with up to PatchWorkers at once and returns
+// the errors in the order of names.
+func (c *controller) parallel(names []string, f func(name string) error) []error {
+	errs := make([]error, len(names))
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for range min(c.cfg.PatchWorkers, len(names)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				errs[i] = f(names[i])
+			}
+		}()
+	}
+	for i := range names {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	return slices.DeleteFunc(errs, func(err error) bool { return err == nil })
 }
 
 func metaOf(m map[string]map[string]any, name string) map[string]any {
@@ -379,7 +415,9 @@ func (c *controller) patchNode(ctx context.Context, name string, patch map[strin
 	if err != nil {
 		return err
 	}
+	c.assumedMu.Lock() // patches run in parallel
 	c.assumedNodes[name] = assumed[*corev1.Node]{n, time.Now()}
+	c.assumedMu.Unlock()
 	return nil
 }
 

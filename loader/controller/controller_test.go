@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -456,5 +457,76 @@ func TestRunInvalidEvent(t *testing.T) {
 	if ev.InvolvedObject.Kind != v1alpha1.KindSite || ev.InvolvedObject.Name != "s" || ev.Type != corev1.EventTypeWarning ||
 		ev.Reason != v1alpha1.ReasonInvalid || !strings.Contains(ev.Message, `Node "a-new"`) {
 		t.Errorf("Event %+v, want a Warning Invalid on Site s naming a-new", ev)
+	}
+}
+
+// TestParallel: parallel runs every name once, with more than one and at
+// most PatchWorkers in flight, and returns the errors in the order of names.
+// (The client-go fake serializes its calls, so this is checked here, not
+// through Run.)
+func TestParallel(t *testing.T) {
+	c := &controller{cfg: Config{PatchWorkers: 4}}
+	var names []string
+	for i := range 40 {
+		names = append(names, fmt.Sprintf("n%02d", i))
+	}
+	var inFlight, most atomic.Int32
+	var mu sync.Mutex
+	done := map[string]int{}
+	errs := c.parallel(names, func(name string) error {
+		n := inFlight.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(2 * time.Millisecond)
+		inFlight.Add(-1)
+		mu.Lock()
+		done[name]++
+		mu.Unlock()
+		if name == "n07" || name == "n03" {
+			return fmt.Errorf("boom %s", name)
+		}
+		return nil
+	})
+	if m := most.Load(); m < 2 || m > 4 {
+		t.Errorf("at most %d in flight, want 2 to 4", m)
+	}
+	for _, n := range names {
+		if done[n] != 1 {
+			t.Errorf("%s ran %d times", n, done[n])
+		}
+	}
+	if len(errs) != 2 || errs[0].Error() != "boom n03" || errs[1].Error() != "boom n07" {
+		t.Errorf("errors %v, want boom n03 then boom n07", errs)
+	}
+}
+
+// TestRunManyNodes: 40 new nodes, patched by parallel workers, each get a
+// distinct block.
+func TestRunManyNodes(t *testing.T) {
+	var nodes []corev1.Node
+	for i := range 40 {
+		nodes = append(nodes, mkNode(fmt.Sprintf("n%02d", i), fmt.Sprintf("10.0.0.%d", i+2), ""))
+	}
+	sites := []v1alpha1.Site{mkSite("s", []string{"10.0.0.0/24"}, nil, assign("10.1.0.0/16"))}
+	cs, dyn := newFakes(t, sites, nodes)
+	stop := startController(t, Config{Client: cs, Dynamic: dyn, Log: quiet, PatchWorkers: 4})
+	eventually(t, "every node has a podCIDR", func() bool {
+		for _, n := range nodes {
+			if len(getNode(t, cs, n.Name).Spec.PodCIDRs) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, n := range nodes {
+		p := getNode(t, cs, n.Name).Spec.PodCIDRs[0]
+		if seen[p] {
+			t.Errorf("podCIDR %s given twice", p)
+		}
+		seen[p] = true
 	}
 }
