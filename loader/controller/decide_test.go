@@ -656,3 +656,31 @@ func TestSiteStatusCapsMessages(t *testing.T) {
 		t.Errorf("PoolExhausted message %q", pe.Message)
 	}
 }
+
+// TestForeignAddresses: a tunnel annotation outside --tunnel-cidr and, where
+// the Site assigns, a podCIDR outside its blocks are reported under the
+// node's Site; addresses the controller could have given are not, and nodes
+// of an unmanaged Site keep whatever podCIDR the cloud gave them.
+func TestForeignAddresses(t *testing.T) {
+	unmanaged := false
+	sites := []v1alpha1.Site{
+		mkSite("s", []string{"10.0.0.0/24"}, nil, assign("10.1.0.0/16")),
+		mkSite("u", []string{"10.9.0.0/24"}, &unmanaged, assign("10.2.0.0/23")),
+	}
+	nodes := []corev1.Node{
+		mkNode("ok", "10.0.0.2", "100.64.0.7", "10.1.1.0/24"),
+		mkNode("claims", "10.0.0.3", "192.0.2.7", "10.1.2.0/24"),
+		mkNode("kcm", "10.0.0.4", "", "10.244.3.0/24"),
+		mkNode("cloud", "10.9.0.4", "", "10.0.12.0/24"),
+	}
+	got := foreignAddresses(sites, nodes, netip.MustParsePrefix("100.64.0.0/16"))
+	if len(got) != 1 || len(got["s"]) != 2 {
+		t.Fatalf("problems %v, want two on Site s", got)
+	}
+	if !strings.Contains(got["s"][0], `Node "claims"`) || !strings.Contains(got["s"][0], "outside the controller's --tunnel-cidr") {
+		t.Errorf("first problem %q, want the annotation of claims", got["s"][0])
+	}
+	if !strings.Contains(got["s"][1], `Node "kcm"`) || !strings.Contains(got["s"][1], "--allocate-node-cidrs") {
+		t.Errorf("second problem %q, want the podCIDR of kcm", got["s"][1])
+	}
+}

@@ -82,6 +82,9 @@ func Decide(in Input) Decision {
 	d.TunnelAddrs, d.TunnelPending = AssignTunnelAddrs(in.TunnelCIDR, in.Sites, after)
 
 	problems := problemsBySite(in.Sites, in.Nodes)
+	for name, msgs := range foreignAddresses(in.Sites, in.Nodes, in.TunnelCIDR) {
+		problems[name] = append(problems[name], msgs...)
+	}
 	for name, st := range SiteStatuses(in.Sites, in.Nodes, problems, d.Exhausted, d.TunnelPending, in.Now) {
 		for i := range in.Sites {
 			if in.Sites[i].Name == name && !statusEqual(in.Sites[i].Status, st) {
