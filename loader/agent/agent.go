@@ -426,6 +426,18 @@ func (a *Agent) Run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("subscribe to link updates: %w", err)
 	}
+	// Address changes may move this node's InternalIP to another device: the
+	// underlay is resolved again (see ensureUnderlay).
+	addrs := make(chan netlink.AddrUpdate, 64)
+	if err := netlink.AddrSubscribeWithOptions(addrs, done, netlink.AddrSubscribeOptions{
+		ErrorCallback: func(err error) {
+			if ctx.Err() == nil {
+				a.log.Error("address updates", "err", err)
+			}
+		},
+	}); err != nil {
+		return fmt.Errorf("subscribe to address updates: %w", err)
+	}
 	// Interfaces that appeared between Start and the subscription.
 	a.scanPodsLogged()
 	a.syncLogged("pods", false)
@@ -455,6 +467,17 @@ func (a *Agent) Run(ctx context.Context) error {
 			if a.handleLink(u) {
 				a.scanPodsLogged() // clears an earlier attach failure once all are attached
 				a.syncLogged("pods", false)
+			} else if a.underlayMayHaveMoved(u) {
+				a.syncLogged("underlay", false)
+			}
+		case u, ok := <-addrs:
+			if !ok {
+				a.log.Error("address updates stopped; relying on the periodic resync")
+				addrs = nil
+				continue
+			}
+			if u.LinkAddress.IP.Equal(a.plan.Underlay.AsSlice()) {
+				a.syncLogged("underlay", false)
 			}
 		case <-resync.C:
 			a.scanPodsLogged()
@@ -507,6 +530,9 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 			a.logWarnings("load", warns)
 		}
 	}
+	if err := a.ensureUnderlay(); err != nil {
+		return err
+	}
 	before := a.overlay.Ifindex
 	if err := a.ensureOverlay(); err != nil {
 		return err
@@ -538,6 +564,40 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 		a.log.Debug("map write", "change", c.String())
 	}
 	return nil
+}
+
+// underlayMayHaveMoved reports whether a link update touches the underlay
+// device (it went away, was renamed, or a device with the configured name
+// came back): the next sync resolves it again.
+func (a *Agent) underlayMayHaveMoved(u netlink.LinkUpdate) bool {
+	cur := a.underlay.Attrs()
+	return int(u.Index) == cur.Index || u.Attrs().Name == cur.Name ||
+		(a.cfg.UnderlayDev != "" && u.Attrs().Name == a.cfg.UnderlayDev)
+}
+
+// ensureUnderlay resolves the underlay device again (the configured one, or
+// the one holding this node's InternalIP, which may have moved to another
+// device or come back under a new ifindex) and, when it is another device
+// than the one the datapath is attached to, attaches there and removes the
+// old links. The config entry (its ifindex) follows in the same sync.
+func (a *Agent) ensureUnderlay() error {
+	l, err := datapath.FindUnderlay(a.cfg.UnderlayDev, a.plan.Underlay)
+	if err != nil {
+		return err
+	}
+	old := a.underlay.Attrs()
+	if l.Attrs().Index == old.Index && l.Attrs().Name == old.Name {
+		a.underlay = l // fresh attributes (MTU) for the overlay
+		return nil
+	}
+	xdp, err := datapath.AttachUnderlay(a.dp, l, a.cfg.Decap, a.log)
+	if err != nil {
+		return err
+	}
+	a.underlay, a.xdp = l, xdp
+	a.log.Info("underlay moved", "from", old.Name, "from_ifindex", old.Index,
+		"to", l.Attrs().Name, "to_ifindex", l.Attrs().Index, "xdp", xdp)
+	return a.pruneLinks()
 }
 
 // desired computes the maps' desired state; current (what the kernel holds) keeps

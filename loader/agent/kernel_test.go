@@ -603,3 +603,54 @@ func TestAgentKernelGroups(t *testing.T) {
 		t.Errorf("route %v after the migration = %+v, want group 1", grouped, r)
 	}
 }
+
+// TestAgentKernelUnderlayMoves: when this node's InternalIP moves to another
+// device, the running agent attaches its underlay program there, points the
+// config entry at it and removes the old device's link, within a second.
+func TestAgentKernelUnderlayMoves(t *testing.T) {
+	e := setup(t)
+	a, err := Start(e.cfg)
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	defer a.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var runErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		runtime.LockOSThread() // never unlocked: the thread leaves with the goroutine
+		if err := netns.Set(e.ns); err != nil {
+			runErr = err
+			return
+		}
+		runErr = a.Run(ctx)
+	}()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	time.Sleep(200 * time.Millisecond) // let Run subscribe
+
+	moved := mustVeth(t, "ul1", "ul1p")
+	addr, err := netlink.ParseAddr("172.16.1.10/24")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.AddrDel(e.under, addr); err != nil {
+		t.Fatal(err)
+	}
+	mustAddr(t, moved, "172.16.1.10/24")
+	eventually(t, time.Second, "datapath on ul1", func() bool {
+		_, errNew := os.Stat(datapath.LinkPin(e.pinDir, "ul1", datapath.HookUnderlayIngress))
+		_, errOld := os.Stat(datapath.LinkPin(e.pinDir, "ul0", datapath.HookUnderlayIngress))
+		return errNew == nil && errors.Is(errOld, os.ErrNotExist) &&
+			readMaps(t, e.pinDir).Config.UnderlayIfindex == uint32(moved.Attrs().Index)
+	})
+	if _, _, ifindex := linkInfo(t, e.pinDir, "ul1", datapath.HookUnderlayIngress); ifindex != uint32(moved.Attrs().Index) {
+		t.Errorf("ul1's underlay link targets ifindex %d, want %d", ifindex, moved.Attrs().Index)
+	}
+	cancel()
+	wg.Wait()
+	if runErr != nil {
+		t.Fatalf("run: %v", runErr)
+	}
+}
