@@ -207,6 +207,21 @@ func TestKubernetesFollowsTheAPI(t *testing.T) {
 	}
 	noChange(t, k, "a heartbeat")
 
+	// Neither does an annotation other than the tunnel address, nor a label
+	// no GatewayPool selects on (there is no pool yet); the tunnel address
+	// does.
+	b1.Annotations = map[string]string{"example.com/owner": "team-a"}
+	b1.Labels = map[string]string{"topology.kubernetes.io/zone": "z1"}
+	if b1, err = f.client.CoreV1().Nodes().Update(ctx, b1, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	noChange(t, k, "an unread annotation and label")
+	b1.Annotations[v1alpha1.AnnotationTunnelIPv4] = "100.64.0.9"
+	if b1, err = f.client.CoreV1().Nodes().Update(ctx, b1, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitChanged(t, k, "b1's tunnel address")
+
 	// b1's podCIDR arrives late.
 	b1.Spec.PodCIDR, b1.Spec.PodCIDRs = "10.20.1.0/24", []string{"10.20.1.0/24"}
 	if _, err := f.client.CoreV1().Nodes().Update(ctx, b1, metav1.UpdateOptions{}); err != nil {
@@ -255,6 +270,15 @@ func TestKubernetesFollowsTheAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitChanged(t, k, "GatewayPool gw was created")
+	b2n, err := f.client.CoreV1().Nodes().Get(ctx, "b2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2n.Labels = map[string]string{"gw": "yes"}
+	if _, err := f.client.CoreV1().Nodes().Update(ctx, b2n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitChanged(t, k, "b2 got the label pool gw selects on")
 	wantSummary(t, k, "site a 10.1.0.0/24", "site b 10.2.0.0/24,10.2.1.0/24", "node b1@b 10.20.1.0/24", "node b2@b ", "peering a-b", "pool gw")
 
 	// An edit that makes Site b invalid sets it aside with its reason, and
