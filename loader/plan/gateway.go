@@ -190,14 +190,10 @@ type groupRoute struct {
 	members []string
 }
 
-// memberAddrs returns the InternalIPs of site t's nodes that are no gateway
-// of a, as host prefixes.
-func (a *assignment) memberAddrs(set *objects.Set, t string) []netip.Prefix {
+// nodeAddrs returns the InternalIPs of site t's nodes, as host prefixes.
+func nodeAddrs(set *objects.Set, t string) []netip.Prefix {
 	var out []netip.Prefix
 	for _, n := range set.NodesOf(t) {
-		if _, gw := a.has(t, n.Name); gw {
-			continue // a peer: correctRoutes cuts its endpoint, and reports it
-		}
 		if ip, ok := objects.InternalIP(n); ok {
 			out = append(out, HostPrefix(ip))
 		}
@@ -215,8 +211,8 @@ type gatewayPlan struct {
 	endpoints []netip.Addr
 	// fabric are the prefixes the node, a gateway, hands to its site's fabric.
 	fabric []netip.Prefix
-	// direct are addresses a gateway reaches on the underlay for its own
-	// traffic: the InternalIPs of the remote members that reach it there
+	// direct are addresses this node's own traffic reaches on the underlay:
+	// the InternalIPs of the nodes of the sites it reaches through gateways
 	// (see splitDirect).
 	direct []netip.Prefix
 }
@@ -300,14 +296,17 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 			}
 			prefixes := a.prefixesOf(set, t)
 			sources := p.sources(prefixes)
+			// Paths are symmetric: this node's own traffic reaches the
+			// InternalIPs of t's nodes on the underlay, as theirs reaches it,
+			// whatever the role of either. Through the tunnel one side would
+			// arrive tunnelled and the other handed over on the fabric by a
+			// gateway (a gateway's endpoint is cut from its members' routes;
+			// the fabric leg fails strict rp_filter), so node to node would
+			// work one way or not at all. What this node forwards (from a
+			// tunnel or a pod) still takes the gateways: see splitDirect.
+			gp.direct = append(gp.direct, nodeAddrs(set, tName)...)
 			if isGateway {
-				// Paths are symmetric: t's members reach this gateway at its
-				// InternalIP on the underlay (it is a tunnel endpoint, cut from
-				// their routes), so its own traffic reaches their InternalIPs
-				// there too; only what it forwards takes t's gateways.
-				if own, _ := objects.InternalIP(self); me.addr == own {
-					gp.direct = append(gp.direct, a.memberAddrs(set, tName)...)
-				}
+
 				// Remote gateways are peers, reached at their pool's address;
 				// each one's own prefixes go straight to it (its health probe
 				// must test that gateway), the rest of the site to the group.

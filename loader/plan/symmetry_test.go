@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/isthmus-dev/isthmus/loader/objects"
 )
 
@@ -91,18 +93,18 @@ func lookup(p *NodePlan, addr netip.Addr, transit bool) (Route, bool) {
 // then a transit lookup at every node it is tunnelled to, until a node has
 // no route (it sends on the underlay) or the tunnel reaches to. It returns the
 // next hops it was tunnelled through on the way, each as the sorted names of
-// the group that could carry it ("" for none: the underlay all the way).
-func path(plans map[string]*NodePlan, from, to string, addr netip.Addr) ([]string, error) {
-	var hops []string
+// the group that could carry it ("" for none: the underlay all the way), and
+// whether it reached to through the tunnel (else on the underlay).
+func path(plans map[string]*NodePlan, from, to string, addr netip.Addr) (hops []string, tunnelled bool, err error) {
 	cur, transit := from, false
 	for range 8 {
 		p := plans[cur]
 		if p == nil {
-			return nil, fmt.Errorf("tunnelled to %s, which has no plan", cur)
+			return nil, false, fmt.Errorf("tunnelled to %s, which has no plan", cur)
 		}
 		r, ok := lookup(p, addr, transit)
 		if !ok {
-			return hops, nil
+			return hops, false, nil
 		}
 		var next []string
 		if r.Group == nil {
@@ -113,12 +115,31 @@ func path(plans map[string]*NodePlan, from, to string, addr netip.Addr) ([]strin
 		}
 		slices.Sort(next)
 		if slices.Contains(next, to) {
-			return hops, nil // tunnelled to the destination itself
+			return hops, true, nil // tunnelled to the destination itself
 		}
 		hops = append(hops, strings.Join(next, ","))
 		cur, transit = next[0], true
 	}
-	return nil, fmt.Errorf("loop: %v", hops)
+	return nil, false, fmt.Errorf("loop: %v", hops)
+}
+
+// rpFilterPasses reports whether strict rp_filter on node to accepts what
+// from's host sends to addr (to's InternalIP): the source is from's tunnel
+// address when from routes addr into the tunnel (the kernel route's src),
+// else its InternalIP; to accepts a packet that arrived tunnelled only when
+// its own route back to that source goes into the tunnel too, and one that
+// arrived on the underlay only when its route back does not.
+func rpFilterPasses(plans map[string]*NodePlan, from, to string, addr, fromIP netip.Addr) (bool, error) {
+	_, tunnelled, err := path(plans, from, to, addr)
+	if err != nil {
+		return false, err
+	}
+	src := fromIP
+	if _, ok := lookup(plans[from], addr, false); ok {
+		src = plans[from].TunnelAddr
+	}
+	_, back := lookup(plans[to], src, false)
+	return back == tunnelled, nil
 }
 
 // TestPathsSymmetric: for random fleets, every pair of nodes reaches each
@@ -142,8 +163,8 @@ func TestPathsSymmetric(t *testing.T) {
 				}
 				xa, _ := objects.InternalIP(&x)
 				ya, _ := objects.InternalIP(&y)
-				there, err1 := path(plans, x.Name, y.Name, ya)
-				back, err2 := path(plans, y.Name, x.Name, xa)
+				there, _, err1 := path(plans, x.Name, y.Name, ya)
+				back, _, err2 := path(plans, y.Name, x.Name, xa)
 				if err1 != nil || err2 != nil {
 					t.Fatalf("seed %d: %s <-> %s: %v, %v", seed, x.Name, y.Name, err1, err2)
 				}
@@ -151,6 +172,14 @@ func TestPathsSymmetric(t *testing.T) {
 				if !slices.Equal(there, back) {
 					t.Fatalf("seed %d: %s -> %s (%s) goes through %q, the way back (reversed) through %q\nset: %s",
 						seed, x.Name, y.Name, ya, there, back, describeSet(set))
+				}
+				for _, d := range [][2]corev1.Node{{x, y}, {y, x}} {
+					fa, _ := objects.InternalIP(&d[0])
+					ta, _ := objects.InternalIP(&d[1])
+					if ok, err := rpFilterPasses(plans, d[0].Name, d[1].Name, ta, fa); err != nil || !ok {
+						t.Fatalf("seed %d: %s -> %s: strict rp_filter on %s drops it (%v): it arrives one way and would go back another\nset: %s",
+							seed, d[0].Name, d[1].Name, d[1].Name, err, describeSet(set))
+					}
 				}
 			}
 		}
@@ -176,8 +205,8 @@ func TestPathsSymmetricSeeds(t *testing.T) {
 			for _, y := range set.Nodes {
 				xa, _ := objects.InternalIP(&x)
 				ya, _ := objects.InternalIP(&y)
-				there, err1 := path(plans, x.Name, y.Name, ya)
-				back, err2 := path(plans, y.Name, x.Name, xa)
+				there, _, err1 := path(plans, x.Name, y.Name, ya)
+				back, _, err2 := path(plans, y.Name, x.Name, xa)
 				slices.Reverse(back)
 				if err1 != nil || err2 != nil || !slices.Equal(there, back) {
 					t.Errorf("%s: %s -> %s through %q, back (reversed) through %q (%v, %v)", name, x.Name, y.Name, there, back, err1, err2)
@@ -187,7 +216,7 @@ func TestPathsSymmetricSeeds(t *testing.T) {
 		if name != "seed 000 gateway" {
 			continue
 		}
-		if hops, _ := path(plans, "flex-1", "aks-2", netip.MustParseAddr("10.0.0.5")); len(hops) != 0 {
+		if hops, _, _ := path(plans, "flex-1", "aks-2", netip.MustParseAddr("10.0.0.5")); len(hops) != 0 {
 			t.Errorf("flex-1 -> aks-2 goes through %q, want the underlay", hops)
 		}
 	}
