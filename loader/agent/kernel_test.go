@@ -614,21 +614,7 @@ func TestAgentKernelUnderlayMoves(t *testing.T) {
 		t.Fatalf("start: %v", err)
 	}
 	defer a.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	var runErr error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		runtime.LockOSThread() // never unlocked: the thread leaves with the goroutine
-		if err := netns.Set(e.ns); err != nil {
-			runErr = err
-			return
-		}
-		runErr = a.Run(ctx)
-	}()
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	time.Sleep(200 * time.Millisecond) // let Run subscribe
+	stop := e.run(t, a)
 
 	moved := mustVeth(t, "ul1", "ul1p")
 	addr, err := netlink.ParseAddr("172.16.1.10/24")
@@ -648,9 +634,34 @@ func TestAgentKernelUnderlayMoves(t *testing.T) {
 	if _, _, ifindex := linkInfo(t, e.pinDir, "ul1", datapath.HookUnderlayIngress); ifindex != uint32(moved.Attrs().Index) {
 		t.Errorf("ul1's underlay link targets ifindex %d, want %d", ifindex, moved.Attrs().Index)
 	}
-	cancel()
-	wg.Wait()
-	if runErr != nil {
-		t.Fatalf("run: %v", runErr)
+	if err := stop(); err != nil {
+		t.Fatalf("run: %v", err)
 	}
+}
+
+// run runs a's loop on a thread in the test's namespace until the returned
+// stop is called (or the test ends) and returns Run's error from stop.
+func (e *testEnv) run(t *testing.T, a *Agent) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var runErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		runtime.LockOSThread() // never unlocked: the thread leaves with the goroutine
+		if err := netns.Set(e.ns); err != nil {
+			runErr = err
+			return
+		}
+		runErr = a.Run(ctx)
+	}()
+	var once sync.Once
+	stop = func() error {
+		once.Do(func() { cancel(); wg.Wait() })
+		return runErr
+	}
+	t.Cleanup(func() { _ = stop() })
+	time.Sleep(200 * time.Millisecond) // let Run subscribe
+	return stop
 }

@@ -12,15 +12,16 @@ import (
 
 	"github.com/isthmus-dev/isthmus/api/v1alpha1"
 	"github.com/isthmus-dev/isthmus/loader/objects"
+	"github.com/isthmus-dev/isthmus/loader/source"
 )
 
 // The other kinds whose status the controller writes: the printer columns of
 // `kubectl get gatewaypools` (Gateways, Ready), `sitepeerings` and
 // `sitegatewaypoolassignments` (Ready) read it.
 var (
-	GatewayPoolResource  = v1alpha1.GroupVersion.WithResource("gatewaypools")
-	SitePeeringResource  = v1alpha1.GroupVersion.WithResource("sitepeerings")
-	AssignmentResource   = v1alpha1.GroupVersion.WithResource("sitegatewaypoolassignments")
+	GatewayPoolResource  = source.GatewayPoolsResource
+	SitePeeringResource  = source.SitePeeringsResource
+	AssignmentResource   = source.SiteGatewayPoolAssignmentsResource
 	objectStatusResource = map[string]schema.GroupVersionResource{
 		v1alpha1.KindGatewayPool:               GatewayPoolResource,
 		v1alpha1.KindSitePeering:               SitePeeringResource,
