@@ -18,6 +18,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 )
@@ -54,14 +56,25 @@ var grants = map[string][]string{
 	// The controller (loader/controller/controller.go): informers on Nodes and
 	// Sites, merge patches of Nodes (site label, tunnel-address annotation,
 	// podCIDRs), Site UpdateStatus; in its own namespace the leader-election
-	// Lease. Its LeaseLock has no EventRecorder: no Events.
+	// Lease; Warning Events on invalid Sites (in the default namespace). Its
+	// LeaseLock has no EventRecorder: no Events about the Lease.
 	"isthmus-system/isthmus-controller": {
+		"cluster core events create",
 		"cluster core nodes list",
 		"cluster core nodes patch",
 		"cluster core nodes watch",
 		"cluster isthmus.dev sites list",
 		"cluster isthmus.dev sites watch",
 		"cluster isthmus.dev sites/status update",
+		"cluster isthmus.dev gatewaypools list",
+		"cluster isthmus.dev gatewaypools watch",
+		"cluster isthmus.dev gatewaypools/status update",
+		"cluster isthmus.dev sitepeerings list",
+		"cluster isthmus.dev sitepeerings watch",
+		"cluster isthmus.dev sitepeerings/status update",
+		"cluster isthmus.dev sitegatewaypoolassignments list",
+		"cluster isthmus.dev sitegatewaypoolassignments watch",
+		"cluster isthmus.dev sitegatewaypoolassignments/status update",
 		"isthmus-system coordination.k8s.io leases create",
 		"isthmus-system coordination.k8s.io leases get",
 		"isthmus-system coordination.k8s.io leases update",
@@ -402,6 +415,18 @@ func TestAgentDaemonSet(t *testing.T) {
 	if !tolerant(spec) {
 		t.Errorf("agent: does not tolerate every taint: %+v", spec.Tolerations)
 	}
+	for _, n := range []struct {
+		labels map[string]string
+		want   bool
+	}{
+		{map[string]string{"isthmus.dev/site": "flex-site"}, true},
+		{map[string]string{"kubernetes.io/os": "linux"}, false},
+		{nil, false},
+	} {
+		if got := schedulable(t, spec, n.labels); got != n.want {
+			t.Errorf("agent: node with labels %v schedulable = %v, want %v (only nodes with the site label)", n.labels, got, n.want)
+		}
+	}
 	if spec.PriorityClassName != "system-node-critical" {
 		t.Errorf("agent: priorityClassName %q", spec.PriorityClassName)
 	}
@@ -733,4 +758,32 @@ func TestKustomizeBuilds(t *testing.T) {
 			}
 		}
 	}
+}
+
+// schedulable reports whether the pod spec's required node affinity admits a
+// node with the given labels (terms ORed, expressions ANDed, as the scheduler
+// reads them); true without affinity.
+func schedulable(t *testing.T, spec *corev1.PodSpec, nodeLabels map[string]string) bool {
+	t.Helper()
+	if spec.Affinity == nil || spec.Affinity.NodeAffinity == nil || spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return true
+	}
+	ops := map[corev1.NodeSelectorOperator]selection.Operator{
+		corev1.NodeSelectorOpIn: selection.In, corev1.NodeSelectorOpNotIn: selection.NotIn,
+		corev1.NodeSelectorOpExists: selection.Exists, corev1.NodeSelectorOpDoesNotExist: selection.DoesNotExist,
+	}
+	for _, term := range spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		sel := labels.NewSelector()
+		for _, e := range term.MatchExpressions {
+			r, err := labels.NewRequirement(e.Key, ops[e.Operator], e.Values)
+			if err != nil {
+				t.Fatalf("node affinity expression %+v: %v", e, err)
+			}
+			sel = sel.Add(*r)
+		}
+		if sel.Matches(labels.Set(nodeLabels)) {
+			return true
+		}
+	}
+	return false
 }

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -78,6 +79,13 @@ type Options struct {
 	Kube *kube.Server
 	// CRDDir holds the CRDs SourceKube installs; default DefaultCRDDir().
 	CRDDir string
+	// CheckNodes makes Up ping every node's address from every other node,
+	// before the agents start and again once they are ready, and fail when a
+	// pair that had a reply before has none with the agents, or when a pair
+	// gets a reply one way only: isthmus must never break node-to-node traffic
+	// and keeps paths symmetric (docs/gateways.md). Which pairs reach each
+	// other at all is the scenario's (a firewall may pass only gateways).
+	CheckNodes bool
 }
 
 // Lab is a built lab. Its methods are safe to call from several goroutines.
@@ -249,10 +257,101 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 	default:
 		return fmt.Errorf("source %q: want files or kube", opts.Source)
 	}
+	var before map[[2]string]bool
+	if opts.CheckNodes {
+		before = l.NodeReach()
+		l.logf("lab %s: node to node before the agents:\n%s", l.Name, reachString(before))
+		if err := symmetric(before); err != nil {
+			return fmt.Errorf("before the agents: %w", err)
+		}
+	}
 	if l.Datapath != DatapathIsthmus {
 		return nil
 	}
-	return l.startAgents(ctx, opts)
+	if err := l.startAgents(ctx, opts); err != nil {
+		return err
+	}
+	if opts.CheckNodes {
+		after := l.NodeReach()
+		l.logf("lab %s: node to node with the agents:\n%s", l.Name, reachString(after))
+		var lost []string
+		for pair, ok := range before {
+			if ok && !after[pair] {
+				lost = append(lost, pair[0]+" -> "+pair[1])
+			}
+		}
+		if len(lost) > 0 {
+			slices.Sort(lost)
+			return fmt.Errorf("with the agents: node to node lost: %s", strings.Join(lost, ", "))
+		}
+		if err := symmetric(after); err != nil {
+			return fmt.Errorf("with the agents: %w", err)
+		}
+	}
+	return nil
+}
+
+// NodeReach pings every node's address from every other node (each ordered
+// pair, in parallel, up to three tries: a first packet may wait for ARP at
+// every hop) and reports which pairs got a reply.
+func (l *Lab) NodeReach() map[[2]string]bool {
+	nodes := l.Scenario.Nodes()
+	out := make(map[[2]string]bool)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, a := range nodes {
+		for _, b := range nodes {
+			if a.Name == b.Name {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ok := false
+				for range 3 {
+					if Ping(l.NodeNS(a.Name), b.Address, time.Second) == nil {
+						ok = true
+						break
+					}
+				}
+				mu.Lock()
+				out[[2]string{a.Name, b.Name}] = ok
+				mu.Unlock()
+			}()
+		}
+	}
+	wg.Wait()
+	return out
+}
+
+// symmetric returns an error naming every pair that reaches one way only:
+// paths must be the same both ways, so a stateful firewall or strict
+// rp_filter passes both or neither.
+func symmetric(reach map[[2]string]bool) error {
+	var oneWay []string
+	for pair, ok := range reach {
+		if ok && !reach[[2]string{pair[1], pair[0]}] {
+			oneWay = append(oneWay, pair[0]+" -> "+pair[1])
+		}
+	}
+	if len(oneWay) > 0 {
+		slices.Sort(oneWay)
+		return fmt.Errorf("node to node one way only: %s", strings.Join(oneWay, ", "))
+	}
+	return nil
+}
+
+func reachString(reach map[[2]string]bool) string {
+	var lines []string
+	for pair, ok := range reach {
+		mark := "ok"
+		if !ok {
+			mark = "no reply"
+		}
+		lines = append(lines, fmt.Sprintf("  %s -> %s: %s", pair[0], pair[1], mark))
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
 }
 
 // buildRouter makes the router: a routed fabric, not a bridge. Each node's underlay

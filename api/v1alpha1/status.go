@@ -28,6 +28,11 @@ const (
 	ReasonNodesPending   = "NodesPending"
 	ReasonPoolExhausted  = "PoolExhausted"
 	ReasonPoolsAvailable = "PoolsAvailable"
+	// ReasonInEffect: a GatewayPool, SitePeering or SiteGatewayPoolAssignment
+	// passed validation and the agents plan with it.
+	ReasonInEffect = "InEffect"
+	// ReasonNoGateways: a GatewayPool that selects no Node.
+	ReasonNoGateways = "NoGateways"
 )
 
 // SiteStatus is what the controller last observed and did for a Site.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/isthmus-dev/isthmus/loader/cpbench"
 	"github.com/isthmus-dev/isthmus/testenv/bench"
 )
 
@@ -15,7 +16,7 @@ func newBenchCmd() *cobra.Command {
 	opts := bench.Options{Scenario: "default", Src: "a1-p1", Dst: "b1-p1", Duration: 8 * time.Second, Rounds: 3, WithoutRules: true}
 	snatOpts := bench.SNATOptions{Scenario: "seed000", Src: "aks1-ext", Dst: "flex-p1", Duration: 5 * time.Second, Rounds: 3, Workers: 4}
 	var output string
-	var snat bool
+	var snat, controlPlane bool
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure one TCP stream pod to pod: isthmus vs kernel VXLAN vs plain routing, in one run",
@@ -38,6 +39,9 @@ closing connections for --duration) and one iperf3 stream, interleaved.`,
 			exe, err := os.Executable()
 			if err != nil {
 				return fmt.Errorf("find isthmus binary: %w", err)
+			}
+			if controlPlane {
+				return runControlPlaneBench(cmd, output)
 			}
 			if snat {
 				return runSNATBench(cmd, snatOpts, opts, exe, output)
@@ -69,8 +73,37 @@ closing connections for --duration) and one iperf3 stream, interleaved.`,
 	f.BoolVar(&opts.WithoutRules, "without-rules", opts.WithoutRules, "also measure every datapath with the CNI leftover rules removed")
 	f.StringVarP(&output, "output", "o", "table", "table or json")
 	f.BoolVar(&snat, "snat", false, "compare BPF return-path SNAT with iptables MASQUERADE over kernel VXLAN (scenario seed000, aks1-ext -> flex-p1, 5s)")
+	f.BoolVar(&controlPlane, "control-plane", false, "measure the control plane instead, without a lab or root: plan time, one-Node change, map entries and heap for fleets of 500, 5,000 and 20,000 nodes, mesh and hub")
 	f.IntVar(&snatOpts.Workers, "workers", snatOpts.Workers, "with --snat: parallel connection loops of the connection-rate test")
 	return cmd
+}
+
+// runControlPlaneBench runs `bench --control-plane` over cpbench.DefaultShapes.
+func runControlPlaneBench(cmd *cobra.Command, output string) error {
+	var all []cpbench.Result
+	for _, sh := range cpbench.DefaultShapes {
+		fmt.Fprintf(cmd.ErrOrStderr(), "fleet %s %dx%d\n", sh.Topology, sh.Sites, sh.NodesPerSite)
+		rs, err := cpbench.Measure(sh)
+		if err != nil {
+			return err
+		}
+		all = append(all, rs...)
+	}
+	return printReport(cmd, output, all, cpbench.Table(all))
+}
+
+// printReport prints rep as indented JSON with output json, else table.
+func printReport(cmd *cobra.Command, output string, rep any, table string) error {
+	if output == "json" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return fmt.Errorf("encode report: %w", err)
+		}
+		_, err = fmt.Fprintln(cmd.OutOrStdout(), string(b))
+		return err
+	}
+	_, err := fmt.Fprint(cmd.OutOrStdout(), table)
+	return err
 }
 
 // runSNATBench runs `bench --snat`: the flags given explicitly override the
@@ -98,14 +131,5 @@ func runSNATBench(cmd *cobra.Command, so bench.SNATOptions, o bench.Options, exe
 	if err != nil {
 		return err
 	}
-	if output == "json" {
-		b, err := json.MarshalIndent(rep, "", "  ")
-		if err != nil {
-			return fmt.Errorf("encode report: %w", err)
-		}
-		_, err = fmt.Fprintln(cmd.OutOrStdout(), string(b))
-		return err
-	}
-	_, err = fmt.Fprint(cmd.OutOrStdout(), rep.String())
-	return err
+	return printReport(cmd, output, rep, rep.String())
 }

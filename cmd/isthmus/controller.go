@@ -25,6 +25,8 @@ func newControllerCmd() *cobra.Command {
 		kubeconfig string
 		tunnelCIDR string
 		debug      bool
+		qps        float32
+		burst      int
 	)
 	cmd := &cobra.Command{
 		Use:   "controller [--kubeconfig FILE]",
@@ -46,6 +48,7 @@ func newControllerCmd() *cobra.Command {
 				return err
 			}
 			rc.UserAgent = "isthmus-controller"
+			rc.QPS, rc.Burst = qps, burst
 			if cfg.Client, err = kubernetes.NewForConfig(rc); err != nil {
 				return fmt.Errorf("create kubernetes client: %w", err)
 			}
@@ -64,5 +67,8 @@ func newControllerCmd() *cobra.Command {
 	f.BoolVar(&cfg.LeaderElection, "leader-elect", true, "hold the Lease before acting, so only one replica acts")
 	f.StringVar(&cfg.Identity, "identity", "", "name of this replica in the Lease (default: hostname plus a random suffix)")
 	f.BoolVar(&debug, "debug", false, "log at debug level")
+	f.Float32Var(&qps, "kube-api-qps", controller.DefaultQPS, "requests per second to the API server, sustained")
+	f.IntVar(&burst, "kube-api-burst", controller.DefaultBurst, "requests to the API server in a burst")
+	f.IntVar(&cfg.PatchWorkers, "patch-workers", controller.DefaultPatchWorkers, "Node patches in flight at once")
 	return cmd
 }

@@ -28,7 +28,8 @@ func TestControllerCmdFlags(t *testing.T) {
 		}
 	}
 	f := newControllerCmd().Flags()
-	for name, def := range map[string]string{"namespace": "isthmus-system", "tunnel-cidr": "100.64.0.0/16", "leader-elect": "true", "kubeconfig": ""} {
+	for name, def := range map[string]string{"namespace": "isthmus-system", "tunnel-cidr": "100.64.0.0/16", "leader-elect": "true", "kubeconfig": "",
+		"kube-api-qps": "50", "kube-api-burst": "100", "patch-workers": "8"} {
 		if fl := f.Lookup(name); fl == nil || fl.DefValue != def {
 			t.Errorf("flag --%s: %+v, want default %q", name, fl, def)
 		}

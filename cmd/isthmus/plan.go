@@ -119,7 +119,11 @@ func writePlanTable(w io.Writer, p *plan.NodePlan, warnings []objects.Warning) e
 		for _, r := range p.Routes {
 			if len(r.Group) > 0 {
 				groups++
-				fmt.Fprintf(tw, "%s\tgroup of %d\t(see ROUTE GROUPS)\t%s\n", r.Prefix, len(r.Group), r.Origin)
+				origin := r.Origin
+				if r.TransitOnly {
+					origin += " (transit only: not in the kernel's routes)"
+				}
+				fmt.Fprintf(tw, "%s\tgroup of %d\t(see ROUTE GROUPS)\t%s\n", r.Prefix, len(r.Group), origin)
 				continue
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Prefix, r.Peer, r.Via, r.Origin)

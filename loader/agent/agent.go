@@ -4,8 +4,9 @@
 // from the objects of a source.Source (a directory of YAML, or the Kubernetes
 // API). It reacts to changes of the objects, to pod interfaces coming and going,
 // and resyncs periodically. Every sync diffs against what the kernel holds and
-// writes only the difference; objects that fail to load or plan leave the last
-// good state in force.
+// writes only the difference. Invalid objects are set aside (see
+// objects.ValidateSettingAside) and reported once per change; only a failure to
+// plan this node itself leaves the last good state in force.
 //
 // All kernel work happens on the goroutine that calls Start and Run, so a caller
 // that locked its thread into a network namespace gets the agent in that namespace.
@@ -100,6 +101,13 @@ type Agent struct {
 	healthAddr netip.Addr
 	down       map[netip.Addr]bool
 	st         *Status // never nil
+	// reported holds the lines last logged per group (set-aside objects,
+	// warnings), so a resync that finds the same problems logs nothing.
+	reported map[string]map[string]bool
+	// loadedGen is the source's Generation at the last successful load
+	// (loaded false before one, or with a source that does not count).
+	loadedGen uint64
+	loaded    bool
 }
 
 // The default return-path SNAT port range: above Linux's default ephemeral range
@@ -114,7 +122,7 @@ const (
 // Run starts the agent and runs it until ctx is done. On return everything stays in
 // place (pinned); see datapath.Uninstall.
 func Run(ctx context.Context, cfg Config) error {
-	a, err := Start(cfg)
+	a, err := start(ctx, cfg, true)
 	if err != nil {
 		return err
 	}
@@ -141,7 +149,13 @@ func DefaultPlanner(set *objects.Set, node string) (*plan.NodePlan, []string, er
 // links, the maps and the routes. It writes cfg.ReadyFile when done. A pin
 // directory from an earlier run is reused: maps keep their contents and links are
 // updated in place to the new programs.
-func Start(cfg Config) (*Agent, error) {
+func Start(cfg Config) (*Agent, error) { return start(context.Background(), cfg, false) }
+
+// start is Start; with wait, a node that cannot be planned yet (its Node in no
+// Site, or set aside) makes it wait for the objects to change, reporting why,
+// instead of failing: an agent scheduled before its Site exists must not
+// crash-loop.
+func start(ctx context.Context, cfg Config, wait bool) (*Agent, error) {
 	if cfg.PinDir == "" {
 		cfg.PinDir = datapath.DefaultPinDir
 	}
@@ -178,7 +192,8 @@ func Start(cfg Config) (*Agent, error) {
 	if cfg.Status == nil {
 		cfg.Status = NewStatus()
 	}
-	a := &Agent{cfg: cfg, log: cfg.Log.With("node", cfg.Node), pods: map[string]int{}, src: cfg.Source, st: cfg.Status}
+	a := &Agent{cfg: cfg, log: cfg.Log.With("node", cfg.Node), pods: map[string]int{}, src: cfg.Source, st: cfg.Status,
+		reported: map[string]map[string]bool{}}
 	ok := false
 	defer func() {
 		if !ok {
@@ -195,11 +210,17 @@ func Start(cfg Config) (*Agent, error) {
 	}
 
 	p, warns, err := a.load()
+	for wait && err != nil {
+		if p, warns, err = a.waitForPlan(ctx, err); ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+	a.st.loaded(err)
 	if err != nil {
 		return nil, err
 	}
 	a.plan = p
-	a.logWarnings(warns)
+	a.logWarnings("load", warns)
 
 	if a.underlay, err = datapath.FindUnderlay(cfg.UnderlayDev, p.Underlay); err != nil {
 		return nil, err
@@ -253,21 +274,111 @@ func Start(cfg Config) (*Agent, error) {
 }
 
 // load reads a snapshot of the objects and computes the plan, with the
-// warnings of both.
+// warnings of both. Objects set aside are reported (see reportRejected); only
+// a failure to plan this node is an error.
 func (a *Agent) load() (*plan.NodePlan, []string, error) {
+	a.loaded = false
+	gens, counted := a.src.(source.Generations)
+	var gen uint64
+	if counted {
+		gen = gens.Generation() // before the snapshot: a change during it reloads next time
+	}
 	set, owarns, err := a.src.Snapshot()
 	if err != nil {
 		return nil, nil, err
 	}
-	p, warns, err := a.cfg.Planner(set, a.cfg.Node)
-	if err != nil {
-		return nil, nil, err
-	}
+	defer func() { a.loadedGen, a.loaded = gen, counted && a.loaded }()
+	a.reportRejected(set.Rejected)
 	var out []string
 	for _, w := range owarns {
 		out = append(out, w.String())
 	}
+	self := objects.Label("Node", a.cfg.Node)
+	if r := set.Rejection(self); r != nil {
+		return nil, out, fmt.Errorf("this node's Node is set aside: %s", r)
+	}
+	if set.Node(a.cfg.Node) == nil {
+		// The Kubernetes source leaves out nodes in no Site with a warning
+		// that says why; say it again here, where it stops this node.
+		for _, w := range owarns {
+			if w.Object == self {
+				return nil, out, fmt.Errorf("this node is not planned: %s", w)
+			}
+		}
+	}
+	p, warns, err := a.cfg.Planner(set, a.cfg.Node)
+	if err != nil {
+		return nil, out, err
+	}
+	a.loaded = true
 	return p, append(out, warns...), nil
+}
+
+// unchanged reports whether the source saw no change since the last
+// successful load, so a periodic resync can keep the plan and only compare
+// the kernel with it.
+func (a *Agent) unchanged() bool {
+	gens, ok := a.src.(source.Generations)
+	return ok && a.loaded && gens.Generation() == a.loadedGen
+}
+
+// waitForPlan waits for the objects to change (or the resync period) after a
+// load failed with err, keeping the liveness heartbeat, and loads again. The
+// reason is logged when it changes and shows in /readyz.
+func (a *Agent) waitForPlan(ctx context.Context, err error) (*plan.NodePlan, []string, error) {
+	a.st.loaded(err)
+	a.reportChanged("wait", []string{err.Error()}, func(line string) {
+		a.log.Error("waiting: this node cannot be planned yet", "err", line)
+	})
+	retry := time.NewTimer(a.cfg.Resync)
+	defer retry.Stop()
+	beat := time.NewTicker(heartbeat)
+	defer beat.Stop()
+	for {
+		a.st.turned()
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-beat.C:
+			continue
+		case <-a.src.Changed():
+		case <-retry.C:
+		}
+		return a.load()
+	}
+}
+
+// reportRejected logs the objects set aside when the set of them changed, and
+// records their number in the metrics.
+func (a *Agent) reportRejected(rs []objects.Rejected) {
+	lines := make([]string, 0, len(rs))
+	byKind := map[string]int{}
+	for _, r := range rs {
+		lines = append(lines, r.String())
+		kind, _, ok := r.KindName()
+		if !ok {
+			kind = "unnamed"
+		}
+		byKind[kind]++
+	}
+	a.cfg.Metrics.Rejected(byKind)
+	a.reportChanged("rejected", lines, func(line string) {
+		a.log.Warn("object set aside; everything else is planned", "reason", line)
+	})
+}
+
+// reportChanged logs each of lines that group did not hold the last time, and
+// makes lines the group's new contents: a problem is logged when it appears,
+// not on every resync that still finds it.
+func (a *Agent) reportChanged(group string, lines []string, log func(string)) {
+	now := make(map[string]bool, len(lines))
+	for _, l := range lines {
+		if !a.reported[group][l] && !now[l] {
+			log(l)
+		}
+		now[l] = true
+	}
+	a.reported[group] = now
 }
 
 // Close releases the agent's handles and stops its health checks and the
@@ -315,6 +426,18 @@ func (a *Agent) Run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("subscribe to link updates: %w", err)
 	}
+	// Address changes may move this node's InternalIP to another device: the
+	// underlay is resolved again (see ensureUnderlay).
+	addrs := make(chan netlink.AddrUpdate, 64)
+	if err := netlink.AddrSubscribeWithOptions(addrs, done, netlink.AddrSubscribeOptions{
+		ErrorCallback: func(err error) {
+			if ctx.Err() == nil {
+				a.log.Error("address updates", "err", err)
+			}
+		},
+	}); err != nil {
+		return fmt.Errorf("subscribe to address updates: %w", err)
+	}
 	// Interfaces that appeared between Start and the subscription.
 	a.scanPodsLogged()
 	a.syncLogged("pods", false)
@@ -344,6 +467,17 @@ func (a *Agent) Run(ctx context.Context) error {
 			if a.handleLink(u) {
 				a.scanPodsLogged() // clears an earlier attach failure once all are attached
 				a.syncLogged("pods", false)
+			} else if a.underlayMayHaveMoved(u) {
+				a.syncLogged("underlay", false)
+			}
+		case u, ok := <-addrs:
+			if !ok {
+				a.log.Error("address updates stopped; relying on the periodic resync")
+				addrs = nil
+				continue
+			}
+			if u.LinkAddress.IP.Equal(a.plan.Underlay.AsSlice()) {
+				a.syncLogged("underlay", false)
 			}
 		case <-resync.C:
 			a.scanPodsLogged()
@@ -379,15 +513,25 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 		a.cfg.Metrics.Observe(end.Sub(start), written, end, err)
 		a.st.synced(err)
 	}()
+	reused := reload && reason == "resync" && a.unchanged()
+	if reused {
+		reload = false // nothing changed: compare the kernel with the plan we have
+	}
 	if reload {
 		p, warns, err := a.load()
 		a.st.loaded(err)
 		if err != nil {
-			a.log.Error("objects rejected; keeping the last good state", "err", err)
+			a.reportChanged("load-error", []string{err.Error()}, func(line string) {
+				a.log.Error("this node cannot be planned; keeping the last good state", "err", line)
+			})
 		} else {
+			a.reportChanged("load-error", nil, nil)
 			a.plan = p
-			a.logWarnings(warns)
+			a.logWarnings("load", warns)
 		}
+	}
+	if err := a.ensureUnderlay(); err != nil {
+		return err
 	}
 	before := a.overlay.Ifindex
 	if err := a.ensureOverlay(); err != nil {
@@ -414,12 +558,46 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 	}
 	a.log.Info("synced", "reason", reason, "entries_written", res.Updated+res.Deleted,
 		"updated", res.Updated, "deleted", res.Deleted,
-		"routes_replaced", rres.Replaced, "routes_deleted", rres.Deleted,
+		"routes_replaced", rres.Replaced, "routes_deleted", rres.Deleted, "plan_reused", reused,
 		"pods", len(a.pods), "duration", time.Since(start).Round(time.Microsecond))
 	for _, c := range res.Applied {
 		a.log.Debug("map write", "change", c.String())
 	}
 	return nil
+}
+
+// underlayMayHaveMoved reports whether a link update touches the underlay
+// device (it went away, was renamed, or a device with the configured name
+// came back): the next sync resolves it again.
+func (a *Agent) underlayMayHaveMoved(u netlink.LinkUpdate) bool {
+	cur := a.underlay.Attrs()
+	return int(u.Index) == cur.Index || u.Attrs().Name == cur.Name ||
+		(a.cfg.UnderlayDev != "" && u.Attrs().Name == a.cfg.UnderlayDev)
+}
+
+// ensureUnderlay resolves the underlay device again (the configured one, or
+// the one holding this node's InternalIP, which may have moved to another
+// device or come back under a new ifindex) and, when it is another device
+// than the one the datapath is attached to, attaches there and removes the
+// old links. The config entry (its ifindex) follows in the same sync.
+func (a *Agent) ensureUnderlay() error {
+	l, err := datapath.FindUnderlay(a.cfg.UnderlayDev, a.plan.Underlay)
+	if err != nil {
+		return err
+	}
+	old := a.underlay.Attrs()
+	if l.Attrs().Index == old.Index && l.Attrs().Name == old.Name {
+		a.underlay = l // fresh attributes (MTU) for the overlay
+		return nil
+	}
+	xdp, err := datapath.AttachUnderlay(a.dp, l, a.cfg.Decap, a.log)
+	if err != nil {
+		return err
+	}
+	a.underlay, a.xdp = l, xdp
+	a.log.Info("underlay moved", "from", old.Name, "from_ifindex", old.Index,
+		"to", l.Attrs().Name, "to_ifindex", l.Attrs().Index, "xdp", xdp)
+	return a.pruneLinks()
 }
 
 // desired computes the maps' desired state; current (what the kernel holds) keeps
@@ -445,7 +623,7 @@ func (a *Agent) desired(current maps.State) maps.State {
 		node.PodIfindexes = append(node.PodIfindexes, i)
 	}
 	s, warns := maps.FromPlan(a.plan, node)
-	a.logWarnings(warns)
+	a.logWarnings("maps", warns)
 	// CFG_F_TRACE belongs to a running `isthmus trace`: keep what the kernel holds.
 	s.Config.Flags |= current.Config.Flags & maps.ConfigFlagTrace
 	return s
@@ -454,7 +632,9 @@ func (a *Agent) desired(current maps.State) maps.State {
 func (a *Agent) routes() []datapath.Route {
 	var prefixes []netip.Prefix
 	for _, r := range a.plan.Routes {
-		prefixes = append(prefixes, r.Prefix)
+		if !r.TransitOnly { // only forwarded traffic takes it: not the kernel's
+			prefixes = append(prefixes, r.Prefix)
+		}
 	}
 	return datapath.OverlayRoutes(prefixes, a.overlay.Ifindex, a.plan.TunnelAddr)
 }
@@ -490,7 +670,7 @@ func (a *Agent) ensureHealth() {
 		a.st.setChecker(c)
 		a.log.Info("health checks started", "addr", addr, "port", c.Port())
 	}
-	a.logWarnings(warns)
+	a.logWarnings("health", warns)
 	a.health.SetTargets(targets)
 	a.down = a.health.Down()
 }
@@ -514,10 +694,9 @@ func (a *Agent) ensureOverlay() error {
 	return nil
 }
 
-func (a *Agent) logWarnings(warns []string) {
-	for _, w := range warns {
-		a.log.Warn("plan", "warning", w)
-	}
+// logWarnings logs the warnings of group that are new since its last call.
+func (a *Agent) logWarnings(group string, warns []string) {
+	a.reportChanged(group, warns, func(w string) { a.log.Warn("plan", "warning", w) })
 }
 
 // isPod reports whether an interface called name is a pod interface to attach to.

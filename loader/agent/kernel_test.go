@@ -406,6 +406,24 @@ func TestAgentKernel(t *testing.T) {
 		t.Fatalf("a bad objects file changed the routes: %v", rs)
 	}
 
+	// One bad object stops nothing else: b3 overlaps b2 and is set aside, b4
+	// in the same file is planned and applied, b2 keeps its route.
+	if err := os.WriteFile(filepath.Join(e.objects, "zz-more.yaml"), []byte(
+		"apiVersion: v1\nkind: Node\nmetadata: {name: b3}\nspec: {podCIDRs: [10.20.2.0/25]}\nstatus: {addresses: [{type: InternalIP, address: 172.16.2.13}]}\n"+
+			"---\napiVersion: v1\nkind: Node\nmetadata: {name: b4}\nspec: {podCIDRs: [10.20.4.0/24]}\nstatus: {addresses: [{type: InternalIP, address: 172.16.2.14}]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Second, "route for b4 beside a set-aside b3", func() bool {
+		st := readMaps(t, e.pinDir)
+		r4, ok4 := st.Routes[netip.MustParsePrefix("10.20.4.0/24")]
+		r2 := st.Routes[b2]
+		_, ok3 := st.Routes[netip.MustParsePrefix("10.20.2.0/25")]
+		return ok4 && r4.Peer == netip.MustParseAddr("172.16.2.14") && r2.Peer == netip.MustParseAddr("172.16.2.12") && !ok3
+	})
+	if err := a.st.Ready(); err != nil {
+		t.Errorf("ready with another node set aside: %v", err)
+	}
+
 	cancel()
 	wg.Wait()
 	if runErr != nil {
@@ -584,4 +602,66 @@ func TestAgentKernelGroups(t *testing.T) {
 	if r := readMaps(t, e.pinDir).Routes[grouped]; r.Group != 1 {
 		t.Errorf("route %v after the migration = %+v, want group 1", grouped, r)
 	}
+}
+
+// TestAgentKernelUnderlayMoves: when this node's InternalIP moves to another
+// device, the running agent attaches its underlay program there, points the
+// config entry at it and removes the old device's link, within a second.
+func TestAgentKernelUnderlayMoves(t *testing.T) {
+	e := setup(t)
+	a, err := Start(e.cfg)
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	defer a.Close()
+	stop := e.run(t, a)
+
+	moved := mustVeth(t, "ul1", "ul1p")
+	addr, err := netlink.ParseAddr("172.16.1.10/24")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.AddrDel(e.under, addr); err != nil {
+		t.Fatal(err)
+	}
+	mustAddr(t, moved, "172.16.1.10/24")
+	eventually(t, time.Second, "datapath on ul1", func() bool {
+		_, errNew := os.Stat(datapath.LinkPin(e.pinDir, "ul1", datapath.HookUnderlayIngress))
+		_, errOld := os.Stat(datapath.LinkPin(e.pinDir, "ul0", datapath.HookUnderlayIngress))
+		return errNew == nil && errors.Is(errOld, os.ErrNotExist) &&
+			readMaps(t, e.pinDir).Config.UnderlayIfindex == uint32(moved.Attrs().Index)
+	})
+	if _, _, ifindex := linkInfo(t, e.pinDir, "ul1", datapath.HookUnderlayIngress); ifindex != uint32(moved.Attrs().Index) {
+		t.Errorf("ul1's underlay link targets ifindex %d, want %d", ifindex, moved.Attrs().Index)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+}
+
+// run runs a's loop on a thread in the test's namespace until the returned
+// stop is called (or the test ends) and returns Run's error from stop.
+func (e *testEnv) run(t *testing.T, a *Agent) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var runErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		runtime.LockOSThread() // never unlocked: the thread leaves with the goroutine
+		if err := netns.Set(e.ns); err != nil {
+			runErr = err
+			return
+		}
+		runErr = a.Run(ctx)
+	}()
+	var once sync.Once
+	stop = func() error {
+		once.Do(func() { cancel(); wg.Wait() })
+		return runErr
+	}
+	t.Cleanup(func() { _ = stop() })
+	time.Sleep(200 * time.Millisecond) // let Run subscribe
+	return stop
 }

@@ -28,7 +28,7 @@ type Status struct {
 	attached bool      // Start finished: programs attached, first sync done
 	beat     time.Time // the loop last turned
 	syncErr  error     // of the last sync
-	rejected error     // of the last object load
+	rejected error     // of the last plan of this node
 	podErr   error     // of the last pod interface scan or attach
 	checker  *health.Checker
 }
@@ -41,12 +41,16 @@ func newStatus(now func() time.Time) *Status {
 }
 
 // Live returns nil while the agent is starting (for up to 5 minutes) or its
-// loop turned within the last 30 seconds.
+// loop turned within the last 30 seconds (a start that waits for this node's
+// plan turns too, however long it waits).
 func (s *Status) Live() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
 	if !s.attached {
+		if !s.beat.IsZero() && now.Sub(s.beat) <= staleAfter {
+			return nil // waiting for this node's plan, and turning
+		}
 		if d := now.Sub(s.created); d > startTimeout {
 			return fmt.Errorf("agent still starting after %v", d.Round(time.Second))
 		}
@@ -59,8 +63,9 @@ func (s *Status) Live() error {
 }
 
 // Ready returns nil when the programs are attached and the maps are in sync:
-// the last sync succeeded, the last objects read were accepted and every pod
-// interface is attached. Otherwise it says what is missing.
+// the last sync succeeded, this node's plan was computed from the last objects
+// read (objects set aside elsewhere do not count) and every pod interface is
+// attached. Otherwise it says what is missing.
 func (s *Status) Ready() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -72,7 +77,7 @@ func (s *Status) Ready() error {
 		errs = append(errs, fmt.Errorf("last sync failed: %w", s.syncErr))
 	}
 	if s.rejected != nil {
-		errs = append(errs, fmt.Errorf("objects rejected, the last good state is in force: %w", s.rejected))
+		errs = append(errs, fmt.Errorf("this node cannot be planned, the last good state is in force: %w", s.rejected))
 	}
 	if s.podErr != nil {
 		errs = append(errs, fmt.Errorf("pod interfaces pending: %w", s.podErr))

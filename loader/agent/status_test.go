@@ -25,6 +25,10 @@ func TestStatus(t *testing.T) {
 	wantErr("ready while starting", s.Ready(), "not attached")
 	now = now.Add(startTimeout + time.Second)
 	wantErr("live after a start too long", s.Live(), "still starting")
+	s.turned() // waiting for this node's plan: the loop turns
+	wantErr("live while waiting for the plan", s.Live(), "")
+	now = now.Add(staleAfter + time.Second)
+	wantErr("live when the wait stopped turning", s.Live(), "still starting")
 
 	s.synced(nil)
 	s.setAttached()
@@ -35,7 +39,7 @@ func TestStatus(t *testing.T) {
 	wantErr("ready after a failed sync", s.Ready(), "last sync failed: write routes: boom")
 	s.synced(nil)
 	s.loaded(errors.New("parse site.yaml: bad"))
-	wantErr("ready with rejected objects", s.Ready(), "objects rejected")
+	wantErr("ready when this node cannot be planned", s.Ready(), "cannot be planned")
 	s.loaded(nil)
 	s.podsErr(errors.New("attach pod-x: no"))
 	wantErr("ready with a pod interface pending", s.Ready(), "pod interfaces pending")

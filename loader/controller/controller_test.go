@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -58,7 +59,8 @@ func newFakes(t *testing.T, sites []v1alpha1.Site, nodes []corev1.Node) (*fake.C
 		sobjs = append(sobjs, siteObject(t, s))
 	}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{SiteResource: "SiteList"}, sobjs...)
+		map[schema.GroupVersionResource]string{SiteResource: "SiteList", GatewayPoolResource: "GatewayPoolList",
+			SitePeeringResource: "SitePeeringList", AssignmentResource: "SiteGatewayPoolAssignmentList"}, sobjs...)
 	return cs, dyn
 }
 
@@ -377,15 +379,16 @@ func TestLeaderElection(t *testing.T) {
 	eventually(t, "n2 assigned by the new leader", func() bool {
 		return slices.Equal(getNode(t, base, "n2").Spec.PodCIDRs, []string{"10.1.1.0/24"})
 	})
-	var byFollower []string
-	for _, p := range patches(clients[follower]) {
-		if strings.HasPrefix(p, "n2: ") {
-			byFollower = append(byFollower, p)
+	// The label patch follows the podCIDR patch in the same pass.
+	eventually(t, "the new leader's two patches of n2", func() bool {
+		var byFollower []string
+		for _, p := range patches(clients[follower]) {
+			if strings.HasPrefix(p, "n2: ") {
+				byFollower = append(byFollower, p)
+			}
 		}
-	}
-	if len(byFollower) != 2 {
-		t.Errorf("new leader's patches of n2 = %v", byFollower)
-	}
+		return len(byFollower) == 2
+	})
 	if p := patches(clients[leader]); len(p) != 2 {
 		t.Errorf("old leader patched after it stopped: %v", p)
 	}
@@ -411,5 +414,121 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	if err := Run(context.Background(), Config{}); err == nil {
 		t.Error("Run without clients succeeded")
+	}
+}
+
+// TestRunInvalidEvent: a Node whose podCIDR overlaps an older Node's makes its
+// Site Invalid naming the newer one (the older wins), with one Warning Event
+// on the Site; a later pass that finds the same problem records no other.
+func TestRunInvalidEvent(t *testing.T) {
+	older := labeled(mkNode("z-old", "10.0.0.2", "", "10.1.1.0/24"), "s")
+	older.CreationTimestamp = metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	newer := labeled(mkNode("a-new", "10.0.0.3", "", "10.1.1.0/25"), "s")
+	newer.CreationTimestamp = metav1.NewTime(older.CreationTimestamp.Add(time.Hour))
+	sites := []v1alpha1.Site{mkSite("s", []string{"10.0.0.0/24"}, nil, assign("10.1.0.0/16"))}
+	cs, dyn := newFakes(t, sites, []corev1.Node{older, newer})
+	stop := startController(t, Config{Client: cs, Dynamic: dyn, Log: quiet})
+	eventually(t, "Site s Invalid", func() bool {
+		return meta.IsStatusConditionTrue(getSite(t, dyn, "s").Status.Conditions, v1alpha1.ConditionInvalid)
+	})
+	c := meta.FindStatusCondition(getSite(t, dyn, "s").Status.Conditions, v1alpha1.ConditionInvalid)
+	if !strings.Contains(c.Message, `Node "a-new"`) || !strings.Contains(c.Message, "overlaps") {
+		t.Errorf("Invalid message %q, want the newer node a-new and the overlap", c.Message)
+	}
+	// Another pass, forced by an edit the controller does not read.
+	u, err := dyn.Resource(SiteResource).Get(context.Background(), "s", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.SetLabels(map[string]string{"touched": "yes"})
+	if _, err := dyn.Resource(SiteResource).Update(context.Background(), u, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	evs, err := cs.CoreV1().Events(EventNamespace).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs.Items) != 1 {
+		t.Fatalf("%d Events, want 1: %+v", len(evs.Items), evs.Items)
+	}
+	ev := evs.Items[0]
+	if ev.InvolvedObject.Kind != v1alpha1.KindSite || ev.InvolvedObject.Name != "s" || ev.Type != corev1.EventTypeWarning ||
+		ev.Reason != v1alpha1.ReasonInvalid || !strings.Contains(ev.Message, `Node "a-new"`) {
+		t.Errorf("Event %+v, want a Warning Invalid on Site s naming a-new", ev)
+	}
+}
+
+// TestParallel: parallel runs every name once, with more than one and at
+// most PatchWorkers in flight, and returns the errors in the order of names.
+// (The client-go fake serializes its calls, so this is checked here, not
+// through Run.)
+func TestParallel(t *testing.T) {
+	c := &controller{cfg: Config{PatchWorkers: 4}}
+	var names []string
+	for i := range 40 {
+		names = append(names, fmt.Sprintf("n%02d", i))
+	}
+	var inFlight, most atomic.Int32
+	var mu sync.Mutex
+	done := map[string]int{}
+	errs := c.parallel(names, func(name string) error {
+		n := inFlight.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(2 * time.Millisecond)
+		inFlight.Add(-1)
+		mu.Lock()
+		done[name]++
+		mu.Unlock()
+		if name == "n07" || name == "n03" {
+			return fmt.Errorf("boom %s", name)
+		}
+		return nil
+	})
+	if m := most.Load(); m < 2 || m > 4 {
+		t.Errorf("at most %d in flight, want 2 to 4", m)
+	}
+	for _, n := range names {
+		if done[n] != 1 {
+			t.Errorf("%s ran %d times", n, done[n])
+		}
+	}
+	if len(errs) != 2 || errs[0].Error() != "boom n03" || errs[1].Error() != "boom n07" {
+		t.Errorf("errors %v, want boom n03 then boom n07", errs)
+	}
+}
+
+// TestRunManyNodes: 40 new nodes, patched by parallel workers, each get a
+// distinct block.
+func TestRunManyNodes(t *testing.T) {
+	var nodes []corev1.Node
+	for i := range 40 {
+		nodes = append(nodes, mkNode(fmt.Sprintf("n%02d", i), fmt.Sprintf("10.0.0.%d", i+2), ""))
+	}
+	sites := []v1alpha1.Site{mkSite("s", []string{"10.0.0.0/24"}, nil, assign("10.1.0.0/16"))}
+	cs, dyn := newFakes(t, sites, nodes)
+	stop := startController(t, Config{Client: cs, Dynamic: dyn, Log: quiet, PatchWorkers: 4})
+	eventually(t, "every node has a podCIDR", func() bool {
+		for _, n := range nodes {
+			if len(getNode(t, cs, n.Name).Spec.PodCIDRs) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, n := range nodes {
+		p := getNode(t, cs, n.Name).Spec.PodCIDRs[0]
+		if seen[p] {
+			t.Errorf("podCIDR %s given twice", p)
+		}
+		seen[p] = true
 	}
 }

@@ -656,3 +656,99 @@ func TestSiteStatusCapsMessages(t *testing.T) {
 		t.Errorf("PoolExhausted message %q", pe.Message)
 	}
 }
+
+// TestForeignAddresses: a tunnel annotation outside --tunnel-cidr and, where
+// the Site assigns, a podCIDR outside its blocks are reported under the
+// node's Site; addresses the controller could have given are not, and nodes
+// of an unmanaged Site keep whatever podCIDR the cloud gave them.
+func TestForeignAddresses(t *testing.T) {
+	unmanaged := false
+	sites := []v1alpha1.Site{
+		mkSite("s", []string{"10.0.0.0/24"}, nil, assign("10.1.0.0/16")),
+		mkSite("u", []string{"10.9.0.0/24"}, &unmanaged, assign("10.2.0.0/23")),
+	}
+	nodes := []corev1.Node{
+		mkNode("ok", "10.0.0.2", "100.64.0.7", "10.1.1.0/24"),
+		mkNode("claims", "10.0.0.3", "192.0.2.7", "10.1.2.0/24"),
+		mkNode("kcm", "10.0.0.4", "", "10.244.3.0/24"),
+		mkNode("cloud", "10.9.0.4", "", "10.0.12.0/24"),
+	}
+	got := foreignAddresses(sites, nodes, netip.MustParsePrefix("100.64.0.0/16"))
+	if len(got) != 1 || len(got["s"]) != 2 {
+		t.Fatalf("problems %v, want two on Site s", got)
+	}
+	if !strings.Contains(got["s"][0], `Node "claims"`) || !strings.Contains(got["s"][0], "outside the controller's --tunnel-cidr") {
+		t.Errorf("first problem %q, want the annotation of claims", got["s"][0])
+	}
+	if !strings.Contains(got["s"][1], `Node "kcm"`) || !strings.Contains(got["s"][1], "--allocate-node-cidrs") {
+		t.Errorf("second problem %q, want the podCIDR of kcm", got["s"][1])
+	}
+}
+
+// TestObjectStatuses: a pool selecting two nodes is Ready with Gateways 2; a
+// pool selecting none is not Ready (NoGateways), and the assignment that
+// needs it in a site is Invalid with the agents' reason; a peering naming a
+// missing Site is Invalid. Deciding again from the written statuses changes
+// nothing.
+func TestObjectStatuses(t *testing.T) {
+	sites := []v1alpha1.Site{
+		mkSite("a", []string{"10.0.0.0/24"}, nil, assign("10.1.0.0/16")),
+		mkSite("b", []string{"10.0.1.0/24"}, nil, assign("10.2.0.0/16")),
+	}
+	gwA, gwB := mkNode("a1", "10.0.0.2", "", "10.1.1.0/24"), mkNode("b1", "10.0.1.2", "", "10.2.1.0/24")
+	gwA.Labels = map[string]string{"gw": "yes"}
+	gwB.Labels = map[string]string{"gw": "yes"}
+	pool := func(name, label string) v1alpha1.GatewayPool {
+		p := v1alpha1.GatewayPool{Spec: v1alpha1.GatewayPoolSpec{Type: v1alpha1.GatewayPoolInternal,
+			NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"gw": label}}}}
+		p.Name, p.Generation = name, 3
+		return p
+	}
+	as := func(name, pool string) v1alpha1.SiteGatewayPoolAssignment {
+		a := v1alpha1.SiteGatewayPoolAssignment{Spec: v1alpha1.SiteGatewayPoolAssignmentSpec{Sites: []string{"a", "b"}, GatewayPools: []string{pool}}}
+		a.Name = name
+		return a
+	}
+	peering := v1alpha1.SitePeering{Spec: v1alpha1.SitePeeringSpec{Sites: []string{"a", "nowhere"}}}
+	peering.Name = "bad"
+	in := Input{Sites: sites, Nodes: []corev1.Node{gwA, gwB},
+		GatewayPools: []v1alpha1.GatewayPool{pool("good", "yes"), pool("empty", "never")},
+		Assignments:  []v1alpha1.SiteGatewayPoolAssignment{as("works", "good"), as("broken", "empty")},
+		SitePeerings: []v1alpha1.SitePeering{peering}, Now: metav1.Now()}
+	got := ObjectStatuses(in)
+	cond := func(k ObjectKey, typ string) *metav1.Condition {
+		switch st := got[k].(type) {
+		case v1alpha1.GatewayPoolStatus:
+			return meta.FindStatusCondition(st.Conditions, typ)
+		case v1alpha1.ObjectStatus:
+			return meta.FindStatusCondition(st.Conditions, typ)
+		}
+		t.Fatalf("no status for %v: %v", k, got)
+		return nil
+	}
+	if st := got[ObjectKey{v1alpha1.KindGatewayPool, "good"}].(v1alpha1.GatewayPoolStatus); st.Gateways != 2 || st.ObservedGeneration != 3 ||
+		cond(ObjectKey{v1alpha1.KindGatewayPool, "good"}, v1alpha1.ConditionReady).Status != metav1.ConditionTrue {
+		t.Errorf("pool good: %+v", st)
+	}
+	if c := cond(ObjectKey{v1alpha1.KindGatewayPool, "empty"}, v1alpha1.ConditionReady); c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.ReasonNoGateways {
+		t.Errorf("pool empty Ready = %+v, want False NoGateways", c)
+	}
+	if c := cond(ObjectKey{v1alpha1.KindSiteGatewayPoolAssignment, "broken"}, v1alpha1.ConditionInvalid); c.Status != metav1.ConditionTrue || !strings.Contains(c.Message, "has no gateway") {
+		t.Errorf("assignment broken Invalid = %+v", c)
+	}
+	if c := cond(ObjectKey{v1alpha1.KindSiteGatewayPoolAssignment, "works"}, v1alpha1.ConditionReady); c.Status != metav1.ConditionTrue {
+		t.Errorf("assignment works Ready = %+v", c)
+	}
+	if c := cond(ObjectKey{v1alpha1.KindSitePeering, "bad"}, v1alpha1.ConditionInvalid); c.Status != metav1.ConditionTrue || !strings.Contains(c.Message, `unknown Site "nowhere"`) {
+		t.Errorf("peering bad Invalid = %+v", c)
+	}
+	// Written back, the same input decides nothing new.
+	in.GatewayPools[0].Status = got[ObjectKey{v1alpha1.KindGatewayPool, "good"}].(v1alpha1.GatewayPoolStatus)
+	in.GatewayPools[1].Status = got[ObjectKey{v1alpha1.KindGatewayPool, "empty"}].(v1alpha1.GatewayPoolStatus)
+	in.Assignments[0].Status = got[ObjectKey{v1alpha1.KindSiteGatewayPoolAssignment, "works"}].(v1alpha1.ObjectStatus)
+	in.Assignments[1].Status = got[ObjectKey{v1alpha1.KindSiteGatewayPoolAssignment, "broken"}].(v1alpha1.ObjectStatus)
+	in.SitePeerings[0].Status = got[ObjectKey{v1alpha1.KindSitePeering, "bad"}].(v1alpha1.ObjectStatus)
+	if again := ObjectStatuses(in); len(again) != 0 {
+		t.Errorf("second pass changes %v", again)
+	}
+}

@@ -13,6 +13,11 @@ import (
 type Input struct {
 	Sites []v1alpha1.Site
 	Nodes []corev1.Node
+	// GatewayPools, SitePeerings and Assignments get a status too (see
+	// ObjectStatuses).
+	GatewayPools []v1alpha1.GatewayPool
+	SitePeerings []v1alpha1.SitePeering
+	Assignments  []v1alpha1.SiteGatewayPoolAssignment
 	// TunnelCIDR is where tunnel addresses come from (IPv4).
 	TunnelCIDR netip.Prefix
 	// Now stamps conditions whose status changes.
@@ -32,6 +37,9 @@ type Decision struct {
 	// Statuses maps a Site to its new status; Sites whose status is already
 	// right are absent.
 	Statuses map[string]v1alpha1.SiteStatus
+	// ObjectStatuses maps the other kinds to their new status (see
+	// ObjectStatuses).
+	ObjectStatuses map[ObjectKey]any
 
 	// Exhausted are the nodes a full pool left without a podCIDR.
 	Exhausted []Exhaustion
@@ -42,7 +50,8 @@ type Decision struct {
 
 // Empty reports whether the Decision changes nothing.
 func (d *Decision) Empty() bool {
-	return len(d.Labels) == 0 && len(d.PodCIDRs) == 0 && len(d.TunnelAddrs) == 0 && len(d.Statuses) == 0
+	return len(d.Labels) == 0 && len(d.PodCIDRs) == 0 && len(d.TunnelAddrs) == 0 && len(d.Statuses) == 0 &&
+		len(d.ObjectStatuses) == 0
 }
 
 // Decide is the controller's whole judgement, a pure function of in: site
@@ -82,6 +91,9 @@ func Decide(in Input) Decision {
 	d.TunnelAddrs, d.TunnelPending = AssignTunnelAddrs(in.TunnelCIDR, in.Sites, after)
 
 	problems := problemsBySite(in.Sites, in.Nodes)
+	for name, msgs := range foreignAddresses(in.Sites, in.Nodes, in.TunnelCIDR) {
+		problems[name] = append(problems[name], msgs...)
+	}
 	for name, st := range SiteStatuses(in.Sites, in.Nodes, problems, d.Exhausted, d.TunnelPending, in.Now) {
 		for i := range in.Sites {
 			if in.Sites[i].Name == name && !statusEqual(in.Sites[i].Status, st) {
@@ -89,5 +101,6 @@ func Decide(in Input) Decision {
 			}
 		}
 	}
+	d.ObjectStatuses = ObjectStatuses(in)
 	return d
 }

@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"fmt"
+	"net/netip"
 	"regexp"
 	"slices"
 
@@ -42,6 +44,36 @@ func problemsBySite(sites []v1alpha1.Site, nodes []corev1.Node) map[string][]str
 		}
 		for _, s := range slices.Compact(concerns) {
 			out[s] = append(out[s], msg)
+		}
+	}
+	return out
+}
+
+// foreignAddresses reports, per Site, what the controller would not have
+// given its nodes: a tunnel address annotation outside tunnelCIDR (a node
+// must not claim an address the controller may hand another, or one outside
+// the range the network expects tunnel addresses in), and, in a Site whose
+// assignment is enabled, a podCIDR outside every cidrBlock of the Site: some
+// other allocator set it, typically kube-controller-manager with
+// --allocate-node-cidrs, which must be off where the controller assigns.
+func foreignAddresses(sites []v1alpha1.Site, nodes []corev1.Node, tunnelCIDR netip.Prefix) map[string][]string {
+	out := make(map[string][]string)
+	m := sitesOf(sites, nodes)
+	for _, n := range sortedByName(nodes) {
+		site := m.site(n.Name)
+		if site == nil {
+			continue
+		}
+		if s, ok := n.Annotations[v1alpha1.AnnotationTunnelIPv4]; ok && tunnelCIDR.IsValid() {
+			if a, err := netip.ParseAddr(s); err == nil && !tunnelCIDR.Contains(a) {
+				out[site.Name] = append(out[site.Name], fmt.Sprintf("Node %q %s: %s is outside the controller's --tunnel-cidr %s: a node may not claim an address outside it",
+					n.Name, objects.TunnelAddrField, a, tunnelCIDR))
+			}
+		}
+		assigns := slices.ContainsFunc(site.Spec.PodCIDRAssignments, func(a v1alpha1.PodCIDRAssignment) bool { return a.AssignsIn(&site.Spec) })
+		if pods := objects.PodCIDRs(n); assigns && len(pods) > 0 && !inPools(pods, site) {
+			out[site.Name] = append(out[site.Name], fmt.Sprintf("Node %q spec.podCIDRs %v: not assigned by the controller (outside the Site's cidrBlocks): "+
+				"is kube-controller-manager running with --allocate-node-cidrs? It must be off where isthmus assigns podCIDRs", n.Name, pods))
 		}
 	}
 	return out

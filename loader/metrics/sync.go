@@ -12,6 +12,7 @@ type Sync struct {
 	written     prometheus.Counter
 	syncs       *prometheus.CounterVec
 	lastSuccess prometheus.Gauge
+	rejected    *prometheus.GaugeVec
 }
 
 // NewSync returns the sync metrics, registered with reg.
@@ -36,11 +37,15 @@ func NewSync(reg prometheus.Registerer) *Sync {
 			Name: "isthmus_sync_last_success_timestamp_seconds",
 			Help: "Unix time of the end of the last successful sync (0: none yet).",
 		}),
+		rejected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "isthmus_objects_rejected",
+			Help: "Objects set aside by validation at the last read, by kind (unnamed: a document that does not decode); the agent logs the reasons.",
+		}, []string{"kind"}),
 	}
 	// Both results exist from the start, so rate() sees the first error.
 	s.syncs.WithLabelValues("ok")
 	s.syncs.WithLabelValues("error")
-	reg.MustRegister(s.duration, s.written, s.syncs, s.lastSuccess)
+	reg.MustRegister(s.duration, s.written, s.syncs, s.lastSuccess, s.rejected)
 	return s
 }
 
@@ -58,4 +63,19 @@ func (s *Sync) Observe(d time.Duration, written int, end time.Time, err error) {
 	}
 	s.syncs.WithLabelValues("ok").Inc()
 	s.lastSuccess.Set(float64(end.UnixNano()) / 1e9)
+}
+
+// Rejected records the objects set aside at the last read, by kind; kinds
+// not in byKind read 0.
+func (s *Sync) Rejected(byKind map[string]int) {
+	if s == nil {
+		return
+	}
+	s.rejected.Reset()
+	for _, k := range []string{"Site", "SitePeering", "GatewayPool", "SiteGatewayPoolAssignment", "Node"} {
+		s.rejected.WithLabelValues(k)
+	}
+	for k, n := range byKind {
+		s.rejected.WithLabelValues(k).Set(float64(n))
+	}
 }

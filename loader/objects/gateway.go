@@ -2,6 +2,8 @@ package objects
 
 import (
 	"fmt"
+	"net/netip"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -12,19 +14,15 @@ import (
 )
 
 // GatewayPool returns the GatewayPool with the given name, or nil.
-func (s *Set) GatewayPool(name string) *v1alpha1.GatewayPool {
-	for i := range s.GatewayPools {
-		if s.GatewayPools[i].Name == name {
-			return &s.GatewayPools[i]
-		}
-	}
-	return nil
-}
+func (s *Set) GatewayPool(name string) *v1alpha1.GatewayPool { return s.lookup().pools[name] }
 
 // GatewaysOf returns the Nodes the pool's nodeSelector selects, in any site,
 // sorted by name. A pool from a Set of Load always has a valid selector; an
-// invalid one selects nothing.
+// invalid one selects nothing. The slice is shared: do not modify it.
 func (s *Set) GatewaysOf(pool *v1alpha1.GatewayPool) []*corev1.Node {
+	if p := s.lookup().pools[pool.Name]; p == pool {
+		return s.lookup().selected[pool.Name]
+	}
 	sel, err := poolSelector(pool)
 	if err != nil {
 		return nil
@@ -42,6 +40,9 @@ func (s *Set) GatewaysOf(pool *v1alpha1.GatewayPool) []*corev1.Node {
 // selects node, sorted. Whether the node is a gateway of an assignment also
 // depends on its site: see plan.Compute.
 func (s *Set) PoolsSelecting(node *corev1.Node) []string {
+	if names, ok := s.lookup().pooled[node]; ok {
+		return slices.Clone(names)
+	}
 	var out []string
 	for i := range s.GatewayPools {
 		if sel, err := poolSelector(&s.GatewayPools[i]); err == nil && sel.Matches(labels.Set(node.Labels)) {
@@ -110,28 +111,46 @@ func (l *loader) validateGateways(siteNames map[string]bool) {
 		types[p.obj.Name] = p.obj.Spec.Type
 	}
 	nodeSite := l.nodeSites()
+	// Each selector against each node once: which sites each pool has a
+	// gateway in, for the assignments.
+	poolSites := make(map[string]map[string]bool)
 	for _, p := range l.pools {
 		sel := selectors[p.obj.Name]
-		if sel == nil || p.obj.Spec.Type != v1alpha1.GatewayPoolExternal {
+		if sel == nil {
 			continue
 		}
+		sites := make(map[string]bool)
+		poolSites[p.obj.Name] = sites
 		for _, n := range l.nodes {
 			if !sel.Matches(labels.Set(n.obj.Labels)) {
 				continue
 			}
-			if _, ok := ExternalIP(n.obj); !ok {
+			sites[nodeSite[n.label]] = true
+			if _, ok := ExternalIP(n.obj); !ok && p.obj.Spec.Type == v1alpha1.GatewayPoolExternal {
 				l.errorf(p.file, p.label, "spec.nodeSelector", "selects %s, which has no ExternalIP: the gateways of an External pool are reached by their ExternalIP", inFile(n.label, n.file))
 			}
 		}
 	}
 	for _, a := range l.assigns {
-		l.validateAssignment(a, siteNames, types, selectors, nodeSite)
+		l.validateAssignment(a, siteNames, types, selectors, poolSites)
 	}
 }
 
 // nodeSites maps each node's label to the name of its Site, for nodes in
 // exactly one (the others are reported by validateNode).
 func (l *loader) nodeSites() map[string]string {
+	type sitePrefix struct {
+		prefix netip.Prefix
+		site   string
+	}
+	var prefixes []sitePrefix
+	for _, s := range l.sites {
+		for _, c := range s.obj.Spec.NodeCIDRs {
+			if p, err := netip.ParsePrefix(string(c)); err == nil {
+				prefixes = append(prefixes, sitePrefix{p, s.obj.Name})
+			}
+		}
+	}
 	out := make(map[string]string)
 	for _, n := range l.nodes {
 		ip, ok := InternalIP(n.obj)
@@ -139,9 +158,9 @@ func (l *loader) nodeSites() map[string]string {
 			continue
 		}
 		var in []string
-		for _, s := range l.sites {
-			if siteHolds(s.obj, ip) {
-				in = append(in, s.obj.Name)
+		for _, sp := range prefixes {
+			if sp.prefix.Contains(ip) && !slices.Contains(in, sp.site) {
+				in = append(in, sp.site)
 			}
 		}
 		if len(in) == 1 {
@@ -152,7 +171,7 @@ func (l *loader) nodeSites() map[string]string {
 }
 
 func (l *loader) validateAssignment(e entry[v1alpha1.SiteGatewayPoolAssignment], siteNames map[string]bool,
-	types map[string]v1alpha1.GatewayPoolType, selectors map[string]labels.Selector, nodeSite map[string]string) {
+	types map[string]v1alpha1.GatewayPoolType, selectors map[string]labels.Selector, poolSites map[string]map[string]bool) {
 	spec := &e.obj.Spec
 	var sites []int // indexes of the known sites, each once
 	seen := make(map[string]bool)
@@ -198,15 +217,7 @@ func (l *loader) validateAssignment(e entry[v1alpha1.SiteGatewayPoolAssignment],
 	}
 	for _, i := range sites {
 		site := spec.Sites[i]
-		found := false
-		for _, n := range l.nodes {
-			if nodeSite[n.label] != site {
-				continue
-			}
-			for _, p := range pools {
-				found = found || selectors[p].Matches(labels.Set(n.obj.Labels))
-			}
-		}
+		found := slices.ContainsFunc(pools, func(p string) bool { return poolSites[p][site] })
 		if !found {
 			quoted := make([]string, len(pools))
 			for j, p := range pools {

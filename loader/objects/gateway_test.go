@@ -161,6 +161,7 @@ func TestLoadGatewayErrors(t *testing.T) {
 				t.Errorf("error %v holds no *Error", err)
 			}
 			checkSharedPath(t, tt.files, err)
+			checkSetAside(t, tt.files, err)
 		})
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/isthmus-dev/isthmus/api/v1alpha1"
 )
@@ -41,6 +42,10 @@ type Set struct {
 	GatewayPools               []v1alpha1.GatewayPool
 	SiteGatewayPoolAssignments []v1alpha1.SiteGatewayPoolAssignment
 	Nodes                      []corev1.Node
+	// Rejected are the objects set aside by LoadSettingAside or
+	// ValidateSettingAside, in the order they were found; always empty in a
+	// Set from Load or Validate, which fail instead.
+	Rejected []Rejected
 }
 
 // Objects are Sites, SitePeerings, GatewayPools, SiteGatewayPoolAssignments
@@ -143,9 +148,18 @@ func location(parts ...string) string {
 // LoadDir reads every *.yaml and *.yml file directly in dir (sorted by name,
 // not recursive) and loads them as one Set. Other files are ignored.
 func LoadDir(dir string) (*Set, []Warning, error) {
+	files, err := readDir(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	return Load(files)
+}
+
+// readDir reads the *.yaml and *.yml files directly in dir.
+func readDir(dir string) (map[string][]byte, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read objects directory: %w", err)
+		return nil, fmt.Errorf("read objects directory: %w", err)
 	}
 	files := make(map[string][]byte)
 	for _, e := range entries {
@@ -155,11 +169,11 @@ func LoadDir(dir string) (*Set, []Warning, error) {
 		}
 		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
 		if err != nil {
-			return nil, nil, fmt.Errorf("read objects file: %w", err)
+			return nil, fmt.Errorf("read objects file: %w", err)
 		}
 		files[e.Name()] = data
 	}
-	return Load(files)
+	return files, nil
 }
 
 // Load decodes and validates the multi-document YAML in files (file name to
@@ -182,16 +196,24 @@ func Load(files map[string][]byte) (*Set, []Warning, error) {
 // informer cache, say). Objects without a name are rejected, as in files.
 func Validate(in Objects) (*Set, []Warning, error) {
 	l := &loader{}
+	l.addAll(in)
+	return l.finish()
+}
+
+// addAll adds deep copies of the objects in, each kind in creation order.
+func (l *loader) addAll(in Objects) {
 	addEntries(l, &l.sites, v1alpha1.KindSite, in.Sites, func(o *v1alpha1.Site) *v1alpha1.Site { return o.DeepCopy() })
 	addEntries(l, &l.peerings, v1alpha1.KindSitePeering, in.SitePeerings, func(o *v1alpha1.SitePeering) *v1alpha1.SitePeering { return o.DeepCopy() })
 	addEntries(l, &l.pools, v1alpha1.KindGatewayPool, in.GatewayPools, func(o *v1alpha1.GatewayPool) *v1alpha1.GatewayPool { return o.DeepCopy() })
 	addEntries(l, &l.assigns, v1alpha1.KindSiteGatewayPoolAssignment, in.SiteGatewayPoolAssignments, func(o *v1alpha1.SiteGatewayPoolAssignment) *v1alpha1.SiteGatewayPoolAssignment { return o.DeepCopy() })
 	addEntries(l, &l.nodes, "Node", in.Nodes, func(o *corev1.Node) *corev1.Node { return o.DeepCopy() })
-	return l.finish()
 }
 
 // named is what addEntries needs of an object.
-type named interface{ GetName() string }
+type named interface {
+	GetName() string
+	GetCreationTimestamp() metav1.Time
+}
 
 func addEntries[T any, PT interface {
 	*T
@@ -206,9 +228,16 @@ func addEntries[T any, PT interface {
 		*dst = append(*dst, entry[T]{deepCopy(&objs[i]), "", label(kind, name)})
 	}
 	// Objects from the API come in no particular order (an informer cache is a
-	// map): sort them, so the same objects always give the same messages (which of
-	// two overlapping Sites is reported against the other, say).
-	slices.SortStableFunc(*dst, func(a, b entry[T]) int { return strings.Compare(a.label, b.label) })
+	// map): sort them by creation, then by name, so the same objects always
+	// give the same messages, and of two in conflict the later one is reported
+	// (and set aside: the object created first wins).
+	slices.SortStableFunc(*dst, func(a, b entry[T]) int {
+		ta, tb := PT(a.obj).GetCreationTimestamp(), PT(b.obj).GetCreationTimestamp()
+		if c := ta.Time.Compare(tb.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(a.label, b.label)
+	})
 }
 
 // finish validates what the loader holds and builds the Set.
@@ -217,6 +246,11 @@ func (l *loader) finish() (*Set, []Warning, error) {
 	if len(l.errs) > 0 {
 		return nil, l.warnings, errors.Join(l.errs...)
 	}
+	return l.build(), l.warnings, nil
+}
+
+// build makes the Set of what the loader holds.
+func (l *loader) build() *Set {
 	set := &Set{}
 	for _, s := range l.sites {
 		set.Sites = append(set.Sites, *s.obj)
@@ -238,7 +272,7 @@ func (l *loader) finish() (*Set, []Warning, error) {
 	sortByName(set.GatewayPools, func(p v1alpha1.GatewayPool) string { return p.Name })
 	sortByName(set.SiteGatewayPoolAssignments, func(a v1alpha1.SiteGatewayPoolAssignment) string { return a.Name })
 	sortByName(set.Nodes, func(n corev1.Node) string { return n.Name })
-	return set, l.warnings, nil
+	return set
 }
 
 func sortByName[T any](items []T, name func(T) string) {
@@ -246,28 +280,23 @@ func sortByName[T any](items []T, name func(T) string) {
 }
 
 // Site returns the Site with the given name, or nil.
-func (s *Set) Site(name string) *v1alpha1.Site {
-	for i := range s.Sites {
-		if s.Sites[i].Name == name {
-			return &s.Sites[i]
-		}
-	}
-	return nil
-}
+func (s *Set) Site(name string) *v1alpha1.Site { return s.lookup().sites[name] }
 
 // Node returns the Node with the given name, or nil.
-func (s *Set) Node(name string) *corev1.Node {
-	for i := range s.Nodes {
-		if s.Nodes[i].Name == name {
-			return &s.Nodes[i]
-		}
-	}
-	return nil
-}
+func (s *Set) Node(name string) *corev1.Node { return s.lookup().nodes[name] }
 
 // SiteOf returns the Site whose nodeCidrs hold the node's InternalIP, or nil
-// when there is none. In a Set from Load there is exactly one.
+// when there is none. In a Set from Load there is exactly one. node is
+// usually one of the Set's own Nodes (looked up in its index); any other is
+// matched against the Sites.
 func (s *Set) SiteOf(node *corev1.Node) *v1alpha1.Site {
+	ix := s.lookup()
+	if site, ok := ix.siteOf[node]; ok {
+		return site
+	}
+	if ix.nodes[node.Name] == node {
+		return nil // one of ours, in no Site
+	}
 	ip, ok := InternalIP(node)
 	if !ok {
 		return nil
@@ -280,16 +309,9 @@ func (s *Set) SiteOf(node *corev1.Node) *v1alpha1.Site {
 	return nil
 }
 
-// NodesOf returns the Nodes of the named Site, sorted by name.
-func (s *Set) NodesOf(site string) []*corev1.Node {
-	var nodes []*corev1.Node
-	for i := range s.Nodes {
-		if st := s.SiteOf(&s.Nodes[i]); st != nil && st.Name == site {
-			nodes = append(nodes, &s.Nodes[i])
-		}
-	}
-	return nodes
-}
+// NodesOf returns the Nodes of the named Site, sorted by name. The slice is
+// shared: do not modify it.
+func (s *Set) NodesOf(site string) []*corev1.Node { return s.lookup().nodesOf[site] }
 
 // WithoutUnsitedNodes returns in without the Nodes that belong to no Site (no
 // InternalIP, or an InternalIP in no Site's nodeCidrs), with a Warning for

@@ -346,6 +346,7 @@ status:
 				t.Errorf("error %v holds no *Error", err)
 			}
 			checkSharedPath(t, tt.files, err)
+			checkSetAside(t, tt.files, err)
 		})
 	}
 }

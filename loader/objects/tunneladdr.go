@@ -38,6 +38,10 @@ func (l *loader) checkTunnelAddrs(podCIDRs, cidrBlocks []fieldPrefix) {
 			}
 		}
 	}
+	underlayAt := make(map[netip.Addr][]fieldAddr, len(underlays))
+	for _, u := range underlays {
+		underlayAt[u.addr] = append(underlayAt[u.addr], u)
+	}
 	for _, e := range l.nodes {
 		t, annotated, ok := l.tunnelAddrOf(e)
 		if !ok {
@@ -48,10 +52,8 @@ func (l *loader) checkTunnelAddrs(podCIDRs, cidrBlocks []fieldPrefix) {
 		if !annotated {
 			what = fmt.Sprintf("tunnel address %s (the first address of %s)", t.addr, t.field)
 		}
-		for _, u := range underlays {
-			if u.addr == t.addr {
-				l.errorf(t.file, t.object, t.field, "%s is an underlay address: %s", what, u.describe())
-			}
+		for _, u := range underlayAt[t.addr] {
+			l.errorf(t.file, t.object, t.field, "%s is an underlay address: %s", what, u.describe())
 		}
 		if !annotated {
 			continue // a podCIDR's first address: the podCIDR overlap checks cover it
@@ -76,12 +78,12 @@ func (l *loader) checkTunnelAddrs(podCIDRs, cidrBlocks []fieldPrefix) {
 			}
 		}
 	}
-	for i, a := range tunnels {
-		for _, b := range tunnels[:i] {
-			if a.addr == b.addr {
-				l.errorf(a.file, a.object, a.field, "tunnel address %s is also the tunnel address of %s", a.addr, b.describe())
-			}
+	earlier := make(map[netip.Addr][]fieldAddr, len(tunnels))
+	for _, a := range tunnels {
+		for _, b := range earlier[a.addr] {
+			l.errorf(a.file, a.object, a.field, "tunnel address %s is also the tunnel address of %s", a.addr, b.describe())
 		}
+		earlier[a.addr] = append(earlier[a.addr], a)
 	}
 }
 

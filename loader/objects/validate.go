@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -78,11 +79,10 @@ func (l *loader) validate() {
 	for _, n := range l.nodes {
 		podCIDRs = append(podCIDRs, l.validateNode(n, nodeCIDRs)...)
 	}
-	for i, a := range podCIDRs {
-		for _, b := range podCIDRs[:i] {
-			if a.object != b.object && a.prefix.Overlaps(b.prefix) {
-				l.errorf(a.file, a.object, a.field, "%s overlaps %s", a.prefix, b.describe())
-			}
+	for _, ij := range overlapPairs(podCIDRs) {
+		a, b := podCIDRs[ij[0]], podCIDRs[ij[1]]
+		if a.object != b.object {
+			l.errorf(a.file, a.object, a.field, "%s overlaps %s", a.prefix, b.describe())
 		}
 	}
 	l.checkTunnelAddrs(podCIDRs, cidrBlocks)
@@ -144,13 +144,50 @@ func (l *loader) validateSite(e entry[v1alpha1.Site]) (nodeCIDRs, cidrBlocks []f
 // checkSiteOverlaps reports every pair of prefixes of different Sites that
 // overlap; prefixes of one Site may overlap each other.
 func (l *loader) checkSiteOverlaps(prefixes []fieldPrefix) {
-	for i, a := range prefixes {
-		for _, b := range prefixes[:i] {
-			if a.object != b.object && a.prefix.Overlaps(b.prefix) {
-				l.errorf(a.file, a.object, a.field, "%s overlaps %s", a.prefix, b.describe())
-			}
+	for _, ij := range overlapPairs(prefixes) {
+		a, b := prefixes[ij[0]], prefixes[ij[1]]
+		if a.object != b.object {
+			l.errorf(a.file, a.object, a.field, "%s overlaps %s", a.prefix, b.describe())
 		}
 	}
+}
+
+// overlapPairs returns every pair {i, j}, j < i, of overlapping prefixes, in
+// the order of a loop over i and then j: the later one is reported against
+// the earlier. Two prefixes overlap only when one holds the other, so a sweep
+// in address order with a stack of the prefixes that hold the current one
+// finds them all in O(n log n) plus the pairs, where comparing every pair
+// took seconds for 5,000 podCIDRs.
+func overlapPairs(ps []fieldPrefix) [][2]int {
+	order := make([]int, len(ps))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		pa, pb := ps[a].prefix, ps[b].prefix
+		if c := pa.Addr().Compare(pb.Addr()); c != 0 {
+			return c
+		}
+		return pa.Bits() - pb.Bits() // the holder first
+	})
+	var pairs [][2]int
+	var stack []int
+	for _, i := range order {
+		for len(stack) > 0 && !ps[stack[len(stack)-1]].prefix.Overlaps(ps[i].prefix) {
+			stack = stack[:len(stack)-1]
+		}
+		for _, j := range stack {
+			pairs = append(pairs, [2]int{max(i, j), min(i, j)})
+		}
+		stack = append(stack, i)
+	}
+	slices.SortFunc(pairs, func(a, b [2]int) int {
+		if a[0] != b[0] {
+			return a[0] - b[0]
+		}
+		return a[1] - b[1]
+	})
+	return pairs
 }
 
 func (l *loader) validatePeering(e entry[v1alpha1.SitePeering], siteNames map[string]bool) {

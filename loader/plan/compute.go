@@ -103,7 +103,11 @@ func Compute(set *objects.Set, node string) (*NodePlan, error) {
 	}
 	p.addGatewayRoutes(gp.routes)
 	p.correctRoutes(gp.endpoints)
+	p.splitDirect(gp.direct)
 	p.dedupeRoutes()
+	if len(p.Routes) > 0 {
+		p.Routes = aggregateRoutes(p.Routes)
+	}
 	p.addGatewayFabric(gp.fabric)
 	p.SNAT = p.snatPolicy(self, site)
 	return p, nil
@@ -253,7 +257,7 @@ func (p *NodePlan) addPeer(set *objects.Set, c *candidate) {
 		// its blocks; with returnPath SNAT such sources never arrive.
 		pr.AllowedSources = append(pr.AllowedSources, declaredPrefixes(site)...)
 	}
-	pr.AllowedSources = sortedUnique(append(pr.AllowedSources, c.extra...))
+	pr.AllowedSources = AggregatePrefixes(sortedUnique(append(pr.AllowedSources, c.extra...)))
 	p.warnStrayPodCIDRs(peer, site)
 	switch {
 	case len(fields) == 0 && !hasTunnel && !c.gateway:
@@ -310,11 +314,14 @@ func (p *NodePlan) correctRoutes(extra []netip.Addr) {
 	for _, r := range p.Routes {
 		var cuts []Correction
 		var holes []netip.Prefix
-		for _, e := range endpoints {
-			if r.Prefix.Contains(e) {
-				cuts = append(cuts, Correction{Removed: r.Prefix, Endpoint: e, Origin: r.Origin})
-				holes = append(holes, HostPrefix(e))
+		// endpoints is sorted: those inside the prefix are one run of it.
+		first, _ := slices.BinarySearchFunc(endpoints, r.Prefix.Masked().Addr(), netip.Addr.Compare)
+		for _, e := range endpoints[first:] {
+			if !r.Prefix.Contains(e) {
+				break
 			}
+			cuts = append(cuts, Correction{Removed: r.Prefix, Endpoint: e, Origin: r.Origin})
+			holes = append(holes, HostPrefix(e))
 		}
 		for _, l := range p.LocalPrefixes {
 			if r.Prefix.Overlaps(l) {

@@ -44,8 +44,21 @@ func assignments(set *objects.Set) []assignment {
 				a.pools = append(a.pools, pool)
 			}
 		}
+		// The gateways are the nodes of a's sites its pools select: walk the
+		// pools' selections (a few nodes each), not every node of every site.
+		candidates := map[*corev1.Node]bool{}
+		for _, pool := range a.pools {
+			for _, n := range set.GatewaysOf(pool) {
+				if st := set.SiteOf(n); st != nil && slices.Contains(obj.Spec.Sites, st.Name) {
+					candidates[n] = true
+				}
+			}
+		}
 		for _, site := range obj.Spec.Sites {
 			for _, n := range set.NodesOf(site) {
+				if !candidates[n] {
+					continue
+				}
 				if g, ok := a.gatewayOf(set, n); ok {
 					a.gateways[site] = append(a.gateways[site], g)
 				}
@@ -60,8 +73,9 @@ func assignments(set *objects.Set) []assignment {
 func (a *assignment) gatewayOf(set *objects.Set, n *corev1.Node) (gateway, bool) {
 	g := gateway{node: n}
 	internal := false
+	selecting := set.PoolsSelecting(n)
 	for _, pool := range a.pools {
-		if slices.ContainsFunc(set.GatewaysOf(pool), func(s *corev1.Node) bool { return s.Name == n.Name }) {
+		if slices.Contains(selecting, pool.Name) {
 			g.pools = append(g.pools, pool.Name)
 			internal = internal || pool.Spec.Type != v1alpha1.GatewayPoolExternal
 		}
@@ -176,6 +190,17 @@ type groupRoute struct {
 	members []string
 }
 
+// nodeAddrs returns the InternalIPs of site t's nodes, as host prefixes.
+func nodeAddrs(set *objects.Set, t string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, n := range set.NodesOf(t) {
+		if ip, ok := objects.InternalIP(n); ok {
+			out = append(out, HostPrefix(ip))
+		}
+	}
+	return out
+}
+
 // gatewayPlan is what the assignments add to a node's plan.
 type gatewayPlan struct {
 	routes []groupRoute
@@ -186,6 +211,53 @@ type gatewayPlan struct {
 	endpoints []netip.Addr
 	// fabric are the prefixes the node, a gateway, hands to its site's fabric.
 	fabric []netip.Prefix
+	// direct are addresses this node's own traffic reaches on the underlay:
+	// the InternalIPs of the nodes of the sites it reaches through gateways
+	// (see splitDirect).
+	direct []netip.Prefix
+}
+
+// splitDirect cuts the addresses in direct out of the group routes, after
+// correctRoutes, and routes each of them TransitOnly to the same group: the
+// kernel sends this node's own traffic to them on the underlay, the datapath
+// forwards others' traffic through the tunnel. The split is by design, not
+// a correction to report.
+func (p *NodePlan) splitDirect(direct []netip.Prefix) {
+	if len(direct) == 0 {
+		return
+	}
+	direct = sortedUnique(slices.Clone(direct))
+	var routes []Route
+	for _, r := range p.Routes {
+		var inside []netip.Prefix
+		if r.Group != nil {
+			// direct is sorted: those inside the route are one run of it.
+			first, _ := slices.BinarySearchFunc(direct, r.Prefix.Masked(), comparePrefix)
+			for _, d := range direct[first:] {
+				if !r.Prefix.Contains(d.Addr()) {
+					break
+				}
+				inside = append(inside, d)
+			}
+		}
+		if len(inside) == 0 {
+			routes = append(routes, r)
+			continue
+		}
+		for _, k := range Subtract(r.Prefix, inside...) {
+			split := r
+			split.Prefix = k
+			split.Group = slices.Clone(r.Group)
+			routes = append(routes, split)
+		}
+		for _, d := range inside {
+			transit := r
+			transit.Prefix, transit.TransitOnly = d, true
+			transit.Group = slices.Clone(r.Group)
+			routes = append(routes, transit)
+		}
+	}
+	p.Routes = routes
 }
 
 // addAssignments applies the roles of docs/gateways.md for every assignment
@@ -224,7 +296,17 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 			}
 			prefixes := a.prefixesOf(set, t)
 			sources := p.sources(prefixes)
+			// Paths are symmetric: this node's own traffic reaches the
+			// InternalIPs of t's nodes on the underlay, as theirs reaches it,
+			// whatever the role of either. Through the tunnel one side would
+			// arrive tunnelled and the other handed over on the fabric by a
+			// gateway (a gateway's endpoint is cut from its members' routes;
+			// the fabric leg fails strict rp_filter), so node to node would
+			// work one way or not at all. What this node forwards (from a
+			// tunnel or a pod) still takes the gateways: see splitDirect.
+			gp.direct = append(gp.direct, nodeAddrs(set, tName)...)
 			if isGateway {
+
 				// Remote gateways are peers, reached at their pool's address;
 				// each one's own prefixes go straight to it (its health probe
 				// must test that gateway), the rest of the site to the group.

@@ -119,6 +119,13 @@ type Route struct {
 	// Origin names the object and field that put the prefix here, such as
 	// `Node "b1" spec.podCIDRs[0]`.
 	Origin string `json:"origin"`
+	// TransitOnly routes go into the datapath's route map but not into the
+	// kernel's routing table: traffic this node forwards for others (from a
+	// tunnel or a pod) takes the route, the node's own host traffic does not.
+	// A gateway reaches a remote member's InternalIP on the underlay, as the
+	// member reaches it, while forwarding its own members' traffic to that
+	// address through the tunnel (paths stay symmetric both ways).
+	TransitOnly bool `json:"transitOnly,omitempty"`
 }
 
 // Correction records a route that was cut: it contained a tunnel endpoint

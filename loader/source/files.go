@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -21,6 +22,7 @@ type Files struct {
 	done   chan struct{}
 	closed chan struct{}
 	once   sync.Once
+	blind  atomic.Bool // the watcher is gone: see Generation
 }
 
 // NewFiles watches dir; Changed fires debounce (0: DefaultDebounce) after the
@@ -52,6 +54,7 @@ func (f *Files) watch() {
 		case ev, ok := <-f.w.Events:
 			if !ok {
 				f.log.Error("watch objects: watcher closed; relying on periodic resyncs", "dir", f.dir)
+				f.blind.Store(true)
 				return
 			}
 			if ev.Op&(fsnotify.Create|fsnotify.Write|fsnotify.Remove|fsnotify.Rename) != 0 {
@@ -66,13 +69,24 @@ func (f *Files) watch() {
 	}
 }
 
-// Snapshot reads and validates the directory.
+// Snapshot reads and validates the directory; invalid objects are set aside
+// (objects.LoadDirSettingAside), only a directory that cannot be read fails.
 func (f *Files) Snapshot() (*objects.Set, []objects.Warning, error) {
-	set, warns, err := objects.LoadDir(f.dir)
+	set, warns, err := objects.LoadDirSettingAside(f.dir)
 	if err != nil {
 		return nil, warns, fmt.Errorf("load objects %s: %w", f.dir, err)
 	}
 	return set, warns, nil
+}
+
+// Generation counts the changes seen in the directory (see Generations).
+// Once the watcher is gone every call returns a new value: nothing tells
+// whether the files changed, so every resync reads them.
+func (f *Files) Generation() uint64 {
+	if f.blind.Load() {
+		return f.n.gen.Add(1)
+	}
+	return f.n.gen.Load()
 }
 
 // Changed fires after files in the directory changed.

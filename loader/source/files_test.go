@@ -4,7 +4,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 )
@@ -47,8 +46,9 @@ func TestFiles(t *testing.T) {
 
 	write("b.yaml", "kind: Gadget\n")
 	waitChanged(t, f, "a bad file was written")
-	if _, _, err := f.Snapshot(); err == nil || !strings.Contains(err.Error(), "b.yaml") {
-		t.Errorf("snapshot of a bad file: err %v, want it to name b.yaml", err)
+	// The bad document is set aside, naming its file; the rest still loads.
+	if set, _, err := f.Snapshot(); err != nil || len(set.Rejected) != 1 || set.Rejected[0].File != "b.yaml" || set.Node("a1") == nil {
+		t.Errorf("snapshot of a bad file: %+v, %v; want a1 kept and b.yaml's document set aside", set, err)
 	}
 	if err := os.Remove(filepath.Join(dir, "b.yaml")); err != nil {
 		t.Fatal(err)
@@ -66,5 +66,34 @@ func TestFiles(t *testing.T) {
 func TestFilesMissingDir(t *testing.T) {
 	if _, err := NewFiles(filepath.Join(t.TempDir(), "nope"), 0, nil); err == nil {
 		t.Error("NewFiles of a missing directory succeeded")
+	}
+}
+
+// TestNotifierMaxWait: pokes that never leave the debounce time quiet still
+// fire within MaxWaitFactor debounce times of the first, and every poke
+// counts one generation.
+func TestNotifierMaxWait(t *testing.T) {
+	n := newNotifier(20 * time.Millisecond)
+	defer n.stop()
+	start := time.Now()
+	deadline := start.Add(MaxWaitFactor*20*time.Millisecond + 150*time.Millisecond)
+	pokes := 0
+	for {
+		n.poke()
+		pokes++
+		select {
+		case <-n.ch:
+			if waited := time.Since(start); waited < MaxWaitFactor*20*time.Millisecond-5*time.Millisecond {
+				t.Errorf("fired after %v of constant pokes, before the maximum wait", waited)
+			}
+			if got := n.gen.Load(); got != uint64(pokes) {
+				t.Errorf("generation %d after %d pokes", got, pokes)
+			}
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no fire within %v of constant pokes", deadline.Sub(start))
+		}
 	}
 }

@@ -114,7 +114,7 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*Kubernetes, erro
 	if err := k.nodes.SetTransform(trimNode); err != nil {
 		return nil, fmt.Errorf("start kubernetes source: %w", err)
 	}
-	if _, err := k.nodes.AddEventHandler(k.handler(nodeChanged)); err != nil {
+	if _, err := k.nodes.AddEventHandler(k.handler(k.nodeChanged)); err != nil {
 		return nil, fmt.Errorf("start kubernetes source: %w", err)
 	}
 	for _, gvr := range []schema.GroupVersionResource{SitesResource, SitePeeringsResource, GatewayPoolsResource, SiteGatewayPoolAssignmentsResource} {
@@ -183,17 +183,64 @@ func (k *Kubernetes) handler(changed func(old, new any) bool) cache.ResourceEven
 }
 
 // nodeChanged reports whether an update changed what objects and the plan
-// read of a Node: labels, annotations, podCIDRs and addresses. Kubelet status
-// heartbeats change none of these.
-func nodeChanged(old, new any) bool {
+// read of a Node: the tunnel address annotation, a label some GatewayPool's
+// selector reads, podCIDRs and addresses. Kubelet status heartbeats, other
+// annotations and other labels change none of these: at 5,000 Nodes they
+// would otherwise wake every agent many times a second.
+func (k *Kubernetes) nodeChanged(old, new any) bool {
 	o, ok1 := old.(*corev1.Node)
 	n, ok2 := new.(*corev1.Node)
 	if !ok1 || !ok2 {
 		return true
 	}
-	return !maps.Equal(o.Labels, n.Labels) || !maps.Equal(o.Annotations, n.Annotations) ||
+	if o.Annotations[v1alpha1.AnnotationTunnelIPv4] != n.Annotations[v1alpha1.AnnotationTunnelIPv4] ||
 		o.Spec.PodCIDR != n.Spec.PodCIDR || !slices.Equal(o.Spec.PodCIDRs, n.Spec.PodCIDRs) ||
-		!equality.Semantic.DeepEqual(o.Status.Addresses, n.Status.Addresses)
+		!equality.Semantic.DeepEqual(o.Status.Addresses, n.Status.Addresses) {
+		return true
+	}
+	if maps.Equal(o.Labels, n.Labels) {
+		return false
+	}
+	keys := k.selectorKeys()
+	for key := range keys {
+		if o.Labels[key] != n.Labels[key] {
+			return true
+		}
+		_, had := o.Labels[key]
+		if _, has := n.Labels[key]; had != has {
+			return true
+		}
+	}
+	return false
+}
+
+// selectorKeys returns the label keys the GatewayPools' nodeSelectors read,
+// from the pool cache (a handful of pools: cheap to walk per event).
+func (k *Kubernetes) selectorKeys() map[string]bool {
+	keys := make(map[string]bool)
+	inf, ok := k.isthmus[GatewayPoolsResource]
+	if !ok {
+		return keys
+	}
+	for _, obj := range inf.GetStore().List() {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		ml, _, _ := unstructured.NestedStringMap(u.Object, "spec", "nodeSelector", "matchLabels")
+		for key := range ml {
+			keys[key] = true
+		}
+		exprs, _, _ := unstructured.NestedSlice(u.Object, "spec", "nodeSelector", "matchExpressions")
+		for _, e := range exprs {
+			if m, ok := e.(map[string]any); ok {
+				if key, ok := m["key"].(string); ok {
+					keys[key] = true
+				}
+			}
+		}
+	}
+	return keys
 }
 
 // objectChanged reports whether an update changed an isthmus object's spec,
@@ -229,7 +276,8 @@ func trimManagedFields(obj any) (any, error) {
 
 // Snapshot lists Nodes and the isthmus objects from the caches, leaves out
 // Nodes that belong to no Site (warnings, see objects.WithoutUnsitedNodes)
-// and validates the rest with objects.Validate. An object the cache holds in
+// and validates the rest with objects.ValidateSettingAside: an invalid object
+// is set aside in the Set's Rejected, never an error. An object the cache holds in
 // a form that does not convert to its type fails the snapshot, naming it.
 func (k *Kubernetes) Snapshot() (*objects.Set, []objects.Warning, error) {
 	var in objects.Objects
@@ -249,12 +297,8 @@ func (k *Kubernetes) Snapshot() (*objects.Set, []objects.Warning, error) {
 		return nil, nil, errors.Join(errs...)
 	}
 	in, warns := in.WithoutUnsitedNodes()
-	set, more, err := objects.Validate(in)
-	warns = append(warns, more...)
-	if err != nil {
-		return nil, warns, fmt.Errorf("validate objects: %w", err)
-	}
-	return set, warns, nil
+	set, more := objects.ValidateSettingAside(in)
+	return set, append(warns, more...), nil
 }
 
 // convertAll converts every object in inf's cache to T, appending to out.
@@ -275,6 +319,10 @@ func convertAll[T any](inf cache.SharedIndexInformer, kind string, out *[]T) []e
 	}
 	return errs
 }
+
+// Generation counts the relevant changes the informers delivered (see
+// Generations).
+func (k *Kubernetes) Generation() uint64 { return k.n.gen.Load() }
 
 // Changed fires after an object was added, changed or deleted.
 func (k *Kubernetes) Changed() <-chan struct{} { return k.n.ch }

@@ -207,6 +207,21 @@ func TestKubernetesFollowsTheAPI(t *testing.T) {
 	}
 	noChange(t, k, "a heartbeat")
 
+	// Neither does an annotation other than the tunnel address, nor a label
+	// no GatewayPool selects on (there is no pool yet); the tunnel address
+	// does.
+	b1.Annotations = map[string]string{"example.com/owner": "team-a"}
+	b1.Labels = map[string]string{"topology.kubernetes.io/zone": "z1"}
+	if b1, err = f.client.CoreV1().Nodes().Update(ctx, b1, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	noChange(t, k, "an unread annotation and label")
+	b1.Annotations[v1alpha1.AnnotationTunnelIPv4] = "100.64.0.9"
+	if b1, err = f.client.CoreV1().Nodes().Update(ctx, b1, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitChanged(t, k, "b1's tunnel address")
+
 	// b1's podCIDR arrives late.
 	b1.Spec.PodCIDR, b1.Spec.PodCIDRs = "10.20.1.0/24", []string{"10.20.1.0/24"}
 	if _, err := f.client.CoreV1().Nodes().Update(ctx, b1, metav1.UpdateOptions{}); err != nil {
@@ -255,18 +270,29 @@ func TestKubernetesFollowsTheAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitChanged(t, k, "GatewayPool gw was created")
+	b2n, err := f.client.CoreV1().Nodes().Get(ctx, "b2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2n.Labels = map[string]string{"gw": "yes"}
+	if _, err := f.client.CoreV1().Nodes().Update(ctx, b2n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitChanged(t, k, "b2 got the label pool gw selects on")
 	wantSummary(t, k, "site a 10.1.0.0/24", "site b 10.2.0.0/24,10.2.1.0/24", "node b1@b 10.20.1.0/24", "node b2@b ", "peering a-b", "pool gw")
 
-	// An edit that makes the objects invalid fails the snapshot, naming the
-	// object; the fix brings it back.
+	// An edit that makes Site b invalid sets it aside with its reason, and
+	// with it what depended on it (its Nodes, the peering); Site a and the
+	// pool stay. The fix brings everything back.
 	bad := unstructuredOf(t, kubeSite("b", "10.2.0.0/24", "10.1.0.0/16"))
 	if _, err := f.dynamic.Resource(SitesResource).Update(ctx, bad, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitChanged(t, k, "Site b overlapped a")
-	if _, _, err := k.Snapshot(); err == nil || !strings.Contains(err.Error(), `Site "b": spec.nodeCidrs[1]: 10.1.0.0/16 overlaps Site "a" spec.nodeCidrs[0] 10.1.0.0/24`) {
-		t.Errorf("snapshot of overlapping sites: err %v", err)
+	if set, _, err := k.Snapshot(); err != nil || !strings.Contains(set.Rejection(`Site "b"`).String(), `Site "b": spec.nodeCidrs[1]: 10.1.0.0/16 overlaps Site "a" spec.nodeCidrs[0] 10.1.0.0/24`) {
+		t.Errorf("snapshot of overlapping sites: %v, %v", set, err)
 	}
+	wantSummary(t, k, "site a 10.1.0.0/24", "pool gw")
 	if _, err := f.dynamic.Resource(SitesResource).Update(ctx, b, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}

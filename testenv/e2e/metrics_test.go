@@ -232,15 +232,12 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 }
 
-// TestReadyzObjectsRejected: objects the agent rejects make /readyz 503 with
-// the reason (the last good state stays in force), and fixing them makes it 200
-// again; /healthz stays 200 throughout.
+// TestReadyzObjectsRejected: a broken object elsewhere is set aside and leaves
+// /readyz at 200 (counted in isthmus_objects_rejected); this node's own Node
+// set aside makes /readyz 503 with the reason (the last good state stays in
+// force), and fixing it makes it 200 again; /healthz stays 200 throughout.
 func TestReadyzObjectsRejected(t *testing.T) {
 	l := upDefault(t)
-	bad := filepath.Join(l.ObjectsDir(), "zz-broken.yaml")
-	if err := os.WriteFile(bad, []byte("apiVersion: isthmus.dev/v1alpha1\nkind: Site\nmetadata: [not, a, map]\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	waitStatus := func(want int, substr string) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
@@ -255,11 +252,33 @@ func TestReadyzObjectsRejected(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	waitStatus(http.StatusServiceUnavailable, "objects rejected")
-	if code, body := scrape(t, l, "a1", "/healthz"); code != http.StatusOK {
-		t.Errorf("/healthz on a1 with rejected objects: %d %q, want 200", code, body)
+	broken := filepath.Join(l.ObjectsDir(), "zz-broken.yaml")
+	if err := os.WriteFile(broken, []byte("apiVersion: isthmus.dev/v1alpha1\nkind: Site\nmetadata: [not, a, map]\n"), 0o644); err != nil {
+		t.Fatal(err)
 	}
-	if err := os.Remove(bad); err != nil {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, body := scrape(t, l, "a1", "/metrics")
+		if strings.Contains(body, `isthmus_objects_rejected{kind="unnamed"} 1`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("isthmus_objects_rejected{kind=\"unnamed\"} never 1 on a1")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	waitStatus(http.StatusOK, "ok")
+	// A Node a1 written before the lab's own (file order) with an invalid
+	// tunnel address: it is set aside, and the lab's a1 as its duplicate.
+	own := filepath.Join(l.ObjectsDir(), "00-a1.yaml")
+	if err := os.WriteFile(own, []byte("apiVersion: v1\nkind: Node\nmetadata: {name: a1, annotations: {isthmus.dev/tunnel-ipv4: nope}}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(http.StatusServiceUnavailable, "cannot be planned")
+	if code, body := scrape(t, l, "a1", "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz on a1 with its Node set aside: %d %q, want 200", code, body)
+	}
+	if err := os.Remove(own); err != nil {
 		t.Fatal(err)
 	}
 	waitStatus(http.StatusOK, "ok")

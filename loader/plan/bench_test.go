@@ -1,0 +1,64 @@
+package plan
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/isthmus-dev/isthmus/loader/fleet"
+	"github.com/isthmus-dev/isthmus/loader/objects"
+)
+
+func fleetSet(b testing.TB, sh fleet.Shape) *objects.Set {
+	b.Helper()
+	in, err := fleet.Objects(sh)
+	if err != nil {
+		b.Fatal(err)
+	}
+	set, _, err := objects.Validate(in)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return set
+}
+
+// BenchmarkCompute plans one member of fleets of 50 Sites of 100 Nodes (the
+// fleet of issue 12), mesh and hub; make bench runs it.
+func BenchmarkCompute(b *testing.B) {
+	for _, topo := range []fleet.Topology{fleet.Mesh, fleet.Hub} {
+		sh := fleet.Shape{Sites: 50, NodesPerSite: 100, Topology: topo}
+		set := fleetSet(b, sh)
+		nodes := map[string]string{"member": fleet.NodeName(3, 50)}
+		if topo == fleet.Hub {
+			nodes["gateway"] = fleet.NodeName(3, 0)
+		}
+		for role, node := range nodes {
+			b.Run(fmt.Sprintf("%s-%dx%d-%s", topo, sh.Sites, sh.NodesPerSite, role), func(b *testing.B) {
+				for b.Loop() {
+					p, err := Compute(set, node)
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.ReportMetric(float64(len(p.Routes)), "routes")
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkValidate validates the same fleets.
+func BenchmarkValidate(b *testing.B) {
+	for _, topo := range []fleet.Topology{fleet.Mesh, fleet.Hub} {
+		sh := fleet.Shape{Sites: 50, NodesPerSite: 100, Topology: topo}
+		in, err := fleet.Objects(sh)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("%s-%dx%d", topo, sh.Sites, sh.NodesPerSite), func(b *testing.B) {
+			for b.Loop() {
+				if _, _, err := objects.Validate(in); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

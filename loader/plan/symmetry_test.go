@@ -1,0 +1,240 @@
+package plan
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/isthmus-dev/isthmus/loader/objects"
+)
+
+// randomTopology writes a random fleet: 2-4 managed Sites of 1-4 nodes
+// (InternalIPs in 10.<site>.0.0/24, ExternalIPs in 198.18.<site>.0/24, pods
+// in 10.<100+site>.0.0/16), 1-3 GatewayPools of random type selecting random
+// nodes by label, random SiteGatewayPoolAssignments (routeNodeCidrs on or
+// off) and random SitePeerings (meshNodes on or off). Invalid combinations
+// (a site without a gateway, say) are set aside as the agent would.
+func randomTopology(r *rand.Rand) *objects.Set {
+	var docs []string
+	sites := 2 + r.IntN(3)
+	pools := 1 + r.IntN(3)
+	for s := range sites {
+		docs = append(docs, site(fmt.Sprintf("s%d", s), fmt.Sprintf("10.%d.0.0/24", s), fmt.Sprintf("10.%d.0.0/16", 100+s), ""))
+		for n := range 1 + r.IntN(4) {
+			var labels []string
+			for p := range pools {
+				if r.IntN(2) == 0 {
+					labels = append(labels, fmt.Sprintf("gw%d: y", p))
+				}
+			}
+			docs = append(docs, fmt.Sprintf(`apiVersion: v1
+kind: Node
+metadata:
+  name: s%d-n%d
+  labels: {%s}
+spec: {podCIDRs: [10.%d.%d.0/24]}
+status:
+  addresses:
+    - {type: InternalIP, address: 10.%d.0.%d}
+    - {type: ExternalIP, address: 198.18.%d.%d}
+`, s, n, strings.Join(labels, ", "), 100+s, n, s, n+1, s, n+1))
+		}
+	}
+	for p := range pools {
+		typ := []string{"Internal", "External"}[r.IntN(2)]
+		docs = append(docs, fmt.Sprintf("apiVersion: isthmus.dev/v1alpha1\nkind: GatewayPool\nmetadata: {name: p%d}\nspec:\n  type: %s\n  nodeSelector: {matchLabels: {gw%d: y}}\n", p, typ, p))
+	}
+	pick := func() string {
+		var in []string
+		for s := range sites {
+			if r.IntN(2) == 0 {
+				in = append(in, fmt.Sprintf("s%d", s))
+			}
+		}
+		return strings.Join(in, ", ")
+	}
+	for a := range r.IntN(3) {
+		var ps []string
+		for p := range pools {
+			if r.IntN(2) == 0 {
+				ps = append(ps, fmt.Sprintf("p%d", p))
+			}
+		}
+		docs = append(docs, assignmentDoc(fmt.Sprintf("a%d", a), pick(), strings.Join(ps, ", "),
+			fmt.Sprintf("  routeNodeCidrs: %v\n", r.IntN(2) == 0)))
+	}
+	for m := range r.IntN(3) {
+		docs = append(docs, peering(fmt.Sprintf("m%d", m), pick(), fmt.Sprintf("  meshNodes: %v\n", r.IntN(3) > 0)))
+	}
+	set, _ := objects.LoadSettingAside(map[string][]byte{"fleet.yaml": []byte(strings.Join(docs, "---\n"))})
+	return set
+}
+
+// lookup is the longest-prefix match of addr in p's routes; host traffic
+// (transit false) does not see TransitOnly routes, as the kernel does not.
+func lookup(p *NodePlan, addr netip.Addr, transit bool) (Route, bool) {
+	var best Route
+	found := false
+	for _, r := range p.Routes {
+		if r.Prefix.Contains(addr) && (transit || !r.TransitOnly) && (!found || r.Prefix.Bits() > best.Prefix.Bits()) {
+			best, found = r, true
+		}
+	}
+	return best, found
+}
+
+// path follows a packet from the host of node from to addr, the underlay
+// address of node to, through the plans: the first lookup as host traffic,
+// then a transit lookup at every node it is tunnelled to, until a node has
+// no route (it sends on the underlay) or the tunnel reaches to. It returns the
+// next hops it was tunnelled through on the way, each as the sorted names of
+// the group that could carry it ("" for none: the underlay all the way), and
+// whether it reached to through the tunnel (else on the underlay).
+func path(plans map[string]*NodePlan, from, to string, addr netip.Addr) (hops []string, tunnelled bool, err error) {
+	cur, transit := from, false
+	for range 8 {
+		p := plans[cur]
+		if p == nil {
+			return nil, false, fmt.Errorf("tunnelled to %s, which has no plan", cur)
+		}
+		r, ok := lookup(p, addr, transit)
+		if !ok {
+			return hops, false, nil
+		}
+		var next []string
+		if r.Group == nil {
+			next = []string{r.Peer}
+		}
+		for _, h := range r.Group {
+			next = append(next, h.Peer)
+		}
+		slices.Sort(next)
+		if slices.Contains(next, to) {
+			return hops, true, nil // tunnelled to the destination itself
+		}
+		hops = append(hops, strings.Join(next, ","))
+		cur, transit = next[0], true
+	}
+	return nil, false, fmt.Errorf("loop: %v", hops)
+}
+
+// rpFilterPasses reports whether strict rp_filter on node to accepts what
+// from's host sends to addr (to's InternalIP): the source is from's tunnel
+// address when from routes addr into the tunnel (the kernel route's src),
+// else its InternalIP; to accepts a packet that arrived tunnelled only when
+// its own route back to that source goes into the tunnel too, and one that
+// arrived on the underlay only when its route back does not.
+func rpFilterPasses(plans map[string]*NodePlan, from, to string, addr, fromIP netip.Addr) (bool, error) {
+	_, tunnelled, err := path(plans, from, to, addr)
+	if err != nil {
+		return false, err
+	}
+	src := fromIP
+	if _, ok := lookup(plans[from], addr, false); ok {
+		src = plans[from].TunnelAddr
+	}
+	_, back := lookup(plans[to], src, false)
+	return back == tunnelled, nil
+}
+
+// TestPathsSymmetric: for random fleets, every pair of nodes reaches each
+// other's underlay address the same way in both directions: both on the
+// underlay, or both through the same tunnel hops (in reverse order), so
+// strict rp_filter and stateful firewalls between sites keep working.
+func TestPathsSymmetric(t *testing.T) {
+	for seed := range uint64(300) {
+		r := rand.New(rand.NewPCG(seed, 12))
+		set := randomTopology(r)
+		plans := map[string]*NodePlan{}
+		for _, n := range set.Nodes {
+			if p, err := Compute(set, n.Name); err == nil {
+				plans[n.Name] = p
+			}
+		}
+		for _, x := range set.Nodes {
+			for _, y := range set.Nodes {
+				if x.Name >= y.Name || plans[x.Name] == nil || plans[y.Name] == nil {
+					continue
+				}
+				xa, _ := objects.InternalIP(&x)
+				ya, _ := objects.InternalIP(&y)
+				there, _, err1 := path(plans, x.Name, y.Name, ya)
+				back, _, err2 := path(plans, y.Name, x.Name, xa)
+				if err1 != nil || err2 != nil {
+					t.Fatalf("seed %d: %s <-> %s: %v, %v", seed, x.Name, y.Name, err1, err2)
+				}
+				slices.Reverse(back)
+				if !slices.Equal(there, back) {
+					t.Fatalf("seed %d: %s -> %s (%s) goes through %q, the way back (reversed) through %q\nset: %s",
+						seed, x.Name, y.Name, ya, there, back, describeSet(set))
+				}
+				for _, d := range [][2]corev1.Node{{x, y}, {y, x}} {
+					fa, _ := objects.InternalIP(&d[0])
+					ta, _ := objects.InternalIP(&d[1])
+					if ok, err := rpFilterPasses(plans, d[0].Name, d[1].Name, ta, fa); err != nil || !ok {
+						t.Fatalf("seed %d: %s -> %s: strict rp_filter on %s drops it (%v): it arrives one way and would go back another\nset: %s",
+							seed, d[0].Name, d[1].Name, d[1].Name, err, describeSet(set))
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestPathsSymmetricSeeds: the seed topologies, and the case of issue 12 by
+// name: on seed 000's gateway topology the member aks-2 and the flex gateway
+// flex-1 reach each other on the underlay both ways.
+func TestPathsSymmetricSeeds(t *testing.T) {
+	for name, set := range map[string]*objects.Set{
+		"seed 000 gateway": seed000Gateway(t), "seed 003": seed003(t, nil),
+	} {
+		plans := map[string]*NodePlan{}
+		for _, n := range set.Nodes {
+			p, err := Compute(set, n.Name)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			plans[n.Name] = p
+		}
+		for _, x := range set.Nodes {
+			for _, y := range set.Nodes {
+				xa, _ := objects.InternalIP(&x)
+				ya, _ := objects.InternalIP(&y)
+				there, _, err1 := path(plans, x.Name, y.Name, ya)
+				back, _, err2 := path(plans, y.Name, x.Name, xa)
+				slices.Reverse(back)
+				if err1 != nil || err2 != nil || !slices.Equal(there, back) {
+					t.Errorf("%s: %s -> %s through %q, back (reversed) through %q (%v, %v)", name, x.Name, y.Name, there, back, err1, err2)
+				}
+			}
+		}
+		if name != "seed 000 gateway" {
+			continue
+		}
+		if hops, _, _ := path(plans, "flex-1", "aks-2", netip.MustParseAddr("10.0.0.5")); len(hops) != 0 {
+			t.Errorf("flex-1 -> aks-2 goes through %q, want the underlay", hops)
+		}
+	}
+}
+
+func describeSet(s *objects.Set) string {
+	var b strings.Builder
+	for _, a := range s.SiteGatewayPoolAssignments {
+		fmt.Fprintf(&b, "\n assignment %s sites %v pools %v routeNodeCidrs %v", a.Name, a.Spec.Sites, a.Spec.GatewayPools, a.Spec.RoutesNodeCIDRs())
+	}
+	for _, p := range s.SitePeerings {
+		fmt.Fprintf(&b, "\n peering %s sites %v mesh %v", p.Name, p.Spec.Sites, p.Spec.MeshesNodes())
+	}
+	for _, p := range s.GatewayPools {
+		fmt.Fprintf(&b, "\n pool %s %s", p.Name, p.Spec.Type)
+	}
+	for _, n := range s.Nodes {
+		fmt.Fprintf(&b, "\n node %s %v", n.Name, n.Labels)
+	}
+	return b.String()
+}
