@@ -22,7 +22,7 @@ import (
 
 // Addresses the oracle's world adds to the lab's.
 var (
-	declaredNet  = netip.MustParsePrefix("10.0.2.0/23")  // an unmanaged block of peerIP's site
+	declaredNet  = netip.MustParsePrefix("10.0.2.0/23")   // an unmanaged block of peerIP's site
 	memberOver   = netip.MustParsePrefix("10.2.0.128/25") // memberIP may send from here too
 	memberRoute  = netip.MustParsePrefix("10.2.0.64/26")  // more specific than remoteNet, to memberIP
 	deadGroupNet = netip.MustParsePrefix("10.6.0.0/16")   // routed to a group with no live member
