@@ -173,15 +173,20 @@ func (v *ipv4View) l4() []byte {
 	return v.raw[v.hlen:end]
 }
 
-// udpPorts decodes a UDP header with gopacket.
+// udpPorts decodes a UDP header with gopacket. Like the IPv4 total length, the UDP length
+// field is read but not trusted (gopacket refuses one below 8): the datapath locates
+// GENEVE by the header size, and the model judges the bytes present.
 func udpPorts(b []byte) (*layers.UDP, error) {
 	u := &layers.UDP{}
 	if len(b) < 8 {
 		return nil, errors.New("UDP header truncated")
 	}
-	if err := u.DecodeFromBytes(b, gopacket.NilDecodeFeedback); err != nil {
+	cp := append([]byte{}, b[:8]...)
+	binary.BigEndian.PutUint16(cp[4:], 8)
+	if err := u.DecodeFromBytes(cp, gopacket.NilDecodeFeedback); err != nil {
 		return nil, fmt.Errorf("gopacket: %w", err)
 	}
+	u.Length = binary.BigEndian.Uint16(b[4:])
 	return u, nil
 }
 
