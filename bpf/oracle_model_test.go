@@ -362,14 +362,19 @@ func icmpErrorForm(name string, typ uint8, code int, dst netip.Addr) outputForm 
 	}}
 }
 
+// untaggedIPv4 reports whether gopacket decodes in as an Ethernet frame of type IPv4. A
+// VLAN tag, ARP, IPv6...: not the datapath's, the stack's.
+func untaggedIPv4(in []byte) bool {
+	eth := &layers.Ethernet{}
+	return eth.DecodeFromBytes(in, gopacket.NilDecodeFeedback) == nil && eth.EthernetType == layers.EthernetTypeIPv4
+}
+
 // modelUnderlay is the model of underlay_ingress (xdp false) and underlay_xdp (xdp true)
 // for frame in arriving on the underlay device.
 func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 	var e expectation
-	eth := &layers.Ethernet{}
-	if err := eth.DecodeFromBytes(in, gopacket.NilDecodeFeedback); err != nil || eth.EthernetType != layers.EthernetTypeIPv4 {
-		// VLAN-tagged, ARP, IPv6...: the stack's. (Fabric ingress needs fabric_prefixes,
-		// which this world leaves empty.)
+	// (Fabric ingress of plain IPv4 needs fabric_prefixes, which this world leaves empty.)
+	if !untaggedIPv4(in) {
 		e.pass = true
 		e.because("not an untagged IPv4 frame: the stack's")
 		return e
@@ -636,8 +641,7 @@ func transitForm(w *oracleWorld, in []byte, outer *ipv4View, ipOff int, next []n
 // modelEncap is the model of pod_ingress (fromPod) and overlay_egress for frame in.
 func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 	var e expectation
-	eth := &layers.Ethernet{}
-	if err := eth.DecodeFromBytes(in, gopacket.NilDecodeFeedback); err != nil || eth.EthernetType != layers.EthernetTypeIPv4 {
+	if !untaggedIPv4(in) {
 		e.pass = true
 		e.because("not an untagged IPv4 frame: the stack's")
 		return e
