@@ -42,8 +42,12 @@ type oracleWorld struct {
 	peerSources map[netip.Addr][]netip.Prefix // inner sources each peer may use
 	routes      []oracleRoute
 
-	ownPods      map[netip.Addr]net.HardwareAddr // pods on pod0h: address -> MAC
-	overlayAddrs []netip.Addr                    // this node's own overlay addresses (on isthmus0)
+	ownPods map[netip.Addr]net.HardwareAddr // pods on pod0h: address -> MAC
+	// tunnelIP is this node's tunnel address (config.tunnel_ip, on isthmus0): its one
+	// overlay address, and the return-path SNAT source for pod sources outside
+	// snatExempt. The world keeps every own pod exempt: SNAT is not modelled.
+	tunnelIP   netip.Addr
+	snatExempt []netip.Prefix
 
 	undMAC, podHMAC, istMAC, gwMAC net.HardwareAddr
 }
@@ -537,7 +541,7 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		}
 		e.because("to own pod %v", dst)
 		e.forms = append(e.forms, deliverForm("pod delivery", w.ownPods[dst], w.podHMAC, in[ieOff+14:], true, ce, w.tunnelMTU))
-	case slices.Contains(w.overlayAddrs, dst):
+	case dst == w.tunnelIP:
 		e.because("to this node's overlay address %v", dst)
 		e.forms = append(e.forms, deliverForm("host delivery", w.istMAC, nil, in[ieOff+14:], false, ce, w.tunnelMTU))
 	default:
@@ -784,6 +788,11 @@ func TestOracleModel(t *testing.T) {
 		return fmt.Errorf("no form accepts it (%d forms): %s", len(e.forms), strings.Join(errs, "; "))
 	}
 
+	for a := range w.ownPods {
+		if !slices.ContainsFunc(w.snatExempt, func(p netip.Prefix) bool { return p.Contains(a) }) {
+			t.Errorf("own pod %v is not SNAT-exempt: the model does not do SNAT", a)
+		}
+	}
 	if r, _ := w.route(netip.MustParseAddr("10.2.0.70")); r.prefix != memberRoute {
 		t.Errorf("LPM for 10.2.0.70 picked %v, want %v", r.prefix, memberRoute)
 	}

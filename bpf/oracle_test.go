@@ -51,9 +51,10 @@ func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 			{prefix: groupNet, peers: []netip.Addr{peerIP, groupPeerA, groupPeerB}, group: 1},
 			{prefix: deadGroupNet, group: 2},
 		},
-		ownPods:      map[netip.Addr]net.HardwareAddr{podIP: podMAC},
-		overlayAddrs: []netip.Addr{hostIP},
-		undMAC:       undMAC, podHMAC: podHMAC, istMAC: istMAC, gwMAC: gwMAC,
+		ownPods:    map[netip.Addr]net.HardwareAddr{podIP: podMAC},
+		tunnelIP:   hostIP,
+		snatExempt: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/24"), netip.PrefixFrom(hostIP, 32)},
+		undMAC:     undMAC, podHMAC: podHMAC, istMAC: istMAC, gwMAC: gwMAC,
 	}
 }
 
@@ -69,6 +70,13 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 		if err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
+	}
+	var cfg IsthmusDatapathConfig
+	must("read config", l.objs.Config.Lookup(uint32(0), &cfg))
+	cfg.TunnelIp = be32(w.tunnelIP)
+	must("put config", l.objs.Config.Put(uint32(0), cfg))
+	for _, p := range w.snatExempt {
+		must("put snat_exempt", l.objs.SnatExempt.Put(IsthmusRouteKey{Prefixlen: uint32(p.Bits()), Addr: be32(p.Addr())}, IsthmusSnatExemptValue{}))
 	}
 	for _, p := range w.peers {
 		must("put peer", l.objs.Peers.Put(be32(p), IsthmusPeerValue{}))
