@@ -171,11 +171,11 @@ func ipOptionBytes(n int) []byte {
 
 // forgedFrame is the attack of issue 10: a peer's frame whose outer IPv4 header carries
 // 40 bytes of options, whose GENEVE options end with a forged IPv4 + UDP header from
-// forgedIP that starts 40 bytes before the real inner IPv4 header, followed by an inner
+// spoofedIP that starts 40 bytes before the real inner IPv4 header, followed by an inner
 // frame with an allowed source. A pop that assumes a 20-byte outer header delivers the
 // forged packet.
 func forgedFrame(l *lab) []byte {
-	forged := ipv4Packet(forgedIP, podIP, 17, ipOpts{ttl: 64}, udpDatagram(6666, 5000, make([]byte, 12)))[:28]
+	forged := ipv4Packet(spoofedIP, podIP, 17, ipOpts{ttl: 64}, udpDatagram(6666, 5000, make([]byte, 12)))[:28]
 	opts := append([]byte{0x01, 0x02, 0x03, 7}, make([]byte, 28)...)
 	copy(opts[32-26:], forged[:26])
 	// The forged UDP checksum (0) is the first two bytes of the inner destination MAC.
@@ -196,7 +196,7 @@ func underlaySeeds(l *lab) [][]byte {
 	}
 	// Inner sources of every class, from every kind of sender.
 	for _, c := range []struct{ peer, src netip.Addr }{
-		{peerIP, remotePodIP}, {peerIP, a("10.0.2.5")}, {peerIP, a("10.2.0.200")}, {peerIP, forgedIP},
+		{peerIP, remotePodIP}, {peerIP, a("10.0.2.5")}, {peerIP, a("10.2.0.200")}, {peerIP, spoofedIP},
 		{peerIP, podIP}, {peerIP, hostIP}, {peerIP, memberPod}, {peerIP, a("0.0.0.0")}, {peerIP, a("255.255.255.255")},
 		{peerIP, a("127.0.0.1")}, {memberIP, memberPod}, {memberIP, a("10.2.0.130")}, {memberIP, remotePodIP},
 		{groupPeerA, a("10.5.0.1")}, {groupPeerB, remotePodIP}, {strangerIP, remotePodIP}, {underlayIP, remotePodIP},
@@ -300,7 +300,7 @@ func encapSeeds(l *lab, fromPod bool) [][]byte {
 		add(ipkt{dst: dst, proto: 1})
 	}
 	// Sources of every class: own, a neighbour pod, this node, a remote pod, forged.
-	for _, src := range []netip.Addr{own, a("10.1.0.6"), hostIP, podIP, remotePodIP, forgedIP, a("0.0.0.0")} {
+	for _, src := range []netip.Addr{own, a("10.1.0.6"), hostIP, podIP, remotePodIP, spoofedIP, a("0.0.0.0")} {
 		add(ipkt{src: src, dst: remotePodIP})
 		add(ipkt{src: src, dst: podIP})
 	}
