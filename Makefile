@@ -4,7 +4,7 @@ BIN     := bin/isthmus
 # Generated files that must match what `make generate` produces.
 GENERATED := bpf api deploy/crds
 
-.PHONY: all deps build generate check-generated vet kube-binaries test test-unit bench demo lab-down clean
+.PHONY: all deps build generate check-generated vet kube-binaries test test-unit fuzz bench demo lab-down clean
 
 all: build
 
@@ -35,8 +35,21 @@ kube-binaries:
 # Unit tests, BPF program tests and end-to-end lab tests. Needs root (netns, BPF).
 # One package at a time (-p 1): the lab tests measure throughput and failover gaps,
 # which another package's iperf3 on the same two cores would distort.
+# Then a bounded run of every fuzz target (their seeds and corpus already ran above).
 test: deps check-generated vet kube-binaries
 	$(GO) test -p 1 -count=1 -timeout 45m ./...
+	$(MAKE) fuzz
+
+# The BPF fuzz targets (docs/fuzzing.md), FUZZTIME each, one after another (go test
+# takes one -fuzz target at a time). Needs root. A failing input is written to
+# bpf/testdata/fuzz/<target>/: commit it, it is a regression test from then on.
+FUZZTIME ?= 20s
+FUZZ_TARGETS := FuzzOracleUnderlayTC FuzzOracleUnderlayXDP FuzzOraclePodIngress FuzzOracleOverlayEgress FuzzUnderlayIngress
+fuzz:
+	@for f in $(FUZZ_TARGETS); do \
+		echo "fuzz $$f for $(FUZZTIME)"; \
+		$(GO) test ./bpf -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) || exit 1; \
+	done
 
 # Only what needs no root and no kernel: loading, the plan, pure map diffs.
 test-unit:

@@ -1,0 +1,897 @@
+package bpf
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+)
+
+// The oracle's model (docs/fuzzing.md): what each program must do with a frame, derived
+// from the frame's bytes as gopacket decodes them and from oracleWorld, the plain data the
+// test also installs into the maps. Nothing here calls the programs, reads a map back or
+// reuses the C logic: longest-prefix matches are done with net/netip, the rules come from
+// docs/architecture.md, DESIGN.md ("Invariants") and RFC 8926 / RFC 6040.
+
+// oracleRoute is one entry of routes: a prefix and the peers a flow to it may take (the
+// route's peer, or the live members of its next-hop group; none: a group without a live
+// member).
+type oracleRoute struct {
+	prefix netip.Prefix
+	peers  []netip.Addr
+	group  uint32 // 0: a plain route to peers[0]
+}
+
+// oracleWorld is the node the oracle's lab stands for: its configuration and the contents
+// of every map the programs read, as the test installed them.
+type oracleWorld struct {
+	underlay  netip.Addr
+	vni       uint32
+	tunnelMTU int
+	transit   bool // CFG_F_TRANSIT
+
+	peers       []netip.Addr                  // known peers (underlay addresses)
+	peerSources map[netip.Addr][]netip.Prefix // inner sources each peer may use
+	routes      []oracleRoute
+
+	ownPods map[netip.Addr]net.HardwareAddr // pods on pod0h: address -> MAC
+	// tunnelIP is this node's tunnel address (config.tunnel_ip, on isthmus0): its one
+	// overlay address, and the return-path SNAT source for pod sources outside
+	// snatExempt. The world keeps every own pod exempt: SNAT is not modelled.
+	tunnelIP   netip.Addr
+	snatExempt []netip.Prefix
+
+	undMAC, podHMAC, istMAC, gwMAC net.HardwareAddr
+}
+
+// route returns the longest prefix of w.routes that holds a.
+func (w *oracleWorld) route(a netip.Addr) (oracleRoute, bool) {
+	best, found := oracleRoute{}, false
+	for _, r := range w.routes {
+		if r.prefix.Contains(a) && (!found || r.prefix.Bits() > best.prefix.Bits()) {
+			best, found = r, true
+		}
+	}
+	return best, found
+}
+
+// mayUse reports whether peer may send inner source src: some prefix of its own holds it.
+func (w *oracleWorld) mayUse(peer, src netip.Addr) bool {
+	for _, p := range w.peerSources[peer] {
+		if p.Contains(src) {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *oracleWorld) isPeer(a netip.Addr) bool { return slices.Contains(w.peers, a) }
+
+// expectation is what the model allows for one frame on one program. Anything not
+// allowed fails the test with why.
+type expectation struct {
+	why string
+	// pass: returning the frame to the stack untouched is right (TC_ACT_OK, XDP_PASS).
+	pass bool
+	// drop: a counted drop is right; reasons, if not empty, lists the reasons that are
+	// (a frame with several faults may get any of them); anyReason allows every named
+	// reason (a rule whose reason the datapath may not have named yet).
+	drop      bool
+	reasons   []IsthmusDropReason
+	anyReason bool
+	// forms: the outputs a redirect (or an XDP pop) may produce; each returns nil if out
+	// is that output. Empty: no redirect and no rewrite is right.
+	forms []outputForm
+}
+
+type outputForm struct {
+	name  string
+	check func(out []byte) error
+}
+
+func (e *expectation) allowDrop(r ...IsthmusDropReason) {
+	e.drop = true
+	e.reasons = append(e.reasons, r...)
+}
+
+func (e *expectation) allowAnyDrop() { e.drop, e.anyReason = true, true }
+
+func (e *expectation) because(format string, a ...any) {
+	s := fmt.Sprintf(format, a...)
+	if e.why == "" {
+		e.why = s
+	} else {
+		e.why += "; " + s
+	}
+}
+
+func (e *expectation) allows(r IsthmusDropReason) bool {
+	return e.drop && (e.anyReason || len(e.reasons) == 0 || slices.Contains(e.reasons, r))
+}
+
+// ipv4View is an IPv4 header as gopacket reads it, with where it sits.
+type ipv4View struct {
+	ip     *layers.IPv4
+	off    int // offset of the header in the frame
+	hlen   int // IHL * 4
+	raw    []byte
+	hdrOK  bool // header checksum verifies
+	optErr bool // gopacket rejected the options (neither the datapath nor the model needs them)
+}
+
+// decodeIPv4 decodes the IPv4 header at b[off:]. The total length field is read but not
+// trusted (the datapath locates headers by IHL and the stack judges the length after
+// delivery), so gopacket is given a copy whose length is the bytes present; malformed
+// options are read as NOPs for the same reason. Returns an error for what no IPv4 parser
+// may accept: version not 4, IHL < 5, a header longer than the frame.
+func decodeIPv4(b []byte, off int) (*ipv4View, error) {
+	if len(b) < off+20 {
+		return nil, errors.New("IPv4 header truncated")
+	}
+	if b[off]>>4 != 4 {
+		return nil, fmt.Errorf("IP version %d", b[off]>>4)
+	}
+	hlen := int(b[off]&0x0f) * 4
+	if hlen < 20 {
+		return nil, fmt.Errorf("IHL %d", hlen/4)
+	}
+	if len(b) < off+hlen {
+		return nil, fmt.Errorf("IPv4 header of %d bytes, %d present", hlen, len(b)-off)
+	}
+	cp := append([]byte{}, b[off:]...)
+	binary.BigEndian.PutUint16(cp[2:], uint16(min(len(cp), 0xffff)))
+	v := &ipv4View{ip: &layers.IPv4{}, off: off, hlen: hlen, raw: b[off:], hdrOK: csum16(b[off:off+hlen]) == 0}
+	if err := v.ip.DecodeFromBytes(cp, gopacket.NilDecodeFeedback); err != nil {
+		for i := 20; i < hlen; i++ {
+			cp[i] = 1 // NOP
+		}
+		v.optErr = true
+		if err := v.ip.DecodeFromBytes(cp, gopacket.NilDecodeFeedback); err != nil {
+			return nil, fmt.Errorf("gopacket: %w", err)
+		}
+	}
+	return v, nil
+}
+
+func (v *ipv4View) src() netip.Addr { a, _ := netip.AddrFromSlice(v.ip.SrcIP.To4()); return a }
+func (v *ipv4View) dst() netip.Addr { a, _ := netip.AddrFromSlice(v.ip.DstIP.To4()); return a }
+func (v *ipv4View) fragment() bool {
+	return v.ip.Flags&layers.IPv4MoreFragments != 0 || v.ip.FragOffset != 0
+}
+
+// l4 returns the bytes after the IPv4 header, up to the total length if the packet has
+// that many, else what is present.
+func (v *ipv4View) l4() []byte {
+	end := len(v.raw)
+	if tl := int(binary.BigEndian.Uint16(v.raw[2:])); tl >= v.hlen && tl <= end {
+		end = tl
+	}
+	return v.raw[v.hlen:end]
+}
+
+// udpPorts decodes a UDP header with gopacket. Like the IPv4 total length, the UDP length
+// field is read but not trusted (gopacket refuses one below 8): the datapath locates
+// GENEVE by the header size, and the model judges the bytes present.
+func udpPorts(b []byte) (*layers.UDP, error) {
+	u := &layers.UDP{}
+	if len(b) < 8 {
+		return nil, errors.New("UDP header truncated")
+	}
+	cp := append([]byte{}, b[:8]...)
+	binary.BigEndian.PutUint16(cp[4:], 8)
+	if err := u.DecodeFromBytes(cp, gopacket.NilDecodeFeedback); err != nil {
+		return nil, fmt.Errorf("gopacket: %w", err)
+	}
+	u.Length = binary.BigEndian.Uint16(b[4:])
+	return u, nil
+}
+
+// geneveFixed decodes the 8-byte GENEVE header with gopacket and returns it with the
+// option bytes (Opt Len * 4). gopacket is given the fixed header only: its option walk
+// keeps the offset in a uint8 (wrong for 63 words) and lets a TLV run past Opt Len;
+// RFC 8926 3.4 lets a receiver that parses no options skip them by Opt Len alone.
+func geneveFixed(b []byte) (*layers.Geneve, int, error) {
+	if len(b) < 8 {
+		return nil, 0, errors.New("GENEVE header truncated")
+	}
+	hdr := append([]byte{b[0] & 0xc0}, b[1:8]...)
+	g := &layers.Geneve{}
+	if err := g.DecodeFromBytes(hdr, gopacket.NilDecodeFeedback); err != nil {
+		return nil, 0, fmt.Errorf("gopacket: %w", err)
+	}
+	return g, int(b[0]&0x3f) * 4, nil
+}
+
+// mssClamp returns ip (an IPv4 packet) with the MSS option of a TCP SYN above
+// mtu - 40 lowered to it, and whether it changed anything. The options are walked as
+// RFC 9293 3.2 lays them out; a header or option that does not fit leaves the packet
+// alone.
+func mssClamp(ip []byte, mtu int) ([]byte, bool) {
+	v, err := decodeIPv4(ip, 0)
+	if err != nil || v.ip.Protocol != layers.IPProtocolTCP || v.fragment() {
+		return ip, false
+	}
+	seg := ip[v.hlen:]
+	if len(seg) < 20 || seg[13]&0x02 == 0 {
+		return ip, false
+	}
+	doff := int(seg[12]>>4) * 4
+	if doff <= 20 || len(seg) < doff {
+		return ip, false
+	}
+	opts := seg[20:doff]
+	for i := 0; i < len(opts); {
+		switch opts[i] {
+		case 0: // end of option list
+			return ip, false
+		case 1: // no-operation
+			i++
+			continue
+		}
+		if i+1 >= len(opts) {
+			return ip, false
+		}
+		l := int(opts[i+1])
+		if opts[i] == 2 {
+			if l != 4 || i+4 > len(opts) {
+				return ip, false
+			}
+			max := uint16(mtu - 40)
+			if binary.BigEndian.Uint16(opts[i+2:]) <= max {
+				return ip, false
+			}
+			out := append([]byte{}, ip...)
+			binary.BigEndian.PutUint16(out[v.hlen+20+i+2:], max)
+			return out, true
+		}
+		if l < 2 {
+			return ip, false
+		}
+		i += l
+	}
+	return ip, false
+}
+
+// l4SumOK reports whether the TCP or UDP checksum of IPv4 packet ip verifies (a zero UDP
+// checksum counts as none, which verifies); false for other protocols, fragments and
+// packets shorter than their total length.
+func l4SumOK(ip []byte) bool {
+	v, err := decodeIPv4(ip, 0)
+	if err != nil || v.fragment() {
+		return false
+	}
+	tl := int(binary.BigEndian.Uint16(ip[2:]))
+	if tl < v.hlen || tl > len(ip) {
+		return false
+	}
+	seg := ip[v.hlen:tl]
+	switch v.ip.Protocol {
+	case layers.IPProtocolTCP:
+		if len(seg) < 20 {
+			return false
+		}
+	case layers.IPProtocolUDP:
+		if len(seg) < 8 {
+			return false
+		}
+		if binary.BigEndian.Uint16(seg[6:]) == 0 {
+			return true
+		}
+	default:
+		return false
+	}
+	pseudo := append(append([]byte{}, ip[12:20]...), 0, byte(v.ip.Protocol), byte(len(seg)>>8), byte(len(seg)))
+	return csum16(append(pseudo, seg...)) == 0
+}
+
+// innerAfter is inIP (an inner IPv4 packet as received) as it must leave: with the TTL
+// decremented if decTTL, the ECN field set to CE if ce, and the MSS clamped to mtu. Its
+// checksums are recomputed where the received ones verified; where they did not, the
+// datapath's bytes for them are taken from got (it cannot be expected to fix a sum that
+// was already wrong). The result has the length of inIP.
+func innerAfter(inIP, got []byte, decTTL, ce bool, mtu int) []byte {
+	want := append([]byte{}, inIP...)
+	hlen := int(want[0]&0x0f) * 4
+	hdrOK := csum16(inIP[:hlen]) == 0
+	l4OK := l4SumOK(inIP)
+	if decTTL {
+		want[8]--
+	}
+	if ce {
+		want[1] |= 0x03
+	}
+	want, clamped := mssClamp(want, mtu)
+	if hdrOK {
+		want[10], want[11] = 0, 0
+		binary.BigEndian.PutUint16(want[10:], csum16(want[:hlen]))
+	} else if len(got) >= 12 {
+		copy(want[10:12], got[10:12])
+	}
+	if clamped {
+		off := hlen + 16 // TCP checksum
+		if l4OK {
+			want[off], want[off+1] = 0, 0
+			tl := int(binary.BigEndian.Uint16(want[2:]))
+			seg := want[hlen:tl]
+			pseudo := append(append([]byte{}, want[12:20]...), 0, 6, byte(len(seg)>>8), byte(len(seg)))
+			binary.BigEndian.PutUint16(want[off:], csum16(append(pseudo, seg...)))
+		} else if len(got) >= off+2 {
+			copy(want[off:off+2], got[off:off+2])
+		}
+	}
+	return want
+}
+
+// diffAt describes the first difference of got and want.
+func diffAt(what string, got, want []byte) error {
+	if bytes.Equal(got, want) {
+		return nil
+	}
+	i := 0
+	for i < len(got) && i < len(want) && got[i] == want[i] {
+		i++
+	}
+	return fmt.Errorf("%s differs at byte %d (got %d bytes, want %d)\n got %x\nwant %x", what, i, len(got), len(want), got, want)
+}
+
+// icmpErrorForm accepts an output that gopacket decodes as an ICMPv4 error of type typ
+// (code, if >= 0) addressed to dst, possibly inside GENEVE.
+func icmpErrorForm(name string, typ uint8, code int, dst netip.Addr) outputForm {
+	return outputForm{name: name, check: func(out []byte) error {
+		p := gopacket.NewPacket(out, layers.LayerTypeEthernet, gopacket.Default)
+		var lastIP *layers.IPv4
+		for _, l := range p.Layers() {
+			switch l := l.(type) {
+			case *layers.IPv4:
+				lastIP = l
+			case *layers.ICMPv4:
+				if l.TypeCode.Type() != typ || (code >= 0 && int(l.TypeCode.Code()) != code) {
+					return fmt.Errorf("ICMP %v, want type %d code %d", l.TypeCode, typ, code)
+				}
+				if a, _ := netip.AddrFromSlice(lastIP.DstIP.To4()); a != dst {
+					return fmt.Errorf("ICMP error to %v, want %v", a, dst)
+				}
+				return nil
+			}
+		}
+		return errors.New("no ICMPv4 layer in the output")
+	}}
+}
+
+// untaggedIPv4 reports whether gopacket decodes in as an Ethernet frame of type IPv4. A
+// VLAN tag, ARP, IPv6...: not the datapath's, the stack's.
+func untaggedIPv4(in []byte) bool {
+	eth := &layers.Ethernet{}
+	return eth.DecodeFromBytes(in, gopacket.NilDecodeFeedback) == nil && eth.EthernetType == layers.EthernetTypeIPv4
+}
+
+// modelUnderlay is the model of underlay_ingress (xdp false) and underlay_xdp (xdp true)
+// for frame in arriving on the underlay device.
+func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
+	var e expectation
+	// (Fabric ingress of plain IPv4 needs fabric_prefixes, which this world leaves empty.)
+	if !untaggedIPv4(in) {
+		e.pass = true
+		e.because("not an untagged IPv4 frame: the stack's")
+		return e
+	}
+	outer, err := decodeIPv4(in, 14)
+	if err != nil {
+		e.pass = true
+		e.allowDrop(IsthmusDropReasonDROP_INVALID_PACKET)
+		e.because("outer IPv4 malformed (%v): pass or DROP_INVALID_PACKET", err)
+		return e
+	}
+	if outer.dst() != w.underlay || outer.ip.Protocol != layers.IPProtocolUDP {
+		e.pass = true
+		e.because("outer %v -> %v proto %v: not UDP to this node", outer.src(), outer.dst(), outer.ip.Protocol)
+		return e
+	}
+	if outer.fragment() {
+		// Issue 10: outer fragments to 6081 are counted, not silently lost. A fragment
+		// is never decapsulated: its payload is not the whole GENEVE frame.
+		e.pass = true
+		e.allowAnyDrop()
+		e.because("outer fragment: left to reassembly or dropped with a reason, never popped")
+		return e
+	}
+	udpOff := 14 + outer.hlen
+	udp, err := udpPorts(in[udpOff:])
+	if err != nil {
+		e.pass = true
+		e.allowDrop(IsthmusDropReasonDROP_INVALID_PACKET)
+		e.because("outer UDP truncated: pass or DROP_INVALID_PACKET")
+		return e
+	}
+	if udp.DstPort != 6081 {
+		e.pass = true
+		e.because("UDP port %d, not GENEVE", udp.DstPort)
+		return e
+	}
+	if xdp {
+		// The TC program sees every frame XDP passes untouched and is judged on it.
+		e.pass = true
+	}
+
+	// GENEVE for this node. Every fault found is an acceptable drop reason.
+	peer := outer.src()
+	gOff := udpOff + 8
+	g, optlen, err := geneveFixed(in[gOff:])
+	if err != nil {
+		e.allowDrop(IsthmusDropReasonDROP_GENEVE_TRUNCATED)
+		e.because("GENEVE header truncated")
+		return e
+	}
+	faults := []IsthmusDropReason{}
+	fault := func(r IsthmusDropReason, format string, a ...any) {
+		faults = append(faults, r)
+		e.because(format, a...)
+	}
+	if g.Version != 0 {
+		fault(IsthmusDropReasonDROP_GENEVE_VERSION, "GENEVE version %d", g.Version)
+	}
+	if gOff+8+optlen > len(in) {
+		fault(IsthmusDropReasonDROP_GENEVE_OPT_LEN, "GENEVE options (%d bytes) run past the frame", optlen)
+		e.allowDrop(faults...)
+		return e
+	}
+	if g.CriticalOption {
+		fault(IsthmusDropReasonDROP_GENEVE_CRITICAL, "GENEVE C bit")
+	}
+	if g.Protocol != layers.EthernetTypeTransparentEthernetBridging {
+		fault(IsthmusDropReasonDROP_GENEVE_PROTOCOL, "GENEVE protocol %#04x", uint16(g.Protocol))
+	}
+	if g.VNI != w.vni {
+		fault(IsthmusDropReasonDROP_GENEVE_VNI, "VNI %#x, ours %#x", g.VNI, w.vni)
+	}
+	if !w.isPeer(peer) {
+		fault(IsthmusDropReasonDROP_UNKNOWN_PEER, "outer source %v is no peer", peer)
+	}
+	if g.OAMPacket {
+		// Issue 10: control frames are not data; never delivered or forwarded.
+		e.allowAnyDrop()
+		e.because("GENEVE O bit (control frame): must not be delivered or forwarded")
+	}
+	ieOff := gOff + 8 + optlen
+	ieth := &layers.Ethernet{}
+	if err := ieth.DecodeFromBytes(in[ieOff:], gopacket.NilDecodeFeedback); err != nil {
+		fault(IsthmusDropReasonDROP_INNER_INVALID, "inner Ethernet truncated")
+		e.allowDrop(faults...)
+		return e
+	}
+	if ieth.EthernetType != layers.EthernetTypeIPv4 {
+		fault(IsthmusDropReasonDROP_INNER_UNSUPPORTED, "inner EtherType %#04x", uint16(ieth.EthernetType))
+		e.allowDrop(faults...)
+		return e
+	}
+	inner, err := decodeIPv4(in, ieOff+14)
+	if err != nil {
+		fault(IsthmusDropReasonDROP_INNER_INVALID, "inner IPv4 malformed: %v", err)
+		e.allowDrop(faults...)
+		return e
+	}
+	src, dst := inner.src(), inner.dst()
+	if w.isPeer(peer) && !w.mayUse(peer, src) {
+		fault(IsthmusDropReasonDROP_INNER_SRC_DENIED, "peer %v may not send from %v", peer, src)
+	}
+	if len(faults) > 0 || g.OAMPacket {
+		e.allowDrop(faults...)
+		return e
+	}
+	if outer.hlen > 20 {
+		// Issue 10 item 1: handled correctly (the forms below) or dropped with a reason.
+		e.allowAnyDrop()
+		e.because("outer IPv4 options (%d bytes): decapsulate exactly or drop with a reason", outer.hlen-20)
+	}
+	e.because("valid GENEVE from peer %v, inner %v -> %v ttl %d", peer, src, dst, inner.ip.TTL)
+	inIP := in[ieOff+14:]
+	ce := outer.ip.TOS&0x03 == 0x03 && inIP[1]&0x03 != 0
+
+	if rt, ok := w.route(dst); ok && w.transit {
+		if xdp {
+			e.because("transits: XDP leaves it whole to TC")
+			return e
+		}
+		e.because("transit via %v (route %v)", rt.peers, rt.prefix)
+		others := slices.DeleteFunc(slices.Clone(rt.peers), func(a netip.Addr) bool { return a == peer })
+		if len(rt.peers) == 0 {
+			e.allowDrop(IsthmusDropReasonDROP_NO_NEXTHOP)
+		}
+		if len(others) < len(rt.peers) {
+			e.allowDrop(IsthmusDropReasonDROP_TRANSIT_LOOP)
+		}
+		if inner.ip.TTL <= 1 {
+			e.allowDrop(IsthmusDropReasonDROP_TTL_EXCEEDED)
+			e.forms = append(e.forms, icmpErrorForm("ICMP time exceeded", 11, 0, src))
+			return e
+		}
+		if len(others) > 0 {
+			e.forms = append(e.forms, transitForm(w, in, outer, ieOff+14, others))
+		}
+		return e
+	}
+
+	if xdp {
+		if outer.ip.TOS&0x03 == 0x03 {
+			// RFC 6040: the outer CE must reach the inner header; XDP may do it or hand it on.
+			e.forms = append(e.forms, xdpPopForm(w, in, peer, ieOff+14, true), xdpPopForm(w, in, peer, ieOff+14, false))
+		} else {
+			e.forms = append(e.forms, xdpPopForm(w, in, peer, ieOff+14, false))
+		}
+		return e
+	}
+	if outer.ip.TOS&0x03 == 0x03 && inIP[1]&0x03 == 0 {
+		// RFC 6040 4.2: CE on a Not-ECT inner packet: drop (or, as before RFC 6040, deliver).
+		e.allowAnyDrop()
+	}
+	switch {
+	case w.ownPods[dst] != nil:
+		if inner.ip.TTL <= 1 {
+			e.allowDrop(IsthmusDropReasonDROP_TTL_EXCEEDED)
+			e.forms = append(e.forms, icmpErrorForm("ICMP time exceeded", 11, 0, src))
+			return e
+		}
+		e.because("to own pod %v", dst)
+		e.forms = append(e.forms, deliverForm("pod delivery", w.ownPods[dst], w.podHMAC, in[ieOff+14:], true, ce, w.tunnelMTU))
+	case dst == w.tunnelIP:
+		e.because("to this node's overlay address %v", dst)
+		e.forms = append(e.forms, deliverForm("host delivery", w.istMAC, nil, in[ieOff+14:], false, ce, w.tunnelMTU))
+	default:
+		// Issue 10: host delivery only for the node's own overlay addresses.
+		e.because("%v is neither a local pod nor an overlay address of this node", dst)
+		e.allowDrop(IsthmusDropReasonDROP_NOT_LOCAL, IsthmusDropReasonDROP_TTL_EXCEEDED)
+		e.allowAnyDrop()
+	}
+	return e
+}
+
+// deliverForm accepts the inner packet inIP delivered in a frame to dmac (and from smac,
+// unless nil), with the TTL decremented if forward, CE copied if ce, the MSS clamped.
+func deliverForm(name string, dmac, smac net.HardwareAddr, inIP []byte, forward, ce bool, mtu int) outputForm {
+	return outputForm{name: name, check: func(out []byte) error {
+		oe := &layers.Ethernet{}
+		if err := oe.DecodeFromBytes(out, gopacket.NilDecodeFeedback); err != nil {
+			return fmt.Errorf("output Ethernet: %w", err)
+		}
+		if !bytes.Equal(oe.DstMAC, dmac) || (smac != nil && !bytes.Equal(oe.SrcMAC, smac)) || oe.EthernetType != layers.EthernetTypeIPv4 {
+			return fmt.Errorf("output Ethernet %v -> %v type %v, want -> %v (from %v) IPv4", oe.SrcMAC, oe.DstMAC, oe.EthernetType, dmac, smac)
+		}
+		return diffAt("delivered inner IPv4", out[14:], innerAfter(inIP, out[14:], forward, ce, mtu))
+	}}
+}
+
+// xdpPopForm accepts what underlay_xdp leaves of a frame it popped: its decap_meta
+// (magic, the peer), then the outer Ethernet header, then the inner IPv4 packet
+// (unchanged, or with CE if ce).
+func xdpPopForm(w *oracleWorld, in []byte, peer netip.Addr, ipOff int, ce bool) outputForm {
+	name := "XDP pop"
+	if ce {
+		name += " with CE copied"
+	}
+	return outputForm{name: name, check: func(out []byte) error {
+		n := binary.Size(IsthmusDecapMeta{})
+		if len(out) < n+14 {
+			return fmt.Errorf("output %d bytes", len(out))
+		}
+		var m IsthmusDecapMeta
+		if _, err := binary.Decode(out[:n], binary.NativeEndian, &m); err != nil {
+			return fmt.Errorf("decode decap_meta: %w", err)
+		}
+		if m.Magic != 0x69737468 || m.Peer != be32(peer) {
+			return fmt.Errorf("decap_meta magic %#x peer %#x, want %#x %#x", m.Magic, m.Peer, 0x69737468, be32(peer))
+		}
+		if err := diffAt("outer Ethernet", out[n:n+14], in[:14]); err != nil {
+			return err
+		}
+		want := append([]byte{}, in[ipOff:]...)
+		if ce {
+			want = innerAfter(want, out[n+14:], false, true, 0)
+		}
+		return diffAt("popped inner IPv4", out[n+14:], want)
+	}}
+}
+
+// transitForm accepts frame in forwarded whole toward one of next: the outer IPv4 from
+// this node to the next hop with TTL 64 (options, TOS, ID, flags kept), UDP, GENEVE and
+// the inner frame unchanged but for the inner TTL, checksums verifying where they did.
+func transitForm(w *oracleWorld, in []byte, outer *ipv4View, ipOff int, next []netip.Addr) outputForm {
+	return outputForm{name: "transit", check: func(out []byte) error {
+		if len(out) != len(in) {
+			return fmt.Errorf("transit output %d bytes, input %d", len(out), len(in))
+		}
+		o, err := decodeIPv4(out, 14)
+		if err != nil {
+			return fmt.Errorf("output outer IPv4: %w", err)
+		}
+		if !slices.Contains(next, o.dst()) {
+			return fmt.Errorf("forwarded to %v, want one of %v", o.dst(), next)
+		}
+		want := append([]byte{}, in...)
+		copy(want[0:6], w.gwMAC)
+		copy(want[6:12], w.undMAC)
+		ip := want[14:]
+		s, d := w.underlay.As4(), o.dst().As4()
+		copy(ip[12:16], s[:])
+		copy(ip[16:20], d[:])
+		ip[8] = 64
+		if outer.hdrOK {
+			ip[10], ip[11] = 0, 0
+			binary.BigEndian.PutUint16(ip[10:], csum16(ip[:outer.hlen]))
+		} else {
+			copy(ip[10:12], out[24:26])
+		}
+		udpOff := 14 + outer.hlen
+		if c := binary.BigEndian.Uint16(in[udpOff+6:]); c != 0 {
+			// A filled-in outer UDP checksum must still verify if it did.
+			copy(want[udpOff+6:udpOff+8], out[udpOff+6:udpOff+8])
+			if l4SumOK(in[14:]) && !l4SumOK(out[14:]) {
+				return errors.New("outer UDP checksum verified on input, not on output")
+			}
+		}
+		iIP := innerAfter(in[ipOff:], out[ipOff:], true, false, 0)
+		copy(want[ipOff:], iIP)
+		return diffAt("transit frame", out, want)
+	}}
+}
+
+// modelEncap is the model of pod_ingress (fromPod) and overlay_egress for frame in.
+func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
+	var e expectation
+	if !untaggedIPv4(in) {
+		e.pass = true
+		e.because("not an untagged IPv4 frame: the stack's")
+		return e
+	}
+	v, err := decodeIPv4(in, 14)
+	if err != nil {
+		e.pass = true
+		e.allowAnyDrop()
+		e.because("IPv4 malformed (%v): the stack's, or dropped", err)
+		return e
+	}
+	src, dst := v.src(), v.dst()
+	e.because("%v -> %v proto %v ttl %d len %d", src, dst, v.ip.Protocol, v.ip.TTL, len(in)-14)
+	if fromPod {
+		// DESIGN.md: a pod sends only from its own addresses (issue 10 item 2).
+		if w.ownPods[src] == nil {
+			e.allowAnyDrop()
+			e.because("source %v is not the pod's own address: must be dropped", src)
+			return e
+		}
+		// Issue 10 item 2: no GENEVE from pods to a peer's underlay address.
+		if v.ip.Protocol == layers.IPProtocolUDP && v.ip.FragOffset == 0 && w.isPeer(dst) {
+			if u, err := udpPorts(v.l4()); err == nil && u.DstPort == 6081 {
+				e.allowAnyDrop()
+				e.because("GENEVE from a pod to peer %v's underlay address: must be dropped", dst)
+				return e
+			}
+		}
+	}
+	rt, ok := w.route(dst)
+	if !ok {
+		if !fromPod {
+			e.allowDrop(IsthmusDropReasonDROP_NO_OVERLAY_ROUTE)
+			e.because("no route on isthmus0")
+			return e
+		}
+		e.pass = true
+		e.because("no route: local delivery or the stack")
+		if mac := w.ownPods[dst]; mac != nil && v.ip.TTL > 1 {
+			e.forms = append(e.forms, deliverForm("same-node pod delivery", mac, w.podHMAC, in[14:], true, false, 0))
+		}
+		return e
+	}
+	e.because("route %v via %v", rt.prefix, rt.peers)
+	if len(rt.peers) == 0 {
+		e.allowDrop(IsthmusDropReasonDROP_NO_NEXTHOP)
+		return e
+	}
+	if fromPod && v.ip.TTL <= 1 {
+		e.allowDrop(IsthmusDropReasonDROP_TTL_EXCEEDED)
+		e.forms = append(e.forms, icmpErrorForm("ICMP time exceeded", 11, 0, src))
+		return e
+	}
+	if len(in)-14 > w.tunnelMTU {
+		e.because("longer than the tunnel MTU %d", w.tunnelMTU)
+		e.allowDrop(IsthmusDropReasonDROP_FRAG_NEEDED)
+		if fromPod && v.ip.Flags&layers.IPv4DontFragment != 0 {
+			e.forms = append(e.forms, icmpErrorForm("ICMP frag needed", 3, 4, src))
+		}
+		return e
+	}
+	e.forms = append(e.forms, encapForm(w, in, rt.peers, fromPod))
+	return e
+}
+
+// encapForm accepts frame in encapsulated toward one of peers: outer Ethernet to the
+// underlay gateway, IPv4 (ihl 5, this node to the peer, TOS of the inner packet, DF,
+// TTL 64, a checksum that verifies, the right length), UDP (a source port in
+// 49152-65535, port 6081, the right length, checksum zero or verifying), GENEVE (version
+// 0, no options, O and C clear, protocol 0x6558, our VNI), then the input frame, with
+// its TTL decremented if forward and its MSS clamped.
+func encapForm(w *oracleWorld, in []byte, peers []netip.Addr, forward bool) outputForm {
+	return outputForm{name: "encapsulation", check: func(out []byte) error {
+		var problems []string
+		bad := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
+		oe := &layers.Ethernet{}
+		if err := oe.DecodeFromBytes(out, gopacket.NilDecodeFeedback); err != nil {
+			return fmt.Errorf("outer Ethernet: %w", err)
+		}
+		if !bytes.Equal(oe.DstMAC, w.gwMAC) || !bytes.Equal(oe.SrcMAC, w.undMAC) || oe.EthernetType != layers.EthernetTypeIPv4 {
+			bad("outer Ethernet %v -> %v type %v", oe.SrcMAC, oe.DstMAC, oe.EthernetType)
+		}
+		o, err := decodeIPv4(out, 14)
+		if err != nil {
+			return fmt.Errorf("outer IPv4: %w", err)
+		}
+		if o.hlen != 20 || o.src() != w.underlay || !slices.Contains(peers, o.dst()) || o.ip.TTL != 64 ||
+			o.ip.Flags != layers.IPv4DontFragment || o.ip.FragOffset != 0 || o.ip.Protocol != layers.IPProtocolUDP ||
+			!o.hdrOK || int(binary.BigEndian.Uint16(out[16:])) != len(out)-14 || o.ip.TOS != in[15] {
+			bad("outer IPv4 %v -> %v (want one of %v) ihl %d ttl %d flags %v tos %#x len %d sum ok %v",
+				o.src(), o.dst(), peers, o.hlen/4, o.ip.TTL, o.ip.Flags, o.ip.TOS, binary.BigEndian.Uint16(out[16:]), o.hdrOK)
+		}
+		u, err := udpPorts(out[34:])
+		if err != nil {
+			return fmt.Errorf("outer UDP: %w", err)
+		}
+		if u.DstPort != 6081 || u.SrcPort < 49152 || int(u.Length) != len(out)-34 ||
+			(u.Checksum != 0 && !l4SumOK(out[14:])) {
+			bad("outer UDP %d -> %d len %d checksum %#x", u.SrcPort, u.DstPort, u.Length, u.Checksum)
+		}
+		g, optlen, err := geneveFixed(out[42:])
+		if err != nil {
+			return fmt.Errorf("GENEVE: %w", err)
+		}
+		if g.Version != 0 || optlen != 0 || g.OAMPacket || g.CriticalOption ||
+			g.Protocol != layers.EthernetTypeTransparentEthernetBridging || g.VNI != w.vni {
+			bad("GENEVE version %d options %d O %v C %v protocol %v VNI %#x", g.Version, optlen, g.OAMPacket, g.CriticalOption, g.Protocol, g.VNI)
+		}
+		if len(out) < 64 {
+			return fmt.Errorf("output %d bytes: no inner frame", len(out))
+		}
+		if err := diffAt("inner Ethernet", out[50:64], in[:14]); err != nil {
+			bad("%v", err)
+		}
+		if err := diffAt("inner IPv4", out[64:], innerAfter(in[14:], out[64:], forward, false, w.tunnelMTU)); err != nil {
+			bad("%v", err)
+		}
+		if len(problems) > 0 {
+			return errors.New(strings.Join(problems, "\n"))
+		}
+		return nil
+	}}
+}
+
+// TestOracleModel checks the model itself, without the kernel: it must accept outputs
+// built by hand the way docs/architecture.md describes them, and refuse the outputs of
+// known defects. An oracle that accepts everything finds nothing.
+func TestOracleModel(t *testing.T) {
+	fl := &lab{undMAC: net.HardwareAddr{2, 0, 0, 0, 0xee, 1}, podHMAC: net.HardwareAddr{2, 0, 0, 0, 0xee, 2}, istMAC: net.HardwareAddr{2, 0, 0, 0, 0xee, 3}}
+	w := newOracleWorld(fl.undMAC, fl.podHMAC, fl.istMAC)
+	accepts := func(e expectation, out []byte) error {
+		var errs []string
+		for _, f := range e.forms {
+			if err := f.check(out); err == nil {
+				return nil
+			} else {
+				errs = append(errs, f.name+": "+err.Error())
+			}
+		}
+		return fmt.Errorf("no form accepts it (%d forms): %s", len(e.forms), strings.Join(errs, "; "))
+	}
+
+	for a := range w.ownPods {
+		if !slices.ContainsFunc(w.snatExempt, func(p netip.Prefix) bool { return p.Contains(a) }) {
+			t.Errorf("own pod %v is not SNAT-exempt: the model does not do SNAT", a)
+		}
+	}
+	if r, _ := w.route(netip.MustParseAddr("10.2.0.70")); r.prefix != memberRoute {
+		t.Errorf("LPM for 10.2.0.70 picked %v, want %v", r.prefix, memberRoute)
+	}
+	if r, _ := w.route(netip.MustParseAddr("10.2.0.9")); r.prefix != remoteNet {
+		t.Errorf("LPM for 10.2.0.9 picked %v, want %v", r.prefix, remoteNet)
+	}
+	if w.mayUse(memberIP, remotePodIP) || !w.mayUse(memberIP, netip.MustParseAddr("10.2.0.130")) || !w.mayUse(peerIP, netip.MustParseAddr("10.2.0.130")) {
+		t.Errorf("peer sources are not per peer")
+	}
+
+	// Decapsulation to the pod: the inner packet, TTL 63, between the pod's MACs.
+	inner := ipkt{src: remotePodIP, dst: podIP}.build()
+	in := uframe{inner: inner, gnvOptLen: 8}.build(fl)
+	e := modelUnderlay(w, in, false)
+	dec := append([]byte{}, inner...)
+	dec[8]--
+	dec[10], dec[11] = 0, 0
+	binary.BigEndian.PutUint16(dec[10:], csum16(dec[:20]))
+	good := ethFrame(podMAC, fl.podHMAC, 0x0800, dec)
+	if err := accepts(e, good); err != nil {
+		t.Errorf("decap to pod: %v", err)
+	}
+	if e.pass || e.drop {
+		t.Errorf("decap to pod: model allows pass %v drop %v", e.pass, e.drop)
+	}
+	// The pop of issue 10: 20 bytes of outer header assumed, 40 bytes of options present.
+	in = forgedFrame(fl)
+	e = modelUnderlay(w, in, false)
+	bad := append(append([]byte{}, podMAC...), fl.podHMAC...)
+	bad = append(append(bad, 8, 0), in[14+50+32:]...)
+	if accepts(e, bad) == nil {
+		t.Errorf("forged frame: the model accepts the early pop")
+	}
+	// XDP: meta, outer Ethernet, inner packet as received.
+	in = uframe{inner: inner}.build(fl)
+	meta := binary.NativeEndian.AppendUint32(nil, 0x69737468)
+	meta = binary.NativeEndian.AppendUint32(meta, be32(peerIP))
+	if err := accepts(modelUnderlay(w, in, true), append(append(meta, in[:14]...), inner...)); err != nil {
+		t.Errorf("XDP pop: %v", err)
+	}
+	// Reasons: every fault of the frame, and only those.
+	e = modelUnderlay(w, uframe{outerSrc: strangerIP, gnv: geneveOpts{vni: 7}}.build(fl), false)
+	if !e.allows(IsthmusDropReasonDROP_UNKNOWN_PEER) || !e.allows(IsthmusDropReasonDROP_GENEVE_VNI) ||
+		e.allows(IsthmusDropReasonDROP_INNER_SRC_DENIED) || e.pass || len(e.forms) > 0 {
+		t.Errorf("unknown peer, wrong VNI: %+v", e)
+	}
+	e = modelUnderlay(w, uframe{oam: true}.build(fl), false)
+	if !e.anyReason || e.pass || len(e.forms) > 0 {
+		t.Errorf("O bit: %+v", e)
+	}
+	e = modelUnderlay(w, uframe{dport: 4789}.build(fl), false)
+	if !e.pass || e.drop || len(e.forms) > 0 {
+		t.Errorf("VXLAN port: %+v", e)
+	}
+
+	// Encapsulation: TestEncapByteExact's frame, and the same with a wrong VNI.
+	pf := podFrame(fl, remotePodIP, 1234)
+	ip := ipv4Packet(podIP, remotePodIP, 17, ipOpts{tos: 0x10, ttl: 63}, udpDatagram(1234, 80, []byte("hello")))
+	gnv := geneveHeader(geneveOpts{proto: 0x6558, vni: testVNI, optWords: -1}, append(append([]byte{}, pf[:14]...), ip...))
+	enc := ethFrame(gwMAC, fl.undMAC, 0x0800, ipv4Packet(underlayIP, peerIP, 17, ipOpts{tos: 0x10, ttl: 64, fragOff: 0x4000},
+		udpDatagram(flowSport(pf[14:]), 6081, gnv)))
+	e = modelEncap(w, pf, true)
+	if err := accepts(e, enc); err != nil {
+		t.Errorf("encap: %v", err)
+	}
+	enc[14+20+8+6] ^= 1
+	if accepts(e, enc) == nil {
+		t.Errorf("encap: accepted a wrong VNI")
+	}
+	// The MSS clamp of a SYN whose MSS sits at an odd offset keeps a valid checksum.
+	syn := ipkt{src: podIP, dst: remotePodIP, proto: 6, mssOpts: []byte{1, 2, 4, 0x05, 0xb4, 1, 1, 0}}.build()
+	clamped, ok := mssClamp(syn, 1450)
+	if !ok || binary.BigEndian.Uint16(clamped[20+20+3:]) != 1410 {
+		t.Errorf("MSS clamp at offset 1: %x", clamped)
+	}
+	if want := innerAfter(syn, nil, false, false, 1450); !l4SumOK(want) || !l4SumOK(syn) {
+		t.Errorf("clamped SYN checksum does not verify")
+	}
+	// A spoofed pod source and GENEVE to a peer are drops.
+	if e := modelEncap(w, ethFrame(fl.podHMAC, podMAC, 0x0800, ipkt{src: netip.MustParseAddr("10.1.0.6"), dst: remotePodIP}.build()), true); e.pass || len(e.forms) > 0 {
+		t.Errorf("spoofed pod source: %+v", e)
+	}
+	if e := modelEncap(w, ethFrame(fl.podHMAC, podMAC, 0x0800, ipkt{src: podIP, dst: peerIP, dport: 6081}.build()), true); e.pass || len(e.forms) > 0 {
+		t.Errorf("GENEVE to a peer: %+v", e)
+	}
+
+	// Every generated frame gets a decision that allows something.
+	for i, in := range underlaySeeds(fl) {
+		for _, xdp := range []bool{false, true} {
+			if e := modelUnderlay(w, in, xdp); !e.pass && !e.drop && len(e.forms) == 0 {
+				t.Errorf("underlay seed %d (xdp %v): nothing allowed: %s", i, xdp, e.why)
+			}
+		}
+	}
+	for _, fromPod := range []bool{false, true} {
+		for i, in := range encapSeeds(fl, fromPod) {
+			if e := modelEncap(w, in, fromPod); !e.pass && !e.drop && len(e.forms) == 0 {
+				t.Errorf("encap seed %d (from pod %v): nothing allowed: %s", i, fromPod, e.why)
+			}
+		}
+	}
+}

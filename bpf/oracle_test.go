@@ -1,0 +1,277 @@
+package bpf
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+	"github.com/vishvananda/netlink"
+)
+
+// The oracle (docs/fuzzing.md): every program runs through BPF_PROG_TEST_RUN on
+// generated and mutated frames, and each verdict, counter change and output is checked
+// against the model of oracle_model_test.go. One fuzz target per program; the generated
+// frames are the seeds (they run with every `go test`), findings are kept under
+// testdata/fuzz/<target>/ and run as regression tests.
+
+// Addresses the oracle's world adds to the lab's.
+var (
+	declaredNet  = netip.MustParsePrefix("10.0.2.0/23")   // an unmanaged block of peerIP's site
+	memberOver   = netip.MustParsePrefix("10.2.0.128/25") // memberIP may send from here too
+	memberRoute  = netip.MustParsePrefix("10.2.0.64/26")  // more specific than remoteNet, to memberIP
+	deadGroupNet = netip.MustParsePrefix("10.6.0.0/16")   // routed to a group with no live member
+	groupPeerA   = netip.MustParseAddr("192.168.2.3")
+	groupPeerB   = netip.MustParseAddr("192.168.2.4")
+	groupSrcNet  = netip.MustParsePrefix("10.5.0.0/16") // what groupPeerA and B may send from
+	spoofedIP     = netip.MustParseAddr("6.6.6.6")
+)
+
+// newOracleWorld is the node the oracle's lab stands for, with the lab's MACs.
+func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
+	return &oracleWorld{
+		underlay: underlayIP, vni: testVNI, tunnelMTU: int(tunnelMTU),
+		peers: []netip.Addr{peerIP, memberIP, groupPeerA, groupPeerB},
+		peerSources: map[netip.Addr][]netip.Prefix{
+			peerIP:     {remoteNet, declaredNet},
+			memberIP:   {memberNet, memberOver},
+			groupPeerA: {groupSrcNet},
+			groupPeerB: {groupSrcNet},
+		},
+		routes: []oracleRoute{
+			{prefix: remoteNet, peers: []netip.Addr{peerIP}},
+			{prefix: declaredNet, peers: []netip.Addr{peerIP}},
+			{prefix: memberRoute, peers: []netip.Addr{memberIP}},
+			{prefix: memberNet, peers: []netip.Addr{memberIP}},
+			{prefix: groupNet, peers: []netip.Addr{peerIP, groupPeerA, groupPeerB}, group: 1},
+			{prefix: deadGroupNet, group: 2},
+		},
+		ownPods:    map[netip.Addr]net.HardwareAddr{podIP: podMAC},
+		tunnelIP:   hostIP,
+		snatExempt: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/24"), netip.PrefixFrom(hostIP, 32)},
+		undMAC:     undMAC, podHMAC: podHMAC, istMAC: istMAC, gwMAC: gwMAC,
+	}
+}
+
+// oracleLab is the lab with the oracle's world installed: every entry of w is written
+// to the maps from w itself (w is also what the model reads), the lab's own entries
+// included, and remote prefixes routed into ist0 as on a node (so the FIB tells an
+// overlay destination from a local one).
+func oracleLab(t testing.TB) (*lab, *oracleWorld) {
+	t.Helper()
+	l := newLab(t)
+	w := newOracleWorld(l.undMAC, l.podHMAC, l.istMAC)
+	must := func(what string, err error) {
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	var cfg IsthmusDatapathConfig
+	must("read config", l.objs.Config.Lookup(uint32(0), &cfg))
+	cfg.TunnelIp = be32(w.tunnelIP)
+	must("put config", l.objs.Config.Put(uint32(0), cfg))
+	for _, p := range w.snatExempt {
+		must("put snat_exempt", l.objs.SnatExempt.Put(IsthmusRouteKey{Prefixlen: uint32(p.Bits()), Addr: be32(p.Addr())}, IsthmusSnatExemptValue{}))
+	}
+	for _, p := range w.peers {
+		must("put peer", l.objs.Peers.Put(be32(p), IsthmusPeerValue{}))
+		for _, s := range w.peerSources[p] {
+			must("put peer source", l.objs.PeerSources.Put(IsthmusPeerSourceKey{Prefixlen: 32 + uint32(s.Bits()), Peer: be32(p), Src: be32(s.Addr())}, IsthmusPeerSourceValue{}))
+		}
+	}
+	for _, r := range w.routes {
+		v := IsthmusRouteValue{Group: r.group}
+		if r.group == 0 {
+			v.Peer = be32(r.peers[0])
+		} else {
+			g := IsthmusNexthopGroup{Live: uint32(len(r.peers))}
+			for i := range g.Slots {
+				if len(r.peers) > 0 {
+					g.Slots[i] = be32(r.peers[i%len(r.peers)])
+				}
+			}
+			must("put group", l.objs.NexthopGroups.Put(r.group, g))
+		}
+		must("put route", l.objs.Routes.Put(IsthmusRouteKey{Prefixlen: uint32(r.prefix.Bits()), Addr: be32(r.prefix.Addr())}, v))
+	}
+	must("route 10/8 into ist0", inNS(l.ns, func() error {
+		return netlink.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: net.IPv4(10, 0, 0, 0), Mask: net.CIDRMask(8, 32)},
+			LinkIndex: l.ist.Attrs().Index, Scope: netlink.SCOPE_LINK})
+	}))
+	return l, w
+}
+
+// dropNames returns the name of every drop reason in the object's BTF by its metrics
+// code (the reasons issue-10 work adds included).
+func dropNames(tb testing.TB) map[uint16]string {
+	tb.Helper()
+	spec, err := LoadIsthmus()
+	if err != nil {
+		tb.Fatalf("load spec: %v", err)
+	}
+	var e *btf.Enum
+	if err := spec.Types.TypeByName("drop_reason", &e); err != nil {
+		tb.Fatalf("find drop_reason in BTF: %v", err)
+	}
+	names := map[uint16]string{}
+	for _, v := range e.Values {
+		names[uint16(-int32(uint32(v.Value)))] = v.Name
+	}
+	return names
+}
+
+// oracleProg is one program under the oracle.
+type oracleProg struct {
+	name    string
+	prog    *ebpf.Program
+	ifindex int // 0 for XDP
+	hook    IsthmusHook
+	xdp     bool
+}
+
+// check runs p on in and fails t unless what it did is one of the things e allows.
+func (l *lab) check(t *testing.T, p oracleProg, names map[uint16]string, in []byte, e expectation) {
+	t.Helper()
+	before := l.counts(t)
+	ret, out := l.run(t, p.prog, in, p.ifindex)
+	d := delta(before, l.counts(t))
+	var drops []string
+	var reason IsthmusDropReason
+	for k, n := range d {
+		if name, ok := names[k.Code]; ok {
+			drops = append(drops, fmt.Sprintf("%s+%d@hook%d", name, n, k.Hook))
+			reason = IsthmusDropReason(uint32(-int32(k.Code)))
+			if n != 1 || k.Hook != uint8(p.hook) {
+				reason = 0
+			}
+		}
+	}
+	fail := func(format string, a ...any) {
+		t.Helper()
+		t.Fatalf("%s: %s\nmodel: %s\ncounters: %v\ninput  %x", p.name, fmt.Sprintf(format, a...), e.why, d, in)
+	}
+	passRet, dropRet := uint32(tcActOK), uint32(tcActShot)
+	if p.xdp {
+		passRet, dropRet = xdpPass, xdpDrop
+	}
+	switch {
+	case ret == passRet && bytes.Equal(out, in):
+		if !e.pass {
+			fail("passed to the stack untouched; the model does not allow that")
+		}
+		if len(drops) > 0 {
+			fail("passed, but counted drops %v", drops)
+		}
+	case ret == dropRet:
+		if len(drops) != 1 || reason == 0 {
+			fail("dropped with drop counters %v; want exactly one named drop +1 at this hook", drops)
+		}
+		if !e.allows(reason) {
+			fail("dropped with %s; the model allows drop=%v any=%v %v", drops[0], e.drop, e.anyReason, reasonNames(names, e.reasons))
+		}
+	case (p.xdp && ret == xdpPass) || (!p.xdp && ret == tcActRedirect):
+		if len(drops) > 0 {
+			fail("verdict %d with drops counted %v", ret, drops)
+		}
+		if len(e.forms) == 0 {
+			fail("verdict %d, output %x: the model allows no output for this frame", ret, out)
+		}
+		var errs []string
+		for _, f := range e.forms {
+			err := f.check(out)
+			if err == nil {
+				return
+			}
+			errs = append(errs, f.name+": "+err.Error())
+		}
+		fail("verdict %d, output matches no allowed form:\n%s", ret, strings.Join(errs, "\n"))
+	default:
+		fail("verdict %d (output changed: %v)", ret, !bytes.Equal(out, in))
+	}
+}
+
+func reasonNames(names map[uint16]string, rs []IsthmusDropReason) []string {
+	var s []string
+	for _, r := range rs {
+		s = append(s, names[uint16(-int32(r))])
+	}
+	return s
+}
+
+// runnable trims in to what BPF_PROG_TEST_RUN takes and reports whether it takes it at
+// all: at most 1514 bytes (a 1500-byte link), and no IPv4 or IPv6 frame shorter than its
+// fixed header (the kernel refuses such skbs; no wire carries them).
+func runnable(in []byte) ([]byte, bool) {
+	if len(in) > 1514 {
+		in = in[:1514]
+	}
+	if len(in) < 14 {
+		return nil, false
+	}
+	switch binary.BigEndian.Uint16(in[12:]) {
+	case 0x0800:
+		return in, len(in) >= 14+20
+	case 0x86dd:
+		return in, len(in) >= 14+40
+	}
+	return in, true
+}
+
+// fuzzUnderlay runs one underlay program against the model, as a member and as a gateway.
+func fuzzUnderlay(f *testing.F, xdp bool) {
+	l, w := oracleLab(f)
+	names := dropNames(f)
+	for _, in := range underlaySeeds(l) {
+		f.Add(in)
+	}
+	p := oracleProg{name: "underlay_ingress", prog: l.objs.UnderlayIngress, ifindex: l.und.Attrs().Index, hook: IsthmusHookHOOK_UNDERLAY_TC}
+	if xdp {
+		p = oracleProg{name: "underlay_xdp", prog: l.objs.UnderlayXdp, hook: IsthmusHookHOOK_UNDERLAY_XDP, xdp: true}
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		in, ok := runnable(in)
+		if !ok {
+			return
+		}
+		for _, transit := range []bool{false, true} {
+			setTransit(t, l, transit)
+			w.transit = transit
+			q := p
+			if transit {
+				q.name += " (gateway)"
+			}
+			l.check(t, q, names, in, modelUnderlay(w, in, xdp))
+		}
+	})
+}
+
+func FuzzOracleUnderlayTC(f *testing.F)  { fuzzUnderlay(f, false) }
+func FuzzOracleUnderlayXDP(f *testing.F) { fuzzUnderlay(f, true) }
+
+// fuzzEncap runs pod_ingress (fromPod) or overlay_egress against the model.
+func fuzzEncap(f *testing.F, fromPod bool) {
+	l, w := oracleLab(f)
+	names := dropNames(f)
+	p := oracleProg{name: "overlay_egress", prog: l.objs.OverlayEgress, ifindex: l.ist.Attrs().Index, hook: IsthmusHookHOOK_OVERLAY_EGRESS}
+	if fromPod {
+		p = oracleProg{name: "pod_ingress", prog: l.objs.PodIngress, ifindex: l.pod.Attrs().Index, hook: IsthmusHookHOOK_POD_INGRESS}
+	}
+	for _, in := range encapSeeds(l, fromPod) {
+		f.Add(in)
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		in, ok := runnable(in)
+		if !ok {
+			return
+		}
+		l.check(t, p, names, in, modelEncap(w, in, fromPod))
+	})
+}
+
+func FuzzOraclePodIngress(f *testing.F)    { fuzzEncap(f, true) }
+func FuzzOracleOverlayEgress(f *testing.F) { fuzzEncap(f, false) }
