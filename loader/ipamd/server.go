@@ -44,7 +44,11 @@ type Config struct {
 	// LinkExists reports whether a host interface exists; nil looks in the
 	// network namespace of the calling thread.
 	LinkExists func(name string) bool
-	Log        *slog.Logger
+	// OnReady, if set, runs each time the verdict turns ready (the first
+	// verification, and after every time it failed), on the verifying
+	// goroutine: the agent writes the conflist there.
+	OnReady func(Verdict)
+	Log     *slog.Logger
 }
 
 // Server serves IPAM on a Unix socket. Its methods are safe for concurrent use.
@@ -159,23 +163,29 @@ func (s *Server) loop(ctx context.Context) {
 // read keeps the last verdict (an API outage does not stop a verified node).
 func (s *Server) Verify() {
 	set, _, err := s.cfg.Snapshot()
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if err != nil {
+		s.mu.Lock()
 		if s.lastErr != err.Error() {
 			s.cfg.Log.Warn("ipam: objects unreadable, keeping the last verdict", "err", err, "ready", s.verdict.Ready())
 		}
 		s.lastErr = err.Error()
+		s.mu.Unlock()
 		return
 	}
-	s.lastErr = ""
 	v := Verify(set, s.cfg.Node, s.cfg.UnderlayMTU)
-	if !sameVerdict(v, s.verdict) {
-		s.cfg.Log.Info("ipam: verdict", "ranges", v.Ranges, "mtu", v.MTU, "reason", v.Reason)
-	}
+	s.mu.Lock()
+	prev := s.verdict
+	s.lastErr = ""
 	s.verdict = v
 	if v.Ready() {
 		s.verified = time.Now()
+	}
+	s.mu.Unlock()
+	if !sameVerdict(v, prev) {
+		s.cfg.Log.Info("ipam: verdict", "ranges", v.Ranges, "mtu", v.MTU, "reason", v.Reason)
+	}
+	if v.Ready() && !prev.Ready() && s.cfg.OnReady != nil {
+		s.cfg.OnReady(v)
 	}
 }
 
