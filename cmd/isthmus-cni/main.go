@@ -157,6 +157,9 @@ func wire(netns ns.NetNS, ifname, host string, got ipam.AddResponse) (*current.R
 		if err != nil {
 			return fmt.Errorf("find %s: %w", ifname, err)
 		}
+		if err := netlink.LinkSetUp(link); err != nil {
+			return fmt.Errorf("set %s up: %w", ifname, err)
+		}
 		idx := link.Attrs().Index
 		for _, a := range got.Addrs {
 			if a.Addr().Is6() {
