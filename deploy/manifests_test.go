@@ -509,15 +509,7 @@ func TestUninstallDaemonSet(t *testing.T) {
 	if !tolerant(spec) {
 		t.Error("uninstall: does not tolerate every taint, so it misses nodes the agent ran on")
 	}
-	var run *corev1.Container
-	for i, c := range spec.InitContainers {
-		if len(c.Args) > 0 && c.Args[0] == "uninstall" {
-			run = &spec.InitContainers[i]
-		}
-	}
-	if run == nil {
-		t.Fatal("uninstall: no init container runs isthmus uninstall")
-	}
+	run := uninstallContainer(t, spec)
 	if got := flagValue(run.Args, "--pin-dir"); got != pinDir {
 		t.Errorf("uninstall: --pin-dir %q, want the agent's %s", got, pinDir)
 	}
@@ -783,18 +775,22 @@ func TestCNIInstall(t *testing.T) {
 	u := loadBundle(t, "uninstall")
 	uds := find[appsv1.DaemonSet](t, u, "isthmus-uninstall")
 	uspec := &uds.Spec.Template.Spec
-	var run *corev1.Container
-	for i, ic := range uspec.InitContainers {
-		if len(ic.Args) > 0 && ic.Args[0] == "uninstall" {
-			run = &uspec.InitContainers[i]
-		}
-	}
-	if run == nil {
-		t.Fatal("uninstall: no init container runs isthmus uninstall")
-	}
+	run := uninstallContainer(t, uspec)
 	for flag, node := range want {
 		if got := hostPathOf(uspec, run, flagValue(run.Args, flag)); got != node {
 			t.Errorf("uninstall: %s is node path %q, want the agent's %s", flag, got, node)
 		}
 	}
+}
+
+// uninstallContainer returns the init container that runs isthmus uninstall.
+func uninstallContainer(t *testing.T, spec *corev1.PodSpec) *corev1.Container {
+	t.Helper()
+	for i, c := range spec.InitContainers {
+		if len(c.Args) > 0 && c.Args[0] == "uninstall" {
+			return &spec.InitContainers[i]
+		}
+	}
+	t.Fatal("uninstall: no init container runs isthmus uninstall")
+	return nil
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/isthmus-dev/isthmus/loader/cniinstall"
 	"github.com/isthmus-dev/isthmus/loader/ipam"
 	"github.com/isthmus-dev/isthmus/loader/ipamd"
+	"github.com/isthmus-dev/isthmus/loader/ipamd/ipamdtest"
 	"github.com/isthmus-dev/isthmus/loader/objects"
 )
 
@@ -134,25 +135,7 @@ func resultAddr(t *testing.T, out string) netip.Addr {
 
 // writeObjects gives the node (and its Site) a podCIDR; "" means none yet.
 func (f *fixture) writeObjects(podCIDR string) {
-	spec := "{}"
-	if podCIDR != "" {
-		spec = fmt.Sprintf("{podCIDRs: [%s]}", podCIDR)
-	}
-	y := fmt.Sprintf(`apiVersion: isthmus.dev/v1alpha1
-kind: Site
-metadata: {name: a}
-spec:
-  nodeCidrs: [172.16.1.0/24]
-  podCidrAssignments:
-    - cidrBlocks: [10.10.0.0/16]
-      nodeBlockSizes: {ipv4: 26}
----
-apiVersion: v1
-kind: Node
-metadata: {name: n1}
-spec: %s
-status: {addresses: [{type: InternalIP, address: 172.16.1.10}]}
-`, spec)
+	y := ipamdtest.Objects("[10.10.0.0/16]", true, 0, podCIDR)
 	if err := os.WriteFile(f.objectsFile, []byte(y), 0o644); err != nil {
 		f.t.Fatal(err)
 	}

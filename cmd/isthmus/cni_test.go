@@ -11,23 +11,9 @@ import (
 	"time"
 
 	"github.com/isthmus-dev/isthmus/loader/cniinstall"
+	"github.com/isthmus-dev/isthmus/loader/ipamd/ipamdtest"
 	"github.com/isthmus-dev/isthmus/loader/objects"
 )
-
-const cniTestObjects = `apiVersion: isthmus.dev/v1alpha1
-kind: Site
-metadata: {name: a}
-spec:
-  nodeCidrs: [172.16.1.0/24]
-  podCidrAssignments:
-    - cidrBlocks: [10.10.0.0/16]
----
-apiVersion: v1
-kind: Node
-metadata: {name: n1}
-spec: PODSPEC
-status: {addresses: [{type: InternalIP, address: 172.16.1.10}]}
-`
 
 // The agent's CNI side installs the plugin at once, reports a conflist that
 // calls host-local with ranges, and writes its own conflist only once the
@@ -35,10 +21,10 @@ status: {addresses: [{type: InternalIP, address: 172.16.1.10}]}
 func TestCNIStartWritesConflistAfterVerification(t *testing.T) {
 	objDir, bin, conf, plugin := t.TempDir(), t.TempDir(), t.TempDir(), filepath.Join(t.TempDir(), "isthmus-cni")
 	os.WriteFile(plugin, []byte("plugin"), 0o755)
-	write := func(spec string) {
-		os.WriteFile(filepath.Join(objDir, "o.yaml"), []byte(strings.Replace(cniTestObjects, "PODSPEC", spec, 1)), 0o644)
+	write := func(podCIDR string) {
+		os.WriteFile(filepath.Join(objDir, "o.yaml"), []byte(ipamdtest.Objects("[10.10.0.0/16]", true, 0, podCIDR)), 0o644)
 	}
-	write("{}")
+	write("")
 	os.WriteFile(filepath.Join(conf, "10-bridge.conflist"),
 		[]byte(`{"cniVersion":"1.0.0","name":"b","plugins":[{"type":"bridge","ipam":{"type":"host-local","subnet":"10.10.1.0/24"}}]}`), 0o644)
 	var logs bytes.Buffer
@@ -59,7 +45,7 @@ func TestCNIStartWritesConflistAfterVerification(t *testing.T) {
 	if _, err := os.Stat(conflist); !os.IsNotExist(err) {
 		t.Fatalf("conflist written before the node has a podCIDR (%v)", err)
 	}
-	write("{podCIDRs: [10.10.1.0/24]}")
+	write("10.10.1.0/24")
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		if _, err := os.Stat(conflist); err == nil {
 			break

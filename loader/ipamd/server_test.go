@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/isthmus-dev/isthmus/loader/ipam"
+	"github.com/isthmus-dev/isthmus/loader/ipamd/ipamdtest"
 	"github.com/isthmus-dev/isthmus/loader/objects"
 )
 
@@ -25,27 +26,7 @@ type siteObjects struct {
 }
 
 func (o siteObjects) yaml() string {
-	pod := "{}"
-	if o.podCIDR != "" {
-		pod = fmt.Sprintf("{podCIDRs: [%s]}", o.podCIDR)
-	}
-	return fmt.Sprintf(`apiVersion: isthmus.dev/v1alpha1
-kind: Site
-metadata: {name: a}
-spec:
-  nodeCidrs: [172.16.1.0/24]
-  manageCniPlugin: %t
-  tunnelMTU: %d
-  podCidrAssignments:
-    - cidrBlocks: %s
-      nodeBlockSizes: {ipv4: 24}
----
-apiVersion: v1
-kind: Node
-metadata: {name: n1}
-spec: %s
-status: {addresses: [{type: InternalIP, address: 172.16.1.10}]}
-`, o.manage, o.mtu, o.blocks, pod)
+	return ipamdtest.Objects(o.blocks, o.manage, o.mtu, o.podCIDR)
 }
 
 func load(t *testing.T, o siteObjects) *objects.Set {
