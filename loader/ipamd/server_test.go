@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -101,13 +102,15 @@ type started struct {
 	srv    *Server
 	client *ipam.Client
 	stop   func()
+	ready  *atomic.Int32 // OnReady calls
 }
 
 func startServer(t *testing.T, dir, sock string, box *objectsBox, links map[string]bool) started {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
+	ready := new(atomic.Int32)
 	srv, done, err := Start(ctx, Config{Node: "n1", Socket: sock, Store: ipam.Store{Dir: dir}, Snapshot: box.snapshot,
-		UnderlayMTU: 1500, VerifyInterval: time.Hour, LeakInterval: time.Hour, LeakGrace: time.Nanosecond,
+		OnReady: func(Verdict) { ready.Add(1) }, UnderlayMTU: 1500, VerifyInterval: time.Hour, LeakInterval: time.Hour, LeakGrace: time.Nanosecond,
 		LinkExists: func(name string) bool { return links[name] }})
 	if err != nil {
 		cancel()
@@ -120,7 +123,7 @@ func startServer(t *testing.T, dir, sock string, box *objectsBox, links map[stri
 		}
 	}
 	t.Cleanup(func() { cancel() })
-	return started{srv, ipam.NewClient(sock), stop}
+	return started{srv, ipam.NewClient(sock), stop, ready}
 }
 
 func add(c *ipam.Client, id string) (ipam.AddResponse, error) {
@@ -153,6 +156,9 @@ func TestServerLifecycle(t *testing.T) {
 	if st, _ := s.client.Status(ctx); !st.Ready || st.MTU != 1450 {
 		t.Fatalf("status after the podCIDR: %+v", st)
 	}
+	if n := s.ready.Load(); n != 1 {
+		t.Fatalf("OnReady ran %d times after the first verification, want 1 (the conflist is written then)", n)
+	}
 	got, err := add(s.client, "a")
 	if err != nil || fmt.Sprint(got.Addrs) != "[10.10.1.2/32]" || got.MTU != 1450 {
 		t.Fatalf("add: %+v %v", got, err)
@@ -181,6 +187,9 @@ func TestServerLifecycle(t *testing.T) {
 	got, err = add(s.client, "c")
 	if err != nil || fmt.Sprint(got.Addrs) != "[10.20.5.2/32]" {
 		t.Fatalf("add in the new pool: %+v %v", got, err)
+	}
+	if n := s.ready.Load(); n != 2 {
+		t.Fatalf("OnReady ran %d times, want 2: once more when the new podCIDR verified", n)
 	}
 	st, _ = s.client.Status(ctx)
 	if fmt.Sprint(st.Outside) != "[10.10.1.2 10.10.1.3]" {
