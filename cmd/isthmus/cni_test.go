@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,7 +28,7 @@ func TestCNIStartWritesConflistAfterVerification(t *testing.T) {
 	write("")
 	os.WriteFile(filepath.Join(conf, "10-bridge.conflist"),
 		[]byte(`{"cniVersion":"1.0.0","name":"b","plugins":[{"type":"bridge","ipam":{"type":"host-local","subnet":"10.10.1.0/24"}}]}`), 0o644)
-	var logs bytes.Buffer
+	var logs lockedBuffer
 	c := cniFlags{socket: filepath.Join(t.TempDir(), "ipam.sock"), dataDir: t.TempDir(), binDir: bin, confDir: conf, plugin: plugin}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -54,4 +55,23 @@ func TestCNIStartWritesConflistAfterVerification(t *testing.T) {
 			t.Fatalf("no conflist 10s after the podCIDR verified; log:\n%s", logs.String())
 		}
 	}
+}
+
+// lockedBuffer is a bytes.Buffer the IPAM server's goroutine may log into
+// while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
