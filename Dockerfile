@@ -16,7 +16,9 @@ COPY . .
 # binary runs on any base and carries no libc dependency.
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=linux go build -trimpath -buildvcs=false \
-      -ldflags "-s -w" -o /out/isthmus ./cmd/isthmus
+      -ldflags "-s -w" -o /out/isthmus ./cmd/isthmus \
+ && CGO_ENABLED=0 GOOS=linux go build -trimpath -buildvcs=false \
+      -ldflags "-s -w" -o /out/isthmus-cni ./cmd/isthmus-cni
 
 # Debian, not distroless: the agent pod is where an operator debugs the datapath
 # (kubectl exec ... bpftool map dump pinned /sys/fs/bpf/isthmus/routes, bpftool
@@ -37,6 +39,8 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends bpftool iproute2 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/isthmus /usr/local/bin/isthmus
+# The CNI plugin; the agent copies it into the node's /opt/cni/bin (docs/cni.md).
+COPY --from=build /out/isthmus-cni /usr/local/bin/isthmus-cni
 # No USER: the agent must run as root (it loads BPF programs, pins on the node's
 # bpffs, creates isthmus0 and writes net sysctls; see deploy/agent-daemonset.yaml).
 # The controller needs nothing of the kind, and its Deployment runs it as

@@ -534,15 +534,7 @@ func TestUninstallDaemonSet(t *testing.T) {
 	if !tolerant(spec) {
 		t.Error("uninstall: does not tolerate every taint, so it misses nodes the agent ran on")
 	}
-	var run *corev1.Container
-	for i, c := range spec.InitContainers {
-		if len(c.Args) > 0 && c.Args[0] == "uninstall" {
-			run = &spec.InitContainers[i]
-		}
-	}
-	if run == nil {
-		t.Fatal("uninstall: no init container runs isthmus uninstall")
-	}
+	run := uninstallContainer(t, spec)
 	if got := flagValue(run.Args, "--pin-dir"); got != pinDir {
 		t.Errorf("uninstall: --pin-dir %q, want the agent's %s", got, pinDir)
 	}
@@ -786,4 +778,72 @@ func schedulable(t *testing.T, spec *corev1.PodSpec, nodeLabels map[string]strin
 		}
 	}
 	return false
+}
+
+// hostPathOf returns the node path that path in container c is, through its
+// hostPath mounts ("" when path is not on a hostPath volume).
+func hostPathOf(spec *corev1.PodSpec, c *corev1.Container, path string) string {
+	for _, m := range c.VolumeMounts {
+		rest, ok := strings.CutPrefix(path, m.MountPath)
+		if !ok || (rest != "" && !strings.HasPrefix(rest, "/")) {
+			continue
+		}
+		v := slices.IndexFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
+		if v >= 0 && spec.Volumes[v].HostPath != nil {
+			return spec.Volumes[v].HostPath.Path + rest
+		}
+	}
+	return ""
+}
+
+// TestCNIInstall: the agent serves IPAM and installs the plugin and conflist
+// into the node's CNI directories; the socket and reservation directory are at
+// the same paths on the node as in the container, because the conflist names
+// them for the plugin, which runs on the node; the uninstall DaemonSet removes
+// from the same node directories.
+func TestCNIInstall(t *testing.T) {
+	b := loadBundle(t, ".")
+	ds := find[appsv1.DaemonSet](t, b, "isthmus-agent")
+	spec := &ds.Spec.Template.Spec
+	c := container(t, spec, "agent")
+	want := map[string]string{"--cni-bin-dir": "/opt/cni/bin", "--cni-conf-dir": "/etc/cni/net.d"}
+	for flag, node := range want {
+		if got := hostPathOf(spec, c, flagValue(c.Args, flag)); got != node {
+			t.Errorf("agent: %s %q is node path %q, want %s", flag, flagValue(c.Args, flag), got, node)
+		}
+	}
+	sock, dir := flagValue(c.Args, "--ipam-socket"), flagValue(c.Args, "--ipam-dir")
+	if sock == "" || dir == "" {
+		t.Fatalf("agent: --ipam-socket %q --ipam-dir %q: the agent does not serve IPAM", sock, dir)
+	}
+	for _, p := range []string{sock, dir} {
+		if got := hostPathOf(spec, c, p); got != p {
+			t.Errorf("agent: %s is %q on the node; the conflist names it for the plugin, so it must be the same path", p, got)
+		}
+	}
+	if flagValue(c.Args, "--cni-plugin") == "" {
+		t.Error("agent: no --cni-plugin: the image's isthmus-cni is not installed")
+	}
+
+	u := loadBundle(t, "uninstall")
+	uds := find[appsv1.DaemonSet](t, u, "isthmus-uninstall")
+	uspec := &uds.Spec.Template.Spec
+	run := uninstallContainer(t, uspec)
+	for flag, node := range want {
+		if got := hostPathOf(uspec, run, flagValue(run.Args, flag)); got != node {
+			t.Errorf("uninstall: %s is node path %q, want the agent's %s", flag, got, node)
+		}
+	}
+}
+
+// uninstallContainer returns the init container that runs isthmus uninstall.
+func uninstallContainer(t *testing.T, spec *corev1.PodSpec) *corev1.Container {
+	t.Helper()
+	for i, c := range spec.InitContainers {
+		if len(c.Args) > 0 && c.Args[0] == "uninstall" {
+			return &spec.InitContainers[i]
+		}
+	}
+	t.Fatal("uninstall: no init container runs isthmus uninstall")
+	return nil
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/isthmus-dev/isthmus/loader/datapath"
 	"github.com/isthmus-dev/isthmus/loader/health"
 	"github.com/isthmus-dev/isthmus/loader/metrics"
+	"github.com/isthmus-dev/isthmus/loader/objects"
 	"github.com/isthmus-dev/isthmus/loader/source"
 )
 
@@ -83,6 +84,7 @@ func newAgentCmd() *cobra.Command {
 		snat        string
 		kubeconfig  string
 		metricsAddr string
+		cni         cniFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "agent --node NAME (--objects DIR | --kubeconfig FILE | in-cluster)",
@@ -146,6 +148,13 @@ func newAgentCmd() *cobra.Command {
 				defer k.Close()
 				cfg.Source = k
 			}
+			snapshot := func() (*objects.Set, []objects.Warning, error) { return objects.LoadDir(cfg.ObjectsDir) }
+			if cfg.Source != nil {
+				snapshot = cfg.Source.Snapshot
+			}
+			if err := cni.start(ctx, cfg.Node, cfg.UnderlayDev, snapshot, cfg.Log); err != nil {
+				return err
+			}
 			return agent.Run(ctx, cfg)
 		},
 	}
@@ -169,6 +178,7 @@ func newAgentCmd() *cobra.Command {
 	f.IntVar(&cfg.HealthMultiplier, "health-multiplier", health.DefaultMultiplier, "unanswered probes in a row that mark a member down")
 	f.StringVar(&metricsAddr, "metrics-addr", metrics.DefaultAddr, "address to serve /metrics, /healthz and /readyz on (empty: none)")
 	f.BoolVar(&debug, "debug", false, "log every map write")
+	cni.register(f)
 	cmd.MarkFlagRequired("node")
 	return cmd
 }

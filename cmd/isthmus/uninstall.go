@@ -5,13 +5,14 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/isthmus-dev/isthmus/loader/cniinstall"
 	"github.com/isthmus-dev/isthmus/loader/datapath"
 )
 
 // newUninstallCmd is `isthmus uninstall`: remove the pinned links (detaching the
 // programs), the pinned maps, the pin directory and isthmus0 with its routes.
 func newUninstallCmd() *cobra.Command {
-	var pinDir string
+	var pinDir, cniBinDir, cniConfDir string
 	cmd := &cobra.Command{
 		Use:   "uninstall",
 		Short: "Remove everything the agent installed in this network namespace",
@@ -21,9 +22,18 @@ func newUninstallCmd() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "removed the datapath pinned in %s and %s\n", pinDir, datapath.OverlayDev)
+			if cniBinDir == "" && cniConfDir == "" {
+				return nil
+			}
+			if err := cniinstall.Uninstall(cniBinDir, cniConfDir); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed the CNI plugin from %s and %s from %s\n", cniBinDir, cniinstall.ConflistName, cniConfDir)
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&pinDir, "pin-dir", datapath.DefaultPinDir, "bpffs directory the agent pinned into")
+	cmd.Flags().StringVar(&cniBinDir, "cni-bin-dir", "", "also remove isthmus-cni from this CNI plugin directory")
+	cmd.Flags().StringVar(&cniConfDir, "cni-conf-dir", "", "also remove "+cniinstall.ConflistName+" from this CNI configuration directory")
 	return cmd
 }

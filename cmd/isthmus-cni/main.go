@@ -1,0 +1,370 @@
+// Command isthmus-cni is the isthmus CNI plugin (spec 1.1: ADD, DEL, CHECK,
+// GC, STATUS, VERSION). ADD asks the agent's IPAM socket for the pod's
+// addresses, which the agent hands out only from podCIDRs it verified in the
+// API, and wires the pod as the datapath expects: a veth whose host side is
+// named pod-<hash> (the agent's default pod pattern), host addresses (/32,
+// /128) in the pod, a default route through a link-local gateway answered by
+// a permanent neighbour entry for the host side's MAC, a host route to each
+// address, and the tunnel MTU. DEL and GC release reservations straight from
+// the node's reservation directory, so they work with the agent down.
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+	"github.com/containernetworking/plugins/pkg/ip"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/isthmus-dev/isthmus/loader/ipam"
+)
+
+// Name is the plugin's type in a network configuration.
+const Name = "isthmus-cni"
+
+// The pods' next hops: link-local, answered by the host side of the veth
+// through a permanent neighbour entry, as Calico and Cilium do.
+var (
+	gatewayV4 = netip.MustParseAddr("169.254.1.1")
+	gatewayV6 = netip.MustParseAddr("fe80::1")
+)
+
+// HostIfacePrefix starts the host side of every pod veth the plugin makes.
+const HostIfacePrefix = "pod-"
+
+// NetConf is the plugin's configuration: no ranges, only where the agent and
+// the reservations are.
+type NetConf struct {
+	types.PluginConf
+	// Socket is the agent's IPAM socket (default ipam.DefaultSocket).
+	Socket string `json:"socket,omitempty"`
+	// DataDir is the reservation directory (default ipam.DefaultDir).
+	DataDir string `json:"dataDir,omitempty"`
+}
+
+func loadConf(b []byte) (*NetConf, error) {
+	c := &NetConf{}
+	if err := json.Unmarshal(b, c); err != nil {
+		return nil, types.NewError(types.ErrDecodingFailure, "decode network configuration", err.Error())
+	}
+	if c.Socket == "" {
+		c.Socket = ipam.DefaultSocket
+	}
+	if c.DataDir == "" {
+		c.DataDir = ipam.DefaultDir
+	}
+	if c.RawPrevResult != nil {
+		if err := version.ParsePrevResult(&c.PluginConf); err != nil {
+			return nil, types.NewError(types.ErrDecodingFailure, "parse prevResult", err.Error())
+		}
+	}
+	return c, nil
+}
+
+// HostIface is the host-side name of the attachment's veth: stable, so DEL and
+// CHECK find it without state, and at most 15 bytes.
+func HostIface(containerID, ifname string) string {
+	h := sha256.Sum256([]byte(containerID + "/" + ifname))
+	return HostIfacePrefix + hex.EncodeToString(h[:])[:11]
+}
+
+func main() {
+	skel.PluginMainFuncs(skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck, GC: cmdGC, Status: cmdStatus},
+		version.PluginSupports("0.4.0", "1.0.0", "1.1.0"), "isthmus CNI plugin")
+}
+
+func cmdAdd(args *skel.CmdArgs) error {
+	conf, err := loadConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	netns, err := ns.GetNS(args.Netns)
+	if err != nil {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, "open netns "+args.Netns, err.Error())
+	}
+	defer netns.Close()
+	host := HostIface(args.ContainerID, args.IfName)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got, err := ipam.NewClient(conf.Socket).Add(ctx, ipam.AddRequest{
+		Attachment: ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName},
+		NetNS:      args.Netns, HostIface: host,
+	})
+	if err != nil {
+		return asCNIError("isthmus ipam add", err)
+	}
+	result, err := wire(netns, args.IfName, host, got)
+	if err != nil {
+		// Leave nothing behind: the runtime will retry, and DEL may never come.
+		unwire(args.Netns, args.IfName, host)
+		ipam.Store{Dir: conf.DataDir}.Release(ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName})
+		return err
+	}
+	result.CNIVersion = conf.CNIVersion
+	return types.PrintResult(result, conf.CNIVersion)
+}
+
+// wire makes the veth and gives the pod its addresses and routes.
+func wire(netns ns.NetNS, ifname, host string, got ipam.AddResponse) (*current.Result, error) {
+	hostNS, err := ns.GetCurrentNS()
+	if err != nil {
+		return nil, fmt.Errorf("open host netns: %w", err)
+	}
+	defer hostNS.Close()
+	var hostIf, contIf net.Interface
+	if err := netns.Do(func(ns.NetNS) error {
+		hostIf, contIf, err = ip.SetupVethWithName(ifname, host, got.MTU, "", hostNS)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("create veth %s: %w", host, err)
+	}
+	hostLink, err := netlink.LinkByName(host)
+	if err != nil {
+		return nil, fmt.Errorf("find %s: %w", host, err)
+	}
+	result := &current.Result{Interfaces: []*current.Interface{
+		{Name: hostIf.Name, Mac: hostIf.HardwareAddr.String()},
+		{Name: contIf.Name, Mac: contIf.HardwareAddr.String(), Mtu: got.MTU, Sandbox: netns.Path()},
+	}}
+	contIdx := 1
+	for _, a := range got.Addrs {
+		gw := gatewayFor(a.Addr())
+		result.IPs = append(result.IPs, &current.IPConfig{Interface: &contIdx, Address: *ipNet(a), Gateway: gw.AsSlice()})
+		def := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+		if a.Addr().Is6() {
+			def = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+		}
+		result.Routes = append(result.Routes, &types.Route{Dst: *ipNet(def), GW: gw.AsSlice()})
+		if err := netlink.RouteReplace(&netlink.Route{LinkIndex: hostLink.Attrs().Index, Scope: netlink.SCOPE_LINK, Dst: ipNet(a)}); err != nil {
+			return nil, fmt.Errorf("add host route to %s: %w", a, err)
+		}
+	}
+	err = netns.Do(func(ns.NetNS) error {
+		link, err := netlink.LinkByName(ifname)
+		if err != nil {
+			return fmt.Errorf("find %s: %w", ifname, err)
+		}
+		if err := netlink.LinkSetUp(link); err != nil {
+			return fmt.Errorf("set %s up: %w", ifname, err)
+		}
+		idx := link.Attrs().Index
+		for _, a := range got.Addrs {
+			if a.Addr().Is6() {
+				// No duplicate address detection: the address is the pod's alone.
+				if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+ifname+"/accept_dad", []byte("0"), 0o644); err != nil {
+					return fmt.Errorf("turn off DAD on %s: %w", ifname, err)
+				}
+			}
+			if err := netlink.AddrAdd(link, &netlink.Addr{IPNet: ipNet(a)}); err != nil {
+				return fmt.Errorf("add address %s: %w", a, err)
+			}
+			gw := gatewayFor(a.Addr())
+			family := netlink.FAMILY_V4
+			if gw.Is6() {
+				family = netlink.FAMILY_V6
+			}
+			if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: family, State: netlink.NUD_PERMANENT,
+				IP: gw.AsSlice(), HardwareAddr: hostIf.HardwareAddr}); err != nil {
+				return fmt.Errorf("add neighbour %s: %w", gw, err)
+			}
+			if gw.Is4() {
+				if err := netlink.RouteReplace(&netlink.Route{LinkIndex: idx, Scope: netlink.SCOPE_LINK, Dst: ipNet(netip.PrefixFrom(gw, 32))}); err != nil {
+					return fmt.Errorf("add route to %s: %w", gw, err)
+				}
+			}
+			if err := netlink.RouteReplace(&netlink.Route{LinkIndex: idx, Gw: gw.AsSlice(), Family: family}); err != nil {
+				return fmt.Errorf("add default route via %s: %w", gw, err)
+			}
+		}
+		return nil
+	})
+	return result, err
+}
+
+func gatewayFor(a netip.Addr) netip.Addr {
+	if a.Is6() {
+		return gatewayV6
+	}
+	return gatewayV4
+}
+
+func ipNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// unwire deletes the pod's interface (which takes the host side and the host
+// routes with it) and, should the netns be gone already, the host side.
+// Everything already gone counts as done.
+func unwire(netnsPath, ifname, host string) error {
+	if netnsPath != "" {
+		err := ns.WithNetNSPath(netnsPath, func(ns.NetNS) error {
+			if err := ip.DelLinkByName(ifname); err != nil && !errors.Is(err, ip.ErrLinkNotFound) {
+				return err
+			}
+			return nil
+		})
+		var nsErr ns.NSPathNotExistErr
+		if err != nil && !errors.As(err, &nsErr) {
+			return fmt.Errorf("delete %s in %s: %w", ifname, netnsPath, err)
+		}
+	}
+	if err := ip.DelLinkByName(host); err != nil && !errors.Is(err, ip.ErrLinkNotFound) {
+		return fmt.Errorf("delete %s: %w", host, err)
+	}
+	return nil
+}
+
+func cmdDel(args *skel.CmdArgs) error {
+	conf, err := loadConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if err := unwire(args.Netns, args.IfName, HostIface(args.ContainerID, args.IfName)); err != nil {
+		return err
+	}
+	if _, err := (ipam.Store{Dir: conf.DataDir}).Release(ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName}); err != nil {
+		return types.NewError(types.ErrIOFailure, "release reservation", err.Error())
+	}
+	return nil
+}
+
+// cmdCheck verifies what ADD returned is still true: the reservation is on
+// disk, the pod's interface has its addresses and MTU, its routes are there,
+// and the host side and host routes exist.
+func cmdCheck(args *skel.CmdArgs) error {
+	conf, err := loadConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if conf.PrevResult == nil {
+		return types.NewError(types.ErrInvalidNetworkConfig, "check needs prevResult", "")
+	}
+	prev, err := current.NewResultFromResult(conf.PrevResult)
+	if err != nil {
+		return types.NewError(types.ErrDecodingFailure, "convert prevResult", err.Error())
+	}
+	att := ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName}
+	have, err := ipam.Store{Dir: conf.DataDir}.List()
+	if err != nil {
+		return types.NewError(types.ErrIOFailure, "read reservations", err.Error())
+	}
+	for _, c := range prev.IPs {
+		a, _ := netip.AddrFromSlice(c.Address.IP)
+		if !reservedBy(have, a.Unmap(), att) {
+			return fmt.Errorf("check %s: address %s is not reserved for it", args.IfName, a)
+		}
+	}
+	host := HostIface(args.ContainerID, args.IfName)
+	hostLink, err := netlink.LinkByName(host)
+	if err != nil {
+		return fmt.Errorf("check %s: host side %s: %w", args.IfName, host, err)
+	}
+	for _, c := range prev.IPs {
+		routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Dst: &c.Address, LinkIndex: hostLink.Attrs().Index},
+			netlink.RT_FILTER_DST|netlink.RT_FILTER_OIF)
+		if err != nil || len(routes) == 0 {
+			return fmt.Errorf("check %s: no host route to %s through %s", args.IfName, c.Address.String(), host)
+		}
+	}
+	return ns.WithNetNSPath(args.Netns, func(ns.NetNS) error {
+		link, err := netlink.LinkByName(args.IfName)
+		if err != nil {
+			return fmt.Errorf("check %s: %w", args.IfName, err)
+		}
+		for _, i := range prev.Interfaces {
+			if i.Sandbox != "" && i.Name == args.IfName && i.Mtu != 0 && i.Mtu != link.Attrs().MTU {
+				return fmt.Errorf("check %s: MTU %d, want %d", args.IfName, link.Attrs().MTU, i.Mtu)
+			}
+		}
+		addrs, err := netlink.AddrList(link, netlink.FAMILY_ALL)
+		if err != nil {
+			return fmt.Errorf("check %s: list addresses: %w", args.IfName, err)
+		}
+		for _, c := range prev.IPs {
+			found := false
+			for _, a := range addrs {
+				found = found || a.IPNet.String() == c.Address.String()
+			}
+			if !found {
+				return fmt.Errorf("check %s: address %s missing", args.IfName, c.Address.String())
+			}
+		}
+		if err := ip.ValidateExpectedRoute(prev.Routes); err != nil {
+			return fmt.Errorf("check %s: %w", args.IfName, err)
+		}
+		return nil
+	})
+}
+
+func reservedBy(have []ipam.Reservation, a netip.Addr, att ipam.Attachment) bool {
+	for _, r := range have {
+		if r.Addr == a && r.Attachment == att {
+			return true
+		}
+	}
+	return false
+}
+
+// cmdGC releases every reservation whose attachment the runtime no longer
+// has, and deletes the host side of its veth if it is still there.
+func cmdGC(args *skel.CmdArgs) error {
+	conf, err := loadConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	keep := make([]ipam.Attachment, 0, len(conf.ValidAttachments))
+	for _, v := range conf.ValidAttachments {
+		keep = append(keep, ipam.Attachment{ContainerID: v.ContainerID, IfName: v.IfName})
+	}
+	freed, err := ipam.Store{Dir: conf.DataDir}.ReleaseExcept(keep)
+	if err != nil {
+		return types.NewError(types.ErrIOFailure, "release reservations", err.Error())
+	}
+	for _, r := range freed {
+		if err := ip.DelLinkByName(HostIface(r.ContainerID, r.IfName)); err != nil && !errors.Is(err, ip.ErrLinkNotFound) {
+			return fmt.Errorf("gc: delete host side of %s/%s: %w", r.ContainerID, r.IfName, err)
+		}
+	}
+	return nil
+}
+
+// cmdStatus is ready only when the agent answers and has verified ranges.
+func cmdStatus(args *skel.CmdArgs) error {
+	conf, err := loadConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := ipam.NewClient(conf.Socket).Status(ctx)
+	if err != nil {
+		return types.NewError(types.ErrPluginNotAvailable, "isthmus agent unreachable", err.Error())
+	}
+	if !st.Ready {
+		return types.NewError(types.ErrPluginNotAvailable, "isthmus ipam not ready", st.Reason)
+	}
+	return nil
+}
+
+// asCNIError keeps the agent's CNI error code; an unreachable agent means
+// "try again later".
+func asCNIError(what string, err error) error {
+	var e *ipam.Error
+	if errors.As(err, &e) {
+		return types.NewError(e.Code, what, e.Msg)
+	}
+	return types.NewError(types.ErrTryAgainLater, what, err.Error())
+}

@@ -1,0 +1,187 @@
+// Package cniinstall puts the isthmus CNI plugin on a node and takes it away:
+// the binary into the runtime's plugin directory (a temporary name, then a
+// rename, so a runtime never executes a half-written file), and a conflist
+// without embedded ranges into its configuration directory, named to sort
+// first. It also finds conflists that call host-local with ranges of their
+// own: a runtime that cached one hands out addresses the agent never verified.
+package cniinstall
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+)
+
+// Defaults of the runtime's directories and of the names isthmus puts there.
+const (
+	DefaultBinDir  = "/opt/cni/bin"
+	DefaultConfDir = "/etc/cni/net.d"
+	PluginName     = "isthmus-cni"
+	// ConflistName sorts before every other conflist a node usually has
+	// (10-calico, 10-containerd-net, 05-cilium, 10-azure), so the runtime
+	// picks it: runtimes use the first file in lexical order.
+	ConflistName = "00-isthmus.conflist"
+	NetworkName  = "isthmus"
+)
+
+// InstallPlugin copies src to binDir/isthmus-cni through a temporary file in
+// the same directory and a rename.
+func InstallPlugin(src, binDir string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("open plugin %s: %w", src, err)
+	}
+	defer in.Close()
+	if err := os.MkdirAll(binDir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", binDir, err)
+	}
+	tmp, err := os.CreateTemp(binDir, "."+PluginName+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("create temporary plugin: %w", err)
+	}
+	defer os.Remove(tmp.Name()) // gone after the rename; cleans up a failure
+	if _, err := io.Copy(tmp, in); err != nil {
+		tmp.Close()
+		return fmt.Errorf("copy plugin: %w", err)
+	}
+	if err := tmp.Chmod(0o755); err != nil {
+		tmp.Close()
+		return fmt.Errorf("chmod plugin: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("sync plugin: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("close plugin: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(binDir, PluginName)); err != nil {
+		return fmt.Errorf("install plugin: %w", err)
+	}
+	return nil
+}
+
+// Conflist is the network configuration: the plugin, the agent's socket and
+// the reservation directory, and no ranges: the agent alone knows them.
+func Conflist(socket, dataDir string) []byte {
+	c := map[string]any{
+		"cniVersion": "1.1.0",
+		"name":       NetworkName,
+		"plugins": []map[string]any{{
+			"type": PluginName, "socket": socket, "dataDir": dataDir,
+		}},
+	}
+	b, _ := json.MarshalIndent(c, "", "  ")
+	return append(b, '\n')
+}
+
+// WriteConflist writes Conflist to confDir/ConflistName through a temporary
+// file and a rename.
+func WriteConflist(confDir, socket, dataDir string) error {
+	if err := os.MkdirAll(confDir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", confDir, err)
+	}
+	tmp, err := os.CreateTemp(confDir, ".isthmus.tmp-*")
+	if err != nil {
+		return fmt.Errorf("create temporary conflist: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(Conflist(socket, dataDir))
+	if err2 := tmp.Close(); err == nil {
+		err = err2
+	}
+	if err != nil {
+		return fmt.Errorf("write conflist: %w", err)
+	}
+	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
+		return fmt.Errorf("chmod conflist: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(confDir, ConflistName)); err != nil {
+		return fmt.Errorf("install conflist: %w", err)
+	}
+	return nil
+}
+
+// Finding is a network configuration that calls host-local with ranges of its
+// own.
+type Finding struct {
+	File   string // base name in the configuration directory
+	Plugin string // the plugin type whose ipam is host-local
+}
+
+func (f Finding) String() string {
+	return fmt.Sprintf("%s: plugin %q uses host-local IPAM with embedded ranges", f.File, f.Plugin)
+}
+
+// FindEmbeddedRanges lists the configurations in confDir (.conf, .conflist,
+// .json, as runtimes read them) whose plugins use host-local IPAM with
+// "ranges" or "subnet". Files that do not parse are skipped: the runtime
+// skips them too.
+func FindEmbeddedRanges(confDir string) ([]Finding, error) {
+	ents, err := os.ReadDir(confDir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("read %s: %w", confDir, err)
+	}
+	var out []Finding
+	for _, e := range ents {
+		ext := filepath.Ext(e.Name())
+		if e.IsDir() || !slices.Contains([]string{".conf", ".conflist", ".json"}, ext) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(confDir, e.Name()))
+		if err != nil {
+			continue
+		}
+		var conf struct {
+			pluginConf
+			Plugins []pluginConf `json:"plugins"`
+		}
+		if json.Unmarshal(b, &conf) != nil {
+			continue
+		}
+		for _, p := range append(conf.Plugins, conf.pluginConf) {
+			if p.IPAM.Type == "host-local" && (len(p.IPAM.Ranges) > 0 || p.IPAM.Subnet != "") {
+				out = append(out, Finding{File: e.Name(), Plugin: p.Type})
+			}
+		}
+	}
+	return out, nil
+}
+
+type pluginConf struct {
+	Type string `json:"type"`
+	IPAM struct {
+		Type   string            `json:"type"`
+		Subnet string            `json:"subnet"`
+		Ranges []json.RawMessage `json:"ranges"`
+	} `json:"ipam"`
+}
+
+// Uninstall removes the plugin from binDir and the conflist from confDir
+// (an empty directory name skips it), with any temporary file a crash left;
+// what is already gone counts as removed.
+func Uninstall(binDir, confDir string) error {
+	var errs []error
+	for _, d := range []struct{ dir, file, tmp string }{
+		{binDir, PluginName, "." + PluginName + ".tmp-*"},
+		{confDir, ConflistName, ".isthmus.tmp-*"},
+	} {
+		if d.dir == "" {
+			continue
+		}
+		leftovers, _ := filepath.Glob(filepath.Join(d.dir, d.tmp))
+		for _, f := range append(leftovers, filepath.Join(d.dir, d.file)) {
+			if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("remove %s: %w", f, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

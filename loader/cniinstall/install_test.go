@@ -1,0 +1,95 @@
+package cniinstall
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"testing"
+)
+
+func TestInstallPluginAndConflist(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "isthmus-cni")
+	os.WriteFile(src, []byte("#!/bin/sh\n"), 0o600)
+	bin, conf := t.TempDir(), t.TempDir()
+	// An older plugin is replaced whole.
+	os.WriteFile(filepath.Join(bin, PluginName), []byte("old"), 0o755)
+	if err := InstallPlugin(src, bin); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(filepath.Join(bin, PluginName))
+	if err != nil || st.Mode().Perm() != 0o755 || st.Size() != 10 {
+		t.Fatalf("installed plugin: %v %v", st, err)
+	}
+	if err := WriteConflist(conf, "/run/isthmus/ipam.sock", "/var/lib/isthmus/ipam"); err != nil {
+		t.Fatal(err)
+	}
+	// No temporary file is left in either directory.
+	for _, d := range []string{bin, conf} {
+		ents, _ := os.ReadDir(d)
+		if len(ents) != 1 {
+			t.Errorf("%s holds %v, want only the installed file", d, ents)
+		}
+	}
+	var c struct {
+		CNIVersion string           `json:"cniVersion"`
+		Name       string           `json:"name"`
+		Plugins    []map[string]any `json:"plugins"`
+	}
+	b, _ := os.ReadFile(filepath.Join(conf, ConflistName))
+	if err := json.Unmarshal(b, &c); err != nil || c.CNIVersion != "1.1.0" || len(c.Plugins) != 1 || c.Plugins[0]["type"] != PluginName {
+		t.Fatalf("conflist %s: %v", b, err)
+	}
+	if _, ok := c.Plugins[0]["ipam"]; ok {
+		t.Errorf("conflist embeds an ipam section: %s", b)
+	}
+	// It sorts before the conflists other CNIs install.
+	names := []string{"05-cilium.conflist", "10-calico.conflist", "10-azure.conflist", "01-something.conf", ConflistName}
+	sort.Strings(names)
+	if names[0] != ConflistName {
+		t.Errorf("%s does not sort first: %v", ConflistName, names)
+	}
+	if err := Uninstall(bin, conf); err != nil {
+		t.Fatal(err)
+	}
+	if err := Uninstall(bin, conf); err != nil {
+		t.Fatalf("second uninstall: %v", err)
+	}
+	for _, f := range []string{filepath.Join(bin, PluginName), filepath.Join(conf, ConflistName)} {
+		if _, err := os.Stat(f); !os.IsNotExist(err) {
+			t.Errorf("%s still there after uninstall", f)
+		}
+	}
+}
+
+func TestFindEmbeddedRanges(t *testing.T) {
+	dir := t.TempDir()
+	files := map[string]string{
+		"10-bridge.conflist":             `{"cniVersion":"1.0.0","name":"b","plugins":[{"type":"bridge","ipam":{"type":"host-local","ranges":[[{"subnet":"10.10.1.0/24"}]]}},{"type":"portmap"}]}`,
+		"20-old.conf":                    `{"cniVersion":"0.3.1","name":"o","type":"ptp","ipam":{"type":"host-local","subnet":"10.10.2.0/24"}}`,
+		"30-dhcp.conflist":               `{"cniVersion":"1.0.0","name":"d","plugins":[{"type":"macvlan","ipam":{"type":"dhcp"}}]}`,
+		"40-hostlocal-noranges.conflist": `{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge","ipam":{"type":"host-local"}}]}`,
+		"50-broken.conflist":             `{`,
+		"README":                         `{"type":"x","ipam":{"type":"host-local","subnet":"10.0.0.0/8"}}`,
+		ConflistName:                     string(Conflist("/s", "/d")),
+	}
+	for n, c := range files {
+		os.WriteFile(filepath.Join(dir, n), []byte(c), 0o644)
+	}
+	got, err := FindEmbeddedRanges(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s []string
+	for _, f := range got {
+		s = append(s, f.String())
+	}
+	want := []string{
+		`10-bridge.conflist: plugin "bridge" uses host-local IPAM with embedded ranges`,
+		`20-old.conf: plugin "ptp" uses host-local IPAM with embedded ranges`,
+	}
+	if !slices.Equal(s, want) {
+		t.Fatalf("findings:\n%v\nwant\n%v", s, want)
+	}
+}
