@@ -70,7 +70,11 @@ func summary(p *NodePlan) []string {
 			for _, h := range r.Group {
 				g = append(g, h.Peer+" "+h.Via.String())
 			}
-			lines = append(lines, fmt.Sprintf("route %s -> group [%s] (%s)", r.Prefix, strings.Join(g, ", "), r.Origin))
+			to := ""
+			if r.Site != "" {
+				to = " to " + r.Site
+			}
+			lines = append(lines, fmt.Sprintf("route %s -> group%s [%s] (%s)", r.Prefix, to, strings.Join(g, ", "), r.Origin))
 			continue
 		}
 		lines = append(lines, fmt.Sprintf("route %s -> %s %s (%s)", r.Prefix, r.Peer, r.Via, r.Origin))
