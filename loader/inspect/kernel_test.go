@@ -124,7 +124,7 @@ func fillMaps(t *testing.T, dir string) {
 	down, _ := maps.FromPlan(p, maps.NodeConfig{
 		VNI: 4242, UnderlayIfindex: 2, OverlayIfindex: 7, OverlayMAC: net.HardwareAddr{2, 0, 0, 0, 0, 7},
 		TunnelMTU: 1450, PodIfindexes: []int{11, 12}, SNATPortMin: 40000, SNATPortMax: 40999,
-		Down: map[netip.Addr]bool{netip.MustParseAddr("10.0.0.5"): true},
+		Down: map[maps.GroupMember]bool{{Addr: netip.MustParseAddr("10.0.0.5")}: true},
 	})
 	if _, err := maps.Apply(ms, maps.Diff(st, down)); err != nil {
 		t.Fatalf("apply down: %v", err)
