@@ -21,12 +21,18 @@ import (
 // comes the kind (probeKind, or an answer: reachesKind or unreachableKind), the
 // prober's round number (8 bytes, big endian; 0 in an answer nobody asked for)
 // and the remote site the probe asks about (the rest, "" for none).
-var probeMagic = []byte("isthmus-health2\x00")
+//
+// The first version sent the magic and the round only and echoed every
+// message with the magic: the responder still echoes such a probe, and the
+// prober takes its own probe echoed back (kind probeKind) as "reaches", so
+// nodes of both versions keep each other up during a rolling upgrade.
+var probeMagic = []byte("isthmus-health1\x00")
 
 const (
 	probeKind       = 'P'
 	reachesKind     = 'R'
 	unreachableKind = 'N'
+	v1Len           = 16 + 8
 	headerLen       = 16 + 1 + 8
 	maxSiteLen      = 253
 )
@@ -319,8 +325,13 @@ func answerKind(reaches bool) byte {
 	return unreachableKind
 }
 
-func (c *Checker) answer(m message, to netip.AddrPort) {
-	if _, err := c.resp.WriteToUDPAddrPort(m.encode(), to); err != nil {
+// answerV1 echoes a probe of the first version: it asks about no site.
+func (c *Checker) answerV1(probe []byte, to netip.AddrPort) { c.send(probe, to) }
+
+func (c *Checker) answer(m message, to netip.AddrPort) { c.send(m.encode(), to) }
+
+func (c *Checker) send(b []byte, to netip.AddrPort) {
+	if _, err := c.resp.WriteToUDPAddrPort(b, to); err != nil {
 		c.cfg.Log.Debug("health responder answer", "to", to, "err", err)
 	}
 }
@@ -336,6 +347,10 @@ func (c *Checker) respond() {
 				return
 			}
 			c.cfg.Log.Debug("health responder read", "err", err)
+			continue
+		}
+		if n == v1Len && bytes.HasPrefix(buf[:n], probeMagic) {
+			c.answerV1(buf[:n], from)
 			continue
 		}
 		m, ok := decode(buf[:n])
@@ -364,11 +379,14 @@ func (c *Checker) readAnswers() {
 			continue // e.g. ICMP errors reported on the socket
 		}
 		m, ok := decode(buf[:n])
-		if !ok || m.kind == probeKind || int(from.Port()) != c.port {
+		if !ok || int(from.Port()) != c.port {
 			continue
 		}
+		// A probe of ours echoed by a first-version responder: alive, and
+		// that version had no notion of reach.
+		reaches := m.kind == reachesKind || m.kind == probeKind
 		c.mu.Lock()
-		ts := c.tr.Answer(from.Addr(), m.site, m.kind == reachesKind, time.Now())
+		ts := c.tr.Answer(from.Addr(), m.site, reaches, time.Now())
 		c.mu.Unlock()
 		c.report(ts)
 	}

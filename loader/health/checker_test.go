@@ -1,8 +1,10 @@
 package health
 
 import (
+	"bytes"
 	"io"
 	"log/slog"
+	"net"
 	"net/netip"
 	"slices"
 	"testing"
@@ -112,5 +114,60 @@ func TestCheckerPerSiteReach(t *testing.T) {
 	want := []PeerState{{Name: "gw", Tracked: true, Up: true}, {Name: "gw", Site: "east", Tracked: true, Downs: 1}}
 	if got := m.Peers(); !slices.Equal(got, want) {
 		t.Errorf("Peers() = %+v, want %+v", got, want)
+	}
+}
+
+// TestCheckerFirstVersionPeers: during a rolling upgrade a node of the first
+// version (magic and round only, every such message echoed) and a new one
+// keep each other up: the new responder echoes a first-version probe, and the
+// new prober takes its probe echoed back as an answer that reaches the site.
+func TestCheckerFirstVersionPeers(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	const interval = 20 * time.Millisecond
+	c, err := Start(Config{Addr: netip.MustParseAddr("127.0.0.1"), Interval: interval, Multiplier: 2, Log: log})
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	defer c.Close()
+	// A first-version responder on 127.0.0.6: echo what starts with the magic.
+	old, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 6), Port: c.Port()})
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	defer old.Close()
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, from, err := old.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			if bytes.HasPrefix(buf[:n], probeMagic) {
+				old.WriteToUDPAddrPort(buf[:n], from)
+			}
+		}
+	}()
+	gw := Target{Name: "old-gw", Site: "east", Underlay: netip.MustParseAddr("192.0.2.6"), TunnelAddr: netip.MustParseAddr("127.0.0.6")}
+	c.SetTargets([]Target{gw})
+	time.Sleep(10 * interval)
+	if d := c.Down(); len(d) != 0 {
+		t.Errorf("a first-version gateway that echoes counts down: %v", d)
+	}
+
+	// A first-version probe to the new responder comes back as it went.
+	probe := append(append([]byte{}, probeMagic...), 0, 0, 0, 0, 0, 0, 0, 42)
+	conn, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: c.Port()})
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := conn.Write(probe); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 512)
+	n, err := conn.Read(buf)
+	if err != nil || !bytes.Equal(buf[:n], probe) {
+		t.Fatalf("answer to a first-version probe: %q, %v; want the probe echoed", buf[:n], err)
 	}
 }
