@@ -196,18 +196,19 @@ func measureFailover(t *testing.T, l *testenv.Lab, f failover) (failGap, healGap
 		t.Errorf("%s, healed: a flow stopped for %s, want at most %s\n%s", f.What, healGap.Round(time.Millisecond), failoverLimit, logs())
 	}
 	// The flows are back on FailNode: its transit counter moves.
-	before := transitPackets(t, l, f.FailNode)
+	before := counterPackets(t, l, f.FailNode, "transit", false)
 	time.Sleep(time.Second)
-	if after := transitPackets(t, l, f.FailNode); after <= before {
+	if after := counterPackets(t, l, f.FailNode, "transit", false); after <= before {
 		t.Errorf("%s, healed: %s forwarded nothing in 1s (transit %d -> %d): the flows did not come back\n%s",
 			f.What, f.FailNode, before, after, logs())
 	}
 	return failGap, healGap
 }
 
-// transitPackets returns the packets node's datapath has forwarded as a
-// gateway (the transit counter, summed over hooks), read from its pinned maps.
-func transitPackets(t *testing.T, l *testenv.Lab, node string) uint64 {
+// counterPackets returns the packets of node's datapath counter name (a drop
+// reason when drop is set, as "no_nexthop"; else an event, as "transit"),
+// summed over hooks, read from its pinned maps.
+func counterPackets(t *testing.T, l *testenv.Lab, node, name string, drop bool) uint64 {
 	t.Helper()
 	m, err := inspect.Open(l.PinDir(node))
 	if err != nil {
@@ -220,7 +221,7 @@ func transitPackets(t *testing.T, l *testenv.Lab, node string) uint64 {
 	}
 	var n uint64
 	for _, c := range cs {
-		if !c.Drop && c.Name == "transit" {
+		if c.Drop == drop && c.Name == name {
 			n += c.Packets
 		}
 	}

@@ -109,4 +109,51 @@ func TestGatewayPathFailover(t *testing.T) {
 		}
 	}
 	t.Logf("longest gap of 32 flows, limit %s:\n| failure | failing | healing |\n|---|---|---|\n%s", failoverLimit, strings.Join(table, "\n"))
+	if t.Failed() {
+		return
+	}
+
+	// Neither west gateway reaches east: w-1 drops what its pod sends there
+	// as no_nexthop, counted, instead of sending it to a gateway that would
+	// black-hole it; when the paths return, pings pass again.
+	t.Run("no_gateway_reaches_east", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		cut := append(wanRules("-I", "gw-w1", "172.22.0.0/24"), wanRules("-I", "gw-w2", "172.22.0.0/24")...)
+		heal := append(wanRules("-D", "gw-w1", "172.22.0.0/24"), wanRules("-D", "gw-w2", "172.22.0.0/24")...)
+		if err := runAll(ctx, cut); err != nil {
+			t.Fatal(err)
+		}
+		healed := false
+		defer func() {
+			if !healed {
+				runAll(context.Background(), heal)
+			}
+		}()
+		time.Sleep(failoverLimit + time.Second)
+		before := counterPackets(t, l, "w-1", "no_nexthop", true)
+		const sent = 20
+		for range sent {
+			testenv.Ping(l.PodNS("w1-p1"), l.PodAddr("em-p1"), 50*time.Millisecond)
+		}
+		if d := counterPackets(t, l, "w-1", "no_nexthop", true) - before; d < sent {
+			t.Errorf("w-1 counted %d no_nexthop drops for %d pings to a site no gateway reaches\n%s", d, sent, tailFile(l.AgentLog("w-1")))
+		} else {
+			t.Logf("w-1 counted %d no_nexthop drops for %d pings", d, sent)
+		}
+		if err := runAll(ctx, heal); err != nil {
+			t.Fatal(err)
+		}
+		healed = true
+		start := time.Now()
+		// Both hysteresis steps: the gateway's own (rise answers from east),
+		// then its member's (rise answers from it, the first pushed at once).
+		limit := 2 * (healthRise + 1) * healthInterval
+		for testenv.Ping(l.PodNS("w1-p1"), l.PodAddr("em-p1"), 200*time.Millisecond) != nil {
+			if time.Since(start) > limit {
+				t.Fatalf("no ping passed %s after the paths returned\n%s", limit, tailFile(l.AgentLog("w-1")))
+			}
+		}
+		t.Logf("pings pass again %s after the paths returned (hysteresis: %d good answers at each of two hops)", time.Since(start).Round(10*time.Millisecond), healthRise)
+	})
 }
