@@ -68,27 +68,30 @@ func TestCheckerLoopback(t *testing.T) {
 	}
 }
 
+// startChecker starts a Checker on addr (port 0: a free one) with a 20 ms
+// interval, stopped when the test ends.
+func startChecker(t *testing.T, addr string, port, multiplier int) *Checker {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	c, err := Start(Config{Addr: netip.MustParseAddr(addr), Port: port, Interval: 20 * time.Millisecond, Multiplier: multiplier, Log: log})
+	if err != nil {
+		t.Fatalf("start checker on %s: %v", addr, err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
 // TestCheckerPerSiteReach: a gateway (127.0.0.3) whose only remote gateway
 // (127.0.0.4, nobody there) stops answering tells its member (127.0.0.1),
 // which probes it about that site, that it no longer reaches it: the member
 // takes it out for that site while it still answers every probe, and keeps
 // it for plain liveness.
 func TestCheckerPerSiteReach(t *testing.T) {
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	const interval = 20 * time.Millisecond
-	gw, err := Start(Config{Addr: netip.MustParseAddr("127.0.0.3"), Interval: interval, Multiplier: 3, Log: log})
-	if err != nil {
-		t.Fatalf("start gateway: %v", err)
-	}
-	defer gw.Close()
+	gw := startChecker(t, "127.0.0.3", 0, 3)
 	remote := Target{Name: "remote-gw", Site: "east", Underlay: netip.MustParseAddr("192.0.2.4"), TunnelAddr: netip.MustParseAddr("127.0.0.4")}
 	gw.SetTargets([]Target{remote})
 
-	m, err := Start(Config{Addr: netip.MustParseAddr("127.0.0.1"), Port: gw.Port(), Interval: interval, Multiplier: 3, Log: log})
-	if err != nil {
-		t.Fatalf("start member: %v", err)
-	}
-	defer m.Close()
+	m := startChecker(t, "127.0.0.1", gw.Port(), 3)
 	forEast := Target{Name: "gw", Site: "east", Underlay: netip.MustParseAddr("192.0.2.3"), TunnelAddr: netip.MustParseAddr("127.0.0.3")}
 	alive := forEast
 	alive.Site = ""
@@ -122,13 +125,7 @@ func TestCheckerPerSiteReach(t *testing.T) {
 // keep each other up: the new responder echoes a first-version probe, and the
 // new prober takes its probe echoed back as an answer that reaches the site.
 func TestCheckerFirstVersionPeers(t *testing.T) {
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	const interval = 20 * time.Millisecond
-	c, err := Start(Config{Addr: netip.MustParseAddr("127.0.0.1"), Interval: interval, Multiplier: 2, Log: log})
-	if err != nil {
-		t.Fatalf("start: %v", err)
-	}
-	defer c.Close()
+	c := startChecker(t, "127.0.0.1", 0, 2)
 	// A first-version responder on 127.0.0.6: echo what starts with the magic.
 	old, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 6), Port: c.Port()})
 	if err != nil {
@@ -149,7 +146,7 @@ func TestCheckerFirstVersionPeers(t *testing.T) {
 	}()
 	gw := Target{Name: "old-gw", Site: "east", Underlay: netip.MustParseAddr("192.0.2.6"), TunnelAddr: netip.MustParseAddr("127.0.0.6")}
 	c.SetTargets([]Target{gw})
-	time.Sleep(10 * interval)
+	time.Sleep(200 * time.Millisecond)
 	if d := c.Down(); len(d) != 0 {
 		t.Errorf("a first-version gateway that echoes counts down: %v", d)
 	}

@@ -75,14 +75,12 @@ func fillMaps(t *testing.T, dir string) {
 	if len(warnings) != 0 {
 		t.Fatalf("FromPlan warnings: %v", warnings)
 	}
+	applyState(t, dir, st)
 	ms, err := maps.OpenPinned(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ms.Close()
-	if _, err := maps.Apply(ms, maps.Diff(maps.State{}, st)); err != nil {
-		t.Fatalf("apply: %v", err)
-	}
 
 	ap := netip.MustParseAddrPort
 	tunnel := netip.MustParseAddr("192.168.20.1")
@@ -235,14 +233,7 @@ func TestInspectGroupsPerSite(t *testing.T) {
 	st, _ := maps.FromPlan(p, maps.NodeConfig{Down: map[maps.GroupMember]bool{
 		{Site: "north", Addr: gw2}: true, {Site: "south", Addr: gw1}: true, {Site: "south", Addr: gw2}: true,
 	}})
-	ms, err := maps.OpenPinned(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ms.Close()
-	if _, err := maps.Apply(ms, maps.Diff(maps.State{}, st)); err != nil {
-		t.Fatalf("apply: %v", err)
-	}
+	applyState(t, dir, st)
 	m, err := Open(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -262,5 +253,18 @@ func TestInspectGroupsPerSite(t *testing.T) {
 		if !strings.Contains(out.String(), row) {
 			t.Errorf("groups lack %q:\n%s", row, out.String())
 		}
+	}
+}
+
+// applyState writes st into the empty maps pinned in dir.
+func applyState(t *testing.T, dir string, st maps.State) {
+	t.Helper()
+	ms, err := maps.OpenPinned(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ms.Close()
+	if _, err := maps.Apply(ms, maps.Diff(maps.State{}, st)); err != nil {
+		t.Fatalf("apply: %v", err)
 	}
 }
