@@ -168,3 +168,49 @@ func TestCheckerFirstVersionPeers(t *testing.T) {
 		t.Fatalf("answer to a first-version probe: %q, %v; want the probe echoed", buf[:n], err)
 	}
 }
+
+// TestCheckerPushesReachChanges: a gateway whose reach to a site changes tells
+// the member that probed it at once, not at the member's next probe: with the
+// member probing every 500 ms, it learns within a fraction of that.
+func TestCheckerPushesReachChanges(t *testing.T) {
+	gw := startChecker(t, "127.0.0.7", 0, 2)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	const memberInterval = 500 * time.Millisecond
+	m, err := Start(Config{Addr: netip.MustParseAddr("127.0.0.1"), Port: gw.Port(), Interval: memberInterval, Multiplier: 3, Log: log})
+	if err != nil {
+		t.Fatalf("start member: %v", err)
+	}
+	defer m.Close()
+	forEast := Target{Name: "gw", Site: "east", Underlay: netip.MustParseAddr("192.0.2.7"), TunnelAddr: netip.MustParseAddr("127.0.0.7")}
+	m.SetTargets([]Target{forEast})
+	// Wait for the member's first probe to reach the gateway.
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		gw.mu.Lock()
+		n := len(gw.probers)
+		gw.mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the member's probe never reached the gateway")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Now the gateway's only remote gateway for east dies (nobody at 127.0.0.8).
+	start := time.Now()
+	gw.SetTargets([]Target{{Name: "remote", Site: "east", Underlay: netip.MustParseAddr("192.0.2.8"), TunnelAddr: netip.MustParseAddr("127.0.0.8")}})
+	select {
+	case down := <-m.Changes():
+		el := time.Since(start)
+		if !down[forEast.Member()] {
+			t.Fatalf("member's change: down = %v, want the gateway for east", down)
+		}
+		if el > memberInterval*3/4 {
+			t.Errorf("the member learnt after %v: not pushed (its next probe was due within %v)", el, memberInterval)
+		}
+		t.Logf("member took the gateway out for east %v after its remote gateway died (gateway interval 20ms x 2)", el.Round(time.Millisecond))
+	case <-time.After(3 * time.Second):
+		t.Fatal("the member never took the gateway out")
+	}
+}
