@@ -44,6 +44,7 @@ var metricNames = map[uint16]string{
 	9:  "snat_new",
 	10: "fabric_ingress",
 	11: "transit",
+	12: "no_path_unreach_sent",
 }
 
 // MetricKey identifies one counter: a code (METRIC_* or -DROP_*) at a hook.

@@ -156,6 +156,7 @@ enum metric {
 	METRIC_SNAT_NEW		= 9,	/* new translation (both directions) inserted */
 	METRIC_FABRIC_INGRESS	= 10,	/* overlay packet from the site fabric delivered to a pod */
 	METRIC_TRANSIT		= 11,	/* GENEVE forwarded to another peer (gateway) */
+	METRIC_NO_PATH_UNREACH_SENT = 12, /* no live next hop: answered with ICMP net unreachable */
 };
 
 /* Written by underlay_xdp in front of a frame it has popped (XDP metadata), read by
