@@ -114,8 +114,9 @@ func TestGatewayPathFailover(t *testing.T) {
 	}
 
 	// Neither west gateway reaches east: w-1 drops what its pod sends there
-	// as no_nexthop, counted, instead of sending it to a gateway that would
-	// black-hole it; when the paths return, pings pass again.
+	// as no_nexthop, counted, and answers it with ICMP net unreachable,
+	// instead of sending it to a gateway that would black-hole it; when the
+	// paths return, pings pass again.
 	t.Run("no_gateway_reaches_east", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -132,14 +133,22 @@ func TestGatewayPathFailover(t *testing.T) {
 		}()
 		time.Sleep(failoverLimit + time.Second)
 		before := counterPackets(t, l, "w-1", "no_nexthop", true)
+		beforeICMP := counterPackets(t, l, "w-1", "no_path_unreach_sent", false)
 		const sent = 20
+		unreachable := 0
 		for range sent {
-			testenv.Ping(l.PodNS("w1-p1"), l.PodAddr("em-p1"), 50*time.Millisecond)
+			// The pod learns at once: ICMP destination unreachable from the
+			// destination's address, as x/net/icmp decodes it.
+			err := testenv.Ping(l.PodNS("w1-p1"), l.PodAddr("em-p1"), 200*time.Millisecond)
+			if err != nil && strings.Contains(err.Error(), "destination unreachable from "+l.PodAddr("em-p1").String()) {
+				unreachable++
+			}
 		}
-		if d := counterPackets(t, l, "w-1", "no_nexthop", true) - before; d < sent {
-			t.Errorf("w-1 counted %d no_nexthop drops for %d pings to a site no gateway reaches\n%s", d, sent, tailFile(l.AgentLog("w-1")))
-		} else {
-			t.Logf("w-1 counted %d no_nexthop drops for %d pings", d, sent)
+		drops := counterPackets(t, l, "w-1", "no_nexthop", true) - before
+		icmps := counterPackets(t, l, "w-1", "no_path_unreach_sent", false) - beforeICMP
+		t.Logf("w-1: %d no_nexthop drops, %d ICMP unreachable sent, %d seen by the pod, for %d pings", drops, icmps, unreachable, sent)
+		if drops < sent || icmps < sent || unreachable != sent {
+			t.Errorf("want every ping dropped as no_nexthop and answered with ICMP unreachable\n%s", tailFile(l.AgentLog("w-1")))
 		}
 		if err := runAll(ctx, heal); err != nil {
 			t.Fatal(err)
