@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -132,6 +134,20 @@ func TestGatewayPathFailover(t *testing.T) {
 			}
 		}()
 		time.Sleep(failoverLimit + time.Second)
+		// Both the agent's metrics and inspect (maps and plan) say so.
+		m := scrapeMetrics(t, l, "w-1")
+		for _, gw := range []string{"gw-w1", "gw-w2"} {
+			series := fmt.Sprintf(`isthmus_peer_up{peer=%q,site="east"}`, gw)
+			if v, ok := m[series]; !ok || v != 0 {
+				t.Errorf("w-1's %s = %v (present %v), want 0: %s does not reach east", series, v, ok, gw)
+			}
+		}
+		out, err := exec.CommandContext(ctx, binary, "inspect", "groups", "--pin-dir", l.PinDir("w-1"),
+			"--objects", l.ObjectsDir(), "--node", "w-1").CombinedOutput()
+		t.Logf("isthmus inspect groups on w-1:\n%s", out)
+		if err != nil || !regexp.MustCompile(`(?m)^\d+\s+east\s+0\s+gw-w1 172\.21\.0\.10 down, gw-w2 172\.21\.0\.11 down\s+\(none: no_nexthop\)$`).Match(out) {
+			t.Errorf("inspect groups (err %v) lacks east's group with both gateways down", err)
+		}
 		before := counterPackets(t, l, "w-1", "no_nexthop", true)
 		beforeICMP := counterPackets(t, l, "w-1", "no_path_unreach_sent", false)
 		const sent = 20
@@ -165,5 +181,8 @@ func TestGatewayPathFailover(t *testing.T) {
 			time.Sleep(50 * time.Millisecond) // an unreachable answers at once
 		}
 		t.Logf("pings pass again %s after the paths returned (hysteresis: %d good answers at each of two hops)", time.Since(start).Round(10*time.Millisecond), healthRise)
+		if m := scrapeMetrics(t, l, "w-1"); m[`isthmus_peer_up{peer="gw-w1",site="east"}`]+m[`isthmus_peer_up{peer="gw-w2",site="east"}`] == 0 {
+			t.Errorf("pings pass, but w-1's metrics still say no gateway reaches east")
+		}
 	})
 }
