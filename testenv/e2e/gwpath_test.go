@@ -115,6 +115,71 @@ func TestGatewayPathFailover(t *testing.T) {
 		return
 	}
 
+	// Hysteresis: gw-w2's WAN path, once down, comes and goes every second.
+	// Neither w-1 (for east) nor gw-e1 (for west) takes gw-w2 back while it
+	// flaps: no "up" transition; once the path stays, both do, once.
+	t.Run("flapping_wan_path", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cut, heal := wanRules("-I", "gw-w2", "172.22.0.0/24"), wanRules("-D", "gw-w2", "172.22.0.0/24")
+		if err := runAll(ctx, cut); err != nil {
+			t.Fatal(err)
+		}
+		isCut := true
+		defer func() {
+			if isCut {
+				runAll(context.Background(), heal)
+			}
+		}()
+		time.Sleep(failoverLimit + time.Second)
+		views := []struct{ node, series string }{
+			{"w-1", `isthmus_peer_transitions_total{peer="gw-w2",site="east",state="up"}`},
+			{"gw-e1", `isthmus_peer_transitions_total{peer="gw-w2",site="west",state="up"}`},
+		}
+		ups := func() []float64 {
+			var out []float64
+			for _, v := range views {
+				out = append(out, scrapeMetrics(t, l, v.node)[v.series])
+			}
+			return out
+		}
+		before := ups()
+		for range 8 {
+			if err := runAll(ctx, heal); err != nil {
+				t.Fatal(err)
+			}
+			isCut = false
+			time.Sleep(time.Second)
+			if err := runAll(ctx, cut); err != nil {
+				t.Fatal(err)
+			}
+			isCut = true
+			time.Sleep(time.Second)
+		}
+		flapped := ups()
+		for i, v := range views {
+			if flapped[i] != before[i] {
+				t.Errorf("%s: %s went from %v to %v while the path flapped: flows moved back on a flapping path", v.node, v.series, before[i], flapped[i])
+			}
+		}
+		if err := runAll(ctx, heal); err != nil {
+			t.Fatal(err)
+		}
+		isCut = false
+		start := time.Now()
+		for {
+			now := ups()
+			if now[0] == before[0]+1 && now[1] == before[1]+1 {
+				t.Logf("no up transition in 16 s of flapping; both took gw-w2 back once, %s after the path stayed", time.Since(start).Round(100*time.Millisecond))
+				break
+			}
+			if time.Since(start) > 2*(healthRise+1)*healthInterval {
+				t.Fatalf("after the path stayed up: up transitions %v, want %v + 1 each", now, before)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+
 	// Neither west gateway reaches east: w-1 drops what its pod sends there
 	// as no_nexthop, counted, and answers it with ICMP net unreachable,
 	// instead of sending it to a gateway that would black-hole it; when the
