@@ -286,13 +286,6 @@ func (c *Checker) report(ts []Transition) {
 	c.notifyProbers()
 }
 
-// reaches reports whether this node answers a probe about site as reaching it.
-func (c *Checker) reaches(site string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.tr.Reaches(site)
-}
-
 // notifyProbers tells every node that probed this one recently (within a
 // down time) about a site whose reach has changed since its last answer, so
 // it moves its flows now, not up to an interval later at its next probe.
