@@ -126,15 +126,35 @@ func TestNexthopGroupSelection(t *testing.T) {
 		t.Fatalf("no flow of %d fell in slot %d: the test proves nothing", flows, moved)
 	}
 
-	// No live member: dropped and counted, nothing sent.
+	// No live member (no gateway reaches the site): dropped and counted, and the
+	// pod gets ICMP net unreachable, nothing goes to the underlay.
 	withGroup(t, l, IsthmusNexthopGroup{})
 	before = l.counts(t)
-	if ret, _ := l.run(t, l.objs.PodIngress, podFrame(l, groupDst, 1234), l.pod.Attrs().Index); ret != tcActShot {
-		t.Fatalf("live 0: verdict %d, want TC_ACT_SHOT", ret)
+	noPath := podFrame(l, groupDst, 1234)
+	ret, out = l.run(t, l.objs.PodIngress, noPath, l.pod.Attrs().Index)
+	if ret != tcActRedirect {
+		t.Fatalf("live 0: verdict %d, want TC_ACT_REDIRECT (ICMP net unreachable to the pod)", ret)
+	}
+	if want := ethFrame(podMAC, l.podHMAC, 0x0800, icmpUnreachable(noPath[14:], 0, 0)); !bytes.Equal(out, want) {
+		t.Fatalf("live 0: reply differs\n got %x\nwant %x", out, want)
+	}
+	if out[34] != 3 || out[35] != 0 || csum16(out[34:]) != 0 || !bytes.Equal(out[26:30], noPath[30:34]) {
+		t.Errorf("live 0: ICMP type %d code %d from %x (checksum ok %v), want 3/0 from the destination", out[34], out[35], out[26:30], csum16(out[34:]) == 0)
 	}
 	k := dropKey(IsthmusDropReasonDROP_NO_NEXTHOP, IsthmusHookHOOK_POD_INGRESS)
+	sent := metricKey(IsthmusMetricMETRIC_NO_PATH_UNREACH_SENT, IsthmusHookHOOK_POD_INGRESS)
+	if d := delta(before, l.counts(t)); d[k] != 1 || d[sent] != 1 || len(d) != 2 {
+		t.Errorf("live 0: counters moved %v, want %v and %v +1", d, k, sent)
+	}
+	// An ICMP error is never answered with one (RFC 1122): dropped, counted.
+	// (The pod's port unreachable about a datagram groupDst sent it.)
+	unreach := ethFrame(l.podHMAC, podMAC, 0x0800, icmpUnreachable(ipv4Packet(groupDst, podIP, 17, ipOpts{ttl: 64}, udpDatagram(53, 4321, nil)), 3, 0))
+	before = l.counts(t)
+	if ret, _ := l.run(t, l.objs.PodIngress, unreach, l.pod.Attrs().Index); ret != tcActShot {
+		t.Fatalf("live 0, ICMP error: verdict %d, want TC_ACT_SHOT", ret)
+	}
 	if d := delta(before, l.counts(t)); d[k] != 1 || len(d) != 1 {
-		t.Errorf("live 0: counters moved %v, want only %v +1", d, k)
+		t.Errorf("live 0, ICMP error: counters moved %v, want only %v +1", d, k)
 	}
 	// Host traffic takes the same path.
 	before = l.counts(t)

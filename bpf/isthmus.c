@@ -12,6 +12,7 @@
 #include "lib/trace.h"
 #include "lib/encap.h"
 #include "lib/decap.h"
+#include "lib/nopath.h"
 
 /* Never called: its signature puts decap_meta, trace_event and the hook, metric and
  * drop_reason enums into the object's BTF, where bpf2go (-type) and the BTF tests find them. A
@@ -34,6 +35,8 @@ int pod_ingress(struct __sk_buff *skb)
 {
 	int ret = handle_encap(skb, 1, HOOK_POD_INGRESS);
 
+	if (ret == DROP_NO_NEXTHOP)
+		return tc_drop_no_path(skb, HOOK_POD_INGRESS);
 	return ret < 0 ? tc_drop(skb, ret, HOOK_POD_INGRESS) : ret;
 }
 

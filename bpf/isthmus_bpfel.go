@@ -86,18 +86,19 @@ const (
 type IsthmusMetric uint32
 
 const (
-	IsthmusMetricMETRIC_ENCAP              IsthmusMetric = 1
-	IsthmusMetricMETRIC_DECAP              IsthmusMetric = 2
-	IsthmusMetricMETRIC_DELIVER_POD        IsthmusMetric = 3
-	IsthmusMetricMETRIC_DELIVER_HOST       IsthmusMetric = 4
-	IsthmusMetricMETRIC_FRAG_NEEDED_SENT   IsthmusMetric = 5
-	IsthmusMetricMETRIC_DELIVER_FABRIC     IsthmusMetric = 6
-	IsthmusMetricMETRIC_SNAT               IsthmusMetric = 7
-	IsthmusMetricMETRIC_SNAT_REVERSE       IsthmusMetric = 8
-	IsthmusMetricMETRIC_SNAT_NEW           IsthmusMetric = 9
-	IsthmusMetricMETRIC_FABRIC_INGRESS     IsthmusMetric = 10
-	IsthmusMetricMETRIC_TRANSIT            IsthmusMetric = 11
-	IsthmusMetricMETRIC_TIME_EXCEEDED_SENT IsthmusMetric = 12
+	IsthmusMetricMETRIC_ENCAP                IsthmusMetric = 1
+	IsthmusMetricMETRIC_DECAP                IsthmusMetric = 2
+	IsthmusMetricMETRIC_DELIVER_POD          IsthmusMetric = 3
+	IsthmusMetricMETRIC_DELIVER_HOST         IsthmusMetric = 4
+	IsthmusMetricMETRIC_FRAG_NEEDED_SENT     IsthmusMetric = 5
+	IsthmusMetricMETRIC_DELIVER_FABRIC       IsthmusMetric = 6
+	IsthmusMetricMETRIC_SNAT                 IsthmusMetric = 7
+	IsthmusMetricMETRIC_SNAT_REVERSE         IsthmusMetric = 8
+	IsthmusMetricMETRIC_SNAT_NEW             IsthmusMetric = 9
+	IsthmusMetricMETRIC_FABRIC_INGRESS       IsthmusMetric = 10
+	IsthmusMetricMETRIC_TRANSIT              IsthmusMetric = 11
+	IsthmusMetricMETRIC_TIME_EXCEEDED_SENT   IsthmusMetric = 12
+	IsthmusMetricMETRIC_NO_PATH_UNREACH_SENT IsthmusMetric = 13
 )
 
 type IsthmusMetricsKey struct {

@@ -31,10 +31,13 @@ func ipv4WithOptions(src, dst netip.Addr, proto byte, o ipOpts, options, payload
 // icmpFragNeeded is the reply the datapath must build for the IPv4 packet orig:
 // from orig's destination to its source, TOS precedence "internetwork control", TTL
 // 64, type 3 code 4, next-hop MTU mtu, quoting orig's header and 8 bytes.
-func icmpFragNeeded(orig []byte, mtu uint16) []byte {
+func icmpFragNeeded(orig []byte, mtu uint16) []byte { return icmpUnreachable(orig, 4, mtu) }
+
+// icmpUnreachable is icmpFragNeeded with any code of type 3 (mtu 0 but for code 4).
+func icmpUnreachable(orig []byte, code byte, mtu uint16) []byte {
 	hl := int(orig[0]&0x0f) * 4
 	icmp := make([]byte, 8, 8+hl+8)
-	icmp[0], icmp[1] = 3, 4
+	icmp[0], icmp[1] = 3, code
 	binary.BigEndian.PutUint16(icmp[6:], mtu)
 	icmp = append(icmp, orig[:hl+8]...)
 	binary.BigEndian.PutUint16(icmp[2:], csum16(icmp))

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"slices"
+	"strings"
 )
 
 // NHGSlots is the number of slots of a next-hop group (NHG_SLOTS in
@@ -73,29 +74,64 @@ func rendezvousScore(m netip.Addr, s int) uint64 {
 	return x ^ x>>31
 }
 
-// groupIDs returns the id of every distinct member set in sets (each sorted and
-// without duplicates): the id prefer gives it (what its routes use in the kernel)
-// when no other set took that id first, else the smallest free id, sets taken in
-// lexicographic order. So ids are a pure function of the plan and the current state,
-// and never move under live flows: members going down or up never renumber, a new
-// group never takes an id in use, and a member set that changes keeps its routes'
-// id. Sets beyond MaxGroupID get no id.
-func groupIDs(sets [][]netip.Addr, prefer map[string]uint32) map[string]uint32 {
-	distinct := map[string][]netip.Addr{}
-	for _, s := range sets {
-		distinct[memberKey(s)] = s
+// GroupMember is a next-hop group member as the health checks see it: its
+// underlay address, and the remote site it is checked for (a gateway that no
+// longer reaches that site is down for it only); "" checks that it answers.
+type GroupMember struct {
+	Site string
+	Addr netip.Addr
+}
+
+// memberSet is what gets one group id: the members of a route's group (sorted,
+// without duplicates) and the remote site they are checked for. Two sites
+// reached through the same gateways need two groups, since a gateway may reach
+// one and not the other.
+type memberSet struct {
+	site  string
+	addrs []netip.Addr
+}
+
+func (s memberSet) key() string {
+	b := make([]byte, 0, len(s.site)+1+4*len(s.addrs))
+	b = append(b, s.site...)
+	b = append(b, 0)
+	for _, a := range s.addrs {
+		x := a.As4()
+		b = append(b, x[:]...)
 	}
-	ordered := make([][]netip.Addr, 0, len(distinct))
+	return string(b)
+}
+
+func compareSets(a, b memberSet) int {
+	if c := strings.Compare(a.site, b.site); c != 0 {
+		return c
+	}
+	return slices.CompareFunc(a.addrs, b.addrs, cmpAddr)
+}
+
+// groupIDs returns the id of every distinct member set in sets, by key: the
+// id prefer gives it (what its routes use in the kernel) when no other set
+// took that id first, else the smallest free id, sets taken in order of site,
+// then members. So ids are a pure function of the plan and the current state,
+// and never move under live flows: members going down or up never renumber, a
+// new group never takes an id in use, and a member set that changes keeps its
+// routes' id. Sets beyond MaxGroupID get no id.
+func groupIDs(sets []memberSet, prefer map[string]uint32) map[string]uint32 {
+	distinct := map[string]memberSet{}
+	for _, s := range sets {
+		distinct[s.key()] = s
+	}
+	ordered := make([]memberSet, 0, len(distinct))
 	for _, s := range distinct {
 		ordered = append(ordered, s)
 	}
-	slices.SortFunc(ordered, func(a, b []netip.Addr) int { return slices.CompareFunc(a, b, cmpAddr) })
+	slices.SortFunc(ordered, compareSets)
 	ids := map[string]uint32{}
 	taken := map[uint32]bool{}
 	// Ids in use stay with their member set, so flows never see a route's group id
 	// point at another set while the maps are rewritten.
 	for _, s := range ordered {
-		k := memberKey(s)
+		k := s.key()
 		if id, ok := prefer[k]; ok && id >= 1 && id <= MaxGroupID && !taken[id] {
 			ids[k] = id
 			taken[id] = true
@@ -103,7 +139,7 @@ func groupIDs(sets [][]netip.Addr, prefer map[string]uint32) map[string]uint32 {
 	}
 	next := uint32(1)
 	for _, s := range ordered {
-		k := memberKey(s)
+		k := s.key()
 		if _, ok := ids[k]; ok {
 			continue
 		}
@@ -117,15 +153,6 @@ func groupIDs(sets [][]netip.Addr, prefer map[string]uint32) map[string]uint32 {
 		taken[next] = true
 	}
 	return ids
-}
-
-func memberKey(s []netip.Addr) string {
-	b := make([]byte, 0, 4*len(s))
-	for _, a := range s {
-		x := a.As4()
-		b = append(b, x[:]...)
-	}
-	return string(b)
 }
 
 func (g NexthopGroup) toKernel() NexthopGroupValue {

@@ -1,7 +1,6 @@
 package maps
 
 import (
-	"net/netip"
 	"os"
 	"testing"
 
@@ -150,7 +149,7 @@ func TestKernelGroupsAndPrefixes(t *testing.T) {
 	}
 
 	// Every group member down, and then the state cleared.
-	n.Down = map[netip.Addr]bool{m1: true, m2: true, m3: true, m4: true}
+	n.Down = map[GroupMember]bool{{Addr: m1}: true, {Addr: m2}: true, {Addr: m3}: true, {Addr: m4}: true}
 	down, _ := FromPlan(unmanagedPlan(), n)
 	res, err := Apply(s, Diff(got, down))
 	if err != nil {

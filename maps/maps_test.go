@@ -401,13 +401,44 @@ func TestFromPlanUnmanaged(t *testing.T) {
 
 	// c2 down: group 1 loses c2's slots only, ids stay; d1 down: group 2 is empty
 	// (zero entry), its route stays and points at it.
-	n.Down = map[netip.Addr]bool{m2: true, m4: true}
+	n.Down = map[GroupMember]bool{{Addr: m2}: true, {Addr: m4}: true}
 	down, _ := FromPlan(unmanagedPlan(), n)
 	if g := down.Groups[1]; g != Rendezvous([]netip.Addr{m1, m3}) || g.Live != 2 {
 		t.Errorf("group 1 with c2 down = %+v", g)
 	}
 	if _, ok := down.Groups[2]; ok || down.Routes[pfx("10.8.0.0/16")] != (Route{Group: 2}) {
 		t.Errorf("group 2 with d1 down: entry %v route %+v; want no entry, route kept", down.Groups[2], down.Routes[pfx("10.8.0.0/16")])
+	}
+}
+
+// TestFromPlanGroupsPerSite: two remote sites reached through the same two
+// gateways get a group each, and a gateway that no longer reaches one site
+// (down for it) leaves that site's group only.
+func TestFromPlanGroupsPerSite(t *testing.T) {
+	p := testPlan()
+	p.Peers = append(p.Peers,
+		plan.Peer{Name: "gw1", Underlay: m1, TunnelAddr: addr("10.250.0.1")},
+		plan.Peer{Name: "gw2", Underlay: m2, TunnelAddr: addr("10.250.0.2")},
+	)
+	gws := []plan.NextHop{{Peer: "gw1", Via: m1}, {Peer: "gw2", Via: m2}}
+	p.Routes = append(p.Routes,
+		plan.Route{Prefix: pfx("10.61.0.0/16"), Group: gws, Site: "east"},
+		plan.Route{Prefix: pfx("10.62.0.0/16"), Group: gws, Site: "north"},
+		plan.Route{Prefix: pfx("10.63.0.0/16"), Group: gws, Site: "north"},
+	)
+	n := testNode()
+	n.Down = map[GroupMember]bool{{Site: "north", Addr: m2}: true, {Site: "", Addr: m1}: true}
+	got, _ := FromPlan(p, n)
+	east, north := got.Routes[pfx("10.61.0.0/16")], got.Routes[pfx("10.62.0.0/16")]
+	if east.Group == 0 || north.Group == 0 || east.Group == north.Group || got.Routes[pfx("10.63.0.0/16")] != north {
+		t.Fatalf("routes east %+v north %+v 10.63/16 %+v: want one group per site", east, got.Routes[pfx("10.62.0.0/16")], got.Routes[pfx("10.63.0.0/16")])
+	}
+	// Down for no site (liveness) is another key: it moves nothing here.
+	if g := got.Groups[east.Group]; g != Rendezvous([]netip.Addr{m1, m2}) {
+		t.Errorf("east group %+v, want both gateways", g)
+	}
+	if g := got.Groups[north.Group]; g != Rendezvous([]netip.Addr{m1}) {
+		t.Errorf("north group %+v, want gw1 only (gw2 does not reach north)", g)
 	}
 }
 
@@ -461,28 +492,35 @@ func TestRendezvous(t *testing.T) {
 }
 
 func TestGroupIDsAreStable(t *testing.T) {
-	a := []netip.Addr{m1, m2}
-	b := []netip.Addr{m4}
-	ids := groupIDs([][]netip.Addr{b, a, a}, nil)
-	if ids[memberKey(a)] != 1 || ids[memberKey(b)] != 2 || len(ids) != 2 {
+	a := memberSet{addrs: []netip.Addr{m1, m2}}
+	b := memberSet{addrs: []netip.Addr{m4}}
+	ids := groupIDs([]memberSet{b, a, a}, nil)
+	if ids[a.key()] != 1 || ids[b.key()] != 2 || len(ids) != 2 {
 		t.Fatalf("ids %v, want a=1 b=2", ids)
 	}
 	// A set that sorts after the others leaves their ids alone.
-	c := []netip.Addr{addr("172.16.9.1")}
-	ids2 := groupIDs([][]netip.Addr{a, b, c}, nil)
-	if ids2[memberKey(a)] != 1 || ids2[memberKey(b)] != 2 || ids2[memberKey(c)] != 3 {
+	c := memberSet{addrs: []netip.Addr{addr("172.16.9.1")}}
+	ids2 := groupIDs([]memberSet{a, b, c}, nil)
+	if ids2[a.key()] != 1 || ids2[b.key()] != 2 || ids2[c.key()] != 3 {
 		t.Fatalf("ids %v after adding c", ids2)
 	}
 	// A set that sorts first takes a free id, not one in use.
-	first := []netip.Addr{addr("10.0.0.1")}
-	ids3 := groupIDs([][]netip.Addr{a, b, first}, map[string]uint32{memberKey(a): 1, memberKey(b): 2})
-	if ids3[memberKey(a)] != 1 || ids3[memberKey(b)] != 2 || ids3[memberKey(first)] != 3 {
+	first := memberSet{addrs: []netip.Addr{addr("10.0.0.1")}}
+	ids3 := groupIDs([]memberSet{a, b, first}, map[string]uint32{a.key(): 1, b.key(): 2})
+	if ids3[a.key()] != 1 || ids3[b.key()] != 2 || ids3[first.key()] != 3 {
 		t.Fatalf("ids %v after adding a set that sorts first, want a=1 b=2 first=3", ids3)
 	}
 	// Two sets claiming the same id: the first in order keeps it.
-	ids4 := groupIDs([][]netip.Addr{a, b}, map[string]uint32{memberKey(a): 5, memberKey(b): 5})
-	if ids4[memberKey(a)] != 5 || ids4[memberKey(b)] != 1 {
+	ids4 := groupIDs([]memberSet{a, b}, map[string]uint32{a.key(): 5, b.key(): 5})
+	if ids4[a.key()] != 5 || ids4[b.key()] != 1 {
 		t.Fatalf("ids %v, want a=5 b=1", ids4)
+	}
+	// The same gateways for two remote sites are two groups: a gateway may
+	// reach one site and not the other.
+	east, west := memberSet{site: "east", addrs: a.addrs}, memberSet{site: "west", addrs: a.addrs}
+	ids5 := groupIDs([]memberSet{west, east, a}, nil)
+	if ids5[a.key()] != 1 || ids5[east.key()] != 2 || ids5[west.key()] != 3 {
+		t.Fatalf("ids %v, want a=1 east=2 west=3", ids5)
 	}
 }
 
@@ -556,7 +594,7 @@ func TestApplyTranscriptGroups(t *testing.T) {
 		t.Fatalf("first sync transcript tail (-want +got):\n%s", diff)
 	}
 
-	n.Down = map[netip.Addr]bool{m2: true}
+	n.Down = map[GroupMember]bool{{Addr: m2}: true}
 	s2, _ := FromPlan(unmanagedPlan(), n)
 	sync(t, f, s2)
 	if diff := cmp.Diff([]string{"update nexthop_groups 1 live=2" + slotCounts(s2.Groups[1])}, f.take()); diff != "" {

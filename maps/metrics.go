@@ -45,6 +45,7 @@ var metricNames = map[uint16]string{
 	10: "fabric_ingress",
 	11: "transit",
 	12: "time_exceeded_sent",
+	13: "no_path_unreach_sent",
 }
 
 // MetricKey identifies one counter: a code (METRIC_* or -DROP_*) at a hook.

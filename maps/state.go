@@ -86,9 +86,10 @@ type NodeConfig struct {
 	PodIfindexes []int
 	// SNATPortMin and SNATPortMax are the SNAT port range (--snat-ports).
 	SNATPortMin, SNATPortMax uint16
-	// Down are the next-hop group members (underlay addresses) whose health
-	// checks fail: they own no slot. nil means every member is up.
-	Down map[netip.Addr]bool
+	// Down are the next-hop group members whose health checks fail for the
+	// route's remote site (plan.Route.Site): they own no slot in that site's
+	// groups. nil means every member is up.
+	Down map[GroupMember]bool
 	// CurrentGroups is the group id each route prefix has in the kernel now (the
 	// Routes of the state read back). A member set keeps the id its routes use, so
 	// ids do not move under live flows when groups come and go, nor across agent
@@ -141,10 +142,11 @@ func newState() State {
 // are left out, each with a warning in the returned slice. A nil plan gives a State
 // with only the node's config and pod interfaces.
 //
-// A route with a Group goes to a next-hop group: one id per distinct set of member
-// underlay addresses, the id its routes have now (node.CurrentGroups) or else the
-// smallest free one, in the sorted order of the sets (groupIDs),
-// whose slots are spread over the members not in node.Down by Rendezvous. A group
+// A route with a Group goes to a next-hop group: one id per distinct remote site
+// and set of member underlay addresses, the id its routes have now
+// (node.CurrentGroups) or else the smallest free one, in the sorted order of the
+// sets (groupIDs), whose slots are spread by Rendezvous over the members not in
+// node.Down for the route's site. A group
 // whose members are all down has no entry (the zero entry: the datapath drops with
 // DROP_NO_NEXTHOP). config.tunnel_ip is p.SNAT.Addr, the SNAT port range comes from
 // node, fabric_prefixes from p.FabricPrefixes and snat_exempt from p.SNAT.Exempt.
@@ -212,7 +214,7 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (State, []string) {
 
 	// Member sets first: group ids depend on all of them.
 	members := make([][]netip.Addr, len(p.Routes))
-	var sets [][]netip.Addr
+	var sets []memberSet
 	for i, r := range p.Routes {
 		if len(r.Group) == 0 {
 			continue
@@ -227,7 +229,7 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (State, []string) {
 		slices.SortFunc(members[i], cmpAddr)
 		members[i] = slices.Compact(members[i])
 		if len(members[i]) > 0 {
-			sets = append(sets, members[i])
+			sets = append(sets, memberSet{site: r.Site, addrs: members[i]})
 		}
 	}
 	prefer := map[string]uint32{}
@@ -237,8 +239,9 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (State, []string) {
 		}
 		if pr, ok := prefix4(r.Prefix); ok {
 			if id := node.CurrentGroups[pr]; id != 0 {
-				if _, seen := prefer[memberKey(members[i])]; !seen {
-					prefer[memberKey(members[i])] = id
+				k := memberSet{site: r.Site, addrs: members[i]}.key()
+				if _, seen := prefer[k]; !seen {
+					prefer[k] = id
 				}
 			}
 		}
@@ -259,7 +262,7 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (State, []string) {
 			warnings = append(warnings, fmt.Sprintf("route %v to a group: not IPv4, skipped", r.Prefix))
 			continue
 		}
-		id, ok := ids[memberKey(members[i])]
+		id, ok := ids[memberSet{site: r.Site, addrs: members[i]}.key()]
 		if !ok {
 			warnings = append(warnings, fmt.Sprintf("route %v: more than %d next-hop groups, skipped", r.Prefix, MaxGroupID))
 			continue
@@ -270,7 +273,7 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (State, []string) {
 		}
 		var live []netip.Addr
 		for _, m := range members[i] {
-			if !node.Down[m] {
+			if !node.Down[GroupMember{Site: r.Site, Addr: m}] {
 				live = append(live, m)
 			}
 		}

@@ -191,7 +191,7 @@ func TestGatewayBuiltins(t *testing.T) {
 		{"seed003", []string{"master-gw", "edge-gw"}, false},
 		{"seed000gw", []string{"aks-1", "flex-1"}, false},
 		{"seed001", []string{"u-gw", "r-gw"}, false},
-		{"gwfailover", []string{"gw-w1", "gw-w2", "gw-e1"}, false},
+		{"gwfailover", []string{"gw-w1", "gw-w2", "gw-e1", "gw-e2"}, false},
 		{"gwexternal", []string{"dc-gw", "cl-gw"}, true},
 	} {
 		sc, err := LoadScenario(c.scenario)

@@ -160,6 +160,7 @@ enum metric {
 	METRIC_FABRIC_INGRESS	= 10,	/* overlay packet from the site fabric delivered to a pod */
 	METRIC_TRANSIT		= 11,	/* GENEVE forwarded to another peer (gateway) */
 	METRIC_TIME_EXCEEDED_SENT = 12,	/* TTL expired here: answered with ICMP time exceeded */
+	METRIC_NO_PATH_UNREACH_SENT = 13, /* no live next hop: answered with ICMP net unreachable */
 };
 
 /* Written by underlay_xdp in front of a frame it has popped (XDP metadata), read by

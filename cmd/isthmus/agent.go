@@ -114,8 +114,9 @@ func newAgentCmd() *cobra.Command {
 			if cfg.HealthPort < 1 || cfg.HealthPort > 65535 {
 				return fmt.Errorf("parse --health-port %d: want 1..65535", cfg.HealthPort)
 			}
-			if cfg.HealthInterval <= 0 || cfg.HealthMultiplier < 1 {
-				return fmt.Errorf("parse --health-interval %v / --health-multiplier %d: want a positive interval and at least 1", cfg.HealthInterval, cfg.HealthMultiplier)
+			if cfg.HealthInterval <= 0 || cfg.HealthMultiplier < 1 || cfg.HealthRise < 1 {
+				return fmt.Errorf("parse --health-interval %v / --health-multiplier %d / --health-rise %d: want a positive interval and at least 1",
+					cfg.HealthInterval, cfg.HealthMultiplier, cfg.HealthRise)
 			}
 			level := slog.LevelInfo
 			if debug {
@@ -176,6 +177,7 @@ func newAgentCmd() *cobra.Command {
 	f.IntVar(&cfg.HealthPort, "health-port", health.DefaultPort, "UDP port of the health-check responder on the tunnel address")
 	f.DurationVar(&cfg.HealthInterval, "health-interval", health.DefaultInterval, "interval between health probes to each next-hop group member")
 	f.IntVar(&cfg.HealthMultiplier, "health-multiplier", health.DefaultMultiplier, "unanswered probes in a row that mark a member down")
+	f.IntVar(&cfg.HealthRise, "health-rise", health.DefaultRise, "good answers in a row that bring a member that was down back")
 	f.StringVar(&metricsAddr, "metrics-addr", metrics.DefaultAddr, "address to serve /metrics, /healthz and /readyz on (empty: none)")
 	f.BoolVar(&debug, "debug", false, "log every map write")
 	cni.register(f)

@@ -9,12 +9,14 @@ import (
 
 	"github.com/isthmus-dev/isthmus/loader/datapath"
 	"github.com/isthmus-dev/isthmus/loader/inspect"
+	"github.com/isthmus-dev/isthmus/loader/objects"
+	"github.com/isthmus-dev/isthmus/loader/plan"
 )
 
 func newInspectCmd() *cobra.Command {
-	var pinDir, output string
+	var pinDir, output, objectsDir, node string
 	cmd := &cobra.Command{
-		Use:   "inspect routes|peers|nat|counters|groups|config [--pin-dir DIR] [-o table|json]",
+		Use:   "inspect routes|peers|nat|counters|groups|config [--pin-dir DIR] [--objects DIR --node NAME] [-o table|json]",
 		Short: "Print what the datapath's pinned maps hold on this node",
 		Long: `inspect reads the maps the agent pinned under --pin-dir and prints one view:
 
@@ -26,7 +28,11 @@ func newInspectCmd() *cobra.Command {
             the datapath's own timeouts
   counters  non-zero counters by verdict or drop reason and hook, packets and
             bytes summed over CPUs
-  groups    next-hop groups with a live member and their slot owners
+  groups    next-hop groups with a live member and their slot owners; with
+            --objects and --node (the node's plan), every group's remote site
+            and each planned member marked "reaches" (it owns slots: it
+            answers and reaches that site) or "down", and the groups no
+            member reaches
   config    the config entry, pod interfaces, fabric prefixes, SNAT exempt
 
 It only reads, and works whether or not the agent runs. It needs root (or
@@ -43,15 +49,29 @@ See docs/inspect.md.`,
 			if output != "table" && output != "json" {
 				return fmt.Errorf("parse --output: unknown format %q (want table or json)", output)
 			}
+			if (objectsDir == "") != (node == "") {
+				return fmt.Errorf("parse --objects %q / --node %q: give both or neither", objectsDir, node)
+			}
 			m, err := inspect.Open(pinDir)
 			if err != nil {
 				return err
 			}
 			defer m.Close()
+			if objectsDir != "" {
+				set, _, err := objects.LoadDir(objectsDir)
+				if err != nil {
+					return fmt.Errorf("load objects from %s:\n%w", objectsDir, err)
+				}
+				if m.Plan, err = plan.Compute(set, node); err != nil {
+					return err
+				}
+			}
 			return inspect.Write(cmd.OutOrStdout(), m, args[0], output)
 		},
 	}
 	cmd.Flags().StringVar(&pinDir, "pin-dir", datapath.DefaultPinDir, "bpffs directory the agent pinned the maps into")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
+	cmd.Flags().StringVar(&objectsDir, "objects", "", "directory of the objects (as for isthmus plan), to name each group's site and planned members")
+	cmd.Flags().StringVar(&node, "node", "", "this node's name, with --objects")
 	return cmd
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -131,8 +132,9 @@ func writePlanTable(w io.Writer, p *plan.NodePlan, warnings []objects.Warning) e
 	})
 	section(w, "ROUTE GROUPS", groups, func(tw *tabwriter.Writer) {
 		// One row per route: each flow to the prefix takes one member by
-		// consistent hash, among those passing health checks.
-		fmt.Fprintln(tw, "PREFIX\tMEMBERS")
+		// consistent hash, among those passing health checks (for a gateway
+		// group, those that reach the remote site).
+		fmt.Fprintln(tw, "PREFIX\tSITE\tMEMBERS")
 		for _, r := range p.Routes {
 			if len(r.Group) == 0 {
 				continue
@@ -141,7 +143,7 @@ func writePlanTable(w io.Writer, p *plan.NodePlan, warnings []objects.Warning) e
 			for i, h := range r.Group {
 				members[i] = fmt.Sprintf("%s %s", h.Peer, h.Via)
 			}
-			fmt.Fprintf(tw, "%s\t%s\n", r.Prefix, strings.Join(members, ", "))
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", r.Prefix, cmp.Or(r.Site, "-"), strings.Join(members, ", "))
 		}
 	})
 	writeSNAT(w, p.SNAT)

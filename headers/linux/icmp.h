@@ -8,6 +8,7 @@
 #define ICMP_DEST_UNREACH	3
 #define ICMP_ECHO		8
 #define ICMP_TIME_EXCEEDED	11
+#define ICMP_NET_UNREACH	0	/* code of ICMP_DEST_UNREACH */
 #define ICMP_FRAG_NEEDED	4	/* code of ICMP_DEST_UNREACH */
 #define ICMP_EXC_TTL		0	/* code of ICMP_TIME_EXCEEDED */
 

@@ -61,12 +61,13 @@ type Config struct {
 	// SNATPortMin and SNATPortMax bound the ports return-path SNAT picks when a
 	// flow's own port is taken (0, 0: DefaultSNATPortMin..DefaultSNATPortMax).
 	SNATPortMin, SNATPortMax uint16
-	// HealthPort, HealthInterval and HealthMultiplier configure the health checks
-	// of next-hop group members (0: health.DefaultPort, DefaultInterval,
-	// DefaultMultiplier).
+	// HealthPort, HealthInterval, HealthMultiplier and HealthRise configure the
+	// health checks of next-hop group members (0: health.DefaultPort,
+	// DefaultInterval, DefaultMultiplier, DefaultRise).
 	HealthPort       int
 	HealthInterval   time.Duration
 	HealthMultiplier int
+	HealthRise       int
 	// Resync is the period of full resyncs (default 30s): the objects are read
 	// again and the kernel state diffed. Debounce is the quiet time after a
 	// change in ObjectsDir before it is read (default source.DefaultDebounce).
@@ -99,7 +100,7 @@ type Agent struct {
 	// the last set of members it reported down.
 	health     *health.Checker
 	healthAddr netip.Addr
-	down       map[netip.Addr]bool
+	down       map[maps.GroupMember]bool
 	st         *Status // never nil
 	// reported holds the lines last logged per group (set-aside objects,
 	// warnings), so a resync that finds the same problems logs nothing.
@@ -660,7 +661,7 @@ func (a *Agent) ensureHealth() {
 		}
 		c, err := health.Start(health.Config{
 			Addr: addr, Port: a.cfg.HealthPort, Interval: a.cfg.HealthInterval,
-			Multiplier: a.cfg.HealthMultiplier, Log: a.log,
+			Multiplier: a.cfg.HealthMultiplier, Rise: a.cfg.HealthRise, Log: a.log,
 		})
 		if err != nil {
 			a.log.Error("health checks not running; every group member counts as up", "err", err)
@@ -677,7 +678,7 @@ func (a *Agent) ensureHealth() {
 
 // healthChanges is the channel of down-set changes, nil (never ready) without
 // health checks.
-func (a *Agent) healthChanges() <-chan map[netip.Addr]bool {
+func (a *Agent) healthChanges() <-chan map[maps.GroupMember]bool {
 	if a.health == nil {
 		return nil
 	}

@@ -572,7 +572,7 @@ func TestAgentKernelGroups(t *testing.T) {
 		_, ok := st.Groups[1]
 		return !ok && st.Routes[grouped].Group == 1
 	})
-	// x answers again: back at once (first answer).
+	// x answers again: back after --health-rise (3) answers in a row.
 	resp, err = health.Start(health.Config{Addr: netip.MustParseAddr("10.77.0.1"), Port: 9997, Interval: time.Hour})
 	if err != nil {
 		t.Fatalf("restart x's responder: %v", err)

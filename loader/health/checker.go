@@ -2,6 +2,7 @@ package health
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -12,10 +13,64 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/isthmus-dev/isthmus/maps"
 )
 
-// probeMagic starts every probe and answer; anything else is ignored.
+// probeMagic starts every probe and answer; anything else is ignored. Then
+// comes the kind (probeKind, or an answer: reachesKind or unreachableKind), the
+// prober's round number (8 bytes, big endian; 0 in an answer nobody asked for)
+// and the remote site the probe asks about (the rest, "" for none).
+//
+// The first version sent the magic and the round only and echoed every
+// message with the magic: the responder still echoes such a probe, and the
+// prober takes its own probe echoed back (kind probeKind) as "reaches", so
+// nodes of both versions keep each other up during a rolling upgrade.
 var probeMagic = []byte("isthmus-health1\x00")
+
+const (
+	probeKind       = 'P'
+	reachesKind     = 'R'
+	unreachableKind = 'N'
+	v1Len           = 16 + 8
+	headerLen       = 16 + 1 + 8
+	maxSiteLen      = 253
+)
+
+// message is a probe or an answer.
+type message struct {
+	kind  byte
+	round uint64
+	site  string
+}
+
+func (m message) encode() []byte {
+	b := make([]byte, headerLen, headerLen+len(m.site))
+	copy(b, probeMagic)
+	b[len(probeMagic)] = m.kind
+	binary.BigEndian.PutUint64(b[len(probeMagic)+1:], m.round)
+	return append(b, m.site...)
+}
+
+func decode(b []byte) (message, bool) {
+	if len(b) < headerLen || len(b) > headerLen+maxSiteLen || !bytes.HasPrefix(b, probeMagic) {
+		return message{}, false
+	}
+	return message{kind: b[len(probeMagic)], round: binary.BigEndian.Uint64(b[len(probeMagic)+1:]), site: string(b[headerLen:])}, true
+}
+
+// prober is a node that probes this one about a site: it hears at once when
+// this node's reach to the site changes, rather than at its next probe.
+type prober struct {
+	from netip.AddrPort
+	site string
+}
+
+// proberState is when a prober last asked and what it was last told.
+type proberState struct {
+	seen    time.Time
+	reaches bool
+}
 
 // Config configures a Checker.
 type Config struct {
@@ -25,11 +80,12 @@ type Config struct {
 	// Port is the UDP port of every node's responder (DefaultPort); 0 picks a free
 	// one here and probes it (for tests on one host).
 	Port int
-	// Interval between probe rounds (DefaultInterval when 0) and Multiplier, the
-	// unanswered probes in a row that make a member down (DefaultMultiplier).
-	Interval   time.Duration
-	Multiplier int
-	Log        *slog.Logger
+	// Interval between probe rounds (DefaultInterval when 0), Multiplier, the
+	// unanswered probes in a row that make a member down (DefaultMultiplier),
+	// and Rise, the good answers in a row that bring it back (DefaultRise).
+	Interval         time.Duration
+	Multiplier, Rise int
+	Log              *slog.Logger
 }
 
 // Checker answers probes and probes the targets. Its methods are safe for
@@ -39,13 +95,14 @@ type Checker struct {
 	resp    *net.UDPConn
 	probe   *net.UDPConn
 	port    int
-	changes chan map[netip.Addr]bool
+	changes chan map[maps.GroupMember]bool
 	done    chan struct{}
 	wg      sync.WaitGroup
 
-	mu    sync.Mutex
-	tr    *Tracker
-	flaps map[string]*[2]uint64 // peer name -> transitions [up, down]
+	mu      sync.Mutex
+	tr      *Tracker
+	flaps   map[peerKey]*[2]uint64 // transitions [up, down]
+	probers map[prober]*proberState
 
 	pubMu sync.Mutex // one publisher at a time, so publish never blocks
 }
@@ -59,6 +116,9 @@ func Start(cfg Config) (*Checker, error) {
 	}
 	if cfg.Multiplier <= 0 {
 		cfg.Multiplier = DefaultMultiplier
+	}
+	if cfg.Rise <= 0 {
+		cfg.Rise = DefaultRise
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -78,8 +138,9 @@ func Start(cfg Config) (*Checker, error) {
 	}
 	c := &Checker{
 		cfg: cfg, resp: resp, probe: probe, port: resp.LocalAddr().(*net.UDPAddr).Port,
-		changes: make(chan map[netip.Addr]bool, 1), done: make(chan struct{}),
-		tr: NewTracker(cfg.Multiplier), flaps: map[string]*[2]uint64{},
+		changes: make(chan map[maps.GroupMember]bool, 1), done: make(chan struct{}),
+		tr: NewTracker(cfg.Multiplier, cfg.Rise), flaps: map[peerKey]*[2]uint64{},
+		probers: map[prober]*proberState{},
 	}
 	c.wg.Add(3)
 	go c.respond()
@@ -104,17 +165,20 @@ func (c *Checker) SetTargets(ts []Target) {
 	}
 }
 
-// Down returns the underlay addresses of the members that are down now.
-func (c *Checker) Down() map[netip.Addr]bool {
+// Down returns the members that are down now.
+func (c *Checker) Down() map[maps.GroupMember]bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.tr.Down()
 }
 
 // PeerState is the health of one peer (a node whose addresses are next-hop
-// group members) as metrics report it.
+// group members) for one remote site as metrics report it.
 type PeerState struct {
 	Name string
+	// Site is the remote site the peer is checked for ("": only that it
+	// answers).
+	Site string
 	// Tracked is true while the peer is a target; Up is then true when none of
 	// its addresses is down.
 	Tracked, Up bool
@@ -123,25 +187,27 @@ type PeerState struct {
 	Ups, Downs uint64
 }
 
-// Peers returns the state of every peer that is a target or has had a
-// transition, sorted by name.
+type peerKey struct{ name, site string }
+
+// Peers returns the state of every peer and site that is a target or has had
+// a transition, sorted by name and site.
 func (c *Checker) Peers() []PeerState {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	byName := map[string]*PeerState{}
-	get := func(n string) *PeerState {
-		p := byName[n]
+	byName := map[peerKey]*PeerState{}
+	get := func(k peerKey) *PeerState {
+		p := byName[k]
 		if p == nil {
-			p = &PeerState{Name: n, Up: true}
-			byName[n] = p
+			p = &PeerState{Name: k.name, Site: k.site, Up: true}
+			byName[k] = p
 		}
 		return p
 	}
 	down := c.tr.Down()
 	for _, t := range c.tr.Targets() {
-		p := get(t.Name)
+		p := get(peerKey{t.Name, t.Site})
 		p.Tracked = true
-		if down[t.Underlay] {
+		if down[t.Member()] {
 			p.Up = false
 		}
 	}
@@ -156,13 +222,15 @@ func (c *Checker) Peers() []PeerState {
 		}
 		out = append(out, *p)
 	}
-	slices.SortFunc(out, func(a, b PeerState) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b PeerState) int {
+		return cmp.Or(strings.Compare(a.Name, b.Name), strings.Compare(a.Site, b.Site))
+	})
 	return out
 }
 
 // Changes delivers the set of down members after each change; only the latest is
 // kept if the reader is slow.
-func (c *Checker) Changes() <-chan map[netip.Addr]bool { return c.changes }
+func (c *Checker) Changes() <-chan map[maps.GroupMember]bool { return c.changes }
 
 // Close stops probing and answering and closes the sockets.
 func (c *Checker) Close() {
@@ -177,7 +245,7 @@ func (c *Checker) Close() {
 	c.wg.Wait()
 }
 
-func (c *Checker) publish(down map[netip.Addr]bool) {
+func (c *Checker) publish(down map[maps.GroupMember]bool) {
 	c.pubMu.Lock()
 	defer c.pubMu.Unlock()
 	select {
@@ -193,10 +261,11 @@ func (c *Checker) report(ts []Transition) {
 	}
 	c.mu.Lock()
 	for _, t := range ts {
-		f := c.flaps[t.Target.Name]
+		k := peerKey{t.Target.Name, t.Target.Site}
+		f := c.flaps[k]
 		if f == nil {
 			f = new([2]uint64)
-			c.flaps[t.Target.Name] = f
+			c.flaps[k] = f
 		}
 		if t.Up {
 			f[0]++
@@ -207,15 +276,60 @@ func (c *Checker) report(ts []Transition) {
 	c.mu.Unlock()
 	for _, t := range ts {
 		if t.Up {
-			c.cfg.Log.Info("group member up", "member", t.Target.Name, "underlay", t.Target.Underlay, "tunnel", t.Target.TunnelAddr)
+			c.cfg.Log.Info("group member up", "member", t.Target.Name, "site", t.Target.Site, "underlay", t.Target.Underlay, "tunnel", t.Target.TunnelAddr)
 		} else {
-			c.cfg.Log.Warn("group member down", "member", t.Target.Name, "underlay", t.Target.Underlay, "tunnel", t.Target.TunnelAddr, "missed", t.Misses)
+			c.cfg.Log.Warn("group member down", "member", t.Target.Name, "site", t.Target.Site, "underlay", t.Target.Underlay, "tunnel", t.Target.TunnelAddr,
+				"missed", t.Misses, "unreachable", t.Unreachable)
 		}
 	}
 	c.publish(c.Down())
+	c.notifyProbers()
 }
 
-// respond echoes every probe back to its sender.
+// notifyProbers tells every node that probed this one recently (within a
+// down time) about a site whose reach has changed since its last answer, so
+// it moves its flows now, not up to an interval later at its next probe.
+func (c *Checker) notifyProbers() {
+	c.mu.Lock()
+	recent := time.Now().Add(-c.cfg.Interval * time.Duration(c.cfg.Multiplier+1))
+	var tell []prober
+	var kinds []byte
+	for p, st := range c.probers {
+		if st.seen.Before(recent) {
+			delete(c.probers, p)
+			continue
+		}
+		if r := c.tr.Reaches(p.site); r != st.reaches {
+			st.reaches = r
+			tell = append(tell, p)
+			kinds = append(kinds, answerKind(r))
+		}
+	}
+	c.mu.Unlock()
+	for i, p := range tell {
+		c.answer(message{kind: kinds[i], site: p.site}, p.from)
+	}
+}
+
+func answerKind(reaches bool) byte {
+	if reaches {
+		return reachesKind
+	}
+	return unreachableKind
+}
+
+// answerV1 echoes a probe of the first version: it asks about no site.
+func (c *Checker) answerV1(probe []byte, to netip.AddrPort) { c.send(probe, to) }
+
+func (c *Checker) answer(m message, to netip.AddrPort) { c.send(m.encode(), to) }
+
+func (c *Checker) send(b []byte, to netip.AddrPort) {
+	if _, err := c.resp.WriteToUDPAddrPort(b, to); err != nil {
+		c.cfg.Log.Debug("health responder answer", "to", to, "err", err)
+	}
+}
+
+// respond answers every probe: whether this node reaches the site it names.
 func (c *Checker) respond() {
 	defer c.wg.Done()
 	buf := make([]byte, 512)
@@ -228,12 +342,20 @@ func (c *Checker) respond() {
 			c.cfg.Log.Debug("health responder read", "err", err)
 			continue
 		}
-		if !bytes.HasPrefix(buf[:n], probeMagic) {
+		if n == v1Len && bytes.HasPrefix(buf[:n], probeMagic) {
+			c.answerV1(buf[:n], from)
 			continue
 		}
-		if _, err := c.resp.WriteToUDPAddrPort(buf[:n], from); err != nil {
-			c.cfg.Log.Debug("health responder answer", "to", from, "err", err)
+		m, ok := decode(buf[:n])
+		if !ok || m.kind != probeKind {
+			continue
 		}
+		c.mu.Lock()
+		r := c.tr.Reaches(m.site)
+		c.probers[prober{from, m.site}] = &proberState{seen: time.Now(), reaches: r}
+		c.mu.Unlock()
+		m.kind = answerKind(r)
+		c.answer(m, from)
 	}
 }
 
@@ -249,11 +371,15 @@ func (c *Checker) readAnswers() {
 			}
 			continue // e.g. ICMP errors reported on the socket
 		}
-		if !bytes.HasPrefix(buf[:n], probeMagic) || int(from.Port()) != c.port {
+		m, ok := decode(buf[:n])
+		if !ok || int(from.Port()) != c.port {
 			continue
 		}
+		// A probe of ours echoed by a first-version responder: alive, and
+		// that version had no notion of reach.
+		reaches := m.kind == reachesKind || m.kind == probeKind
 		c.mu.Lock()
-		ts := c.tr.Answer(from.Addr(), time.Now())
+		ts := c.tr.Answer(from.Addr(), m.site, reaches, time.Now())
 		c.mu.Unlock()
 		c.report(ts)
 	}
@@ -272,8 +398,6 @@ func (c *Checker) loop() {
 	expire.Stop()
 	defer expire.Stop()
 	var round uint64
-	msg := make([]byte, len(probeMagic)+8)
-	copy(msg, probeMagic)
 	for {
 		select {
 		case <-c.done:
@@ -290,9 +414,9 @@ func (c *Checker) loop() {
 			targets := c.tr.Targets()
 			c.mu.Unlock()
 			c.report(ts)
-			binary.BigEndian.PutUint64(msg[len(probeMagic):], round)
 			for _, t := range targets {
 				to := netip.AddrPortFrom(t.TunnelAddr, uint16(c.port))
+				msg := message{kind: probeKind, round: round, site: t.Site}.encode()
 				if _, err := c.probe.WriteToUDPAddrPort(msg, to); err != nil {
 					c.cfg.Log.Debug("health probe", "to", to, "err", err)
 				}

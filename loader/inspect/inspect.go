@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/isthmus-dev/isthmus/loader/plan"
 	"github.com/isthmus-dev/isthmus/maps"
 )
 
@@ -30,6 +31,10 @@ type Maps struct {
 	set *maps.Set
 	// Now returns CLOCK_MONOTONIC in ns (maps.MonotonicNow); tests replace it.
 	Now func() (uint64, error)
+	// Plan, if set, is the node's plan: Groups then names each group's remote
+	// site and every member it plans, with whether that member reaches the
+	// site now, and lists the groups no member reaches.
+	Plan *plan.NodePlan
 }
 
 // Open opens the maps pinned in dir. It fails with a clear message when dir does
@@ -108,11 +113,24 @@ type Counter struct {
 	Bytes       uint64 `json:"bytes"`
 }
 
-// Group is a live next-hop group.
+// Group is a next-hop group.
 type Group struct {
 	ID     uint32           `json:"id"`
 	Live   uint32           `json:"live"`
 	Owners []maps.SlotOwner `json:"owners"`
+	// Site and Members come from Maps.Plan: the remote site the group leads to
+	// ("" for a group of nodes that deliver the prefix themselves) and every
+	// member the plan gives it.
+	Site    string        `json:"site,omitempty"`
+	Members []GroupMember `json:"members,omitempty"`
+}
+
+// GroupMember is a planned member of a group. Reaches is true when it owns
+// slots: it answers its health checks and reaches the group's site.
+type GroupMember struct {
+	Peer     string     `json:"peer"`
+	Underlay netip.Addr `json:"underlay"`
+	Reaches  bool       `json:"reaches"`
 }
 
 // Config is the config entry and the small sets that go with it.
@@ -244,18 +262,58 @@ func (m *Maps) Counters() ([]Counter, error) {
 	return out, nil
 }
 
-// Groups returns the next-hop groups with a live member, by id.
+// Groups returns the next-hop groups with a live member, by id. With Plan
+// set, every group a planned route points at is listed, with its site and
+// planned members, also when no member reaches the site (no live member).
 func (m *Maps) Groups() ([]Group, error) {
-	gs, err := maps.ReadGroups(m.set.Map(maps.MapNexthopGroups))
+	st, err := m.set.Read()
 	if err != nil {
 		return nil, err
 	}
-	var out []Group
-	for id, g := range gs {
-		out = append(out, Group{ID: id, Live: g.Live, Owners: g.Owners()})
+	byID := map[uint32]*Group{}
+	for id, g := range st.Groups {
+		byID[id] = &Group{ID: id, Live: g.Live, Owners: g.Owners()}
+	}
+	if m.Plan != nil {
+		for _, r := range m.Plan.Routes {
+			pr, ok := prefix4(r.Prefix)
+			if len(r.Group) == 0 || !ok {
+				continue
+			}
+			kr, ok := st.Routes[pr]
+			if !ok || kr.Group == 0 {
+				continue
+			}
+			g := byID[kr.Group]
+			if g == nil {
+				g = &Group{ID: kr.Group}
+				byID[kr.Group] = g
+			}
+			if g.Members != nil {
+				continue
+			}
+			g.Site = r.Site
+			for _, nh := range r.Group {
+				owns := slices.ContainsFunc(g.Owners, func(o maps.SlotOwner) bool { return o.Member == nh.Via.Unmap() })
+				g.Members = append(g.Members, GroupMember{Peer: nh.Peer, Underlay: nh.Via, Reaches: owns})
+			}
+		}
+	}
+	out := make([]Group, 0, len(byID))
+	for _, g := range byID {
+		out = append(out, *g)
 	}
 	slices.SortFunc(out, func(a, b Group) int { return int(a.ID) - int(b.ID) })
 	return out, nil
+}
+
+// prefix4 returns p masked with its address unmapped, and whether it is IPv4.
+func prefix4(p netip.Prefix) (netip.Prefix, bool) {
+	a := p.Addr().Unmap()
+	if !a.Is4() {
+		return netip.Prefix{}, false
+	}
+	return netip.PrefixFrom(a, p.Bits()).Masked(), true
 }
 
 // Config returns the config entry with the pod interfaces, fabric prefixes and

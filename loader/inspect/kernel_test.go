@@ -75,14 +75,12 @@ func fillMaps(t *testing.T, dir string) {
 	if len(warnings) != 0 {
 		t.Fatalf("FromPlan warnings: %v", warnings)
 	}
+	applyState(t, dir, st)
 	ms, err := maps.OpenPinned(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ms.Close()
-	if _, err := maps.Apply(ms, maps.Diff(maps.State{}, st)); err != nil {
-		t.Fatalf("apply: %v", err)
-	}
 
 	ap := netip.MustParseAddrPort
 	tunnel := netip.MustParseAddr("192.168.20.1")
@@ -124,7 +122,7 @@ func fillMaps(t *testing.T, dir string) {
 	down, _ := maps.FromPlan(p, maps.NodeConfig{
 		VNI: 4242, UnderlayIfindex: 2, OverlayIfindex: 7, OverlayMAC: net.HardwareAddr{2, 0, 0, 0, 0, 7},
 		TunnelMTU: 1450, PodIfindexes: []int{11, 12}, SNATPortMin: 40000, SNATPortMax: 40999,
-		Down: map[netip.Addr]bool{netip.MustParseAddr("10.0.0.5"): true},
+		Down: map[maps.GroupMember]bool{{Addr: netip.MustParseAddr("10.0.0.5")}: true},
 	})
 	if _, err := maps.Apply(ms, maps.Diff(st, down)); err != nil {
 		t.Fatalf("apply down: %v", err)
@@ -212,5 +210,61 @@ func TestOpenErrors(t *testing.T) {
 	}
 	if _, err := Open(t.TempDir()); !errors.Is(err, ErrNotBPFFS) {
 		t.Errorf("dir on tmpfs: %v, want ErrNotBPFFS", err)
+	}
+}
+
+// TestInspectGroupsPerSite: with the node's plan, groups name their remote
+// site and each planned gateway's reach to it, and a site no gateway reaches
+// is listed (no live member) rather than left out.
+func TestInspectGroupsPerSite(t *testing.T) {
+	dir := pinTestMaps(t)
+	a := netip.MustParseAddr
+	gw1, gw2 := a("172.21.0.10"), a("172.21.0.11")
+	gws := []plan.NextHop{{Peer: "gw-w1", Via: gw1}, {Peer: "gw-w2", Via: gw2}}
+	p := &plan.NodePlan{
+		Node: "w-1", Site: "west", Underlay: a("172.21.0.12"),
+		Peers: []plan.Peer{{Name: "gw-w1", Underlay: gw1}, {Name: "gw-w2", Underlay: gw2}},
+		Routes: []plan.Route{
+			{Prefix: netip.MustParsePrefix("10.61.0.0/16"), Group: gws, Site: "east"},
+			{Prefix: netip.MustParsePrefix("10.62.0.0/16"), Group: gws, Site: "north"},
+			{Prefix: netip.MustParsePrefix("10.63.0.0/16"), Group: gws, Site: "south"},
+		},
+	}
+	st, _ := maps.FromPlan(p, maps.NodeConfig{Down: map[maps.GroupMember]bool{
+		{Site: "north", Addr: gw2}: true, {Site: "south", Addr: gw1}: true, {Site: "south", Addr: gw2}: true,
+	}})
+	applyState(t, dir, st)
+	m, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	m.Plan = p
+	var out bytes.Buffer
+	if err := Write(&out, m, "groups", "table"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("isthmus inspect groups:\n%s", out.String())
+	for _, row := range []string{
+		"1   east   2     gw-w1 172.21.0.10 reaches, gw-w2 172.21.0.11 reaches",
+		"2   north  1     gw-w1 172.21.0.10 reaches, gw-w2 172.21.0.11 down     172.21.0.10 (64/64)",
+		"3   south  0     gw-w1 172.21.0.10 down, gw-w2 172.21.0.11 down        (none: no_nexthop)",
+	} {
+		if !strings.Contains(out.String(), row) {
+			t.Errorf("groups lack %q:\n%s", row, out.String())
+		}
+	}
+}
+
+// applyState writes st into the empty maps pinned in dir.
+func applyState(t *testing.T, dir string, st maps.State) {
+	t.Helper()
+	ms, err := maps.OpenPinned(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ms.Close()
+	if _, err := maps.Apply(ms, maps.Diff(maps.State{}, st)); err != nil {
+		t.Fatalf("apply: %v", err)
 	}
 }

@@ -1,10 +1,12 @@
 package inspect
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/netip"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -131,9 +133,26 @@ func countersTable(tw *tabwriter.Writer, cs []Counter) {
 }
 
 func groupsTable(tw *tabwriter.Writer, gs []Group) {
-	fmt.Fprintln(tw, "ID\tLIVE\tSLOT OWNERS")
+	planned := slices.ContainsFunc(gs, func(g Group) bool { return g.Members != nil })
+	if !planned {
+		fmt.Fprintln(tw, "ID\tLIVE\tSLOT OWNERS")
+		for _, g := range gs {
+			fmt.Fprintf(tw, "%d\t%d\t%s\n", g.ID, g.Live, owners(g.Owners))
+		}
+		return
+	}
+	// With the plan: each member's reach to the group's site.
+	fmt.Fprintln(tw, "ID\tSITE\tLIVE\tMEMBERS\tSLOT OWNERS")
 	for _, g := range gs {
-		fmt.Fprintf(tw, "%d\t%d\t%s\n", g.ID, g.Live, owners(g.Owners))
+		ms := make([]string, len(g.Members))
+		for i, m := range g.Members {
+			state := "reaches"
+			if !m.Reaches {
+				state = "down"
+			}
+			ms[i] = fmt.Sprintf("%s %s %s", m.Peer, m.Underlay, state)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\n", g.ID, cmp.Or(g.Site, "-"), g.Live, cmp.Or(strings.Join(ms, ", "), "(not planned)"), owners(g.Owners))
 	}
 }
 

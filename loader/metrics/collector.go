@@ -64,9 +64,9 @@ var (
 	descCapacity = prometheus.NewDesc("isthmus_map_capacity",
 		"Maximum entries of a datapath map (max_entries).", []string{"map"}, nil)
 	descPeerUp = prometheus.NewDesc("isthmus_peer_up",
-		"1 if every health-checked address of the peer answers, 0 if one is down. Only next-hop group members are health-checked.", []string{"peer"}, nil)
+		"1 if the peer answers its health checks and, for a remote site (site label), reaches that site; 0 if not. Only next-hop group members are health-checked.", []string{"peer", "site"}, nil)
 	descPeerTransitions = prometheus.NewDesc("isthmus_peer_transitions_total",
-		"Health state changes of a peer since the agent started (state: the state entered).", []string{"peer", "state"}, nil)
+		"Health state changes of a peer for a remote site since the agent started (state: the state entered).", []string{"peer", "site", "state"}, nil)
 	descBuildInfo = prometheus.NewDesc("isthmus_build_info",
 		"Always 1; the labels say which build runs.", []string{"version", "go_version"}, nil)
 )
@@ -139,9 +139,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			if p.Up {
 				up = 1
 			}
-			ch <- prometheus.MustNewConstMetric(descPeerUp, prometheus.GaugeValue, up, p.Name)
+			ch <- prometheus.MustNewConstMetric(descPeerUp, prometheus.GaugeValue, up, p.Name, p.Site)
 		}
-		ch <- prometheus.MustNewConstMetric(descPeerTransitions, prometheus.CounterValue, float64(p.Ups), p.Name, "up")
-		ch <- prometheus.MustNewConstMetric(descPeerTransitions, prometheus.CounterValue, float64(p.Downs), p.Name, "down")
+		ch <- prometheus.MustNewConstMetric(descPeerTransitions, prometheus.CounterValue, float64(p.Ups), p.Name, p.Site, "up")
+		ch <- prometheus.MustNewConstMetric(descPeerTransitions, prometheus.CounterValue, float64(p.Downs), p.Name, p.Site, "down")
 	}
 }

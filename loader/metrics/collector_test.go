@@ -48,6 +48,8 @@ func TestCollectorExposition(t *testing.T) {
 			{Name: "b1", Tracked: true, Up: true, Ups: 1, Downs: 1},
 			{Name: "b2", Tracked: true, Up: false, Downs: 1},
 			{Name: "gone", Ups: 2, Downs: 2},
+			{Name: "gw1", Site: "east", Tracked: true, Up: false, Downs: 1},
+			{Name: "gw1", Site: "north", Tracked: true, Up: true},
 		}
 	}
 	want := `
@@ -80,18 +82,24 @@ isthmus_map_capacity{map="routes"} 1024
 # TYPE isthmus_map_entries gauge
 isthmus_map_entries{map="nat"} 2
 isthmus_map_entries{map="routes"} 4
-# HELP isthmus_peer_transitions_total Health state changes of a peer since the agent started (state: the state entered).
+# HELP isthmus_peer_transitions_total Health state changes of a peer for a remote site since the agent started (state: the state entered).
 # TYPE isthmus_peer_transitions_total counter
-isthmus_peer_transitions_total{peer="b1",state="down"} 1
-isthmus_peer_transitions_total{peer="b1",state="up"} 1
-isthmus_peer_transitions_total{peer="b2",state="down"} 1
-isthmus_peer_transitions_total{peer="b2",state="up"} 0
-isthmus_peer_transitions_total{peer="gone",state="down"} 2
-isthmus_peer_transitions_total{peer="gone",state="up"} 2
-# HELP isthmus_peer_up 1 if every health-checked address of the peer answers, 0 if one is down. Only next-hop group members are health-checked.
+isthmus_peer_transitions_total{peer="b1",site="",state="down"} 1
+isthmus_peer_transitions_total{peer="b1",site="",state="up"} 1
+isthmus_peer_transitions_total{peer="b2",site="",state="down"} 1
+isthmus_peer_transitions_total{peer="b2",site="",state="up"} 0
+isthmus_peer_transitions_total{peer="gone",site="",state="down"} 2
+isthmus_peer_transitions_total{peer="gone",site="",state="up"} 2
+isthmus_peer_transitions_total{peer="gw1",site="east",state="down"} 1
+isthmus_peer_transitions_total{peer="gw1",site="east",state="up"} 0
+isthmus_peer_transitions_total{peer="gw1",site="north",state="down"} 0
+isthmus_peer_transitions_total{peer="gw1",site="north",state="up"} 0
+# HELP isthmus_peer_up 1 if the peer answers its health checks and, for a remote site (site label), reaches that site; 0 if not. Only next-hop group members are health-checked.
 # TYPE isthmus_peer_up gauge
-isthmus_peer_up{peer="b1"} 1
-isthmus_peer_up{peer="b2"} 0
+isthmus_peer_up{peer="b1",site=""} 1
+isthmus_peer_up{peer="b2",site=""} 0
+isthmus_peer_up{peer="gw1",site="east"} 0
+isthmus_peer_up{peer="gw1",site="north"} 1
 `
 	if err := testutil.CollectAndCompare(NewCollector(src, peers), strings.NewReader(want)); err != nil {
 		t.Error(err)

@@ -47,9 +47,12 @@ func AggregatePrefixes(ps []netip.Prefix) []netip.Prefix {
 }
 
 // routeTarget is what a route sends to: routes with equal targets may merge.
+// The remote site is part of it: a group's members are chosen per site (a
+// gateway may reach one site and not another), so routes to two sites never
+// merge even through the same gateways.
 func routeTarget(r Route) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s|%s|%v", r.Peer, r.Via, r.TransitOnly)
+	fmt.Fprintf(&b, "%s|%s|%v|%s", r.Peer, r.Via, r.TransitOnly, r.Site)
 	for _, h := range r.Group {
 		fmt.Fprintf(&b, "|%s %s", h.Peer, h.Via)
 	}

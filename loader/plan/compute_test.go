@@ -70,11 +70,15 @@ func summary(p *NodePlan) []string {
 			for _, h := range r.Group {
 				g = append(g, h.Peer+" "+h.Via.String())
 			}
+			to := ""
+			if r.Site != "" {
+				to = " to " + r.Site
+			}
 			transit := ""
 			if r.TransitOnly {
 				transit = " transit only"
 			}
-			lines = append(lines, fmt.Sprintf("route %s -> group [%s]%s (%s)", r.Prefix, strings.Join(g, ", "), transit, r.Origin))
+			lines = append(lines, fmt.Sprintf("route %s -> group%s [%s]%s (%s)", r.Prefix, to, strings.Join(g, ", "), transit, r.Origin))
 			continue
 		}
 		lines = append(lines, fmt.Sprintf("route %s -> %s %s (%s)", r.Prefix, r.Peer, r.Via, r.Origin))

@@ -31,10 +31,12 @@ type Match struct {
 	// Origin names the object and field that put the entry in the plan.
 	Origin string `json:"origin"`
 	// Peer and Via are the peer a route or a peer's address belongs to; Group the
-	// members of a route to a next-hop group.
+	// members of a route to a next-hop group, and Site the remote site they are
+	// checked for (Route.Site).
 	Peer  string     `json:"peer,omitempty"`
 	Via   netip.Addr `json:"via,omitzero"`
 	Group []NextHop  `json:"group,omitempty"`
+	Site  string     `json:"site,omitempty"`
 }
 
 // SNATExplanation says whether a packet from an address entering the tunnel on the
@@ -145,7 +147,7 @@ func (p *NodePlan) matches(addr netip.Addr) []Match {
 		add(Match{Kind: MatchFabric, Prefix: f, Origin: o})
 	}
 	for _, r := range p.Routes {
-		add(Match{Kind: MatchRoute, Prefix: r.Prefix, Origin: r.Origin, Peer: r.Peer, Via: r.Via, Group: slices.Clone(r.Group)})
+		add(Match{Kind: MatchRoute, Prefix: r.Prefix, Origin: r.Origin, Peer: r.Peer, Via: r.Via, Group: slices.Clone(r.Group), Site: r.Site})
 	}
 	slices.SortStableFunc(out, func(a, b Match) int {
 		if a.Prefix.Bits() != b.Prefix.Bits() {
@@ -194,8 +196,12 @@ func verdict(m *Match) string {
 			for i, h := range m.Group {
 				ms[i] = fmt.Sprintf("%s %s", h.Peer, h.Via)
 			}
-			return fmt.Sprintf("into the tunnel by route %s to a group of %d (one member per flow by consistent hash, among those up): %s",
-				m.Prefix, len(m.Group), strings.Join(ms, ", "))
+			up := "among those up"
+			if m.Site != "" {
+				up = "among those that reach site " + m.Site
+			}
+			return fmt.Sprintf("into the tunnel by route %s to a group of %d (one member per flow by consistent hash, %s): %s",
+				m.Prefix, len(m.Group), up, strings.Join(ms, ", "))
 		}
 		return fmt.Sprintf("into the tunnel by route %s to peer %s (underlay %s)", m.Prefix, m.Peer, m.Via)
 	case MatchLocal:

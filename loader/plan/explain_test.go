@@ -86,7 +86,7 @@ func TestExplain(t *testing.T) {
 	}, {
 		name: "what is left of the cut nodeCidrs", set: gw, node: "aks-2", addr: "192.168.10.3",
 		kind: MatchRoute, prefix: "192.168.10.0/29", origin: `Site "flex-site" spec.nodeCidrs[0]`, group: 1, matches: 1,
-		verdict: "aks-1 10.0.0.4", translated: true,
+		verdict: "among those that reach site flex-site): aks-1 10.0.0.4", translated: true,
 	}, {
 		name: "gateway: peer gateway underlay", set: gw, node: "flex-1", addr: "10.0.0.4",
 		kind: MatchPeerUnderlay, prefix: "10.0.0.4/32", peer: "aks-1", origin: `Node "aks-1" status.addresses[InternalIP]`, matches: 1,

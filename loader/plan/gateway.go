@@ -186,7 +186,10 @@ type candidate struct {
 // groupRoute is a route to the gateways of a site, its members resolved to
 // peers once every peer is known.
 type groupRoute struct {
-	sp      sitePrefix
+	sp sitePrefix
+	// site is the remote site sp belongs to: members are checked for their
+	// reach to it.
+	site    string
 	members []string
 }
 
@@ -326,7 +329,7 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 				}
 				for _, sp := range prefixes {
 					if !slices.Contains(members, sp.node) {
-						gp.routes = append(gp.routes, groupRoute{sp: sp, members: members})
+						gp.routes = append(gp.routes, groupRoute{sp: sp, site: tName, members: members})
 					}
 				}
 				continue
@@ -346,7 +349,7 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 				gp.endpoints = append(gp.endpoints, g.addr)
 			}
 			for _, sp := range prefixes {
-				gp.routes = append(gp.routes, groupRoute{sp: sp, members: members})
+				gp.routes = append(gp.routes, groupRoute{sp: sp, site: tName, members: members})
 			}
 		}
 	}
@@ -380,7 +383,7 @@ func (p *NodePlan) addGatewayRoutes(routes []groupRoute) {
 			continue
 		}
 		slices.SortFunc(group, func(a, b NextHop) int { return cmp.Compare(a.Peer, b.Peer) })
-		p.Routes = append(p.Routes, Route{Prefix: gr.sp.prefix, Group: group, Origin: gr.sp.origin})
+		p.Routes = append(p.Routes, Route{Prefix: gr.sp.prefix, Group: group, Site: gr.site, Origin: gr.sp.origin})
 	}
 }
 

@@ -116,6 +116,12 @@ type Route struct {
 	// one of them by consistent hash, skipping members whose health checks fail.
 	// Sorted by peer name.
 	Group []NextHop `json:"group,omitempty"`
+	// Site, on a group route of a SiteGatewayPoolAssignment, is the remote site
+	// the prefix belongs to: each member is health-checked for its reach to that
+	// site (docs/gateways.md, "Health and failover"), so one group of gateways
+	// is a different next-hop group per remote site. Empty otherwise (the
+	// members deliver the prefix themselves and are checked for liveness).
+	Site string `json:"site,omitempty"`
 	// Origin names the object and field that put the prefix here, such as
 	// `Node "b1" spec.podCIDRs[0]`.
 	Origin string `json:"origin"`

@@ -11,28 +11,46 @@ import (
 	"testing"
 	"time"
 
+	"github.com/isthmus-dev/isthmus/loader/inspect"
 	"github.com/isthmus-dev/isthmus/testenv"
 )
 
 // failover is one failover measurement: flows UDP flows from SrcPod to an echo
-// server in DstPod, spread over a next-hop group by consistent hash, and the
-// underlay link of FailNode cut under them.
+// server in DstPod, spread over next-hop groups by consistent hash, and a
+// failure of FailNode under them (Fail; nil cuts its underlay link), then,
+// when Heal is set, its healing.
 type failover struct {
 	SrcPod, DstPod string
 	Flows          int
 	FailNode       string
+	// What names the failure in the log.
+	What       string
+	Fail, Heal func(ctx context.Context) error
 	// Logs are the nodes whose agent logs a failure prints.
 	Logs []string
 }
 
 // measureFailover runs f and checks what a consistent hash and health checks
 // promise: some flows go through FailNode and are interrupted, the others never
-// stop, and every interrupted flow resumes within failoverLimit. It logs every
-// flow's longest gap. Each flow is its own socket (its own source port, so its
-// own hash), a sender ticking every 50 ms and a reader noting when answers come.
-func measureFailover(t *testing.T, l *testenv.Lab, f failover) {
+// stop, and every interrupted flow resumes within failoverLimit. With Heal, the
+// flows must not stop for longer than failoverLimit while FailNode comes back
+// either (moving back to it costs no loss), and FailNode must carry transit
+// again afterwards. It logs every flow's longest gap in each phase and returns
+// the worst gaps (of the failure, and of the healing). Each flow is its own
+// socket (its own source port, so its own hash), a sender ticking every 50 ms
+// and a reader noting when answers come.
+func measureFailover(t *testing.T, l *testenv.Lab, f failover) (failGap, healGap time.Duration) {
 	t.Helper()
 	const every = 50 * time.Millisecond
+	if f.What == "" {
+		f.What = f.FailNode + "'s " + testenv.UnderlayDev + " down"
+	}
+	if f.Fail == nil {
+		f.Fail = func(ctx context.Context) error {
+			_, err := l.Exec(ctx, l.NodeNS(f.FailNode), "ip", "link", "set", testenv.UnderlayDev, "down")
+			return err
+		}
+	}
 	srv, err := testenv.StartEchoServer(l.PodNS(f.DstPod))
 	if err != nil {
 		t.Fatal(err)
@@ -109,52 +127,103 @@ func measureFailover(t *testing.T, l *testenv.Lab, f failover) {
 		t.Fatal(logs())
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// gaps returns each flow's longest silence between from and to (a flow
+	// silent up to to counts its silence until then) and logs them.
+	gaps := func(phase string, from, to time.Time) []time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []time.Duration
+		var lines []string
+		for i, r := range replies {
+			last := from
+			var gap time.Duration
+			for _, at := range r {
+				if at.Before(from) || at.After(to) {
+					continue
+				}
+				gap = max(gap, at.Sub(last))
+				last = at
+			}
+			gap = max(gap, to.Sub(last))
+			out = append(out, gap)
+			lines = append(lines, fmt.Sprintf("flow %2d port %5d: longest gap %s", i, conns[i].LocalAddr().(*net.UDPAddr).Port, gap.Round(time.Millisecond)))
+		}
+		t.Logf("%s at %s:\n%s", phase, from.Format("15:04:05.000"), strings.Join(lines, "\n"))
+		return out
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+
 	down := time.Now()
-	if _, err := l.Exec(ctx, l.NodeNS(f.FailNode), "ip", "link", "set", testenv.UnderlayDev, "down"); err != nil {
-		t.Fatal(err)
+	if err := f.Fail(ctx); err != nil {
+		t.Fatalf("%s: %v", f.What, err)
 	}
 	time.Sleep(failoverLimit + 3*time.Second)
-
-	mu.Lock()
-	defer mu.Unlock()
-	var gaps []time.Duration
-	var lines []string
-	for i, r := range replies {
-		// The longest silence of the flow from the link going down on.
-		last := down
-		var gap time.Duration
-		for _, at := range r {
-			if at.Before(down) {
-				continue
-			}
-			gap = max(gap, at.Sub(last))
-			last = at
-		}
-		if tail := time.Since(last); tail > gap {
-			gap = tail // never resumed, or stopped again
-		}
-		gaps = append(gaps, gap)
-		lines = append(lines, fmt.Sprintf("flow %2d port %5d: longest gap %s", i, conns[i].LocalAddr().(*net.UDPAddr).Port, gap.Round(time.Millisecond)))
-	}
-	t.Logf("%s's %s down at %s:\n%s", f.FailNode, testenv.UnderlayDev, down.Format("15:04:05.000"), strings.Join(lines, "\n"))
-	worst := slices.Max(gaps)
+	healed := time.Now()
+	failGaps := gaps(f.What, down, healed)
+	failGap = slices.Max(failGaps)
 	interrupted := 0
-	for _, g := range gaps {
+	for _, g := range failGaps {
 		if g > 500*time.Millisecond {
 			interrupted++
 		}
 	}
-	t.Logf("%d of %d flows went through %s and were interrupted; failover gap %s (limit %s)", interrupted, f.Flows, f.FailNode, worst.Round(time.Millisecond), failoverLimit)
+	t.Logf("%s: %d of %d flows went through %s and were interrupted; failover gap %s (limit %s)",
+		f.What, interrupted, f.Flows, f.FailNode, failGap.Round(time.Millisecond), failoverLimit)
 	if interrupted == 0 {
-		t.Errorf("no flow of %d was interrupted: none went through %s, so the group never spread them (or the link did not go down)", f.Flows, f.FailNode)
+		t.Errorf("%s: no flow of %d was interrupted: none went through %s, so the groups never spread them (or the failure did not happen)", f.What, f.Flows, f.FailNode)
 	}
 	if interrupted == f.Flows {
-		t.Errorf("every flow was interrupted: flows through the other members must not stop")
+		t.Errorf("%s: every flow was interrupted: flows through the other members must not stop", f.What)
 	}
-	if worst > failoverLimit {
-		t.Errorf("failover took %s, want at most %s (health interval %s x %d + 1s)\n%s",
-			worst.Round(time.Millisecond), failoverLimit, healthInterval, healthMultiplier, logs())
+	if failGap > failoverLimit {
+		t.Errorf("%s: failover took %s, want at most %s (health interval %s x %d + 1s)\n%s",
+			f.What, failGap.Round(time.Millisecond), failoverLimit, healthInterval, healthMultiplier, logs())
 	}
+	if f.Heal == nil {
+		return failGap, 0
+	}
+
+	if err := f.Heal(ctx); err != nil {
+		t.Fatalf("heal %s: %v", f.What, err)
+	}
+	// Rise good answers bring FailNode back (hysteresis), then flows move.
+	time.Sleep(failoverLimit + 3*time.Second)
+	end := time.Now()
+	healGap = slices.Max(gaps(f.What+", healed", healed, end))
+	t.Logf("%s, healed: longest gap %s (limit %s)", f.What, healGap.Round(time.Millisecond), failoverLimit)
+	if healGap > failoverLimit {
+		t.Errorf("%s, healed: a flow stopped for %s, want at most %s\n%s", f.What, healGap.Round(time.Millisecond), failoverLimit, logs())
+	}
+	// The flows are back on FailNode: its transit counter moves.
+	before := counterPackets(t, l, f.FailNode, "transit", false)
+	time.Sleep(time.Second)
+	if after := counterPackets(t, l, f.FailNode, "transit", false); after <= before {
+		t.Errorf("%s, healed: %s forwarded nothing in 1s (transit %d -> %d): the flows did not come back\n%s",
+			f.What, f.FailNode, before, after, logs())
+	}
+	return failGap, healGap
+}
+
+// counterPackets returns the packets of node's datapath counter name (a drop
+// reason when drop is set, as "no_nexthop"; else an event, as "transit"),
+// summed over hooks, read from its pinned maps.
+func counterPackets(t *testing.T, l *testenv.Lab, node, name string, drop bool) uint64 {
+	t.Helper()
+	m, err := inspect.Open(l.PinDir(node))
+	if err != nil {
+		t.Fatalf("open %s's maps: %v", node, err)
+	}
+	defer m.Close()
+	cs, err := m.Counters()
+	if err != nil {
+		t.Fatalf("read %s's counters: %v", node, err)
+	}
+	var n uint64
+	for _, c := range cs {
+		if c.Drop == drop && c.Name == name {
+			n += c.Packets
+		}
+	}
+	return n
 }

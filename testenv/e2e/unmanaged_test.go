@@ -14,6 +14,7 @@ import (
 const (
 	healthInterval   = time.Second
 	healthMultiplier = 3
+	healthRise       = 3
 	failoverLimit    = healthInterval*healthMultiplier + time.Second
 )
 
