@@ -5,12 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
-	"syscall"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -36,8 +31,7 @@ const (
 // kubeProxy is one kube-proxy the lab started, in a node's namespace.
 type kubeProxy struct {
 	node string
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc *kube.Process
 }
 
 // KubeProxyLog returns the log file of a node's kube-proxy.
@@ -95,39 +89,15 @@ func (l *Lab) kubeProxyArgs(node string, mode ProxyMode) []string {
 	}
 }
 
-// spawnKubeProxy starts kube-proxy in node's namespace, output to its log,
-// killed if this process dies.
+// spawnKubeProxy starts kube-proxy in node's namespace (nsenter execs it, so the
+// child is kube-proxy itself), output to its log, killed if this process dies.
 func (l *Lab) spawnKubeProxy(bin, node string, mode ProxyMode) (*kubeProxy, error) {
-	logf, err := os.OpenFile(l.KubeProxyLog(node), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("open kube-proxy log: %w", err)
-	}
-	fmt.Fprintf(logf, "--- %s lab: starting kube-proxy (%s)\n", time.Now().Format(time.RFC3339), mode)
 	args := append([]string{"--net=" + NSPath(l.NodeNS(node)), "--", bin}, l.kubeProxyArgs(node, mode)...)
-	cmd := exec.Command("nsenter", args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	p := &kubeProxy{node: node, cmd: cmd, done: make(chan struct{})}
-	started := make(chan error, 1)
-	// Pdeathsig follows the forking thread: fork from a locked thread that
-	// lives until the child is reaped (as kube.Server does).
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		cmd.Wait()
-		logf.Close()
-		close(p.done)
-	}()
-	if err := <-started; err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("start kube-proxy on %s: %w", node, err)
+	p, err := kube.Spawn("kube-proxy", l.KubeProxyLog(node), "nsenter", args...)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", node, err)
 	}
-	return p, nil
+	return &kubeProxy{node: node, proc: p}, nil
 }
 
 // StopKubeProxy stops every kube-proxy the lab started and removes the rules
@@ -143,12 +113,8 @@ func (l *Lab) StopKubeProxy(ctx context.Context) error {
 	l.mu.Unlock()
 	var errs []error
 	for _, p := range proxies {
-		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(10 * time.Second):
-			syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-			<-p.done
+		if err := p.proc.Stop(); err != nil {
+			errs = append(errs, err)
 		}
 		if _, err := Exec(ctx, l.NodeNS(p.node), bin, "--cleanup", "--v=0"); err != nil {
 			errs = append(errs, fmt.Errorf("kube-proxy --cleanup on %s: %w", p.node, err))

@@ -55,20 +55,10 @@ func TestKubeProxyServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := labName()
 	// The first run on a machine builds kube-apiserver, etcd and kube-proxy.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	l, err := testenv.Up(ctx, sc, testenv.Options{Name: name, Binary: binary, Source: testenv.SourceKube, ReadyTimeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Error(err)
-		}
-		assertGone(t, name)
-	})
+	l := upLab(ctx, t, sc, testenv.Options{Source: testenv.SourceKube, ReadyTimeout: time.Minute})
 	checkServiceMatrix(ctx, t, l, seed000Services)
 }
 
@@ -196,19 +186,9 @@ func TestSitePolicy(t *testing.T) {
 	flexBlock := netip.MustParsePrefix("192.168.20.0/24")
 	setIngress(t, sc, "aks1-p1", &testenv.IngressPolicy{Deny: []netip.Prefix{flexBlock}})
 	setIngress(t, sc, "aks2-p1", &testenv.IngressPolicy{Allow: []netip.Prefix{netip.MustParsePrefix("192.168.20.6/32")}, Deny: []netip.Prefix{flexBlock}})
-	name := labName()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	l, err := testenv.Up(ctx, sc, testenv.Options{Name: name, Binary: binary})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Error(err)
-		}
-		assertGone(t, name)
-	})
+	l := upLab(ctx, t, sc, testenv.Options{})
 	allowed := [][2]string{{"flex-p1", "aks2-p1"}, {"aks2-p1", "aks1-p1"}, {"aks1-ext", "aks1-p1"}, {"aks1-p1", "flex-p1"}}
 	m, err := l.CheckPairs(ctx, allowed, testenv.CheckOptions{})
 	t.Logf("allowed:\n%s", m)
