@@ -34,7 +34,7 @@ LABEL org.opencontainers.image.title="isthmus" \
       org.opencontainers.image.source="https://github.com/isthmus-dev/isthmus" \
       org.opencontainers.image.version="${VERSION}"
 RUN apt-get update \
- && apt-get install -y --no-install-recommends bpftool iproute2 \
+ && apt-get install -y --no-install-recommends bpftool iproute2 iptables \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/isthmus /usr/local/bin/isthmus
 # No USER: the agent must run as root (it loads BPF programs, pins on the node's

@@ -511,7 +511,9 @@ func (a *Agent) ensureOverlay() error {
 		return err
 	}
 	a.overlay = ov
-	return nil
+	// The datapath hands pod traffic to the stack; no other CNI's MASQUERADE may
+	// rewrite it there.
+	return datapath.EnsureMasqueradeExemption()
 }
 
 func (a *Agent) logWarnings(warns []string) {

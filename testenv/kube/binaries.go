@@ -39,7 +39,7 @@ const DefaultCacheRoot = "/var/cache/isthmus"
 // once.
 // A failed build returns an error with the tail of the compiler's output.
 func Binaries(ctx context.Context) (apiserver, etcd string, err error) {
-	paths, err := buildTools(ctx, toolEtcd, toolAPIServer)
+	paths, err := buildTools(ctx, toolAPIServer, toolEtcd)
 	if err != nil {
 		return "", "", err
 	}
