@@ -1,8 +1,12 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
+	"io"
 	"net/netip"
+	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -250,4 +254,59 @@ func denyCount(ctx context.Context, t *testing.T, l *testenv.Lab, node, pod stri
 	}
 	t.Fatalf("no deny rule in isl-tw-%s on %s:\n%s", pod, node, out)
 	return 0
+}
+
+// TestLabUpKubernetes: `isthmus lab up --kubernetes iptables` brings seed 000 up
+// with a real API server, agents fed from it and kube-proxy on every node, serves
+// it until interrupted, and then removes all of it.
+func TestLabUpKubernetes(t *testing.T) {
+	requireSetup(t)
+	name := labName()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "lab", "up", "seed000", "--name", name, "--kubernetes", "iptables", "--ready-timeout", "1m")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		testenv.Down(name, testenv.DownOptions{Binary: binary})
+	})
+	sc := bufio.NewScanner(stdout)
+	up := false
+	for !up && sc.Scan() {
+		up = strings.Contains(sc.Text(), "is up in Kubernetes mode")
+	}
+	if !up {
+		t.Fatalf("lab up --kubernetes never said it was up:\n%s", stderr.String())
+	}
+	go io.Copy(io.Discard, stdout)
+	for _, n := range []string{"aks-1", "aks-2", "flex-1"} {
+		deadline := time.Now().Add(time.Minute)
+		for {
+			out, _ := testenv.Exec(ctx, testenv.NSName(name, n), "iptables-save", "-t", "nat")
+			// kube-proxy's chains, and the default kubernetes Service's ClusterIP.
+			if strings.Contains(out, "KUBE-SERVICES") && strings.Contains(out, "10.96.0.1/32") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no kube-proxy rules on %s after 1m:\n%s", n, out)
+			}
+			time.Sleep(250 * time.Millisecond)
+		}
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("lab up --kubernetes after Ctrl-C: %v\n%s", err, stderr.String())
+	}
+	assertGone(t, name)
 }
