@@ -510,7 +510,8 @@ func (l *Lab) nodeRules(ctx context.Context, n NodeRef) error {
 
 // policyRules installs the Ingress policies of the node's pods, as Calico in
 // policy-only mode writes them: a chain per pod interface that FORWARD jumps to
-// for packets leaving through it (-o), accepting Allow and dropping Deny. The jumps
+// for packets leaving through it (-o), accepting established flows, then Allow,
+// and dropping Deny. The jumps
 // go first in FORWARD, so they hold whatever the leftovers accept.
 func (l *Lab) policyRules(ctx context.Context, n NodeRef) error {
 	var b strings.Builder
@@ -523,6 +524,8 @@ func (l *Lab) policyRules(ctx context.Context, n NodeRef) error {
 			chain = chain[:28]
 		}
 		fmt.Fprintf(&b, ":%s - [0:0]\n-I FORWARD -o %s -j %s\n", chain, HostVeth(p), chain)
+		// Calico's workload chains accept what conntrack ties to a flow first.
+		fmt.Fprintf(&b, "-A %s -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n", chain)
 		for _, a := range p.Ingress.Allow {
 			fmt.Fprintf(&b, "-A %s -s %s -m comment --comment \"policy allow\" -j ACCEPT\n", chain, a)
 		}
