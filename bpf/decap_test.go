@@ -58,9 +58,12 @@ func TestDecapTC(t *testing.T) {
 		wantEth func() []byte
 		ttl     byte
 		metric  IsthmusMetric
+		mark    uint32
 	}{
-		{name: "to pod", dst: podIP, wantEth: func() []byte { return append(append([]byte{}, podMAC...), l.podHMAC...) }, ttl: 63, metric: IsthmusMetricMETRIC_DELIVER_POD},
-		{name: "to pod with option", dst: podIP, options: opt, wantEth: func() []byte { return append(append([]byte{}, podMAC...), l.podHMAC...) }, ttl: 63, metric: IsthmusMetricMETRIC_DELIVER_POD},
+		// A UDP datagram opens a flow as conntrack sees it: the pod gets it through
+		// the stack (isthmus0 ingress, TTL left to the stack's forwarding), marked.
+		{name: "to pod", dst: podIP, wantEth: func() []byte { return append(append([]byte{}, l.istMAC...), gwMAC...) }, ttl: 64, metric: IsthmusMetricMETRIC_DELIVER_POD, mark: overlayMark},
+		{name: "to pod with option", dst: podIP, options: opt, wantEth: func() []byte { return append(append([]byte{}, l.istMAC...), gwMAC...) }, ttl: 64, metric: IsthmusMetricMETRIC_DELIVER_POD, mark: overlayMark},
 		{name: "to host", dst: hostIP, wantEth: func() []byte { return append(append([]byte{}, l.istMAC...), gwMAC...) }, ttl: 64, metric: IsthmusMetricMETRIC_DELIVER_HOST},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -77,6 +80,9 @@ func TestDecapTC(t *testing.T) {
 			want := append(append(tc.wantEth(), 0x08, 0x00), wantIP...)
 			if !bytes.Equal(out, want) {
 				t.Fatalf("decapsulated frame differs\n got %x\nwant %x", out, want)
+			}
+			if l.mark != tc.mark {
+				t.Errorf("skb mark %#x, want %#x", l.mark, tc.mark)
 			}
 			d := delta(before, l.counts(t))
 			if d[metricKey(IsthmusMetricMETRIC_DECAP, IsthmusHookHOOK_UNDERLAY_TC)] != 1 ||

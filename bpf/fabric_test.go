@@ -265,18 +265,36 @@ func TestFabricIngress(t *testing.T) {
 		t.Fatalf("put fabric prefix: %v", err)
 	}
 
+	// A UDP datagram opens a flow: through isthmus0 into the stack, marked, TTL left
+	// to the stack.
 	before := l.counts(t)
 	ret, out := l.run(t, l.objs.UnderlayIngress, plainFrame(l, remotePodIP, podIP, 63), l.und.Attrs().Index)
 	if ret != tcActRedirect {
-		t.Fatalf("verdict %d, want TC_ACT_REDIRECT (bpf_redirect_peer to the pod)", ret)
+		t.Fatalf("verdict %d, want TC_ACT_REDIRECT (to isthmus0 ingress)", ret)
 	}
-	want := ethFrame(podMAC, l.podHMAC, 0x0800,
-		ipv4Packet(remotePodIP, podIP, 17, ipOpts{ttl: 62}, udpDatagram(4000, 5000, []byte("payload"))))
-	if !bytes.Equal(out, want) {
-		t.Fatalf("delivered frame differs\n got %x\nwant %x", out, want)
+	want := ethFrame(l.istMAC, fabricMAC, 0x0800,
+		ipv4Packet(remotePodIP, podIP, 17, ipOpts{ttl: 63}, udpDatagram(4000, 5000, []byte("payload"))))
+	if !bytes.Equal(out, want) || l.mark != overlayMark {
+		t.Fatalf("delivered frame differs or mark %#x (want %#x)\n got %x\nwant %x", l.mark, overlayMark, out, want)
 	}
 	if d := delta(before, l.counts(t)); d[metricKey(IsthmusMetricMETRIC_FABRIC_INGRESS, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 1 {
 		t.Errorf("counters moved %v, want only METRIC_FABRIC_INGRESS +1", d)
+	}
+
+	// A TCP segment of a flow conntrack never saw (the pod opened it straight into
+	// the tunnel): bpf_redirect_peer to the pod, TTL decremented, no mark.
+	seg := ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 63}, withCsum(remotePodIP, podIP, 6, tcpSegment(80, 33000, 0x12, nil)))
+	before = l.counts(t)
+	ret, out = l.run(t, l.objs.UnderlayIngress, ethFrame(l.undMAC, fabricMAC, 0x0800, seg), l.und.Attrs().Index)
+	if ret != tcActRedirect {
+		t.Fatalf("SYN-ACK: verdict %d, want TC_ACT_REDIRECT (bpf_redirect_peer to the pod)", ret)
+	}
+	want = ethFrame(podMAC, l.podHMAC, 0x0800, ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 62}, withCsum(remotePodIP, podIP, 6, tcpSegment(80, 33000, 0x12, nil))))
+	if !bytes.Equal(out, want) || l.mark != 0 {
+		t.Fatalf("SYN-ACK: delivered frame differs or mark %#x\n got %x\nwant %x", l.mark, out, want)
+	}
+	if d := delta(before, l.counts(t)); d[metricKey(IsthmusMetricMETRIC_FABRIC_INGRESS, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 1 {
+		t.Errorf("SYN-ACK: counters moved %v, want only METRIC_FABRIC_INGRESS +1", d)
 	}
 
 	// Everything else passes untouched and counts nothing.

@@ -32,6 +32,10 @@ var (
 	tunnelMTU   = uint16(1450)
 )
 
+// overlayMark is OVERLAY_MARK of lib/stack.h: the mark of pod packets the programs
+// hand to the stack.
+const overlayMark = 0x1000
+
 // lab is a network namespace with the interfaces, routes and neighbours the programs
 // look up, and the loaded objects with maps filled for it.
 type lab struct {
@@ -43,6 +47,7 @@ type lab struct {
 	undMAC  net.HardwareAddr
 	podHMAC net.HardwareAddr
 	istMAC  net.HardwareAddr
+	mark    uint32 // skb->mark after the last skb run
 }
 
 func requireRoot(t testing.TB) {
@@ -252,7 +257,8 @@ type skbCtx struct {
 }
 
 // run runs prog on a copy of in inside the lab namespace (bpf_fib_lookup uses the
-// caller's namespace). ifindex is the interface the skb pretends to arrive on (0 for XDP).
+// caller's namespace). ifindex is the interface the skb pretends to arrive on (0 for XDP);
+// for an skb run, l.mark is then the skb's mark after it.
 func (l *lab) run(t testing.TB, prog *ebpf.Program, in []byte, ifindex int) (uint32, []byte) {
 	t.Helper()
 	var ctx any
@@ -271,9 +277,17 @@ func (l *lab) runCtx(t testing.TB, prog *ebpf.Program, in []byte, ctx any) (uint
 	)
 	err := inNS(l.ns, func() error {
 		opts := &ebpf.RunOptions{Data: in, DataOut: out, Context: ctx}
+		// The kernel refuses a context out shorter than its whole __sk_buff.
+		var ctxOut [256]byte
+		if ctx != nil {
+			if _, skb := ctx.(skbCtx); skb {
+				opts.ContextOut = &ctxOut
+			}
+		}
 		var err error
 		ret, err = prog.Run(opts)
 		out = opts.DataOut
+		l.mark = binary.NativeEndian.Uint32(ctxOut[8:]) // __sk_buff.mark (0 without an skb context)
 		return err
 	})
 	if err != nil {

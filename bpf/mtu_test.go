@@ -317,6 +317,10 @@ func TestMSSClampDecap(t *testing.T) {
 			}
 			wantSeg := tcpWithOptions(remotePodIP, podIP, 80, 40000, tc.flags, linuxSynOpts(tc.wantMSS))
 			want := ethFrame(podMAC, l.podHMAC, 0x0800, ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 63, fragOff: 0x4000}, wantSeg))
+			if tc.flags == tcpSYN {
+				// A SYN opens a flow: through the stack (isthmus0, TTL left to it).
+				want = ethFrame(l.istMAC, gwMAC, 0x0800, ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 64, fragOff: 0x4000}, wantSeg))
+			}
 			if !bytes.Equal(out, want) {
 				t.Fatalf("delivered frame differs\n got %x\nwant %x", out, want)
 			}

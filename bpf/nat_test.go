@@ -177,6 +177,13 @@ func fromRemote(l *lab, ip []byte) []byte {
 	return geneveFrame(l, goodOpts(tunnelIP), innerEth(ip))
 }
 
+// toStack is the frame handed to the stack (isthmus0 ingress) for a local pod: the
+// outer Ethernet header kept, addressed to isthmus0; the stack forwards ip, so its TTL
+// is as received.
+func toStack(l *lab, ip []byte) []byte {
+	return ethFrame(l.istMAC, gwMAC, 0x0800, ip)
+}
+
 // toPod is the frame delivered to a pod (dst MAC mac) for the inner packet ip.
 func toPod(l *lab, mac net.HardwareAddr, ip []byte) []byte {
 	return ethFrame(mac, l.podHMAC, 0x0800, ip)
@@ -338,7 +345,7 @@ func TestSNATUDP(t *testing.T) {
 			sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, 17, ipOpts{ttl: 63}, udp(tunnelIP, remotePodIP, tc.sport, 53))))
 			wantEntry(t, l, natKey(podIP, remotePodIP, tc.sport, 53, 17), tunnelIP, tc.sport, natNew, 0)
 			sendIn(t, l, fromRemote(l, ipv4Packet(remotePodIP, tunnelIP, 17, ipOpts{ttl: 64}, udp(remotePodIP, tunnelIP, 53, tc.sport))),
-				toPod(l, podMAC, ipv4Packet(remotePodIP, podIP, 17, ipOpts{ttl: 63}, udp(remotePodIP, podIP, 53, tc.sport))))
+				toStack(l, ipv4Packet(remotePodIP, podIP, 17, ipOpts{ttl: 64}, udp(remotePodIP, podIP, 53, tc.sport))))
 			wantEntry(t, l, natKey(remotePodIP, tunnelIP, 53, tc.sport, 17), podIP, tc.sport, natEstablished, natReply)
 		})
 	}
@@ -397,11 +404,11 @@ func TestSNATPortCollision(t *testing.T) {
 		sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, proto, ipOpts{ttl: 63}, seg(tunnelIP, remotePodIP, p2, 80))))
 		wantEntry(t, l, natKey(pod2IP, remotePodIP, 33000, 80, proto), tunnelIP, p2, natNew, 0)
 		wantEntry(t, l, natKey(remotePodIP, tunnelIP, 80, p2, proto), pod2IP, 33000, natNew, natReply)
-		// Both reverse to their own pod.
+		// Both reverse to their own pod (a SYN or a datagram: through the stack).
 		sendIn(t, l, fromRemote(l, ipv4Packet(remotePodIP, tunnelIP, proto, ipOpts{ttl: 64}, seg(remotePodIP, tunnelIP, 80, 33000))),
-			toPod(l, podMAC, ipv4Packet(remotePodIP, podIP, proto, ipOpts{ttl: 63}, seg(remotePodIP, podIP, 80, 33000))))
+			toStack(l, ipv4Packet(remotePodIP, podIP, proto, ipOpts{ttl: 64}, seg(remotePodIP, podIP, 80, 33000))))
 		sendIn(t, l, fromRemote(l, ipv4Packet(remotePodIP, tunnelIP, proto, ipOpts{ttl: 64}, seg(remotePodIP, tunnelIP, 80, p2))),
-			toPod(l, pod2MAC, ipv4Packet(remotePodIP, pod2IP, proto, ipOpts{ttl: 63}, seg(remotePodIP, pod2IP, 80, 33000))))
+			toStack(l, ipv4Packet(remotePodIP, pod2IP, proto, ipOpts{ttl: 64}, seg(remotePodIP, pod2IP, 80, 33000))))
 	}
 }
 
@@ -590,5 +597,5 @@ func TestSNATTableFull(t *testing.T) {
 		t.Errorf("the oldest flow was not evicted")
 	}
 	sendIn(t, l, fromRemote(l, ipv4Packet(remotePodIP, tunnelIP, 17, ipOpts{ttl: 64}, udpDatagram(53, 20063, []byte("y")))),
-		toPod(l, podMAC, ipv4Packet(remotePodIP, podIP, 17, ipOpts{ttl: 63}, udpDatagram(53, 20063, []byte("y")))))
+		toStack(l, ipv4Packet(remotePodIP, podIP, 17, ipOpts{ttl: 64}, udpDatagram(53, 20063, []byte("y")))))
 }

@@ -352,9 +352,11 @@ func TestTransitOffOrMiss(t *testing.T) {
 	if ret != tcActRedirect {
 		t.Fatalf("gateway, local pod: verdict %d, want TC_ACT_REDIRECT", ret)
 	}
-	want := ethFrame(podMAC, l.podHMAC, 0x0800, memberInner(transitOpts{innerSrc: memberPod, innerDst: podIP, innerTTL: 62, sport: 1234}))
-	if !bytes.Equal(out, want) {
-		t.Fatalf("gateway, local pod: delivered frame differs\n got %x\nwant %x", out, want)
+	// A UDP datagram opens a flow: through the stack (isthmus0 ingress, marked, the
+	// TTL left to the stack's forwarding).
+	want := ethFrame(l.istMAC, gwMAC, 0x0800, memberInner(transitOpts{innerSrc: memberPod, innerDst: podIP, innerTTL: 63, sport: 1234}))
+	if !bytes.Equal(out, want) || l.mark != overlayMark {
+		t.Fatalf("gateway, local pod: delivered frame differs or mark %#x\n got %x\nwant %x", l.mark, out, want)
 	}
 	d = delta(before, l.counts(t))
 	if d[metricKey(IsthmusMetricMETRIC_DECAP, IsthmusHookHOOK_UNDERLAY_TC)] != 1 ||

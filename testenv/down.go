@@ -34,11 +34,13 @@ func Down(lab string, opts DownOptions) error {
 
 // Down removes the lab; see the package function Down.
 func (l *Lab) Down() error {
+	// kube-proxy first: its --cleanup needs the node namespaces.
+	perr := l.StopKubeProxy(context.Background())
 	l.mu.Lock()
 	agents := l.agents
 	l.mu.Unlock()
 	err := down(l.Name, DownOptions{Binary: l.Binary, Log: l.log}, agents)
-	return errors.Join(err, l.stopKube())
+	return errors.Join(perr, err, l.stopKube())
 }
 
 func down(lab string, opts DownOptions, agents map[string]*agent) error {

@@ -45,6 +45,8 @@ type kubeLab struct {
 	kubeconfig string
 	listeners  []net.Listener
 	wg         sync.WaitGroup
+	proxies    []*kubeProxy // StartKubeProxy's, guarded by Lab.mu
+	proxyBin   string
 }
 
 // Kube returns the lab's API server, or nil when the agents read files.

@@ -222,6 +222,9 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 		if err := l.nodeRules(ctx, n); err != nil {
 			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
+		if err := l.policyRules(ctx, n); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
 	}
 	if sc.Underlay.Firewall {
 		l.logf("lab %s: firewall between sites", l.Name)
@@ -600,6 +603,42 @@ func (l *Lab) nodeRules(ctx context.Context, n NodeRef) error {
 	cmd.Stdin = strings.NewReader(b.String())
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("install CNI leftover rules: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// policyRules installs the Ingress policies of the node's pods, as Calico in
+// policy-only mode writes them: a chain per pod interface that FORWARD jumps to
+// for packets leaving through it (-o), accepting established flows, then Allow,
+// and dropping Deny. The jumps
+// go first in FORWARD, so they hold whatever the leftovers accept.
+func (l *Lab) policyRules(ctx context.Context, n NodeRef) error {
+	var b strings.Builder
+	for _, p := range n.Pods {
+		if p.Ingress == nil {
+			continue
+		}
+		chain := "isl-tw-" + p.Name
+		if len(chain) > 28 {
+			chain = chain[:28]
+		}
+		fmt.Fprintf(&b, ":%s - [0:0]\n-I FORWARD -o %s -j %s\n", chain, HostVeth(p), chain)
+		// Calico's workload chains accept what conntrack ties to a flow first.
+		fmt.Fprintf(&b, "-A %s -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n", chain)
+		for _, a := range p.Ingress.Allow {
+			fmt.Fprintf(&b, "-A %s -s %s -m comment --comment \"policy allow\" -j ACCEPT\n", chain, a)
+		}
+		for _, d := range p.Ingress.Deny {
+			fmt.Fprintf(&b, "-A %s -s %s -m comment --comment \"policy deny\" -j DROP\n", chain, d)
+		}
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	cmd := Command(ctx, l.NodeNS(n.Name), "iptables-restore", "-w", "--noflush")
+	cmd.Stdin = strings.NewReader("*filter\n" + b.String() + "COMMIT\n")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("install policy rules: %w: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }

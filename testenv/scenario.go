@@ -192,6 +192,18 @@ type Pod struct {
 	// The underlay MTU itself stands for a pod of another CNI that knows nothing of
 	// the tunnel and relies on the datapath's ICMP and MSS clamping.
 	MTU int `json:"mtu,omitempty"`
+	// Ingress is a NetworkPolicy of the shape Calico writes in policy-only mode: on
+	// the pod's node, FORWARD rules for the pod's host interface (-o <if>) that
+	// accept the sources in Allow and drop those in Deny, before any other rule.
+	Ingress *IngressPolicy `json:"ingress,omitempty"`
+}
+
+// IngressPolicy says which sources may reach a pod through its node's FORWARD
+// chain. Allow is checked first; a source in neither passes on to the node's other
+// rules.
+type IngressPolicy struct {
+	Allow []netip.Prefix `json:"allow,omitempty"`
+	Deny  []netip.Prefix `json:"deny,omitempty"`
 }
 
 // mtu returns the pod's MTU with its default applied for underlay u.

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -349,5 +350,25 @@ func TestExpectationsDefault(t *testing.T) {
 	}
 	if got := sc.PodInterfaces(); got != "pod-*" {
 		t.Errorf("PodInterfaces = %q, want pod-*", got)
+	}
+}
+
+// TestIngressPolicyYAML: a pod's ingress policy parses into prefixes, and a bad
+// prefix is an error.
+func TestIngressPolicyYAML(t *testing.T) {
+	doc := strings.Replace(base, "pods: [{name: p1, address: 10.1.1.5}]",
+		"pods: [{name: p1, address: 10.1.1.5, ingress: {allow: [10.0.2.128/32], deny: [10.0.2.0/23]}}]", 1)
+	sc, err := ParseScenario([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := sc.Sites[0].Nodes[0].Pods[0].Ingress
+	want := &IngressPolicy{Allow: []netip.Prefix{netip.MustParsePrefix("10.0.2.128/32")}, Deny: []netip.Prefix{netip.MustParsePrefix("10.0.2.0/23")}}
+	if got == nil || !slices.Equal(got.Allow, want.Allow) || !slices.Equal(got.Deny, want.Deny) {
+		t.Fatalf("ingress = %+v, want %+v", got, want)
+	}
+	bad := strings.Replace(doc, "deny: [10.0.2.0/23]", "deny: [10.0.2.0/33]", 1)
+	if _, err := ParseScenario([]byte(bad)); err == nil {
+		t.Fatal("deny 10.0.2.0/33 parsed, want an error")
 	}
 }

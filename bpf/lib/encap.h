@@ -122,10 +122,9 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 }
 
 /* Same-node delivery of a pod's packet that matched no route: if the FIB sends it out a
- * pod interface with a resolved neighbour, redirect it to that pod with
- * bpf_redirect_peer (no netfilter on the way). Returns TC_ACT_REDIRECT, TC_ACT_OK to
- * leave it to the stack (also for an expiring TTL, so the stack answers with ICMP), or a
- * negative DROP_*. */
+ * pod interface, the stack forwards it, marked (both halves of a same-node flow pass
+ * here, so conntrack, Service NAT and FORWARD see all of it and no MASQUERADE
+ * rewrites it). Returns TC_ACT_OK. */
 static __always_inline int deliver_local_pod(struct __sk_buff *skb,
 					     const struct datapath_config *cfg,
 					     struct ethhdr *eth, struct iphdr *iph, __u8 hook)
@@ -137,9 +136,16 @@ static __always_inline int deliver_local_pod(struct __sk_buff *skb,
 			   skb->ifindex);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS || !bpf_map_lookup_elem(&pod_ifaces, &p.ifindex))
 		return TC_ACT_OK;
-	if (iph->ttl <= 1)
-		return TC_ACT_OK;
-	return forward_to_pod(skb, cfg, eth, iph, &p, rc, hook);
+	metrics_count(METRIC_DELIVER_POD, hook, skb->len);
+	trace_tc(skb, cfg, METRIC_DELIVER_POD, hook, 0, p.ifindex);
+	return pod_to_stack(skb);
+}
+
+/* Returns 1 if iph comes from this node's own addresses (tunnel or underlay): host
+ * traffic on isthmus0, never translated. */
+static __always_inline int host_source(const struct datapath_config *cfg, const struct iphdr *iph)
+{
+	return iph->saddr == cfg->tunnel_ip || iph->saddr == cfg->underlay_ip;
 }
 
 /* The encapsulation hooks: parse, look up routes, encapsulate or deliver locally.
@@ -177,11 +183,18 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 	key.addr = iph->daddr;
 	rt = bpf_map_lookup_elem(&routes, &key);
 	if (rt) {
+		int nat;
+
+		/* A flow conntrack knows (one the pod accepted through the stack, a
+		 * Service's) goes on through the stack too, and comes back here on
+		 * isthmus0: each node's conntrack sees all of a flow or none of it. */
+		if (from_pod && ct_known(skb, iph, c.pos, c.end))
+			return pod_to_stack(skb);
 		/* Return-path SNAT (lib/nat.h); its rewrite invalidates the pointers. On
 		 * isthmus0 too: a pod of an interface isthmus does not own arrives here
 		 * through the host stack with its own source, which no peer routes back.
-		 * The host's own traffic leaves from the tunnel address, which is exempt. */
-		int nat = snat_egress(skb, cfg, iph, hook);
+		 * The host's own addresses are exempt. */
+		nat = (from_pod || !host_source(cfg, iph)) ? snat_egress(skb, cfg, iph, hook) : 0;
 
 		if (nat < 0)
 			return nat;

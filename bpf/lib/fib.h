@@ -9,6 +9,7 @@
 #include "nat.h"
 #include "parse.h"
 #include "nexthop.h"
+#include "stack.h"
 
 #ifndef AF_INET
 #define AF_INET			2
@@ -135,23 +136,35 @@ static __always_inline int is_fabric_dest(__be32 daddr)
 	return bpf_map_lookup_elem(&fabric_prefixes, &key) != NULL;
 }
 
-/* Hands a decapsulated frame eth to this host's stack through isthmus0 ingress, so the
- * stack sees it arrive on the device its reverse route points at and strict rp_filter
- * holds. Returns TC_ACT_REDIRECT or DROP_REDIRECT_FAILED. Counts METRIC_DELIVER_HOST. */
-static __always_inline int deliver_host(struct __sk_buff *skb, const struct datapath_config *cfg,
-					struct ethhdr *eth, __u8 hook)
+/* Hands an overlay packet [eth][IPv4] to this node's stack: into isthmus0's ingress,
+ * the device its source routes through, so strict rp_filter holds, with mark added
+ * (OVERLAY_MARK for a packet the stack forwards to a pod). Returns TC_ACT_REDIRECT or
+ * DROP_REDIRECT_FAILED. Counts metric. */
+static __always_inline int deliver_to_stack(struct __sk_buff *skb, const struct datapath_config *cfg,
+					    struct ethhdr *eth, __u32 mark, int metric, __u8 hook)
 {
 	__builtin_memcpy(eth->h_dest, cfg->overlay_mac, ETH_ALEN);
+	skb->mark |= mark;
 	if (bpf_redirect(cfg->overlay_ifindex, BPF_F_INGRESS) != TC_ACT_REDIRECT)
 		return DROP_REDIRECT_FAILED;
-	metrics_count(METRIC_DELIVER_HOST, hook, skb->len);
-	trace_tc(skb, cfg, METRIC_DELIVER_HOST, hook, 0, cfg->overlay_ifindex);
+	metrics_count(metric, hook, skb->len);
+	trace_tc(skb, cfg, metric, hook, 0, cfg->overlay_ifindex);
 	return TC_ACT_REDIRECT;
 }
 
+/* Hands a decapsulated frame eth for this host itself to its stack, unmarked (the
+ * stack's own filters judge it). Returns TC_ACT_REDIRECT or DROP_REDIRECT_FAILED.
+ * Counts METRIC_DELIVER_HOST. */
+static __always_inline int deliver_host(struct __sk_buff *skb, const struct datapath_config *cfg,
+					struct ethhdr *eth, __u8 hook)
+{
+	return deliver_to_stack(skb, cfg, eth, 0, METRIC_DELIVER_HOST, hook);
+}
+
 /* Delivers a decapsulated frame [eth][IPv4] arriving on the underlay: to a local pod
- * (pod_ifaces) with bpf_redirect_peer, to this host through isthmus0 ingress, or, for
- * a destination in fabric_prefixes whose next hop is elsewhere, to the site fabric.
+ * (pod_ifaces) through the stack when stack_delivers says so, else with
+ * bpf_redirect_peer; to this host through isthmus0 ingress; or, for a destination in
+ * fabric_prefixes whose next hop is elsewhere, to the site fabric.
  * Returns TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_DELIVER_*. */
 static __always_inline int deliver_decapped(struct __sk_buff *skb,
 					    const struct datapath_config *cfg, __u8 hook)
@@ -197,6 +210,8 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 			return deliver_host(skb, cfg, eth, hook);
 		return DROP_NOT_LOCAL;
 	}
+	if (stack_delivers(skb, iph, c.pos, data_end))
+		return deliver_to_stack(skb, cfg, eth, OVERLAY_MARK, METRIC_DELIVER_POD, hook);
 	if (iph->ttl <= 1)
 		return DROP_TTL_EXCEEDED;
 	return forward_to_pod(skb, cfg, eth, iph, &p, rc, hook);
@@ -229,11 +244,12 @@ static __always_inline int from_site_router(struct __sk_buff *skb,
 
 /* Fabric ingress: the site fabric hands this node a plain IPv4 packet on the underlay
  * for a local pod, from a remote overlay source (another node of the site decapsulated
- * it and delivered it by fabric). Strict rp_filter would drop it (the route back to
- * the source is into isthmus0) and another CNI's netfilter rules would judge it, so it
- * is delivered straight to the pod. Only a packet for a destination in
- * fabric_prefixes, from a source in routes, arriving from the site router
- * (from_site_router), whose FIB next hop is a pod interface, qualifies. Returns TC_ACT_REDIRECT, TC_ACT_OK for everything else (untouched; also
+ * it and delivered it by fabric). Strict rp_filter would drop it on the underlay (the
+ * route back to the source is into isthmus0), so it is delivered as decapsulated
+ * packets are: through isthmus0 into the stack when stack_delivers says so, else
+ * straight to the pod. Only a packet for a destination in fabric_prefixes, from a
+ * source in routes, arriving from the site router (from_site_router), whose FIB next
+ * hop is a pod interface, qualifies. Returns TC_ACT_REDIRECT, TC_ACT_OK for everything else (untouched; also
  * for an expiring TTL, so the stack answers), or a negative DROP_*. Counts
  * METRIC_FABRIC_INGRESS. The caller has made the IPv4 header linear. */
 static __always_inline int fabric_ingress(struct __sk_buff *skb,
@@ -265,6 +281,8 @@ static __always_inline int fabric_ingress(struct __sk_buff *skb,
 	if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) ||
 	    !bpf_map_lookup_elem(&pod_ifaces, &p.ifindex) || iph->ttl <= 1)
 		return TC_ACT_OK;
+	if (stack_delivers(skb, iph, c.pos, data_end))
+		return deliver_to_stack(skb, cfg, eth, OVERLAY_MARK, METRIC_FABRIC_INGRESS, hook);
 	ipv4_decrease_ttl(iph);
 	rc = redirect_nexthop(eth, &p, rc, 1);
 	if (rc < 0)

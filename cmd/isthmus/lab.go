@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -51,6 +52,7 @@ func newLabCmd() *cobra.Command {
 		return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	}
 
+	var kubernetes string
 	up := &cobra.Command{
 		Use:   "up [SCENARIO]",
 		Short: "Build the lab and start one agent per node",
@@ -62,10 +64,17 @@ func newLabCmd() *cobra.Command {
 			}
 			ctx, cancel := signalCtx()
 			defer cancel()
-			l, err := testenv.Up(ctx, sc, testenv.Options{
+			opts := testenv.Options{
 				Name: lab, Binary: binary, Datapath: testenv.Datapath(datapath),
 				ReadyTimeout: timeout, Log: cmd.ErrOrStderr(),
-			})
+			}
+			if kubernetes != "" {
+				if kubernetes != string(testenv.ProxyIPTables) && kubernetes != string(testenv.ProxyNFTables) {
+					return fmt.Errorf("--kubernetes %q: want iptables or nftables", kubernetes)
+				}
+				opts.Source = testenv.SourceKube
+			}
+			l, err := testenv.Up(ctx, sc, opts)
 			if err != nil {
 				return err
 			}
@@ -76,12 +85,16 @@ func newLabCmd() *cobra.Command {
 			for _, p := range sc.Pods() {
 				fmt.Fprintf(cmd.OutOrStdout(), "  pod  %-8s netns %-20s address  %s (node %s)\n", p.Name, l.PodNS(p.Name), p.Address, p.Node)
 			}
+			if kubernetes != "" {
+				return serveKubeLab(ctx, cmd, l, testenv.ProxyMode(kubernetes))
+			}
 			return nil
 		},
 	}
 	up.Flags().StringVar(&binary, "binary", "", "isthmus binary the agents run (default: this executable)")
 	up.Flags().StringVar(&datapath, "datapath", string(testenv.DatapathIsthmus), "isthmus (one agent per node), plain (native routes) or vxlan (kernel VXLAN, as flannel), both baselines, or none (topology only)")
 	up.Flags().DurationVar(&timeout, "ready-timeout", 30*time.Second, "how long to wait for every agent's ready file")
+	up.Flags().StringVar(&kubernetes, "kubernetes", "", "iptables or nftables: run a real kube-apiserver, feed the agents from it, and run kube-proxy in that mode on every node; the lab lives until Ctrl-C")
 
 	check := &cobra.Command{
 		Use:   "check [SCENARIO]",
@@ -177,4 +190,18 @@ func crossSitePods(sc *testenv.Scenario) (src, dst testenv.PodRef, err error) {
 		}
 	}
 	return src, dst, fmt.Errorf("scenario %s has no two pods on different nodes", sc.Name)
+}
+
+// serveKubeLab starts kube-proxy on every node of a lab in Kubernetes mode, says
+// where the API server is, and keeps the lab (whose API server and forwarders live
+// in this process) until ctx ends, then takes it down.
+func serveKubeLab(ctx context.Context, cmd *cobra.Command, l *testenv.Lab, mode testenv.ProxyMode) (err error) {
+	defer func() { err = errors.Join(err, l.Down()) }()
+	if err := l.StartKubeProxy(ctx, mode); err != nil {
+		return err
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "lab %s is up in Kubernetes mode: KUBECONFIG=%s, kube-proxy (%s) on every node; Ctrl-C takes it down\n",
+		l.Name, l.Kubeconfig(), mode)
+	<-ctx.Done()
+	return nil
 }

@@ -692,7 +692,9 @@ func (a *Agent) ensureOverlay() error {
 		return err
 	}
 	a.overlay = ov
-	return nil
+	// The datapath hands pod traffic to the stack; no other CNI's MASQUERADE may
+	// rewrite it there.
+	return datapath.EnsureMasqueradeExemption()
 }
 
 // logWarnings logs the warnings of group that are new since its last call.

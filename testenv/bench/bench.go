@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -60,10 +61,16 @@ func (c Config) String() string {
 	return string(c.Datapath) + " (" + rules + ")"
 }
 
-// Sample is one measurement.
+// Sample is one measurement: an iperf3 stream and a sockperf ping-pong.
 type Sample struct {
 	Gbps        float64 `json:"gbps"`
 	Retransmits int     `json:"retransmits"`
+	// RTTMicros is the mean round trip of one small TCP request and its
+	// response, back to back on one connection (sockperf ping-pong: twice its
+	// reported one-way latency), in µs; TPS is the transactions per second it
+	// completed. Both 0 when sockperf is missing.
+	RTTMicros float64 `json:"rtt_us,omitempty"`
+	TPS       float64 `json:"tps,omitempty"`
 }
 
 // Result holds every sample of one configuration.
@@ -77,6 +84,24 @@ func (r Result) Median() float64 {
 	v := make([]float64, 0, len(r.Samples))
 	for _, s := range r.Samples {
 		v = append(v, s.Gbps)
+	}
+	return median(v)
+}
+
+// MedianRTT returns the median request/response round trip in µs.
+func (r Result) MedianRTT() float64 {
+	v := make([]float64, 0, len(r.Samples))
+	for _, s := range r.Samples {
+		v = append(v, s.RTTMicros)
+	}
+	return median(v)
+}
+
+// MedianTPS returns the median transactions per second.
+func (r Result) MedianTPS() float64 {
+	v := make([]float64, 0, len(r.Samples))
+	for _, s := range r.Samples {
+		v = append(v, s.TPS)
 	}
 	return median(v)
 }
@@ -128,10 +153,10 @@ func (r *Report) Ratio(a, b Config) float64 {
 // routing of the same rules variant.
 func (r *Report) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "single TCP stream %s -> %s, scenario %s, %d rounds of %s, kernel %s\n\n",
+	fmt.Fprintf(&b, "single TCP stream and TCP request/response (sockperf ping-pong) %s -> %s, scenario %s, %d rounds of %s, kernel %s\n\n",
 		r.Src, r.Dst, r.Scenario, r.Rounds, r.Duration, r.Kernel)
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "DATAPATH\tRULES\tMEDIAN Gbit/s\tSAMPLES\tRETRANSMITS\tvs VXLAN\tvs PLAIN")
+	fmt.Fprintln(w, "DATAPATH\tRULES\tMEDIAN Gbit/s\tSAMPLES\tRETRANSMITS\tvs VXLAN\tvs PLAIN\tRR µs\tRR TPS\tTPS vs VXLAN")
 	for _, res := range r.Results {
 		var samples, retr []string
 		for _, s := range res.Samples {
@@ -142,10 +167,15 @@ func (r *Report) String() string {
 		if !res.Config.Rules {
 			rules = "none"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%.2f\t%s\t%s\t%.2fx\t%.2fx\n", res.Config.Datapath, rules, res.Median(),
+		vx := Config{testenv.DatapathVXLAN, res.Config.Rules}
+		tpsRatio := 0.0
+		if v, ok := r.Result(vx); ok && v.MedianTPS() > 0 {
+			tpsRatio = res.MedianTPS() / v.MedianTPS()
+		}
+		fmt.Fprintf(w, "%s\t%s\t%.2f\t%s\t%s\t%.2fx\t%.2fx\t%.1f\t%.0f\t%.2fx\n", res.Config.Datapath, rules, res.Median(),
 			strings.Join(samples, " "), strings.Join(retr, " "),
-			r.Ratio(res.Config, Config{testenv.DatapathVXLAN, res.Config.Rules}),
-			r.Ratio(res.Config, Config{testenv.DatapathPlain, res.Config.Rules}))
+			r.Ratio(res.Config, vx), r.Ratio(res.Config, Config{testenv.DatapathPlain, res.Config.Rules}),
+			res.MedianRTT(), res.MedianTPS(), tpsRatio)
 	}
 	w.Flush()
 	return b.String()
@@ -188,8 +218,10 @@ func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 	if opts.Rounds < 1 {
 		return nil, fmt.Errorf("bench: rounds %d: want at least 1", opts.Rounds)
 	}
-	if err := programs.Require("iperf3"); err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
+	for _, tool := range []string{"iperf3", "sockperf"} {
+		if err := programs.Require(tool); err != nil {
+			return nil, fmt.Errorf("bench: %w", err)
+		}
 	}
 	logf := func(format string, args ...any) {
 		if opts.Log != nil {
@@ -241,7 +273,10 @@ func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 			if err != nil {
 				return nil, fmt.Errorf("bench: round %d, %s: %w", round, configs[i], err)
 			}
-			logf("bench: round %d/%d %-32s %6.2f Gbit/s (%d retransmits)", round, opts.Rounds, configs[i], s.Gbps, s.Retransmits)
+			if s.RTTMicros, s.TPS, err = requestResponse(ctx, l, opts); err != nil {
+				return nil, fmt.Errorf("bench: round %d, %s: %w", round, configs[i], err)
+			}
+			logf("bench: round %d/%d %-32s %6.2f Gbit/s (%d retransmits), RR %.1f µs, %.0f/s", round, opts.Rounds, configs[i], s.Gbps, s.Retransmits, s.RTTMicros, s.TPS)
 			rep.Results[i].Samples = append(rep.Results[i].Samples, s)
 		}
 	}
@@ -273,6 +308,55 @@ func measure(ctx context.Context, l *testenv.Lab, opts Options) (Sample, error) 
 		return Sample{}, err
 	}
 	return parseIperf([]byte(out))
+}
+
+// requestResponse runs sockperf ping-pong over TCP from opts.Src to opts.Dst for
+// opts.Duration (sockperf leaves out its own warm-up) and returns the mean round trip
+// in µs and the transactions per second.
+func requestResponse(ctx context.Context, l *testenv.Lab, opts Options) (rttMicros, tps float64, err error) {
+	const port = "5298"
+	dst := l.PodAddr(opts.Dst).String()
+	server := testenv.Command(ctx, l.PodNS(opts.Dst), "sockperf", "server", "--tcp", "-i", dst, "-p", port)
+	if err := server.Start(); err != nil {
+		return 0, 0, fmt.Errorf("start sockperf server: %w", err)
+	}
+	defer func() { server.Process.Kill(); server.Wait() }()
+	secs := strconv.Itoa(int(opts.Duration.Seconds()))
+	var out string
+	for try := 0; ; try++ {
+		// The server may not listen yet: a refused connect ends the client at once.
+		out, err = testenv.Exec(ctx, l.PodNS(opts.Src), "sockperf", "ping-pong", "--tcp", "-i", dst, "-p", port, "-t", secs)
+		if err == nil || try == 10 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	return parseSockperf(out)
+}
+
+var (
+	sockperfValid   = regexp.MustCompile(`\[Valid Duration\] RunTime=([0-9.]+) sec; SentMessages=[0-9]+; ReceivedMessages=([0-9]+)`)
+	sockperfLatency = regexp.MustCompile(`avg-lat(?:ency)?= *([0-9.]+)`)
+)
+
+// parseSockperf reads the valid-duration message count and the mean latency (half
+// a round trip, in µs) from sockperf ping-pong output.
+func parseSockperf(out string) (rttMicros, tps float64, err error) {
+	v := sockperfValid.FindStringSubmatch(out)
+	lat := sockperfLatency.FindStringSubmatch(out)
+	if v == nil || lat == nil {
+		return 0, 0, fmt.Errorf("parse sockperf output: no valid duration or latency in %q", out)
+	}
+	runtime, _ := strconv.ParseFloat(v[1], 64)
+	msgs, _ := strconv.ParseFloat(v[2], 64)
+	half, _ := strconv.ParseFloat(lat[1], 64)
+	if runtime <= 0 || msgs <= 0 {
+		return 0, 0, fmt.Errorf("parse sockperf output: no messages in %q", out)
+	}
+	return 2 * half, msgs / runtime, nil
 }
 
 // waitListening reads the iperf3 server's output until it says it listens (a probe

@@ -187,3 +187,23 @@ func TestRunSNATShort(t *testing.T) {
 		}
 	}
 }
+
+// TestParseSockperf reads a real sockperf 3.7 ping-pong run (loopback, 1 s; colour
+// escapes as sockperf prints them).
+func TestParseSockperf(t *testing.T) {
+	out := "sockperf: [Total Run] RunTime=1.011 sec; Warm up time=400 msec; SentMessages=16765; ReceivedMessages=16764\n" +
+		"sockperf: ========= Printing statistics for Server No: 0\n" +
+		"sockperf: [Valid Duration] RunTime=0.516 sec; SentMessages=9375; ReceivedMessages=9375\n" +
+		"sockperf: \x1b[2;35m====> avg-latency=27.464 (std-dev=608.286)\x1b[0m\n" +
+		"sockperf: Summary: Latency is 27.464 usec\n"
+	rtt, tps, err := parseSockperf(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(rtt-54.928) > 1e-9 || math.Abs(tps-9375/0.516) > 1e-6 {
+		t.Errorf("parseSockperf = %v µs, %v/s; want 54.928 µs, %v/s", rtt, tps, 9375/0.516)
+	}
+	if _, _, err := parseSockperf("sockperf: ERROR: connect failed"); err == nil {
+		t.Error("parseSockperf of a failed run = nil error")
+	}
+}

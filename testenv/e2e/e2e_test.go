@@ -72,6 +72,24 @@ func labName() string {
 	return string(b)
 }
 
+// upLab brings sc up as a lab with a fresh name, the test's binary and opts, and
+// takes it down when the test ends, checking that nothing is left.
+func upLab(ctx context.Context, t *testing.T, sc *testenv.Scenario, opts testenv.Options) *testenv.Lab {
+	t.Helper()
+	opts.Name, opts.Binary = labName(), binary
+	l, err := testenv.Up(ctx, sc, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Down(); err != nil {
+			t.Error(err)
+		}
+		assertGone(t, opts.Name)
+	})
+	return l
+}
+
 // upDefault builds the default scenario with agents and removes it when the
 // test ends, checking that nothing is left.
 func upDefault(t *testing.T) *testenv.Lab {

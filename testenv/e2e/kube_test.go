@@ -24,20 +24,10 @@ func TestKubeMatrix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := labName()
 	// The first run on a machine builds kube-apiserver and etcd (minutes).
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	l, err := testenv.Up(ctx, sc, testenv.Options{Name: name, Binary: binary, Source: testenv.SourceKube, ReadyTimeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Error(err)
-		}
-		assertGone(t, name)
-	})
+	l := upLab(ctx, t, sc, testenv.Options{Source: testenv.SourceKube, ReadyTimeout: time.Minute})
 	for _, n := range sc.Nodes() {
 		args, err := os.ReadFile("/proc/" + agentPid(t, l, n.Name) + "/cmdline")
 		if err != nil {
@@ -89,19 +79,9 @@ func TestKubeNodeRemoval(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := labName()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	l, err := testenv.Up(ctx, sc, testenv.Options{Name: name, Binary: binary, Source: testenv.SourceKube, ReadyTimeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Error(err)
-		}
-		assertGone(t, name)
-	})
+	l := upLab(ctx, t, sc, testenv.Options{Source: testenv.SourceKube, ReadyTimeout: time.Minute})
 	b2, _ := l.Node("b2")
 	block := b2.PodCIDRs[0].String()
 	route := func() string {

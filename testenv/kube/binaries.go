@@ -11,3 +11,9 @@ import (
 func Binaries(ctx context.Context) (apiserver, etcd string, err error) {
 	return kubebin.Binaries(ctx)
 }
+
+// KubeProxy returns a kube-proxy of the same release as Binaries'
+// kube-apiserver, from the same cache; see kubebin.KubeProxy.
+func KubeProxy(ctx context.Context) (string, error) {
+	return kubebin.KubeProxy(ctx)
+}

@@ -58,12 +58,13 @@ type Server struct {
 	timeout   time.Duration
 
 	mu   sync.Mutex
-	etcd *process
-	api  *process
+	etcd *Process
+	api  *Process
 }
 
-// process is a child process and the channel closed when it has been reaped.
-type process struct {
+// Process is a child process (Spawn, the server's own) and the channel closed when
+// it has been reaped.
+type Process struct {
 	name string
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -249,19 +250,34 @@ func (s *Server) tlsConfig() (*tls.Config, error) {
 
 // spawn starts a child with output to <name>.log in the server's directory
 // (and to the Log writer), in its own process group, killed if we die.
-func (s *Server) spawn(name, bin string, args ...string) (*process, error) {
-	logf, err := os.OpenFile(filepath.Join(s.dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+func (s *Server) spawn(name, bin string, args ...string) (*Process, error) {
+	return spawnLogged(name, filepath.Join(s.dir, name+".log"), s.log, bin, args...)
+}
+
+// Spawn starts bin with args, output appended to logPath, in its own process
+// group, killed (SIGKILL) if this process dies. Stop ends it.
+func Spawn(name, logPath, bin string, args ...string) (*Process, error) {
+	return spawnLogged(name, logPath, nil, bin, args...)
+}
+
+// Stop ends the process (SIGTERM, then SIGKILL after 10s) and reaps it. It is
+// idempotent.
+func (p *Process) Stop() error { return p.stop() }
+
+// spawnLogged is Spawn with the output also copied to extra (when not nil).
+func spawnLogged(name, logPath string, extra io.Writer, bin string, args ...string) (*Process, error) {
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("open %s log: %w", name, err)
 	}
 	var out io.Writer = logf
-	if s.log != nil {
-		out = io.MultiWriter(logf, s.log)
+	if extra != nil {
+		out = io.MultiWriter(logf, extra)
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	p := &process{name: name, cmd: cmd, done: make(chan struct{})}
+	p := &Process{name: name, cmd: cmd, done: make(chan struct{})}
 	started := make(chan error, 1)
 	// Pdeathsig fires when the thread that forked the child exits, not the
 	// process: fork from a locked thread that lives until the child is reaped,
@@ -287,7 +303,7 @@ func (s *Server) spawn(name, bin string, args ...string) (*process, error) {
 
 // stop ends the process (SIGTERM, then SIGKILL after 10s) and reaps it. A nil
 // process is already stopped.
-func (p *process) stop() error {
+func (p *Process) stop() error {
 	if p == nil {
 		return nil
 	}
@@ -312,7 +328,7 @@ func (p *process) stop() error {
 }
 
 // waitHTTP polls url until it answers 200, the process exits, or the timeout.
-func (s *Server) waitHTTP(ctx context.Context, p *process, url string, tlsConf *tls.Config) error {
+func (s *Server) waitHTTP(ctx context.Context, p *Process, url string, tlsConf *tls.Config) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: tlsConf}}

@@ -75,16 +75,17 @@ func Build(ctx context.Context, progress io.Writer) (apiserver, etcd string, err
 	dir := filepath.Join(root, key)
 	apiserver = filepath.Join(dir, "kube-apiserver")
 	etcd = filepath.Join(dir, "etcd")
+	proxy := filepath.Join(dir, "kube-proxy")
 	say := func(format string, args ...any) { fmt.Fprintf(progress, "testenv/kube: "+format+"\n", args...) }
-	if exists(apiserver) && exists(etcd) {
-		say("kube-apiserver and etcd found in %s", dir)
+	if exists(apiserver) && exists(etcd) && exists(proxy) {
+		say("kube-apiserver, etcd and kube-proxy found in %s", dir)
 		return apiserver, etcd, nil
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", "", fmt.Errorf("create kube binary cache: %w", err)
 	}
 	start := time.Now()
-	say("kube-apiserver and etcd are not in %s yet: building them once, for this and every later run (about 5 minutes on 2 idle cores)", dir)
+	say("kube-apiserver, etcd and kube-proxy are not all in %s yet: building them once, for this and every later run (about 6 minutes on 2 idle cores)", dir)
 	unlock, err := lockFile(ctx, filepath.Join(dir, ".lock"), func() {
 		say("waiting for another process that is building into %s", dir)
 	})
@@ -95,6 +96,9 @@ func Build(ctx context.Context, progress io.Writer) (apiserver, etcd string, err
 	steps := []struct{ out, pkg, ldflags string }{
 		{etcd, "go.etcd.io/etcd/server/v3", "-s -w"},
 		{apiserver, "k8s.io/kubernetes/cmd/kube-apiserver", apiserverLDFlags(tools)},
+		// The lab's Services (testenv/kubeproxy.go): the same k8s.io/kubernetes
+		// release as kube-apiserver, so most of its packages are compiled already.
+		{proxy, "k8s.io/kubernetes/cmd/kube-proxy", apiserverLDFlags(tools)},
 	}
 	for i, b := range steps {
 		if exists(b.out) {
@@ -106,8 +110,19 @@ func Build(ctx context.Context, progress io.Writer) (apiserver, etcd string, err
 			return "", "", err
 		}
 	}
-	say("kube-apiserver and etcd ready in %s after %s", dir, time.Since(start).Round(time.Second))
+	say("kube-apiserver, etcd and kube-proxy ready in %s after %s", dir, time.Since(start).Round(time.Second))
 	return apiserver, etcd, nil
+}
+
+// KubeProxy returns the path of a kube-proxy built from the same
+// k8s.io/kubernetes release as Binaries' kube-apiserver, in the same cache
+// (Build builds all three). Progress goes to standard error.
+func KubeProxy(ctx context.Context) (string, error) {
+	apiserver, _, err := Build(ctx, os.Stderr)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(filepath.Dir(apiserver), "kube-proxy"), nil
 }
 
 // toolsDir finds the tools module, testenv/kube/tools, from this source file.
