@@ -344,21 +344,7 @@ func TestAgentKernel(t *testing.T) {
 	}
 
 	// The loop, on a thread in the same namespace.
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	var runErr error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		runtime.LockOSThread() // never unlocked: the thread leaves with the goroutine
-		if err := netns.Set(e.ns); err != nil {
-			runErr = err
-			return
-		}
-		runErr = a.Run(ctx)
-	}()
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	time.Sleep(200 * time.Millisecond) // let Run subscribe
+	stop := e.run(t, a)
 
 	// A pod interface that appears later is attached within a second...
 	podB := mustVeth(t, "pod-b", "pb-peer")
@@ -424,10 +410,8 @@ func TestAgentKernel(t *testing.T) {
 		t.Errorf("ready with another node set aside: %v", err)
 	}
 
-	cancel()
-	wg.Wait()
-	if runErr != nil {
-		t.Fatalf("run: %v", runErr)
+	if err := stop(); err != nil {
+		t.Fatalf("run: %v", err)
 	}
 	// Exit leaves everything in place.
 	if n := tcxCount(t, e.pod.Attrs().Index, ebpf.AttachTCXIngress); n != 1 {

@@ -39,8 +39,18 @@ func TestNodeToNodeEveryScenario(t *testing.T) {
 			})
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
-			if _, err := testenv.Up(ctx, sc, testenv.Options{Name: lab, Binary: binary, ReadyTimeout: 60 * time.Second, CheckNodes: true}); err != nil {
+			var log strings.Builder
+			if _, err := testenv.Up(ctx, sc, testenv.Options{Name: lab, Binary: binary, ReadyTimeout: 60 * time.Second, CheckNodes: true, Log: &log}); err != nil {
 				t.Fatal(err)
+			}
+			if open {
+				// The pair of issue 12 reaches each other both ways, before
+				// and with the agents.
+				for _, pair := range []string{"aks-2 -> flex-1: ok", "flex-1 -> aks-2: ok"} {
+					if n := strings.Count(log.String(), pair); n != 2 {
+						t.Errorf("%q %d times in the lab log, want before and with the agents:\n%s", pair, n, log.String())
+					}
+				}
 			}
 		})
 	}
