@@ -167,15 +167,9 @@ func (v *ipv4View) fragment() bool {
 	return v.ip.Flags&layers.IPv4MoreFragments != 0 || v.ip.FragOffset != 0
 }
 
-// l4 returns the bytes after the IPv4 header, up to the total length if the packet has
-// that many, else what is present.
-func (v *ipv4View) l4() []byte {
-	end := len(v.raw)
-	if tl := int(binary.BigEndian.Uint16(v.raw[2:])); tl >= v.hlen && tl <= end {
-		end = tl
-	}
-	return v.raw[v.hlen:end]
-}
+// l4 returns the bytes after the IPv4 header that are present, whatever the total length
+// field says (it is not trusted, see decodeIPv4).
+func (v *ipv4View) l4() []byte { return v.raw[v.hlen:] }
 
 // udpPorts decodes a UDP header with gopacket. Like the IPv4 total length, the UDP length
 // field is read but not trusted (gopacket refuses one below 8): the datapath locates
@@ -668,7 +662,8 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 			return e
 		}
 		// Issue 10 item 2: no GENEVE from pods to a peer's underlay address.
-		// The port is what counts: a datagram cut short after it is no less GENEVE.
+		// The port is what counts: a datagram cut short after it, or whose lengths say it
+		// is shorter, is no less GENEVE.
 		if l4 := v.l4(); v.ip.Protocol == layers.IPProtocolUDP && v.ip.FragOffset == 0 && w.isPeer(dst) && len(l4) >= 4 {
 			if binary.BigEndian.Uint16(l4[2:]) == 6081 {
 				e.allowAnyDrop()
