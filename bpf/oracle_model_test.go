@@ -167,15 +167,9 @@ func (v *ipv4View) fragment() bool {
 	return v.ip.Flags&layers.IPv4MoreFragments != 0 || v.ip.FragOffset != 0
 }
 
-// l4 returns the bytes after the IPv4 header, up to the total length if the packet has
-// that many, else what is present.
-func (v *ipv4View) l4() []byte {
-	end := len(v.raw)
-	if tl := int(binary.BigEndian.Uint16(v.raw[2:])); tl >= v.hlen && tl <= end {
-		end = tl
-	}
-	return v.raw[v.hlen:end]
-}
+// l4 returns the bytes after the IPv4 header that are present, whatever the total length
+// field says (it is not trusted, see decodeIPv4).
+func (v *ipv4View) l4() []byte { return v.raw[v.hlen:] }
 
 // udpPorts decodes a UDP header with gopacket. Like the IPv4 total length, the UDP length
 // field is read but not trusted (gopacket refuses one below 8): the datapath locates
@@ -519,6 +513,11 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		return e
 	}
 
+	if outer.ip.TOS&0x03 == 0x03 && inIP[1]&0x03 == 0 {
+		// RFC 6040 4.2: CE on a Not-ECT inner packet: drop (or, as before RFC 6040,
+		// deliver), in XDP as in TC.
+		e.allowAnyDrop()
+	}
 	if xdp {
 		if outer.ip.TOS&0x03 == 0x03 {
 			// RFC 6040: the outer CE must reach the inner header; XDP may do it or hand it on.
@@ -527,10 +526,6 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 			e.forms = append(e.forms, xdpPopForm(w, in, peer, ieOff+14, false))
 		}
 		return e
-	}
-	if outer.ip.TOS&0x03 == 0x03 && inIP[1]&0x03 == 0 {
-		// RFC 6040 4.2: CE on a Not-ECT inner packet: drop (or, as before RFC 6040, deliver).
-		e.allowAnyDrop()
 	}
 	switch {
 	case w.ownPods[dst] != nil:
@@ -667,8 +662,10 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 			return e
 		}
 		// Issue 10 item 2: no GENEVE from pods to a peer's underlay address.
-		if v.ip.Protocol == layers.IPProtocolUDP && v.ip.FragOffset == 0 && w.isPeer(dst) {
-			if u, err := udpPorts(v.l4()); err == nil && u.DstPort == 6081 {
+		// The port is what counts: a datagram cut short after it, or whose lengths say it
+		// is shorter, is no less GENEVE.
+		if l4 := v.l4(); v.ip.Protocol == layers.IPProtocolUDP && v.ip.FragOffset == 0 && w.isPeer(dst) && len(l4) >= 4 {
+			if binary.BigEndian.Uint16(l4[2:]) == 6081 {
 				e.allowAnyDrop()
 				e.because("GENEVE from a pod to peer %v's underlay address: must be dropped", dst)
 				return e
@@ -707,8 +704,46 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 		}
 		return e
 	}
-	e.forms = append(e.forms, encapForm(w, in, rt.peers, fromPod))
+	// Return-path SNAT (docs/architecture.md; issue 10: on isthmus0 as from a pod): a source
+	// outside snat_exempt leaves as the tunnel address. Which port it gets is not modelled.
+	snat := w.tunnelIP.IsValid() && !slices.ContainsFunc(w.snatExempt, func(p netip.Prefix) bool { return p.Contains(src) })
+	if snat {
+		e.because("source outside snat_exempt: translated to %v", w.tunnelIP)
+		e.allowDrop(IsthmusDropReasonDROP_SNAT_NO_PORT, IsthmusDropReasonDROP_SNAT_INSERT,
+			IsthmusDropReasonDROP_SNAT_UNSUPPORTED, IsthmusDropReasonDROP_SNAT_REWRITE)
+	}
+	e.forms = append(e.forms, encapForm(w, in, rt.peers, fromPod, snat))
 	return e
+}
+
+// translated returns want (an inner IPv4 packet) with its source set to to, and with
+// what SNAT chooses or recomputes taken from got: the source port (ICMP echo: the
+// identifier) and the L4 checksum. The IPv4 checksum is recomputed if it verified.
+func translated(want, got []byte, to netip.Addr) []byte {
+	want = append([]byte{}, want...)
+	hlen := int(want[0]&0x0f) * 4
+	hdrOK := csum16(want[:hlen]) == 0
+	a := to.As4()
+	copy(want[12:16], a[:])
+	if hdrOK {
+		want[10], want[11] = 0, 0
+		binary.BigEndian.PutUint16(want[10:], csum16(want[:hlen]))
+	}
+	var spans [][2]int
+	switch want[9] {
+	case 6:
+		spans = [][2]int{{0, 2}, {16, 18}}
+	case 17:
+		spans = [][2]int{{0, 2}, {6, 8}}
+	case 1:
+		spans = [][2]int{{2, 4}, {4, 6}}
+	}
+	for _, sp := range spans {
+		if hlen+sp[1] <= len(want) && hlen+sp[1] <= len(got) {
+			copy(want[hlen+sp[0]:hlen+sp[1]], got[hlen+sp[0]:hlen+sp[1]])
+		}
+	}
+	return want
 }
 
 // encapForm accepts frame in encapsulated toward one of peers: outer Ethernet to the
@@ -716,8 +751,8 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 // TTL 64, a checksum that verifies, the right length), UDP (a source port in
 // 49152-65535, port 6081, the right length, checksum zero or verifying), GENEVE (version
 // 0, no options, O and C clear, protocol 0x6558, our VNI), then the input frame, with
-// its TTL decremented if forward and its MSS clamped.
-func encapForm(w *oracleWorld, in []byte, peers []netip.Addr, forward bool) outputForm {
+// its TTL decremented if forward, its MSS clamped and, if snat, its source translated.
+func encapForm(w *oracleWorld, in []byte, peers []netip.Addr, forward, snat bool) outputForm {
 	return outputForm{name: "encapsulation", check: func(out []byte) error {
 		var problems []string
 		bad := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
@@ -760,7 +795,14 @@ func encapForm(w *oracleWorld, in []byte, peers []netip.Addr, forward bool) outp
 		if err := diffAt("inner Ethernet", out[50:64], in[:14]); err != nil {
 			bad("%v", err)
 		}
-		if err := diffAt("inner IPv4", out[64:], innerAfter(in[14:], out[64:], forward, false, w.tunnelMTU)); err != nil {
+		want := innerAfter(in[14:], out[64:], forward, false, w.tunnelMTU)
+		if snat {
+			want = translated(want, out[64:], w.tunnelIP)
+			if l4SumOK(in[14:]) && !l4SumOK(out[64:]) {
+				bad("translated L4 checksum does not verify")
+			}
+		}
+		if err := diffAt("inner IPv4", out[64:], want); err != nil {
 			bad("%v", err)
 		}
 		if len(problems) > 0 {

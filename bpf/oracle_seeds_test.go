@@ -308,6 +308,9 @@ func encapSeeds(l *lab, fromPod bool) [][]byte {
 	for _, dst := range []netip.Addr{peerIP, memberIP, groupPeerA, strangerIP} {
 		add(ipkt{dst: dst, dport: 6081})
 	}
+	// Outside snat_exempt with TTL 1: on isthmus0 still translated (nothing refuses it there).
+	add(ipkt{src: spoofedIP, dst: remotePodIP, ttl: 1})
+	add(ipkt{src: spoofedIP, dst: remotePodIP, ttl: 2})
 	inner := uframe{}.build(l)[14:]
 	add(ipkt{dst: peerIP, dport: 6081, size: 20 + 8 + len(inner)})
 	for _, p := range []ipkt{

@@ -29,7 +29,7 @@ var (
 	groupPeerA   = netip.MustParseAddr("192.168.2.3")
 	groupPeerB   = netip.MustParseAddr("192.168.2.4")
 	groupSrcNet  = netip.MustParsePrefix("10.5.0.0/16") // what groupPeerA and B may send from
-	spoofedIP     = netip.MustParseAddr("6.6.6.6")
+	spoofedIP    = netip.MustParseAddr("6.6.6.6")
 )
 
 // newOracleWorld is the node the oracle's lab stands for, with the lab's MACs.
