@@ -259,11 +259,14 @@ func TestSeed000Gateway(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 		before := replies.Load()
 
+		// neighbour: an address of the remote site's node CIDRs that is no node's;
+		// node: another node of the remote site, whose own traffic with this node
+		// stays on the underlay both ways (symmetric paths, docs/gateways.md).
 		for _, c := range []struct {
-			node, endpoint, neighbour string
+			node, endpoint, neighbour, remoteNode string
 		}{
-			{"aks-1", "192.168.10.10", "192.168.10.11"},
-			{"flex-1", "10.0.0.4", "10.0.0.5"},
+			{"aks-1", "192.168.10.10", "192.168.10.11", ""},
+			{"flex-1", "10.0.0.4", "10.0.0.6", "10.0.0.5"},
 		} {
 			for i := range 3 {
 				if err := testenv.Ping(l.NodeNS(c.node), netip.MustParseAddr(c.endpoint), 2*time.Second); err != nil {
@@ -286,6 +289,16 @@ func TestSeed000Gateway(t *testing.T) {
 			}
 			if !strings.Contains(out, "dev isthmus0") {
 				t.Errorf("%s: ip route get %s = %q: want the remote node CIDR routed into isthmus0 (routeNodeCidrs defaults to true)", c.node, c.neighbour, out)
+			}
+			if c.remoteNode == "" {
+				continue
+			}
+			out, err = l.Exec(ctx, l.NodeNS(c.node), "ip", "route", "get", c.remoteNode)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(out, "isthmus0") || !strings.Contains(out, "dev "+testenv.UnderlayDev) {
+				t.Errorf("%s: ip route get %s = %q: a remote node's address must stay on the underlay, as its own route back does", c.node, c.remoteNode, out)
 			}
 		}
 		time.Sleep(300 * time.Millisecond)
