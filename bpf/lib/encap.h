@@ -194,7 +194,7 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 		 * isthmus0 too: a pod of an interface isthmus does not own arrives here
 		 * through the host stack with its own source, which no peer routes back.
 		 * The host's own addresses are exempt. */
-		nat = (from_pod || !host_source(cfg, iph)) ? snat_egress(skb, cfg, iph, hook) : 0;
+		nat = (from_pod || !host_source(cfg, iph)) ? snat_egress(skb, cfg, iph, from_pod, hook) : 0;
 
 		if (nat < 0)
 			return nat;

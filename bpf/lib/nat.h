@@ -276,13 +276,16 @@ static __always_inline int snat_flow(struct __sk_buff *skb, const struct datapat
 }
 
 /* Return-path SNAT of a pod's packet about to enter the tunnel; iph is its (linear)
- * IPv4 header. Packets the tunnel will refuse keep their source, mirroring the checks
- * at the top of encap_geneve, so the ICMP frag needed the pod gets quotes its own
- * header. Returns 1 if it rewrote the packet (packet pointers are then invalid), 0 if
- * the source stays (no tunnel address configured, an exempt source, or a refused
- * packet), or a negative DROP_*. Counts METRIC_SNAT per translated packet. */
+ * IPv4 header, forward as encap_geneve's (this hop forwards it: pod_ingress). Packets
+ * the tunnel will refuse keep their source, mirroring the checks at the top of
+ * encap_geneve, so the ICMP error the pod gets quotes its own header: an expiring TTL
+ * only where encap_geneve answers it (forward; on isthmus0 the host stack already
+ * has, and a TTL of 1 is encapsulated), a size above the tunnel MTU. Returns 1 if it
+ * rewrote the packet (packet pointers are then invalid), 0 if the source stays (no
+ * tunnel address configured, an exempt source, or a refused packet), or a negative
+ * DROP_*. Counts METRIC_SNAT per translated packet. */
 static __always_inline int snat_egress(struct __sk_buff *skb, const struct datapath_config *cfg,
-				       struct iphdr *iph, __u8 hook)
+				       struct iphdr *iph, int forward, __u8 hook)
 {
 	struct route_key ek = { .prefixlen = 32 };
 	struct ct_tuple t;
@@ -295,7 +298,8 @@ static __always_inline int snat_egress(struct __sk_buff *skb, const struct datap
 	ek.addr = iph->saddr;
 	if (bpf_map_lookup_elem(&snat_exempt, &ek))
 		return 0;
-	if (iph->ttl <= 1 || (cfg->tunnel_mtu && ipv4_wire_len(skb, iph) > cfg->tunnel_mtu))
+	if ((forward && iph->ttl <= 1) ||
+	    (cfg->tunnel_mtu && ipv4_wire_len(skb, iph) > cfg->tunnel_mtu))
 		return 0;
 	/* Fragments: a non-first fragment carries no ports, so nothing tells its flow or
 	 * translated port; translating only the first fragment of a datagram would not
