@@ -728,8 +728,33 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 		return e
 	}
 	e.because("route %v via %v", rt.prefix, rt.peers)
+	// Return-path SNAT (docs/architecture.md): on isthmus0 every source that is not
+	// the host's own (tunnel or underlay address) nor exempt leaves as the tunnel
+	// address; the world's pods are all exempt. A packet too long for the tunnel keeps
+	// its source (it is refused anyway).
+	snat := !fromPod && src != w.tunnelIP && src != w.underlay && !w.snatExempted(src) && len(in)-14 <= w.tunnelMTU
+	var snatFaults []IsthmusDropReason
+	if snat {
+		l4 := v.raw[v.hlen:]
+		switch {
+		case v.fragment():
+			snatFaults = append(snatFaults, IsthmusDropReasonDROP_SNAT_UNSUPPORTED)
+		case v.ip.Protocol == layers.IPProtocolTCP && len(l4) < 14,
+			(v.ip.Protocol == layers.IPProtocolUDP || v.ip.Protocol == layers.IPProtocolICMPv4) && len(l4) < 8:
+			snatFaults = append(snatFaults, IsthmusDropReasonDROP_INVALID_PACKET)
+		case v.ip.Protocol == layers.IPProtocolTCP, v.ip.Protocol == layers.IPProtocolUDP,
+			v.ip.Protocol == layers.IPProtocolICMPv4 && l4[0] == 8:
+		default:
+			snatFaults = append(snatFaults, IsthmusDropReasonDROP_SNAT_UNSUPPORTED)
+		}
+	}
 	if len(rt.peers) == 0 {
+		// A frame with several faults may get any of them: SNAT's too.
 		e.allowDrop(IsthmusDropReasonDROP_NO_NEXTHOP)
+		if snat {
+			e.allowDrop(snatFaults...)
+			e.allowDrop(IsthmusDropReasonDROP_SNAT_NO_PORT, IsthmusDropReasonDROP_SNAT_INSERT)
+		}
 		if fromPod {
 			// Issue 14: counted, and answered with ICMP net unreachable where an ICMP
 			// error may be sent (RFC 1122 3.2.2, RFC 1812 4.3.2.7): never about an ICMP
@@ -760,27 +785,14 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 		}
 		return e
 	}
-	// Return-path SNAT (docs/architecture.md): on isthmus0 every source that is not
-	// the host's own (tunnel or underlay address) nor exempt leaves as the tunnel
-	// address; the world's pods are all exempt.
-	if !fromPod && src != w.tunnelIP && src != w.underlay && !w.snatExempted(src) {
+	if snat {
 		e.because("source %v is translated to %v", src, w.tunnelIP)
-		l4 := v.raw[v.hlen:]
-		switch {
-		case v.fragment():
-			e.allowDrop(IsthmusDropReasonDROP_SNAT_UNSUPPORTED)
-			return e
-		case v.ip.Protocol == layers.IPProtocolTCP && len(l4) < 14,
-			(v.ip.Protocol == layers.IPProtocolUDP || v.ip.Protocol == layers.IPProtocolICMPv4) && len(l4) < 8:
-			e.allowDrop(IsthmusDropReasonDROP_INVALID_PACKET)
-			return e
-		case v.ip.Protocol == layers.IPProtocolTCP, v.ip.Protocol == layers.IPProtocolUDP,
-			v.ip.Protocol == layers.IPProtocolICMPv4 && l4[0] == 8:
-		default:
-			e.because("no translation for it")
-			e.allowDrop(IsthmusDropReasonDROP_SNAT_UNSUPPORTED)
+		if len(snatFaults) > 0 {
+			e.because("SNAT cannot translate it")
+			e.allowDrop(snatFaults...)
 			return e
 		}
+		l4 := v.raw[v.hlen:]
 		// Which port is free depends on the flows translated before (the nat map
 		// outlives one frame): the flow's own port or one of the range, or no port
 		// left (or a lost insert race).
@@ -797,10 +809,15 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 }
 
 // noPathAnswer says whether a pod's packet v may be answered with an ICMP error: 1
-// it must be, -1 it must not (an ICMP error, a fragment after the first), 0 either
-// (another ICMP message, or one too short to tell).
+// it must be, -1 it must not (an ICMP error, a fragment after the first, fewer than 8
+// bytes after the header to quote), 0 either (another ICMP message).
 func noPathAnswer(v *ipv4View) int {
 	if v.ip.FragOffset != 0 {
+		return -1
+	}
+	// The error quotes the header and the 8 bytes after it (RFC 792): a packet
+	// without them present cannot be quoted, and is only dropped.
+	if len(v.raw) < v.hlen+8 {
 		return -1
 	}
 	if v.ip.Protocol != layers.IPProtocolICMPv4 {
