@@ -272,7 +272,7 @@ func TestFabricIngress(t *testing.T) {
 	if ret != tcActRedirect {
 		t.Fatalf("verdict %d, want TC_ACT_REDIRECT (to isthmus0 ingress)", ret)
 	}
-	want := ethFrame(l.istMAC, fabricMAC, 0x0800,
+	want := ethFrame(l.istMAC, gwMAC, 0x0800,
 		ipv4Packet(remotePodIP, podIP, 17, ipOpts{ttl: 63}, udpDatagram(4000, 5000, []byte("payload"))))
 	if !bytes.Equal(out, want) || l.mark != overlayMark {
 		t.Fatalf("delivered frame differs or mark %#x (want %#x)\n got %x\nwant %x", l.mark, overlayMark, out, want)
@@ -282,10 +282,12 @@ func TestFabricIngress(t *testing.T) {
 	}
 
 	// A TCP segment of a flow conntrack never saw (the pod opened it straight into
-	// the tunnel): bpf_redirect_peer to the pod, TTL decremented, no mark.
+	// the tunnel), from the site router too: bpf_redirect_peer to the pod, TTL
+	// decremented, no mark.
+	// scapy: Ether(dst=<und0 MAC>, src="02:00:00:00:01:fe")/IP(src="10.2.0.7", dst="10.1.0.5", ttl=63)/TCP(sport=80, dport=33000, flags="SA")
 	seg := ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 63}, withCsum(remotePodIP, podIP, 6, tcpSegment(80, 33000, 0x12, nil)))
 	before = l.counts(t)
-	ret, out = l.run(t, l.objs.UnderlayIngress, ethFrame(l.undMAC, fabricMAC, 0x0800, seg), l.und.Attrs().Index)
+	ret, out = l.run(t, l.objs.UnderlayIngress, ethFrame(l.undMAC, gwMAC, 0x0800, seg), l.und.Attrs().Index)
 	if ret != tcActRedirect {
 		t.Fatalf("SYN-ACK: verdict %d, want TC_ACT_REDIRECT (bpf_redirect_peer to the pod)", ret)
 	}

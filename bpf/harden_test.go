@@ -61,9 +61,12 @@ func TestDecapOuterOptions(t *testing.T) {
 		if ret != tcActRedirect {
 			t.Fatalf("verdict %d, want TC_ACT_REDIRECT", ret)
 		}
-		wantIP := ipv4Packet(remotePodIP, podIP, 17, ipOpts{ttl: 63}, udpDatagram(4000, 5000, []byte("payload")))
-		if len(out) < 14 || !bytes.Equal(out[14:], wantIP) {
-			t.Fatalf("delivered packet is not the validated inner one\n got %x\nwant %x", out, wantIP)
+		// A UDP datagram opens a flow: it reaches the pod through the stack (isthmus0
+		// ingress, TTL left to the stack's forwarding, the outer source MAC kept),
+		// as TestDecapTC's "to pod".
+		want := ethFrame(l.istMAC, gwMAC, 0x0800, inner)
+		if !bytes.Equal(out, want) || l.mark != overlayMark {
+			t.Fatalf("delivered packet is not the validated inner one, or mark %#x (want %#x)\n got %x\nwant %x", l.mark, overlayMark, out, want)
 		}
 	})
 	t.Run("xdp", func(t *testing.T) {

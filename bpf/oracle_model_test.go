@@ -44,10 +44,14 @@ type oracleWorld struct {
 
 	ownPods map[netip.Addr]net.HardwareAddr // pods on pod0h: address -> MAC
 	// tunnelIP is this node's tunnel address (config.tunnel_ip, on isthmus0): its one
-	// overlay address, and the return-path SNAT source for pod sources outside
-	// snatExempt. The world keeps every own pod exempt: SNAT is not modelled.
-	tunnelIP   netip.Addr
-	snatExempt []netip.Prefix
+	// overlay address, and the return-path SNAT source for sources outside snatExempt
+	// that are not the host's own. The world keeps every own pod exempt, so SNAT is
+	// seen on overlay_egress only (other CNIs' pods, forged sources), translating to
+	// a port of [snatPortMin, snatPortMax] when the flow's own is taken, as the agent
+	// configures it.
+	tunnelIP                 netip.Addr
+	snatExempt               []netip.Prefix
+	snatPortMin, snatPortMax uint16
 
 	undMAC, podHMAC, istMAC, gwMAC net.HardwareAddr
 }
@@ -75,6 +79,30 @@ func (w *oracleWorld) mayUse(peer, src netip.Addr) bool {
 
 func (w *oracleWorld) isPeer(a netip.Addr) bool { return slices.Contains(w.peers, a) }
 
+// snatExempted reports whether source a is in snat_exempt.
+func (w *oracleWorld) snatExempted(a netip.Addr) bool {
+	return slices.ContainsFunc(w.snatExempt, func(p netip.Prefix) bool { return p.Contains(a) })
+}
+
+// opensFlow reports whether IPv4 packet v opens a flow as conntrack sees one
+// (docs/architecture.md, "Netfilter"): not a fragment, and a TCP SYN without ACK, a UDP
+// datagram or an ICMP echo request. A header too short to tell does not.
+func opensFlow(v *ipv4View) bool {
+	if v.fragment() {
+		return false
+	}
+	l4 := v.raw[v.hlen:]
+	switch v.ip.Protocol {
+	case layers.IPProtocolTCP:
+		return len(l4) >= 20 && l4[13]&0x02 != 0 && l4[13]&0x10 == 0
+	case layers.IPProtocolUDP:
+		return true
+	case layers.IPProtocolICMPv4:
+		return len(l4) >= 1 && l4[0] == 8
+	}
+	return false
+}
+
 // expectation is what the model allows for one frame on one program. Anything not
 // allowed fails the test with why.
 type expectation struct {
@@ -90,6 +118,10 @@ type expectation struct {
 	// forms: the outputs a redirect (or an XDP pop) may produce; each returns nil if out
 	// is that output. Empty: no redirect and no rewrite is right.
 	forms []outputForm
+	// formDrop, if not 0, is the drop a redirect to one of forms must have counted
+	// (exactly once, at the hook): a dropped packet answered in its place, as a pod's
+	// packet to a group without a live member is with ICMP net unreachable.
+	formDrop IsthmusDropReason
 }
 
 type outputForm struct {
@@ -514,20 +546,25 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 	}
 
 	if outer.ip.TOS&0x03 == 0x03 && inIP[1]&0x03 == 0 {
-		// RFC 6040 4.2: CE on a Not-ECT inner packet: drop (or, as before RFC 6040,
-		// deliver), in XDP as in TC.
-		e.allowAnyDrop()
+		// RFC 6040 4.2: CE on a Not-ECT inner packet is dropped, before any delivery
+		// (XDP may also leave it whole to TC).
+		e.allowDrop(IsthmusDropReasonDROP_ECN_NOT_ECT)
+		e.because("outer CE, inner Not-ECT: DROP_ECN_NOT_ECT (RFC 6040)")
+		return e
 	}
 	if xdp {
-		if outer.ip.TOS&0x03 == 0x03 {
-			// RFC 6040: the outer CE must reach the inner header; XDP may do it or hand it on.
-			e.forms = append(e.forms, xdpPopForm(w, in, peer, ieOff+14, true), xdpPopForm(w, in, peer, ieOff+14, false))
-		} else {
-			e.forms = append(e.forms, xdpPopForm(w, in, peer, ieOff+14, false))
-		}
+		// RFC 6040: the outer CE reaches an ECN-capable inner header.
+		e.forms = append(e.forms, xdpPopForm(w, in, peer, ieOff+14, ce))
 		return e
 	}
 	switch {
+	case w.ownPods[dst] != nil && opensFlow(inner):
+		// Issue 11: a packet that opens a flow reaches the pod through the stack
+		// (isthmus0 ingress, marked), which forwards it and decrements its TTL; the
+		// frame keeps its source MAC. The lab's conntrack is empty, so no other packet
+		// is known to it.
+		e.because("to own pod %v, opens a flow: through the stack", dst)
+		e.forms = append(e.forms, deliverForm("pod delivery through the stack", w.istMAC, in[6:12], in[ieOff+14:], false, ce, w.tunnelMTU))
 	case w.ownPods[dst] != nil:
 		if inner.ip.TTL <= 1 {
 			e.allowDrop(IsthmusDropReasonDROP_TTL_EXCEEDED)
@@ -687,8 +724,48 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 		return e
 	}
 	e.because("route %v via %v", rt.prefix, rt.peers)
+	// Return-path SNAT (docs/architecture.md): on isthmus0 every source that is not
+	// the host's own (tunnel or underlay address) nor exempt leaves as the tunnel
+	// address; the world's pods are all exempt. A packet too long for the tunnel keeps
+	// its source (it is refused anyway).
+	snat := !fromPod && src != w.tunnelIP && src != w.underlay && !w.snatExempted(src) && len(in)-14 <= w.tunnelMTU
+	var snatFaults []IsthmusDropReason
+	if snat {
+		l4 := v.raw[v.hlen:]
+		switch {
+		case v.fragment():
+			snatFaults = append(snatFaults, IsthmusDropReasonDROP_SNAT_UNSUPPORTED)
+		case v.ip.Protocol == layers.IPProtocolTCP && len(l4) < 14,
+			(v.ip.Protocol == layers.IPProtocolUDP || v.ip.Protocol == layers.IPProtocolICMPv4) && len(l4) < 8:
+			snatFaults = append(snatFaults, IsthmusDropReasonDROP_INVALID_PACKET)
+		case v.ip.Protocol == layers.IPProtocolTCP, v.ip.Protocol == layers.IPProtocolUDP,
+			v.ip.Protocol == layers.IPProtocolICMPv4 && l4[0] == 8:
+		default:
+			snatFaults = append(snatFaults, IsthmusDropReasonDROP_SNAT_UNSUPPORTED)
+		}
+	}
 	if len(rt.peers) == 0 {
+		// A frame with several faults may get any of them: SNAT's too.
 		e.allowDrop(IsthmusDropReasonDROP_NO_NEXTHOP)
+		if snat {
+			e.allowDrop(snatFaults...)
+			e.allowDrop(IsthmusDropReasonDROP_SNAT_NO_PORT, IsthmusDropReasonDROP_SNAT_INSERT)
+		}
+		if fromPod {
+			// Issue 14: counted, and answered with ICMP net unreachable where an ICMP
+			// error may be sent (RFC 1122 3.2.2, RFC 1812 4.3.2.7): never about an ICMP
+			// error or a fragment after the first. Other ICMP messages than an echo
+			// request may or may not be answered.
+			switch answer := noPathAnswer(v); answer {
+			case 1:
+				e.drop, e.reasons = false, nil
+				fallthrough
+			case 0:
+				e.formDrop = IsthmusDropReasonDROP_NO_NEXTHOP
+				e.forms = append(e.forms, icmpErrorForm("ICMP net unreachable", 3, 0, src))
+				e.because("no live member: ICMP net unreachable to the pod (answer %d)", answer)
+			}
+		}
 		return e
 	}
 	if fromPod && v.ip.TTL <= 1 {
@@ -704,46 +781,108 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 		}
 		return e
 	}
-	// Return-path SNAT (docs/architecture.md; issue 10: on isthmus0 as from a pod): a source
-	// outside snat_exempt leaves as the tunnel address. Which port it gets is not modelled.
-	snat := w.tunnelIP.IsValid() && !slices.ContainsFunc(w.snatExempt, func(p netip.Prefix) bool { return p.Contains(src) })
 	if snat {
-		e.because("source outside snat_exempt: translated to %v", w.tunnelIP)
-		e.allowDrop(IsthmusDropReasonDROP_SNAT_NO_PORT, IsthmusDropReasonDROP_SNAT_INSERT,
-			IsthmusDropReasonDROP_SNAT_UNSUPPORTED, IsthmusDropReasonDROP_SNAT_REWRITE)
+		e.because("source %v is translated to %v", src, w.tunnelIP)
+		if len(snatFaults) > 0 {
+			e.because("SNAT cannot translate it")
+			e.allowDrop(snatFaults...)
+			return e
+		}
+		l4 := v.raw[v.hlen:]
+		// Which port is free depends on the flows translated before (the nat map
+		// outlives one frame): the flow's own port or one of the range, or no port
+		// left (or a lost insert race).
+		e.allowDrop(IsthmusDropReasonDROP_SNAT_NO_PORT, IsthmusDropReasonDROP_SNAT_INSERT)
+		if v.ip.Protocol == layers.IPProtocolTCP && len(l4) < 20 {
+			e.allowDrop(IsthmusDropReasonDROP_SNAT_REWRITE)
+			e.because("TCP header truncated: its checksum field may be past the frame")
+		}
+		e.forms = append(e.forms, encapFormSNAT(w, in, rt.peers, false, w.tunnelIP))
+		return e
 	}
-	e.forms = append(e.forms, encapForm(w, in, rt.peers, fromPod, snat))
+	e.forms = append(e.forms, encapForm(w, in, rt.peers, fromPod))
 	return e
 }
 
-// translated returns want (an inner IPv4 packet) with its source set to to, and with
-// what SNAT chooses or recomputes taken from got: the source port (ICMP echo: the
-// identifier) and the L4 checksum. The IPv4 checksum is recomputed if it verified.
-func translated(want, got []byte, to netip.Addr) []byte {
-	want = append([]byte{}, want...)
+// noPathAnswer says whether a pod's packet v may be answered with an ICMP error: 1
+// it must be, -1 it must not (an ICMP error, a fragment after the first, fewer than 8
+// bytes after the header to quote), 0 either (another ICMP message).
+func noPathAnswer(v *ipv4View) int {
+	if v.ip.FragOffset != 0 {
+		return -1
+	}
+	// The error quotes the header and the 8 bytes after it (RFC 792): a packet
+	// without them present cannot be quoted, and is only dropped.
+	if len(v.raw) < v.hlen+8 {
+		return -1
+	}
+	if v.ip.Protocol != layers.IPProtocolICMPv4 {
+		return 1
+	}
+	l4 := v.raw[v.hlen:]
+	if len(l4) < 1 {
+		return 0
+	}
+	switch l4[0] {
+	case 8: // echo request
+		return 1
+	case 3, 4, 5, 11, 12: // errors (RFC 1122 3.2.2)
+		return -1
+	}
+	return 0
+}
+
+// snatAfter is inIP (an IPv4 packet as received) translated to source to: the port
+// (ICMP echo: identifier) the datapath chose, taken from got after checking it is the
+// flow's own or one of w's range, with every checksum that verified still verifying.
+func snatAfter(w *oracleWorld, inIP, got []byte, to netip.Addr) ([]byte, error) {
+	want := append([]byte{}, inIP...)
 	hlen := int(want[0]&0x0f) * 4
-	hdrOK := csum16(want[:hlen]) == 0
+	if len(got) != len(want) {
+		return nil, fmt.Errorf("translated packet %d bytes, want %d", len(got), len(want))
+	}
 	a := to.As4()
 	copy(want[12:16], a[:])
-	if hdrOK {
+	proto := want[9]
+	portOff, sumOff := hlen, hlen+16
+	switch proto {
+	case 17:
+		sumOff = hlen + 6
+	case 1:
+		portOff, sumOff = hlen+4, hlen+2
+	}
+	if len(want) < sumOff+2 {
+		return nil, fmt.Errorf("no room for the %d-byte L4 checksum field at %d", len(want), sumOff)
+	}
+	orig := binary.BigEndian.Uint16(inIP[portOff:])
+	port := binary.BigEndian.Uint16(got[portOff:])
+	if port != orig && (port < w.snatPortMin || port > w.snatPortMax) {
+		return nil, fmt.Errorf("translated port %d: neither the flow's %d nor in %d-%d", port, orig, w.snatPortMin, w.snatPortMax)
+	}
+	binary.BigEndian.PutUint16(want[portOff:], port)
+	if csum16(inIP[:hlen]) == 0 {
 		want[10], want[11] = 0, 0
 		binary.BigEndian.PutUint16(want[10:], csum16(want[:hlen]))
+	} else {
+		copy(want[10:12], got[10:12])
 	}
-	var spans [][2]int
-	switch want[9] {
-	case 6:
-		spans = [][2]int{{0, 2}, {16, 18}}
-	case 17:
-		spans = [][2]int{{0, 2}, {6, 8}}
-	case 1:
-		spans = [][2]int{{2, 4}, {4, 6}}
+	tl := int(binary.BigEndian.Uint16(inIP[2:]))
+	switch {
+	case proto == 17 && binary.BigEndian.Uint16(inIP[sumOff:]) == 0:
+		// No UDP checksum stays none.
+	case proto == 1 && tl >= hlen+8 && tl <= len(inIP) && csum16(inIP[hlen:tl]) == 0:
+		want[sumOff], want[sumOff+1] = 0, 0
+		binary.BigEndian.PutUint16(want[sumOff:], csum16(want[hlen:tl]))
+	case proto != 1 && l4SumOK(inIP):
+		want[sumOff], want[sumOff+1] = 0, 0
+		seg := want[hlen:tl]
+		pseudo := append(append([]byte{}, want[12:20]...), 0, proto, byte(len(seg)>>8), byte(len(seg)))
+		binary.BigEndian.PutUint16(want[sumOff:], csum16(append(pseudo, seg...)))
+	default:
+		// A sum that did not verify: the datapath cannot be expected to fix it.
+		copy(want[sumOff:sumOff+2], got[sumOff:sumOff+2])
 	}
-	for _, sp := range spans {
-		if hlen+sp[1] <= len(want) && hlen+sp[1] <= len(got) {
-			copy(want[hlen+sp[0]:hlen+sp[1]], got[hlen+sp[0]:hlen+sp[1]])
-		}
-	}
-	return want
+	return want, nil
 }
 
 // encapForm accepts frame in encapsulated toward one of peers: outer Ethernet to the
@@ -751,9 +890,19 @@ func translated(want, got []byte, to netip.Addr) []byte {
 // TTL 64, a checksum that verifies, the right length), UDP (a source port in
 // 49152-65535, port 6081, the right length, checksum zero or verifying), GENEVE (version
 // 0, no options, O and C clear, protocol 0x6558, our VNI), then the input frame, with
-// its TTL decremented if forward, its MSS clamped and, if snat, its source translated.
-func encapForm(w *oracleWorld, in []byte, peers []netip.Addr, forward, snat bool) outputForm {
-	return outputForm{name: "encapsulation", check: func(out []byte) error {
+// its TTL decremented if forward and its MSS clamped.
+func encapForm(w *oracleWorld, in []byte, peers []netip.Addr, forward bool) outputForm {
+	return encapFormSNAT(w, in, peers, forward, netip.Addr{})
+}
+
+// encapFormSNAT is encapForm with the inner packet's source translated to snat (if
+// valid) as snatAfter allows.
+func encapFormSNAT(w *oracleWorld, in []byte, peers []netip.Addr, forward bool, snat netip.Addr) outputForm {
+	name := "encapsulation"
+	if snat.IsValid() {
+		name += " with SNAT to " + snat.String()
+	}
+	return outputForm{name: name, check: func(out []byte) error {
 		var problems []string
 		bad := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
 		oe := &layers.Ethernet{}
@@ -795,14 +944,14 @@ func encapForm(w *oracleWorld, in []byte, peers []netip.Addr, forward, snat bool
 		if err := diffAt("inner Ethernet", out[50:64], in[:14]); err != nil {
 			bad("%v", err)
 		}
-		want := innerAfter(in[14:], out[64:], forward, false, w.tunnelMTU)
-		if snat {
-			want = translated(want, out[64:], w.tunnelIP)
-			if l4SumOK(in[14:]) && !l4SumOK(out[64:]) {
-				bad("translated L4 checksum does not verify")
+		inIP := in[14:]
+		if snat.IsValid() {
+			var err error
+			if inIP, err = snatAfter(w, inIP, out[64:], snat); err != nil {
+				return err
 			}
 		}
-		if err := diffAt("inner IPv4", out[64:], want); err != nil {
+		if err := diffAt("inner IPv4", out[64:], innerAfter(inIP, out[64:], forward, false, w.tunnelMTU)); err != nil {
 			bad("%v", err)
 		}
 		if len(problems) > 0 {
@@ -845,10 +994,21 @@ func TestOracleModel(t *testing.T) {
 		t.Errorf("peer sources are not per peer")
 	}
 
-	// Decapsulation to the pod: the inner packet, TTL 63, between the pod's MACs.
+	// Decapsulation to the pod of a datagram (it opens a flow): through the stack, the
+	// inner packet as sent, to isthmus0's MAC from the outer source MAC.
 	inner := ipkt{src: remotePodIP, dst: podIP}.build()
 	in := uframe{inner: inner, gnvOptLen: 8}.build(fl)
 	e := modelUnderlay(w, in, false)
+	if err := accepts(e, append(append(append([]byte{}, fl.istMAC...), in[6:12]...), append([]byte{8, 0}, inner...)...)); err != nil {
+		t.Errorf("decap to pod through the stack: %v", err)
+	}
+	if e.pass || e.drop {
+		t.Errorf("decap to pod: model allows pass %v drop %v", e.pass, e.drop)
+	}
+	// A SYN-ACK opens no flow: straight to the pod, TTL 63, between the pod's MACs.
+	inner = ipkt{src: remotePodIP, dst: podIP, proto: 6, flags: 0x12}.build()
+	in = uframe{inner: inner, gnvOptLen: 8}.build(fl)
+	e = modelUnderlay(w, in, false)
 	dec := append([]byte{}, inner...)
 	dec[8]--
 	dec[10], dec[11] = 0, 0
@@ -857,8 +1017,15 @@ func TestOracleModel(t *testing.T) {
 	if err := accepts(e, good); err != nil {
 		t.Errorf("decap to pod: %v", err)
 	}
-	if e.pass || e.drop {
-		t.Errorf("decap to pod: model allows pass %v drop %v", e.pass, e.drop)
+	if accepts(e, append(append(append([]byte{}, fl.istMAC...), in[6:12]...), append([]byte{8, 0}, inner...)...)) == nil {
+		t.Errorf("decap of a SYN-ACK to pod: the model accepts delivery through the stack")
+	}
+	// Outer CE on a Not-ECT inner packet: DROP_ECN_NOT_ECT only, in TC and XDP.
+	for _, xdp := range []bool{false, true} {
+		e = modelUnderlay(w, uframe{outerTOS: 0x03}.build(fl), xdp)
+		if !e.allows(IsthmusDropReasonDROP_ECN_NOT_ECT) || e.allows(IsthmusDropReasonDROP_NOT_LOCAL) || len(e.forms) > 0 {
+			t.Errorf("CE on Not-ECT (xdp %v): %+v", xdp, e)
+		}
 	}
 	// The pop of issue 10: 20 bytes of outer header assumed, 40 bytes of options present.
 	in = forgedFrame(fl)
@@ -912,6 +1079,32 @@ func TestOracleModel(t *testing.T) {
 	}
 	if want := innerAfter(syn, nil, false, false, 1450); !l4SumOK(want) || !l4SumOK(syn) {
 		t.Errorf("clamped SYN checksum does not verify")
+	}
+	// No live member: a datagram is answered with net unreachable (DROP_NO_NEXTHOP
+	// counted), an ICMP error is not.
+	e = modelEncap(w, podFrame(fl, netip.MustParseAddr("10.6.0.1"), 1234), true)
+	if e.drop || e.formDrop != IsthmusDropReasonDROP_NO_NEXTHOP || len(e.forms) != 1 {
+		t.Errorf("no live member: %+v", e)
+	}
+	unreach := ethFrame(fl.podHMAC, podMAC, 0x0800, icmpUnreachable(ipv4Packet(netip.MustParseAddr("10.6.0.1"), podIP, 17, ipOpts{ttl: 64}, udpDatagram(53, 4321, nil)), 3, 0))
+	if e := modelEncap(w, unreach, true); !e.allows(IsthmusDropReasonDROP_NO_NEXTHOP) || len(e.forms) > 0 {
+		t.Errorf("no live member, ICMP error: %+v", e)
+	}
+	// Return-path SNAT on isthmus0: another CNI's pod leaves as the tunnel address,
+	// on its own port or one of the range, never another.
+	other := netip.MustParseAddr("10.200.0.9")
+	of := ethFrame(fl.podHMAC, podMAC, 0x0800, ipv4Packet(other, remotePodIP, 17, ipOpts{ttl: 64}, withCsum(other, remotePodIP, 17, udpDatagram(1234, 80, []byte("hello")))))
+	e = modelEncap(w, of, false)
+	for _, tc := range []struct {
+		port uint16
+		ok   bool
+	}{{1234, true}, {61000, true}, {65535, true}, {1235, false}, {60999, false}} {
+		ip := ipv4Packet(hostIP, remotePodIP, 17, ipOpts{ttl: 64}, withCsum(hostIP, remotePodIP, 17, udpDatagram(tc.port, 80, []byte("hello"))))
+		gnv := geneveHeader(geneveOpts{proto: 0x6558, vni: testVNI, optWords: -1}, append(append([]byte{}, of[:14]...), ip...))
+		enc := ethFrame(gwMAC, fl.undMAC, 0x0800, ipv4Packet(underlayIP, peerIP, 17, ipOpts{ttl: 64, fragOff: 0x4000}, udpDatagram(50000, 6081, gnv)))
+		if err := accepts(e, enc); (err == nil) != tc.ok {
+			t.Errorf("SNAT to port %d: accepted %v, want %v (%v)", tc.port, err == nil, tc.ok, err)
+		}
 	}
 	// A spoofed pod source and GENEVE to a peer are drops.
 	if e := modelEncap(w, ethFrame(fl.podHMAC, podMAC, 0x0800, ipkt{src: netip.MustParseAddr("10.1.0.6"), dst: remotePodIP}.build()), true); e.pass || len(e.forms) > 0 {

@@ -304,6 +304,13 @@ func encapSeeds(l *lab, fromPod bool) [][]byte {
 		add(ipkt{src: src, dst: remotePodIP})
 		add(ipkt{src: src, dst: podIP})
 	}
+	// Another CNI's pod (no exempt source, not the host's: return-path SNAT on
+	// isthmus0), with every protocol class SNAT tells apart, and a TTL of 1 (the host
+	// stack forwards such packets into isthmus0).
+	for _, p := range []ipkt{{}, {proto: 6}, {proto: 1}, {ttl: 1}, {ttl: 1, proto: 6}, {fragOff: 0x2000}, {proto: 47}} {
+		p.src, p.dst = a("10.200.0.9"), remotePodIP
+		add(p)
+	}
 	// GENEVE from the pod to peers' underlay addresses.
 	for _, dst := range []netip.Addr{peerIP, memberIP, groupPeerA, strangerIP} {
 		add(ipkt{dst: dst, dport: 6081})

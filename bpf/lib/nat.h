@@ -276,13 +276,14 @@ static __always_inline int snat_flow(struct __sk_buff *skb, const struct datapat
 }
 
 /* Return-path SNAT of a pod's packet about to enter the tunnel; iph is its (linear)
- * IPv4 header; forward as encap_geneve's (1 at pod_ingress, a forwarding hop). Packets
+ * IPv4 header, forward as encap_geneve's (this hop forwards it: pod_ingress). Packets
  * the tunnel will refuse keep their source, mirroring the checks at the top of
  * encap_geneve, so the ICMP error the pod gets quotes its own header: an expiring TTL
- * only where encap_geneve refuses it (a forwarding hop; on isthmus0 the stack has
- * routed the packet already and it is sent on, so it is translated like any other). Returns 1 if it rewrote the packet (packet pointers are then invalid), 0 if
- * the source stays (no tunnel address configured, an exempt source, or a refused
- * packet), or a negative DROP_*. Counts METRIC_SNAT per translated packet. */
+ * only where encap_geneve answers it (forward; on isthmus0 the host stack already
+ * has, and a TTL of 1 is encapsulated), a size above the tunnel MTU. Returns 1 if it
+ * rewrote the packet (packet pointers are then invalid), 0 if the source stays (no
+ * tunnel address configured, an exempt source, or a refused packet), or a negative
+ * DROP_*. Counts METRIC_SNAT per translated packet. */
 static __always_inline int snat_egress(struct __sk_buff *skb, const struct datapath_config *cfg,
 				       struct iphdr *iph, int forward, __u8 hook)
 {
