@@ -28,7 +28,7 @@ check-generated: generate
 vet:
 	$(GO) vet ./...
 
-# The kube-apiserver and etcd the Kubernetes tests run, built once into
+# The kube-apiserver, etcd and kube-proxy the Kubernetes tests run, built once into
 # /var/cache/isthmus with a progress line every few seconds (go test would hide it).
 kube-binaries:
 	$(GO) run ./testenv/kube/cmd/prebuild

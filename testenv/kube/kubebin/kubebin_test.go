@@ -104,7 +104,7 @@ func TestBuildSaysWhenCached(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range []string{"kube-apiserver", "etcd"} {
+	for _, b := range []string{"kube-apiserver", "etcd", "kube-proxy"} {
 		if err := os.WriteFile(filepath.Join(dir, b), nil, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -117,7 +117,7 @@ func TestBuildSaysWhenCached(t *testing.T) {
 	if apiserver != filepath.Join(dir, "kube-apiserver") || etcd != filepath.Join(dir, "etcd") {
 		t.Errorf("Build = %s, %s; want the cached pair in %s", apiserver, etcd, dir)
 	}
-	if want := "testenv/kube: kube-apiserver and etcd found in " + dir + "\n"; out.String() != want {
+	if want := "testenv/kube: kube-apiserver, etcd and kube-proxy found in " + dir + "\n"; out.String() != want {
 		t.Errorf("Build printed %q, want %q", out.String(), want)
 	}
 }
