@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs, on Debian as root, the package of every program in
-# testenv/programs/programs.tsv that is missing: the table lists each program
+# hack/programs.tsv that is missing: the table lists each program
 # isthmus' build, tests, lab, benchmarks and demo run. Idempotent: apt-get runs
 # only when something is missing, so a repeat run takes a moment.
 #
@@ -10,7 +10,7 @@ set -euo pipefail
 
 here="${BASH_SOURCE[0]%/*}"
 [ "$here" = "${BASH_SOURCE[0]}" ] && here=.
-table="$here/../testenv/programs/programs.tsv"
+table="$here/programs.tsv"
 
 # missing prints, once each, the package of every row whose program is absent
 # or whose check fails; rows with package "-" (not from apt) are left to the

@@ -1,7 +1,7 @@
 // Package programs knows every external program that isthmus' build, tests,
 // lab, benchmarks and demo run, and the Debian package each comes from. The
-// table is programs.tsv beside this file, plain text so that
-// hack/install-deps.sh reads the same rows it installs from.
+// table is hack/programs.tsv, plain text so that hack/install-deps.sh reads the
+// same rows it installs from (package hack embeds it for Go).
 //
 // Require checks a program before it runs: a missing one fails with its name,
 // its package and the script that installs it, rather than as `exit status 127`
@@ -10,17 +10,18 @@
 package programs
 
 import (
-	_ "embed"
 	"errors"
 	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+
+	"github.com/isthmus-dev/isthmus/hack"
 )
 
 // TablePath is where the table lives in the repository.
-const TablePath = "testenv/programs/programs.tsv"
+const TablePath = "hack/programs.tsv"
 
 // InstallScript installs the packages of the table's missing programs.
 const InstallScript = "hack/install-deps.sh"
@@ -29,8 +30,7 @@ const InstallScript = "hack/install-deps.sh"
 // them missing; the table never lists them.
 const StandInPrefix = "isthmus-test-"
 
-//go:embed programs.tsv
-var tableText string
+var tableText = hack.ProgramsTable
 
 var (
 	// ErrUnlisted means the code runs a program that the table does not list.
@@ -95,7 +95,7 @@ func dash(s string) string {
 
 var embedded = sync.OnceValues(func() (*Table, error) { return Parse(tableText) })
 
-// Default returns the table embedded from programs.tsv.
+// Default returns the table embedded from hack/programs.tsv.
 func Default() (*Table, error) { return embedded() }
 
 // Require checks that the program name is listed in the embedded table and
