@@ -210,7 +210,10 @@ func TestDownAfterInterruptedUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A stand-in agent: its command line names the pin dir as a real one does.
-	agentCmd := exec.Command("sh", "-c", "sleep 600", pin)
+	// The script must not end in its only command: dash would exec sleep in its
+	// place, whose command line no longer names the pin dir, and Down (which
+	// checks it before signalling) would then rightly leave it running.
+	agentCmd := exec.Command("sh", "-c", "sleep 600; exit 0", pin)
 	agentCmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := agentCmd.Start(); err != nil {
 		t.Fatal(err)
