@@ -44,7 +44,11 @@ test: deps check-generated vet kube-binaries
 # The BPF fuzz targets (docs/fuzzing.md), FUZZTIME each, one after another (go test
 # takes one -fuzz target at a time). Needs root. A failing input is written to
 # bpf/testdata/fuzz/<target>/: commit it, it is a regression test from then on.
-FUZZTIME ?= 20s
+# The budget is a count of executions, not a duration: with a duration, Go up to 1.26
+# can fail a clean run with a bare "context deadline exceeded" when the deadline races
+# a busy worker (golang/go#75804; CI failed that way). 50,000 runs take 8-22 s per
+# target here; FUZZTIME=10m still works for a long run, with that risk.
+FUZZTIME ?= 50000x
 # Minimizing each new interesting input runs up to 60 s by default, during which the
 # workers report no executions: a 20 s run did ~8,500 executions. Ten tries each
 # keeps the run fuzzing (~110,000 executions in 20 s for FuzzOraclePodIngress).
