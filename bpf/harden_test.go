@@ -511,16 +511,27 @@ func TestTransitTimeExceeded(t *testing.T) {
 	if ret != tcActRedirect {
 		t.Fatalf("verdict %d, want TC_ACT_REDIRECT (time exceeded back to the member)", ret)
 	}
-	icmp := icmpTimeExceeded(memberInner(o), hostIP)
+	wantTransitReply(t, l, o, in, out, icmpTimeExceeded(memberInner(o), hostIP))
+	if d := delta(before, l.counts(t)); d[metricKey(IsthmusMetricMETRIC_TIME_EXCEEDED_SENT, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 1 {
+		t.Errorf("counters moved %v, want only METRIC_TIME_EXCEEDED_SENT +1", d)
+	}
+}
+
+// wantTransitReply checks out, what the gateway sent for the transiting frame in
+// (built from o): the ICMP error icmp as the inner packet, back to the member as
+// GENEVE (outer source this node, TTL 64, checksums right, UDP checksum 0), GENEVE and
+// inner Ethernet as they came.
+func wantTransitReply(t *testing.T, l *lab, o transitOpts, in, out, icmp []byte) {
+	t.Helper()
 	ohl, iip := 20, 14+20+8+8+len(o.gnvOpts)+14
 	if len(out) != iip+len(icmp) || !bytes.Equal(out[iip:], icmp) {
-		t.Fatalf("inner packet is not the ICMP time exceeded\n got %x\nwant %x", out, icmp)
+		t.Fatalf("inner packet is not the ICMP error\n got %x\nwant %x", out, icmp)
 	}
 	if !bytes.Equal(out[:12], append(append([]byte{}, gwMAC...), l.undMAC...)) {
 		t.Errorf("outer MACs %x, want toward the underlay gateway", out[:12])
 	}
-	if src, dst := netip.AddrFrom4([4]byte(out[14+12:14+16])), netip.AddrFrom4([4]byte(out[14+16:14+20])); src != underlayIP || dst != memberIP {
-		t.Errorf("outer %s -> %s, want %s -> %s", src, dst, underlayIP, memberIP)
+	if src, dst := netip.AddrFrom4([4]byte(out[14+12:14+16])), netip.AddrFrom4([4]byte(out[14+16:14+20])); src != underlayIP || dst != o.outerSrc {
+		t.Errorf("outer %s -> %s, want %s -> %s", src, dst, underlayIP, o.outerSrc)
 	}
 	if csum16(out[14:14+ohl]) != 0 || int(binary.BigEndian.Uint16(out[14+2:])) != len(out)-14 || out[14+8] != 64 {
 		t.Errorf("outer IPv4 header: checksum ok %v, total length %d (frame %d), TTL %d",
@@ -533,7 +544,123 @@ func TestTransitTimeExceeded(t *testing.T) {
 	if !bytes.Equal(out[14+ohl+8:iip], in[14+ohl+8:iip]) {
 		t.Errorf("GENEVE header or inner Ethernet changed\n got %x\nwant %x", out[14+ohl+8:iip], in[14+ohl+8:iip])
 	}
-	if d := delta(before, l.counts(t)); d[metricKey(IsthmusMetricMETRIC_TIME_EXCEEDED_SENT, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 1 {
-		t.Errorf("counters moved %v, want only METRIC_TIME_EXCEEDED_SENT +1", d)
+}
+
+// icmpFragNeededFrom is icmpFragNeeded sent by a router whose address is from.
+func icmpFragNeededFrom(orig []byte, mtu uint16, from netip.Addr) []byte {
+	b := icmpFragNeeded(orig, mtu)
+	f := from.As4()
+	copy(b[12:16], f[:])
+	b[10], b[11] = 0, 0
+	binary.BigEndian.PutUint16(b[10:], csum16(b[:20]))
+	return b
+}
+
+// TestTransitUnderlayMTU: the path from the gateway to the next hop has an MTU of 1400
+// (a smaller WAN link): the device's own MTU, or a route's locked MTU ("mtu lock", the
+// one a forwarding host obeys; an unlocked route MTU is ignored when forwarding, as by
+// ip_forward). A transiting frame longer than that, whose inner packet has DF, goes
+// back to the member as GENEVE carrying ICMP frag needed from the gateway's tunnel
+// address with the largest inner packet that fits (1400 less the encapsulation in
+// front of the inner header: 50 bytes, 58 with a GENEVE option); one without DF is
+// DROP_UNDERLAY_MTU; one that fits exactly transits. A GSO frame is judged by its
+// segments.
+func TestTransitUnderlayMTU(t *testing.T) {
+	const wanMTU = 1400
+	t.Run("device MTU", func(t *testing.T) {
+		l := gatewayLab(t)
+		if err := inNS(l.ns, func() error { return netlink.LinkSetMTU(l.und, wanMTU) }); err != nil {
+			t.Fatalf("set the device MTU: %v", err)
+		}
+		transitUnderlayMTU(t, l, wanMTU)
+	})
+	t.Run("locked route MTU", func(t *testing.T) {
+		l := gatewayLab(t)
+		if err := inNS(l.ns, func() error {
+			return netlink.RouteReplace(&netlink.Route{Dst: &net.IPNet{IP: net.IPv4(192, 168, 2, 0), Mask: net.CIDRMask(24, 32)},
+				Gw: underlayGW.AsSlice(), LinkIndex: l.und.Attrs().Index, MTU: wanMTU, MTULock: true})
+		}); err != nil {
+			t.Fatalf("set the route MTU: %v", err)
+		}
+		transitUnderlayMTU(t, l, wanMTU)
+	})
+}
+
+// transitUnderlayMTU is TestTransitUnderlayMTU on gateway lab l whose path to peerIP
+// has MTU wanMTU.
+func transitUnderlayMTU(t *testing.T, l *lab, wanMTU int) {
+	setTunnelIP(t, l, hostIP)
+	frame := func(innerLen int, df bool, gnvOpts []byte) (transitOpts, []byte) {
+		o := transitOpts{outerSrc: memberIP, innerSrc: memberPod, innerDst: remotePodIP, innerTTL: 63, sport: 4321,
+			payload: bytes.Repeat([]byte{0x5a}, innerLen-28), innerDF: df, gnvOpts: gnvOpts}
+		return o, transitFrame(l, o)
+	}
+	opt := []byte{0x01, 0x02, 0x03, 0x01, 0xaa, 0xbb, 0xcc, 0xdd}
+	for _, tc := range []struct {
+		name     string
+		innerLen int
+		gnvOpts  []byte
+		mtu      int
+	}{
+		{"one byte over", wanMTU - 50 + 1, nil, wanMTU - 50},
+		{"full size", 1450, nil, wanMTU - 50},
+		{"GENEVE option", wanMTU - 58 + 1, opt, wanMTU - 58},
+	} {
+		t.Run(tc.name+" DF", func(t *testing.T) {
+			o, in := frame(tc.innerLen, true, tc.gnvOpts)
+			before := l.counts(t)
+			ret, out := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
+			if ret != tcActRedirect {
+				t.Fatalf("verdict %d, want TC_ACT_REDIRECT (frag needed back to the member)", ret)
+			}
+			icmp := icmpFragNeededFrom(memberInner(o), uint16(tc.mtu), hostIP)
+			wantTransitReply(t, l, o, in, out, icmp)
+			if m := int(binary.BigEndian.Uint16(icmp[20+6:])); m != tc.mtu {
+				t.Errorf("announced MTU %d, want %d", m, tc.mtu)
+			}
+			if d := delta(before, l.counts(t)); d[metricKey(IsthmusMetricMETRIC_FRAG_NEEDED_SENT, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 1 {
+				t.Errorf("counters moved %v, want only METRIC_FRAG_NEEDED_SENT +1", d)
+			}
+		})
+		t.Run(tc.name+" no DF", func(t *testing.T) {
+			_, in := frame(tc.innerLen, false, tc.gnvOpts)
+			wantDrop(t, l, l.objs.UnderlayIngress, l.und.Attrs().Index, in, IsthmusDropReasonDROP_UNDERLAY_MTU, IsthmusHookHOOK_UNDERLAY_TC)
+		})
+	}
+	for _, tc := range []struct {
+		name     string
+		innerLen int
+		gnvOpts  []byte
+	}{
+		{"exactly the MTU", wanMTU - 50, nil},
+		{"exactly the MTU with a GENEVE option", wanMTU - 58, opt},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, in := frame(tc.innerLen, true, tc.gnvOpts)
+			before := l.counts(t)
+			ret, out := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
+			d := delta(before, l.counts(t))
+			if ret != tcActRedirect || len(out) != len(in) || d[metricKey(IsthmusMetricMETRIC_TRANSIT, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 1 {
+				t.Errorf("verdict %d, %d bytes out of %d, counters %v; want forwarded whole, METRIC_TRANSIT +1", ret, len(out), len(in), d)
+			}
+		})
+	}
+
+	// GSO: a short frame whose segments (inner IPv4 and UDP headers plus gso_size)
+	// would not fit is refused like a long one; with segments that fit it transits.
+	o, in := frame(600, true, nil)
+	before := l.counts(t)
+	ret, out := l.runGSO(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index, uint32(wanMTU-50-28+1), 2)
+	if ret != tcActRedirect {
+		t.Fatalf("GSO too big: verdict %d, want TC_ACT_REDIRECT", ret)
+	}
+	wantTransitReply(t, l, o, in, out, icmpFragNeededFrom(memberInner(o), uint16(wanMTU-50), hostIP))
+	if d := delta(before, l.counts(t)); d[metricKey(IsthmusMetricMETRIC_FRAG_NEEDED_SENT, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 1 {
+		t.Errorf("GSO too big: counters moved %v, want only METRIC_FRAG_NEEDED_SENT +1", d)
+	}
+	before = l.counts(t)
+	ret, _ = l.runGSO(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index, uint32(wanMTU-50-28), 2)
+	if d := delta(before, l.counts(t)); ret != tcActRedirect || d[metricKey(IsthmusMetricMETRIC_TRANSIT, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 1 {
+		t.Errorf("GSO fits: verdict %d, counters %v; want forwarded, METRIC_TRANSIT +1", ret, d)
 	}
 }

@@ -67,6 +67,7 @@ const (
 	IsthmusDropReasonDROP_GENEVE_OAM        IsthmusDropReason = 4294967138
 	IsthmusDropReasonDROP_OUTER_FRAGMENT    IsthmusDropReason = 4294967137
 	IsthmusDropReasonDROP_ECN_NOT_ECT       IsthmusDropReason = 4294967136
+	IsthmusDropReasonDROP_UNDERLAY_MTU      IsthmusDropReason = 4294967135
 )
 
 type IsthmusFabricPrefixValue struct {

@@ -37,6 +37,8 @@ type oracleWorld struct {
 	vni       uint32
 	tunnelMTU int
 	transit   bool // CFG_F_TRANSIT
+	// underlayMTU is the MTU toward every next hop on the underlay (the lab's und0).
+	underlayMTU int
 
 	peers       []netip.Addr                  // known peers (underlay addresses)
 	peerSources map[netip.Addr][]netip.Prefix // inner sources each peer may use
@@ -537,6 +539,17 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		if inner.ip.TTL <= 1 {
 			e.allowDrop(IsthmusDropReasonDROP_TTL_EXCEEDED)
 			e.forms = append(e.forms, icmpErrorForm("ICMP time exceeded", 11, 0, src))
+			return e
+		}
+		if len(in)-14 > w.underlayMTU {
+			// Next the size, against the link toward the next hop: the frame cannot
+			// go on whole, DF makes the inner sender hear it (RFC 1191).
+			e.because("longer than the underlay MTU %d", w.underlayMTU)
+			if inIP[6]&0x40 != 0 {
+				e.forms = append(e.forms, icmpErrorForm("ICMP frag needed", 3, 4, src))
+			} else {
+				e.allowDrop(IsthmusDropReasonDROP_UNDERLAY_MTU)
+			}
 			return e
 		}
 		if len(others) > 0 {

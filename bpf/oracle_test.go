@@ -35,7 +35,7 @@ var (
 // newOracleWorld is the node the oracle's lab stands for, with the lab's MACs.
 func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 	return &oracleWorld{
-		underlay: underlayIP, vni: testVNI, tunnelMTU: int(tunnelMTU),
+		underlay: underlayIP, vni: testVNI, tunnelMTU: int(tunnelMTU), underlayMTU: 1500,
 		peers: []netip.Addr{peerIP, memberIP, groupPeerA, groupPeerB},
 		peerSources: map[netip.Addr][]netip.Prefix{
 			peerIP:     {remoteNet, declaredNet},
@@ -68,6 +68,9 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 	t.Helper()
 	l := newLab(t)
 	w := newOracleWorld(l.undMAC, l.podHMAC, l.istMAC)
+	if mtu := l.und.Attrs().MTU; mtu != w.underlayMTU {
+		t.Fatalf("lab's und0 has MTU %d, the oracle's world %d", mtu, w.underlayMTU)
+	}
 	must := func(what string, err error) {
 		if err != nil {
 			t.Fatalf("%s: %v", what, err)

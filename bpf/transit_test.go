@@ -73,12 +73,21 @@ type transitOpts struct {
 	udpCsum   bool   // the sender filled in the outer UDP checksum
 	gnvOpts   []byte // GENEVE options
 	ipOptions []byte // outer IPv4 options, a multiple of 4 bytes
+	payload   []byte // inner UDP payload; nil: "transit"
+	innerDF   bool   // the inner packet carries DF
 }
 
 // memberInner is the inner IPv4 packet of a member pod's flow.
 func memberInner(o transitOpts) []byte {
-	return ipv4Packet(o.innerSrc, o.innerDst, 17, ipOpts{tos: 0x10, ttl: o.innerTTL, id: 0x4242},
-		udpDatagram(o.sport, 80, []byte("transit")))
+	io := ipOpts{tos: 0x10, ttl: o.innerTTL, id: 0x4242}
+	if o.innerDF {
+		io.fragOff = 0x4000
+	}
+	payload := o.payload
+	if payload == nil {
+		payload = []byte("transit")
+	}
+	return ipv4Packet(o.innerSrc, o.innerDst, 17, io, udpDatagram(o.sport, 80, payload))
 }
 
 // transitFrame is what a member (or a remote gateway) sends this gateway: outer TTL 61

@@ -35,4 +35,5 @@ enum drop_reason {
 	DROP_GENEVE_OAM		= -158,	/* GENEVE control frame (O bit): not for a pod */
 	DROP_OUTER_FRAGMENT	= -159,	/* first fragment of a GENEVE datagram: we do not reassemble */
 	DROP_ECN_NOT_ECT	= -160,	/* outer CE on a Not-ECT inner packet (RFC 6040) */
+	DROP_UNDERLAY_MTU	= -161,	/* transiting frame longer than the next underlay link, inner without DF */
 };

@@ -133,7 +133,7 @@ static __always_inline int deliver_local_pod(struct __sk_buff *skb,
 	int rc;
 
 	rc = fib_lookup_v4(skb, &p, iph->saddr, iph->daddr, iph->tos, iph->protocol,
-			   skb->ifindex);
+			   skb->ifindex, 0);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS || !bpf_map_lookup_elem(&pod_ifaces, &p.ifindex))
 		return TC_ACT_OK;
 	metrics_count(METRIC_DELIVER_POD, hook, skb->len);

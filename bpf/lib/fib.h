@@ -16,13 +16,18 @@
 #endif
 
 /* Returns the bpf_fib_lookup verdict (BPF_FIB_LKUP_RET_*, or negative errno) for an
- * IPv4 forwarding lookup from saddr to daddr as if the packet arrived on ifindex. */
+ * IPv4 forwarding lookup from saddr to daddr as if the packet arrived on ifindex.
+ * tot_len 0 checks skb against the MTU of the device found (GSO skbs always pass);
+ * otherwise the kernel checks tot_len against the route's MTU (route metric, learned
+ * path MTU, else the device's), before any neighbour lookup. Either way, on
+ * BPF_FIB_LKUP_RET_FRAG_NEEDED p->mtu_result holds the MTU it failed. */
 static __always_inline int fib_lookup_v4(struct __sk_buff *skb, struct bpf_fib_lookup *p,
 					 __be32 saddr, __be32 daddr, __u8 tos, __u8 proto,
-					 __u32 ifindex)
+					 __u32 ifindex, __u16 tot_len)
 {
 	__builtin_memset(p, 0, sizeof(*p));
 	p->family = AF_INET;
+	p->tot_len = tot_len;
 	p->tos = tos;
 	p->l4_protocol = proto;
 	p->ipv4_src = saddr;
@@ -65,10 +70,25 @@ static __always_inline int redirect_nexthop(struct ethhdr *eth, struct bpf_fib_l
 	return TC_ACT_REDIRECT;
 }
 
-/* Sends a GENEVE frame whose outer IPv4 header goes from src to peer toward the peer's
- * underlay next hop (FIB lookup, then redirect), and accounts it as metric, with group
- * (0 for none) in the trace. Encapsulation and transit both end here. Returns
+/* Sends a GENEVE frame to peer, toward the underlay next hop that lookup p (verdict rc)
+ * found, and accounts it as metric, with group (0 for none) in the trace. Returns
  * TC_ACT_REDIRECT or a negative DROP_*. eth is the frame's Ethernet header. */
+static __always_inline int send_looked_up(struct __sk_buff *skb, const struct datapath_config *cfg,
+					  struct ethhdr *eth, struct bpf_fib_lookup *p, int rc,
+					  __be32 peer, int metric, __u8 hook, __u32 group)
+{
+	rc = redirect_nexthop(eth, p, rc, 0);
+	if (rc < 0)
+		return rc;
+	metrics_count(metric, hook, skb->len);
+	trace_tc(skb, cfg, metric, hook, peer, group);
+	return rc;
+}
+
+/* Sends a GENEVE frame whose outer IPv4 header goes from src to peer toward the peer's
+ * underlay next hop (FIB lookup, then send_looked_up). Encapsulation and the ICMP
+ * errors of transit end here. Returns TC_ACT_REDIRECT or a negative DROP_*. eth is the
+ * frame's Ethernet header. */
 static __always_inline int send_to_peer(struct __sk_buff *skb, const struct datapath_config *cfg,
 					struct ethhdr *eth, __be32 src, __be32 peer, int metric,
 					__u8 hook, __u32 group)
@@ -76,13 +96,8 @@ static __always_inline int send_to_peer(struct __sk_buff *skb, const struct data
 	struct bpf_fib_lookup p;
 	int rc;
 
-	rc = fib_lookup_v4(skb, &p, src, peer, 0, IPPROTO_UDP, skb->ifindex);
-	rc = redirect_nexthop(eth, &p, rc, 0);
-	if (rc < 0)
-		return rc;
-	metrics_count(metric, hook, skb->len);
-	trace_tc(skb, cfg, metric, hook, peer, group);
-	return rc;
+	rc = fib_lookup_v4(skb, &p, src, peer, 0, IPPROTO_UDP, skb->ifindex, 0);
+	return send_looked_up(skb, cfg, eth, &p, rc, peer, metric, hook, group);
 }
 
 /* Forwards the IPv4 packet iph of frame eth to the local pod interface that lookup p
@@ -187,7 +202,7 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 		return DROP_INNER_INVALID;
 
 	rc = fib_lookup_v4(skb, &p, iph->saddr, iph->daddr, iph->tos, iph->protocol,
-			   skb->ifindex);
+			   skb->ifindex, 0);
 	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED) {
 		/* Local, broadcast or multicast. Only the node's overlay address is the host's
 		 * to receive through the tunnel: loopback, broadcasts and the underlay
@@ -234,7 +249,7 @@ static __always_inline int from_site_router(struct __sk_buff *skb,
 	__u16 *mac;
 
 	if (!peer || fib_lookup_v4(skb, &p, cfg->underlay_ip, peer, 0, IPPROTO_UDP,
-				   skb->ifindex) != BPF_FIB_LKUP_RET_SUCCESS)
+				   skb->ifindex, 0) != BPF_FIB_LKUP_RET_SUCCESS)
 		return 0;
 	/* In 16-bit words: dmac sits at an offset of 58 in the lookup struct. */
 	mac = (__u16 *)p.dmac;
@@ -277,7 +292,7 @@ static __always_inline int fabric_ingress(struct __sk_buff *skb,
 	if (!rt || !from_site_router(skb, cfg, eth, rt))
 		return TC_ACT_OK;
 	rc = fib_lookup_v4(skb, &p, iph->saddr, iph->daddr, iph->tos, iph->protocol,
-			   skb->ifindex);
+			   skb->ifindex, 0);
 	if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) ||
 	    !bpf_map_lookup_elem(&pod_ifaces, &p.ifindex) || iph->ttl <= 1)
 		return TC_ACT_OK;

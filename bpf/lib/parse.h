@@ -60,25 +60,36 @@ static __always_inline int ipv4_is_fragment(const struct iphdr *iph)
 	return iph->frag_off & bpf_htons(IP_MF | IP_OFFSET);
 }
 
-/* Returns the length of the largest IPv4 packet skb (whose IPv4 header is iph) puts on
- * the wire: its own length, or for a GSO packet one segment's, IPv4 and TCP (or UDP)
- * headers plus gso_size. A GSO packet's segments must fit the tunnel as much as a
- * plain packet must: gso_size is what the sender's path MTU allowed, not ours. */
-static __always_inline __u32 ipv4_wire_len(struct __sk_buff *skb, const struct iphdr *iph)
+/* Returns the length from offset off of skb (where the IPv4 header iph of the packet
+ * that decides segmentation sits) to the end of the largest packet skb puts on the
+ * wire: all of it, or for a GSO packet one segment's, up to and including the IPv4 and
+ * TCP (or UDP) headers plus gso_size. A GSO packet's segments must fit the tunnel as
+ * much as a plain packet must: gso_size is what the sender's path MTU allowed, not
+ * ours. For a tunnelled GSO skb iph is the inner header (gso_size counts the inner
+ * payload). */
+static __always_inline __u32 ipv4_seg_len(struct __sk_buff *skb, const struct iphdr *iph,
+					  __u32 off)
 {
 	__u32 hlen = iph->ihl * 4;
 	__u8 doff;
 
 	if (!skb->gso_size)
-		return skb->len - ETH_HLEN;
+		return skb->len - off;
 	if (iph->protocol == IPPROTO_TCP) {
-		if (bpf_skb_load_bytes(skb, ETH_HLEN + hlen + 12, &doff, 1))
+		if (bpf_skb_load_bytes(skb, off + hlen + 12, &doff, 1))
 			return 0;	/* no TCP header to segment by */
 		hlen += (doff >> 4) * 4;
 	} else if (iph->protocol == IPPROTO_UDP) {
 		hlen += sizeof(struct udphdr);
 	}
 	return hlen + skb->gso_size;
+}
+
+/* Returns the length of the largest IPv4 packet skb (whose IPv4 header is iph, right
+ * after the Ethernet header) puts on the wire (ipv4_seg_len). */
+static __always_inline __u32 ipv4_wire_len(struct __sk_buff *skb, const struct iphdr *iph)
+{
+	return ipv4_seg_len(skb, iph, ETH_HLEN);
 }
 
 /* Makes sure the first min(len, want) bytes are linear. Returns 0, or -1 if the pull

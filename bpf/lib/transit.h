@@ -83,17 +83,17 @@ static __always_inline __u32 transit_flow_hash(struct __sk_buff *skb,
 /* Longest outer IPv4 header: with 40 bytes of options. */
 #define IPV4_HLEN_MAX		60
 
-/* Answers a transiting frame whose inner TTL expired here, as a router would: the
- * inner packet becomes ICMP time exceeded from this node's tunnel address (its
- * underlay address when it has none) to the inner source, and the frame goes back as
- * GENEVE to the hop that sent it (outer source this node, destination that hop, TTL
- * 64, UDP checksum 0; GENEVE and the inner Ethernet header as they came), so
- * traceroute across sites shows the gateway. h is from transit_parse. Returns
- * TC_ACT_REDIRECT or a negative DROP_* (DROP_TTL_EXCEEDED if the frame could not be
- * rewritten). Counts METRIC_TIME_EXCEEDED_SENT. */
-static __always_inline int transit_time_exceeded(struct __sk_buff *skb,
-						 const struct datapath_config *cfg,
-						 const struct transit_hdrs *h, __u8 hook)
+/* Answers a transiting frame as a router answers a packet it cannot forward: the inner
+ * packet becomes the ICMP error type/code (second word rest) from this node's tunnel
+ * address (its underlay address when it has none) to the inner source, and the frame
+ * goes back as GENEVE to the hop that sent it (outer source this node, destination
+ * that hop, TTL 64, UDP checksum 0; GENEVE and the inner Ethernet header as they
+ * came). h is from transit_parse. Returns TC_ACT_REDIRECT or a negative DROP_* (fail
+ * if the frame could not be rewritten). Counts metric. */
+static __always_inline int transit_icmp_error(struct __sk_buff *skb,
+					      const struct datapath_config *cfg,
+					      const struct transit_hdrs *h, __u8 type, __u8 code,
+					      __be32 rest, int fail, int metric, __u8 hook)
 {
 	__u32 iip_off = h->l4_off - h->iip->ihl * 4, ohl;
 	__be32 prev = h->oip->saddr, src = cfg->underlay_ip;
@@ -106,9 +106,8 @@ static __always_inline int transit_time_exceeded(struct __sk_buff *skb,
 	__s64 sum;
 	int elen;
 
-	elen = icmp4_error_build(skb, iip_off, ICMP_TIME_EXCEEDED, ICMP_EXC_TTL, 0,
-				 cfg->tunnel_ip ? cfg->tunnel_ip : cfg->underlay_ip, &e,
-				 DROP_TTL_EXCEEDED);
+	elen = icmp4_error_build(skb, iip_off, type, code, rest,
+				 cfg->tunnel_ip ? cfg->tunnel_ip : cfg->underlay_ip, &e, fail);
 	if (elen < 0)
 		return elen;
 	/* A fixed 60 bytes, options or not: the frame is longer than that before and
@@ -116,7 +115,7 @@ static __always_inline int transit_time_exceeded(struct __sk_buff *skb,
 	 * length is one the verifier need not bound. */
 	if (elen > (int)sizeof(e) || bpf_skb_load_bytes(skb, ETH_HLEN, ohdr, sizeof(ohdr)) ||
 	    bpf_skb_load_bytes(skb, h->udp_off, &udp, sizeof(udp)))
-		return DROP_TTL_EXCEEDED;
+		return fail;
 	ohl = oip->ihl * 4;
 	tot = iip_off + elen - ETH_HLEN;
 	oip->tot_len = bpf_htons(tot);
@@ -127,7 +126,7 @@ static __always_inline int transit_time_exceeded(struct __sk_buff *skb,
 	/* The outer header may carry options: sum all of it (a multiple of 4 bytes). */
 	sum = bpf_csum_diff(NULL, 0, (__be32 *)ohdr, ohl, 0);
 	if (sum < 0)
-		return DROP_TTL_EXCEEDED;
+		return fail;
 	oip->check = (__sum16)csum_fold32((__u32)sum);
 	udp.dest = bpf_htons(GENEVE_PORT);
 	udp.len = bpf_htons(tot - ohl);
@@ -138,11 +137,52 @@ static __always_inline int transit_time_exceeded(struct __sk_buff *skb,
 	    bpf_skb_store_bytes(skb, ETH_HLEN, ohdr, sizeof(ohdr), 0) ||
 	    bpf_skb_store_bytes(skb, ETH_HLEN + ohl, &udp, sizeof(udp), 0) ||
 	    bpf_skb_store_bytes(skb, iip_off, &e, elen, 0))
-		return DROP_TTL_EXCEEDED;
+		return fail;
 	eth = (void *)(long)skb->data;
 	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
-		return DROP_TTL_EXCEEDED;
-	return send_to_peer(skb, cfg, eth, src, prev, METRIC_TIME_EXCEEDED_SENT, hook, 0);
+		return fail;
+	return send_to_peer(skb, cfg, eth, src, prev, metric, hook, 0);
+}
+
+/* ICMP time exceeded (type 11 code 0) for a transiting frame whose inner TTL expired
+ * here, so traceroute across sites shows the gateway (transit_icmp_error). Returns
+ * TC_ACT_REDIRECT or a negative DROP_* (DROP_TTL_EXCEEDED if the frame could not be
+ * rewritten). Counts METRIC_TIME_EXCEEDED_SENT. */
+static __always_inline int transit_time_exceeded(struct __sk_buff *skb,
+						 const struct datapath_config *cfg,
+						 const struct transit_hdrs *h, __u8 hook)
+{
+	return transit_icmp_error(skb, cfg, h, ICMP_TIME_EXCEEDED, ICMP_EXC_TTL, 0,
+				  DROP_TTL_EXCEEDED, METRIC_TIME_EXCEEDED_SENT, hook);
+}
+
+/* Smallest MTU a frag needed may announce (RFC 791: every host takes 68 bytes). */
+#define IPV4_MIN_MTU		68
+
+/* Path MTU of the next underlay link, as ip_forward checks it, for a transiting frame
+ * that lookup p (verdict BPF_FIB_LKUP_RET_FRAG_NEEDED) found too long: an inner packet
+ * with DF gets ICMP frag needed (type 3 code 4, transit_icmp_error) announcing that
+ * MTU less the encapsulation in front of the inner IPv4 header (outer IPv4 with its
+ * options, UDP, GENEVE with its options, inner Ethernet), the largest inner packet
+ * that fits; its sender lowers its path MTU (RFC 1191). Without DF the frame would
+ * have to be fragmented, outer or inner: the outer header of our peers carries DF and
+ * the receiver does not reassemble, and fragmenting the inner packet in TC is not
+ * possible with the helpers there are, so it is DROP_UNDERLAY_MTU. Returns
+ * TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_FRAG_NEEDED_SENT. */
+static __always_inline int transit_frag_needed(struct __sk_buff *skb,
+					       const struct datapath_config *cfg,
+					       const struct transit_hdrs *h,
+					       const struct bpf_fib_lookup *p, __u8 hook)
+{
+	__u32 overhead = h->l4_off - h->iip->ihl * 4 - ETH_HLEN;
+	__u32 mtu = p->mtu_result;
+
+	if (!(h->iip->frag_off & bpf_htons(IP_DF)))
+		return DROP_UNDERLAY_MTU;
+	mtu = mtu > overhead + IPV4_MIN_MTU ? mtu - overhead : IPV4_MIN_MTU;
+	return transit_icmp_error(skb, cfg, h, ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED,
+				  bpf_htonl(mtu), DROP_UNDERLAY_MTU, METRIC_FRAG_NEEDED_SENT,
+				  hook);
 }
 
 /* Forwards a GENEVE frame tc_decap validated, whose inner destination hit route rt on a
@@ -152,19 +192,23 @@ static __always_inline int transit_time_exceeded(struct __sk_buff *skb,
  * next hop as destination and TTL 64, its checksum patched; a non-zero outer UDP
  * checksum is patched for the two addresses, a zero one stays zero; the UDP source port,
  * GENEVE and the inner frame are left as they are. Then the FIB lookup and redirect of
- * encapsulation. Returns TC_ACT_REDIRECT or a negative DROP_*: DROP_NO_NEXTHOP,
- * DROP_TRANSIT_LOOP (the next hop sent it), DROP_TTL_EXCEEDED. Counts METRIC_TRANSIT. */
+ * encapsulation, the lookup also checking the frame against the route's MTU
+ * (transit_frag_needed). Returns TC_ACT_REDIRECT or a negative DROP_*: DROP_NO_NEXTHOP,
+ * DROP_TRANSIT_LOOP (the next hop sent it), DROP_TTL_EXCEEDED, DROP_UNDERLAY_MTU.
+ * Counts METRIC_TRANSIT (METRIC_TIME_EXCEEDED_SENT, METRIC_FRAG_NEEDED_SENT for the
+ * ICMP replies). */
 static __always_inline int transit_forward(struct __sk_buff *skb,
 					   const struct datapath_config *cfg,
 					   const struct route_value *rt, __u8 hook)
 {
 	const __u64 l4_flags = BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0 | sizeof(__be32);
+	struct bpf_fib_lookup p;
 	struct transit_hdrs h;
 	struct ethhdr *eth;
 	__be32 osrc, odst, nh, src = cfg->underlay_ip;
 	__be16 ttl_from;
 	__sum16 check;
-	__u32 udp_check_off;
+	__u32 udp_check_off, iip_off, wire;
 	int rc;
 
 	rc = transit_parse(skb, &h);
@@ -179,6 +223,15 @@ static __always_inline int transit_forward(struct __sk_buff *skb,
 		return DROP_TRANSIT_LOOP;
 	if (h.iip->ttl <= 1)
 		return transit_time_exceeded(skb, cfg, &h, hook);
+	/* Then the size, as ip_forward (so a frag needed quotes the header as received):
+	 * the frame, or each segment of a GSO one, against the route's MTU toward the
+	 * next hop. The outer header's length does not change here. */
+	iip_off = h.l4_off - h.iip->ihl * 4;
+	wire = iip_off - ETH_HLEN + ipv4_seg_len(skb, h.iip, iip_off);
+	rc = fib_lookup_v4(skb, &p, src, nh, 0, IPPROTO_UDP, skb->ifindex,
+			   wire > 0xffff ? 0xffff : wire);
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED)
+		return transit_frag_needed(skb, cfg, &h, &p, hook);
 	/* Incremental: the sum over each header is unchanged, so a checksum covering it (the
 	 * outer UDP one, a CHECKSUM_COMPLETE skb->csum) needs no fix for these writes. */
 	ipv4_decrease_ttl(h.iip);
@@ -208,5 +261,5 @@ static __always_inline int transit_forward(struct __sk_buff *skb,
 	eth = (void *)(long)skb->data;
 	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
 		return DROP_ENCAP_FAILED;
-	return send_to_peer(skb, cfg, eth, src, nh, METRIC_TRANSIT, hook, rt->group);
+	return send_looked_up(skb, cfg, eth, &p, rc, nh, METRIC_TRANSIT, hook, rt->group);
 }
