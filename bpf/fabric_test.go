@@ -229,7 +229,6 @@ func TestFabricDelivery(t *testing.T) {
 		{"outside fabric_prefixes", outsideDst, 64, IsthmusDropReasonDROP_NOT_LOCAL},
 		// A fabric prefix whose route leads back into isthmus0 would loop.
 		{"fabric prefix routed into isthmus0", netip.MustParseAddr("10.0.8.1"), 64, IsthmusDropReasonDROP_NOT_LOCAL},
-		{"TTL 1", fabricDst, 1, IsthmusDropReasonDROP_TTL_EXCEEDED},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := goodOpts(tc.dst)
@@ -245,6 +244,23 @@ func TestFabricDelivery(t *testing.T) {
 			}
 		})
 	}
+
+	// TTL 1 for the fabric: forwarding it is a hop, answered as one (decap_expires).
+	t.Run("TTL 1", func(t *testing.T) {
+		setTunnelIP(t, l, hostIP)
+		o := goodOpts(fabricDst)
+		inner := ipv4Packet(o.innerSrc, o.innerDst, 17, ipOpts{ttl: 1}, udpDatagram(4000, 5000, []byte("payload")))
+		in := geneveFrame(l, o, innerEth(inner))
+		before := l.counts(t)
+		ret, out := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
+		if ret != tcActRedirect {
+			t.Fatalf("verdict %d, want TC_ACT_REDIRECT (time exceeded back to the peer)", ret)
+		}
+		wantTransitReply(t, l, transitOpts{outerSrc: peerIP}, in, out, icmpTimeExceeded(inner, hostIP))
+		if d := delta(before, l.counts(t)); d[metricKey(IsthmusMetricMETRIC_TIME_EXCEEDED_SENT, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 1 {
+			t.Errorf("counters moved %v, want only METRIC_TIME_EXCEEDED_SENT +1", d)
+		}
+	})
 }
 
 // plainFrame is an overlay packet as the site fabric hands it to this node: plain

@@ -664,3 +664,47 @@ func transitUnderlayMTU(t *testing.T, l *lab, wanMTU int) {
 		t.Errorf("GSO fits: verdict %d, counters %v; want forwarded, METRIC_TRANSIT +1", ret, d)
 	}
 }
+
+// TestDecapTimeExceeded: a peer's frame whose inner packet would expire delivering it
+// to a local pod (TTL 1: this node is a routing hop) is answered like a transiting
+// one, with ICMP time exceeded from this node's tunnel address back through the tunnel
+// to that peer, so traceroute across sites shows the receiving node. XDP leaves such
+// a frame whole to TC. A packet for the tunnel address itself is no hop: delivered to
+// the host with TTL 1.
+func TestDecapTimeExceeded(t *testing.T) {
+	l := newLab(t)
+	setTunnelIP(t, l, hostIP)
+	frame := func(dst netip.Addr) ([]byte, []byte) {
+		o := goodOpts(dst)
+		inner := ipv4Packet(o.innerSrc, o.innerDst, 17, ipOpts{ttl: 1}, udpDatagram(33434, 33435, []byte("traceroute")))
+		return inner, geneveFrame(l, o, innerEth(inner))
+	}
+	inner, in := frame(podIP)
+	t.Run("tc", func(t *testing.T) {
+		before := l.counts(t)
+		ret, out := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
+		if ret != tcActRedirect {
+			t.Fatalf("verdict %d, want TC_ACT_REDIRECT (time exceeded back to the peer)", ret)
+		}
+		wantTransitReply(t, l, transitOpts{outerSrc: peerIP}, in, out, icmpTimeExceeded(inner, hostIP))
+		if d := delta(before, l.counts(t)); d[metricKey(IsthmusMetricMETRIC_TIME_EXCEEDED_SENT, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 1 {
+			t.Errorf("counters moved %v, want only METRIC_TIME_EXCEEDED_SENT +1", d)
+		}
+	})
+	t.Run("xdp", func(t *testing.T) {
+		before := l.counts(t)
+		ret, out := l.run(t, l.objs.UnderlayXdp, in, 0)
+		if d := delta(before, l.counts(t)); ret != xdpPass || !bytes.Equal(out, in) || len(d) != 0 {
+			t.Errorf("verdict %d, changed %v, counters %v; want XDP_PASS, whole, none", ret, !bytes.Equal(out, in), d)
+		}
+	})
+	t.Run("tunnel address", func(t *testing.T) {
+		_, in := frame(hostIP)
+		before := l.counts(t)
+		ret, _ := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
+		d := delta(before, l.counts(t))
+		if ret != tcActRedirect || d[metricKey(IsthmusMetricMETRIC_DELIVER_HOST, IsthmusHookHOOK_UNDERLAY_TC)] != 1 {
+			t.Errorf("verdict %d, counters %v; want delivered to the host", ret, d)
+		}
+	})
+}

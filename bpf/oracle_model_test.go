@@ -558,6 +558,20 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		return e
 	}
 
+	if inner.ip.TTL <= 1 && dst != w.tunnelIP {
+		if xdp {
+			e.because("inner TTL %d: XDP leaves it whole to TC", inner.ip.TTL)
+			return e
+		}
+		if w.ownPods[dst] != nil {
+			// Delivering it is a routing hop: answered before the pop (and before
+			// RFC 6040), back through the tunnel, as transit answers.
+			e.because("to own pod %v with TTL %d: time exceeded back to the peer", dst, inner.ip.TTL)
+			e.allowDrop(IsthmusDropReasonDROP_TTL_EXCEEDED)
+			e.forms = append(e.forms, icmpErrorForm("ICMP time exceeded", 11, 0, src))
+			return e
+		}
+	}
 	if outer.ip.TOS&0x03 == 0x03 && inIP[1]&0x03 == 0 {
 		// RFC 6040 4.2: CE on a Not-ECT inner packet is dropped, before any delivery
 		// (XDP may also leave it whole to TC).
@@ -579,11 +593,6 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		e.because("to own pod %v, opens a flow: through the stack", dst)
 		e.forms = append(e.forms, deliverForm("pod delivery through the stack", w.istMAC, in[6:12], in[ieOff+14:], false, ce, w.tunnelMTU))
 	case w.ownPods[dst] != nil:
-		if inner.ip.TTL <= 1 {
-			e.allowDrop(IsthmusDropReasonDROP_TTL_EXCEEDED)
-			e.forms = append(e.forms, icmpErrorForm("ICMP time exceeded", 11, 0, src))
-			return e
-		}
 		e.because("to own pod %v", dst)
 		e.forms = append(e.forms, deliverForm("pod delivery", w.ownPods[dst], w.podHMAC, in[ieOff+14:], true, ce, w.tunnelMTU))
 	case dst == w.tunnelIP:

@@ -102,6 +102,43 @@ static __always_inline __u32 decap_len(const struct decap_info *info)
 	return info->outer_hlen + sizeof(struct udphdr) + GENEVE_HLEN + info->optlen + ETH_HLEN;
 }
 
+/* Returns 1 if the inner packet of a validated frame expires on its way to a local
+ * destination: inner TTL 1 or 0, not for this host's tunnel address (no routing hop),
+ * and the FIB routes it to a pod interface of this node or it is for the site fabric,
+ * the deliveries that forward it. The FIB lookup runs only for such a TTL. */
+static __always_inline int decap_expires(struct __sk_buff *skb, const struct datapath_config *cfg,
+					 const struct decap_info *info)
+{
+	const struct iphdr *iip = info->inner;
+	struct bpf_fib_lookup p;
+	int rc;
+
+	if (likely(iip->ttl > 1) || info->daddr == cfg->tunnel_ip)
+		return 0;
+	if (is_fabric_dest(info->daddr))
+		return 1;
+	rc = fib_lookup_v4(skb, &p, iip->saddr, iip->daddr, iip->tos, iip->protocol,
+			   skb->ifindex, 0);
+	return (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) &&
+	       bpf_map_lookup_elem(&pod_ifaces, &p.ifindex);
+}
+
+/* Answers a validated frame whose inner packet expires here (decap_expires) with ICMP
+ * time exceeded, as transit does: back through the tunnel to the peer that sent it,
+ * before anything is popped (a popped skb cannot be encapsulated again), so traceroute
+ * across sites shows the receiving node as a hop. Returns TC_ACT_REDIRECT or a
+ * negative DROP_*. Counts METRIC_TIME_EXCEEDED_SENT. */
+static __always_inline int decap_time_exceeded(struct __sk_buff *skb,
+					       const struct datapath_config *cfg, __u8 hook)
+{
+	struct transit_hdrs h;
+	int rc = transit_parse(skb, &h);
+
+	if (rc < 0)
+		return rc;
+	return transit_time_exceeded(skb, cfg, &h, hook);
+}
+
 /* TC decapsulation: validate, then forward (transit on a gateway, lib/transit.h) or
  * pop and deliver. Returns TC_ACT_OK for frames that are not ours, TC_ACT_REDIRECT when
  * forwarded or delivered, or a negative DROP_*. */
@@ -126,6 +163,8 @@ static __always_inline int tc_decap(struct __sk_buff *skb, const struct datapath
 	rt = transit_route(cfg, info.daddr);
 	if (rt)
 		return transit_forward(skb, cfg, rt, hook);
+	if (unlikely(decap_expires(skb, cfg, &info)))
+		return decap_time_exceeded(skb, cfg, hook);
 	ret = decap_ecn(&info);
 	if (ret < 0)
 		return ret;
@@ -150,8 +189,8 @@ static __always_inline int tc_xdp_decapped(struct __sk_buff *skb)
 }
 
 /* XDP decapsulation: validate, pop to [outer Ethernet][inner IPv4], leave a decap_meta
- * for underlay_ingress. A frame that cannot carry metadata, or that will transit, is
- * passed unpopped, for underlay_ingress to decapsulate or forward itself. Returns XDP_PASS or a negative DROP_*. */
+ * for underlay_ingress. A frame that cannot carry metadata, that will transit, or whose
+ * inner TTL may expire here is passed unpopped, for underlay_ingress to decapsulate or forward itself. Returns XDP_PASS or a negative DROP_*. */
 static __always_inline int xdp_decap(struct xdp_md *ctx, const struct datapath_config *cfg,
 				     __u8 hook)
 {
@@ -172,6 +211,9 @@ static __always_inline int xdp_decap(struct xdp_md *ctx, const struct datapath_c
 	/* A frame that will transit stays whole, without metadata: underlay_ingress
 	 * forwards it (a popped frame could not be encapsulated again, DESIGN.md). */
 	if (transit_route(cfg, info.daddr))
+		return XDP_PASS;
+	/* So does one whose inner TTL expires here: underlay_ingress answers it. */
+	if (unlikely(info.inner->ttl <= 1 && info.daddr != cfg->tunnel_ip))
 		return XDP_PASS;
 	ret = decap_ecn(&info);
 	if (ret < 0)
