@@ -250,16 +250,7 @@ func TestFabricDelivery(t *testing.T) {
 		setTunnelIP(t, l, hostIP)
 		o := goodOpts(fabricDst)
 		inner := ipv4Packet(o.innerSrc, o.innerDst, 17, ipOpts{ttl: 1}, udpDatagram(4000, 5000, []byte("payload")))
-		in := geneveFrame(l, o, innerEth(inner))
-		before := l.counts(t)
-		ret, out := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
-		if ret != tcActRedirect {
-			t.Fatalf("verdict %d, want TC_ACT_REDIRECT (time exceeded back to the peer)", ret)
-		}
-		wantTransitReply(t, l, transitOpts{outerSrc: peerIP}, in, out, icmpTimeExceeded(inner, hostIP))
-		if d := delta(before, l.counts(t)); d[metricKey(IsthmusMetricMETRIC_TIME_EXCEEDED_SENT, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 1 {
-			t.Errorf("counters moved %v, want only METRIC_TIME_EXCEEDED_SENT +1", d)
-		}
+		wantDecapTimeExceeded(t, l, inner, geneveFrame(l, o, innerEth(inner)))
 	})
 }
 

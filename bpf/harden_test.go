@@ -680,17 +680,7 @@ func TestDecapTimeExceeded(t *testing.T) {
 		return inner, geneveFrame(l, o, innerEth(inner))
 	}
 	inner, in := frame(podIP)
-	t.Run("tc", func(t *testing.T) {
-		before := l.counts(t)
-		ret, out := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
-		if ret != tcActRedirect {
-			t.Fatalf("verdict %d, want TC_ACT_REDIRECT (time exceeded back to the peer)", ret)
-		}
-		wantTransitReply(t, l, transitOpts{outerSrc: peerIP}, in, out, icmpTimeExceeded(inner, hostIP))
-		if d := delta(before, l.counts(t)); d[metricKey(IsthmusMetricMETRIC_TIME_EXCEEDED_SENT, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 1 {
-			t.Errorf("counters moved %v, want only METRIC_TIME_EXCEEDED_SENT +1", d)
-		}
-	})
+	t.Run("tc", func(t *testing.T) { wantDecapTimeExceeded(t, l, inner, in) })
 	t.Run("xdp", func(t *testing.T) {
 		before := l.counts(t)
 		ret, out := l.run(t, l.objs.UnderlayXdp, in, 0)
@@ -707,4 +697,20 @@ func TestDecapTimeExceeded(t *testing.T) {
 			t.Errorf("verdict %d, counters %v; want delivered to the host", ret, d)
 		}
 	})
+}
+
+// wantDecapTimeExceeded runs underlay_ingress on in, a frame from peerIP whose inner
+// packet inner expires here, and wants it answered: ICMP time exceeded from hostIP
+// (the lab's tunnel address) back to peerIP, and only METRIC_TIME_EXCEEDED_SENT +1.
+func wantDecapTimeExceeded(t *testing.T, l *lab, inner, in []byte) {
+	t.Helper()
+	before := l.counts(t)
+	ret, out := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
+	if ret != tcActRedirect {
+		t.Fatalf("verdict %d, want TC_ACT_REDIRECT (time exceeded back to the peer)", ret)
+	}
+	wantTransitReply(t, l, transitOpts{outerSrc: peerIP}, in, out, icmpTimeExceeded(inner, hostIP))
+	if d := delta(before, l.counts(t)); d[metricKey(IsthmusMetricMETRIC_TIME_EXCEEDED_SENT, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 1 {
+		t.Errorf("counters moved %v, want only METRIC_TIME_EXCEEDED_SENT +1", d)
+	}
 }
