@@ -20,8 +20,11 @@ const metricFragNeededSent = 5
 // code nexthopmtu" of an ICMP answer, or "none".
 const fragProbeScript = `
 import sys
-from scapy.all import IP, UDP, ICMP, Raw, sr1, conf
+from scapy.all import IP, UDP, ICMP, Raw, L3RawSocket, sr1, conf
 conf.verb = 0
+# The kernel routes and resolves the next hop: a pod's gateway here is a
+# link-local address scapy's own ARP does not reach.
+conf.L3socket = L3RawSocket
 dst, size = sys.argv[1], int(sys.argv[2])
 p = IP(dst=dst, flags="DF", ttl=64)/UDP(sport=40999, dport=9)/Raw(b"x" * (size - 28))
 r = sr1(p, timeout=2, retry=2)
