@@ -33,6 +33,11 @@ const (
 	DefaultInterval   = time.Second
 	DefaultMultiplier = 3
 	DefaultRise       = 3
+	// DefaultReachExpiry is how long the datapath keeps answering from the
+	// agent's last claims: longer than an agent restart or upgrade takes, short
+	// enough that a gateway whose agent is gone (and whose paths nobody checks)
+	// is left within it (docs/gateways.md).
+	DefaultReachExpiry = 30 * time.Second
 )
 
 // Target is a group member to probe: the peer's name, the remote site it is
