@@ -253,15 +253,9 @@ func TestHealthResponderXDP(t *testing.T) {
 	prober := probeSide{outerMAC: gwMAC, innerMAC: proberMAC, outer: peerIP, inner: proberIP, port: 40000}
 	self := probeSide{outerMAC: l.undMAC, innerMAC: ownMAC, outer: underlayIP, inner: hostIP, port: healthPort}
 	in := healthFrame(t, prober, self, 61, healthMsg('P', 3, "east"), false, false)
-	before := l.counts(t)
-	ret, out := l.run(t, l.objs.UnderlayXdp, in, 0)
-	if ret != xdpPass || !bytes.Equal(out, in) {
-		t.Fatalf("XDP verdict %d, frame changed %v; want XDP_PASS, untouched", ret, !bytes.Equal(out, in))
-	}
-	if d := delta(before, l.counts(t)); len(d) != 0 {
-		t.Errorf("XDP counted %v for a frame it left to TC", d)
-	}
-	if ret, out = l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index); ret != tcActRedirect {
+	l.wantXDPPassWhole(t, "probe", in)
+	ret, out := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
+	if ret != tcActRedirect {
 		t.Fatalf("TC verdict %d, want TC_ACT_REDIRECT", ret)
 	}
 	if _, _, _, iudp := decodeAnswer(t, out); len(iudp.Payload) < 17 || iudp.Payload[16] != 'R' {

@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -84,6 +85,26 @@ func (h HealthResponder) Unclaim(port uint16, site string) error {
 		return fmt.Errorf("remove health claim for site %q: %w", site, err)
 	}
 	return nil
+}
+
+// Claims returns the sites the responder on port holds claims for, with
+// whether each says it reaches the site (expired or not).
+func (h HealthResponder) Claims(port uint16) (map[string]bool, error) {
+	var (
+		k   HealthKey
+		v   HealthReachValue
+		out = map[string]bool{}
+	)
+	it := h.ReachMap.Iterate()
+	for it.Next(&k, &v) {
+		if k.Port == HostToBE16(port) {
+			out[string(bytes.TrimRight(k.Site[:], "\x00"))] = v.Flags&HealthFlagReaches != 0
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read map %s: %w", MapHealthReach, err)
+	}
+	return out, nil
 }
 
 // Probers returns the nodes (tunnel address and UDP port) the datapath answered

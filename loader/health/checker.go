@@ -107,6 +107,8 @@ type Responder interface {
 	// for site (the socket answers it).
 	Claim(port uint16, site string, reaches bool, until uint64) (bool, error)
 	Unclaim(port uint16, site string) error
+	// Claims returns the claims of port in the datapath now, by site.
+	Claims(port uint16) (map[string]bool, error)
 	// Probers returns who the datapath answered about site since then.
 	Probers(site string, since uint64) ([]netip.AddrPort, error)
 }
@@ -172,7 +174,16 @@ func Start(cfg Config) (*Checker, error) {
 		tr: NewTracker(cfg.Multiplier, cfg.Rise), flaps: map[peerKey]*[2]uint64{},
 		probers: map[prober]*proberState{}, claimed: map[string]bool{},
 	}
-	c.refreshClaims()
+	if cfg.Datapath != nil {
+		// An earlier agent's claims: refreshed, or removed once no target
+		// names their site (they would expire into "does not reach").
+		if old, err := cfg.Datapath.Claims(uint16(c.port)); err != nil {
+			cfg.Log.Error("health claims of the last run not read", "err", err)
+		} else {
+			c.claimed = old
+		}
+	}
+	// No refresh before SetTargets: until then the last claims hold as they are.
 	c.wg.Add(3)
 	go c.respond()
 	go c.readAnswers()
