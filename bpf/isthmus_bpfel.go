@@ -75,6 +75,33 @@ type IsthmusFabricPrefixValue struct {
 	Flags uint32
 }
 
+type IsthmusHealthKey struct {
+	_        structs.HostLayout
+	Port     uint16
+	Reserved uint16
+	Site     [64]uint8
+}
+
+type IsthmusHealthProberKey struct {
+	_        structs.HostLayout
+	Addr     uint32
+	Port     uint16
+	Reserved uint16
+	Site     [64]uint8
+}
+
+type IsthmusHealthProberValue struct {
+	_    structs.HostLayout
+	Seen uint64
+}
+
+type IsthmusHealthReachValue struct {
+	_        structs.HostLayout
+	Expires  uint64
+	Flags    uint32
+	Reserved uint32
+}
+
 type IsthmusHook uint32
 
 const (
@@ -100,6 +127,8 @@ const (
 	IsthmusMetricMETRIC_TRANSIT              IsthmusMetric = 11
 	IsthmusMetricMETRIC_TIME_EXCEEDED_SENT   IsthmusMetric = 12
 	IsthmusMetricMETRIC_NO_PATH_UNREACH_SENT IsthmusMetric = 13
+	IsthmusMetricMETRIC_HEALTH_ANSWERED      IsthmusMetric = 14
+	IsthmusMetricMETRIC_HEALTH_EXPIRED       IsthmusMetric = 15
 )
 
 type IsthmusMetricsKey struct {
@@ -224,6 +253,8 @@ type IsthmusTracePrefixValue struct {
 const (
 	IsthmusMapConfig           = "config"
 	IsthmusMapFabricPrefixes   = "fabric_prefixes"
+	IsthmusMapHealthProbers    = "health_probers"
+	IsthmusMapHealthReach      = "health_reach"
 	IsthmusMapMetrics          = "metrics"
 	IsthmusMapNat              = "nat"
 	IsthmusMapNexthopGroups    = "nexthop_groups"
@@ -294,6 +325,8 @@ type IsthmusProgramSpecs struct {
 type IsthmusMapSpecs struct {
 	Config         *ebpf.MapSpec `ebpf:"config"`
 	FabricPrefixes *ebpf.MapSpec `ebpf:"fabric_prefixes"`
+	HealthProbers  *ebpf.MapSpec `ebpf:"health_probers"`
+	HealthReach    *ebpf.MapSpec `ebpf:"health_reach"`
 	Metrics        *ebpf.MapSpec `ebpf:"metrics"`
 	Nat            *ebpf.MapSpec `ebpf:"nat"`
 	NexthopGroups  *ebpf.MapSpec `ebpf:"nexthop_groups"`
@@ -334,6 +367,8 @@ func (o *IsthmusObjects) Close() error {
 type IsthmusMaps struct {
 	Config         *ebpf.Map `ebpf:"config"`
 	FabricPrefixes *ebpf.Map `ebpf:"fabric_prefixes"`
+	HealthProbers  *ebpf.Map `ebpf:"health_probers"`
+	HealthReach    *ebpf.Map `ebpf:"health_reach"`
 	Metrics        *ebpf.Map `ebpf:"metrics"`
 	Nat            *ebpf.Map `ebpf:"nat"`
 	NexthopGroups  *ebpf.Map `ebpf:"nexthop_groups"`
@@ -350,6 +385,8 @@ func (m *IsthmusMaps) Close() error {
 	return _IsthmusClose(
 		m.Config,
 		m.FabricPrefixes,
+		m.HealthProbers,
+		m.HealthReach,
 		m.Metrics,
 		m.Nat,
 		m.NexthopGroups,

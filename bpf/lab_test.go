@@ -1,6 +1,7 @@
 package bpf
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -333,4 +334,19 @@ func dropKey(r IsthmusDropReason, h IsthmusHook) IsthmusMetricsKey {
 
 func metricKey(m IsthmusMetric, h IsthmusHook) IsthmusMetricsKey {
 	return IsthmusMetricsKey{Code: uint16(m), Hook: uint8(h)}
+}
+
+// wantXDPPassWhole runs underlay_xdp on in and fails unless it passes the frame
+// untouched, without metadata and uncounted: underlay_ingress handles it (transit,
+// a health probe).
+func (l *lab) wantXDPPassWhole(t *testing.T, what string, in []byte) {
+	t.Helper()
+	before := l.counts(t)
+	ret, out := l.run(t, l.objs.UnderlayXdp, in, 0)
+	if ret != xdpPass || !bytes.Equal(out, in) {
+		t.Fatalf("%s: XDP verdict %d, changed %v; want XDP_PASS, untouched (no metadata)", what, ret, !bytes.Equal(out, in))
+	}
+	if d := delta(before, l.counts(t)); len(d) != 0 {
+		t.Fatalf("%s: XDP counted %v, want nothing", what, d)
+	}
 }

@@ -384,14 +384,8 @@ func TestTransitXDP(t *testing.T) {
 	xdpDecapKey := metricKey(IsthmusMetricMETRIC_DECAP, IsthmusHookHOOK_UNDERLAY_XDP)
 
 	before := l.counts(t)
-	ret, out := l.run(t, l.objs.UnderlayXdp, toRemote, 0)
-	if ret != xdpPass || !bytes.Equal(out, toRemote) {
-		t.Fatalf("transit frame: verdict %d, changed %v; want XDP_PASS, untouched (no metadata)", ret, !bytes.Equal(out, toRemote))
-	}
-	if d := delta(before, l.counts(t)); len(d) != 0 {
-		t.Fatalf("transit frame: counters moved %v, want none", d)
-	}
-	ret, _ = l.run(t, l.objs.UnderlayIngress, out, l.und.Attrs().Index)
+	l.wantXDPPassWhole(t, "transit frame", toRemote)
+	ret, _ := l.run(t, l.objs.UnderlayIngress, toRemote, l.und.Attrs().Index)
 	if d := delta(before, l.counts(t)); ret != tcActRedirect || d[metricKey(IsthmusMetricMETRIC_TRANSIT, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 1 {
 		t.Fatalf("underlay_ingress after XDP: verdict %d, counters %v; want redirect, METRIC_TRANSIT +1", ret, d)
 	}

@@ -7,15 +7,16 @@ import (
 	"testing"
 )
 
-// TestConfigFlagsMatchHeader: the Go mirrors of the CFG_F_* defines carry the
-// values bpf/lib/types.h gives them.
+// TestConfigFlagsMatchHeader: the Go mirrors of the CFG_F_* and HEALTH_F_*
+// defines carry the values bpf/lib/types.h gives them.
 func TestConfigFlagsMatchHeader(t *testing.T) {
 	src, err := os.ReadFile("../bpf/lib/types.h")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]uint32{"CFG_F_TRANSIT": ConfigFlagTransit, "CFG_F_TRACE": ConfigFlagTrace}
-	re := regexp.MustCompile(`#define\s+(CFG_F_\w+)\s+\(1 << (\d+)\)`)
+	want := map[string]uint32{"CFG_F_TRANSIT": ConfigFlagTransit, "CFG_F_TRACE": ConfigFlagTrace,
+		"HEALTH_F_REACHES": HealthFlagReaches}
+	re := regexp.MustCompile(`#define\s+((?:CFG|HEALTH)_F_\w+)\s+\(1 << (\d+)\)`)
 	found := map[string]uint32{}
 	for _, m := range re.FindAllStringSubmatch(string(src), -1) {
 		bit, _ := strconv.Atoi(m[2])

@@ -46,6 +46,8 @@ var metricNames = map[uint16]string{
 	11: "transit",
 	12: "time_exceeded_sent",
 	13: "no_path_unreach_sent",
+	14: "health_answered",
+	15: "health_expired",
 }
 
 // MetricKey identifies one counter: a code (METRIC_* or -DROP_*) at a hook.

@@ -11,6 +11,7 @@
 #include "tcp.h"
 #include "transit.h"
 #include "csum.h"
+#include "health.h"
 
 /* Makes linear what decapsulation reads: outer Ethernet, IPv4 with options, UDP, GENEVE
  * with its options, inner Ethernet and inner IPv4 (without options), with the lengths read
@@ -160,6 +161,11 @@ static __always_inline int tc_decap(struct __sk_buff *skb, const struct datapath
 	ret = geneve_validate(&c, cfg, &info);
 	if (ret < 0)
 		return ret;
+	if (health_candidate(cfg, &info)) {
+		ret = health_answer(skb, cfg, &info, hook);
+		if (ret)
+			return ret;
+	}
 	rt = transit_route(cfg, info.daddr);
 	if (rt)
 		return transit_forward(skb, cfg, rt, hook);
@@ -214,6 +220,9 @@ static __always_inline int xdp_decap(struct xdp_md *ctx, const struct datapath_c
 		return XDP_PASS;
 	/* So does one whose inner TTL expires here: underlay_ingress answers it. */
 	if (unlikely(info.inner->ttl <= 1 && info.daddr != cfg->tunnel_ip))
+		return XDP_PASS;
+	/* Nor does a frame that may be a health probe: underlay_ingress answers it. */
+	if (health_candidate(cfg, &info))
 		return XDP_PASS;
 	ret = decap_ecn(&info);
 	if (ret < 0)

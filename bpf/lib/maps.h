@@ -35,6 +35,12 @@
 #ifndef TRACE_RINGBUF_SIZE
 #define TRACE_RINGBUF_SIZE	(1 << 20)
 #endif
+#ifndef HEALTH_REACH_MAX
+#define HEALTH_REACH_MAX	1024
+#endif
+#ifndef HEALTH_PROBERS_MAX
+#define HEALTH_PROBERS_MAX	4096
+#endif
 /* Default size of the nat table; the agent sets it at load time (--snat-table-size). */
 #ifndef NAT_MAX
 #define NAT_MAX			65536
@@ -150,6 +156,24 @@ struct {
 	__uint(max_entries, TRACE_RINGBUF_SIZE);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } trace_events SEC(".maps");
+
+/* The health responder's claims per (port, site), refreshed by the agent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct health_key);
+	__type(value, struct health_reach_value);
+	__uint(max_entries, HEALTH_REACH_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} health_reach SEC(".maps");
+
+/* Nodes the datapath answered a health probe for, per site, LRU-bounded. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct health_prober_key);
+	__type(value, struct health_prober_value);
+	__uint(max_entries, HEALTH_PROBERS_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} health_probers SEC(".maps");
 
 /* Returns the node's config, or NULL if the agent has not written it yet. */
 static __always_inline const struct datapath_config *config_get(void)

@@ -161,6 +161,8 @@ enum metric {
 	METRIC_TRANSIT		= 11,	/* GENEVE forwarded to another peer (gateway) */
 	METRIC_TIME_EXCEEDED_SENT = 12,	/* TTL expired here: answered with ICMP time exceeded */
 	METRIC_NO_PATH_UNREACH_SENT = 13, /* no live next hop: answered with ICMP net unreachable */
+	METRIC_HEALTH_ANSWERED	= 14,	/* health probe answered by the datapath (lib/health.h) */
+	METRIC_HEALTH_EXPIRED	= 15,	/* ... with "does not reach": the agent's claim expired */
 };
 
 /* Written by underlay_xdp in front of a frame it has popped (XDP metadata), read by
@@ -203,4 +205,43 @@ struct trace_event {
 	__be16 nat_port;	/* and its port (ICMP: identifier) */
 	__u16 reserved;
 	__u32 target_ifindex;	/* deliveries: the interface the packet went to */
+};
+
+/* Longest site name a health_key holds; a probe naming a longer one is left to the
+ * agent's responder. */
+#define HEALTH_SITE_MAX		64
+
+/* health_reach (hash): what this node's health responder claims, per (UDP port, site),
+ * written by the agent every health interval with a deadline, so the datapath answers
+ * probes across an agent restart but stops claiming reach once the agent has been gone
+ * for longer than the deadline (lib/health.h, docs/gateways.md). Site "" is the
+ * default: the answer for a site without an entry, and for a liveness-only probe. */
+struct health_key {
+	__be16 port;		/* the responder's UDP port (--health-port) */
+	__u16 reserved;
+	__u8 site[HEALTH_SITE_MAX];	/* the site's name, zero-padded; "" = the default */
+};
+
+/* health_reach_value.flags */
+#define HEALTH_F_REACHES	(1 << 0)	/* this node reaches the site */
+
+struct health_reach_value {
+	__u64 expires;		/* bpf_ktime_get_ns() (CLOCK_MONOTONIC) deadline of the claim:
+				 * after it, every answer says "does not reach" */
+	__u32 flags;		/* HEALTH_F_* */
+	__u32 reserved;
+};
+
+/* health_probers (LRU hash): who probed this node about which site, and when, as the
+ * datapath answered them; the agent tells them at once when its reach to the site
+ * changes, rather than at their next probe. */
+struct health_prober_key {
+	__be32 addr;		/* the prober's (inner) IPv4 source */
+	__be16 port;		/* its UDP source port */
+	__u16 reserved;
+	__u8 site[HEALTH_SITE_MAX];	/* the site the probe named, as in health_key */
+};
+
+struct health_prober_value {
+	__u64 seen;		/* bpf_ktime_get_ns() of its last probe */
 };

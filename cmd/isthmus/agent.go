@@ -118,6 +118,10 @@ func newAgentCmd() *cobra.Command {
 				return fmt.Errorf("parse --health-interval %v / --health-multiplier %d / --health-rise %d: want a positive interval and at least 1",
 					cfg.HealthInterval, cfg.HealthMultiplier, cfg.HealthRise)
 			}
+			if cfg.HealthReachExpiry < 2*cfg.HealthInterval {
+				return fmt.Errorf("parse --health-reach-expiry %v: want at least twice --health-interval (%v), or claims expire between refreshes",
+					cfg.HealthReachExpiry, cfg.HealthInterval)
+			}
 			level := slog.LevelInfo
 			if debug {
 				level = slog.LevelDebug
@@ -178,6 +182,7 @@ func newAgentCmd() *cobra.Command {
 	f.DurationVar(&cfg.HealthInterval, "health-interval", health.DefaultInterval, "interval between health probes to each next-hop group member")
 	f.IntVar(&cfg.HealthMultiplier, "health-multiplier", health.DefaultMultiplier, "unanswered probes in a row that mark a member down")
 	f.IntVar(&cfg.HealthRise, "health-rise", health.DefaultRise, "good answers in a row that bring a member that was down back")
+	f.DurationVar(&cfg.HealthReachExpiry, "health-reach-expiry", health.DefaultReachExpiry, "how long the datapath answers health probes from this agent's last reach claims once it stops refreshing them (an agent restart shorter than this moves no flow)")
 	f.StringVar(&metricsAddr, "metrics-addr", metrics.DefaultAddr, "address to serve /metrics, /healthz and /readyz on (empty: none)")
 	f.BoolVar(&debug, "debug", false, "log every map write")
 	cni.register(f)

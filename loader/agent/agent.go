@@ -68,6 +68,10 @@ type Config struct {
 	HealthInterval   time.Duration
 	HealthMultiplier int
 	HealthRise       int
+	// HealthReachExpiry is how long the datapath answers probes from this
+	// agent's last claims when it stops refreshing them (0:
+	// health.DefaultReachExpiry).
+	HealthReachExpiry time.Duration
 	// Resync is the period of full resyncs (default 30s): the objects are read
 	// again and the kernel state diffed. Debounce is the quiet time after a
 	// change in ObjectsDir before it is read (default source.DefaultDebounce).
@@ -661,7 +665,9 @@ func (a *Agent) ensureHealth() {
 		}
 		c, err := health.Start(health.Config{
 			Addr: addr, Port: a.cfg.HealthPort, Interval: a.cfg.HealthInterval,
-			Multiplier: a.cfg.HealthMultiplier, Rise: a.cfg.HealthRise, Log: a.log,
+			Multiplier: a.cfg.HealthMultiplier, Rise: a.cfg.HealthRise,
+			Datapath: maps.HealthResponderOf(a.dp.Maps), ReachExpiry: a.cfg.HealthReachExpiry,
+			Log: a.log,
 		})
 		if err != nil {
 			a.log.Error("health checks not running; every group member counts as up", "err", err)

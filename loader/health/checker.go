@@ -85,7 +85,32 @@ type Config struct {
 	// and Rise, the good answers in a row that bring it back (DefaultRise).
 	Interval         time.Duration
 	Multiplier, Rise int
-	Log              *slog.Logger
+	// Datapath, if set, is the datapath's responder (maps.HealthResponder). The
+	// Checker keeps its claims there (this node's reach to every site it probes
+	// gateways for, and "" for every other site) fresh, every interval and at once
+	// on a change, and the datapath answers probes from them, also while this
+	// process is gone; the socket then answers only what the datapath leaves to
+	// it. Without it the socket answers every probe.
+	Datapath Responder
+	// ReachExpiry is how long a claim holds without a refresh
+	// (DefaultReachExpiry when 0; at least 2 x Interval): an agent gone longer
+	// than that stops claiming reach, and its node's probers fail over.
+	ReachExpiry time.Duration
+	Log         *slog.Logger
+}
+
+// Responder is the datapath's probe responder: claims per (port, site) with a
+// deadline on CLOCK_MONOTONIC (maps.MonotonicNow), and the probers it
+// answered. maps.HealthResponder implements it.
+type Responder interface {
+	// Claim writes a claim; it returns false when the datapath cannot hold one
+	// for site (the socket answers it).
+	Claim(port uint16, site string, reaches bool, until uint64) (bool, error)
+	Unclaim(port uint16, site string) error
+	// Claims returns the claims of port in the datapath now, by site.
+	Claims(port uint16) (map[string]bool, error)
+	// Probers returns who the datapath answered about site since then.
+	Probers(site string, since uint64) ([]netip.AddrPort, error)
 }
 
 // Checker answers probes and probes the targets. Its methods are safe for
@@ -105,6 +130,9 @@ type Checker struct {
 	probers map[prober]*proberState
 
 	pubMu sync.Mutex // one publisher at a time, so publish never blocks
+
+	claimMu sync.Mutex
+	claimed map[string]bool // the datapath's claims as last written, by site
 }
 
 // Start opens the responder and prober sockets in the network namespace of the
@@ -120,6 +148,10 @@ func Start(cfg Config) (*Checker, error) {
 	if cfg.Rise <= 0 {
 		cfg.Rise = DefaultRise
 	}
+	if cfg.ReachExpiry <= 0 {
+		cfg.ReachExpiry = DefaultReachExpiry
+	}
+	cfg.ReachExpiry = max(cfg.ReachExpiry, 2*cfg.Interval)
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
@@ -140,8 +172,18 @@ func Start(cfg Config) (*Checker, error) {
 		cfg: cfg, resp: resp, probe: probe, port: resp.LocalAddr().(*net.UDPAddr).Port,
 		changes: make(chan map[maps.GroupMember]bool, 1), done: make(chan struct{}),
 		tr: NewTracker(cfg.Multiplier, cfg.Rise), flaps: map[peerKey]*[2]uint64{},
-		probers: map[prober]*proberState{},
+		probers: map[prober]*proberState{}, claimed: map[string]bool{},
 	}
+	if cfg.Datapath != nil {
+		// An earlier agent's claims: refreshed, or removed once no target
+		// names their site (they would expire into "does not reach").
+		if old, err := cfg.Datapath.Claims(uint16(c.port)); err != nil {
+			cfg.Log.Error("health claims of the last run not read", "err", err)
+		} else {
+			c.claimed = old
+		}
+	}
+	// No refresh before SetTargets: until then the last claims hold as they are.
 	c.wg.Add(3)
 	go c.respond()
 	go c.readAnswers()
@@ -160,6 +202,7 @@ func (c *Checker) SetTargets(ts []Target) {
 	c.tr.SetTargets(ts)
 	after := c.tr.Down()
 	c.mu.Unlock()
+	c.pushClaims(c.refreshClaims())
 	if len(after) != before {
 		c.publish(after)
 	}
@@ -284,6 +327,88 @@ func (c *Checker) report(ts []Transition) {
 	}
 	c.publish(c.Down())
 	c.notifyProbers()
+	c.pushClaims(c.refreshClaims())
+}
+
+// refreshClaims writes the datapath's claims with a new deadline: reach for
+// every site this node has targets for, "" (every other site, and liveness)
+// reached; a site no longer probed loses its claim. Returns the sites whose
+// reach changed since the last write. Without a datapath it does nothing.
+func (c *Checker) refreshClaims() map[string]bool {
+	dp := c.cfg.Datapath
+	if dp == nil {
+		return nil
+	}
+	now, err := maps.MonotonicNow()
+	if err != nil {
+		c.cfg.Log.Error("health claims not refreshed", "err", err)
+		return nil
+	}
+	until := now + uint64(c.cfg.ReachExpiry)
+	want := map[string]bool{"": true}
+	c.mu.Lock()
+	for _, t := range c.tr.Targets() {
+		want[t.Site] = c.tr.Reaches(t.Site)
+	}
+	c.mu.Unlock()
+
+	c.claimMu.Lock()
+	defer c.claimMu.Unlock()
+	changed := map[string]bool{}
+	port := uint16(c.port)
+	for site, r := range want {
+		ok, err := dp.Claim(port, site, r, until)
+		if err != nil {
+			c.cfg.Log.Error("health claim not written", "site", site, "err", err)
+			continue
+		}
+		if !ok {
+			continue // the socket answers a name the datapath cannot hold
+		}
+		if was, seen := c.claimed[site]; seen && was != r {
+			changed[site] = r
+		}
+		c.claimed[site] = r
+	}
+	for site := range c.claimed {
+		if _, ok := want[site]; ok {
+			continue
+		}
+		if err := dp.Unclaim(port, site); err != nil {
+			c.cfg.Log.Error("health claim not removed", "site", site, "err", err)
+			continue
+		}
+		delete(c.claimed, site)
+	}
+	return changed
+}
+
+// pushClaims tells every node the datapath answered about a site in changed,
+// within the last (multiplier + 1) intervals, the site's new reach at once, as
+// notifyProbers does for the nodes this process answered.
+func (c *Checker) pushClaims(changed map[string]bool) {
+	if len(changed) == 0 {
+		return
+	}
+	now, err := maps.MonotonicNow()
+	if err != nil {
+		return
+	}
+	recent := uint64(c.cfg.Interval) * uint64(c.cfg.Multiplier+1)
+	since := uint64(0)
+	if now > recent {
+		since = now - recent
+	}
+	for site, r := range changed {
+		ps, err := c.cfg.Datapath.Probers(site, since)
+		if err != nil {
+			c.cfg.Log.Error("health probers not read", "site", site, "err", err)
+			continue
+		}
+		for _, p := range ps {
+			c.answer(message{kind: answerKind(r), site: site}, p)
+		}
+	}
 }
 
 // notifyProbers tells every node that probed this one recently (within a
@@ -414,6 +539,7 @@ func (c *Checker) loop() {
 			targets := c.tr.Targets()
 			c.mu.Unlock()
 			c.report(ts)
+			c.pushClaims(c.refreshClaims())
 			for _, t := range targets {
 				to := netip.AddrPortFrom(t.TunnelAddr, uint16(c.port))
 				msg := message{kind: probeKind, round: round, site: t.Site}.encode()

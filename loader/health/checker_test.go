@@ -4,11 +4,16 @@ import (
 	"bytes"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
+	"reflect"
 	"slices"
+	"sync"
 	"testing"
 	"time"
+
+	imaps "github.com/isthmus-dev/isthmus/maps"
 )
 
 // TestCheckerLoopback runs the responder and the prober on 127.0.0.1: 127.0.0.1
@@ -212,5 +217,106 @@ func TestCheckerPushesReachChanges(t *testing.T) {
 		t.Logf("member took the gateway out for east %v after its remote gateway died (gateway interval 20ms x 2)", el.Round(time.Millisecond))
 	case <-time.After(3 * time.Second):
 		t.Fatal("the member never took the gateway out")
+	}
+}
+
+// fakeResponder is a Responder in memory: claims by site, one port.
+type fakeResponder struct {
+	mu      sync.Mutex
+	reaches map[string]bool
+	until   map[string]uint64
+	probers []netip.AddrPort // returned for every site
+}
+
+func (f *fakeResponder) Claim(port uint16, site string, reaches bool, until uint64) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reaches[site], f.until[site] = reaches, until
+	return true, nil
+}
+
+func (f *fakeResponder) Unclaim(port uint16, site string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.reaches, site)
+	delete(f.until, site)
+	return nil
+}
+
+func (f *fakeResponder) Claims(port uint16) (map[string]bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.reaches), nil
+}
+
+func (f *fakeResponder) Probers(site string, since uint64) ([]netip.AddrPort, error) {
+	return f.probers, nil
+}
+
+func (f *fakeResponder) snapshot() (map[string]bool, map[string]uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.reaches), maps.Clone(f.until)
+}
+
+// TestCheckerClaims: with a datapath responder the Checker leaves the last
+// run's claims alone until it has targets, then claims "" and each target's
+// site with a deadline ReachExpiry ahead (refreshed every interval), removes a
+// claim no target names, and when its reach to a site changes writes the new
+// claim and tells the datapath's recent probers of that site at once.
+func TestCheckerClaims(t *testing.T) {
+	const expiry = 500 * time.Millisecond
+	fake := &fakeResponder{reaches: map[string]bool{"old": true}, until: map[string]uint64{"old": 1}}
+	listener, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close()
+	fake.probers = []netip.AddrPort{listener.LocalAddr().(*net.UDPAddr).AddrPort()}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	c, err := Start(Config{Addr: netip.MustParseAddr("127.0.0.1"), Interval: 20 * time.Millisecond, Multiplier: 3, Rise: 1,
+		Datapath: fake, ReachExpiry: expiry, Log: log})
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	defer c.Close()
+	if got, _ := fake.snapshot(); !reflect.DeepEqual(got, map[string]bool{"old": true}) {
+		t.Fatalf("claims before SetTargets = %v, want the last run's untouched", got)
+	}
+
+	// east's only gateway answers nothing: east is reached until it goes down.
+	dead := Target{Name: "gw-e", Site: "east", Underlay: netip.MustParseAddr("192.0.2.2"), TunnelAddr: netip.MustParseAddr("127.0.0.2")}
+	c.SetTargets([]Target{dead})
+	now, err := imaps.MonotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, until := fake.snapshot()
+	if want := map[string]bool{"": true, "east": true}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("claims after SetTargets = %v, want %v", got, want)
+	}
+	for site, u := range until {
+		if d := time.Duration(u - now); d > expiry || d < expiry-100*time.Millisecond {
+			t.Errorf("claim %q expires %v from now, want about %v", site, d, expiry)
+		}
+	}
+
+	select {
+	case <-c.Changes():
+	case <-time.After(2 * time.Second):
+		t.Fatal("east's gateway never went down")
+	}
+	if got, _ := fake.snapshot(); !reflect.DeepEqual(got, map[string]bool{"": true, "east": false}) {
+		t.Errorf("claims after east's gateway went down = %v, want east not reached", got)
+	}
+	listener.SetReadDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, 512)
+	n, from, err := listener.ReadFromUDPAddrPort(buf)
+	if err != nil {
+		t.Fatalf("no push to the datapath's prober: %v", err)
+	}
+	m, ok := decode(buf[:n])
+	if !ok || m.kind != unreachableKind || m.site != "east" || int(from.Port()) != c.Port() {
+		t.Errorf("push %q from %v, want kind N for east from port %d", buf[:n], from, c.Port())
 	}
 }

@@ -10,7 +10,10 @@
 // unanswered, or that answers that it does not reach the site, is down; Rise
 // good answers in a row bring it back (hysteresis: a flapping path does not
 // move flows on every probe). The agent turns the down members into
-// nexthop_groups slots (maps.FromPlan, NodeConfig.Down).
+// nexthop_groups slots (maps.FromPlan, NodeConfig.Down). With a Responder (the
+// datapath's), the answers come from claims the Checker refreshes in a pinned
+// map with a deadline, so they go on while the agent restarts and stop
+// claiming reach once it has been gone for ReachExpiry.
 //
 // Tracker is the state machine, a pure value driven by the caller's clock;
 // Checker adds the sockets and the loop.
@@ -33,6 +36,11 @@ const (
 	DefaultInterval   = time.Second
 	DefaultMultiplier = 3
 	DefaultRise       = 3
+	// DefaultReachExpiry is how long the datapath keeps answering from the
+	// agent's last claims: longer than an agent restart or upgrade takes, short
+	// enough that a gateway whose agent is gone (and whose paths nobody checks)
+	// is left within it (docs/gateways.md).
+	DefaultReachExpiry = 30 * time.Second
 )
 
 // Target is a group member to probe: the peer's name, the remote site it is

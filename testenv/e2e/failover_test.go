@@ -36,12 +36,10 @@ type failover struct {
 // flows must not stop for longer than failoverLimit while FailNode comes back
 // either (moving back to it costs no loss), and FailNode must carry transit
 // again afterwards. It logs every flow's longest gap in each phase and returns
-// the worst gaps (of the failure, and of the healing). Each flow is its own
-// socket (its own source port, so its own hash), a sender ticking every 50 ms
-// and a reader noting when answers come.
+// the worst gaps (of the failure, and of the healing), measured by a
+// udpFlows.
 func measureFailover(t *testing.T, l *testenv.Lab, f failover) (failGap, healGap time.Duration) {
 	t.Helper()
-	const every = 50 * time.Millisecond
 	if f.What == "" {
 		f.What = f.FailNode + "'s " + testenv.UnderlayDev + " down"
 	}
@@ -51,106 +49,13 @@ func measureFailover(t *testing.T, l *testenv.Lab, f failover) (failGap, healGap
 			return err
 		}
 	}
-	srv, err := testenv.StartEchoServer(l.PodNS(f.DstPod))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	dst := netip.AddrPortFrom(l.PodAddr(f.DstPod), srv.UDPPort)
-	logs := func() string {
-		var b strings.Builder
-		for _, n := range f.Logs {
-			fmt.Fprintf(&b, "agent log of %s:\n%s\n", n, tailFile(l.AgentLog(n)))
-		}
-		return b.String()
-	}
-
-	var mu sync.Mutex
-	replies := make([][]time.Time, f.Flows)
-	conns := make([]*net.UDPConn, f.Flows)
-	for i := range conns {
-		if err := testenv.Do(l.PodNS(f.SrcPod), func() error {
-			var err error
-			conns[i], err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(dst))
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for i, c := range conns {
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			tick := time.NewTicker(every)
-			defer tick.Stop()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-tick.C:
-					c.Write([]byte("failover probe\n"))
-				}
-			}
-		}()
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, 256)
-			for {
-				if _, err := c.Read(buf); err != nil {
-					return
-				}
-				mu.Lock()
-				replies[i] = append(replies[i], time.Now())
-				mu.Unlock()
-			}
-		}()
-	}
-	defer func() {
-		close(stop)
-		for _, c := range conns {
-			c.Close()
-		}
-		wg.Wait()
-	}()
-
-	time.Sleep(2 * time.Second)
-	mu.Lock()
-	for i, r := range replies {
-		if len(r) == 0 {
-			t.Errorf("flow %d (port %d): no reply before the failure", i, conns[i].LocalAddr().(*net.UDPAddr).Port)
-		}
-	}
-	mu.Unlock()
-	if t.Failed() {
+	logs := func() string { return agentLogs(l, f.Logs) }
+	s := startFlows(t, l, f.SrcPod, f.DstPod, f.Flows)
+	defer s.Close()
+	if !s.allAnswered() {
 		t.Fatal(logs())
 	}
-
-	// gaps returns each flow's longest silence between from and to (a flow
-	// silent up to to counts its silence until then) and logs them.
-	gaps := func(phase string, from, to time.Time) []time.Duration {
-		mu.Lock()
-		defer mu.Unlock()
-		var out []time.Duration
-		var lines []string
-		for i, r := range replies {
-			last := from
-			var gap time.Duration
-			for _, at := range r {
-				if at.Before(from) || at.After(to) {
-					continue
-				}
-				gap = max(gap, at.Sub(last))
-				last = at
-			}
-			gap = max(gap, to.Sub(last))
-			out = append(out, gap)
-			lines = append(lines, fmt.Sprintf("flow %2d port %5d: longest gap %s", i, conns[i].LocalAddr().(*net.UDPAddr).Port, gap.Round(time.Millisecond)))
-		}
-		t.Logf("%s at %s:\n%s", phase, from.Format("15:04:05.000"), strings.Join(lines, "\n"))
-		return out
-	}
+	gaps := s.gaps
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -226,4 +131,141 @@ func counterPackets(t *testing.T, l *testenv.Lab, node, name string, drop bool) 
 		}
 	}
 	return n
+}
+
+// flowEvery is how often each flow of a udpFlows sends.
+const flowEvery = 50 * time.Millisecond
+
+// udpFlows is UDP flows from a pod to an echo server in another pod, spread
+// over next-hop groups by consistent hash: each flow is its own socket (its own
+// source port, so its own hash), a sender ticking every flowEvery and a
+// reader noting when answers come.
+type udpFlows struct {
+	t       *testing.T
+	srv     *testenv.EchoServer
+	conns   []*net.UDPConn
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	replies [][]time.Time
+}
+
+// startFlows starts flows flows from srcPod to dstPod and waits 2 s for them
+// to run. Close stops them.
+func startFlows(t *testing.T, l *testenv.Lab, srcPod, dstPod string, flows int) *udpFlows {
+	t.Helper()
+	srv, err := testenv.StartEchoServer(l.PodNS(dstPod))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &udpFlows{t: t, srv: srv, conns: make([]*net.UDPConn, flows), stop: make(chan struct{}), replies: make([][]time.Time, flows)}
+	dst := netip.AddrPortFrom(l.PodAddr(dstPod), srv.UDPPort)
+	for i := range s.conns {
+		if err := testenv.Do(l.PodNS(srcPod), func() error {
+			var err error
+			s.conns[i], err = net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(dst))
+			return err
+		}); err != nil {
+			s.Close()
+			t.Fatal(err)
+		}
+	}
+	for i, c := range s.conns {
+		s.wg.Add(2)
+		go func() {
+			defer s.wg.Done()
+			tick := time.NewTicker(flowEvery)
+			defer tick.Stop()
+			for {
+				select {
+				case <-s.stop:
+					return
+				case <-tick.C:
+					c.Write([]byte("failover probe\n"))
+				}
+			}
+		}()
+		go func() {
+			defer s.wg.Done()
+			buf := make([]byte, 256)
+			for {
+				if _, err := c.Read(buf); err != nil {
+					return
+				}
+				s.mu.Lock()
+				s.replies[i] = append(s.replies[i], time.Now())
+				s.mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(2 * time.Second)
+	return s
+}
+
+// allAnswered reports (and marks the test failed) whether every flow has had
+// a reply.
+func (s *udpFlows) allAnswered() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ok := true
+	for i, r := range s.replies {
+		if len(r) == 0 {
+			s.t.Errorf("flow %d (port %d): no reply", i, s.port(i))
+			ok = false
+		}
+	}
+	return ok
+}
+
+func (s *udpFlows) port(i int) int { return s.conns[i].LocalAddr().(*net.UDPAddr).Port }
+
+// gaps returns each flow's longest silence between from and to (a flow silent
+// up to to counts its silence until then) and logs them.
+func (s *udpFlows) gaps(phase string, from, to time.Time) []time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []time.Duration
+	var lines []string
+	for i, r := range s.replies {
+		last := from
+		var gap time.Duration
+		for _, at := range r {
+			if at.Before(from) || at.After(to) {
+				continue
+			}
+			gap = max(gap, at.Sub(last))
+			last = at
+		}
+		gap = max(gap, to.Sub(last))
+		out = append(out, gap)
+		lines = append(lines, fmt.Sprintf("flow %2d port %5d: longest gap %s", i, s.port(i), gap.Round(time.Millisecond)))
+	}
+	s.t.Logf("%s at %s:\n%s", phase, from.Format("15:04:05.000"), strings.Join(lines, "\n"))
+	return out
+}
+
+// Close stops the flows and the echo server.
+func (s *udpFlows) Close() {
+	select {
+	case <-s.stop:
+		return
+	default:
+	}
+	close(s.stop)
+	for _, c := range s.conns {
+		if c != nil {
+			c.Close()
+		}
+	}
+	s.wg.Wait()
+	s.srv.Close()
+}
+
+// agentLogs returns the tails of the agent logs of nodes.
+func agentLogs(l *testenv.Lab, nodes []string) string {
+	var b strings.Builder
+	for _, n := range nodes {
+		fmt.Fprintf(&b, "agent log of %s:\n%s\n", n, tailFile(l.AgentLog(n)))
+	}
+	return b.String()
 }
