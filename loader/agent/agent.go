@@ -27,6 +27,7 @@ import (
 
 	"github.com/isthmus-dev/isthmus/loader/datapath"
 	"github.com/isthmus-dev/isthmus/loader/health"
+	"github.com/isthmus-dev/isthmus/loader/mapstate"
 	"github.com/isthmus-dev/isthmus/loader/metrics"
 	"github.com/isthmus-dev/isthmus/loader/objects"
 	"github.com/isthmus-dev/isthmus/loader/plan"
@@ -604,7 +605,7 @@ func (a *Agent) ensureUnderlay() error {
 // desired computes the maps' desired state; current (what the kernel holds) keeps
 // next-hop group ids where they are.
 func (a *Agent) desired(current maps.State) maps.State {
-	node := maps.NodeConfig{
+	node := mapstate.NodeConfig{
 		VNI:             a.cfg.VNI,
 		UnderlayIfindex: a.underlay.Attrs().Index,
 		OverlayIfindex:  a.overlay.Ifindex,
@@ -623,7 +624,7 @@ func (a *Agent) desired(current maps.State) maps.State {
 	for _, i := range a.pods {
 		node.PodIfindexes = append(node.PodIfindexes, i)
 	}
-	s, warns := maps.FromPlan(a.plan, node)
+	s, warns := mapstate.FromPlan(a.plan, node)
 	a.logWarnings("maps", warns)
 	// CFG_F_TRACE belongs to a running `isthmus trace`: keep what the kernel holds.
 	s.Config.Flags |= current.Config.Flags & maps.ConfigFlagTrace

@@ -10,7 +10,7 @@
 // unanswered, or that answers that it does not reach the site, is down; Rise
 // good answers in a row bring it back (hysteresis: a flapping path does not
 // move flows on every probe). The agent turns the down members into
-// nexthop_groups slots (maps.FromPlan, NodeConfig.Down).
+// nexthop_groups slots (mapstate.FromPlan, NodeConfig.Down).
 //
 // Tracker is the state machine, a pure value driven by the caller's clock;
 // Checker adds the sockets and the loop.
