@@ -39,10 +39,11 @@ import (
 type Config struct {
 	Node string
 	// Source hands the agent its objects; the agent does not close it. Nil
-	// means a source.Files on ObjectsDir, which the agent owns. Exactly one
-	// of Source and ObjectsDir must be set.
+	// means a source.Files on ObjectsDir, which the agent owns, checking
+	// Rules. Exactly one of Source and ObjectsDir must be set.
 	Source     source.Source
 	ObjectsDir string
+	Rules      objects.Rules
 	// UnderlayDev is the underlay device; empty means the one holding the node's
 	// InternalIP.
 	UnderlayDev string
@@ -204,7 +205,7 @@ func start(ctx context.Context, cfg Config, wait bool) (*Agent, error) {
 	}()
 	if a.src == nil {
 		// Watch before the first read, so no change falls between the two.
-		f, err := source.NewFiles(cfg.ObjectsDir, cfg.Debounce, a.log)
+		f, err := source.NewFiles(cfg.ObjectsDir, cfg.Rules, cfg.Debounce, a.log)
 		if err != nil {
 			return nil, err
 		}
