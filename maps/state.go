@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -221,4 +222,39 @@ func (s *State) insert(m Name, key, value any) error {
 		return nil
 	}
 	return fmt.Errorf("insert %s entry: unexpected key %T or value %T", m, key, value)
+}
+
+// ErrCapacity is wrapped by CheckCapacity's errors: a map is too small for the
+// state it is to hold.
+var ErrCapacity = errors.New("map too small")
+
+// Counts returns the number of entries s puts in each map whose entries are
+// keyed by what the plan holds (routes, peers, peer_sources, pod_ifaces,
+// fabric_prefixes, snat_exempt).
+func (s State) Counts() map[Name]int {
+	return map[Name]int{
+		MapRoutes:         len(s.Routes),
+		MapPeers:          len(s.Peers),
+		MapPeerSources:    len(s.PeerSources),
+		MapPodIfaces:      len(s.PodIfaces),
+		MapFabricPrefixes: len(s.FabricPrefixes),
+		MapSNATExempt:     len(s.SNATExempt),
+	}
+}
+
+// CheckCapacity reports, wrapping ErrCapacity, every map of set that holds
+// fewer entries than desired needs. Writing such a state would fail part way
+// (the kernel refuses an insert into a full map) and leave routes missing.
+func (set *Set) CheckCapacity(desired State) error {
+	var errs []error
+	counts := desired.Counts()
+	for _, n := range AllMaps {
+		need, ok := counts[n]
+		m := set.maps[n]
+		if !ok || m == nil || need <= int(m.MaxEntries()) {
+			continue
+		}
+		errs = append(errs, fmt.Errorf("%w: %s holds %d entries and the plan needs %d", ErrCapacity, n, m.MaxEntries(), need))
+	}
+	return errors.Join(errs...)
 }

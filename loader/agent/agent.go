@@ -111,6 +111,9 @@ type Agent struct {
 	// (loaded false before one, or with a source that does not count).
 	loadedGen uint64
 	loaded    bool
+	// resize is set when the plan outgrew a map (maps.ErrCapacity): Run
+	// returns it, so the agent restarts and sizes the maps again.
+	resize error
 }
 
 // The default return-path SNAT port range: above Linux's default ephemeral range
@@ -228,7 +231,13 @@ func start(ctx context.Context, cfg Config, wait bool) (*Agent, error) {
 	if a.underlay, err = datapath.FindUnderlay(cfg.UnderlayDev, p.Underlay); err != nil {
 		return nil, err
 	}
-	if a.dp, err = datapath.Load(cfg.PinDir, datapath.Options{NatEntries: cfg.NatEntries, Log: a.log}); err != nil {
+	// The maps that grow with the fleet are sized from the plan.
+	sized, _ := mapstate.FromPlan(p, mapstate.NodeConfig{})
+	tables, err := datapath.TablesFor(sized)
+	if err != nil {
+		return nil, err
+	}
+	if a.dp, err = datapath.Load(cfg.PinDir, datapath.Options{NatEntries: cfg.NatEntries, Tables: tables, Log: a.log}); err != nil {
 		return nil, err
 	}
 	if err := datapath.EnableForwarding(); err != nil {
@@ -450,6 +459,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	beat := time.NewTicker(heartbeat)
 	defer beat.Stop()
 	for {
+		if a.resize != nil {
+			return a.resize
+		}
 		a.st.turned()
 		select {
 		case <-beat.C:
@@ -550,7 +562,15 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 	if err != nil {
 		return err
 	}
-	res, err := maps.Apply(a.dp.Maps, maps.Diff(current, a.desired(current)))
+	desired := a.desired(current)
+	if err := a.dp.Maps.CheckCapacity(desired); err != nil {
+		// Writing would stop part way, with routes missing. Run exits on
+		// this error: the agent started again sizes the maps from the plan
+		// and migrates the entries (no packet is lost in between).
+		a.resize = err
+		return fmt.Errorf("the fleet outgrew the maps sized at start; exiting to resize them: %w", err)
+	}
+	res, err := maps.Apply(a.dp.Maps, maps.Diff(current, desired))
 	written = res.Updated + res.Deleted // what was written before a failure too
 	if err != nil {
 		return err
