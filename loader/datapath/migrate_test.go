@@ -2,8 +2,8 @@ package datapath
 
 import (
 	"crypto/rand"
-	"errors"
 	"encoding/hex"
+	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
