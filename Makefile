@@ -64,9 +64,14 @@ fuzz:
 test-unit:
 	$(GO) test -count=1 ./api/... ./loader/objects/... ./loader/plan/...
 
-# Single TCP stream pod to pod: isthmus GENEVE vs kernel VXLAN vs plain routing, one run.
-bench: deps build
+# Single TCP stream pod to pod: isthmus GENEVE vs kernel VXLAN vs plain routing, one run;
+# then the control plane at fleet scale: plans of 500-20,000 nodes, and on the test API
+# server 5,000 Nodes bootstrapped by the controller and heartbeating under an agent
+# (about 5 minutes). docs/benchmarks.md.
+bench: deps build kube-binaries
 	$(BIN) bench
+	$(BIN) bench --control-plane
+	$(GO) test ./testenv/kube -run '^$$' -bench NodeChurn -benchtime 1x -timeout 30m
 
 # Brings up the default lab, shows the connectivity matrix and a GENEVE frame on the wire.
 demo: deps build

@@ -465,6 +465,11 @@ func TestAgentDaemonSet(t *testing.T) {
 	if got := flagValue(c.Args, "--pin-dir"); got != pinDir {
 		t.Errorf("agent: --pin-dir %q, want %s", got, pinDir)
 	}
+	// Agents set aside tunnel addresses outside the controller's range: the
+	// two flags must name the same prefix.
+	if got, want := flagValue(c.Args, "--tunnel-cidr"), flagValue(container(t, &find[appsv1.Deployment](t, b, "isthmus-controller").Spec.Template.Spec, "controller").Args, "--tunnel-cidr"); got == "" || got != want {
+		t.Errorf("agent: --tunnel-cidr %q, controller's %q: want the same prefix in both", got, want)
+	}
 	if flagValue(c.Args, "--objects") != "" {
 		t.Error("agent: --objects is file mode; on a cluster the agent reads the API server")
 	}

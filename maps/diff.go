@@ -54,7 +54,7 @@ func (c Change) String() string {
 // (slots per member), "fabric_prefixes 10.0.2.0/23", "snat_exempt 10.1.0.0/24",
 // "config vni=1 underlay=172.16.1.10 ...".
 func Describe(m Name, key, value any) string {
-	s := newState()
+	s := NewState()
 	keyOnly := value == nil
 	if keyOnly {
 		value = zeroValue(m)

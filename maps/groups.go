@@ -82,46 +82,46 @@ type GroupMember struct {
 	Addr netip.Addr
 }
 
-// memberSet is what gets one group id: the members of a route's group (sorted,
+// MemberSet is what gets one group id: the members of a route's group (sorted,
 // without duplicates) and the remote site they are checked for. Two sites
 // reached through the same gateways need two groups, since a gateway may reach
 // one and not the other.
-type memberSet struct {
-	site  string
-	addrs []netip.Addr
+type MemberSet struct {
+	Site  string
+	Addrs []netip.Addr
 }
 
-func (s memberSet) key() string {
-	b := make([]byte, 0, len(s.site)+1+4*len(s.addrs))
-	b = append(b, s.site...)
+func (s MemberSet) Key() string {
+	b := make([]byte, 0, len(s.Site)+1+4*len(s.Addrs))
+	b = append(b, s.Site...)
 	b = append(b, 0)
-	for _, a := range s.addrs {
+	for _, a := range s.Addrs {
 		x := a.As4()
 		b = append(b, x[:]...)
 	}
 	return string(b)
 }
 
-func compareSets(a, b memberSet) int {
-	if c := strings.Compare(a.site, b.site); c != 0 {
+func compareSets(a, b MemberSet) int {
+	if c := strings.Compare(a.Site, b.Site); c != 0 {
 		return c
 	}
-	return slices.CompareFunc(a.addrs, b.addrs, cmpAddr)
+	return slices.CompareFunc(a.Addrs, b.Addrs, cmpAddr)
 }
 
-// groupIDs returns the id of every distinct member set in sets, by key: the
+// GroupIDs returns the id of every distinct member set in sets, by key: the
 // id prefer gives it (what its routes use in the kernel) when no other set
 // took that id first, else the smallest free id, sets taken in order of site,
 // then members. So ids are a pure function of the plan and the current state,
 // and never move under live flows: members going down or up never renumber, a
 // new group never takes an id in use, and a member set that changes keeps its
 // routes' id. Sets beyond MaxGroupID get no id.
-func groupIDs(sets []memberSet, prefer map[string]uint32) map[string]uint32 {
-	distinct := map[string]memberSet{}
+func GroupIDs(sets []MemberSet, prefer map[string]uint32) map[string]uint32 {
+	distinct := map[string]MemberSet{}
 	for _, s := range sets {
-		distinct[s.key()] = s
+		distinct[s.Key()] = s
 	}
-	ordered := make([]memberSet, 0, len(distinct))
+	ordered := make([]MemberSet, 0, len(distinct))
 	for _, s := range distinct {
 		ordered = append(ordered, s)
 	}
@@ -131,7 +131,7 @@ func groupIDs(sets []memberSet, prefer map[string]uint32) map[string]uint32 {
 	// Ids in use stay with their member set, so flows never see a route's group id
 	// point at another set while the maps are rewritten.
 	for _, s := range ordered {
-		k := s.key()
+		k := s.Key()
 		if id, ok := prefer[k]; ok && id >= 1 && id <= MaxGroupID && !taken[id] {
 			ids[k] = id
 			taken[id] = true
@@ -139,7 +139,7 @@ func groupIDs(sets []memberSet, prefer map[string]uint32) map[string]uint32 {
 	}
 	next := uint32(1)
 	for _, s := range ordered {
-		k := s.key()
+		k := s.Key()
 		if _, ok := ids[k]; ok {
 			continue
 		}

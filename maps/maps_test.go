@@ -1,4 +1,9 @@
-package maps
+package maps_test
+
+// These tests were written inside package maps; they sit outside it so they
+// can build states with loader/mapstate.FromPlan (which imports maps), and
+// import maps with a dot to read as before. export_test.go lends them the few
+// unexported helpers they use.
 
 import (
 	"encoding/binary"
@@ -15,7 +20,9 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/isthmus-dev/isthmus/loader/mapstate"
 	"github.com/isthmus-dev/isthmus/loader/plan"
+	. "github.com/isthmus-dev/isthmus/maps"
 )
 
 var (
@@ -75,8 +82,8 @@ func testPlan() *plan.NodePlan {
 	}
 }
 
-func testNode() NodeConfig {
-	return NodeConfig{
+func testNode() mapstate.NodeConfig {
+	return mapstate.NodeConfig{
 		VNI: 7, UnderlayIfindex: 2, OverlayIfindex: 5,
 		OverlayMAC: net.HardwareAddr{0x02, 0, 0, 0, 0, 5}, TunnelMTU: 1450,
 		PodIfindexes: []int{9, 11},
@@ -84,7 +91,7 @@ func testNode() NodeConfig {
 }
 
 func TestFromPlan(t *testing.T) {
-	got, warnings := FromPlan(testPlan(), testNode())
+	got, warnings := mapstate.FromPlan(testPlan(), testNode())
 	want := State{
 		Routes: map[netip.Prefix]Route{
 			pfx("10.1.0.0/24"): {Peer: addr("172.16.2.11")},
@@ -151,11 +158,11 @@ func (f *fakeMaps) Delete(m Name, key any) error {
 
 func (f *fakeMaps) state(t *testing.T) State {
 	t.Helper()
-	s := newState()
-	s.Config = configFromKernel(DatapathConfig{})
+	s := NewState()
+	s.Config = ConfigFromKernel(DatapathConfig{})
 	for n, es := range f.entries {
 		for k, v := range es {
-			if err := s.insert(n, k, v); err != nil {
+			if err := s.Insert(n, k, v); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -176,7 +183,7 @@ func sync(t *testing.T, f *fakeMaps, desired State) Result {
 
 func TestApplyTranscript(t *testing.T) {
 	f := newFake()
-	s1, _ := FromPlan(testPlan(), testNode())
+	s1, _ := mapstate.FromPlan(testPlan(), testNode())
 	res := sync(t, f, s1)
 	want := []string{
 		"update config vni=7 underlay=172.16.1.10 underlay_ifindex=2 overlay_ifindex=5 overlay_mac=02:00:00:00:00:05 tunnel_mtu=1450",
@@ -214,7 +221,7 @@ func TestApplyTranscript(t *testing.T) {
 	}
 	n := testNode()
 	n.PodIfindexes = []int{9}
-	s2, _ := FromPlan(p, n)
+	s2, _ := mapstate.FromPlan(p, n)
 	sync(t, f, s2)
 	want = []string{
 		"update peers 172.16.2.13",
@@ -250,7 +257,7 @@ func TestApplyDeleteOfMissingEntryIsSuccess(t *testing.T) {
 func TestApplyStopsAtFirstErrorAndReportsProgress(t *testing.T) {
 	f := newFake()
 	f.failOn = "update peers 172.16.2.12"
-	s1, _ := FromPlan(testPlan(), testNode())
+	s1, _ := mapstate.FromPlan(testPlan(), testNode())
 	res, err := Apply(f, Diff(f.state(t), s1))
 	if err == nil || !strings.Contains(err.Error(), "update peers 172.16.2.12") {
 		t.Fatalf("error = %v, want one naming the failed entry", err)
@@ -293,7 +300,7 @@ func randomStates(n int) []State {
 	r := rand.New(rand.NewPCG(3, 4))
 	var out []State
 	for i := range n {
-		s := newState()
+		s := NewState()
 		s.Config = Config{VNI: uint32(1 + r.IntN(3)), UnderlayIP: addr("172.16.1.10"), TunnelMTU: 1450}
 		for j := range 1 + r.IntN(4) {
 			peer := netip.AddrFrom4([4]byte{172, 16, 2, byte(10 + r.IntN(5))})
@@ -365,7 +372,7 @@ func unmanagedPlan() *plan.NodePlan {
 func TestFromPlanUnmanaged(t *testing.T) {
 	n := testNode()
 	n.SNATPortMin, n.SNATPortMax = 61000, 65535
-	got, warnings := FromPlan(unmanagedPlan(), n)
+	got, warnings := mapstate.FromPlan(unmanagedPlan(), n)
 	if len(warnings) != 3 {
 		t.Errorf("warnings %q, want only the 3 IPv6 ones", warnings)
 	}
@@ -402,7 +409,7 @@ func TestFromPlanUnmanaged(t *testing.T) {
 	// c2 down: group 1 loses c2's slots only, ids stay; d1 down: group 2 is empty
 	// (zero entry), its route stays and points at it.
 	n.Down = map[GroupMember]bool{{Addr: m2}: true, {Addr: m4}: true}
-	down, _ := FromPlan(unmanagedPlan(), n)
+	down, _ := mapstate.FromPlan(unmanagedPlan(), n)
 	if g := down.Groups[1]; g != Rendezvous([]netip.Addr{m1, m3}) || g.Live != 2 {
 		t.Errorf("group 1 with c2 down = %+v", g)
 	}
@@ -428,7 +435,7 @@ func TestFromPlanGroupsPerSite(t *testing.T) {
 	)
 	n := testNode()
 	n.Down = map[GroupMember]bool{{Site: "north", Addr: m2}: true, {Site: "", Addr: m1}: true}
-	got, _ := FromPlan(p, n)
+	got, _ := mapstate.FromPlan(p, n)
 	east, north := got.Routes[pfx("10.61.0.0/16")], got.Routes[pfx("10.62.0.0/16")]
 	if east.Group == 0 || north.Group == 0 || east.Group == north.Group || got.Routes[pfx("10.63.0.0/16")] != north {
 		t.Fatalf("routes east %+v north %+v 10.63/16 %+v: want one group per site", east, got.Routes[pfx("10.62.0.0/16")], got.Routes[pfx("10.63.0.0/16")])
@@ -492,34 +499,34 @@ func TestRendezvous(t *testing.T) {
 }
 
 func TestGroupIDsAreStable(t *testing.T) {
-	a := memberSet{addrs: []netip.Addr{m1, m2}}
-	b := memberSet{addrs: []netip.Addr{m4}}
-	ids := groupIDs([]memberSet{b, a, a}, nil)
-	if ids[a.key()] != 1 || ids[b.key()] != 2 || len(ids) != 2 {
+	a := MemberSet{Addrs: []netip.Addr{m1, m2}}
+	b := MemberSet{Addrs: []netip.Addr{m4}}
+	ids := GroupIDs([]MemberSet{b, a, a}, nil)
+	if ids[a.Key()] != 1 || ids[b.Key()] != 2 || len(ids) != 2 {
 		t.Fatalf("ids %v, want a=1 b=2", ids)
 	}
 	// A set that sorts after the others leaves their ids alone.
-	c := memberSet{addrs: []netip.Addr{addr("172.16.9.1")}}
-	ids2 := groupIDs([]memberSet{a, b, c}, nil)
-	if ids2[a.key()] != 1 || ids2[b.key()] != 2 || ids2[c.key()] != 3 {
+	c := MemberSet{Addrs: []netip.Addr{addr("172.16.9.1")}}
+	ids2 := GroupIDs([]MemberSet{a, b, c}, nil)
+	if ids2[a.Key()] != 1 || ids2[b.Key()] != 2 || ids2[c.Key()] != 3 {
 		t.Fatalf("ids %v after adding c", ids2)
 	}
 	// A set that sorts first takes a free id, not one in use.
-	first := memberSet{addrs: []netip.Addr{addr("10.0.0.1")}}
-	ids3 := groupIDs([]memberSet{a, b, first}, map[string]uint32{a.key(): 1, b.key(): 2})
-	if ids3[a.key()] != 1 || ids3[b.key()] != 2 || ids3[first.key()] != 3 {
+	first := MemberSet{Addrs: []netip.Addr{addr("10.0.0.1")}}
+	ids3 := GroupIDs([]MemberSet{a, b, first}, map[string]uint32{a.Key(): 1, b.Key(): 2})
+	if ids3[a.Key()] != 1 || ids3[b.Key()] != 2 || ids3[first.Key()] != 3 {
 		t.Fatalf("ids %v after adding a set that sorts first, want a=1 b=2 first=3", ids3)
 	}
 	// Two sets claiming the same id: the first in order keeps it.
-	ids4 := groupIDs([]memberSet{a, b}, map[string]uint32{a.key(): 5, b.key(): 5})
-	if ids4[a.key()] != 5 || ids4[b.key()] != 1 {
+	ids4 := GroupIDs([]MemberSet{a, b}, map[string]uint32{a.Key(): 5, b.Key(): 5})
+	if ids4[a.Key()] != 5 || ids4[b.Key()] != 1 {
 		t.Fatalf("ids %v, want a=5 b=1", ids4)
 	}
 	// The same gateways for two remote sites are two groups: a gateway may
 	// reach one site and not the other.
-	east, west := memberSet{site: "east", addrs: a.addrs}, memberSet{site: "west", addrs: a.addrs}
-	ids5 := groupIDs([]memberSet{west, east, a}, nil)
-	if ids5[a.key()] != 1 || ids5[east.key()] != 2 || ids5[west.key()] != 3 {
+	east, west := MemberSet{Site: "east", Addrs: a.Addrs}, MemberSet{Site: "west", Addrs: a.Addrs}
+	ids5 := GroupIDs([]MemberSet{west, east, a}, nil)
+	if ids5[a.Key()] != 1 || ids5[east.Key()] != 2 || ids5[west.Key()] != 3 {
 		t.Fatalf("ids %v, want a=1 east=2 west=3", ids5)
 	}
 }
@@ -529,7 +536,7 @@ func TestGroupIDsAreStable(t *testing.T) {
 func TestFromPlanKeepsGroupIDs(t *testing.T) {
 	n := testNode()
 	p := unmanagedPlan()
-	before, _ := FromPlan(p, n)
+	before, _ := mapstate.FromPlan(p, n)
 	current := map[netip.Prefix]uint32{}
 	for pr, r := range before.Routes {
 		if r.Group != 0 {
@@ -544,7 +551,7 @@ func TestFromPlanKeepsGroupIDs(t *testing.T) {
 	p2.Routes = append(p2.Routes, plan.Route{Prefix: netip.MustParsePrefix("10.99.0.0/16"),
 		Group: []plan.NextHop{{Peer: "early", Via: addr("10.0.0.1")}}, Origin: "test"})
 	n.CurrentGroups = current
-	after, _ := FromPlan(p2, n)
+	after, _ := mapstate.FromPlan(p2, n)
 	for pr, id := range current {
 		if got := after.Routes[pr].Group; got != id {
 			t.Errorf("route %v moved from group %d to %d", pr, id, got)
@@ -561,10 +568,10 @@ func TestApplyTranscriptGroups(t *testing.T) {
 	f := newFake()
 	n := testNode()
 	n.SNATPortMin, n.SNATPortMax = 61000, 65535
-	s1, _ := FromPlan(unmanagedPlan(), n)
+	s1, _ := mapstate.FromPlan(unmanagedPlan(), n)
 	sync(t, f, s1)
 	got := f.take()
-	g1 := "update nexthop_groups 1 live=3" + slotCounts(s1.Groups[1])
+	g1 := "update nexthop_groups 1 live=3" + SlotCounts(s1.Groups[1])
 	want := []string{
 		"update config vni=7 underlay=172.16.1.10 underlay_ifindex=2 overlay_ifindex=5 overlay_mac=02:00:00:00:00:05 tunnel_mtu=1450 tunnel_ip=10.0.1.1 snat_ports=61000-65535",
 		"update peers 172.16.2.11",
@@ -595,16 +602,16 @@ func TestApplyTranscriptGroups(t *testing.T) {
 	}
 
 	n.Down = map[GroupMember]bool{{Addr: m2}: true}
-	s2, _ := FromPlan(unmanagedPlan(), n)
+	s2, _ := mapstate.FromPlan(unmanagedPlan(), n)
 	sync(t, f, s2)
-	if diff := cmp.Diff([]string{"update nexthop_groups 1 live=2" + slotCounts(s2.Groups[1])}, f.take()); diff != "" {
+	if diff := cmp.Diff([]string{"update nexthop_groups 1 live=2" + SlotCounts(s2.Groups[1])}, f.take()); diff != "" {
 		t.Fatalf("member down transcript (-want +got):\n%s", diff)
 	}
 
 	// d1's site goes away: routes first, then the group entry is zeroed.
 	p := unmanagedPlan()
 	p.Routes = slices.DeleteFunc(p.Routes, func(r plan.Route) bool { return r.Prefix == pfx("10.8.0.0/16") })
-	s3, _ := FromPlan(p, n)
+	s3, _ := mapstate.FromPlan(p, n)
 	sync(t, f, s3)
 	if diff := cmp.Diff([]string{"delete routes 10.8.0.0/16", "delete nexthop_groups 2"}, f.take()); diff != "" {
 		t.Fatalf("group removal transcript (-want +got):\n%s", diff)

@@ -85,7 +85,7 @@ func (s *Set) Delete(n Name, key any) error {
 // Read returns the current contents of the writable maps, so that a restarted agent
 // diffs against what the kernel holds rather than against an empty State.
 func (s *Set) Read() (State, error) {
-	st := newState()
+	st := NewState()
 	if err := readMap[RouteKey, RouteValue](s, MapRoutes, &st); err != nil {
 		return st, err
 	}

@@ -1,17 +1,14 @@
 package maps
 
 import (
+	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"net/netip"
-	"slices"
-
-	"github.com/isthmus-dev/isthmus/loader/plan"
 )
 
 // State is the contents of the datapath's writable maps as plain data: what a node
-// should hold (FromPlan) or what it holds (Set.Read). The metrics and nat maps are
+// should hold (loader/mapstate.FromPlan) or what it holds (Set.Read). The metrics and nat maps are
 // not part of it (the datapath writes them). The zero State is empty; Diff treats
 // nil maps as empty.
 type State struct {
@@ -74,29 +71,6 @@ type Config struct {
 	SNATPortMin, SNATPortMax uint16
 }
 
-// NodeConfig carries what the datapath needs that the plan does not know: facts of
-// this node's kernel, found by loader/datapath.
-type NodeConfig struct {
-	VNI             uint32
-	UnderlayIfindex int
-	OverlayIfindex  int
-	OverlayMAC      net.HardwareAddr
-	TunnelMTU       int
-	// PodIfindexes are the pod-facing interfaces the agent has attached to.
-	PodIfindexes []int
-	// SNATPortMin and SNATPortMax are the SNAT port range (--snat-ports).
-	SNATPortMin, SNATPortMax uint16
-	// Down are the next-hop group members whose health checks fail for the
-	// route's remote site (plan.Route.Site): they own no slot in that site's
-	// groups. nil means every member is up.
-	Down map[GroupMember]bool
-	// CurrentGroups is the group id each route prefix has in the kernel now (the
-	// Routes of the state read back). A member set keeps the id its routes use, so
-	// ids do not move under live flows when groups come and go, nor across agent
-	// restarts. nil: ids are numbered afresh.
-	CurrentGroups map[netip.Prefix]uint32
-}
-
 // Clone returns a deep copy of s.
 func (s State) Clone() State {
 	return State{
@@ -125,7 +99,8 @@ func (s State) Len() int {
 		len(s.Groups) + len(s.FabricPrefixes) + len(s.SNATExempt) + 1
 }
 
-func newState() State {
+// NewState returns an empty State with every map made.
+func NewState() State {
 	return State{
 		Routes:         map[netip.Prefix]Route{},
 		Peers:          map[netip.Addr]Peer{},
@@ -135,162 +110,6 @@ func newState() State {
 		FabricPrefixes: map[netip.Prefix]struct{}{},
 		SNATExempt:     map[netip.Prefix]struct{}{},
 	}
-}
-
-// FromPlan returns the map contents that realise p on a node described by node.
-// It is a pure function. The datapath is IPv4 only: IPv6 routes, peers and sources
-// are left out, each with a warning in the returned slice. A nil plan gives a State
-// with only the node's config and pod interfaces.
-//
-// A route with a Group goes to a next-hop group: one id per distinct remote site
-// and set of member underlay addresses, the id its routes have now
-// (node.CurrentGroups) or else the smallest free one, in the sorted order of the
-// sets (groupIDs), whose slots are spread by Rendezvous over the members not in
-// node.Down for the route's site. A group
-// whose members are all down has no entry (the zero entry: the datapath drops with
-// DROP_NO_NEXTHOP). config.tunnel_ip is p.SNAT.Addr, the SNAT port range comes from
-// node, fabric_prefixes from p.FabricPrefixes and snat_exempt from p.SNAT.Exempt.
-func FromPlan(p *plan.NodePlan, node NodeConfig) (State, []string) {
-	s := newState()
-	var warnings []string
-	s.Config = Config{
-		VNI:             node.VNI & 0xffffff,
-		UnderlayIfindex: uint32(node.UnderlayIfindex),
-		OverlayIfindex:  uint32(node.OverlayIfindex),
-		TunnelMTU:       uint16(min(max(node.TunnelMTU, 0), 0xffff)),
-		SNATPortMin:     node.SNATPortMin,
-		SNATPortMax:     node.SNATPortMax,
-	}
-	copy(s.Config.OverlayMAC[:], node.OverlayMAC)
-	for _, ifindex := range node.PodIfindexes {
-		s.PodIfaces[uint32(ifindex)] = PodIface{}
-	}
-	if p == nil {
-		return s, nil
-	}
-	if p.Gateway {
-		s.Config.Flags |= ConfigFlagTransit
-	}
-	if u := p.Underlay.Unmap(); u.Is4() {
-		s.Config.UnderlayIP = u
-	} else {
-		warnings = append(warnings, fmt.Sprintf("node underlay address %v is not IPv4: the datapath has no tunnel endpoint", p.Underlay))
-	}
-	for _, peer := range p.Peers {
-		u := peer.Underlay.Unmap()
-		if !u.Is4() {
-			warnings = append(warnings, fmt.Sprintf("peer %s: underlay address %v is not IPv4, skipped", peer.Name, peer.Underlay))
-			continue
-		}
-		s.Peers[u] = Peer{}
-		for _, src := range peer.AllowedSources {
-			if !src.Addr().Unmap().Is4() {
-				warnings = append(warnings, fmt.Sprintf("peer %s: allowed source %v is not IPv4, skipped", peer.Name, src))
-				continue
-			}
-			src = netip.PrefixFrom(src.Addr().Unmap(), src.Bits()).Masked()
-			s.PeerSources[PeerSource{Peer: u, Src: src}] = struct{}{}
-		}
-	}
-	if a := p.SNAT.Addr.Unmap(); a.Is4() {
-		s.Config.TunnelIP = a
-	} else if a.IsValid() {
-		warnings = append(warnings, fmt.Sprintf("SNAT address %v is not IPv4: no return-path SNAT", a))
-	}
-	for _, e := range p.SNAT.Exempt {
-		if pr, ok := prefix4(e.Prefix); ok {
-			s.SNATExempt[pr] = struct{}{}
-		} else {
-			warnings = append(warnings, fmt.Sprintf("SNAT exempt source %v (%s): not IPv4, skipped", e.Prefix, e.Origin))
-		}
-	}
-	for _, fp := range p.FabricPrefixes {
-		if pr, ok := prefix4(fp); ok {
-			s.FabricPrefixes[pr] = struct{}{}
-		} else {
-			warnings = append(warnings, fmt.Sprintf("fabric prefix %v: not IPv4, skipped", fp))
-		}
-	}
-
-	// Member sets first: group ids depend on all of them.
-	members := make([][]netip.Addr, len(p.Routes))
-	var sets []memberSet
-	for i, r := range p.Routes {
-		if len(r.Group) == 0 {
-			continue
-		}
-		for _, nh := range r.Group {
-			if v := nh.Via.Unmap(); v.Is4() {
-				members[i] = append(members[i], v)
-			} else {
-				warnings = append(warnings, fmt.Sprintf("route %v: group member %s via %v is not IPv4, left out", r.Prefix, nh.Peer, nh.Via))
-			}
-		}
-		slices.SortFunc(members[i], cmpAddr)
-		members[i] = slices.Compact(members[i])
-		if len(members[i]) > 0 {
-			sets = append(sets, memberSet{site: r.Site, addrs: members[i]})
-		}
-	}
-	prefer := map[string]uint32{}
-	for i, r := range p.Routes {
-		if len(members[i]) == 0 {
-			continue
-		}
-		if pr, ok := prefix4(r.Prefix); ok {
-			if id := node.CurrentGroups[pr]; id != 0 {
-				k := memberSet{site: r.Site, addrs: members[i]}.key()
-				if _, seen := prefer[k]; !seen {
-					prefer[k] = id
-				}
-			}
-		}
-	}
-	ids := groupIDs(sets, prefer)
-	for i, r := range p.Routes {
-		prefix, ok := prefix4(r.Prefix)
-		if len(r.Group) == 0 {
-			via := r.Via.Unmap()
-			if !ok || !via.Is4() {
-				warnings = append(warnings, fmt.Sprintf("route %v via %v (%s): not IPv4, skipped", r.Prefix, r.Via, r.Peer))
-				continue
-			}
-			s.Routes[prefix] = Route{Peer: via}
-			continue
-		}
-		if !ok || len(members[i]) == 0 {
-			warnings = append(warnings, fmt.Sprintf("route %v to a group: not IPv4, skipped", r.Prefix))
-			continue
-		}
-		id, ok := ids[memberSet{site: r.Site, addrs: members[i]}.key()]
-		if !ok {
-			warnings = append(warnings, fmt.Sprintf("route %v: more than %d next-hop groups, skipped", r.Prefix, MaxGroupID))
-			continue
-		}
-		s.Routes[prefix] = Route{Group: id}
-		if _, done := s.Groups[id]; done {
-			continue
-		}
-		var live []netip.Addr
-		for _, m := range members[i] {
-			if !node.Down[GroupMember{Site: r.Site, Addr: m}] {
-				live = append(live, m)
-			}
-		}
-		if g := Rendezvous(live); !g.IsZero() {
-			s.Groups[id] = g
-		}
-	}
-	return s, warnings
-}
-
-// prefix4 returns p masked, with its address unmapped, and whether it is IPv4.
-func prefix4(p netip.Prefix) (netip.Prefix, bool) {
-	a := p.Addr().Unmap()
-	if !a.Is4() {
-		return netip.Prefix{}, false
-	}
-	return netip.PrefixFrom(a, p.Bits()).Masked(), true
 }
 
 // toKernel returns the config map value of c.
@@ -403,4 +222,39 @@ func (s *State) insert(m Name, key, value any) error {
 		return nil
 	}
 	return fmt.Errorf("insert %s entry: unexpected key %T or value %T", m, key, value)
+}
+
+// ErrCapacity is wrapped by CheckCapacity's errors: a map is too small for the
+// state it is to hold.
+var ErrCapacity = errors.New("map too small")
+
+// Counts returns the number of entries s puts in each map whose entries are
+// keyed by what the plan holds (routes, peers, peer_sources, pod_ifaces,
+// fabric_prefixes, snat_exempt).
+func (s State) Counts() map[Name]int {
+	return map[Name]int{
+		MapRoutes:         len(s.Routes),
+		MapPeers:          len(s.Peers),
+		MapPeerSources:    len(s.PeerSources),
+		MapPodIfaces:      len(s.PodIfaces),
+		MapFabricPrefixes: len(s.FabricPrefixes),
+		MapSNATExempt:     len(s.SNATExempt),
+	}
+}
+
+// CheckCapacity reports, wrapping ErrCapacity, every map of set that holds
+// fewer entries than desired needs. Writing such a state would fail part way
+// (the kernel refuses an insert into a full map) and leave routes missing.
+func (set *Set) CheckCapacity(desired State) error {
+	var errs []error
+	counts := desired.Counts()
+	for _, n := range AllMaps {
+		need, ok := counts[n]
+		m := set.maps[n]
+		if !ok || m == nil || need <= int(m.MaxEntries()) {
+			continue
+		}
+		errs = append(errs, fmt.Errorf("%w: %s holds %d entries and the plan needs %d", ErrCapacity, n, m.MaxEntries(), need))
+	}
+	return errors.Join(errs...)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strconv"
@@ -53,7 +54,7 @@ func chooseSource(objectsDir, kubeconfig string, getenv func(string) string) (ob
 
 // openKubernetes connects to the API server and waits for the informers'
 // first full list (until ctx is done).
-func openKubernetes(ctx context.Context, kubeconfig string, log *slog.Logger) (*source.Kubernetes, error) {
+func openKubernetes(ctx context.Context, kubeconfig string, rules objects.Rules, log *slog.Logger) (*source.Kubernetes, error) {
 	rc, err := source.RESTConfig(kubeconfig)
 	if err != nil {
 		return nil, err
@@ -68,7 +69,7 @@ func openKubernetes(ctx context.Context, kubeconfig string, log *slog.Logger) (*
 		return nil, fmt.Errorf("create dynamic client: %w", err)
 	}
 	log.Info("waiting for the API server's objects", "host", rc.Host)
-	return source.NewKubernetes(ctx, source.KubernetesConfig{Client: client, Dynamic: dyn, Log: log})
+	return source.NewKubernetes(ctx, source.KubernetesConfig{Client: client, Dynamic: dyn, Log: log, Rules: rules})
 }
 
 // newAgentCmd is `isthmus agent`: load, attach and keep the datapath in sync with
@@ -84,6 +85,7 @@ func newAgentCmd() *cobra.Command {
 		snat        string
 		kubeconfig  string
 		metricsAddr string
+		tunnelCIDR  string
 		cni         cniFlags
 	)
 	cmd := &cobra.Command{
@@ -105,6 +107,13 @@ func newAgentCmd() *cobra.Command {
 				return fmt.Errorf("parse --vni %d: want 1..16777215", vni)
 			}
 			cfg.VNI = vni
+			if tunnelCIDR != "" {
+				p, err := netip.ParsePrefix(tunnelCIDR)
+				if err != nil || !p.Addr().Is4() {
+					return fmt.Errorf("parse --tunnel-cidr %q: want an IPv4 prefix, the controller's --tunnel-cidr (such as 100.64.0.0/16)", tunnelCIDR)
+				}
+				cfg.Rules.TunnelCIDR = p.Masked()
+			}
 			if cfg.SNATPortMin, cfg.SNATPortMax, err = parsePortRange(snat); err != nil {
 				return err
 			}
@@ -146,7 +155,7 @@ func newAgentCmd() *cobra.Command {
 				}()
 			}
 			if src.kube {
-				k, err := openKubernetes(ctx, src.kubeconfig, cfg.Log)
+				k, err := openKubernetes(ctx, src.kubeconfig, cfg.Rules, cfg.Log)
 				if err != nil {
 					return err
 				}
@@ -185,6 +194,7 @@ func newAgentCmd() *cobra.Command {
 	f.DurationVar(&cfg.HealthReachExpiry, "health-reach-expiry", health.DefaultReachExpiry, "how long the datapath answers health probes from this agent's last reach claims once it stops refreshing them (an agent restart shorter than this moves no flow)")
 	f.StringVar(&metricsAddr, "metrics-addr", metrics.DefaultAddr, "address to serve /metrics, /healthz and /readyz on (empty: none)")
 	f.BoolVar(&debug, "debug", false, "log every map write")
+	f.StringVar(&tunnelCIDR, "tunnel-cidr", "", "the controller's --tunnel-cidr: a Node whose isthmus.dev/tunnel-ipv4 annotation is outside it is set aside (empty: not checked)")
 	cni.register(f)
 	cmd.MarkFlagRequired("node")
 	return cmd

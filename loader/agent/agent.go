@@ -27,6 +27,7 @@ import (
 
 	"github.com/isthmus-dev/isthmus/loader/datapath"
 	"github.com/isthmus-dev/isthmus/loader/health"
+	"github.com/isthmus-dev/isthmus/loader/mapstate"
 	"github.com/isthmus-dev/isthmus/loader/metrics"
 	"github.com/isthmus-dev/isthmus/loader/objects"
 	"github.com/isthmus-dev/isthmus/loader/plan"
@@ -38,10 +39,11 @@ import (
 type Config struct {
 	Node string
 	// Source hands the agent its objects; the agent does not close it. Nil
-	// means a source.Files on ObjectsDir, which the agent owns. Exactly one
-	// of Source and ObjectsDir must be set.
+	// means a source.Files on ObjectsDir, which the agent owns, checking
+	// Rules. Exactly one of Source and ObjectsDir must be set.
 	Source     source.Source
 	ObjectsDir string
+	Rules      objects.Rules
 	// UnderlayDev is the underlay device; empty means the one holding the node's
 	// InternalIP.
 	UnderlayDev string
@@ -113,6 +115,9 @@ type Agent struct {
 	// (loaded false before one, or with a source that does not count).
 	loadedGen uint64
 	loaded    bool
+	// resize is set when the plan outgrew a map (maps.ErrCapacity): Run
+	// returns it, so the agent restarts and sizes the maps again.
+	resize error
 }
 
 // The default return-path SNAT port range: above Linux's default ephemeral range
@@ -207,7 +212,7 @@ func start(ctx context.Context, cfg Config, wait bool) (*Agent, error) {
 	}()
 	if a.src == nil {
 		// Watch before the first read, so no change falls between the two.
-		f, err := source.NewFiles(cfg.ObjectsDir, cfg.Debounce, a.log)
+		f, err := source.NewFiles(cfg.ObjectsDir, cfg.Rules, cfg.Debounce, a.log)
 		if err != nil {
 			return nil, err
 		}
@@ -230,7 +235,13 @@ func start(ctx context.Context, cfg Config, wait bool) (*Agent, error) {
 	if a.underlay, err = datapath.FindUnderlay(cfg.UnderlayDev, p.Underlay); err != nil {
 		return nil, err
 	}
-	if a.dp, err = datapath.Load(cfg.PinDir, datapath.Options{NatEntries: cfg.NatEntries, Log: a.log}); err != nil {
+	// The maps that grow with the fleet are sized from the plan.
+	sized, _ := mapstate.FromPlan(p, mapstate.NodeConfig{})
+	tables, err := datapath.TablesFor(sized)
+	if err != nil {
+		return nil, err
+	}
+	if a.dp, err = datapath.Load(cfg.PinDir, datapath.Options{NatEntries: cfg.NatEntries, Tables: tables, Log: a.log}); err != nil {
 		return nil, err
 	}
 	if err := datapath.EnableForwarding(); err != nil {
@@ -452,6 +463,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	beat := time.NewTicker(heartbeat)
 	defer beat.Stop()
 	for {
+		if a.resize != nil {
+			return a.resize
+		}
 		a.st.turned()
 		select {
 		case <-beat.C:
@@ -552,7 +566,15 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 	if err != nil {
 		return err
 	}
-	res, err := maps.Apply(a.dp.Maps, maps.Diff(current, a.desired(current)))
+	desired := a.desired(current)
+	if err := a.dp.Maps.CheckCapacity(desired); err != nil {
+		// Writing would stop part way, with routes missing. Run exits on
+		// this error: the agent started again sizes the maps from the plan
+		// and migrates the entries (no packet is lost in between).
+		a.resize = err
+		return fmt.Errorf("the fleet outgrew the maps sized at start; exiting to resize them: %w", err)
+	}
+	res, err := maps.Apply(a.dp.Maps, maps.Diff(current, desired))
 	written = res.Updated + res.Deleted // what was written before a failure too
 	if err != nil {
 		return err
@@ -608,7 +630,7 @@ func (a *Agent) ensureUnderlay() error {
 // desired computes the maps' desired state; current (what the kernel holds) keeps
 // next-hop group ids where they are.
 func (a *Agent) desired(current maps.State) maps.State {
-	node := maps.NodeConfig{
+	node := mapstate.NodeConfig{
 		VNI:             a.cfg.VNI,
 		UnderlayIfindex: a.underlay.Attrs().Index,
 		OverlayIfindex:  a.overlay.Ifindex,
@@ -627,7 +649,7 @@ func (a *Agent) desired(current maps.State) maps.State {
 	for _, i := range a.pods {
 		node.PodIfindexes = append(node.PodIfindexes, i)
 	}
-	s, warns := maps.FromPlan(a.plan, node)
+	s, warns := mapstate.FromPlan(a.plan, node)
 	a.logWarnings("maps", warns)
 	// CFG_F_TRACE belongs to a running `isthmus trace`: keep what the kernel holds.
 	s.Config.Flags |= current.Config.Flags & maps.ConfigFlagTrace

@@ -26,6 +26,7 @@ import (
 
 	"github.com/isthmus-dev/isthmus/loader/datapath"
 	"github.com/isthmus-dev/isthmus/loader/health"
+	"github.com/isthmus-dev/isthmus/loader/mapstate"
 	"github.com/isthmus-dev/isthmus/loader/objects"
 	"github.com/isthmus-dev/isthmus/loader/plan"
 	"github.com/isthmus-dev/isthmus/maps"
@@ -208,13 +209,13 @@ func (e *testEnv) wantState(t *testing.T, a *Agent, pods ...netlink.Link) maps.S
 	if err != nil {
 		t.Fatal(err)
 	}
-	node := maps.NodeConfig{VNI: 5, UnderlayIfindex: e.under.Attrs().Index, OverlayIfindex: ov.Attrs().Index,
+	node := mapstate.NodeConfig{VNI: 5, UnderlayIfindex: e.under.Attrs().Index, OverlayIfindex: ov.Attrs().Index,
 		OverlayMAC: ov.Attrs().HardwareAddr, TunnelMTU: 1450,
 		SNATPortMin: DefaultSNATPortMin, SNATPortMax: DefaultSNATPortMax}
 	for _, l := range pods {
 		node.PodIfindexes = append(node.PodIfindexes, l.Attrs().Index)
 	}
-	s, _ := maps.FromPlan(p, node)
+	s, _ := mapstate.FromPlan(p, node)
 	return s
 }
 

@@ -36,14 +36,15 @@ type ObjectKey struct{ Kind, Name string }
 // SiteGatewayPoolAssignment of in should have, only where it differs from
 // the current one: a GatewayPoolStatus or an ObjectStatus. Invalid is True
 // with the reasons when the agents set the object aside
-// (objects.ValidateSettingAside over every object, Nodes in no Site left out
-// as the agents leave them); Ready is True when it is valid and, for a pool,
+// (objects.Rules.ValidateSettingAside over every object with the tunnel CIDR
+// the agents are given, Nodes in no Site left out as the agents leave them);
+// Ready is True when it is valid and, for a pool,
 // selects at least one Node.
 func ObjectStatuses(in Input) map[ObjectKey]any {
 	all := objects.Objects{Sites: in.Sites, Nodes: in.Nodes, GatewayPools: in.GatewayPools,
 		SitePeerings: in.SitePeerings, SiteGatewayPoolAssignments: in.Assignments}
 	all, _ = all.WithoutUnsitedNodes()
-	set, _ := objects.ValidateSettingAside(all)
+	set, _ := objects.Rules{TunnelCIDR: in.TunnelCIDR}.ValidateSettingAside(all)
 	reasons := func(kind, name string) string {
 		r := set.Rejection(objects.Label(kind, name))
 		if r == nil {

@@ -2,7 +2,7 @@
 // (loader/fleet): the time to validate the objects and plan one node, the map
 // entries the plan needs, the time and the map writes of applying a change of
 // one Node, and the heap an agent holds for it. It runs the agent's own code
-// path (objects.ValidateSettingAside, plan.Compute, maps.FromPlan,
+// path (objects.ValidateSettingAside, plan.Compute, mapstate.FromPlan,
 // maps.Diff) without a kernel: the writes are counted, not made (one map
 // update is a few microseconds of bpf() syscall). `isthmus bench
 // --control-plane` prints it; docs/benchmarks.md records it.
@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/isthmus-dev/isthmus/loader/fleet"
+	"github.com/isthmus-dev/isthmus/loader/mapstate"
 	"github.com/isthmus-dev/isthmus/loader/objects"
 	"github.com/isthmus-dev/isthmus/loader/plan"
 	"github.com/isthmus-dev/isthmus/maps"
@@ -99,9 +100,9 @@ func Measure(sh fleet.Shape) ([]Result, error) {
 	return out, nil
 }
 
-// nodeConfig is a plausible node for maps.FromPlan; the values do not
+// nodeConfig is a plausible node for mapstate.FromPlan; the values do not
 // change what is measured.
-var nodeConfig = maps.NodeConfig{VNI: 1, UnderlayIfindex: 2, OverlayIfindex: 3,
+var nodeConfig = mapstate.NodeConfig{VNI: 1, UnderlayIfindex: 2, OverlayIfindex: 3,
 	OverlayMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, TunnelMTU: 1450, SNATPortMin: 61000, SNATPortMax: 65535}
 
 func state(set *objects.Set, node string, current maps.State) (*plan.NodePlan, maps.State, error) {
@@ -116,7 +117,7 @@ func state(set *objects.Set, node string, current maps.State) (*plan.NodePlan, m
 			cfg.CurrentGroups[pfx] = r.Group
 		}
 	}
-	s, _ := maps.FromPlan(p, cfg)
+	s, _ := mapstate.FromPlan(p, cfg)
 	return p, s, nil
 }
 

@@ -72,11 +72,48 @@ func CheckBPFFS(dir string) error {
 // DefaultNatEntries is the default size of the nat map (--snat-table-size).
 const DefaultNatEntries = 65536
 
+// Tables are the sizes of the maps whose entries grow with the fleet: a
+// mesh of 20,000 nodes needs 20,000 routes, peers and allowed sources on each
+// node, more than the object's sizes (ROUTES_MAX, PEERS_MAX and
+// PEER_SOURCES_MAX in bpf/lib/maps.h). A size other than the pinned map's
+// migrates the map like a new --snat-table-size does.
+type Tables struct {
+	Routes, Peers, PeerSources uint32
+}
+
+func (t Tables) sizes() map[maps.Name]uint32 {
+	return map[maps.Name]uint32{maps.MapRoutes: t.Routes, maps.MapPeers: t.Peers, maps.MapPeerSources: t.PeerSources}
+}
+
+// TablesFor sizes the growing maps for a node whose maps are to hold s: each
+// keeps the object's size, or twice what s needs rounded up to a power of two
+// when that is more, so the fleet may grow by as much again before the agent
+// must restart to resize (maps.ErrCapacity). The power of two keeps the size,
+// and so the pinned map, the same while the fleet changes a little.
+func TablesFor(s maps.State) (Tables, error) {
+	spec, err := bpf.LoadIsthmus()
+	if err != nil {
+		return Tables{}, fmt.Errorf("load bpf spec: %w", err)
+	}
+	size := func(n maps.Name) uint32 {
+		base := spec.Maps[string(n)].MaxEntries
+		need := uint32(1)
+		for need < 2*uint32(s.Counts()[n]) {
+			need <<= 1
+		}
+		return max(base, need)
+	}
+	return Tables{Routes: size(maps.MapRoutes), Peers: size(maps.MapPeers), PeerSources: size(maps.MapPeerSources)}, nil
+}
+
 // Options are the load-time settings of the collection.
 type Options struct {
 	// NatEntries is the size of the nat map (both directions of every translated
 	// flow take one entry each); 0 means DefaultNatEntries.
 	NatEntries uint32
+	// Tables sizes the maps that grow with the fleet (TablesFor); zero
+	// fields keep the object's sizes.
+	Tables Tables
 	// Log receives what Load reuses and migrates; nil means slog.Default().
 	Log *slog.Logger
 	// Fill, if set, is called during a migration with the new maps, after the
@@ -127,6 +164,11 @@ func Load(pinDir string, opts Options) (*Datapath, error) {
 		return nil, fmt.Errorf("load bpf spec: no map %s", maps.MapNat)
 	}
 	nat.MaxEntries = opts.NatEntries
+	for n, size := range opts.Tables.sizes() {
+		if ms := spec.Maps[string(n)]; ms != nil && size > 0 {
+			ms.MaxEntries = size
+		}
+	}
 
 	old, hadLayout := readLayout(pinDir)
 	var migs []*migration

@@ -3,6 +3,7 @@ package datapath
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -314,5 +315,85 @@ func TestLoadMigratesOldLayout(t *testing.T) {
 	var v maps.NatValue
 	if err := pinned.Map(maps.MapNat).Lookup(natKey(1), &v); err != nil || v.Port != 4242 {
 		t.Errorf("nat entry after the migration = %+v, %v", v, err)
+	}
+}
+
+// TestTablesFor: a small fleet keeps the object's sizes; one that needs more
+// than half of a map gets twice its need, rounded up to a power of two.
+func TestTablesFor(t *testing.T) {
+	small := maps.NewState()
+	small.Peers[netip.MustParseAddr("10.0.0.1")] = maps.Peer{}
+	got, err := TablesFor(small)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := bpf.LoadIsthmus()
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := Tables{Routes: spec.Maps[string(maps.MapRoutes)].MaxEntries, Peers: spec.Maps[string(maps.MapPeers)].MaxEntries,
+		PeerSources: spec.Maps[string(maps.MapPeerSources)].MaxEntries}
+	if got != def {
+		t.Errorf("one peer: tables %+v, want the object's %+v", got, def)
+	}
+	// A mesh of 20,000 nodes: 19,999 of each.
+	big := maps.NewState()
+	for i := range 19999 {
+		a := netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)})
+		big.Peers[a] = maps.Peer{}
+		big.Routes[netip.PrefixFrom(a, 32)] = maps.Route{Peer: a}
+		big.PeerSources[maps.PeerSource{Peer: a, Src: netip.PrefixFrom(a, 32)}] = struct{}{}
+	}
+	if got, _ := TablesFor(big); got != (Tables{Routes: 65536, Peers: 65536, PeerSources: 65536}) {
+		t.Errorf("20,000-node mesh: tables %+v, want 65536 each", got)
+	}
+}
+
+// TestLoadSizesTables: Load makes the growing maps the sizes asked for, and a
+// later Load with other sizes migrates them keeping their entries; the
+// maps' CheckCapacity then measures against the new sizes.
+func TestLoadSizesTables(t *testing.T) {
+	dir := migrationEnv(t)
+	first := Tables{Routes: 32768, Peers: 8192, PeerSources: 32768}
+	dp, err := Load(dir, Options{NatEntries: 1024, Tables: first})
+	if err != nil {
+		t.Fatalf("first load: %v", err)
+	}
+	peer := netip.MustParseAddr("10.1.0.1")
+	if err := dp.Maps.Update(maps.MapPeers, maps.AddrToBE32(peer), maps.PeerValue{}); err != nil {
+		t.Fatal(err)
+	}
+	sizes := func(dp *Datapath) Tables {
+		return Tables{Routes: dp.Maps.Map(maps.MapRoutes).MaxEntries(), Peers: dp.Maps.Map(maps.MapPeers).MaxEntries(),
+			PeerSources: dp.Maps.Map(maps.MapPeerSources).MaxEntries()}
+	}
+	if got := sizes(dp); got != first {
+		t.Errorf("after the first load: sizes %+v, want %+v", got, first)
+	}
+	need := maps.NewState()
+	for i := range 8193 {
+		need.Peers[netip.AddrFrom4([4]byte{10, 2, byte(i >> 8), byte(i)})] = maps.Peer{}
+	}
+	if err := dp.Maps.CheckCapacity(need); !errors.Is(err, maps.ErrCapacity) || !strings.Contains(err.Error(), "peers holds 8192 entries and the plan needs 8193") {
+		t.Errorf("CheckCapacity of 8,193 peers in 8,192: %v", err)
+	}
+	dp.Close()
+
+	second := Tables{Routes: 65536, Peers: 16384, PeerSources: 65536}
+	dp, err = Load(dir, Options{NatEntries: 1024, Tables: second})
+	if err != nil {
+		t.Fatalf("load with other sizes: %v", err)
+	}
+	defer dp.Close()
+	noTempPins(t, dir)
+	if got := sizes(dp); got != second {
+		t.Errorf("after the migration: sizes %+v, want %+v", got, second)
+	}
+	var v maps.PeerValue
+	if err := dp.Maps.Map(maps.MapPeers).Lookup(maps.AddrToBE32(peer), &v); err != nil {
+		t.Errorf("peer lost in the migration: %v", err)
+	}
+	if err := dp.Maps.CheckCapacity(need); err != nil {
+		t.Errorf("CheckCapacity of 8,193 peers in 16,384: %v", err)
 	}
 }

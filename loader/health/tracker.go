@@ -10,7 +10,7 @@
 // unanswered, or that answers that it does not reach the site, is down; Rise
 // good answers in a row bring it back (hysteresis: a flapping path does not
 // move flows on every probe). The agent turns the down members into
-// nexthop_groups slots (maps.FromPlan, NodeConfig.Down). With a Responder (the
+// nexthop_groups slots (mapstate.FromPlan, NodeConfig.Down). With a Responder (the
 // datapath's), the answers come from claims the Checker refreshes in a pinned
 // map with a deadline, so they go on while the agent restarts and stop
 // claiming reach once it has been gone for ReachExpiry.

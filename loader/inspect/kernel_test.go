@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/isthmus-dev/isthmus/bpf"
+	"github.com/isthmus-dev/isthmus/loader/mapstate"
 	"github.com/isthmus-dev/isthmus/loader/objects"
 	"github.com/isthmus-dev/isthmus/loader/plan"
 	"github.com/isthmus-dev/isthmus/maps"
@@ -68,7 +69,7 @@ func fillMaps(t *testing.T, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, warnings := maps.FromPlan(p, maps.NodeConfig{
+	st, warnings := mapstate.FromPlan(p, mapstate.NodeConfig{
 		VNI: 4242, UnderlayIfindex: 2, OverlayIfindex: 7, OverlayMAC: net.HardwareAddr{2, 0, 0, 0, 0, 7},
 		TunnelMTU: 1450, PodIfindexes: []int{11, 12}, SNATPortMin: 40000, SNATPortMax: 40999,
 	})
@@ -119,7 +120,7 @@ func fillMaps(t *testing.T, dir string) {
 	metric(137, maps.HookUnderlayXDP, maps.MetricsValue{Packets: 2, Bytes: 200})                                           // drop unknown_peer
 	metric(150, maps.HookPodIngress)                                                                                       // zero: left out
 	// aks-nodepool1-1 (10.0.0.5) goes down: its group keeps only 10.0.0.4.
-	down, _ := maps.FromPlan(p, maps.NodeConfig{
+	down, _ := mapstate.FromPlan(p, mapstate.NodeConfig{
 		VNI: 4242, UnderlayIfindex: 2, OverlayIfindex: 7, OverlayMAC: net.HardwareAddr{2, 0, 0, 0, 0, 7},
 		TunnelMTU: 1450, PodIfindexes: []int{11, 12}, SNATPortMin: 40000, SNATPortMax: 40999,
 		Down: map[maps.GroupMember]bool{{Addr: netip.MustParseAddr("10.0.0.5")}: true},
@@ -230,7 +231,7 @@ func TestInspectGroupsPerSite(t *testing.T) {
 			{Prefix: netip.MustParsePrefix("10.63.0.0/16"), Group: gws, Site: "south"},
 		},
 	}
-	st, _ := maps.FromPlan(p, maps.NodeConfig{Down: map[maps.GroupMember]bool{
+	st, _ := mapstate.FromPlan(p, mapstate.NodeConfig{Down: map[maps.GroupMember]bool{
 		{Site: "north", Addr: gw2}: true, {Site: "south", Addr: gw1}: true, {Site: "south", Addr: gw2}: true,
 	}})
 	applyState(t, dir, st)

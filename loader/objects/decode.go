@@ -29,6 +29,7 @@ type loader struct {
 	nodes    []entry[corev1.Node]
 	errs     []error
 	warnings []Warning
+	rules    Rules
 }
 
 func (l *loader) errorf(file, object, field, format string, args ...any) {

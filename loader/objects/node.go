@@ -3,6 +3,7 @@ package objects
 import (
 	"fmt"
 	"net/netip"
+	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -118,14 +119,21 @@ func TunnelAddr(node *corev1.Node) (addr netip.Addr, origin string, ok bool) {
 		if err != nil || !a.Is4() {
 			return netip.Addr{}, "", false
 		}
-		return a, fmt.Sprintf("Node %q %s", node.Name, TunnelAddrField), true
+		return a, NodeField(node.Name, TunnelAddrField), true
 	}
 	for _, f := range PodCIDRFields(node) {
 		if a, ok := firstHost(f.Prefix); ok {
-			return a, fmt.Sprintf("Node %q %s", node.Name, f.Field), true
+			return a, NodeField(node.Name, f.Field), true
 		}
 	}
 	return netip.Addr{}, "", false
+}
+
+// NodeField names a field of a Node for messages and route origins:
+// `Node "b1" spec.podCIDRs[0]`. A plan names one per route and allowed
+// source, so it concatenates rather than formats.
+func NodeField(node, field string) string {
+	return "Node " + strconv.Quote(node) + " " + field
 }
 
 // firstHost returns the address after the network address of an IPv4 prefix

@@ -3,6 +3,7 @@ package objects
 import (
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"strings"
 )
@@ -49,12 +50,36 @@ func Label(kind, name string) string { return label(kind, name) }
 // ValidateSettingAside) instead of failing. Only reading the directory can
 // fail.
 func LoadDirSettingAside(dir string) (*Set, []Warning, error) {
+	return Rules{}.LoadDirSettingAside(dir)
+}
+
+// Rules are the cluster's settings that validation checks objects against,
+// beyond the objects themselves. The zero Rules checks nothing more.
+type Rules struct {
+	// TunnelCIDR, when valid, is where tunnel addresses are allocated (the
+	// controller's --tunnel-cidr): a Node whose isthmus.dev/tunnel-ipv4
+	// annotation lies outside it is set aside, so a node cannot claim an
+	// address the network does not route to tunnels, or one a pod or
+	// another network holds. A tunnel address that is the first address of
+	// the node's podCIDR (no annotation) is not checked against it.
+	TunnelCIDR netip.Prefix
+}
+
+// LoadDirSettingAside is the package function LoadDirSettingAside, with r.
+func (r Rules) LoadDirSettingAside(dir string) (*Set, []Warning, error) {
 	files, err := readDir(dir)
 	if err != nil {
 		return nil, nil, err
 	}
-	set, warns := LoadSettingAside(files)
+	set, warns := r.loadSettingAside(files)
 	return set, warns, nil
+}
+
+// ValidateSettingAside is the package function ValidateSettingAside, with r.
+func (r Rules) ValidateSettingAside(in Objects) (*Set, []Warning) {
+	l := &loader{rules: r}
+	l.addAll(in)
+	return l.finishSettingAside()
 }
 
 // LoadSettingAside is Load that sets invalid objects aside instead of
@@ -62,7 +87,11 @@ func LoadDirSettingAside(dir string) (*Set, []Warning, error) {
 // by their place in the file, so of two conflicting objects the one written
 // first stays.
 func LoadSettingAside(files map[string][]byte) (*Set, []Warning) {
-	l := &loader{}
+	return Rules{}.loadSettingAside(files)
+}
+
+func (r Rules) loadSettingAside(files map[string][]byte) (*Set, []Warning) {
+	l := &loader{rules: r}
 	for _, name := range slices.Sorted(maps.Keys(files)) {
 		l.decodeFile(name, files[name])
 	}
@@ -78,9 +107,7 @@ func LoadSettingAside(files map[string][]byte) (*Set, []Warning) {
 // peerings naming it): those are set aside too, with their own reasons, until
 // what is left is valid. The Set satisfies every promise of a Set from Load.
 func ValidateSettingAside(in Objects) (*Set, []Warning) {
-	l := &loader{}
-	l.addAll(in)
-	return l.finishSettingAside()
+	return Rules{}.ValidateSettingAside(in)
 }
 
 // finishSettingAside validates what the loader holds, setting aside objects

@@ -3,6 +3,8 @@ package objects
 import (
 	"math/rand/v2"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -207,6 +209,52 @@ func TestOverlapPairs(t *testing.T) {
 		}
 		if diff := cmp.Diff(want, overlapPairs(ps)); diff != "" {
 			t.Fatalf("seed %d (-every pair +sweep):\n%s", seed, diff)
+		}
+	}
+}
+
+// TestSetAsideTunnelOutsideCIDR: with a tunnel CIDR configured, a Node whose
+// annotation lies outside it is set aside with that reason, and a Node
+// annotated inside it, a Node whose tunnel address is its podCIDR's first
+// address (outside the CIDR, and not an annotation) and the other Site's Node
+// stay. Without the rule the same objects are all valid.
+func TestSetAsideTunnelOutsideCIDR(t *testing.T) {
+	files := map[string][]byte{"o.yaml": docs(
+		site("a", "10.1.0.0/24", "10.10.0.0/16"),
+		site("b", "10.2.0.0/24", "10.20.0.0/16"),
+		peering("a-b", "a, b"),
+		tunnelNode("a1", "10.1.0.1", "", "100.64.0.1"),
+		tunnelNode("a2", "10.1.0.2", "", "192.168.77.7"),
+		node("a3", "10.1.0.3", "10.10.3.0/24"),
+		node("b1", "10.2.0.1", "10.20.1.0/24"),
+	)}
+	if set, _ := LoadSettingAside(files); len(set.Rejected) != 0 {
+		t.Fatalf("without a tunnel CIDR: set aside %v", set.Rejected)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "o.yaml"), files["o.yaml"], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rules := Rules{TunnelCIDR: netip.MustParsePrefix("100.64.0.0/16")}
+	fromDir, _, err := rules.LoadDirSettingAside(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, ok := decodeOnly(files)
+	if !ok {
+		t.Fatal("test objects do not decode")
+	}
+	fromAPI, _ := rules.ValidateSettingAside(in)
+	for what, set := range map[string]*Set{"directory": fromDir, "API objects": fromAPI} {
+		if diff := cmp.Diff([]string{`Node "a2"`}, rejectedLabels(set)); diff != "" {
+			t.Fatalf("%s: set aside (-want +got):\n%s", what, diff)
+		}
+		r := set.Rejection(`Node "a2"`)
+		if got := r.String(); !strings.Contains(got, "192.168.77.7 is outside the tunnel CIDR 100.64.0.0/16") {
+			t.Errorf("%s: reason %q does not name the address and the CIDR", what, got)
+		}
+		if diff := cmp.Diff([]string{"a1", "a3", "b1"}, names(set.Nodes, func(n corev1.Node) string { return n.Name })); diff != "" {
+			t.Errorf("%s: nodes kept (-want +got):\n%s", what, diff)
 		}
 	}
 }

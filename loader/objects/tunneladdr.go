@@ -100,6 +100,9 @@ func (l *loader) tunnelAddrOf(e entry[corev1.Node]) (t fieldAddr, annotated, ok 
 		case a.IsUnspecified() || a.IsLoopback() || a.IsMulticast() || a.IsLinkLocalUnicast() || a == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
 			l.errorf(e.file, e.label, TunnelAddrField, "%s is not a unicast address a peer can route to", a)
 			return t, true, false
+		case l.rules.TunnelCIDR.IsValid() && !l.rules.TunnelCIDR.Contains(a):
+			l.errorf(e.file, e.label, TunnelAddrField, "%s is outside the tunnel CIDR %s (--tunnel-cidr): a node may not claim an address outside it", a, l.rules.TunnelCIDR)
+			return t, true, false
 		}
 		return fieldAddr{e.file, e.label, TunnelAddrField, a}, true, true
 	}

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"regexp"
 	"slices"
+	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -21,7 +22,9 @@ func (f fieldPrefix) describe() string {
 	return inFile(fmt.Sprintf("%s %s %s", f.object, f.field, f.prefix), f.file)
 }
 
-func fieldIndex(field string, i int) string { return fmt.Sprintf("%s[%d]", field, i) }
+// fieldIndex returns field[i]; it runs for every CIDR of every object on each
+// snapshot, so it concatenates rather than formats.
+func fieldIndex(field string, i int) string { return field + "[" + strconv.Itoa(i) + "]" }
 
 // normalizeCIDR parses *s as a prefix and rewrites it in canonical form. Host
 // bits set (10.0.2.5/23) change what the user wrote, so they earn a warning;

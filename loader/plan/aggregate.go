@@ -12,28 +12,34 @@ import (
 // that holds exactly the addresses of ps: duplicates and prefixes inside
 // another dropped, two halves of a prefix merged into it, repeatedly.
 func AggregatePrefixes(ps []netip.Prefix) []netip.Prefix {
-	if len(ps) < 2 {
+	if len(ps) < 2 || minimal(ps) {
 		return ps
 	}
-	set := make(map[netip.Prefix]bool, len(ps))
+	return mergePrefixes(ps)
+}
+
+// mergePrefixes is AggregatePrefixes without the check for a list that is
+// minimal already.
+func mergePrefixes(ps []netip.Prefix) []netip.Prefix {
+	set := newPrefixMap[struct{}](len(ps))
 	for _, p := range ps {
-		set[p.Masked()] = true
+		set.put(p.Masked(), struct{}{})
 	}
 	for {
 		changed := false
-		for _, p := range slices.Collect(maps.Keys(set)) {
-			if !set[p] {
+		for _, p := range slices.Collect(maps.Keys(set.m)) {
+			if !set.has(p) {
 				continue
 			}
-			if coveringKey(set, p) {
-				delete(set, p)
+			if _, ok := set.covering(p); ok {
+				set.remove(p)
 				changed = true
 				continue
 			}
-			if s, ok := sibling(p); ok && set[s] {
-				delete(set, p)
-				delete(set, s)
-				set[parent(p)] = true
+			if s, ok := sibling(p); ok && set.has(s) {
+				set.remove(p)
+				set.remove(s)
+				set.put(parent(p), struct{}{})
 				changed = true
 			}
 		}
@@ -41,22 +47,111 @@ func AggregatePrefixes(ps []netip.Prefix) []netip.Prefix {
 			break
 		}
 	}
-	out := slices.Collect(maps.Keys(set))
+	out := slices.Collect(maps.Keys(set.m))
 	sortPrefixes(out)
 	return out
 }
 
-// routeTarget is what a route sends to: routes with equal targets may merge.
+// prefixMap is a map keyed by prefix that finds the longest prefix holding
+// another by trying only the lengths it holds (a plan's tables have a few:
+// /16 blocks, /24 podCIDRs, /32 addresses), not all 32 or 128.
+type prefixMap[V any] struct {
+	m       map[netip.Prefix]V
+	lengths [129]int // keys of each length
+}
+
+func newPrefixMap[V any](n int) *prefixMap[V] {
+	return &prefixMap[V]{m: make(map[netip.Prefix]V, n)}
+}
+
+func (pm *prefixMap[V]) has(p netip.Prefix) bool { _, ok := pm.m[p]; return ok }
+
+func (pm *prefixMap[V]) put(p netip.Prefix, v V) {
+	if _, ok := pm.m[p]; !ok {
+		pm.lengths[p.Bits()]++
+	}
+	pm.m[p] = v
+}
+
+func (pm *prefixMap[V]) remove(p netip.Prefix) {
+	if _, ok := pm.m[p]; ok {
+		pm.lengths[p.Bits()]--
+		delete(pm.m, p)
+	}
+}
+
+// covering returns the value of the longest key strictly containing p.
+func (pm *prefixMap[V]) covering(p netip.Prefix) (V, bool) {
+	for bits := p.Bits() - 1; bits >= 0; bits-- {
+		if pm.lengths[bits] == 0 {
+			continue
+		}
+		if v, ok := pm.m[netip.PrefixFrom(p.Addr(), bits).Masked()]; ok {
+			return v, true
+		}
+	}
+	var zero V
+	return zero, false
+}
+
+// minimal reports whether ps is sorted, masked and already the smallest
+// list: no prefix overlaps an earlier one and no two neighbours are halves
+// of one prefix. Most allowed-source lists of a plan are (a podCIDR and a
+// tunnel address), and this check costs no map. Prefixes either nest or are
+// disjoint, so in sorted order a prefix inside an earlier one is inside the
+// last one that was inside none.
+func minimal(ps []netip.Prefix) bool {
+	reach := ps[0]
+	if reach.Masked() != reach {
+		return false
+	}
+	for i, p := range ps[1:] {
+		if p.Masked() != p || comparePrefix(ps[i], p) >= 0 || reach.Contains(p.Addr()) {
+			return false
+		}
+		if s, ok := sibling(p); ok && s == ps[i] {
+			return false
+		}
+		reach = p
+	}
+	return true
+}
+
+// target is what a route sends to: routes with equal targets may merge.
 // The remote site is part of it: a group's members are chosen per site (a
 // gateway may reach one site and not another), so routes to two sites never
-// merge even through the same gateways.
-func routeTarget(r Route) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s|%s|%v|%s", r.Peer, r.Via, r.TransitOnly, r.Site)
-	for _, h := range r.Group {
-		fmt.Fprintf(&b, "|%s %s", h.Peer, h.Via)
+// merge even through the same gateways. Comparable, so the aggregation
+// compares targets without formatting them.
+type target struct {
+	peer    string
+	via     netip.Addr
+	transit bool
+	site    string
+	group   string // the group's members, "peer via" joined by "|"
+}
+
+// routeTarget returns r's target.
+func routeTarget(r Route) target {
+	t := target{peer: r.Peer, via: r.Via, transit: r.TransitOnly, site: r.Site}
+	if len(r.Group) > 0 {
+		var b strings.Builder
+		for _, h := range r.Group {
+			b.WriteString(h.Peer)
+			b.WriteByte(' ')
+			b.WriteString(h.Via.String())
+			b.WriteByte('|')
+		}
+		t.group = b.String()
 	}
-	return b.String()
+	return t
+}
+
+// targeted is a route with its target computed once.
+type targeted struct {
+	route  Route
+	target target
+	// merged counts the routes folded into this one, besides itself.
+	merged int
 }
 
 // aggregateRoutes returns routes that send every address where routes do (by
@@ -69,26 +164,23 @@ func aggregateRoutes(routes []Route) []Route {
 	if len(routes) < 2 {
 		return routes
 	}
-	byPrefix := make(map[netip.Prefix]Route, len(routes))
-	merged := make(map[netip.Prefix]int) // routes folded into each, besides itself
+	byPrefix := newPrefixMap[*targeted](len(routes))
 	for _, r := range routes {
-		byPrefix[r.Prefix] = r
+		byPrefix.put(r.Prefix, &targeted{route: r, target: routeTarget(r)})
 	}
 	for {
 		changed := false
-		keys := slices.Collect(maps.Keys(byPrefix))
+		keys := slices.Collect(maps.Keys(byPrefix.m))
 		// Longest first, so halves merge before their parents are looked at.
 		slices.SortFunc(keys, func(a, b netip.Prefix) int { return b.Bits() - a.Bits() })
 		for _, p := range keys {
-			r, ok := byPrefix[p]
+			r, ok := byPrefix.m[p]
 			if !ok {
 				continue
 			}
-			t := routeTarget(r)
-			if c, ok := nearestCovering(byPrefix, p); ok && routeTarget(c) == t {
-				merged[c.Prefix] += 1 + merged[p]
-				delete(byPrefix, p)
-				delete(merged, p)
+			if c, ok := byPrefix.covering(p); ok && c.target == r.target {
+				c.merged += 1 + r.merged
+				byPrefix.remove(p)
 				changed = true
 				continue
 			}
@@ -96,24 +188,20 @@ func aggregateRoutes(routes []Route) []Route {
 			if !ok {
 				continue
 			}
-			if o, ok := byPrefix[s]; ok && routeTarget(o) == t {
+			if o, ok := byPrefix.m[s]; ok && o.target == r.target {
 				first, second := r, o
 				if comparePrefix(s, p) < 0 {
 					first, second = o, r
 				}
-				up := first
-				up.Prefix = parent(p)
-				up.Group = slices.Clone(first.Group)
-				n := 1 + merged[first.Prefix] + merged[second.Prefix]
-				if old, ok := byPrefix[up.Prefix]; ok && routeTarget(old) == t {
-					n += 1 + merged[up.Prefix] // the same target: folded in too
+				up := &targeted{route: first.route, target: r.target, merged: 1 + first.merged + second.merged}
+				up.route.Prefix = parent(p)
+				up.route.Group = slices.Clone(first.route.Group)
+				if old, ok := byPrefix.m[up.route.Prefix]; ok && old.target == r.target {
+					up.merged += 1 + old.merged // the same target: folded in too
 				}
-				delete(byPrefix, p)
-				delete(byPrefix, s)
-				delete(merged, p)
-				delete(merged, s)
-				byPrefix[up.Prefix] = up
-				merged[up.Prefix] = n
+				byPrefix.remove(p)
+				byPrefix.remove(s)
+				byPrefix.put(up.route.Prefix, up)
 				changed = true
 			}
 		}
@@ -121,36 +209,16 @@ func aggregateRoutes(routes []Route) []Route {
 			break
 		}
 	}
-	out := make([]Route, 0, len(byPrefix))
-	for p, r := range byPrefix {
-		if n := merged[p]; n > 0 {
-			r.Origin = fmt.Sprintf("%s and %d more", r.Origin, n)
+	out := make([]Route, 0, len(byPrefix.m))
+	for _, t := range byPrefix.m {
+		r := t.route
+		if t.merged > 0 {
+			r.Origin = fmt.Sprintf("%s and %d more", r.Origin, t.merged)
 		}
 		out = append(out, r)
 	}
 	slices.SortFunc(out, func(a, b Route) int { return comparePrefix(a.Prefix, b.Prefix) })
 	return out
-}
-
-// nearestCovering returns the route of the longest prefix strictly
-// containing p.
-func nearestCovering(byPrefix map[netip.Prefix]Route, p netip.Prefix) (Route, bool) {
-	for bits := p.Bits() - 1; bits >= 0; bits-- {
-		if r, ok := byPrefix[netip.PrefixFrom(p.Addr(), bits).Masked()]; ok {
-			return r, true
-		}
-	}
-	return Route{}, false
-}
-
-// coveringKey reports whether a prefix strictly containing p is in set.
-func coveringKey(set map[netip.Prefix]bool, p netip.Prefix) bool {
-	for bits := p.Bits() - 1; bits >= 0; bits-- {
-		if set[netip.PrefixFrom(p.Addr(), bits).Masked()] {
-			return true
-		}
-	}
-	return false
 }
 
 // sibling returns the other half of p's parent; false for a /0.

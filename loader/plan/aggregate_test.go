@@ -3,20 +3,21 @@ package plan
 import (
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 )
 
 // oracleRoute is a plain longest-prefix match by linear scan over the
 // unaggregated routes, independent of the aggregation's maps and merges.
-func oracleRoute(routes []Route, a netip.Addr) (string, bool) {
+func oracleRoute(routes []Route, a netip.Addr) (target, bool) {
 	best := -1
-	var target string
+	var t target
 	for _, r := range routes {
 		if r.Prefix.Contains(a) && r.Prefix.Bits() > best {
-			best, target = r.Prefix.Bits(), routeTarget(r)
+			best, t = r.Prefix.Bits(), routeTarget(r)
 		}
 	}
-	return target, best >= 0
+	return t, best >= 0
 }
 
 func oracleContains(ps []netip.Prefix, a netip.Addr) bool {
@@ -100,7 +101,7 @@ func TestAggregateRoutesProperty(t *testing.T) {
 			wt, wok := oracleRoute(routes, a)
 			gt, gok := oracleRoute(agg, a)
 			if wt != gt || wok != gok {
-				t.Fatalf("seed %d: %s goes to %q (%v) aggregated, %q (%v) before\nbefore: %v\nafter: %v", seed, a, gt, gok, wt, wok, routes, agg)
+				t.Fatalf("seed %d: %s goes to %+v (%v) aggregated, %+v (%v) before\nbefore: %v\nafter: %v", seed, a, gt, gok, wt, wok, routes, agg)
 			}
 		}
 		if again := aggregateRoutes(append([]Route(nil), agg...)); len(again) != len(agg) {
@@ -120,6 +121,16 @@ func TestAggregatePrefixesProperty(t *testing.T) {
 			ps = append(ps, randomPrefix(r))
 		}
 		agg := AggregatePrefixes(append([]netip.Prefix(nil), ps...))
+		// The shortcut for lists minimal already agrees with the merge: an
+		// aggregate is minimal, and a sorted list it calls minimal is what
+		// the merge returns.
+		if len(agg) > 0 && !minimal(agg) {
+			t.Fatalf("seed %d: aggregate %v not called minimal", seed, agg)
+		}
+		if sorted := sortedUnique(append([]netip.Prefix(nil), ps...)); minimal(sorted) &&
+			!slices.Equal(mergePrefixes(append([]netip.Prefix(nil), sorted...)), sorted) {
+			t.Fatalf("seed %d: %v called minimal, merged to %v", seed, sorted, mergePrefixes(sorted))
+		}
 		for _, a := range probes(r, append(append([]netip.Prefix(nil), ps...), agg...)) {
 			if oracleContains(ps, a) != oracleContains(agg, a) {
 				t.Fatalf("seed %d: %s in aggregate %v, in original %v\noriginal %v\naggregate %v", seed, a, oracleContains(agg, a), oracleContains(ps, a), ps, agg)

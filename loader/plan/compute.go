@@ -245,7 +245,7 @@ func (p *NodePlan) addPeer(set *objects.Set, c *candidate) {
 			Prefix: f.Prefix,
 			Peer:   peer.Name,
 			Via:    underlay,
-			Origin: fmt.Sprintf("Node %q %s", peer.Name, f.Field),
+			Origin: objects.NodeField(peer.Name, f.Field),
 		})
 	}
 	if hasTunnel && !slices.ContainsFunc(fields, func(f objects.FieldPrefix) bool { return f.Prefix.Contains(tunnel) }) {
@@ -393,7 +393,7 @@ func (p *NodePlan) snatPolicy(self *corev1.Node, site *v1alpha1.Site) SNATPolicy
 	inPods := false
 	for _, f := range objects.PodCIDRFields(self) {
 		if f.Prefix.Addr().Is4() {
-			s.Exempt = append(s.Exempt, ExemptSource{Prefix: f.Prefix, Origin: fmt.Sprintf("Node %q %s", self.Name, f.Field)})
+			s.Exempt = append(s.Exempt, ExemptSource{Prefix: f.Prefix, Origin: objects.NodeField(self.Name, f.Field)})
 			inPods = inPods || f.Prefix.Contains(p.TunnelAddr)
 		}
 	}

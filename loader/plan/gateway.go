@@ -129,7 +129,7 @@ func (a *assignment) prefixesOf(set *objects.Set, t *v1alpha1.Site) []sitePrefix
 	for _, n := range set.NodesOf(t.Name) {
 		fields := objects.PodCIDRFields(n)
 		for _, f := range fields {
-			add(sitePrefix{prefix: f.Prefix, origin: fmt.Sprintf("Node %q %s", n.Name, f.Field), node: n.Name})
+			add(sitePrefix{prefix: f.Prefix, origin: objects.NodeField(n.Name, f.Field), node: n.Name})
 		}
 		if tunnel, origin, ok := objects.TunnelAddr(n); ok && !slices.ContainsFunc(fields, func(f objects.FieldPrefix) bool { return f.Prefix.Contains(tunnel) }) {
 			add(sitePrefix{prefix: HostPrefix(tunnel), origin: origin, node: n.Name})

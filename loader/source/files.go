@@ -16,6 +16,7 @@ import (
 // one directory, read with objects.LoadDir, watched with fsnotify.
 type Files struct {
 	dir    string
+	rules  objects.Rules
 	w      *fsnotify.Watcher
 	n      *notifier
 	log    *slog.Logger
@@ -26,9 +27,9 @@ type Files struct {
 }
 
 // NewFiles watches dir; Changed fires debounce (0: DefaultDebounce) after the
-// last file in it was created, written, removed or renamed. log (nil:
-// slog.Default) gets watch errors.
-func NewFiles(dir string, debounce time.Duration, log *slog.Logger) (*Files, error) {
+// last file in it was created, written, removed or renamed. Snapshot checks
+// the objects against rules too. log (nil: slog.Default) gets watch errors.
+func NewFiles(dir string, rules objects.Rules, debounce time.Duration, log *slog.Logger) (*Files, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -40,7 +41,7 @@ func NewFiles(dir string, debounce time.Duration, log *slog.Logger) (*Files, err
 		w.Close()
 		return nil, fmt.Errorf("watch objects %s: %w", dir, err)
 	}
-	f := &Files{dir: dir, w: w, n: newNotifier(debounce), log: log, done: make(chan struct{}), closed: make(chan struct{})}
+	f := &Files{dir: dir, rules: rules, w: w, n: newNotifier(debounce), log: log, done: make(chan struct{}), closed: make(chan struct{})}
 	go f.watch()
 	return f, nil
 }
@@ -70,9 +71,10 @@ func (f *Files) watch() {
 }
 
 // Snapshot reads and validates the directory; invalid objects are set aside
-// (objects.LoadDirSettingAside), only a directory that cannot be read fails.
+// (objects.Rules.LoadDirSettingAside), only a directory that cannot be read
+// fails.
 func (f *Files) Snapshot() (*objects.Set, []objects.Warning, error) {
-	set, warns, err := objects.LoadDirSettingAside(f.dir)
+	set, warns, err := f.rules.LoadDirSettingAside(f.dir)
 	if err != nil {
 		return nil, warns, fmt.Errorf("load objects %s: %w", f.dir, err)
 	}

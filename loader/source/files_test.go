@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/isthmus-dev/isthmus/loader/objects"
 )
 
 const filesSites = `apiVersion: isthmus.dev/v1alpha1
@@ -29,7 +31,7 @@ func TestFiles(t *testing.T) {
 		}
 	}
 	write("sites.yaml", filesSites)
-	f, err := NewFiles(dir, 10*time.Millisecond, slog.New(slog.NewTextHandler(testWriter{t}, nil)))
+	f, err := NewFiles(dir, objects.Rules{}, 10*time.Millisecond, slog.New(slog.NewTextHandler(testWriter{t}, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +66,7 @@ func TestFiles(t *testing.T) {
 }
 
 func TestFilesMissingDir(t *testing.T) {
-	if _, err := NewFiles(filepath.Join(t.TempDir(), "nope"), 0, nil); err == nil {
+	if _, err := NewFiles(filepath.Join(t.TempDir(), "nope"), objects.Rules{}, 0, nil); err == nil {
 		t.Error("NewFiles of a missing directory succeeded")
 	}
 }

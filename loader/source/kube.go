@@ -71,6 +71,8 @@ type KubernetesConfig struct {
 	Debounce time.Duration
 	// Log (nil: slog.Default) gets conversion problems and watch errors.
 	Log *slog.Logger
+	// Rules are checked on every Snapshot besides the objects' own rules.
+	Rules objects.Rules
 }
 
 // Kubernetes is the source of Kubernetes mode: client-go informers on Nodes
@@ -80,6 +82,7 @@ type KubernetesConfig struct {
 // Nothing here clears a cache on an error.
 type Kubernetes struct {
 	log     *slog.Logger
+	rules   objects.Rules
 	n       *notifier
 	synced  atomic.Bool
 	cancel  context.CancelFunc
@@ -104,6 +107,7 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*Kubernetes, erro
 	}
 	k := &Kubernetes{
 		log:     cfg.Log,
+		rules:   cfg.Rules,
 		n:       newNotifier(cfg.Debounce),
 		factory: informers.NewSharedInformerFactory(cfg.Client, cfg.Resync),
 		dynamic: dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, cfg.Resync),
@@ -297,7 +301,7 @@ func (k *Kubernetes) Snapshot() (*objects.Set, []objects.Warning, error) {
 		return nil, nil, errors.Join(errs...)
 	}
 	in, warns := in.WithoutUnsitedNodes()
-	set, more := objects.ValidateSettingAside(in)
+	set, more := k.rules.ValidateSettingAside(in)
 	return set, append(warns, more...), nil
 }
 

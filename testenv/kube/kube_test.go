@@ -31,7 +31,7 @@ var siteGVR = schema.GroupVersionResource{Group: "isthmus.dev", Version: "v1alph
 
 // startServer starts an API server for one test and stops it when the test
 // ends. A failed build of the binaries fails the test with the build's output.
-func startServer(t *testing.T) *kube.Server {
+func startServer(t testing.TB) *kube.Server {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute) // the first build is slow
 	defer cancel()
@@ -48,7 +48,7 @@ func startServer(t *testing.T) *kube.Server {
 }
 
 // startWithCRDs starts an API server with the CRDs of deploy/crds installed.
-func startWithCRDs(t *testing.T) *kube.Server {
+func startWithCRDs(t testing.TB) *kube.Server {
 	t.Helper()
 	s := startServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -135,7 +135,7 @@ func startSource(t *testing.T, s *kube.Server) *source.Kubernetes {
 	return src
 }
 
-func testLogger(t *testing.T, who string) *slog.Logger {
+func testLogger(t testing.TB, who string) *slog.Logger {
 	if testing.Verbose() {
 		return slog.New(slog.NewTextHandler(os.Stderr, nil)).With("who", who)
 	}
