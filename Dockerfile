@@ -36,7 +36,7 @@ LABEL org.opencontainers.image.title="isthmus" \
       org.opencontainers.image.source="https://github.com/isthmus-dev/isthmus" \
       org.opencontainers.image.version="${VERSION}"
 RUN apt-get update \
- && apt-get install -y --no-install-recommends bpftool iproute2 iptables \
+ && apt-get install -y --no-install-recommends bpftool iproute2 iptables nftables \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/isthmus /usr/local/bin/isthmus
 # The CNI plugin; the agent copies it into the node's /opt/cni/bin (docs/cni.md).
