@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"io"
 	"net/netip"
@@ -350,8 +351,10 @@ func denyCount(ctx context.Context, t *testing.T, l *testenv.Lab, node, pod stri
 }
 
 // TestLabUpKubernetes: `isthmus lab up --kubernetes iptables` brings seed 000 up
-// with a real API server, agents fed from it and kube-proxy on every node, serves
-// it until interrupted, and then removes all of it.
+// with a real API server, the isthmus controller, agents fed from the API and
+// kube-proxy on every node; `lab check` shows the Sites the controller made
+// Ready and a passing matrix; `lab down` from another process stops the serving
+// process, which removes all of it.
 func TestLabUpKubernetes(t *testing.T) {
 	requireSetup(t)
 	name := labName()
@@ -407,11 +410,46 @@ func TestLabUpKubernetes(t *testing.T) {
 			time.Sleep(250 * time.Millisecond)
 		}
 	}
-	if err := cmd.Process.Signal(os.Interrupt); err != nil {
-		t.Fatal(err)
+	// The controller runs: it wrote every Site's Ready condition, and `lab
+	// check` shows them above a passing matrix.
+	var out []byte
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Second) {
+		out, err = exec.CommandContext(ctx, binary, "lab", "check", "seed000", "--name", name).CombinedOutput()
+		if err == nil && strings.Contains(string(out), "site cluster: Ready True") && strings.Contains(string(out), "site flex-site: Ready True") {
+			break
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(testenv.StateDir(name), "controller.log"))
+			t.Fatalf("lab check after 1m: %v, want both Sites Ready True and a passing matrix:\n%s\ncontroller log:\n%s", err, out, log)
+		}
+	}
+	t.Logf("lab check:\n%s", out)
+	identity := []byte("--identity\x00lab-" + name + "\x00")
+	if controllerPIDs(identity) == nil {
+		t.Fatal("no isthmus controller process with identity lab-" + name)
+	}
+	// `lab down` from another process stops the one serving the lab, which
+	// takes it all down: API server, controller, kube-proxy, agents.
+	if out, err := exec.CommandContext(ctx, binary, "lab", "down", "--name", name).CombinedOutput(); err != nil {
+		t.Fatalf("lab down: %v\n%s", err, out)
 	}
 	if err := cmd.Wait(); err != nil {
-		t.Fatalf("lab up --kubernetes after Ctrl-C: %v\n%s", err, stderr.String())
+		t.Fatalf("lab up --kubernetes after lab down: %v\n%s", err, stderr.String())
+	}
+	if pids := controllerPIDs(identity); pids != nil {
+		t.Errorf("isthmus controller still running after lab down: pids %v", pids)
 	}
 	assertGone(t, name)
+}
+
+// controllerPIDs returns the processes whose command line holds identity.
+func controllerPIDs(identity []byte) []string {
+	var pids []string
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, identity) {
+			pids = append(pids, filepath.Base(filepath.Dir(p)))
+		}
+	}
+	return pids
 }
