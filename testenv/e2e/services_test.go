@@ -82,8 +82,9 @@ var seed003Services = []serviceCase{
 	// cloud pods reach a NodePort on another cloud node because flannel's
 	// MASQUERADE gives them their node's address there. Not covered: a pod
 	// dialling another node of its own site by its underlay address with
-	// nothing masquerading it (the edge site): the reply comes back through the
-	// tunnel and strict rp_filter drops it (docs/architecture.md, "Netfilter").
+	// nothing masquerading it (the edge site): the request arrives on the
+	// underlay from a pod address that node routes into the tunnel, and strict
+	// rp_filter drops it (docs/architecture.md, "Netfilter").
 	// A remote site's node addresses are not reachable at all (carved out of
 	// the routes; the firewall passes only the tunnel).
 	{name: "NodePort on a member, remote member backend", client: "m03-p1", backend: "e01-p1", nodePort: "master-02", saw: "node:master-02"},
