@@ -35,8 +35,11 @@ LABEL org.opencontainers.image.title="isthmus" \
       org.opencontainers.image.description="eBPF GENEVE datapath joining the pod networks of several Kubernetes sites: agent, controller and tools" \
       org.opencontainers.image.source="https://github.com/isthmus-dev/isthmus" \
       org.opencontainers.image.version="${VERSION}"
+# iptables and nftables: the agent's nat exemption for other CNIs' MASQUERADE, in the
+# iptables nat table and in a table of its own for CNIs that write nftables
+# (docs/architecture.md, "Netfilter").
 RUN apt-get update \
- && apt-get install -y --no-install-recommends bpftool iproute2 iptables \
+ && apt-get install -y --no-install-recommends bpftool iproute2 iptables nftables \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/isthmus /usr/local/bin/isthmus
 # The CNI plugin; the agent copies it into the node's /opt/cni/bin (docs/cni.md).

@@ -52,6 +52,12 @@ func down(lab string, opts DownOptions, agents map[string]*agent) error {
 	var errs []error
 	state := StateDir(lab)
 
+	// A lab served in Kubernetes mode by another process (lab up --kubernetes)
+	// holds its API server, controller and kube-proxies there: that process
+	// takes them down, then the rest below finds little left.
+	if err := stopServing(state); err != nil {
+		errs = append(errs, err)
+	}
 	pids, _ := filepath.Glob(filepath.Join(state, "*.pid"))
 	for _, pf := range pids {
 		node := strings.TrimSuffix(filepath.Base(pf), ".pid")

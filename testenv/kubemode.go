@@ -10,7 +10,9 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -47,6 +49,7 @@ type kubeLab struct {
 	wg         sync.WaitGroup
 	proxies    []*kubeProxy // StartKubeProxy's, guarded by Lab.mu
 	proxyBin   string
+	controller *kube.Process // StartController's, guarded by Lab.mu
 }
 
 // Kube returns the lab's API server, or nil when the agents read files.
@@ -205,15 +208,16 @@ func (l *Lab) stopKube() error {
 	if k == nil {
 		return nil
 	}
+	cerr := l.stopController()
 	l.kube = nil
 	for _, ln := range k.listeners {
 		ln.Close()
 	}
 	k.wg.Wait()
 	if k.owned {
-		return k.server.Stop()
+		return errors.Join(cerr, k.server.Stop())
 	}
-	return nil
+	return cerr
 }
 
 // forward accepts on ln until it is closed and copies each connection to and
@@ -268,4 +272,59 @@ func forward(ln net.Listener, target string) {
 			mu.Unlock()
 		}()
 	}
+}
+
+// servingFile is the state file that names the process serving a lab in
+// Kubernetes mode (`isthmus lab up --kubernetes`): its pid, then its command
+// line, so Down from another process stops that one and not a process that
+// reused the pid.
+const servingFile = "serving"
+
+// RecordServing records this process as the one serving the lab, so that
+// `isthmus lab down` from another shell stops it (and with it the API server,
+// the controller and kube-proxy it holds) before removing the rest.
+func (l *Lab) RecordServing() error {
+	cmdline, err := os.ReadFile("/proc/self/cmdline")
+	if err != nil {
+		return fmt.Errorf("record serving process: %w", err)
+	}
+	data := append([]byte(strconv.Itoa(os.Getpid())+"\n"), cmdline...)
+	if err := os.WriteFile(filepath.Join(l.StateDir(), servingFile), data, 0o644); err != nil {
+		return fmt.Errorf("record serving process: %w", err)
+	}
+	return nil
+}
+
+// stopServing ends the process RecordServing named for the lab (SIGTERM: it
+// takes the lab down itself) and waits up to a minute for it to exit. Nothing
+// recorded, this process, or a pid that now runs another command line: nothing
+// to do.
+func stopServing(state string) error {
+	data, err := os.ReadFile(filepath.Join(state, servingFile))
+	if err != nil {
+		return nil
+	}
+	pidText, cmdline, _ := strings.Cut(string(data), "\n")
+	pid, err := strconv.Atoi(pidText)
+	if err != nil || pid == os.Getpid() {
+		return nil
+	}
+	// A process that exited has no command line, even while its parent has
+	// not reaped it yet.
+	running := func() bool {
+		now, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		return err == nil && string(now) == cmdline
+	}
+	if !running() {
+		return nil
+	}
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		return nil // gone already
+	}
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if !running() {
+			return nil
+		}
+	}
+	return fmt.Errorf("the process serving the lab (pid %d) still runs a minute after SIGTERM", pid)
 }

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -195,3 +196,37 @@ func (l *Lab) CreateService(ctx context.Context, name, pod string, targetPort ui
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// WaitKubeProxyRules waits until every node's kube-proxy has written rules for
+// every Service's ClusterIP, read back with the mode's own tool
+// (iptables-save, nft), for at most timeout.
+func (l *Lab) WaitKubeProxyRules(ctx context.Context, mode ProxyMode, svcs []Service, timeout time.Duration) error {
+	argv := []string{"iptables-save", "-t", "nat"}
+	if mode == ProxyNFTables {
+		argv = []string{"nft", "list", "table", "ip", "kube-proxy"}
+	}
+	deadline := time.Now().Add(timeout)
+	for _, n := range l.Scenario.Nodes() {
+		for {
+			out, _ := Exec(ctx, l.NodeNS(n.Name), argv...)
+			missing := ""
+			for _, s := range svcs {
+				if !strings.Contains(out, s.ClusterIP.String()) {
+					missing = s.Name
+				}
+			}
+			if missing == "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("kube-proxy (%s) on %s: no rule for %s after %s; log %s", mode, n.Name, missing, timeout, l.KubeProxyLog(n.Name))
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}

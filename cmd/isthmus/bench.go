@@ -9,11 +9,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/isthmus-dev/isthmus/loader/cpbench"
+	"github.com/isthmus-dev/isthmus/testenv"
 	"github.com/isthmus-dev/isthmus/testenv/bench"
 )
 
 func newBenchCmd() *cobra.Command {
-	opts := bench.Options{Scenario: "default", Src: "a1-p1", Dst: "b1-p1", Duration: 8 * time.Second, Rounds: 3, WithoutRules: true}
+	opts := bench.Options{Scenario: "default", Src: "a1-p1", Dst: "b1-p1", Duration: 8 * time.Second, Rounds: 3, WithoutRules: true, KubeProxy: testenv.ProxyIPTables}
 	snatOpts := bench.SNATOptions{Scenario: "seed000", Src: "aks1-ext", Dst: "flex-p1", Duration: 5 * time.Second, Rounds: 3, Workers: 4}
 	var output string
 	var snat, controlPlane bool
@@ -21,7 +22,9 @@ func newBenchCmd() *cobra.Command {
 		Use:   "bench",
 		Short: "Measure one TCP stream pod to pod: isthmus vs kernel VXLAN vs plain routing, in one run",
 		Long: `bench builds the scenario once per datapath (isthmus, kernel VXLAN as flannel
-sets it up, plain routing), with and without the CNI leftover iptables rules, then
+sets it up, plain routing), with and without the CNI leftover iptables rules (and,
+with --kube-proxy, a real kube-proxy with a Service per pod, each lab with rules
+running its own kube-apiserver), then
 measures a single iperf3 TCP stream between two pods in every lab, round after round
 so drift spreads over all of them alike, and prints medians and ratios. The labs are
 removed afterwards. Needs root and iperf3. See docs/benchmarks.md.
@@ -45,6 +48,9 @@ closing connections for --duration) and one iperf3 stream, interleaved.`,
 			}
 			if snat {
 				return runSNATBench(cmd, snatOpts, opts, exe, output)
+			}
+			if opts.KubeProxy != "" && opts.KubeProxy != testenv.ProxyIPTables && opts.KubeProxy != testenv.ProxyNFTables {
+				return fmt.Errorf("bench: --kube-proxy %q: want iptables, nftables or \"\"", opts.KubeProxy)
 			}
 			opts.Binary = exe
 			opts.Log = cmd.ErrOrStderr()
@@ -71,6 +77,7 @@ closing connections for --duration) and one iperf3 stream, interleaved.`,
 	f.DurationVar(&opts.Duration, "duration", opts.Duration, "length of each measurement (the first second is omitted)")
 	f.IntVar(&opts.Rounds, "rounds", opts.Rounds, "measurements per configuration, interleaved")
 	f.BoolVar(&opts.WithoutRules, "without-rules", opts.WithoutRules, "also measure every datapath with the CNI leftover rules removed")
+	f.StringVar((*string)(&opts.KubeProxy), "kube-proxy", string(opts.KubeProxy), `iptables or nftables: kube-proxy in that mode on every node of the labs with rules (needs the kube binaries, make kube-binaries); "" for none`)
 	f.StringVarP(&output, "output", "o", "table", "table or json")
 	f.BoolVar(&snat, "snat", false, "compare BPF return-path SNAT with iptables MASQUERADE over kernel VXLAN (scenario seed000, aks1-ext -> flex-p1, 5s)")
 	f.BoolVar(&controlPlane, "control-plane", false, "measure the control plane instead, without a lab or root: plan time, one-Node change, map entries and heap for fleets of 500, 5,000 and 20,000 nodes, mesh and hub")

@@ -111,6 +111,15 @@ func newLabCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// In Kubernetes mode the controller's view comes first: every
+			// Site's Ready condition.
+			conds, kerr := l.SiteConditions(ctx)
+			if kerr != nil && !errors.Is(kerr, os.ErrNotExist) {
+				return kerr
+			}
+			for _, c := range conds {
+				fmt.Fprintln(cmd.OutOrStdout(), c)
+			}
 			m, err := l.Check(ctx)
 			if m != nil {
 				fmt.Fprint(cmd.OutOrStdout(), m.String())
@@ -192,16 +201,23 @@ func crossSitePods(sc *testenv.Scenario) (src, dst testenv.PodRef, err error) {
 	return src, dst, fmt.Errorf("scenario %s has no two pods on different nodes", sc.Name)
 }
 
-// serveKubeLab starts kube-proxy on every node of a lab in Kubernetes mode, says
-// where the API server is, and keeps the lab (whose API server and forwarders live
-// in this process) until ctx ends, then takes it down.
+// serveKubeLab starts the isthmus controller and kube-proxy on every node of a lab
+// in Kubernetes mode, says where the API server is, and keeps the lab (whose API
+// server, forwarders and controller live in this process) until ctx ends (Ctrl-C,
+// or `lab down` from another shell), then takes it down.
 func serveKubeLab(ctx context.Context, cmd *cobra.Command, l *testenv.Lab, mode testenv.ProxyMode) (err error) {
 	defer func() { err = errors.Join(err, l.Down()) }()
+	if err := l.RecordServing(); err != nil {
+		return err
+	}
+	if err := l.StartController(ctx); err != nil {
+		return err
+	}
 	if err := l.StartKubeProxy(ctx, mode); err != nil {
 		return err
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "lab %s is up in Kubernetes mode: KUBECONFIG=%s, kube-proxy (%s) on every node; Ctrl-C takes it down\n",
-		l.Name, l.Kubeconfig(), mode)
+	fmt.Fprintf(cmd.OutOrStdout(), "lab %s is up in Kubernetes mode: KUBECONFIG=%s, isthmus controller (log %s), kube-proxy (%s) on every node; Ctrl-C or `isthmus lab down` takes it down\n",
+		l.Name, l.Kubeconfig(), l.ControllerLog(), mode)
 	<-ctx.Done()
 	return nil
 }

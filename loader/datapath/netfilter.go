@@ -38,9 +38,15 @@ func exemptRules() [][]string {
 // POSTROUTING, so no MASQUERADE or SNAT rule of another CNI rewrites overlay traffic
 // (DESIGN.md invariants). It is idempotent, and moves the jump back to the top when
 // a rule was inserted before it. It needs the iptables command (legacy or nft
-// backend: the one the node's other rules use). The agent calls it on every sync. Rules another CNI writes with nft
-// directly, in a table of its own, are not reached by it (docs/architecture.md).
+// backend: the one the node's other rules use). Where the nft command is present it
+// also installs ExemptTable, whose nat chain runs before srcnat and binds overlay
+// flows to their own addresses, so rules another CNI writes with nft in a table of
+// its own do not rewrite them either (docs/architecture.md). The agent calls it on
+// every sync.
 func EnsureMasqueradeExemption() error {
+	if err := ensureNFTExemption(); err != nil {
+		return err
+	}
 	if !exemptChainCurrent() {
 		if _, err := iptables("-t", "nat", "-L", ExemptChain, "-n"); err != nil {
 			if _, err := iptables("-t", "nat", "-N", ExemptChain); err != nil {
@@ -101,15 +107,16 @@ func deleteJumps() error {
 }
 
 // RemoveMasqueradeExemption removes what EnsureMasqueradeExemption installed; what is
-// already gone (or no iptables at all) counts as removed.
+// already gone (or no iptables or nft at all) counts as removed.
 func RemoveMasqueradeExemption() error {
+	nerr := removeNFTExemption()
 	if _, err := exec.LookPath("iptables"); err != nil {
-		return nil
+		return nerr
 	}
 	if _, err := iptables("-t", "nat", "-L", ExemptChain, "-n"); err != nil {
-		return nil
+		return nerr
 	}
-	var errs []error
+	errs := []error{nerr}
 	if err := deleteJumps(); err != nil {
 		errs = append(errs, err)
 	}

@@ -10,7 +10,7 @@ import (
 // Uninstall removes everything the agent installed in this network namespace: the
 // pinned links under pinDir (which detaches the programs), the pinned maps, the pin
 // directory, isthmus0 with its routes, and the nat exemption chain
-// (EnsureMasqueradeExemption). It is idempotent: whatever is already
+// and nftables table (EnsureMasqueradeExemption). It is idempotent: whatever is already
 // gone counts as removed. ip_forward is left as it is.
 func Uninstall(pinDir string) error {
 	var errs []error

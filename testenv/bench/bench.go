@@ -42,6 +42,13 @@ type Options struct {
 	// leftover iptables rules removed, which shows how much of the difference is
 	// the datapath itself and how much is netfilter that isthmus bypasses.
 	WithoutRules bool
+	// KubeProxy, when set, runs a real kube-proxy in that mode on every node of
+	// the labs with rules, next to the CNI leftovers: each such lab gets its own
+	// kube-apiserver (Kubernetes mode, testenv.SourceKube) and a NodePort Service
+	// per pod, so every datapath pays for kube-proxy's chains (nat PREROUTING and
+	// OUTPUT, filter FORWARD, INPUT and OUTPUT) as on a real node. The measured
+	// traffic stays pod to pod.
+	KubeProxy testenv.ProxyMode
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
 }
@@ -126,7 +133,9 @@ type Report struct {
 	Duration time.Duration `json:"duration"`
 	Rounds   int           `json:"rounds"`
 	Kernel   string        `json:"kernel"`
-	Results  []Result      `json:"results"`
+	// KubeProxy is the kube-proxy mode the labs with rules ran, "" for none.
+	KubeProxy testenv.ProxyMode `json:"kube_proxy,omitempty"`
+	Results   []Result          `json:"results"`
 }
 
 // Result returns the result of c, or false.
@@ -155,6 +164,11 @@ func (r *Report) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "single TCP stream and TCP request/response (sockperf ping-pong) %s -> %s, scenario %s, %d rounds of %s, kernel %s\n\n",
 		r.Src, r.Dst, r.Scenario, r.Rounds, r.Duration, r.Kernel)
+	leftovers := "CNI leftovers"
+	if r.KubeProxy != "" {
+		leftovers += " + kube-proxy"
+		fmt.Fprintf(&b, "with rules: the CNI leftovers and a real kube-proxy (%s mode) with a NodePort Service per pod on every node\n\n", r.KubeProxy)
+	}
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "DATAPATH\tRULES\tMEDIAN Gbit/s\tSAMPLES\tRETRANSMITS\tvs VXLAN\tvs PLAIN\tRR µs\tRR TPS\tTPS vs VXLAN")
 	for _, res := range r.Results {
@@ -163,7 +177,7 @@ func (r *Report) String() string {
 			samples = append(samples, strconv.FormatFloat(s.Gbps, 'f', 2, 64))
 			retr = append(retr, strconv.Itoa(s.Retransmits))
 		}
-		rules := "CNI leftovers"
+		rules := leftovers
 		if !res.Config.Rules {
 			rules = "none"
 		}
@@ -228,7 +242,7 @@ func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 			fmt.Fprintf(opts.Log, format+"\n", args...)
 		}
 	}
-	rep = &Report{Scenario: opts.Scenario, Src: opts.Src, Dst: opts.Dst, Duration: opts.Duration, Rounds: opts.Rounds, Kernel: kernelRelease()}
+	rep = &Report{Scenario: opts.Scenario, Src: opts.Src, Dst: opts.Dst, Duration: opts.Duration, Rounds: opts.Rounds, Kernel: kernelRelease(), KubeProxy: opts.KubeProxy}
 	configs := Configs(opts)
 	labs := make([]*testenv.Lab, len(configs))
 	defer func() {
@@ -257,11 +271,21 @@ func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 		// A lab left by an interrupted earlier run would block Up.
 		_ = testenv.Down(name, testenv.DownOptions{Binary: opts.Binary})
 		logf("bench: building lab %s for %s", name, c)
-		l, err := testenv.Up(ctx, sc, testenv.Options{Name: name, Binary: opts.Binary, Datapath: c.Datapath})
+		lopts := testenv.Options{Name: name, Binary: opts.Binary, Datapath: c.Datapath}
+		if c.Rules && opts.KubeProxy != "" {
+			lopts.Source = testenv.SourceKube
+		}
+		l, err := testenv.Up(ctx, sc, lopts)
 		if err != nil {
 			return nil, fmt.Errorf("bench: build lab for %s: %w", c, err)
 		}
 		labs[i] = l
+		if lopts.Source == testenv.SourceKube {
+			logf("bench: kube-proxy (%s) on every node of %s", opts.KubeProxy, name)
+			if err := startKubeProxy(ctx, l, opts.KubeProxy); err != nil {
+				return nil, fmt.Errorf("bench: %s: %w", c, err)
+			}
+		}
 		if !l.PodAddr(opts.Src).IsValid() || !l.PodAddr(opts.Dst).IsValid() {
 			return nil, fmt.Errorf("bench: scenario %s has no pod %q or %q", opts.Scenario, opts.Src, opts.Dst)
 		}
@@ -281,6 +305,25 @@ func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 		}
 	}
 	return rep, nil
+}
+
+// startKubeProxy creates a NodePort Service for every pod of the lab and runs
+// kube-proxy in mode on every node, and waits until each has written the rules
+// of every Service.
+func startKubeProxy(ctx context.Context, l *testenv.Lab, mode testenv.ProxyMode) error {
+	var svcs []testenv.Service
+	for _, p := range l.Scenario.Pods() {
+		// No server listens behind it: only the rules matter here.
+		svc, err := l.CreateService(ctx, "bench-"+p.Name, p.Name, 8080)
+		if err != nil {
+			return err
+		}
+		svcs = append(svcs, svc)
+	}
+	if err := l.StartKubeProxy(ctx, mode); err != nil {
+		return err
+	}
+	return l.WaitKubeProxyRules(ctx, mode, svcs, 2*time.Minute)
 }
 
 // measure runs one iperf3 stream from opts.Src to opts.Dst in lab l.

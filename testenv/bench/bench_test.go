@@ -95,9 +95,11 @@ func TestParseIperf(t *testing.T) {
 	}
 }
 
-// TestRunShort runs the real benchmark briefly on the default lab: every
-// datapath must carry the stream, so a broken baseline or a broken isthmus
-// fails here rather than in a benchmark nobody runs.
+// TestRunShort runs the real benchmark briefly on the default lab, with a real
+// kube-proxy (iptables mode) on every node as `isthmus bench` runs by default:
+// every datapath must carry the stream with kube-proxy's rules written (Run
+// waits for them), so a broken baseline or a broken isthmus fails here rather
+// than in a benchmark nobody runs.
 func TestRunShort(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("TestRunShort needs root: it builds network namespaces and loads BPF programs")
@@ -106,13 +108,16 @@ func TestRunShort(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/isthmus").CombinedOutput(); err != nil {
 		t.Fatalf("build isthmus: %v\n%s", err, out)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	rep, err := Run(ctx, Options{Scenario: "default", Binary: bin, Src: "a1-p1", Dst: "b1-p1", Duration: 2 * time.Second, Rounds: 1})
+	rep, err := Run(ctx, Options{Scenario: "default", Binary: bin, Src: "a1-p1", Dst: "b1-p1", Duration: 2 * time.Second, Rounds: 1, KubeProxy: testenv.ProxyIPTables})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("\n%s", rep)
+	if !strings.Contains(rep.String(), "CNI leftovers + kube-proxy") {
+		t.Errorf("the report does not say kube-proxy ran:\n%s", rep)
+	}
 	if len(rep.Results) != 3 {
 		t.Fatalf("got %d results, want 3", len(rep.Results))
 	}
