@@ -77,11 +77,17 @@ type IsthmusFabricPrefixValue struct {
 type IsthmusHook uint32
 
 const (
-	IsthmusHookHOOK_POD_INGRESS    IsthmusHook = 0
-	IsthmusHookHOOK_OVERLAY_EGRESS IsthmusHook = 1
-	IsthmusHookHOOK_UNDERLAY_TC    IsthmusHook = 2
-	IsthmusHookHOOK_UNDERLAY_XDP   IsthmusHook = 3
+	IsthmusHookHOOK_POD_INGRESS     IsthmusHook = 0
+	IsthmusHookHOOK_OVERLAY_EGRESS  IsthmusHook = 1
+	IsthmusHookHOOK_UNDERLAY_TC     IsthmusHook = 2
+	IsthmusHookHOOK_UNDERLAY_XDP    IsthmusHook = 3
+	IsthmusHookHOOK_UNDERLAY_EGRESS IsthmusHook = 4
 )
+
+type IsthmusMasqExemptValue struct {
+	_     structs.HostLayout
+	Flags uint32
+}
 
 type IsthmusMetric uint32
 
@@ -99,6 +105,8 @@ const (
 	IsthmusMetricMETRIC_TRANSIT              IsthmusMetric = 11
 	IsthmusMetricMETRIC_TIME_EXCEEDED_SENT   IsthmusMetric = 12
 	IsthmusMetricMETRIC_NO_PATH_UNREACH_SENT IsthmusMetric = 13
+	IsthmusMetricMETRIC_MASQ                 IsthmusMetric = 14
+	IsthmusMetricMETRIC_MASQ_REVERSE         IsthmusMetric = 15
 )
 
 type IsthmusMetricsKey struct {
@@ -223,6 +231,7 @@ type IsthmusTracePrefixValue struct {
 const (
 	IsthmusMapConfig           = "config"
 	IsthmusMapFabricPrefixes   = "fabric_prefixes"
+	IsthmusMapMasqExempt       = "masq_exempt"
 	IsthmusMapMetrics          = "metrics"
 	IsthmusMapNat              = "nat"
 	IsthmusMapNexthopGroups    = "nexthop_groups"
@@ -235,6 +244,7 @@ const (
 	IsthmusMapTracePrefixes    = "trace_prefixes"
 	IsthmusProgOverlayEgress   = "overlay_egress"
 	IsthmusProgPodIngress      = "pod_ingress"
+	IsthmusProgUnderlayEgress  = "underlay_egress"
 	IsthmusProgUnderlayIngress = "underlay_ingress"
 	IsthmusProgUnderlayXdp     = "underlay_xdp"
 )
@@ -283,6 +293,7 @@ type IsthmusSpecs struct {
 type IsthmusProgramSpecs struct {
 	OverlayEgress   *ebpf.ProgramSpec `ebpf:"overlay_egress"`
 	PodIngress      *ebpf.ProgramSpec `ebpf:"pod_ingress"`
+	UnderlayEgress  *ebpf.ProgramSpec `ebpf:"underlay_egress"`
 	UnderlayIngress *ebpf.ProgramSpec `ebpf:"underlay_ingress"`
 	UnderlayXdp     *ebpf.ProgramSpec `ebpf:"underlay_xdp"`
 }
@@ -293,6 +304,7 @@ type IsthmusProgramSpecs struct {
 type IsthmusMapSpecs struct {
 	Config         *ebpf.MapSpec `ebpf:"config"`
 	FabricPrefixes *ebpf.MapSpec `ebpf:"fabric_prefixes"`
+	MasqExempt     *ebpf.MapSpec `ebpf:"masq_exempt"`
 	Metrics        *ebpf.MapSpec `ebpf:"metrics"`
 	Nat            *ebpf.MapSpec `ebpf:"nat"`
 	NexthopGroups  *ebpf.MapSpec `ebpf:"nexthop_groups"`
@@ -333,6 +345,7 @@ func (o *IsthmusObjects) Close() error {
 type IsthmusMaps struct {
 	Config         *ebpf.Map `ebpf:"config"`
 	FabricPrefixes *ebpf.Map `ebpf:"fabric_prefixes"`
+	MasqExempt     *ebpf.Map `ebpf:"masq_exempt"`
 	Metrics        *ebpf.Map `ebpf:"metrics"`
 	Nat            *ebpf.Map `ebpf:"nat"`
 	NexthopGroups  *ebpf.Map `ebpf:"nexthop_groups"`
@@ -349,6 +362,7 @@ func (m *IsthmusMaps) Close() error {
 	return _IsthmusClose(
 		m.Config,
 		m.FabricPrefixes,
+		m.MasqExempt,
 		m.Metrics,
 		m.Nat,
 		m.NexthopGroups,
@@ -374,6 +388,7 @@ type IsthmusVariables struct {
 type IsthmusPrograms struct {
 	OverlayEgress   *ebpf.Program `ebpf:"overlay_egress"`
 	PodIngress      *ebpf.Program `ebpf:"pod_ingress"`
+	UnderlayEgress  *ebpf.Program `ebpf:"underlay_egress"`
 	UnderlayIngress *ebpf.Program `ebpf:"underlay_ingress"`
 	UnderlayXdp     *ebpf.Program `ebpf:"underlay_xdp"`
 }
@@ -382,6 +397,7 @@ func (p *IsthmusPrograms) Close() error {
 	return _IsthmusClose(
 		p.OverlayEgress,
 		p.PodIngress,
+		p.UnderlayEgress,
 		p.UnderlayIngress,
 		p.UnderlayXdp,
 	)

@@ -78,6 +78,7 @@ func TestTypesMatchBTF(t *testing.T) {
 		{MapFabricPrefixes, RouteKey{}, FabricPrefixValue{}},
 		{MapSNATExempt, RouteKey{}, SNATExemptValue{}},
 		{MapNat, NatKey{}, NatValue{}},
+		{MapMasqExempt, RouteKey{}, MasqExemptValue{}},
 	}
 	if len(cases) != len(AllMaps) {
 		t.Errorf("%d maps checked, AllMaps has %d: add the new one here", len(cases), len(AllMaps))

@@ -100,6 +100,10 @@ func Describe(m Name, key, value any) string {
 		for p := range s.SNATExempt {
 			return fmt.Sprintf("snat_exempt %v", p)
 		}
+	case MapMasqExempt:
+		for p := range s.MasqExempt {
+			return fmt.Sprintf("masq_exempt %v", p)
+		}
 	case MapConfig:
 		c := s.Config
 		out := fmt.Sprintf("config vni=%d underlay=%v underlay_ifindex=%d overlay_ifindex=%d overlay_mac=%v tunnel_mtu=%d%s",
@@ -156,12 +160,14 @@ func zeroValue(m Name) any {
 		return FabricPrefixValue{}
 	case MapSNATExempt:
 		return SNATExemptValue{}
+	case MapMasqExempt:
+		return MasqExemptValue{}
 	}
 	return nil
 }
 
 // Diff returns the changes that turn current into desired: every update first
-// (config, peers, peer_sources, pod_ifaces, fabric_prefixes, snat_exempt,
+// (config, peers, peer_sources, pod_ifaces, fabric_prefixes, snat_exempt, masq_exempt,
 // nexthop_groups, routes: a route is only written once its peer is accepted and
 // its group filled), then every delete in the reverse order, each map's entries in
 // key order. Entries equal in both are not touched. The config entry is never
@@ -198,6 +204,11 @@ func Diff(current, desired State) []Change {
 			updates = append(updates, Change{OpUpdate, MapSNATExempt, RouteKeyFromPrefix(p), SNATExemptValue{}})
 		}
 	}
+	for _, p := range sortedKeys(desired.MasqExempt, cmpPrefix) {
+		if _, ok := current.MasqExempt[p]; !ok {
+			updates = append(updates, Change{OpUpdate, MapMasqExempt, RouteKeyFromPrefix(p), MasqExemptValue{}})
+		}
+	}
 	for _, id := range sortedKeys(desired.Groups, cmp.Compare[uint32]) {
 		if g := desired.Groups[id]; current.Groups[id] != g {
 			updates = append(updates, Change{OpUpdate, MapNexthopGroups, id, g.toKernel()})
@@ -218,6 +229,11 @@ func Diff(current, desired State) []Change {
 	for _, id := range sortedKeys(current.Groups, cmp.Compare[uint32]) {
 		if _, ok := desired.Groups[id]; !ok && !current.Groups[id].IsZero() {
 			deletes = append(deletes, Change{Op: OpDelete, Map: MapNexthopGroups, Key: id})
+		}
+	}
+	for _, p := range sortedKeys(current.MasqExempt, cmpPrefix) {
+		if _, ok := desired.MasqExempt[p]; !ok {
+			deletes = append(deletes, Change{Op: OpDelete, Map: MapMasqExempt, Key: RouteKeyFromPrefix(p)})
 		}
 	}
 	for _, p := range sortedKeys(current.SNATExempt, cmpPrefix) {

@@ -14,7 +14,7 @@ func TestConfigFlagsMatchHeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]uint32{"CFG_F_TRANSIT": ConfigFlagTransit, "CFG_F_TRACE": ConfigFlagTrace}
+	want := map[string]uint32{"CFG_F_TRANSIT": ConfigFlagTransit, "CFG_F_TRACE": ConfigFlagTrace, "CFG_F_MASQUERADE": ConfigFlagMasquerade}
 	re := regexp.MustCompile(`#define\s+(CFG_F_\w+)\s+\(1 << (\d+)\)`)
 	found := map[string]uint32{}
 	for _, m := range re.FindAllStringSubmatch(string(src), -1) {

@@ -17,12 +17,12 @@ import (
 // header changes a map's key, value, type, size or flags, or a map is added to or
 // removed from AllMaps. A restarted agent whose version differs from the pinned
 // layout record migrates the maps (loader/datapath).
-const LayoutVersion uint32 = 1
+const LayoutVersion uint32 = 2
 
 // LayoutSpecHash is SpecHash of the object built for LayoutVersion.
 // TestLayoutVersionCurrent fails when the object's map specs no longer hash to it:
 // the layout changed and LayoutVersion was not bumped.
-const LayoutSpecHash = "a66546c7b6938907df731b53709f5f53676a9a32310b69d4f838a0e4d56ceea9"
+const LayoutSpecHash = "4daab707a7a00d970d7226ec41501f3e2abe7525550eb6e699188e1f6dd18e54"
 
 // MapLayout is the name of the pinned layout record: a one-entry array whose value
 // is a LayoutRecord. It is created from Go, never by the BPF object.

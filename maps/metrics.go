@@ -15,6 +15,8 @@ const (
 	HookOverlayEgress Hook = 1
 	HookUnderlayTC    Hook = 2
 	HookUnderlayXDP   Hook = 3
+	// HookUnderlayEgress is TC egress on the underlay device (egress masquerade).
+	HookUnderlayEgress Hook = 4
 )
 
 func (h Hook) String() string {
@@ -27,6 +29,8 @@ func (h Hook) String() string {
 		return "underlay_tc"
 	case HookUnderlayXDP:
 		return "underlay_xdp"
+	case HookUnderlayEgress:
+		return "underlay_egress"
 	}
 	return fmt.Sprintf("hook_%d", uint8(h))
 }
@@ -46,6 +50,8 @@ var metricNames = map[uint16]string{
 	11: "transit",
 	12: "time_exceeded_sent",
 	13: "no_path_unreach_sent",
+	14: "masq",
+	15: "masq_reverse",
 }
 
 // MetricKey identifies one counter: a code (METRIC_* or -DROP_*) at a hook.

@@ -28,6 +28,9 @@ type State struct {
 	// SNATExempt are the snat_exempt entries: pod sources that keep their address
 	// in the tunnel.
 	SNATExempt map[netip.Prefix]struct{}
+	// MasqExempt are the masq_exempt entries: destinations a managed pod reaches
+	// without egress masquerade.
+	MasqExempt map[netip.Prefix]struct{}
 	Config     Config
 }
 
@@ -107,6 +110,7 @@ func (s State) Clone() State {
 		Groups:         maps.Clone(s.Groups),
 		FabricPrefixes: maps.Clone(s.FabricPrefixes),
 		SNATExempt:     maps.Clone(s.SNATExempt),
+		MasqExempt:     maps.Clone(s.MasqExempt),
 		Config:         s.Config,
 	}
 }
@@ -116,13 +120,14 @@ func (s State) Equal(o State) bool {
 	return maps.Equal(s.Routes, o.Routes) && maps.Equal(s.Peers, o.Peers) &&
 		maps.Equal(s.PeerSources, o.PeerSources) && maps.Equal(s.PodIfaces, o.PodIfaces) &&
 		maps.Equal(s.Groups, o.Groups) && maps.Equal(s.FabricPrefixes, o.FabricPrefixes) &&
-		maps.Equal(s.SNATExempt, o.SNATExempt) && s.Config == o.Config
+		maps.Equal(s.SNATExempt, o.SNATExempt) && maps.Equal(s.MasqExempt, o.MasqExempt) &&
+		s.Config == o.Config
 }
 
 // Len is the number of entries in s, the config entry included.
 func (s State) Len() int {
 	return len(s.Routes) + len(s.Peers) + len(s.PeerSources) + len(s.PodIfaces) +
-		len(s.Groups) + len(s.FabricPrefixes) + len(s.SNATExempt) + 1
+		len(s.Groups) + len(s.FabricPrefixes) + len(s.SNATExempt) + len(s.MasqExempt) + 1
 }
 
 func newState() State {
@@ -134,6 +139,7 @@ func newState() State {
 		Groups:         map[uint32]NexthopGroup{},
 		FabricPrefixes: map[netip.Prefix]struct{}{},
 		SNATExempt:     map[netip.Prefix]struct{}{},
+		MasqExempt:     map[netip.Prefix]struct{}{},
 	}
 }
 
@@ -150,6 +156,8 @@ func newState() State {
 // whose members are all down has no entry (the zero entry: the datapath drops with
 // DROP_NO_NEXTHOP). config.tunnel_ip is p.SNAT.Addr, the SNAT port range comes from
 // node, fabric_prefixes from p.FabricPrefixes and snat_exempt from p.SNAT.Exempt.
+// With p.Masquerade.Addr set, CFG_F_MASQUERADE is on and masq_exempt holds
+// p.Masquerade.Exempt.
 func FromPlan(p *plan.NodePlan, node NodeConfig) (State, []string) {
 	s := newState()
 	var warnings []string
@@ -202,6 +210,14 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (State, []string) {
 			s.SNATExempt[pr] = struct{}{}
 		} else {
 			warnings = append(warnings, fmt.Sprintf("SNAT exempt source %v (%s): not IPv4, skipped", e.Prefix, e.Origin))
+		}
+	}
+	if p.Masquerade.Addr.IsValid() {
+		s.Config.Flags |= ConfigFlagMasquerade
+	}
+	for _, e := range p.Masquerade.Exempt {
+		if pr, ok := prefix4(e.Prefix); ok {
+			s.MasqExempt[pr] = struct{}{}
 		}
 	}
 	for _, fp := range p.FabricPrefixes {
@@ -370,6 +386,13 @@ func (s *State) insert(m Name, key, value any) error {
 			break
 		}
 		s.SNATExempt[PrefixFromRouteKey(k)] = struct{}{}
+		return nil
+	case MapMasqExempt:
+		k, ok := key.(RouteKey)
+		if !ok {
+			break
+		}
+		s.MasqExempt[PrefixFromRouteKey(k)] = struct{}{}
 		return nil
 	case MapPeers:
 		k, ok1 := key.(uint32)

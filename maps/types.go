@@ -34,6 +34,7 @@ type (
 	NexthopGroupValue = bpf.IsthmusNexthopGroup
 	FabricPrefixValue = bpf.IsthmusFabricPrefixValue
 	SNATExemptValue   = bpf.IsthmusSnatExemptValue
+	MasqExemptValue   = bpf.IsthmusMasqExemptValue
 	NatKey            = bpf.IsthmusNatKey
 	NatValue          = bpf.IsthmusNatValue
 )
@@ -47,6 +48,10 @@ type Name string
 // and forwards GENEVE whose inner destination routes to another peer.
 const ConfigFlagTransit uint32 = 1 << 0
 
+// ConfigFlagMasquerade is CFG_F_MASQUERADE: the node's pods reach destinations
+// outside masq_exempt from the underlay address (egress masquerade).
+const ConfigFlagMasquerade uint32 = 1 << 2
+
 const (
 	MapRoutes      Name = "routes"
 	MapPeers       Name = "peers"
@@ -58,6 +63,9 @@ const (
 	MapNexthopGroups  Name = "nexthop_groups"
 	MapFabricPrefixes Name = "fabric_prefixes"
 	MapSNATExempt     Name = "snat_exempt"
+	// MapMasqExempt holds the destinations a managed pod reaches with its own
+	// address; every other one leaving by the underlay is masqueraded.
+	MapMasqExempt Name = "masq_exempt"
 	// MapNat is the return-path SNAT connection table. The datapath owns its
 	// entries: it is pinned but never part of a State, and its size is set at load
 	// time (loader/datapath).
@@ -66,7 +74,7 @@ const (
 
 // AllMaps lists every map the datapath pins, in a stable order.
 var AllMaps = []Name{MapRoutes, MapPeers, MapPeerSources, MapConfig, MapPodIfaces, MapMetrics,
-	MapNexthopGroups, MapFabricPrefixes, MapSNATExempt, MapNat}
+	MapNexthopGroups, MapFabricPrefixes, MapSNATExempt, MapNat, MapMasqExempt}
 
 // AddrToBE32 returns the __be32 form of an IPv4 address: a uint32 whose in-memory
 // bytes are the address in network order. An invalid or IPv6 address gives 0.

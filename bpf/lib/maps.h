@@ -28,6 +28,9 @@
 #ifndef SNAT_EXEMPT_MAX
 #define SNAT_EXEMPT_MAX		1024
 #endif
+#ifndef MASQ_EXEMPT_MAX
+#define MASQ_EXEMPT_MAX		4096
+#endif
 #ifndef TRACE_PREFIXES_MAX
 #define TRACE_PREFIXES_MAX	256
 #endif
@@ -125,7 +128,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } snat_exempt SEC(".maps");
 
-/* Both directions of every return-path SNAT translation, LRU-bounded. */
+/* Destinations a managed pod reaches without egress masquerade. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct route_key);
+	__type(value, struct masq_exempt_value);
+	__uint(max_entries, MASQ_EXEMPT_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} masq_exempt SEC(".maps");
+
+/* Both directions of every translated flow (return-path SNAT and egress
+ * masquerade), LRU-bounded. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct nat_key);

@@ -47,6 +47,15 @@ struct snat_exempt_value {
 	__u32 flags;		/* none defined yet */
 };
 
+/* masq_exempt (LPM trie, key struct route_key): destinations a managed pod reaches
+ * with its own address (the Site's nonMasqueradeCIDRs, every connected site's pod and
+ * node prefixes). With CFG_F_MASQUERADE, a packet leaving by the underlay device from
+ * a source in snat_exempt (this node's pods) to any other destination is translated
+ * to config.underlay_ip (egress masquerade, lib/masq.h). */
+struct masq_exempt_value {
+	__u32 flags;		/* none defined yet */
+};
+
 /* nat (LRU hash): both directions of every translated flow. The original direction is
  * keyed by the pod's tuple and maps to the translated source; the reply direction is
  * keyed by the reply's tuple (remote -> tunnel address, translated port) and maps back
@@ -106,6 +115,9 @@ struct peer_source_value {
 						 * routes to another peer is forwarded there */
 #define CFG_F_TRACE		(1 << 1)	/* tracing on: packets matching trace_prefixes
 						 * emit a trace_event at every decision */
+#define CFG_F_MASQUERADE	(1 << 2)	/* a managed site's node: its pods reach
+						 * destinations outside masq_exempt from
+						 * underlay_ip (egress masquerade) */
 struct datapath_config {
 	__u32 vni;		/* GENEVE VNI, host order, low 24 bits */
 	__be32 underlay_ip;	/* this node's tunnel endpoint, the outer source */
@@ -144,6 +156,7 @@ enum hook {
 	HOOK_OVERLAY_EGRESS	= 1,	/* TC egress on isthmus0 (host traffic) */
 	HOOK_UNDERLAY_TC	= 2,	/* TC ingress on the underlay device */
 	HOOK_UNDERLAY_XDP	= 3,	/* XDP on the underlay device */
+	HOOK_UNDERLAY_EGRESS	= 4,	/* TC egress on the underlay device (masquerade) */
 };
 
 /* Accounted verdicts other than drops; the code field of metrics_key. */
@@ -161,6 +174,8 @@ enum metric {
 	METRIC_TRANSIT		= 11,	/* GENEVE forwarded to another peer (gateway) */
 	METRIC_TIME_EXCEEDED_SENT = 12,	/* TTL expired here: answered with ICMP time exceeded */
 	METRIC_NO_PATH_UNREACH_SENT = 13, /* no live next hop: answered with ICMP net unreachable */
+	METRIC_MASQ		= 14,	/* pod source masqueraded to the underlay address */
+	METRIC_MASQ_REVERSE	= 15,	/* reply to a masqueraded flow translated back */
 };
 
 /* Written by underlay_xdp in front of a frame it has popped (XDP metadata), read by
