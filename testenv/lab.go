@@ -235,6 +235,12 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 	if err := l.buildExternalNAT(ctx); err != nil {
 		return err
 	}
+	if sc.Underlay.World {
+		l.logf("lab %s: world %s", l.Name, WorldPrefix)
+		if err := l.buildWorld(); err != nil {
+			return err
+		}
+	}
 	switch l.Datapath {
 	case DatapathIsthmus, DatapathNone:
 	case DatapathPlain:
