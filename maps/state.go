@@ -31,7 +31,10 @@ type State struct {
 	// MasqExempt are the masq_exempt entries: destinations a managed pod reaches
 	// without egress masquerade.
 	MasqExempt map[netip.Prefix]struct{}
-	Config     Config
+	// PodAddrs are the pod_addrs entries: the addresses the CNI plugin reserved
+	// for the pod behind each host interface.
+	PodAddrs map[PodAddr]struct{}
+	Config   Config
 }
 
 // Route is the value of a routes entry: the peer that owns the prefix, or (Group
@@ -51,6 +54,13 @@ type Peer struct {
 type PeerSource struct {
 	Peer netip.Addr
 	Src  netip.Prefix
+}
+
+// PodAddr is a pod_addrs entry: Addr is reserved for the pod behind the host
+// interface Ifindex.
+type PodAddr struct {
+	Ifindex uint32
+	Addr    netip.Addr
 }
 
 // PodIface is the value of a pod_ifaces entry.
@@ -87,6 +97,10 @@ type NodeConfig struct {
 	TunnelMTU       int
 	// PodIfindexes are the pod-facing interfaces the agent has attached to.
 	PodIfindexes []int
+	// PodAddrs are the CNI plugin's reservations by host interface (read from
+	// its store). Those of an attached interface go to pod_addrs, and the
+	// interface is marked PodIfaceFlagReserved; IPv6 ones are left out.
+	PodAddrs []PodAddr
 	// SNATPortMin and SNATPortMax are the SNAT port range (--snat-ports).
 	SNATPortMin, SNATPortMax uint16
 	// Down are the next-hop group members whose health checks fail for the
@@ -111,6 +125,7 @@ func (s State) Clone() State {
 		FabricPrefixes: maps.Clone(s.FabricPrefixes),
 		SNATExempt:     maps.Clone(s.SNATExempt),
 		MasqExempt:     maps.Clone(s.MasqExempt),
+		PodAddrs:       maps.Clone(s.PodAddrs),
 		Config:         s.Config,
 	}
 }
@@ -121,13 +136,13 @@ func (s State) Equal(o State) bool {
 		maps.Equal(s.PeerSources, o.PeerSources) && maps.Equal(s.PodIfaces, o.PodIfaces) &&
 		maps.Equal(s.Groups, o.Groups) && maps.Equal(s.FabricPrefixes, o.FabricPrefixes) &&
 		maps.Equal(s.SNATExempt, o.SNATExempt) && maps.Equal(s.MasqExempt, o.MasqExempt) &&
-		s.Config == o.Config
+		maps.Equal(s.PodAddrs, o.PodAddrs) && s.Config == o.Config
 }
 
 // Len is the number of entries in s, the config entry included.
 func (s State) Len() int {
 	return len(s.Routes) + len(s.Peers) + len(s.PeerSources) + len(s.PodIfaces) +
-		len(s.Groups) + len(s.FabricPrefixes) + len(s.SNATExempt) + len(s.MasqExempt) + 1
+		len(s.Groups) + len(s.FabricPrefixes) + len(s.SNATExempt) + len(s.MasqExempt) + len(s.PodAddrs) + 1
 }
 
 func newState() State {
@@ -140,6 +155,7 @@ func newState() State {
 		FabricPrefixes: map[netip.Prefix]struct{}{},
 		SNATExempt:     map[netip.Prefix]struct{}{},
 		MasqExempt:     map[netip.Prefix]struct{}{},
+		PodAddrs:       map[PodAddr]struct{}{},
 	}
 }
 
@@ -172,6 +188,13 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (State, []string) {
 	copy(s.Config.OverlayMAC[:], node.OverlayMAC)
 	for _, ifindex := range node.PodIfindexes {
 		s.PodIfaces[uint32(ifindex)] = PodIface{}
+	}
+	for _, pa := range node.PodAddrs {
+		pi, attached := s.PodIfaces[pa.Ifindex]
+		if a := pa.Addr.Unmap(); attached && a.Is4() {
+			s.PodAddrs[PodAddr{Ifindex: pa.Ifindex, Addr: a}] = struct{}{}
+			s.PodIfaces[pa.Ifindex] = PodIface{Flags: pi.Flags | PodIfaceFlagReserved}
+		}
 	}
 	if p == nil {
 		return s, nil
@@ -386,6 +409,13 @@ func (s *State) insert(m Name, key, value any) error {
 			break
 		}
 		s.SNATExempt[PrefixFromRouteKey(k)] = struct{}{}
+		return nil
+	case MapPodAddrs:
+		k, ok := key.(PodAddrKey)
+		if !ok {
+			break
+		}
+		s.PodAddrs[PodAddr{Ifindex: k.Ifindex, Addr: BE32ToAddr(k.Addr)}] = struct{}{}
 		return nil
 	case MapMasqExempt:
 		k, ok := key.(RouteKey)

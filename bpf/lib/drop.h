@@ -35,4 +35,5 @@ enum drop_reason {
 	DROP_GENEVE_OAM		= -158,	/* GENEVE control frame (O bit): not for a pod */
 	DROP_OUTER_FRAGMENT	= -159,	/* first fragment of a GENEVE datagram: we do not reassemble */
 	DROP_ECN_NOT_ECT	= -160,	/* outer CE on a Not-ECT inner packet (RFC 6040) */
+	DROP_POD_SRC_NOT_RESERVED = -161, /* source is no address the CNI reserved for the pod's interface */
 };

@@ -16,6 +16,9 @@
 #ifndef POD_IFACES_MAX
 #define POD_IFACES_MAX		4096
 #endif
+#ifndef POD_ADDRS_MAX
+#define POD_ADDRS_MAX		16384
+#endif
 #ifndef METRICS_MAX
 #define METRICS_MAX		1024
 #endif
@@ -89,6 +92,15 @@ struct {
 	__uint(max_entries, POD_IFACES_MAX);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pod_ifaces SEC(".maps");
+
+/* (host interface, address) of every address the CNI plugin reserved for a pod. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct pod_addr_key);
+	__type(value, struct pod_addr_value);
+	__uint(max_entries, POD_ADDRS_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pod_addrs SEC(".maps");
 
 /* Packets and bytes per (code, hook), per CPU. */
 struct {

@@ -135,6 +135,22 @@ struct datapath_config {
 /* pod_ifaces (hash): ifindex of each pod-facing host interface the agent attached to.
  * Delivery to an interface in this map uses bpf_redirect_peer. */
 struct pod_iface_value {
+	__u32 flags;		/* POD_IFACE_F_* */
+};
+
+/* pod_iface_value.flags */
+#define POD_IFACE_F_RESERVED	(1 << 0)	/* the CNI plugin's interface: pod_ingress
+						 * accepts only the sources pod_addrs lists
+						 * for it, not what the FIB says */
+
+/* pod_addrs (hash): every address the CNI plugin reserved for the pod behind a host
+ * interface, filled by the agent from the IPAM reservations. */
+struct pod_addr_key {
+	__u32 ifindex;		/* the pod's host-side interface */
+	__be32 addr;		/* an IPv4 address reserved for it */
+};
+
+struct pod_addr_value {
 	__u32 flags;		/* none defined yet */
 };
 

@@ -105,6 +105,7 @@ type testEnv struct {
 	cfg     Config
 	pinDir  string
 	ns      netns.NsHandle
+	nsName  string // under /run/netns
 	under   netlink.Link
 	pod     netlink.Link
 	objects string
@@ -112,8 +113,8 @@ type testEnv struct {
 
 func setup(t *testing.T) *testEnv {
 	needRootAndBPFFS(t)
-	ns, _ := enterNewNetns(t)
-	e := &testEnv{ns: ns}
+	ns, name := enterNewNetns(t)
+	e := &testEnv{ns: ns, nsName: name}
 	e.under = mustVeth(t, "ul0", "ul0p")
 	mustAddr(t, e.under, "172.16.1.10/24")
 	e.pod = mustVeth(t, "pod-a", "pa-peer")
