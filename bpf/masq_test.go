@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"testing"
+
+	"github.com/cilium/ebpf"
 )
 
 // Egress masquerade (lib/masq.h): underlay_egress translates a pod source of this
@@ -12,7 +14,7 @@ import (
 // address, in the nat table; underlay_ingress translates replies back.
 
 var (
-	worldIP     = netip.MustParseAddr("203.0.113.10")  // the Internet
+	worldIP     = netip.MustParseAddr("203.0.113.10") // the Internet
 	noMasqNet   = netip.MustParsePrefix("203.0.113.128/25")
 	noMasqIP    = netip.MustParseAddr("203.0.113.200") // in noMasqNet
 	exempt2IP   = netip.MustParseAddr("10.1.1.10")     // a second pod of this node
@@ -52,21 +54,24 @@ func arriving(l *lab, ip []byte) []byte { return ethFrame(l.undMAC, gwMAC, 0x080
 // masqOut runs underlay_egress on in and wants TC_ACT_OK and want, byte-exact.
 func masqOut(t *testing.T, l *lab, in, want []byte) {
 	t.Helper()
-	ret, out := l.run(t, l.objs.UnderlayEgress, in, l.und.Attrs().Index)
-	if ret != tcActOK || !bytes.Equal(out, want) {
-		t.Fatalf("underlay_egress: verdict %d\n got %x\nwant %x", ret, out, want)
-	}
-	checkSums(t, "masqueraded packet", out[14:])
+	runOK(t, l, "underlay_egress", l.objs.UnderlayEgress, in, want)
 }
 
 // masqIn runs underlay_ingress on in and wants TC_ACT_OK (to the stack) and want.
 func masqIn(t *testing.T, l *lab, in, want []byte) {
 	t.Helper()
-	ret, out := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
+	runOK(t, l, "underlay_ingress", l.objs.UnderlayIngress, in, want)
+}
+
+// runOK runs prog on the underlay device with in and wants TC_ACT_OK and want,
+// byte-exact, with checksums that verify.
+func runOK(t *testing.T, l *lab, name string, prog *ebpf.Program, in, want []byte) {
+	t.Helper()
+	ret, out := l.run(t, prog, in, l.und.Attrs().Index)
 	if ret != tcActOK || !bytes.Equal(out, want) {
-		t.Fatalf("underlay_ingress: verdict %d\n got %x\nwant %x", ret, out, want)
+		t.Fatalf("%s: verdict %d\n got %x\nwant %x", name, ret, out, want)
 	}
-	checkSums(t, "reply", out[14:])
+	checkSums(t, name, out[14:])
 }
 
 // TestMasqueradeTCPUDP: a pod's TCP and UDP flows to the world leave from the

@@ -42,30 +42,12 @@ func (l *Lab) buildWorld() error {
 	if err := createNS(ns); err != nil {
 		return err
 	}
-	rt, _, err := handleAt(l.RouterNS())
+	rt, h, port, err := l.linkToRouter(ns, WorldPort)
 	if err != nil {
 		return err
 	}
 	defer rt.Close()
-	h, nsh, err := handleAt(ns)
-	if err != nil {
-		return err
-	}
 	defer h.Close()
-	defer nsh.Close()
-	mtu := l.Scenario.Underlay.mtu()
-	if err := rt.LinkAdd(&netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: WorldPort, MTU: mtu},
-		PeerName:      UnderlayDev,
-		PeerMTU:       uint32(mtu),
-		PeerNamespace: netlink.NsFd(nsh),
-	}); err != nil {
-		return fmt.Errorf("add world veth: %w", err)
-	}
-	port, err := rt.LinkByName(WorldPort)
-	if err != nil {
-		return fmt.Errorf("find %s: %w", WorldPort, err)
-	}
 	if err := rt.AddrAdd(port, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(WorldGateway, WorldPrefix.Bits()))}); err != nil {
 		return fmt.Errorf("add %s to %s: %w", WorldGateway, WorldPort, err)
 	}
