@@ -85,7 +85,7 @@ func TestEgressMasquerade(t *testing.T) {
 		var out string
 		var err error
 		for range 3 {
-			if out, err = l.Exec(ctx, l.PodNS(pod), "socat", "-T3", "-", "TCP:"+worldAddr+":8080,connect-timeout=3"); err == nil {
+			if out, err = l.Exec(ctx, l.PodNS(pod), "socat", "-t3", "-T3", "-", "TCP:"+worldAddr+":8080,connect-timeout=3"); err == nil {
 				break
 			}
 		}
@@ -97,7 +97,7 @@ func TestEgressMasquerade(t *testing.T) {
 		var out string
 		var err error
 		for range 3 {
-			if out, err = l.Exec(ctx, l.PodNS(pod), "sh", "-c", "echo hi | socat -T3 - UDP:"+worldAddr+":8081"); err == nil && strings.TrimSpace(out) != "" {
+			if out, err = l.Exec(ctx, l.PodNS(pod), "sh", "-c", "echo hi | socat -t3 -T3 - UDP:"+worldAddr+":8081"); err == nil && strings.TrimSpace(out) != "" {
 				break
 			}
 		}
