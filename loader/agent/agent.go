@@ -832,7 +832,7 @@ func (a *Agent) pruneLinks() error {
 			return ok
 		case datapath.HookOverlayEgress:
 			return p.Ifname == datapath.OverlayDev
-		case datapath.HookUnderlayIngress:
+		case datapath.HookUnderlayIngress, datapath.HookUnderlayEgress:
 			return p.Ifname == ul
 		case datapath.HookUnderlayXDP:
 			return p.Ifname == ul && a.xdp
