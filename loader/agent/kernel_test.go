@@ -273,6 +273,7 @@ func TestAgentKernel(t *testing.T) {
 	}
 	pins := []pin{
 		{"ul0", datapath.HookUnderlayIngress, e.under.Attrs().Index, ebpf.AttachTCXIngress},
+		{"ul0", datapath.HookUnderlayEgress, e.under.Attrs().Index, ebpf.AttachTCXEgress},
 		{datapath.OverlayDev, datapath.HookOverlayEgress, ov.Attrs().Index, ebpf.AttachTCXEgress},
 		{"pod-a", datapath.HookPodIngress, e.pod.Attrs().Index, ebpf.AttachTCXIngress},
 	}
@@ -286,8 +287,8 @@ func TestAgentKernel(t *testing.T) {
 		if n := tcxCount(t, p.idx, p.at); n != 1 {
 			t.Errorf("%s: %d tcx programs attached, want 1", p.dev, n)
 		}
-		linkIDs[p.dev] = id
-		progIDs[p.dev] = prog
+		linkIDs[p.dev+string(p.h)] = id
+		progIDs[p.dev+string(p.h)] = prog
 	}
 	if _, err := os.Stat(datapath.LinkPin(e.pinDir, "ul0", datapath.HookUnderlayXDP)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("auto decap on a veth must not attach XDP (stat: %v)", err)
@@ -321,10 +322,10 @@ func TestAgentKernel(t *testing.T) {
 	defer a.Close()
 	for _, p := range pins {
 		id, prog, _ := linkInfo(t, e.pinDir, p.dev, p.h)
-		if id != linkIDs[p.dev] {
-			t.Errorf("restart replaced link %s.%s (id %d -> %d); want it updated in place", p.dev, p.h, linkIDs[p.dev], id)
+		if id != linkIDs[p.dev+string(p.h)] {
+			t.Errorf("restart replaced link %s.%s (id %d -> %d); want it updated in place", p.dev, p.h, linkIDs[p.dev+string(p.h)], id)
 		}
-		if prog == progIDs[p.dev] {
+		if prog == progIDs[p.dev+string(p.h)] {
 			t.Errorf("restart kept program %d on %s; want the new program swapped in", prog, p.dev)
 		}
 		if n := tcxCount(t, p.idx, p.at); n != 1 {
@@ -432,7 +433,7 @@ func TestAgentKernel(t *testing.T) {
 	if _, err := netlink.LinkByName(datapath.OverlayDev); err == nil {
 		t.Error("isthmus0 still there")
 	}
-	for _, p := range pins[:1] {
+	for _, p := range pins[:2] {
 		if n := tcxCount(t, p.idx, p.at); n != 0 {
 			t.Errorf("%s still has %d programs after uninstall", p.dev, n)
 		}
