@@ -117,6 +117,20 @@ func TestEgressMasquerade(t *testing.T) {
 			t.Errorf("ping the world from %s: %v (during capture: %v)", pod, err, perr)
 		}
 	})
+	// A Service whose backend is in the world: the DNAT (kube-proxy's, here one
+	// rule of the same shape) happens in the stack before underlay_egress
+	// masquerades; the reply is translated back before conntrack reverses the DNAT.
+	t.Run("service DNAT then masquerade", func(t *testing.T) {
+		const clusterIP = "10.96.0.10"
+		if out, err := l.Exec(ctx, l.NodeNS(node), "iptables", "-w", "-t", "nat", "-A", "PREROUTING", "-d", clusterIP+"/32",
+			"-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", worldAddr+":8080"); err != nil {
+			t.Fatalf("add the Service DNAT: %v\n%s", err, out)
+		}
+		out, err := l.Exec(ctx, l.PodNS(pod), "socat", "-t3", "-T3", "-", "TCP:"+clusterIP+":80,connect-timeout=3")
+		if err != nil || strings.TrimSpace(out) != underlay {
+			t.Fatalf("TCP to the Service: backend saw %q (err %v), want %s", strings.TrimSpace(out), err, underlay)
+		}
+	})
 	masq1, rev1 := masqCounts(t, l, node)
 	// A TCP connection, a UDP exchange and a ping at least, each way.
 	if masq1-masq0 < 3 || rev1-rev0 < 3 {
