@@ -13,6 +13,7 @@
 #include "lib/encap.h"
 #include "lib/decap.h"
 #include "lib/nopath.h"
+#include "lib/masq.h"
 
 /* Never called: its signature puts decap_meta, trace_event and the hook, metric and
  * drop_reason enums into the object's BTF, where bpf2go (-type) and the BTF tests find them. A
@@ -62,11 +63,25 @@ int underlay_ingress(struct __sk_buff *skb)
 		ret = deliver_decapped(skb, cfg, HOOK_UNDERLAY_TC);
 	} else {
 		ret = tc_decap(skb, cfg, HOOK_UNDERLAY_TC);
-		/* Not GENEVE for us: maybe an overlay packet the site fabric delivers. */
-		if (ret == TC_ACT_OK)
-			ret = fabric_ingress(skb, cfg, HOOK_UNDERLAY_TC);
+		/* Not GENEVE for us: a reply to a masqueraded flow (the stack takes it to
+		 * the pod), or an overlay packet the site fabric delivers. */
+		if (ret == TC_ACT_OK) {
+			ret = masq_reverse(skb, cfg, HOOK_UNDERLAY_TC);
+			if (ret == 0)
+				ret = fabric_ingress(skb, cfg, HOOK_UNDERLAY_TC);
+			else if (ret > 0)
+				ret = TC_ACT_OK;
+		}
 	}
 	return ret < 0 ? tc_drop(skb, ret, HOOK_UNDERLAY_TC) : ret;
+}
+
+SEC("tc")
+int underlay_egress(struct __sk_buff *skb)
+{
+	int ret = masq_egress(skb, HOOK_UNDERLAY_EGRESS);
+
+	return ret < 0 ? tc_drop(skb, ret, HOOK_UNDERLAY_EGRESS) : ret;
 }
 
 SEC("xdp")

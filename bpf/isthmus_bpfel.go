@@ -36,38 +36,39 @@ type IsthmusDecapMeta struct {
 type IsthmusDropReason uint32
 
 const (
-	IsthmusDropReasonDROP_INVALID_PACKET    IsthmusDropReason = 4294967166
-	IsthmusDropReasonDROP_GENEVE_TRUNCATED  IsthmusDropReason = 4294967165
-	IsthmusDropReasonDROP_GENEVE_VERSION    IsthmusDropReason = 4294967164
-	IsthmusDropReasonDROP_GENEVE_OPT_LEN    IsthmusDropReason = 4294967163
-	IsthmusDropReasonDROP_GENEVE_CRITICAL   IsthmusDropReason = 4294967162
-	IsthmusDropReasonDROP_GENEVE_PROTOCOL   IsthmusDropReason = 4294967161
-	IsthmusDropReasonDROP_GENEVE_VNI        IsthmusDropReason = 4294967160
-	IsthmusDropReasonDROP_UNKNOWN_PEER      IsthmusDropReason = 4294967159
-	IsthmusDropReasonDROP_INNER_SRC_DENIED  IsthmusDropReason = 4294967158
-	IsthmusDropReasonDROP_INNER_INVALID     IsthmusDropReason = 4294967157
-	IsthmusDropReasonDROP_INNER_UNSUPPORTED IsthmusDropReason = 4294967156
-	IsthmusDropReasonDROP_NO_CONFIG         IsthmusDropReason = 4294967155
-	IsthmusDropReasonDROP_ENCAP_FAILED      IsthmusDropReason = 4294967154
-	IsthmusDropReasonDROP_DECAP_FAILED      IsthmusDropReason = 4294967153
-	IsthmusDropReasonDROP_NO_UNDERLAY_ROUTE IsthmusDropReason = 4294967152
-	IsthmusDropReasonDROP_NO_OVERLAY_ROUTE  IsthmusDropReason = 4294967151
-	IsthmusDropReasonDROP_NOT_LOCAL         IsthmusDropReason = 4294967150
-	IsthmusDropReasonDROP_TTL_EXCEEDED      IsthmusDropReason = 4294967149
-	IsthmusDropReasonDROP_FRAG_NEEDED       IsthmusDropReason = 4294967148
-	IsthmusDropReasonDROP_REDIRECT_FAILED   IsthmusDropReason = 4294967147
-	IsthmusDropReasonDROP_NO_NEXTHOP        IsthmusDropReason = 4294967146
-	IsthmusDropReasonDROP_SNAT_NO_PORT      IsthmusDropReason = 4294967145
-	IsthmusDropReasonDROP_SNAT_INSERT       IsthmusDropReason = 4294967144
-	IsthmusDropReasonDROP_SNAT_UNSUPPORTED  IsthmusDropReason = 4294967143
-	IsthmusDropReasonDROP_SNAT_REWRITE      IsthmusDropReason = 4294967142
-	IsthmusDropReasonDROP_TRANSIT_LOOP      IsthmusDropReason = 4294967141
-	IsthmusDropReasonDROP_POD_SRC_SPOOFED   IsthmusDropReason = 4294967140
-	IsthmusDropReasonDROP_POD_GENEVE        IsthmusDropReason = 4294967139
-	IsthmusDropReasonDROP_GENEVE_OAM        IsthmusDropReason = 4294967138
-	IsthmusDropReasonDROP_OUTER_FRAGMENT    IsthmusDropReason = 4294967137
-	IsthmusDropReasonDROP_ECN_NOT_ECT       IsthmusDropReason = 4294967136
-	IsthmusDropReasonDROP_UNDERLAY_MTU      IsthmusDropReason = 4294967135
+	IsthmusDropReasonDROP_INVALID_PACKET       IsthmusDropReason = 4294967166
+	IsthmusDropReasonDROP_GENEVE_TRUNCATED     IsthmusDropReason = 4294967165
+	IsthmusDropReasonDROP_GENEVE_VERSION       IsthmusDropReason = 4294967164
+	IsthmusDropReasonDROP_GENEVE_OPT_LEN       IsthmusDropReason = 4294967163
+	IsthmusDropReasonDROP_GENEVE_CRITICAL      IsthmusDropReason = 4294967162
+	IsthmusDropReasonDROP_GENEVE_PROTOCOL      IsthmusDropReason = 4294967161
+	IsthmusDropReasonDROP_GENEVE_VNI           IsthmusDropReason = 4294967160
+	IsthmusDropReasonDROP_UNKNOWN_PEER         IsthmusDropReason = 4294967159
+	IsthmusDropReasonDROP_INNER_SRC_DENIED     IsthmusDropReason = 4294967158
+	IsthmusDropReasonDROP_INNER_INVALID        IsthmusDropReason = 4294967157
+	IsthmusDropReasonDROP_INNER_UNSUPPORTED    IsthmusDropReason = 4294967156
+	IsthmusDropReasonDROP_NO_CONFIG            IsthmusDropReason = 4294967155
+	IsthmusDropReasonDROP_ENCAP_FAILED         IsthmusDropReason = 4294967154
+	IsthmusDropReasonDROP_DECAP_FAILED         IsthmusDropReason = 4294967153
+	IsthmusDropReasonDROP_NO_UNDERLAY_ROUTE    IsthmusDropReason = 4294967152
+	IsthmusDropReasonDROP_NO_OVERLAY_ROUTE     IsthmusDropReason = 4294967151
+	IsthmusDropReasonDROP_NOT_LOCAL            IsthmusDropReason = 4294967150
+	IsthmusDropReasonDROP_TTL_EXCEEDED         IsthmusDropReason = 4294967149
+	IsthmusDropReasonDROP_FRAG_NEEDED          IsthmusDropReason = 4294967148
+	IsthmusDropReasonDROP_REDIRECT_FAILED      IsthmusDropReason = 4294967147
+	IsthmusDropReasonDROP_NO_NEXTHOP           IsthmusDropReason = 4294967146
+	IsthmusDropReasonDROP_SNAT_NO_PORT         IsthmusDropReason = 4294967145
+	IsthmusDropReasonDROP_SNAT_INSERT          IsthmusDropReason = 4294967144
+	IsthmusDropReasonDROP_SNAT_UNSUPPORTED     IsthmusDropReason = 4294967143
+	IsthmusDropReasonDROP_SNAT_REWRITE         IsthmusDropReason = 4294967142
+	IsthmusDropReasonDROP_TRANSIT_LOOP         IsthmusDropReason = 4294967141
+	IsthmusDropReasonDROP_POD_SRC_SPOOFED      IsthmusDropReason = 4294967140
+	IsthmusDropReasonDROP_POD_GENEVE           IsthmusDropReason = 4294967139
+	IsthmusDropReasonDROP_GENEVE_OAM           IsthmusDropReason = 4294967138
+	IsthmusDropReasonDROP_OUTER_FRAGMENT       IsthmusDropReason = 4294967137
+	IsthmusDropReasonDROP_ECN_NOT_ECT          IsthmusDropReason = 4294967136
+	IsthmusDropReasonDROP_UNDERLAY_MTU         IsthmusDropReason = 4294967135
+	IsthmusDropReasonDROP_POD_SRC_NOT_RESERVED IsthmusDropReason = 4294967134
 )
 
 type IsthmusFabricPrefixValue struct {
@@ -105,11 +106,17 @@ type IsthmusHealthReachValue struct {
 type IsthmusHook uint32
 
 const (
-	IsthmusHookHOOK_POD_INGRESS    IsthmusHook = 0
-	IsthmusHookHOOK_OVERLAY_EGRESS IsthmusHook = 1
-	IsthmusHookHOOK_UNDERLAY_TC    IsthmusHook = 2
-	IsthmusHookHOOK_UNDERLAY_XDP   IsthmusHook = 3
+	IsthmusHookHOOK_POD_INGRESS     IsthmusHook = 0
+	IsthmusHookHOOK_OVERLAY_EGRESS  IsthmusHook = 1
+	IsthmusHookHOOK_UNDERLAY_TC     IsthmusHook = 2
+	IsthmusHookHOOK_UNDERLAY_XDP    IsthmusHook = 3
+	IsthmusHookHOOK_UNDERLAY_EGRESS IsthmusHook = 4
 )
+
+type IsthmusMasqExemptValue struct {
+	_     structs.HostLayout
+	Flags uint32
+}
 
 type IsthmusMetric uint32
 
@@ -129,6 +136,8 @@ const (
 	IsthmusMetricMETRIC_NO_PATH_UNREACH_SENT IsthmusMetric = 13
 	IsthmusMetricMETRIC_HEALTH_ANSWERED      IsthmusMetric = 14
 	IsthmusMetricMETRIC_HEALTH_EXPIRED       IsthmusMetric = 15
+	IsthmusMetricMETRIC_MASQ                 IsthmusMetric = 16
+	IsthmusMetricMETRIC_MASQ_REVERSE         IsthmusMetric = 17
 )
 
 type IsthmusMetricsKey struct {
@@ -197,6 +206,17 @@ type IsthmusPeerValue struct {
 	Reserved uint32
 }
 
+type IsthmusPodAddrKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Addr    uint32
+}
+
+type IsthmusPodAddrValue struct {
+	_     structs.HostLayout
+	Flags uint32
+}
+
 type IsthmusPodIfaceValue struct {
 	_     structs.HostLayout
 	Flags uint32
@@ -255,11 +275,13 @@ const (
 	IsthmusMapFabricPrefixes   = "fabric_prefixes"
 	IsthmusMapHealthProbers    = "health_probers"
 	IsthmusMapHealthReach      = "health_reach"
+	IsthmusMapMasqExempt       = "masq_exempt"
 	IsthmusMapMetrics          = "metrics"
 	IsthmusMapNat              = "nat"
 	IsthmusMapNexthopGroups    = "nexthop_groups"
 	IsthmusMapPeerSources      = "peer_sources"
 	IsthmusMapPeers            = "peers"
+	IsthmusMapPodAddrs         = "pod_addrs"
 	IsthmusMapPodIfaces        = "pod_ifaces"
 	IsthmusMapRoutes           = "routes"
 	IsthmusMapSnatExempt       = "snat_exempt"
@@ -267,6 +289,7 @@ const (
 	IsthmusMapTracePrefixes    = "trace_prefixes"
 	IsthmusProgOverlayEgress   = "overlay_egress"
 	IsthmusProgPodIngress      = "pod_ingress"
+	IsthmusProgUnderlayEgress  = "underlay_egress"
 	IsthmusProgUnderlayIngress = "underlay_ingress"
 	IsthmusProgUnderlayXdp     = "underlay_xdp"
 )
@@ -315,6 +338,7 @@ type IsthmusSpecs struct {
 type IsthmusProgramSpecs struct {
 	OverlayEgress   *ebpf.ProgramSpec `ebpf:"overlay_egress"`
 	PodIngress      *ebpf.ProgramSpec `ebpf:"pod_ingress"`
+	UnderlayEgress  *ebpf.ProgramSpec `ebpf:"underlay_egress"`
 	UnderlayIngress *ebpf.ProgramSpec `ebpf:"underlay_ingress"`
 	UnderlayXdp     *ebpf.ProgramSpec `ebpf:"underlay_xdp"`
 }
@@ -327,11 +351,13 @@ type IsthmusMapSpecs struct {
 	FabricPrefixes *ebpf.MapSpec `ebpf:"fabric_prefixes"`
 	HealthProbers  *ebpf.MapSpec `ebpf:"health_probers"`
 	HealthReach    *ebpf.MapSpec `ebpf:"health_reach"`
+	MasqExempt     *ebpf.MapSpec `ebpf:"masq_exempt"`
 	Metrics        *ebpf.MapSpec `ebpf:"metrics"`
 	Nat            *ebpf.MapSpec `ebpf:"nat"`
 	NexthopGroups  *ebpf.MapSpec `ebpf:"nexthop_groups"`
 	PeerSources    *ebpf.MapSpec `ebpf:"peer_sources"`
 	Peers          *ebpf.MapSpec `ebpf:"peers"`
+	PodAddrs       *ebpf.MapSpec `ebpf:"pod_addrs"`
 	PodIfaces      *ebpf.MapSpec `ebpf:"pod_ifaces"`
 	Routes         *ebpf.MapSpec `ebpf:"routes"`
 	SnatExempt     *ebpf.MapSpec `ebpf:"snat_exempt"`
@@ -369,11 +395,13 @@ type IsthmusMaps struct {
 	FabricPrefixes *ebpf.Map `ebpf:"fabric_prefixes"`
 	HealthProbers  *ebpf.Map `ebpf:"health_probers"`
 	HealthReach    *ebpf.Map `ebpf:"health_reach"`
+	MasqExempt     *ebpf.Map `ebpf:"masq_exempt"`
 	Metrics        *ebpf.Map `ebpf:"metrics"`
 	Nat            *ebpf.Map `ebpf:"nat"`
 	NexthopGroups  *ebpf.Map `ebpf:"nexthop_groups"`
 	PeerSources    *ebpf.Map `ebpf:"peer_sources"`
 	Peers          *ebpf.Map `ebpf:"peers"`
+	PodAddrs       *ebpf.Map `ebpf:"pod_addrs"`
 	PodIfaces      *ebpf.Map `ebpf:"pod_ifaces"`
 	Routes         *ebpf.Map `ebpf:"routes"`
 	SnatExempt     *ebpf.Map `ebpf:"snat_exempt"`
@@ -387,11 +415,13 @@ func (m *IsthmusMaps) Close() error {
 		m.FabricPrefixes,
 		m.HealthProbers,
 		m.HealthReach,
+		m.MasqExempt,
 		m.Metrics,
 		m.Nat,
 		m.NexthopGroups,
 		m.PeerSources,
 		m.Peers,
+		m.PodAddrs,
 		m.PodIfaces,
 		m.Routes,
 		m.SnatExempt,
@@ -412,6 +442,7 @@ type IsthmusVariables struct {
 type IsthmusPrograms struct {
 	OverlayEgress   *ebpf.Program `ebpf:"overlay_egress"`
 	PodIngress      *ebpf.Program `ebpf:"pod_ingress"`
+	UnderlayEgress  *ebpf.Program `ebpf:"underlay_egress"`
 	UnderlayIngress *ebpf.Program `ebpf:"underlay_ingress"`
 	UnderlayXdp     *ebpf.Program `ebpf:"underlay_xdp"`
 }
@@ -420,6 +451,7 @@ func (p *IsthmusPrograms) Close() error {
 	return _IsthmusClose(
 		p.OverlayEgress,
 		p.PodIngress,
+		p.UnderlayEgress,
 		p.UnderlayIngress,
 		p.UnderlayXdp,
 	)

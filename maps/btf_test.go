@@ -80,6 +80,8 @@ func TestTypesMatchBTF(t *testing.T) {
 		{MapNat, NatKey{}, NatValue{}},
 		{MapHealthReach, HealthKey{}, HealthReachValue{}},
 		{MapHealthProbers, HealthProberKey{}, HealthProberValue{}},
+		{MapMasqExempt, RouteKey{}, MasqExemptValue{}},
+		{MapPodAddrs, PodAddrKey{}, PodAddrValue{}},
 	}
 	if len(cases) != len(AllMaps) {
 		t.Errorf("%d maps checked, AllMaps has %d: add the new one here", len(cases), len(AllMaps))

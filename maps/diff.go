@@ -100,6 +100,14 @@ func Describe(m Name, key, value any) string {
 		for p := range s.SNATExempt {
 			return fmt.Sprintf("snat_exempt %v", p)
 		}
+	case MapMasqExempt:
+		for p := range s.MasqExempt {
+			return fmt.Sprintf("masq_exempt %v", p)
+		}
+	case MapPodAddrs:
+		for pa := range s.PodAddrs {
+			return fmt.Sprintf("pod_addrs %d %v", pa.Ifindex, pa.Addr)
+		}
 	case MapConfig:
 		c := s.Config
 		out := fmt.Sprintf("config vni=%d underlay=%v underlay_ifindex=%d overlay_ifindex=%d overlay_mac=%v tunnel_mtu=%d%s",
@@ -156,12 +164,16 @@ func zeroValue(m Name) any {
 		return FabricPrefixValue{}
 	case MapSNATExempt:
 		return SNATExemptValue{}
+	case MapMasqExempt:
+		return MasqExemptValue{}
+	case MapPodAddrs:
+		return PodAddrValue{}
 	}
 	return nil
 }
 
 // Diff returns the changes that turn current into desired: every update first
-// (config, peers, peer_sources, pod_ifaces, fabric_prefixes, snat_exempt,
+// (config, peers, peer_sources, pod_addrs, pod_ifaces, fabric_prefixes, snat_exempt, masq_exempt,
 // nexthop_groups, routes: a route is only written once its peer is accepted and
 // its group filled), then every delete in the reverse order, each map's entries in
 // key order. Entries equal in both are not touched. The config entry is never
@@ -183,6 +195,13 @@ func Diff(current, desired State) []Change {
 			updates = append(updates, Change{OpUpdate, MapPeerSources, PeerSourceKeyFrom(ps), PeerSourceValue{}})
 		}
 	}
+	// A pod's addresses before its interface's flag, so the check never runs
+	// on an empty list.
+	for _, pa := range sortedKeys(desired.PodAddrs, cmpPodAddr) {
+		if _, ok := current.PodAddrs[pa]; !ok {
+			updates = append(updates, Change{OpUpdate, MapPodAddrs, pa.key(), PodAddrValue{}})
+		}
+	}
 	for _, i := range sortedKeys(desired.PodIfaces, cmp.Compare[uint32]) {
 		if v, ok := current.PodIfaces[i]; !ok || v != desired.PodIfaces[i] {
 			updates = append(updates, Change{OpUpdate, MapPodIfaces, i, PodIfaceValue{Flags: desired.PodIfaces[i].Flags}})
@@ -196,6 +215,11 @@ func Diff(current, desired State) []Change {
 	for _, p := range sortedKeys(desired.SNATExempt, cmpPrefix) {
 		if _, ok := current.SNATExempt[p]; !ok {
 			updates = append(updates, Change{OpUpdate, MapSNATExempt, RouteKeyFromPrefix(p), SNATExemptValue{}})
+		}
+	}
+	for _, p := range sortedKeys(desired.MasqExempt, cmpPrefix) {
+		if _, ok := current.MasqExempt[p]; !ok {
+			updates = append(updates, Change{OpUpdate, MapMasqExempt, RouteKeyFromPrefix(p), MasqExemptValue{}})
 		}
 	}
 	for _, id := range sortedKeys(desired.Groups, cmp.Compare[uint32]) {
@@ -218,6 +242,16 @@ func Diff(current, desired State) []Change {
 	for _, id := range sortedKeys(current.Groups, cmp.Compare[uint32]) {
 		if _, ok := desired.Groups[id]; !ok && !current.Groups[id].IsZero() {
 			deletes = append(deletes, Change{Op: OpDelete, Map: MapNexthopGroups, Key: id})
+		}
+	}
+	for _, pa := range sortedKeys(current.PodAddrs, cmpPodAddr) {
+		if _, ok := desired.PodAddrs[pa]; !ok {
+			deletes = append(deletes, Change{Op: OpDelete, Map: MapPodAddrs, Key: pa.key()})
+		}
+	}
+	for _, p := range sortedKeys(current.MasqExempt, cmpPrefix) {
+		if _, ok := desired.MasqExempt[p]; !ok {
+			deletes = append(deletes, Change{Op: OpDelete, Map: MapMasqExempt, Key: RouteKeyFromPrefix(p)})
 		}
 	}
 	for _, p := range sortedKeys(current.SNATExempt, cmpPrefix) {
@@ -310,4 +344,16 @@ func cmpPeerSource(a, b PeerSource) int {
 		return c
 	}
 	return cmpPrefix(a.Src, b.Src)
+}
+
+func cmpPodAddr(a, b PodAddr) int {
+	if c := cmp.Compare(a.Ifindex, b.Ifindex); c != 0 {
+		return c
+	}
+	return a.Addr.Compare(b.Addr)
+}
+
+// key returns the pod_addrs key of pa.
+func (pa PodAddr) key() PodAddrKey {
+	return PodAddrKey{Ifindex: pa.Ifindex, Addr: AddrToBE32(pa.Addr)}
 }

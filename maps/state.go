@@ -25,7 +25,13 @@ type State struct {
 	// SNATExempt are the snat_exempt entries: pod sources that keep their address
 	// in the tunnel.
 	SNATExempt map[netip.Prefix]struct{}
-	Config     Config
+	// MasqExempt are the masq_exempt entries: destinations a managed pod reaches
+	// without egress masquerade.
+	MasqExempt map[netip.Prefix]struct{}
+	// PodAddrs are the pod_addrs entries: the addresses the CNI plugin reserved
+	// for the pod behind each host interface.
+	PodAddrs map[PodAddr]struct{}
+	Config   Config
 }
 
 // Route is the value of a routes entry: the peer that owns the prefix, or (Group
@@ -45,6 +51,13 @@ type Peer struct {
 type PeerSource struct {
 	Peer netip.Addr
 	Src  netip.Prefix
+}
+
+// PodAddr is a pod_addrs entry: Addr is reserved for the pod behind the host
+// interface Ifindex.
+type PodAddr struct {
+	Ifindex uint32
+	Addr    netip.Addr
 }
 
 // PodIface is the value of a pod_ifaces entry.
@@ -81,6 +94,8 @@ func (s State) Clone() State {
 		Groups:         maps.Clone(s.Groups),
 		FabricPrefixes: maps.Clone(s.FabricPrefixes),
 		SNATExempt:     maps.Clone(s.SNATExempt),
+		MasqExempt:     maps.Clone(s.MasqExempt),
+		PodAddrs:       maps.Clone(s.PodAddrs),
 		Config:         s.Config,
 	}
 }
@@ -90,13 +105,14 @@ func (s State) Equal(o State) bool {
 	return maps.Equal(s.Routes, o.Routes) && maps.Equal(s.Peers, o.Peers) &&
 		maps.Equal(s.PeerSources, o.PeerSources) && maps.Equal(s.PodIfaces, o.PodIfaces) &&
 		maps.Equal(s.Groups, o.Groups) && maps.Equal(s.FabricPrefixes, o.FabricPrefixes) &&
-		maps.Equal(s.SNATExempt, o.SNATExempt) && s.Config == o.Config
+		maps.Equal(s.SNATExempt, o.SNATExempt) && maps.Equal(s.MasqExempt, o.MasqExempt) &&
+		maps.Equal(s.PodAddrs, o.PodAddrs) && s.Config == o.Config
 }
 
 // Len is the number of entries in s, the config entry included.
 func (s State) Len() int {
 	return len(s.Routes) + len(s.Peers) + len(s.PeerSources) + len(s.PodIfaces) +
-		len(s.Groups) + len(s.FabricPrefixes) + len(s.SNATExempt) + 1
+		len(s.Groups) + len(s.FabricPrefixes) + len(s.SNATExempt) + len(s.MasqExempt) + len(s.PodAddrs) + 1
 }
 
 // NewState returns an empty State with every map made.
@@ -109,6 +125,8 @@ func NewState() State {
 		Groups:         map[uint32]NexthopGroup{},
 		FabricPrefixes: map[netip.Prefix]struct{}{},
 		SNATExempt:     map[netip.Prefix]struct{}{},
+		MasqExempt:     map[netip.Prefix]struct{}{},
+		PodAddrs:       map[PodAddr]struct{}{},
 	}
 }
 
@@ -189,6 +207,20 @@ func (s *State) insert(m Name, key, value any) error {
 			break
 		}
 		s.SNATExempt[PrefixFromRouteKey(k)] = struct{}{}
+		return nil
+	case MapPodAddrs:
+		k, ok := key.(PodAddrKey)
+		if !ok {
+			break
+		}
+		s.PodAddrs[PodAddr{Ifindex: k.Ifindex, Addr: BE32ToAddr(k.Addr)}] = struct{}{}
+		return nil
+	case MapMasqExempt:
+		k, ok := key.(RouteKey)
+		if !ok {
+			break
+		}
+		s.MasqExempt[PrefixFromRouteKey(k)] = struct{}{}
 		return nil
 	case MapPeers:
 		k, ok1 := key.(uint32)

@@ -34,6 +34,9 @@ type (
 	NexthopGroupValue = bpf.IsthmusNexthopGroup
 	FabricPrefixValue = bpf.IsthmusFabricPrefixValue
 	SNATExemptValue   = bpf.IsthmusSnatExemptValue
+	MasqExemptValue   = bpf.IsthmusMasqExemptValue
+	PodAddrKey        = bpf.IsthmusPodAddrKey
+	PodAddrValue      = bpf.IsthmusPodAddrValue
 	NatKey            = bpf.IsthmusNatKey
 	NatValue          = bpf.IsthmusNatValue
 )
@@ -47,6 +50,14 @@ type Name string
 // and forwards GENEVE whose inner destination routes to another peer.
 const ConfigFlagTransit uint32 = 1 << 0
 
+// ConfigFlagMasquerade is CFG_F_MASQUERADE: the node's pods reach destinations
+// outside masq_exempt from the underlay address (egress masquerade).
+const ConfigFlagMasquerade uint32 = 1 << 2
+
+// PodIfaceFlagReserved is POD_IFACE_F_RESERVED: the interface is the CNI
+// plugin's, and pod_ingress accepts only the sources pod_addrs lists for it.
+const PodIfaceFlagReserved uint32 = 1 << 0
+
 const (
 	MapRoutes      Name = "routes"
 	MapPeers       Name = "peers"
@@ -58,6 +69,12 @@ const (
 	MapNexthopGroups  Name = "nexthop_groups"
 	MapFabricPrefixes Name = "fabric_prefixes"
 	MapSNATExempt     Name = "snat_exempt"
+	// MapMasqExempt holds the destinations a managed pod reaches with its own
+	// address; every other one leaving by the underlay is masqueraded.
+	MapMasqExempt Name = "masq_exempt"
+	// MapPodAddrs holds (host interface, address) of every address the CNI
+	// plugin reserved for a pod.
+	MapPodAddrs Name = "pod_addrs"
 	// MapNat is the return-path SNAT connection table. The datapath owns its
 	// entries: it is pinned but never part of a State, and its size is set at load
 	// time (loader/datapath).
@@ -66,7 +83,8 @@ const (
 
 // AllMaps lists every map the datapath pins, in a stable order.
 var AllMaps = []Name{MapRoutes, MapPeers, MapPeerSources, MapConfig, MapPodIfaces, MapMetrics,
-	MapNexthopGroups, MapFabricPrefixes, MapSNATExempt, MapNat, MapHealthReach, MapHealthProbers}
+	MapNexthopGroups, MapFabricPrefixes, MapSNATExempt, MapNat, MapHealthReach, MapHealthProbers,
+	MapMasqExempt, MapPodAddrs}
 
 // AddrToBE32 returns the __be32 form of an IPv4 address: a uint32 whose in-memory
 // bytes are the address in network order. An invalid or IPv6 address gives 0.

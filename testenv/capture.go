@@ -24,8 +24,21 @@ func (l *Lab) CaptureGeneve(ctx context.Context, srcPod, dstPod string) (string,
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	cmd := Command(ctx, l.RouterNS(), "tshark", "-n", "-l", "-i", RouterPort(src.Node),
-		"-f", "udp port 6081", "-d", "udp.port==6081,geneve", "-c", "2", "-O", "geneve")
+	return Capture(ctx, l.RouterNS(), []string{"-i", RouterPort(src.Node),
+		"-f", "udp port 6081", "-d", "udp.port==6081,geneve", "-c", "2", "-O", "geneve"},
+		func() {
+			if err := Ping(l.PodNS(srcPod), dst, time.Second); err != nil {
+				l.logf("capture: ping %s -> %s: %v", srcPod, dstPod, err)
+			}
+		})
+}
+
+// Capture runs tshark -n -l with args (an interface, a filter and a packet count
+// -c, so that it ends) in the namespace nsName and, once it listens, calls traffic
+// every 200 ms until tshark exits or ctx ends. It returns tshark's output: an
+// independent decoder's view of the wire. It needs tshark.
+func Capture(ctx context.Context, nsName string, args []string, traffic func()) (string, error) {
+	cmd := Command(ctx, nsName, append([]string{"tshark", "-n", "-l"}, args...)...)
 	var out strings.Builder
 	cmd.Stdout = &out
 	stderr, err := cmd.StderrPipe()
@@ -57,13 +70,10 @@ func (l *Lab) CaptureGeneve(ctx context.Context, srcPod, dstPod string) (string,
 		cmd.Wait()
 		return "", fmt.Errorf("capture: tshark did not start: %s", errText.String())
 	}
-	// Ping until tshark has its two frames and exits.
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	for {
-		if err := Ping(l.PodNS(srcPod), dst, time.Second); err != nil {
-			l.logf("capture: ping %s -> %s: %v", srcPod, dstPod, err)
-		}
+		traffic()
 		select {
 		case err := <-done:
 			if err != nil {

@@ -58,6 +58,10 @@ func (l *Lab) firewallRules() string {
 		fmt.Fprintf(&b, "-A FORWARD -m devgroup --src-group %d --dst-group %d -m comment --comment \"inside site %s\" -j ACCEPT\n", g, g, site.Name)
 	}
 	b.WriteString("-A FORWARD -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT\n")
+	if l.Scenario.Underlay.World {
+		// As a NAT gateway would: anything may open flows to the Internet.
+		fmt.Fprintf(&b, "-A FORWARD -o %s -m comment --comment \"to the world\" -j ACCEPT\n", WorldPort)
+	}
 	if l.Scenario.Underlay.CrossSite == CrossSiteGateways {
 		// Only gateways talk across sites, to each other. The addresses are
 		// the nodes' own: filtering sees a packet after the DNAT of an

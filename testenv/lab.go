@@ -235,6 +235,12 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 	if err := l.buildExternalNAT(ctx); err != nil {
 		return err
 	}
+	if sc.Underlay.World {
+		l.logf("lab %s: world %s", l.Name, WorldPrefix)
+		if err := l.buildWorld(); err != nil {
+			return err
+		}
+	}
 	switch l.Datapath {
 	case DatapathIsthmus, DatapathNone:
 	case DatapathPlain:
@@ -395,32 +401,13 @@ func (l *Lab) buildNode(n NodeRef) error {
 	}); err != nil {
 		return err
 	}
-	rt, _, err := handleAt(l.RouterNS())
+	port := RouterPort(n.Name)
+	rt, h, rport, err := l.linkToRouter(ns, port)
 	if err != nil {
 		return err
 	}
 	defer rt.Close()
-	h, nsh, err := handleAt(ns)
-	if err != nil {
-		return err
-	}
 	defer h.Close()
-	defer nsh.Close()
-	mtu := l.Scenario.Underlay.mtu()
-	port := RouterPort(n.Name)
-	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: port, MTU: mtu},
-		PeerName:      UnderlayDev,
-		PeerMTU:       uint32(mtu),
-		PeerNamespace: netlink.NsFd(nsh),
-	}
-	if err := rt.LinkAdd(veth); err != nil {
-		return fmt.Errorf("add underlay veth %s: %w", port, err)
-	}
-	rport, err := rt.LinkByName(port)
-	if err != nil {
-		return fmt.Errorf("find %s: %w", port, err)
-	}
 	// Proxy ARP answers for the node's gateway and its site neighbours at once (no
 	// random proxy_delay), and a host route sends the node's address down its port.
 	if err := writeSysctls(l.RouterNS(), map[string]string{
@@ -475,6 +462,38 @@ func (l *Lab) buildNode(n NodeRef) error {
 		}
 	}
 	return nil
+}
+
+// linkToRouter joins the namespace ns to the router with a veth at the underlay
+// MTU: port on the router's side, UnderlayDev in ns. It returns netlink handles
+// in the router and in ns, which the caller closes, and the router's port.
+func (l *Lab) linkToRouter(ns, port string) (rt, h *netlink.Handle, rport netlink.Link, err error) {
+	rt, _, err = handleAt(l.RouterNS())
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	h, nsh, err := handleAt(ns)
+	if err != nil {
+		rt.Close()
+		return nil, nil, nil, err
+	}
+	defer nsh.Close()
+	mtu := l.Scenario.Underlay.mtu()
+	err = rt.LinkAdd(&netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: port, MTU: mtu},
+		PeerName:      UnderlayDev,
+		PeerMTU:       uint32(mtu),
+		PeerNamespace: netlink.NsFd(nsh),
+	})
+	if err == nil {
+		rport, err = rt.LinkByName(port)
+	}
+	if err != nil {
+		rt.Close()
+		h.Close()
+		return nil, nil, nil, fmt.Errorf("add veth %s to the router: %w", port, err)
+	}
+	return rt, h, rport, nil
 }
 
 func (l *Lab) buildPod(n NodeRef, p Pod) error {

@@ -68,6 +68,10 @@ type Underlay struct {
 	// of a site cannot reach another site's underlay at all, which is why
 	// gateways exist). Needs Firewall.
 	CrossSite string `json:"crossSite,omitempty"`
+	// World adds a namespace behind the router standing for the Internet
+	// (WorldPrefix, outside every site), with WorldAddr and WorldNoMasqAddr
+	// on its interface (see world.go).
+	World bool `json:"world,omitempty"`
 }
 
 // Values of Underlay.CrossSite.
@@ -343,7 +347,7 @@ var (
 	nameRE    = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
 	labNameRE = regexp.MustCompile(`^[a-z0-9]+$`)
 	// reserved are namespace suffixes the lab uses itself.
-	reserved = []string{"rt", "fw"}
+	reserved = []string{"rt", "fw", WorldMember}
 )
 
 // ValidateLabName checks that name can prefix a lab's namespaces.

@@ -36,4 +36,5 @@ enum drop_reason {
 	DROP_OUTER_FRAGMENT	= -159,	/* first fragment of a GENEVE datagram: we do not reassemble */
 	DROP_ECN_NOT_ECT	= -160,	/* outer CE on a Not-ECT inner packet (RFC 6040) */
 	DROP_UNDERLAY_MTU	= -161,	/* transiting frame longer than the next underlay link, inner without DF */
+	DROP_POD_SRC_NOT_RESERVED = -162, /* source is no address the CNI reserved for the pod's interface */
 };

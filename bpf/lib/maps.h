@@ -16,6 +16,9 @@
 #ifndef POD_IFACES_MAX
 #define POD_IFACES_MAX		4096
 #endif
+#ifndef POD_ADDRS_MAX
+#define POD_ADDRS_MAX		16384
+#endif
 #ifndef METRICS_MAX
 #define METRICS_MAX		1024
 #endif
@@ -27,6 +30,9 @@
 #endif
 #ifndef SNAT_EXEMPT_MAX
 #define SNAT_EXEMPT_MAX		1024
+#endif
+#ifndef MASQ_EXEMPT_MAX
+#define MASQ_EXEMPT_MAX		4096
 #endif
 #ifndef TRACE_PREFIXES_MAX
 #define TRACE_PREFIXES_MAX	256
@@ -93,6 +99,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pod_ifaces SEC(".maps");
 
+/* (host interface, address) of every address the CNI plugin reserved for a pod. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct pod_addr_key);
+	__type(value, struct pod_addr_value);
+	__uint(max_entries, POD_ADDRS_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pod_addrs SEC(".maps");
+
 /* Packets and bytes per (code, hook), per CPU. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
@@ -131,7 +146,18 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } snat_exempt SEC(".maps");
 
-/* Both directions of every return-path SNAT translation, LRU-bounded. */
+/* Destinations a managed pod reaches without egress masquerade. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct route_key);
+	__type(value, struct masq_exempt_value);
+	__uint(max_entries, MASQ_EXEMPT_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} masq_exempt SEC(".maps");
+
+/* Both directions of every translated flow (return-path SNAT and egress
+ * masquerade), LRU-bounded. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct nat_key);

@@ -179,7 +179,8 @@ static __always_inline __u32 snat_hash(const struct nat_key *k)
 	return jhash_3words(k->saddr, k->daddr, ports + k->proto, SNAT_HASH_SEED);
 }
 
-/* Creates the translation of the new flow t: port want if its reply tuple is free,
+/* Creates the translation of the new flow t to address to: port want if its reply
+ * tuple is free,
  * else up to SNAT_PORT_TRIES ports of [snat_port_min, snat_port_max] from the flow's
  * hash on. Inserts the reply entry, then the original one, both BPF_NOEXIST. A failed
  * second insert means another CPU translated the same flow in between: if its entry
@@ -187,7 +188,7 @@ static __always_inline __u32 snat_hash(const struct nat_key *k)
  * the reply entry is removed. Returns 0 with *port set (network order), or
  * DROP_SNAT_NO_PORT / DROP_SNAT_INSERT. Counts METRIC_SNAT_NEW. */
 static __always_inline int snat_new(struct __sk_buff *skb, const struct datapath_config *cfg,
-				    const struct ct_tuple *t, __be16 want, __u64 now,
+				    const struct ct_tuple *t, __be32 to, __be16 want, __u64 now,
 				    __be16 *port, __u8 hook)
 {
 	__u32 min = cfg->snat_port_min, max = cfg->snat_port_max;
@@ -196,7 +197,7 @@ static __always_inline int snat_new(struct __sk_buff *skb, const struct datapath
 	__u32 span = 0, h, i;
 	int st;
 
-	nat_reply_key(&rk, &t->key, cfg->tunnel_ip, want);
+	nat_reply_key(&rk, &t->key, to, want);
 	st = snat_port_state(skb, &rk, &t->key, now);
 	if (st == SNAT_PORT_TAKEN) {
 		if (min && max >= min)
@@ -219,7 +220,7 @@ static __always_inline int snat_new(struct __sk_buff *skb, const struct datapath
 	rv.state = ct_next_state(t->key.proto, NAT_STATE_NEW, t->tcp_flags, 0);
 	rv.flags = NAT_F_REPLY;
 	rv.last_seen = now;
-	fv.addr = cfg->tunnel_ip;
+	fv.addr = to;
 	fv.port = rk.dport;
 	fv.state = rv.state;
 	fv.last_seen = now;
@@ -244,12 +245,13 @@ static __always_inline int snat_new(struct __sk_buff *skb, const struct datapath
 	return 0;
 }
 
-/* Finds the live translation of flow t (both halves present and pointing at each
- * other) and records the packet on it, or creates one: on the flow's own port for an
+/* Finds the live translation of flow t to address to (both halves present and
+ * pointing at each other) and records the packet on it, or creates one: on the flow's own port for an
  * expired flow, on its old port for one that lost its reply half (LRU eviction).
  * Returns 0 with *port set (network order), or a negative DROP_*. */
 static __always_inline int snat_flow(struct __sk_buff *skb, const struct datapath_config *cfg,
-				     const struct ct_tuple *t, __u64 now, __be16 *port, __u8 hook)
+				     const struct ct_tuple *t, __be32 to, __u64 now, __be16 *port,
+				     __u8 hook)
 {
 	struct nat_value *fwd, *rev;
 	__be16 want = t->key.sport;
@@ -257,7 +259,7 @@ static __always_inline int snat_flow(struct __sk_buff *skb, const struct datapat
 
 	fwd = bpf_map_lookup_elem(&nat, &t->key);
 	if (fwd) {
-		if (fwd->addr == cfg->tunnel_ip && !(fwd->flags & NAT_F_REPLY) &&
+		if (fwd->addr == to && !(fwd->flags & NAT_F_REPLY) &&
 		    ct_live(fwd, t->key.proto, now)) {
 			nat_reply_key(&rk, &t->key, fwd->addr, fwd->port);
 			rev = bpf_map_lookup_elem(&nat, &rk);
@@ -272,7 +274,44 @@ static __always_inline int snat_flow(struct __sk_buff *skb, const struct datapat
 		}
 		bpf_map_delete_elem(&nat, &t->key);
 	}
-	return snat_new(skb, cfg, t, want, now, port, hook);
+	return snat_new(skb, cfg, t, to, want, now, port, hook);
+}
+
+/* Translates the source of iph (linear, at ETH_HLEN) to address to, by the flow's
+ * entry in nat or a new one (snat_flow): TCP and UDP by source port, ICMP echo
+ * request by identifier. The one translation step of return-path SNAT and of egress
+ * masquerade (lib/masq.h), which share the nat table: their reply keys differ in
+ * the translated address. Returns 1 (rewritten: packet pointers are invalid) or a
+ * negative DROP_*: DROP_SNAT_UNSUPPORTED for fragments (a non-first fragment carries
+ * no ports, so nothing tells its flow; translating only the first would not deliver
+ * the datagram either; there is no fragment tracking), other protocols and other
+ * ICMP. Counts metric per translated packet. */
+static __always_inline int nat_translate_source(struct __sk_buff *skb,
+						const struct datapath_config *cfg,
+						struct iphdr *iph, __be32 to, __u16 metric,
+						__u8 hook)
+{
+	struct ct_tuple t;
+	struct nat_l4 l = {};
+	__be16 port = 0;
+	int ret;
+
+	if (ipv4_is_fragment(iph))
+		return DROP_SNAT_UNSUPPORTED;
+	ret = nat_tuple(skb, iph, ETH_HLEN + iph->ihl * 4, 0, &t, &l);
+	if (ret < 0)
+		return ret;
+	if (ret > 0)
+		return DROP_SNAT_UNSUPPORTED;
+	ret = snat_flow(skb, cfg, &t, to, bpf_ktime_get_ns(), &port, hook);
+	if (ret < 0)
+		return ret;
+	ret = nat_rewrite(skb, &l, IPV4_SADDR_OFF, t.key.saddr, to, t.key.sport, port);
+	if (ret < 0)
+		return ret;
+	metrics_count(metric, hook, skb->len);
+	trace_tc(skb, cfg, metric, hook, 0, t.key.saddr | (__u64)t.key.sport << 32);
+	return 1;
 }
 
 /* Return-path SNAT of a pod's packet about to enter the tunnel; iph is its (linear)
@@ -288,10 +327,6 @@ static __always_inline int snat_egress(struct __sk_buff *skb, const struct datap
 				       struct iphdr *iph, int forward, __u8 hook)
 {
 	struct route_key ek = { .prefixlen = 32 };
-	struct ct_tuple t;
-	struct nat_l4 l = {};
-	__be16 port = 0;
-	int ret;
 
 	if (!cfg->tunnel_ip)
 		return 0;
@@ -301,37 +336,19 @@ static __always_inline int snat_egress(struct __sk_buff *skb, const struct datap
 	if ((forward && iph->ttl <= 1) ||
 	    (cfg->tunnel_mtu && ipv4_wire_len(skb, iph) > cfg->tunnel_mtu))
 		return 0;
-	/* Fragments: a non-first fragment carries no ports, so nothing tells its flow or
-	 * translated port; translating only the first fragment of a datagram would not
-	 * deliver it either. Both are dropped (no fragment tracking). */
-	if (ipv4_is_fragment(iph))
-		return DROP_SNAT_UNSUPPORTED;
-	ret = nat_tuple(skb, iph, ETH_HLEN + iph->ihl * 4, 0, &t, &l);
-	if (ret < 0)
-		return ret;
-	if (ret > 0)
-		return DROP_SNAT_UNSUPPORTED;
-	ret = snat_flow(skb, cfg, &t, bpf_ktime_get_ns(), &port, hook);
-	if (ret < 0)
-		return ret;
-	ret = nat_rewrite(skb, &l, IPV4_SADDR_OFF, t.key.saddr, cfg->tunnel_ip, t.key.sport, port);
-	if (ret < 0)
-		return ret;
-	metrics_count(METRIC_SNAT, hook, skb->len);
-	trace_tc(skb, cfg, METRIC_SNAT, hook, 0, t.key.saddr | (__u64)t.key.sport << 32);
-	return 1;
+	return nat_translate_source(skb, cfg, iph, cfg->tunnel_ip, METRIC_SNAT, hook);
 }
 
-/* Translates back an ICMP error (its header at icmp_off) to the tunnel address whose
- * quote is a translated flow (tunnel address:port -> remote): the outer destination,
+/* Translates back an ICMP error (its header at icmp_off) to addr (the tunnel
+ * address, or the underlay address for masquerade) whose quote is a translated flow
+ * (addr:port -> remote): the outer destination,
  * the quoted source address and port (identifier for a quoted echo request), the
  * quoted IPv4 checksum, the quoted L4 checksum as Linux NAT does (UDP when non-zero;
  * TCP when its whole header is quoted, else it lies past the 8 bytes a quote must
  * hold; the quoted echo's ICMP checksum), the ICMP checksum and the outer IPv4 one.
  * All by incremental update, so the sum over the packet is unchanged. Returns 1 if
  * rewritten, 0 if the error quotes no live translation, or DROP_SNAT_REWRITE. */
-static __always_inline int snat_reverse_icmp_error(struct __sk_buff *skb,
-						   const struct datapath_config *cfg,
+static __always_inline int snat_reverse_icmp_error(struct __sk_buff *skb, __be32 addr,
 						   __u32 icmp_off, __u64 now)
 {
 	__u32 qoff = icmp_off + sizeof(struct icmphdr), ql4, poff, coff = 0;
@@ -345,7 +362,7 @@ static __always_inline int snat_reverse_icmp_error(struct __sk_buff *skb,
 
 	if (bpf_skb_load_bytes(skb, qoff, &q, sizeof(q)))
 		return 0;
-	if (q.version != 4 || q.ihl < 5 || q.saddr != cfg->tunnel_ip ||
+	if (q.version != 4 || q.ihl < 5 || q.saddr != addr ||
 	    (q.frag_off & bpf_htons(IP_OFFSET)))
 		return 0;
 	ql4 = qoff + q.ihl * 4;
@@ -417,15 +434,15 @@ static __always_inline int snat_reverse_icmp_error(struct __sk_buff *skb,
 	return 1;
 }
 
-/* Reverse SNAT of a decapsulated frame [eth][IPv4] at the start of skb, before
- * delivery: a reply to the tunnel address whose reply tuple has a live nat entry gets
- * the pod's address and port (identifier) back, both entries record it; an ICMP error
- * quoting a translated flow is translated as snat_reverse_icmp_error says. Returns 1
- * if rewritten (packet pointers are then invalid: the FIB lookup that follows finds
- * the pod), 0 if untouched (no tunnel address, another destination, no live entry:
- * the host gets it as before), or DROP_SNAT_REWRITE. Counts METRIC_SNAT_REVERSE. */
-static __always_inline int snat_reverse(struct __sk_buff *skb, const struct datapath_config *cfg,
-					__u8 hook)
+/* Reverse translation of a frame [eth][IPv4] at the start of skb addressed to addr
+ * (the tunnel address after decapsulation; the underlay address for masquerade): a
+ * reply whose reply tuple has a live nat entry gets the pod's address and port
+ * (identifier) back, both entries record it; an ICMP error quoting a translated flow
+ * is translated as snat_reverse_icmp_error says. Returns 1 if rewritten (packet
+ * pointers are then invalid), 0 if untouched (no address, another destination, a
+ * fragment, no live entry), or DROP_SNAT_REWRITE. Counts metric. */
+static __always_inline int nat_reverse(struct __sk_buff *skb, const struct datapath_config *cfg,
+				       __be32 addr, __u16 metric, __u8 hook)
 {
 	struct cursor c = { .pos = (void *)(long)skb->data, .end = (void *)(long)skb->data_end };
 	struct nat_value *rev, *fwd;
@@ -439,12 +456,12 @@ static __always_inline int snat_reverse(struct __sk_buff *skb, const struct data
 	__u8 type;
 	int ret;
 
-	if (!cfg->tunnel_ip)
+	if (!addr)
 		return 0;
 	if (parse_eth(&c, &eth) != ETH_P_IP || parse_ipv4(&c, &iph) < 0)
 		return 0;
-	/* A fragment to the tunnel address carries no (or not only) ports: the host's. */
-	if (iph->daddr != cfg->tunnel_ip || ipv4_is_fragment(iph))
+	/* A fragment to the address carries no (or not only) ports: the host's. */
+	if (iph->daddr != addr || ipv4_is_fragment(iph))
 		return 0;
 	l4off = ETH_HLEN + iph->ihl * 4;
 	now = bpf_ktime_get_ns();
@@ -455,10 +472,10 @@ static __always_inline int snat_reverse(struct __sk_buff *skb, const struct data
 		if (type != ICMP_DEST_UNREACH && type != ICMP_TIME_EXCEEDED &&
 		    type != ICMP_PARAMETERPROB)
 			return 0;
-		ret = snat_reverse_icmp_error(skb, cfg, l4off, now);
+		ret = snat_reverse_icmp_error(skb, addr, l4off, now);
 		if (ret > 0) {
-			metrics_count(METRIC_SNAT_REVERSE, hook, skb->len);
-			trace_tc(skb, cfg, METRIC_SNAT_REVERSE, hook, 0, 0);
+			metrics_count(metric, hook, skb->len);
+			trace_tc(skb, cfg, metric, hook, 0, 0);
 		}
 		return ret;
 	}
@@ -481,7 +498,16 @@ static __always_inline int snat_reverse(struct __sk_buff *skb, const struct data
 			  rev->port);
 	if (ret < 0)
 		return ret;
-	metrics_count(METRIC_SNAT_REVERSE, hook, skb->len);
-	trace_tc(skb, cfg, METRIC_SNAT_REVERSE, hook, 0, t.key.daddr | (__u64)t.key.dport << 32);
+	metrics_count(metric, hook, skb->len);
+	trace_tc(skb, cfg, metric, hook, 0, t.key.daddr | (__u64)t.key.dport << 32);
 	return 1;
+}
+
+/* Reverse SNAT of a decapsulated frame [eth][IPv4] at the start of skb, before
+ * delivery: nat_reverse to the tunnel address, so the FIB lookup that follows finds
+ * the pod; untouched frames go to the host as before. Counts METRIC_SNAT_REVERSE. */
+static __always_inline int snat_reverse(struct __sk_buff *skb, const struct datapath_config *cfg,
+					__u8 hook)
+{
+	return nat_reverse(skb, cfg, cfg->tunnel_ip, METRIC_SNAT_REVERSE, hook);
 }

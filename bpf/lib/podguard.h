@@ -11,7 +11,11 @@
 /* Returns 0 if the pod behind the interface the packet arrived on (skb->ifindex) may
  * send iph, whose L4 header starts at l4 (data_end bounds the linear part), or a
  * negative DROP_*:
- * DROP_POD_SRC_SPOOFED when the source does not route back through that interface.
+ * DROP_POD_SRC_NOT_RESERVED, on an interface the CNI plugin made
+ * (POD_IFACE_F_RESERVED), when the source is not among the addresses it reserved
+ * for that interface (pod_addrs): what the plugin knows, not what a route says.
+ * DROP_POD_SRC_SPOOFED, on any other interface, when the source does not route back
+ * through it.
  * This is strict rp_filter (RFC 3704) done by the program, because bpf_redirect_peer
  * and the encapsulation redirect skip the interface's own rp_filter. The FIB is the
  * one source that holds every pod, managed or not: isthmus and every routed CNI
@@ -26,18 +30,28 @@ static __always_inline int pod_source_check(struct __sk_buff *skb, const struct 
 					    const void *l4, const void *data_end)
 {
 	const struct udphdr *udp = l4;
+	const struct pod_iface_value *pi;
 	struct bpf_fib_lookup p;
 	__be32 daddr = iph->daddr;
+	__u32 ifindex = skb->ifindex;
 	int rc;
 
-	__builtin_memset(&p, 0, sizeof(p));
-	p.family = AF_INET;
-	p.ipv4_src = daddr;
-	p.ipv4_dst = iph->saddr;
-	p.ifindex = skb->ifindex;
-	rc = bpf_fib_lookup(skb, &p, sizeof(p), BPF_FIB_LOOKUP_SKIP_NEIGH);
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS || p.ifindex != skb->ifindex)
-		return DROP_POD_SRC_SPOOFED;
+	pi = bpf_map_lookup_elem(&pod_ifaces, &ifindex);
+	if (pi && (pi->flags & POD_IFACE_F_RESERVED)) {
+		struct pod_addr_key k = { .ifindex = ifindex, .addr = iph->saddr };
+
+		if (!bpf_map_lookup_elem(&pod_addrs, &k))
+			return DROP_POD_SRC_NOT_RESERVED;
+	} else {
+		__builtin_memset(&p, 0, sizeof(p));
+		p.family = AF_INET;
+		p.ipv4_src = daddr;
+		p.ipv4_dst = iph->saddr;
+		p.ifindex = ifindex;
+		rc = bpf_fib_lookup(skb, &p, sizeof(p), BPF_FIB_LOOKUP_SKIP_NEIGH);
+		if (rc != BPF_FIB_LKUP_RET_SUCCESS || p.ifindex != ifindex)
+			return DROP_POD_SRC_SPOOFED;
+	}
 
 	/* A later fragment carries no ports; without its first one it reassembles to
 	 * nothing, so only offset 0 needs the check. */

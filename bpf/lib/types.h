@@ -47,6 +47,15 @@ struct snat_exempt_value {
 	__u32 flags;		/* none defined yet */
 };
 
+/* masq_exempt (LPM trie, key struct route_key): destinations a managed pod reaches
+ * with its own address (the Site's nonMasqueradeCIDRs, every connected site's pod and
+ * node prefixes). With CFG_F_MASQUERADE, a packet leaving by the underlay device from
+ * a source in snat_exempt (this node's pods) to any other destination is translated
+ * to config.underlay_ip (egress masquerade, lib/masq.h). */
+struct masq_exempt_value {
+	__u32 flags;		/* none defined yet */
+};
+
 /* nat (LRU hash): both directions of every translated flow. The original direction is
  * keyed by the pod's tuple and maps to the translated source; the reply direction is
  * keyed by the reply's tuple (remote -> tunnel address, translated port) and maps back
@@ -106,6 +115,9 @@ struct peer_source_value {
 						 * routes to another peer is forwarded there */
 #define CFG_F_TRACE		(1 << 1)	/* tracing on: packets matching trace_prefixes
 						 * emit a trace_event at every decision */
+#define CFG_F_MASQUERADE	(1 << 2)	/* a managed site's node: its pods reach
+						 * destinations outside masq_exempt from
+						 * underlay_ip (egress masquerade) */
 struct datapath_config {
 	__u32 vni;		/* GENEVE VNI, host order, low 24 bits */
 	__be32 underlay_ip;	/* this node's tunnel endpoint, the outer source */
@@ -123,6 +135,22 @@ struct datapath_config {
 /* pod_ifaces (hash): ifindex of each pod-facing host interface the agent attached to.
  * Delivery to an interface in this map uses bpf_redirect_peer. */
 struct pod_iface_value {
+	__u32 flags;		/* POD_IFACE_F_* */
+};
+
+/* pod_iface_value.flags */
+#define POD_IFACE_F_RESERVED	(1 << 0)	/* the CNI plugin's interface: pod_ingress
+						 * accepts only the sources pod_addrs lists
+						 * for it, not what the FIB says */
+
+/* pod_addrs (hash): every address the CNI plugin reserved for the pod behind a host
+ * interface, filled by the agent from the IPAM reservations. */
+struct pod_addr_key {
+	__u32 ifindex;		/* the pod's host-side interface */
+	__be32 addr;		/* an IPv4 address reserved for it */
+};
+
+struct pod_addr_value {
 	__u32 flags;		/* none defined yet */
 };
 
@@ -144,6 +172,7 @@ enum hook {
 	HOOK_OVERLAY_EGRESS	= 1,	/* TC egress on isthmus0 (host traffic) */
 	HOOK_UNDERLAY_TC	= 2,	/* TC ingress on the underlay device */
 	HOOK_UNDERLAY_XDP	= 3,	/* XDP on the underlay device */
+	HOOK_UNDERLAY_EGRESS	= 4,	/* TC egress on the underlay device (masquerade) */
 };
 
 /* Accounted verdicts other than drops; the code field of metrics_key. */
@@ -163,6 +192,8 @@ enum metric {
 	METRIC_NO_PATH_UNREACH_SENT = 13, /* no live next hop: answered with ICMP net unreachable */
 	METRIC_HEALTH_ANSWERED	= 14,	/* health probe answered by the datapath (lib/health.h) */
 	METRIC_HEALTH_EXPIRED	= 15,	/* ... with "does not reach": the agent's claim expired */
+	METRIC_MASQ		= 16,	/* pod source masqueraded to the underlay address */
+	METRIC_MASQ_REVERSE	= 17,	/* reply to a masqueraded flow translated back */
 };
 
 /* Written by underlay_xdp in front of a frame it has popped (XDP metadata), read by

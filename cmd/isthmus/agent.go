@@ -169,6 +169,9 @@ func newAgentCmd() *cobra.Command {
 			if err := cni.start(ctx, cfg.Node, cfg.UnderlayDev, snapshot, cfg.Log); err != nil {
 				return err
 			}
+			if cni.socket != "" {
+				cfg.IPAMDir = cni.dataDir // the plugin's pods send only from their reservations
+			}
 			return agent.Run(ctx, cfg)
 		},
 	}

@@ -147,6 +147,7 @@ func writePlanTable(w io.Writer, p *plan.NodePlan, warnings []objects.Warning) e
 		}
 	})
 	writeSNAT(w, p.SNAT)
+	writeMasquerade(w, p.Masquerade)
 	section(w, "CORRECTIONS", len(p.Corrections), func(tw *tabwriter.Writer) {
 		// Kept last: it is the one column that can be long.
 		fmt.Fprintln(tw, "REMOVED\tCUT OUT\tORIGIN\tKEPT")
@@ -183,15 +184,27 @@ func role(p *plan.NodePlan) string {
 // writeSNAT prints the return-path SNAT policy: which sources entering the
 // tunnel on this node are translated, and why the others are not.
 func writeSNAT(w io.Writer, s plan.SNATPolicy) {
-	fmt.Fprintf(w, "\nSNAT\n")
-	if !s.Addr.IsValid() {
-		fmt.Fprintf(w, "off: %s\n", s.Reason)
+	writeTranslation(w, "SNAT", s.Addr, s.Reason, "sources translated to %s on this node: everything except", s.Exempt)
+}
+
+// writeMasquerade prints the egress masquerade policy: which destinations this
+// node's pods reach from its underlay address, and which keep the pod's.
+func writeMasquerade(w io.Writer, m plan.MasqueradePolicy) {
+	writeTranslation(w, "MASQUERADE", m.Addr, m.Reason, "pods reach every destination from %s: everything except", m.Exempt)
+}
+
+// writeTranslation prints one translation policy under title: "off" and the
+// reason when addr is invalid, else intro (with addr) and the exempt prefixes.
+func writeTranslation(w io.Writer, title string, addr netip.Addr, reason, intro string, exempt []plan.ExemptSource) {
+	fmt.Fprintf(w, "\n%s\n", title)
+	if !addr.IsValid() {
+		fmt.Fprintf(w, "off: %s\n", reason)
 		return
 	}
-	fmt.Fprintf(w, "sources translated to %s on this node: everything except\n", s.Addr)
+	fmt.Fprintf(w, intro+"\n", addr)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PREFIX\tORIGIN")
-	for _, e := range s.Exempt {
+	for _, e := range exempt {
 		fmt.Fprintf(tw, "%s\t%s\n", e.Prefix, e.Origin)
 	}
 	tw.Flush()

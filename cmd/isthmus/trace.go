@@ -211,11 +211,11 @@ type traceLine struct {
 	Target    string     `json:"target,omitempty"`
 }
 
-var hookNames = []string{"pod_ingress", "overlay_egress", "underlay_tc", "underlay_xdp"}
+var hookNames = []string{"pod_ingress", "overlay_egress", "underlay_tc", "underlay_xdp", "underlay_egress"}
 
 var decisionNames = map[int32]string{1: "encap", 2: "decap", 3: "deliver pod", 4: "deliver host",
 	5: "frag-needed sent", 6: "deliver fabric", 7: "snat", 8: "reverse snat", 9: "snat new",
-	10: "fabric ingress", 11: "transit"}
+	10: "fabric ingress", 11: "transit", 14: "masquerade", 15: "reverse masquerade"}
 
 func ntohs(v uint16) uint16 {
 	var b [2]byte

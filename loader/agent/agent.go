@@ -27,6 +27,7 @@ import (
 
 	"github.com/isthmus-dev/isthmus/loader/datapath"
 	"github.com/isthmus-dev/isthmus/loader/health"
+	"github.com/isthmus-dev/isthmus/loader/ipam"
 	"github.com/isthmus-dev/isthmus/loader/mapstate"
 	"github.com/isthmus-dev/isthmus/loader/metrics"
 	"github.com/isthmus-dev/isthmus/loader/objects"
@@ -52,7 +53,13 @@ type Config struct {
 	PinDir string
 	// PodPatterns are shell globs for pod-facing interfaces.
 	PodPatterns []string
-	Decap       datapath.DecapMode
+	// IPAMDir, when set, is the CNI plugin's reservation store (loader/ipam):
+	// a pod interface named in a reservation accepts only the addresses
+	// reserved for it (pod_addrs). It is read at every sync: the plugin
+	// reserves before it creates the veth, whose link event syncs, and DEL
+	// removes the veth first.
+	IPAMDir string
+	Decap   datapath.DecapMode
 	// VNI is the GENEVE VNI (24 bits).
 	VNI uint32
 	// ReadyFile, if set, is written after the first full sync.
@@ -649,11 +656,33 @@ func (a *Agent) desired(current maps.State) maps.State {
 	for _, i := range a.pods {
 		node.PodIfindexes = append(node.PodIfindexes, i)
 	}
+	node.PodAddrs = a.podAddrs()
 	s, warns := mapstate.FromPlan(a.plan, node)
 	a.logWarnings("maps", warns)
 	// CFG_F_TRACE belongs to a running `isthmus trace`: keep what the kernel holds.
 	s.Config.Flags |= current.Config.Flags & maps.ConfigFlagTrace
 	return s
+}
+
+// podAddrs returns the CNI plugin's reservations of the attached pod
+// interfaces. A store it cannot read gives none: those interfaces then fall
+// back to the datapath's FIB check, which still refuses a neighbour's address.
+func (a *Agent) podAddrs() []maps.PodAddr {
+	if a.cfg.IPAMDir == "" {
+		return nil
+	}
+	rs, err := ipam.Store{Dir: a.cfg.IPAMDir}.List()
+	if err != nil {
+		a.log.Error("read the CNI reservations; pod sources fall back to the FIB check", "dir", a.cfg.IPAMDir, "err", err)
+		return nil
+	}
+	var out []maps.PodAddr
+	for _, r := range rs {
+		if i, ok := a.pods[r.HostIface]; ok && r.HostIface != "" {
+			out = append(out, maps.PodAddr{Ifindex: uint32(i), Addr: r.Addr})
+		}
+	}
+	return out
 }
 
 func (a *Agent) routes() []datapath.Route {
@@ -831,7 +860,7 @@ func (a *Agent) pruneLinks() error {
 			return ok
 		case datapath.HookOverlayEgress:
 			return p.Ifname == datapath.OverlayDev
-		case datapath.HookUnderlayIngress:
+		case datapath.HookUnderlayIngress, datapath.HookUnderlayEgress:
 			return p.Ifname == ul
 		case datapath.HookUnderlayXDP:
 			return p.Ifname == ul && a.xdp

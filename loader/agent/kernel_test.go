@@ -106,6 +106,7 @@ type testEnv struct {
 	cfg     Config
 	pinDir  string
 	ns      netns.NsHandle
+	nsName  string // under /run/netns
 	under   netlink.Link
 	pod     netlink.Link
 	objects string
@@ -113,8 +114,8 @@ type testEnv struct {
 
 func setup(t *testing.T) *testEnv {
 	needRootAndBPFFS(t)
-	ns, _ := enterNewNetns(t)
-	e := &testEnv{ns: ns}
+	ns, name := enterNewNetns(t)
+	e := &testEnv{ns: ns, nsName: name}
 	e.under = mustVeth(t, "ul0", "ul0p")
 	mustAddr(t, e.under, "172.16.1.10/24")
 	e.pod = mustVeth(t, "pod-a", "pa-peer")
@@ -273,6 +274,7 @@ func TestAgentKernel(t *testing.T) {
 	}
 	pins := []pin{
 		{"ul0", datapath.HookUnderlayIngress, e.under.Attrs().Index, ebpf.AttachTCXIngress},
+		{"ul0", datapath.HookUnderlayEgress, e.under.Attrs().Index, ebpf.AttachTCXEgress},
 		{datapath.OverlayDev, datapath.HookOverlayEgress, ov.Attrs().Index, ebpf.AttachTCXEgress},
 		{"pod-a", datapath.HookPodIngress, e.pod.Attrs().Index, ebpf.AttachTCXIngress},
 	}
@@ -286,8 +288,8 @@ func TestAgentKernel(t *testing.T) {
 		if n := tcxCount(t, p.idx, p.at); n != 1 {
 			t.Errorf("%s: %d tcx programs attached, want 1", p.dev, n)
 		}
-		linkIDs[p.dev] = id
-		progIDs[p.dev] = prog
+		linkIDs[p.dev+string(p.h)] = id
+		progIDs[p.dev+string(p.h)] = prog
 	}
 	if _, err := os.Stat(datapath.LinkPin(e.pinDir, "ul0", datapath.HookUnderlayXDP)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("auto decap on a veth must not attach XDP (stat: %v)", err)
@@ -321,10 +323,10 @@ func TestAgentKernel(t *testing.T) {
 	defer a.Close()
 	for _, p := range pins {
 		id, prog, _ := linkInfo(t, e.pinDir, p.dev, p.h)
-		if id != linkIDs[p.dev] {
-			t.Errorf("restart replaced link %s.%s (id %d -> %d); want it updated in place", p.dev, p.h, linkIDs[p.dev], id)
+		if id != linkIDs[p.dev+string(p.h)] {
+			t.Errorf("restart replaced link %s.%s (id %d -> %d); want it updated in place", p.dev, p.h, linkIDs[p.dev+string(p.h)], id)
 		}
-		if prog == progIDs[p.dev] {
+		if prog == progIDs[p.dev+string(p.h)] {
 			t.Errorf("restart kept program %d on %s; want the new program swapped in", prog, p.dev)
 		}
 		if n := tcxCount(t, p.idx, p.at); n != 1 {
@@ -432,7 +434,7 @@ func TestAgentKernel(t *testing.T) {
 	if _, err := netlink.LinkByName(datapath.OverlayDev); err == nil {
 		t.Error("isthmus0 still there")
 	}
-	for _, p := range pins[:1] {
+	for _, p := range pins[:2] {
 		if n := tcxCount(t, p.idx, p.at); n != 0 {
 			t.Errorf("%s still has %d programs after uninstall", p.dev, n)
 		}

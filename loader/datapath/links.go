@@ -20,6 +20,7 @@ const (
 	HookOverlayEgress   Hook = "overlay_egress"   // tcx egress on isthmus0
 	HookUnderlayIngress Hook = "underlay_ingress" // tcx ingress on the underlay device
 	HookUnderlayXDP     Hook = "underlay_xdp"     // XDP on the underlay device
+	HookUnderlayEgress  Hook = "underlay_egress"  // tcx egress on the underlay device
 )
 
 // Program is the name of the program attached at h (the same as the hook's name).
@@ -27,7 +28,7 @@ func (h Hook) Program() string { return string(h) }
 
 func (h Hook) valid() bool {
 	switch h {
-	case HookPodIngress, HookOverlayEgress, HookUnderlayIngress, HookUnderlayXDP:
+	case HookPodIngress, HookOverlayEgress, HookUnderlayIngress, HookUnderlayXDP, HookUnderlayEgress:
 		return true
 	}
 	return false
@@ -37,7 +38,7 @@ func (h Hook) attach(prog *ebpf.Program, ifindex int) (link.Link, error) {
 	switch h {
 	case HookPodIngress, HookUnderlayIngress:
 		return link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXIngress})
-	case HookOverlayEgress:
+	case HookOverlayEgress, HookUnderlayEgress:
 		return link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXEgress})
 	case HookUnderlayXDP:
 		return link.AttachXDP(link.XDPOptions{Interface: ifindex, Program: prog})

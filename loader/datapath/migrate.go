@@ -33,6 +33,7 @@ var converters = map[maps.Name]Converter{}
 var agentOwned = map[maps.Name]bool{
 	maps.MapRoutes: true, maps.MapPeers: true, maps.MapPeerSources: true, maps.MapConfig: true,
 	maps.MapPodIfaces: true, maps.MapNexthopGroups: true, maps.MapFabricPrefixes: true, maps.MapSNATExempt: true,
+	maps.MapMasqExempt: true, maps.MapPodAddrs: true,
 }
 
 // copyEntries copies every entry of from into to, byte for byte; both must have the

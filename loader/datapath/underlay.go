@@ -59,12 +59,19 @@ func FindUnderlay(name string, addr netip.Addr) (netlink.Link, error) {
 }
 
 // AttachUnderlay attaches the decapsulation programs to the underlay device l:
-// underlay_ingress at tcx ingress always (it also delivers what XDP popped), and
+// underlay_ingress at tcx ingress always (it also delivers what XDP popped and
+// translates replies of masqueraded flows back), underlay_egress at tcx egress
+// (egress masquerade), and
 // underlay_xdp as mode decides. A pinned XDP link left from an earlier mode is
 // removed when XDP is not used. It reports whether XDP is attached.
 func AttachUnderlay(d *Datapath, l netlink.Link, mode DecapMode, log *slog.Logger) (xdp bool, err error) {
 	name, index := l.Attrs().Name, l.Attrs().Index
 	if _, err := Attach(d.PinDir, HookUnderlayIngress, d.Program(HookUnderlayIngress), name, index); err != nil {
+		return false, err
+	}
+	// Egress masquerade; it passes everything on a node whose config does not
+	// ask for it (CFG_F_MASQUERADE).
+	if _, err := Attach(d.PinDir, HookUnderlayEgress, d.Program(HookUnderlayEgress), name, index); err != nil {
 		return false, err
 	}
 	useXDP := mode == DecapXDP || (mode == DecapAuto && l.Type() != "veth")

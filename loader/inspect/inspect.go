@@ -148,6 +148,7 @@ type Config struct {
 	PodIfindexes    []uint32       `json:"podIfindexes"`
 	FabricPrefixes  []netip.Prefix `json:"fabricPrefixes"`
 	SNATExempt      []netip.Prefix `json:"snatExempt"`
+	MasqExempt      []netip.Prefix `json:"masqExempt"`
 }
 
 // Routes returns the routes, sorted by prefix, with their groups' live members.
@@ -329,6 +330,7 @@ func (m *Maps) Config() (Config, error) {
 		OverlayMAC: netMAC(c.OverlayMAC), TunnelMTU: c.TunnelMTU, Flags: []string{}, TunnelIP: c.TunnelIP,
 		SNATPortMin: c.SNATPortMin, SNATPortMax: c.SNATPortMax,
 		PodIfindexes: []uint32{}, FabricPrefixes: []netip.Prefix{}, SNATExempt: []netip.Prefix{},
+		MasqExempt: []netip.Prefix{},
 	}
 	if c.Flags&maps.ConfigFlagTransit != 0 {
 		out.Flags = append(out.Flags, "transit")
@@ -336,7 +338,10 @@ func (m *Maps) Config() (Config, error) {
 	if c.Flags&maps.ConfigFlagTrace != 0 {
 		out.Flags = append(out.Flags, "trace")
 	}
-	if rest := c.Flags &^ (maps.ConfigFlagTransit | maps.ConfigFlagTrace); rest != 0 {
+	if c.Flags&maps.ConfigFlagMasquerade != 0 {
+		out.Flags = append(out.Flags, "masquerade")
+	}
+	if rest := c.Flags &^ (maps.ConfigFlagTransit | maps.ConfigFlagTrace | maps.ConfigFlagMasquerade); rest != 0 {
 		out.Flags = append(out.Flags, fmt.Sprintf("0x%x", rest))
 	}
 	for i := range st.PodIfaces {
@@ -351,6 +356,10 @@ func (m *Maps) Config() (Config, error) {
 		out.SNATExempt = append(out.SNATExempt, p)
 	}
 	slices.SortFunc(out.SNATExempt, comparePrefix)
+	for p := range st.MasqExempt {
+		out.MasqExempt = append(out.MasqExempt, p)
+	}
+	slices.SortFunc(out.MasqExempt, comparePrefix)
 	return out, nil
 }
 

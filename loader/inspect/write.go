@@ -179,6 +179,7 @@ func configTable(tw *tabwriter.Writer, c Config) {
 	fmt.Fprintf(tw, "POD IFINDEXES\t%s\n", orNone(strings.Join(pods, ",")))
 	fmt.Fprintf(tw, "FABRIC PREFIXES\t%s\n", orNone(joinPrefixes(c.FabricPrefixes)))
 	fmt.Fprintf(tw, "SNAT EXEMPT\t%s\n", orNone(joinPrefixes(c.SNATExempt)))
+	fmt.Fprintf(tw, "MASQ EXEMPT\t%s\n", orNone(joinPrefixes(c.MasqExempt)))
 }
 
 // owners summarises slot owners as "10.0.0.4 (33/64), 10.0.0.5 (31/64)".

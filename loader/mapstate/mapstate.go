@@ -24,6 +24,10 @@ type NodeConfig struct {
 	TunnelMTU       int
 	// PodIfindexes are the pod-facing interfaces the agent has attached to.
 	PodIfindexes []int
+	// PodAddrs are the CNI plugin's reservations by host interface (read from
+	// its store). Those of an attached interface go to pod_addrs, and the
+	// interface is marked PodIfaceFlagReserved; IPv6 ones are left out.
+	PodAddrs []maps.PodAddr
 	// SNATPortMin and SNATPortMax are the SNAT port range (--snat-ports).
 	SNATPortMin, SNATPortMax uint16
 	// Down are the next-hop group members whose health checks fail for the
@@ -50,6 +54,8 @@ type NodeConfig struct {
 // whose members are all down has no entry (the zero entry: the datapath drops with
 // DROP_NO_NEXTHOP). config.tunnel_ip is p.SNAT.Addr, the SNAT port range comes from
 // node, fabric_prefixes from p.FabricPrefixes and snat_exempt from p.SNAT.Exempt.
+// With p.Masquerade.Addr set, CFG_F_MASQUERADE is on and masq_exempt holds
+// p.Masquerade.Exempt.
 func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 	s := maps.NewState()
 	var warnings []string
@@ -64,6 +70,13 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 	copy(s.Config.OverlayMAC[:], node.OverlayMAC)
 	for _, ifindex := range node.PodIfindexes {
 		s.PodIfaces[uint32(ifindex)] = maps.PodIface{}
+	}
+	for _, pa := range node.PodAddrs {
+		pi, attached := s.PodIfaces[pa.Ifindex]
+		if a := pa.Addr.Unmap(); attached && a.Is4() {
+			s.PodAddrs[maps.PodAddr{Ifindex: pa.Ifindex, Addr: a}] = struct{}{}
+			s.PodIfaces[pa.Ifindex] = maps.PodIface{Flags: pi.Flags | maps.PodIfaceFlagReserved}
+		}
 	}
 	if p == nil {
 		return s, nil
@@ -102,6 +115,14 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 			s.SNATExempt[pr] = struct{}{}
 		} else {
 			warnings = append(warnings, fmt.Sprintf("SNAT exempt source %v (%s): not IPv4, skipped", e.Prefix, e.Origin))
+		}
+	}
+	if p.Masquerade.Addr.IsValid() {
+		s.Config.Flags |= maps.ConfigFlagMasquerade
+	}
+	for _, e := range p.Masquerade.Exempt {
+		if pr, ok := prefix4(e.Prefix); ok {
+			s.MasqExempt[pr] = struct{}{}
 		}
 	}
 	for _, fp := range p.FabricPrefixes {

@@ -12,7 +12,7 @@ import (
 
 // LevelMaps are the maps whose fill level isthmus_map_entries reports.
 var LevelMaps = []maps.Name{maps.MapRoutes, maps.MapPeers, maps.MapPeerSources, maps.MapNexthopGroups,
-	maps.MapFabricPrefixes, maps.MapSNATExempt, maps.MapNat, maps.MapPodIfaces}
+	maps.MapFabricPrefixes, maps.MapSNATExempt, maps.MapNat, maps.MapPodIfaces, maps.MapMasqExempt, maps.MapPodAddrs}
 
 // Pinned is a Source reading the maps pinned in Dir. It opens them at every
 // scrape and closes them after, so it follows an agent that replaced them and
@@ -78,6 +78,10 @@ func countEntries(n maps.Name, m *ebpf.Map) (int, error) {
 		return count[maps.RouteKey, maps.FabricPrefixValue](n, m, nil)
 	case maps.MapSNATExempt:
 		return count[maps.RouteKey, maps.SNATExemptValue](n, m, nil)
+	case maps.MapPodAddrs:
+		return count[maps.PodAddrKey, maps.PodAddrValue](n, m, nil)
+	case maps.MapMasqExempt:
+		return count[maps.RouteKey, maps.MasqExemptValue](n, m, nil)
 	case maps.MapNat:
 		return count[maps.NatKey, maps.NatValue](n, m, nil)
 	case maps.MapPodIfaces:

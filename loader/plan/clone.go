@@ -18,6 +18,7 @@ func (p *NodePlan) Clone() *NodePlan {
 		c.Routes[i].Group = slices.Clone(p.Routes[i].Group)
 	}
 	c.SNAT.Exempt = slices.Clone(p.SNAT.Exempt)
+	c.Masquerade.Exempt = slices.Clone(p.Masquerade.Exempt)
 	c.GatewayPools = slices.Clone(p.GatewayPools)
 	c.FabricPrefixes = slices.Clone(p.FabricPrefixes)
 	c.LocalPrefixes = slices.Clone(p.LocalPrefixes)
@@ -43,6 +44,8 @@ func (p *NodePlan) Equal(q *NodePlan) bool {
 		slices.EqualFunc(p.Routes, q.Routes, Route.Equal) &&
 		p.SNAT.Addr == q.SNAT.Addr && p.SNAT.Reason == q.SNAT.Reason &&
 		slices.Equal(p.SNAT.Exempt, q.SNAT.Exempt) &&
+		p.Masquerade.Addr == q.Masquerade.Addr && p.Masquerade.Reason == q.Masquerade.Reason &&
+		slices.Equal(p.Masquerade.Exempt, q.Masquerade.Exempt) &&
 		slices.Equal(p.FabricPrefixes, q.FabricPrefixes) &&
 		slices.Equal(p.LocalPrefixes, q.LocalPrefixes) &&
 		slices.EqualFunc(p.Corrections, q.Corrections, Correction.Equal) &&

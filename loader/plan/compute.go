@@ -110,6 +110,7 @@ func Compute(set *objects.Set, node string) (*NodePlan, error) {
 	}
 	p.addGatewayFabric(gp.fabric)
 	p.SNAT = p.snatPolicy(self, site)
+	p.Masquerade = p.masqueradePolicy(set, site, connectedSites(site.Name, meshed, all))
 	return p, nil
 }
 

@@ -42,6 +42,8 @@ type NodePlan struct {
 	Routes []Route `json:"routes"`
 	// SNAT is this node's return-path SNAT policy.
 	SNAT SNATPolicy `json:"snat"`
+	// Masquerade is this node's egress masquerade policy (managed sites only).
+	Masquerade MasqueradePolicy `json:"masquerade"`
 	// FabricPrefixes are the inner destinations this node hands to its own site's
 	// fabric after decapsulation: its site's declared pod blocks when another CNI
 	// owns the pods (manageCniPlugin false) and the site's returnPath is Fabric.
@@ -94,6 +96,24 @@ type SNATPolicy struct {
 	// declared pod blocks.
 	Exempt []ExemptSource `json:"exempt,omitempty"`
 	// Reason explains a disabled policy, e.g. the node has no tunnel address.
+	Reason string `json:"reason,omitempty"`
+}
+
+// MasqueradePolicy says which destinations this node's pods reach from the
+// node's underlay address: on a node of a Site that manages the CNI, every IPv4
+// destination outside Exempt that leaves by the underlay device (egress
+// masquerade, docs/cni.md). Sources are the node's pods, SNATPolicy.Exempt.
+type MasqueradePolicy struct {
+	// Addr is the translated source: the node's underlay address. Invalid
+	// (zero) means no masquerade on this node; Reason then says why.
+	Addr netip.Addr `json:"addr,omitzero"`
+	// Exempt are the IPv4 destinations a pod reaches with its own address,
+	// sorted by prefix, covering ones removed: the Site's nonMasqueradeCIDRs,
+	// the pod blocks, node podCIDRs, nodeCidrs and tunnel addresses of the
+	// node's own site and of every site it is connected to (meshed or through
+	// gateways), and every route's prefix (routedCidrs included).
+	Exempt []ExemptSource `json:"exempt,omitempty"`
+	// Reason explains a disabled policy.
 	Reason string `json:"reason,omitempty"`
 }
 
