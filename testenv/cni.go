@@ -23,9 +23,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/isthmus-dev/isthmus/loader/cniinstall"
 	"github.com/isthmus-dev/isthmus/loader/datapath"
 	"github.com/isthmus-dev/isthmus/loader/ipam"
+	"github.com/isthmus-dev/isthmus/maps"
 )
 
 // CNIToolName is the reference CNI client the lab runs; it is looked for
@@ -195,22 +198,54 @@ func (l *Lab) setPodMTU(node, pod string, mtu int) error {
 	return nil
 }
 
-// waitPodAttached waits until the node's agent has pinned pod_ingress on the
-// pod's host interface: the plugin only wires the pod, the agent attaches to
-// every new interface that matches its pod pattern, and traffic must not start
+// waitPodAttached waits until the node's agent has taken the pod in: pinned
+// pod_ingress on its host interface and written the interface to pod_ifaces.
+// The plugin only wires the pod; the agent attaches to every new interface
+// that matches its pod pattern, and only then syncs pod_ifaces, which local
+// delivery needs: until it has, the reply to a pod's first packet is handed
+// to the stack like a stranger's, and conntrack, which never saw the request,
+// calls it INVALID (the CNI leftovers drop that). Traffic must not start
 // before.
 func (l *Lab) waitPodAttached(ctx context.Context, node, pod string) error {
 	pin := datapath.LinkPin(l.PinDir(node), l.HostVeth(pod), datapath.HookPodIngress)
+	var last error
 	for {
-		if _, err := os.Stat(pin); err == nil {
+		if last = podTakenIn(l.NodeNS(node), l.PinDir(node), pin, l.HostVeth(pod)); last == nil {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("wait for the agent on %s to attach to pod %s (%s): %w", node, pod, pin, ctx.Err())
+			return fmt.Errorf("wait for the agent on %s to take pod %s in: %w (%v)", node, pod, ctx.Err(), last)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// podTakenIn returns nil once pin exists and the pinned pod_ifaces map of
+// pinDir holds the ifindex of host in the namespace ns.
+func podTakenIn(ns, pinDir, pin, host string) error {
+	if _, err := os.Stat(pin); err != nil {
+		return fmt.Errorf("no pinned link yet: %w", err)
+	}
+	h, _, err := handleAt(ns)
+	if err != nil {
+		return err
+	}
+	link, err := h.LinkByName(host)
+	h.Close()
+	if err != nil {
+		return fmt.Errorf("find %s: %w", host, err)
+	}
+	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, string(maps.MapPodIfaces)), nil)
+	if err != nil {
+		return fmt.Errorf("open pod_ifaces: %w", err)
+	}
+	defer m.Close()
+	var v maps.PodIfaceValue
+	if err := m.Lookup(uint32(link.Attrs().Index), &v); err != nil {
+		return fmt.Errorf("%s (ifindex %d) not in pod_ifaces yet: %w", host, link.Attrs().Index, err)
+	}
+	return nil
 }
 
 // addManagedPods creates every managed pod through the plugin, node by node
