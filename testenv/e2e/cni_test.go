@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -113,7 +115,32 @@ func TestLabPodsThroughPlugin(t *testing.T) {
 	if out, err := l.Exec(ctx, l.NodeNS("b1"), "ip", "-o", "link", "show"); err != nil || strings.Contains(out, l.HostVeth("b1-p2")) || !strings.Contains(out, l.HostVeth("b1-p1")) {
 		t.Errorf("b1's links after DEL of b1-p2 (%v):\n%s\nwant %s gone and %s kept", err, out, l.HostVeth("b1-p2"), l.HostVeth("b1-p1"))
 	}
+
+	// Down is the runtime's DEL of every pod still there, b2-p3 too: libcni
+	// removes what it cached at each ADD only then, so its cache tells.
+	cached := func() []string {
+		var out []string
+		for _, p := range l.Scenario.Pods() {
+			f := filepath.Join(libcniCache, "results", "isthmus-"+testenv.CNIToolContainerID(testenv.NSPath(l.PodNS(p.Name)))+"-eth0")
+			if _, err := os.Stat(f); err == nil {
+				out = append(out, p.Name)
+			}
+		}
+		return out
+	}
+	if got := cached(); len(got) != len(l.Scenario.Pods())-1 || slices.Contains(got, "b1-p2") {
+		t.Fatalf("libcni caches ADD results of %v, want every pod but the deleted b1-p2", got)
+	}
+	if err := testenv.Down(l.Name, testenv.DownOptions{Binary: binary}); err != nil {
+		t.Fatal(err)
+	}
+	if got := cached(); len(got) != 0 {
+		t.Errorf("after down libcni still caches ADD results of %v: no DEL for them", got)
+	}
 }
+
+// libcniCache is libcni's default cache directory, which cnitool uses.
+const libcniCache = "/var/lib/cni"
 
 // TestLabLeakedPodCollected: a pod the runtime loses without DEL (its network
 // namespace deleted, which takes its veth along) leaves a reservation; the
