@@ -14,6 +14,7 @@ deps:
 build:
 	$(GO) build -o $(BIN) ./cmd/isthmus
 	$(GO) build -o bin/isthmus-cni ./cmd/isthmus-cni
+	$(GO) build -o bin/cnitool github.com/containernetworking/cni/cnitool
 
 # bpf2go (BPF objects and their Go bindings) and controller-gen (deep-copy, deploy/crds).
 generate: deps

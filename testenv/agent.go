@@ -41,6 +41,7 @@ func (l *Lab) AgentArgs(node string, extra []string) []string {
 		"--pod-interfaces", l.Scenario.PodInterfaces(),
 		"--ready-file", l.readyFile(node),
 	)
+	args = append(args, l.cniAgentArgs(node)...)
 	if l.Scenario.Decap != "" {
 		args = append(args, "--decap", l.Scenario.Decap)
 	}
@@ -62,11 +63,15 @@ func (l *Lab) startAgents(ctx context.Context, opts Options) error {
 			return err
 		}
 	}
-	timeout := opts.ReadyTimeout
-	if timeout == 0 {
-		timeout = 30 * time.Second
+	return l.WaitReady(ctx, l.readyTimeout(opts))
+}
+
+// readyTimeout is Options.ReadyTimeout with its default.
+func (l *Lab) readyTimeout(opts Options) time.Duration {
+	if opts.ReadyTimeout == 0 {
+		return 30 * time.Second
 	}
-	return l.WaitReady(ctx, timeout)
+	return opts.ReadyTimeout
 }
 
 // StartAgent starts the agent of a node, detached (its own session, output to

@@ -21,7 +21,8 @@ type DownOptions struct {
 	Log io.Writer
 }
 
-// Down removes the lab of that name: it stops the agents, uninstalls each
+// Down removes the lab of that name: it stops the agents, runs `cnitool del`
+// for every pod the CNI plugin made (found from the reservations), uninstalls each
 // node's datapath, removes the pins, deletes every namespace named isl-<lab>-*
 // and the state directory. It needs nothing but the name, so it also cleans up
 // after a failed or interrupted Up, and it is idempotent.
@@ -73,6 +74,11 @@ func down(lab string, opts DownOptions, agents map[string]*agent) error {
 			bin = strings.TrimSpace(string(data))
 		}
 	}
+	// The runtime's part: DEL of every pod the plugin made, with the agents
+	// already gone, as DEL must work then.
+	if err := cniDown(lab, bin, logf); err != nil {
+		errs = append(errs, err)
+	}
 	pinLab := filepath.Join(PinRoot, lab)
 	nodes, _ := os.ReadDir(pinLab)
 	for _, e := range nodes {
@@ -81,7 +87,11 @@ func down(lab string, opts DownOptions, agents map[string]*agent) error {
 		if _, err := os.Stat(NSPath(ns)); err == nil && bin != "" {
 			if _, err := os.Stat(bin); err == nil {
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				out, err := Command(ctx, ns, bin, "uninstall", "--pin-dir", pin).CombinedOutput()
+				argv := []string{bin, "uninstall", "--pin-dir", pin}
+				if _, err := os.Stat(cniState(lab, e.Name())); err == nil {
+					argv = append(argv, "--cni-bin-dir", cniBinDir(lab, e.Name()), "--cni-conf-dir", cniConfDir(lab, e.Name()))
+				}
+				out, err := Command(ctx, ns, argv...).CombinedOutput()
 				cancel()
 				if err != nil {
 					// Not fatal: removing the pins and the namespace below takes

@@ -4,30 +4,24 @@ import (
 	"encoding/json"
 	"net/netip"
 	"slices"
+
+	"github.com/isthmus-dev/isthmus/loader/ipam"
 )
 
 // TunnelAnnotation is the Node annotation that gives a node without a podCIDR
 // its tunnel address (docs/unmanaged-sites.md).
 const TunnelAnnotation = "isthmus.dev/tunnel-ipv4"
 
-// Host-side interface names of pod veths: isthmus' own pods, and pods of another
-// CNI (Azure CNI names its host veths azv<id>).
+// Host-side interface names of pod veths: isthmus' own pods (the plugin's
+// pod-<hash>, ipam.HostIface), and pods of another CNI (Azure CNI names its
+// host veths azv<id>).
 const (
-	ManagedVethPrefix   = "pod-"
+	ManagedVethPrefix   = ipam.HostIfacePrefix
 	UnmanagedVethPrefix = "azv-"
 	// UnmanagedIfacePattern is added to the agents' --pod-interfaces when the
 	// scenario has unmanaged pods.
 	UnmanagedIfacePattern = "azv*"
 )
-
-// HostVeth returns the host side of a pod's veth on its node: pod-<name>, or
-// azv-<name> for an unmanaged pod.
-func HostVeth(p Pod) string {
-	if p.Unmanaged {
-		return UnmanagedVethPrefix + p.Name
-	}
-	return ManagedVethPrefix + p.Name
-}
 
 // PodInterfaces returns the agents' --pod-interfaces: PodIfacePattern, plus
 // UnmanagedIfacePattern when any pod is unmanaged.

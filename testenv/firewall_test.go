@@ -94,7 +94,7 @@ func TestSeed000Topology(t *testing.T) {
 		{l.NodeNS("aks-1"), "10.0.4.10 dev azv-aks1-ext scope link", []string{"ip", "route"}},
 		{l.NodeNS("aks-1"), "net.ipv4.conf.azv-aks1-ext.rp_filter = 1", []string{"sysctl", "net.ipv4.conf.azv-aks1-ext.rp_filter"}},
 		{l.NodeNS("aks-1"), "net.ipv4.conf.all.rp_filter = 1", []string{"sysctl", "net.ipv4.conf.all.rp_filter"}},
-		{l.NodeNS("flex-1"), "192.168.20.6 dev pod-flex-p1 scope link", []string{"ip", "route"}},
+		{l.NodeNS("flex-1"), "192.168.20.6 dev " + l.HostVeth("flex-p1") + " scope link", []string{"ip", "route"}},
 		{l.RouterNS(), "10.0.4.10 via 10.0.0.4", []string{"ip", "route"}},
 		{l.RouterNS(), "10.0.2.200 via 10.0.0.5", []string{"ip", "route"}},
 		{l.RouterNS(), "group 2", []string{"ip", "-d", "link", "show", RouterPort("flex-1")}},

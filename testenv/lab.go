@@ -30,7 +30,7 @@ const (
 	// UnderlayDev is each node's underlay interface and each pod's interface.
 	UnderlayDev = "eth0"
 	// PodIfacePattern matches the host side of every managed pod's veth
-	// (pod-<pod>); see HostVeth and UnmanagedIfacePattern for the others.
+	// (pod-<hash>, Lab.HostVeth); see UnmanagedIfacePattern for the others.
 	PodIfacePattern = "pod-*"
 	// PodGateway is the pods' next hop, answered by the host side of the veth
 	// through a permanent neighbour entry, as Calico and Cilium do.
@@ -212,6 +212,9 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
 		for _, p := range n.Pods {
+			if l.usesPlugin(p) {
+				continue // cnitool adds it once the agents serve IPAM
+			}
 			if err := l.buildPod(n, p); err != nil {
 				return fmt.Errorf("pod %s: %w", p.Name, err)
 			}
@@ -280,6 +283,11 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 	if err := l.startAgents(ctx, opts); err != nil {
 		return err
 	}
+	start := time.Now()
+	if err := l.addManagedPods(ctx, l.readyTimeout(opts)); err != nil {
+		return err
+	}
+	l.logf("lab %s: managed pods added through the CNI plugin in %s", l.Name, time.Since(start).Round(time.Millisecond))
 	if opts.CheckNodes {
 		after := l.NodeReach()
 		l.logf("lab %s: node to node with the agents:\n%s", l.Name, reachString(after))
@@ -513,7 +521,7 @@ func (l *Lab) buildPod(n NodeRef, p Pod) error {
 	defer h.Close()
 	defer nsh.Close()
 	mtu := p.mtu(l.Scenario.Underlay)
-	host := HostVeth(p)
+	host := l.HostVeth(p.Name)
 	if err := node.LinkAdd(&netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: host, MTU: mtu},
 		PeerName:      UnderlayDev,
@@ -641,7 +649,7 @@ func (l *Lab) policyRules(ctx context.Context, n NodeRef) error {
 		if len(chain) > 28 {
 			chain = chain[:28]
 		}
-		fmt.Fprintf(&b, ":%s - [0:0]\n-I FORWARD -o %s -j %s\n", chain, HostVeth(p), chain)
+		fmt.Fprintf(&b, ":%s - [0:0]\n-I FORWARD -o %s -j %s\n", chain, l.HostVeth(p.Name), chain)
 		// Calico's workload chains accept what conntrack ties to a flow first.
 		fmt.Fprintf(&b, "-A %s -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n", chain)
 		for _, a := range p.Ingress.Allow {

@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"sigs.k8s.io/yaml"
+
+	"github.com/isthmus-dev/isthmus/loader/ipam"
 )
 
 func TestDefaultScenario(t *testing.T) {
@@ -215,18 +217,26 @@ func TestNames(t *testing.T) {
 			}
 		}
 	}
+	l := &Lab{Name: "x1", Scenario: sc}
 	for _, p := range sc.Pods() {
-		if h := HostVeth(p.Pod); len(h) > 15 || !strings.HasPrefix(h, "pod-") {
+		if h := l.HostVeth(p.Name); len(h) > 15 || !strings.HasPrefix(h, "pod-") {
 			t.Errorf("host veth %q: want pod-* within 15 characters", h)
 		}
 	}
-	l := &Lab{Name: "x1", Scenario: sc}
+	// The plugin names the host side after cnitool's container ID, which
+	// hashes the pod's namespace path (here sha256 of
+	// "cnitool-<sha512(/run/netns/isl-x1-a1-p1)[:10]>/eth0").
+	if got := l.HostVeth("a1-p1"); got != ipam.HostIface(CNIToolContainerID("/run/netns/isl-x1-a1-p1"), "eth0") {
+		t.Errorf("HostVeth(a1-p1) = %q, want the plugin's name", got)
+	}
 	if got := l.NodeNS("a1") + " " + l.PodNS("a1-p1") + " " + l.RouterNS(); got != "isl-x1-a1 isl-x1-a1-p1 isl-x1-rt" {
 		t.Errorf("namespaces = %q", got)
 	}
 	args := strings.Join(l.AgentArgs("a1", nil), " ")
 	for _, want := range []string{"agent --node a1", "--underlay-dev eth0", "--pin-dir /sys/fs/bpf/isthmus-lab/x1/a1",
-		"--pod-interfaces pod-*", "--ready-file /run/isthmus-lab/x1/a1.ready", "--objects /run/isthmus-lab/x1/objects", "--vni 4242"} {
+		"--pod-interfaces pod-*", "--ready-file /run/isthmus-lab/x1/a1.ready", "--objects /run/isthmus-lab/x1/objects", "--vni 4242",
+		"--ipam-socket /run/isthmus-lab/x1/cni/a1/ipam.sock", "--ipam-dir /run/isthmus-lab/x1/cni/a1/ipam",
+		"--cni-bin-dir /run/isthmus-lab/x1/cni/a1/bin", "--cni-conf-dir /run/isthmus-lab/x1/cni/a1/net.d"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("agent args %q lack %q", args, want)
 		}
@@ -286,8 +296,7 @@ func TestSeed000Scenario(t *testing.T) {
 	if got := flex.TunnelAddr(); got != netip.MustParseAddr("192.168.20.1") {
 		t.Errorf("flex-1 tunnel address %s, want the first address of its podCIDR", got)
 	}
-	p, _ := sc.pod("aks1-p1")
-	if got := HostVeth(p.Pod); got != "azv-aks1-p1" {
+	if got := (&Lab{Name: "x1", Scenario: sc}).HostVeth("aks1-p1"); got != "azv-aks1-p1" {
 		t.Errorf("HostVeth(aks1-p1) = %q, want azv-aks1-p1", got)
 	}
 	files, err := sc.ObjectFiles()

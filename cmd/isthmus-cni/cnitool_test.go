@@ -90,16 +90,22 @@ func (f *fixture) inNode(args ...string) string {
 }
 
 // cnitool runs cnitool VERB on the pod's namespace from the node's namespace.
-func (f *fixture) cnitool(verb, pod string) (string, error) {
+// env adds variables (CAP_ARGS=...) to cnitool's environment.
+func (f *fixture) cnitool(verb, pod string, env ...string) (string, error) {
 	cmd := exec.Command("nsenter", "--net=/run/netns/"+f.node, filepath.Join(f.bin, "cnitool"), verb, cniinstall.NetworkName, "/run/netns/"+f.prefix+pod)
-	cmd.Env = append(os.Environ(), "CNI_PATH="+f.bin, "NETCONFPATH="+f.conf)
+	cmd.Env = append(append(os.Environ(), "CNI_PATH="+f.bin, "NETCONFPATH="+f.conf), env...)
 	b, err := cmd.CombinedOutput()
 	return string(b), err
 }
 
 func (f *fixture) mustCNI(verb, pod string) string {
 	f.t.Helper()
-	out, err := f.cnitool(verb, pod)
+	return f.mustCNIEnv(verb, pod)
+}
+
+func (f *fixture) mustCNIEnv(verb, pod string, env ...string) string {
+	f.t.Helper()
+	out, err := f.cnitool(verb, pod, env...)
 	if err != nil {
 		f.t.Fatalf("cnitool %s %s: %v\n%s", verb, pod, err, out)
 	}
@@ -261,6 +267,23 @@ func TestCNIToolVerbs(t *testing.T) {
 	if err := f.ping("a", b); err != nil {
 		t.Fatal(err)
 	}
+	// The runtime may ask for an address (the `ips` capability, which the
+	// conflist declares): it gets it when free and in the verified range, and
+	// is refused otherwise, with nothing left behind.
+	f.addPodNS("w")
+	if out, err := f.cnitool("add", "w", `CAP_ARGS={"ips":["`+b.String()+`/32"]}`); err == nil || !strings.Contains(out, "held by another attachment") {
+		t.Fatalf("ADD asking for b's %s: %v %s, want refused", b, err, out)
+	}
+	if out, err := f.cnitool("add", "w", `CAP_ARGS={"ips":["10.10.2.20"]}`); err == nil || !strings.Contains(out, "outside the node's ranges") {
+		t.Fatalf("ADD asking for 10.10.2.20 outside the podCIDR: %v %s, want refused", err, out)
+	}
+	if w := resultAddr(t, f.mustCNIEnv("add", "w", `CAP_ARGS={"ips":["10.10.1.20/32"]}`)); w != netip.MustParseAddr("10.10.1.20") {
+		t.Fatalf("ADD asking for 10.10.1.20 got %s", w)
+	}
+	if err := f.ping("w", a); err != nil {
+		t.Fatal(err)
+	}
+	f.mustCNI("del", "w")
 	// The pod's interface: its address, the tunnel MTU, the routes.
 	link := run(t, "nsenter", "--net=/run/netns/"+f.prefix+"a", "ip", "-o", "link", "show", "eth0")
 	if !strings.Contains(link, "mtu 1450") {
@@ -270,7 +293,7 @@ func TestCNIToolVerbs(t *testing.T) {
 	if !strings.Contains(routes, "default via 169.254.1.1 dev eth0") {
 		t.Errorf("pod routes:\n%s\nwant the default route via 169.254.1.1", routes)
 	}
-	host := HostIface(cnitoolContainerID(f.prefix+"a"), "eth0")
+	host := ipam.HostIface(cnitoolContainerID(f.prefix+"a"), "eth0")
 	if got := f.inNode("ip", "route", "show", a.String()+"/32"); !strings.Contains(got, "dev "+host) {
 		t.Errorf("host route to %s: %q, want dev %s", a, got, host)
 	}
@@ -399,7 +422,7 @@ func TestCNIToolConcurrentExhaustionGC(t *testing.T) {
 	}
 	// The kernel destroys a deleted namespace's veths asynchronously.
 	for _, p := range []string{"p0", "p1"} {
-		host := HostIface(cnitoolContainerID(f.prefix+p), "eth0")
+		host := ipam.HostIface(cnitoolContainerID(f.prefix+p), "eth0")
 		for deadline := time.Now().Add(10 * time.Second); f.nodeLinkExists(host); time.Sleep(50 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s still exists 10s after its pod's namespace was deleted", host)

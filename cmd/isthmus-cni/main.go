@@ -11,8 +11,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -42,9 +40,6 @@ var (
 	gatewayV6 = netip.MustParseAddr("fe80::1")
 )
 
-// HostIfacePrefix starts the host side of every pod veth the plugin makes.
-const HostIfacePrefix = "pod-"
-
 // NetConf is the plugin's configuration: no ranges, only where the agent and
 // the reservations are.
 type NetConf struct {
@@ -53,6 +48,29 @@ type NetConf struct {
 	Socket string `json:"socket,omitempty"`
 	// DataDir is the reservation directory (default ipam.DefaultDir).
 	DataDir string `json:"dataDir,omitempty"`
+	// RuntimeConfig carries the runtime's capability arguments: the conflist
+	// declares `ips`, so a runtime may ask for addresses (CNI conventions).
+	RuntimeConfig struct {
+		IPs []string `json:"ips,omitempty"`
+	} `json:"runtimeConfig,omitzero"`
+}
+
+// wantedIPs parses the `ips` capability: addresses, with or without a prefix
+// length (which the pod's host prefix replaces).
+func (c *NetConf) wantedIPs() ([]netip.Addr, error) {
+	var out []netip.Addr
+	for _, s := range c.RuntimeConfig.IPs {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			p, perr := netip.ParsePrefix(s)
+			if perr != nil {
+				return nil, types.NewError(types.ErrInvalidNetworkConfig, "runtimeConfig.ips", fmt.Sprintf("%q is not an address: %v", s, err))
+			}
+			a = p.Addr()
+		}
+		out = append(out, a)
+	}
+	return out, nil
 }
 
 func loadConf(b []byte) (*NetConf, error) {
@@ -74,13 +92,6 @@ func loadConf(b []byte) (*NetConf, error) {
 	return c, nil
 }
 
-// HostIface is the host-side name of the attachment's veth: stable, so DEL and
-// CHECK find it without state, and at most 15 bytes.
-func HostIface(containerID, ifname string) string {
-	h := sha256.Sum256([]byte(containerID + "/" + ifname))
-	return HostIfacePrefix + hex.EncodeToString(h[:])[:11]
-}
-
 func main() {
 	skel.PluginMainFuncs(skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck, GC: cmdGC, Status: cmdStatus},
 		version.PluginSupports("0.4.0", "1.0.0", "1.1.0"), "isthmus CNI plugin")
@@ -96,12 +107,16 @@ func cmdAdd(args *skel.CmdArgs) error {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, "open netns "+args.Netns, err.Error())
 	}
 	defer netns.Close()
-	host := HostIface(args.ContainerID, args.IfName)
+	want, err := conf.wantedIPs()
+	if err != nil {
+		return err
+	}
+	host := ipam.HostIface(args.ContainerID, args.IfName)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	got, err := ipam.NewClient(conf.Socket).Add(ctx, ipam.AddRequest{
 		Attachment: ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName},
-		NetNS:      args.Netns, HostIface: host,
+		NetNS:      args.Netns, HostIface: host, IPs: want,
 	})
 	if err != nil {
 		return asCNIError("isthmus ipam add", err)
@@ -232,7 +247,7 @@ func cmdDel(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if err := unwire(args.Netns, args.IfName, HostIface(args.ContainerID, args.IfName)); err != nil {
+	if err := unwire(args.Netns, args.IfName, ipam.HostIface(args.ContainerID, args.IfName)); err != nil {
 		return err
 	}
 	if _, err := (ipam.Store{Dir: conf.DataDir}).Release(ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName}); err != nil {
@@ -267,7 +282,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 			return fmt.Errorf("check %s: address %s is not reserved for it", args.IfName, a)
 		}
 	}
-	host := HostIface(args.ContainerID, args.IfName)
+	host := ipam.HostIface(args.ContainerID, args.IfName)
 	hostLink, err := netlink.LinkByName(host)
 	if err != nil {
 		return fmt.Errorf("check %s: host side %s: %w", args.IfName, host, err)
@@ -334,7 +349,7 @@ func cmdGC(args *skel.CmdArgs) error {
 		return types.NewError(types.ErrIOFailure, "release reservations", err.Error())
 	}
 	for _, r := range freed {
-		if err := ip.DelLinkByName(HostIface(r.ContainerID, r.IfName)); err != nil && !errors.Is(err, ip.ErrLinkNotFound) {
+		if err := ip.DelLinkByName(ipam.HostIface(r.ContainerID, r.IfName)); err != nil && !errors.Is(err, ip.ErrLinkNotFound) {
 			return fmt.Errorf("gc: delete host side of %s/%s: %w", r.ContainerID, r.IfName, err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
@@ -21,6 +22,7 @@ import (
 // the plugin and its conflist (docs/cni.md). An empty socket turns it off.
 type cniFlags struct {
 	socket, dataDir, binDir, confDir, plugin string
+	leakInterval, leakGrace                  time.Duration
 }
 
 func (c *cniFlags) register(f *pflag.FlagSet) {
@@ -29,6 +31,8 @@ func (c *cniFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.binDir, "cni-bin-dir", cniinstall.DefaultBinDir, "where the runtime finds CNI plugins; the agent installs isthmus-cni there (empty: do not install)")
 	f.StringVar(&c.confDir, "cni-conf-dir", cniinstall.DefaultConfDir, "where the runtime reads network configurations; the agent writes "+cniinstall.ConflistName+" there once the podCIDRs verify (empty: do not write)")
 	f.StringVar(&c.plugin, "cni-plugin", "", "the isthmus-cni binary to install (default: isthmus-cni beside this executable)")
+	f.DurationVar(&c.leakInterval, "ipam-leak-interval", ipamd.DefaultLeakInterval, "how often the agent looks for reservations of pods the runtime lost without DEL")
+	f.DurationVar(&c.leakGrace, "ipam-leak-grace", ipamd.DefaultLeakGrace, "a reservation younger than this is never a leak (its ADD may still be wiring the pod)")
 }
 
 // start installs the plugin, reports conflists that would bypass the verified
@@ -65,6 +69,7 @@ func (c *cniFlags) start(ctx context.Context, node, underlayDev string, snapshot
 	_, done, err := ipamd.Start(ctx, ipamd.Config{
 		Node: node, Socket: c.socket, Store: ipam.Store{Dir: c.dataDir}, Snapshot: snapshot,
 		UnderlayMTU: underlayMTU(underlayDev, node, snapshot), Log: log,
+		LeakInterval: c.leakInterval, LeakGrace: c.leakGrace,
 		OnReady: func(ipamd.Verdict) {
 			if c.confDir == "" {
 				return

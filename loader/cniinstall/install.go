@@ -73,6 +73,9 @@ func Conflist(socket, dataDir string) []byte {
 		"name":       NetworkName,
 		"plugins": []map[string]any{{
 			"type": PluginName, "socket": socket, "dataDir": dataDir,
+			// A runtime may ask for a pod's addresses (CNI conventions'
+			// `ips`); the agent still checks them against the verified ranges.
+			"capabilities": map[string]bool{"ips": true},
 		}},
 	}
 	b, _ := json.MarshalIndent(c, "", "  ")

@@ -27,6 +27,9 @@ type AddRequest struct {
 	Attachment
 	NetNS     string `json:"netns"`
 	HostIface string `json:"hostIface"`
+	// IPs are addresses the runtime asks for (the CNI `ips` capability), at
+	// most one per range; the others are chosen by the store.
+	IPs []netip.Addr `json:"ips,omitempty"`
 }
 
 // AddResponse is what the pod gets: its addresses (host prefixes, /32 or

@@ -8,6 +8,8 @@
 package ipam
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,6 +28,9 @@ const DefaultDir = "/var/lib/isthmus/ipam"
 
 // ErrExhausted is returned by Reserve when a range has no free address.
 var ErrExhausted = errors.New("no free address")
+
+// ErrUnavailable is returned by Reserve when a wanted address cannot be given.
+var ErrUnavailable = errors.New("address unavailable")
 
 // Attachment names one interface of one container, as the CNI runtime does.
 type Attachment struct {
@@ -110,13 +115,16 @@ func (s Store) list() ([]Reservation, error) {
 }
 
 // Reserve returns one address per range for the attachment: the one it
-// already holds in that range (ADD is idempotent), else the next free one
-// after the last address handed out in the range, so a released address is
-// not reused at once. It skips the range's network address, its first
+// already holds in that range (ADD is idempotent), else the address of want
+// that lies in the range (the runtime's `ips` capability), else the next free
+// one after the last address handed out in the range, so a released address
+// is not reused at once. It skips the range's network address, its first
 // address (the node keeps it, see objects.checkTunnelAddrs) and, for IPv4,
 // its broadcast address. A range without a free address fails the whole call
-// with ErrExhausted and reserves nothing.
-func (s Store) Reserve(ranges []netip.Prefix, r Reservation) ([]netip.Addr, error) {
+// with ErrExhausted, and a wanted address that is outside every range, not
+// usable or held by another attachment with ErrUnavailable; either way
+// nothing is reserved.
+func (s Store) Reserve(ranges []netip.Prefix, want []netip.Addr, r Reservation) ([]netip.Addr, error) {
 	var out []netip.Addr
 	err := s.locked(func() error {
 		have, err := s.list()
@@ -127,15 +135,27 @@ func (s Store) Reserve(ranges []netip.Prefix, r Reservation) ([]netip.Addr, erro
 		for _, h := range have {
 			used[h.Addr] = true
 		}
+		for _, w := range want {
+			if containing(ranges, w) == (netip.Prefix{}) {
+				return fmt.Errorf("reserve %s: outside the node's ranges %v: %w", w, ranges, ErrUnavailable)
+			}
+		}
 		var fresh []netip.Addr
 		for _, p := range ranges {
 			if a, ok := held(have, p, r.Attachment); ok {
 				out = append(out, a)
 				continue
 			}
-			a, ok := s.next(p, used)
-			if !ok {
-				return fmt.Errorf("reserve in %s: %w", p, ErrExhausted)
+			a, ok := wanted(want, p)
+			switch {
+			case ok && !usable(p, a):
+				return fmt.Errorf("reserve %s: the network, node or broadcast address of %s: %w", a, p, ErrUnavailable)
+			case ok && used[a]:
+				return fmt.Errorf("reserve %s: held by another attachment: %w", a, ErrUnavailable)
+			case !ok:
+				if a, ok = s.next(p, used); !ok {
+					return fmt.Errorf("reserve in %s: %w", p, ErrExhausted)
+				}
 			}
 			used[a] = true
 			fresh = append(fresh, a)
@@ -160,6 +180,16 @@ func (s Store) Reserve(ranges []netip.Prefix, r Reservation) ([]netip.Addr, erro
 	return out, err
 }
 
+// wanted returns the address of want that lies in p, if there is one.
+func wanted(want []netip.Addr, p netip.Prefix) (netip.Addr, bool) {
+	for _, w := range want {
+		if p.Contains(w) {
+			return w, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
 // held returns the attachment's address in p, if it has one.
 func held(have []Reservation, p netip.Prefix, att Attachment) (netip.Addr, bool) {
 	for _, h := range have {
@@ -179,15 +209,23 @@ func containing(ranges []netip.Prefix, a netip.Addr) netip.Prefix {
 	return netip.Prefix{}
 }
 
+// firstUsable is the first address of p a pod may get: the network and node
+// addresses are skipped.
+func firstUsable(p netip.Prefix) netip.Addr { return p.Masked().Addr().Next().Next() }
+
+// usable reports whether a pod may get a in p: inside p, from firstUsable on,
+// and not the IPv4 broadcast address.
+func usable(p netip.Prefix, a netip.Addr) bool {
+	if !a.IsValid() || !p.Contains(a) || a.Less(firstUsable(p)) {
+		return false
+	}
+	return !a.Is4() || p.Contains(a.Next())
+}
+
 // next walks p from after its last handed-out address, wrapping once.
 func (s Store) next(p netip.Prefix, used map[netip.Addr]bool) (netip.Addr, bool) {
-	first := p.Masked().Addr().Next().Next() // network and node addresses skipped
-	usable := func(a netip.Addr) bool {
-		if !a.IsValid() || !p.Contains(a) || a.Less(first) {
-			return false
-		}
-		return !a.Is4() || p.Contains(a.Next()) // not the IPv4 broadcast
-	}
+	first := firstUsable(p)
+	usable := func(a netip.Addr) bool { return usable(p, a) }
 	if !usable(first) {
 		return netip.Addr{}, false
 	}
@@ -278,4 +316,14 @@ func writeFileAtomic(name string, b []byte) error {
 		return fmt.Errorf("rename %s: %w", filepath.Base(name), err)
 	}
 	return nil
+}
+
+// HostIfacePrefix starts the host side of every pod veth the plugin makes.
+const HostIfacePrefix = "pod-"
+
+// HostIface is the host-side name of the attachment's veth: stable, so DEL and
+// CHECK find it without state, and at most 15 bytes.
+func HostIface(containerID, ifname string) string {
+	h := sha256.Sum256([]byte(containerID + "/" + ifname))
+	return HostIfacePrefix + hex.EncodeToString(h[:])[:11]
 }

@@ -234,7 +234,7 @@ func (s *Server) handleAdd(w http.ResponseWriter, r *http.Request) {
 		reply(w, http.StatusServiceUnavailable, ipam.Error{Code: ipam.CodeTryAgainLater, Msg: "isthmus ipam not ready: " + v.Reason})
 		return
 	}
-	addrs, err := s.cfg.Store.Reserve(v.Ranges, ipam.Reservation{Attachment: req.Attachment, NetNS: req.NetNS,
+	addrs, err := s.cfg.Store.Reserve(v.Ranges, req.IPs, ipam.Reservation{Attachment: req.Attachment, NetNS: req.NetNS,
 		HostIface: req.HostIface, Created: time.Now()})
 	if err != nil {
 		reply(w, http.StatusServiceUnavailable, ipam.Error{Code: ipam.CodeTryAgainLater, Msg: "reserve address: " + err.Error()})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -104,9 +103,9 @@ func TestRunShort(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("TestRunShort needs root: it builds network namespaces and loads BPF programs")
 	}
-	bin := filepath.Join(t.TempDir(), "isthmus")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/isthmus").CombinedOutput(); err != nil {
-		t.Fatalf("build isthmus: %v\n%s", err, out)
+	bin, err := testenv.BuildBinaries(context.Background(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
@@ -162,9 +161,9 @@ func TestRunSNATShort(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("TestRunSNATShort needs root: it builds network namespaces and loads BPF programs")
 	}
-	bin := filepath.Join(t.TempDir(), "isthmus")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/isthmus").CombinedOutput(); err != nil {
-		t.Fatalf("build isthmus: %v\n%s", err, out)
+	bin, err := testenv.BuildBinaries(context.Background(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -37,11 +37,9 @@ func TestMain(m *testing.M) {
 			return m.Run()
 		}
 		defer os.RemoveAll(dir)
-		binary = filepath.Join(dir, "isthmus")
-		out, err := exec.Command("go", "build", "-o", binary, "github.com/isthmus-dev/isthmus/cmd/isthmus").CombinedOutput()
-		if err != nil {
-			setupErr = fmt.Errorf("build isthmus: %v\n%s", err, out)
-		}
+		// The agents install isthmus-cni from beside the binary, and the lab
+		// runs cnitool from there.
+		binary, setupErr = testenv.BuildBinaries(context.Background(), dir)
 		code := m.Run()
 		// Labs shared between tests go now, while the binary is still here.
 		if !downSharedLabs() && code == 0 {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/isthmus-dev/isthmus/loader/datapath"
+	"github.com/isthmus-dev/isthmus/loader/ipam"
 	"github.com/isthmus-dev/isthmus/maps"
 	"github.com/isthmus-dev/isthmus/testenv"
 )
@@ -516,8 +518,8 @@ func podLinks(t *testing.T, l *testenv.Lab, node string) map[string][2]uint32 {
 	}
 	for _, pod := range l.Scenario.Pods() {
 		if pod.Node == node {
-			if _, ok := out[testenv.HostVeth(pod.Pod)]; !ok {
-				t.Errorf("%s: no pinned pod_ingress link for %s (pinned: %v)", node, testenv.HostVeth(pod.Pod), pinned)
+			if _, ok := out[l.HostVeth(pod.Name)]; !ok {
+				t.Errorf("%s: no pinned pod_ingress link for %s (pinned: %v)", node, l.HostVeth(pod.Name), pinned)
 			}
 		}
 	}
@@ -527,10 +529,16 @@ func podLinks(t *testing.T, l *testenv.Lab, node string) map[string][2]uint32 {
 // TestRestartWithoutLoss: UDP datagrams every 2ms from a1-p1 to b1-p1 and back
 // keep arriving, every one of them, while the agents of a1 and b1 are stopped and
 // started three times. Each restart swaps the program behind the pinned links:
-// the program ids on the pod interfaces change, the link ids stay.
+// the program ids on the pod interfaces change, the link ids stay. The pods are
+// the CNI plugin's: their reservations stay as they were, and the restarted
+// IPAM serves again.
 func TestRestartWithoutLoss(t *testing.T) {
 	l := upDefault(t)
 	restarted := []string{"a1", "b1"}
+	reserved := map[string][]netip.Addr{}
+	for _, n := range restarted {
+		reserved[n] = reservedAddrs(t, l, n)
+	}
 	// Warm the path so neighbour resolution is not part of the measurement.
 	for _, pr := range [][2]string{{"a1-p1", "b1-p1"}, {"b1-p1", "a1-p1"}} {
 		if err := testenv.Ping(l.PodNS(pr[0]), l.PodAddr(pr[1]), 2*time.Second); err != nil {
@@ -586,6 +594,12 @@ func TestRestartWithoutLoss(t *testing.T) {
 
 	finished = true
 	checkNoLoss(t, streams, interval, "restarts")
+	for _, n := range restarted {
+		if got := reservedAddrs(t, l, n); !slices.Equal(got, reserved[n]) || len(got) == 0 {
+			t.Errorf("%s: reservations %v after the restarts, want %v as before", n, got, reserved[n])
+		}
+		waitIPAM(t, l, n, 10*time.Second, "after the restarts", func(st ipam.Status) bool { return st.Ready && len(st.Outside) == 0 })
+	}
 	if t.Failed() {
 		for _, n := range restarted {
 			t.Logf("counters of %s:\n%s\nagent log:\n%s", n, formatMetrics(nodeMetrics(t, l, n)), tailFile(l.AgentLog(n)))

@@ -67,9 +67,9 @@ func TestTraceCommand(t *testing.T) {
 	text := out.String()
 	t.Logf("trace output:\n%s", text)
 	want := map[string]string{
-		"encap":   fmt.Sprintf("pod_ingress pod-a1-p1 %s -> %s icmp encap peer %s", src, dst, b1.Address),
+		"encap":   fmt.Sprintf("pod_ingress %s %s -> %s icmp encap peer %s", l.HostVeth("a1-p1"), src, dst, b1.Address),
 		"decap":   fmt.Sprintf("underlay_tc eth0 %s -> %s icmp decap peer %s", dst, src, b1.Address),
-		"deliver": fmt.Sprintf("underlay_tc eth0 %s -> %s icmp deliver pod to pod-a1-p1", dst, src),
+		"deliver": fmt.Sprintf("underlay_tc eth0 %s -> %s icmp deliver pod to %s", dst, src, l.HostVeth("a1-p1")),
 	}
 	for what, line := range want {
 		if n := strings.Count(text, line); n < pings {

@@ -1,0 +1,66 @@
+package testenv
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/isthmus-dev/isthmus/loader/ipamd"
+	"github.com/isthmus-dev/isthmus/loader/objects"
+)
+
+// Every managed pod of every built-in scenario is created through the CNI
+// plugin, which asks the node's IPAM for the scenario's address: the agent's
+// own verification (ipamd.Verify, run here on the objects the lab writes)
+// must publish a range on the pod's node that holds the address, or `lab up`
+// would fail. Unmanaged sites must not verify: the other CNI keeps them.
+func TestBuiltinManagedPodsVerify(t *testing.T) {
+	for _, name := range Builtins() {
+		sc, err := LoadScenario(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		if err := sc.WriteObjects(dir); err != nil {
+			t.Fatal(err)
+		}
+		set, _, err := objects.LoadDir(dir)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		managed := 0
+		for _, n := range sc.Nodes() {
+			v := ipamd.Verify(set, n.Name, sc.Underlay.mtu())
+			for _, p := range n.Pods {
+				if p.Unmanaged {
+					continue
+				}
+				managed++
+				if !v.Ready() {
+					t.Errorf("%s: pod %s: the IPAM of %s does not verify: %s", name, p.Name, n.Name, v.Reason)
+					continue
+				}
+				if !containsAddr(v.Ranges, p.Address) {
+					t.Errorf("%s: pod %s: %s is outside %s's verified ranges %v", name, p.Name, p.Address, n.Name, v.Ranges)
+				}
+				if v.MTU != p.mtu(sc.Underlay) && p.MTU == 0 {
+					t.Errorf("%s: pod %s: the plugin gives MTU %d, the lab's pods have %d", name, p.Name, v.MTU, p.mtu(sc.Underlay))
+				}
+			}
+			if v.Ready() && n.Site.semantics().unmanaged {
+				t.Errorf("%s: node %s of an unmanaged site verifies", name, n.Name)
+			}
+		}
+		if managed == 0 {
+			t.Errorf("%s: no managed pod: the plugin path is not covered", name)
+		}
+	}
+}
+
+func containsAddr(ps []netip.Prefix, a netip.Addr) bool {
+	for _, p := range ps {
+		if p.Contains(a) && a != p.Masked().Addr() && a != p.Masked().Addr().Next() {
+			return true
+		}
+	}
+	return false
+}
