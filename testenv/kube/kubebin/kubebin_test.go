@@ -92,11 +92,11 @@ func TestBuildStepFailureShowsCompiler(t *testing.T) {
 func TestBuildSaysWhenCached(t *testing.T) {
 	root := t.TempDir()
 	t.Setenv(CacheEnv, root)
-	tools, err := toolsDir()
+	tools, err := moduleDir(kubeSet.module)
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := buildKey(context.Background(), tools)
+	key, err := buildKey(context.Background(), tools, kubeSet.key)
 	if err != nil {
 		t.Fatal(err)
 	}
