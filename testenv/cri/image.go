@@ -179,3 +179,19 @@ func sourceDir() (string, error) {
 	}
 	return filepath.Dir(file), nil
 }
+
+// BuildLoopback builds the reference CNI plugin "loopback"
+// (containernetworking/plugins, already a dependency) into binDir. containerd
+// up to 2.0 runs it for every sandbox, to bring up the pod's lo, before the
+// network's own plugins; on a node it comes with the runtime's CNI plugins
+// package (Debian's containernetworking-plugins), which the tests do without.
+func BuildLoopback(ctx context.Context, binDir string) error {
+	if err := os.MkdirAll(binDir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", binDir, err)
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(binDir, "loopback"), "github.com/containernetworking/plugins/plugins/main/loopback")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build the loopback plugin: %w\n%s", err, out)
+	}
+	return nil
+}
