@@ -191,16 +191,7 @@ func checkRuntimePod(t *testing.T, l *testenv.Lab, n *runtimeNode, p cri.Pod) {
 	if err != nil || !n.net.Contains(addr) {
 		t.Fatalf("%s: pod %s has address %q (%v), want one in the node's podCIDR %s", n.name, p.Name, p.IP, err, n.net)
 	}
-	h, err := netns.GetFromPath(p.NetNS)
-	if err != nil {
-		t.Fatalf("open pod namespace %s: %v", p.NetNS, err)
-	}
-	defer h.Close()
-	nl, err := netlink.NewHandleAt(h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nl.Close()
+	nl := handleAt(t, p.NetNS)
 	eth0, err := nl.LinkByName("eth0")
 	if err != nil {
 		t.Fatalf("%s: pod %s: no eth0: %v", n.name, p.Name, err)
@@ -231,17 +222,7 @@ func checkRuntimePod(t *testing.T, l *testenv.Lab, n *runtimeNode, p cri.Pod) {
 // namespace.
 func podLinksIn(t *testing.T, node string) []string {
 	t.Helper()
-	h, err := netns.GetFromName(node)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	nl, err := netlink.NewHandleAt(h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nl.Close()
-	links, err := nl.LinkList()
+	links, err := handleAt(t, testenv.NSPath(node)).LinkList()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,4 +236,21 @@ func podLinksIn(t *testing.T, node string) []string {
 		}
 	}
 	return out
+}
+
+// handleAt returns a netlink handle in the network namespace at path, closed
+// when the test ends.
+func handleAt(t *testing.T, path string) *netlink.Handle {
+	t.Helper()
+	h, err := netns.GetFromPath(path)
+	if err != nil {
+		t.Fatalf("open network namespace %s: %v", path, err)
+	}
+	defer h.Close()
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		t.Fatalf("netlink in %s: %v", path, err)
+	}
+	t.Cleanup(nl.Close)
+	return nl
 }
