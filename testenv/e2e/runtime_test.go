@@ -65,7 +65,10 @@ func TestContainerdPods(t *testing.T) {
 	for _, name := range []string{"a1", "b1"} {
 		n, _ := l.Node(name)
 		dir := filepath.Join(work, name)
-		rn := &runtimeNode{name: name, ipam: ipam.Store{Dir: filepath.Join(dir, "ipam")}, net: n.PodCIDR, agent: l.AgentLog(name)}
+		if len(n.PodCIDRs) != 1 {
+			t.Fatalf("node %s has podCIDRs %v, want one", name, n.PodCIDRs)
+		}
+		rn := &runtimeNode{name: name, ipam: ipam.Store{Dir: filepath.Join(dir, "ipam")}, net: n.PodCIDRs[0], agent: l.AgentLog(name)}
 		nodes = append(nodes, rn)
 		// The node becomes a CNI node: its agent restarts (the datapath stays)
 		// serving IPAM, installing the plugin and writing the conflist.
