@@ -31,7 +31,8 @@ type runtimeNode struct {
 
 // TestContainerdPods: containerd (with runc, driven through CRI by crictl)
 // creates pod sandboxes through isthmus-cni on a node of each site, with the
-// conflist and plugin the agent installed after verifying the podCIDRs. The
+// conflist and plugin the agent installed after verifying the podCIDRs, and
+// none before. The
 // test image's client in each pod fetches from the server in the other site's
 // pod across isthmus (GENEVE on the underlay, decoded by tshark) and sees the
 // other pod's own address as the source; removing the pods through the runtime
@@ -70,17 +71,10 @@ func TestContainerdPods(t *testing.T) {
 		}
 		rn := &runtimeNode{name: name, ipam: ipam.Store{Dir: filepath.Join(dir, "ipam")}, net: n.PodCIDRs[0], agent: l.AgentLog(name)}
 		nodes = append(nodes, rn)
-		// The node becomes a CNI node: its agent restarts (the datapath stays)
-		// serving IPAM, installing the plugin and writing the conflist.
 		if err := cri.BuildLoopback(ctx, filepath.Join(dir, "cni-bin")); err != nil {
 			t.Fatal(err)
 		}
-		if err := l.StopAgent(name); err != nil {
-			t.Fatal(err)
-		}
-		if err := l.StartAgent(name, "--ipam-socket", filepath.Join(dir, "ipam.sock"), "--ipam-dir", rn.ipam.Dir,
-			"--cni-bin-dir", filepath.Join(dir, "cni-bin"), "--cni-conf-dir", filepath.Join(dir, "cni-conf"),
-			"--cni-plugin", plugin); err != nil {
+		if err := os.MkdirAll(filepath.Join(dir, "cni-conf"), 0o755); err != nil {
 			t.Fatal(err)
 		}
 		rn.cd, err = cri.Start(ctx, cri.Config{Dir: filepath.Join(dir, "ctd"), NetNS: testenv.NSPath(l.NodeNS(name)),
@@ -103,13 +97,29 @@ func TestContainerdPods(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		// No conflist yet (the agent is not the node's CNI): the runtime
+		// creates no sandbox.
+		if p, err := rn.cd.RunPod(ctx, "early-"+name); err == nil {
+			t.Errorf("%s: the runtime created pod %+v before any network configuration was written", name, p)
+		} else if !strings.Contains(err.Error(), "cni plugin not initialized") {
+			t.Errorf("%s: pod before the conflist failed, but not for want of a network: %v", name, err)
+		}
+		// The node becomes a CNI node: its agent restarts (the datapath stays)
+		// serving IPAM, installing the plugin and writing the conflist once
+		// the podCIDR verifies.
+		if err := l.StopAgent(name); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.StartAgent(name, "--ipam-socket", filepath.Join(dir, "ipam.sock"), "--ipam-dir", rn.ipam.Dir,
+			"--cni-bin-dir", filepath.Join(dir, "cni-bin"), "--cni-conf-dir", filepath.Join(dir, "cni-conf"),
+			"--cni-plugin", plugin); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := l.WaitReady(ctx, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range nodes {
-		// The runtime creates no sandbox before the agent verified the
-		// podCIDR and wrote the conflist.
 		if err := n.cd.WaitNetworkReady(ctx, 30*time.Second); err != nil {
 			t.Fatalf("%v\nagent log:\n%s", err, tailFile(n.agent))
 		}
