@@ -75,7 +75,7 @@ func Conflist(socket, dataDir string) []byte {
 	c := map[string]any{
 		"cniVersion":  "1.0.0",
 		"cniVersions": []string{"1.0.0", "1.1.0"},
-		"name":       NetworkName,
+		"name":        NetworkName,
 		"plugins": []map[string]any{{
 			"type": PluginName, "socket": socket, "dataDir": dataDir,
 		}},
