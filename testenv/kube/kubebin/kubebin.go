@@ -176,7 +176,7 @@ func (s binarySet) build(ctx context.Context, progress io.Writer) (string, error
 		return "", fmt.Errorf("create binary cache: %w", err)
 	}
 	start := time.Now()
-	say("%s not all in %s yet: building once, for this and every later run (%s)", s.names, dir, s.estimate)
+	say("%s: not all in %s yet, building once for this and every later run (%s)", s.names, dir, s.estimate)
 	unlock, err := lockFile(ctx, filepath.Join(dir, ".lock"), func() {
 		say("waiting for another process that is building into %s", dir)
 	})
