@@ -67,10 +67,15 @@ func InstallPlugin(src, binDir string) error {
 
 // Conflist is the network configuration: the plugin, the agent's socket and
 // the reservation directory, and no ranges: the agent alone knows them.
+// cniVersion 1.0.0 with cniVersions up to 1.1.0 (CNI 1.1): a runtime on libcni
+// 1.2 or later picks 1.1.0 (and STATUS and GC with it), while containerd 1.6,
+// whose libcni 1.1 ignores cniVersions and rejects a 1.1.0 result, uses 1.0.0
+// (docs/cni.md).
 func Conflist(socket, dataDir string) []byte {
 	c := map[string]any{
-		"cniVersion": "1.1.0",
-		"name":       NetworkName,
+		"cniVersion":  "1.0.0",
+		"cniVersions": []string{"1.0.0", "1.1.0"},
+		"name":        NetworkName,
 		"plugins": []map[string]any{{
 			"type": PluginName, "socket": socket, "dataDir": dataDir,
 			// A runtime may ask for a pod's addresses (CNI conventions'

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sort"
 	"testing"
+
+	"github.com/containernetworking/cni/libcni"
 )
 
 func TestInstallPluginAndConflist(t *testing.T) {
@@ -38,8 +40,15 @@ func TestInstallPluginAndConflist(t *testing.T) {
 		Plugins    []map[string]any `json:"plugins"`
 	}
 	b, _ := os.ReadFile(filepath.Join(conf, ConflistName))
-	if err := json.Unmarshal(b, &c); err != nil || c.CNIVersion != "1.1.0" || len(c.Plugins) != 1 || c.Plugins[0]["type"] != PluginName {
+	if err := json.Unmarshal(b, &c); err != nil || c.CNIVersion != "1.0.0" || len(c.Plugins) != 1 || c.Plugins[0]["type"] != PluginName {
 		t.Fatalf("conflist %s: %v", b, err)
+	}
+	// A runtime on today's libcni speaks CNI 1.1 with it (STATUS, GC); an
+	// older one (containerd 1.6, e2e TestContainerdPods) reads cniVersion.
+	if list, err := libcni.ConfListFromBytes(b); err != nil {
+		t.Errorf("libcni cannot read conflist %s: %v", b, err)
+	} else if list.CNIVersion != "1.1.0" {
+		t.Errorf("libcni reads conflist %s as version %q, want 1.1.0", b, list.CNIVersion)
 	}
 	if _, ok := c.Plugins[0]["ipam"]; ok {
 		t.Errorf("conflist embeds an ipam section: %s", b)

@@ -1,6 +1,7 @@
-// Package kubebin builds the kube-apiserver and etcd that testenv/kube runs,
-// once, into a cache shared by every later run, reporting its progress. It
-// depends on the standard library alone, so that `go run` of
+// Package kubebin builds the kube-apiserver, etcd and kube-proxy that
+// testenv/kube and the lab run, and the crictl of the container runtime tests
+// (testenv/cri), once, into a cache shared by every later run, reporting its
+// progress. It depends on the standard library alone, so that `go run` of
 // testenv/kube/cmd/prebuild starts at once on a machine with an empty build
 // cache, before anything else has compiled client-go.
 package kubebin
@@ -60,80 +61,154 @@ const ProgressInterval = 10 * time.Second
 // line when the binaries are already cached. `make test` runs it through
 // testenv/kube/cmd/prebuild before `go test`, which would hide this output.
 func Build(ctx context.Context, progress io.Writer) (apiserver, etcd string, err error) {
-	tools, err := toolsDir()
+	dir, err := kubeSet.build(ctx, progress)
 	if err != nil {
 		return "", "", err
 	}
-	key, err := buildKey(ctx, tools)
-	if err != nil {
-		return "", "", err
-	}
-	root := os.Getenv(CacheEnv)
-	if root == "" {
-		root = DefaultCacheRoot
-	}
-	dir := filepath.Join(root, key)
-	apiserver = filepath.Join(dir, "kube-apiserver")
-	etcd = filepath.Join(dir, "etcd")
-	proxy := filepath.Join(dir, "kube-proxy")
-	say := func(format string, args ...any) { fmt.Fprintf(progress, "testenv/kube: "+format+"\n", args...) }
-	if exists(apiserver) && exists(etcd) && exists(proxy) {
-		say("kube-apiserver, etcd and kube-proxy found in %s", dir)
-		return apiserver, etcd, nil
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", "", fmt.Errorf("create kube binary cache: %w", err)
-	}
-	start := time.Now()
-	say("kube-apiserver, etcd and kube-proxy are not all in %s yet: building them once, for this and every later run (about 6 minutes on 2 idle cores)", dir)
-	unlock, err := lockFile(ctx, filepath.Join(dir, ".lock"), func() {
-		say("waiting for another process that is building into %s", dir)
-	})
-	if err != nil {
-		return "", "", err
-	}
-	defer unlock()
-	steps := []struct{ out, pkg, ldflags string }{
-		{etcd, "go.etcd.io/etcd/server/v3", "-s -w"},
-		{apiserver, "k8s.io/kubernetes/cmd/kube-apiserver", apiserverLDFlags(tools)},
+	return filepath.Join(dir, "kube-apiserver"), filepath.Join(dir, "etcd"), nil
+}
+
+// kubeSet is the kube-apiserver, etcd and kube-proxy of the tools module.
+var kubeSet = binarySet{
+	module:   "tools",
+	names:    "kube-apiserver, etcd and kube-proxy",
+	estimate: "about 6 minutes on 2 idle cores",
+	key: func(gomod []byte, gover string) string {
+		return fmt.Sprintf("kube-%s-etcd-%s-%s", moduleVersion(gomod, "k8s.io/kubernetes"),
+			moduleVersion(gomod, "go.etcd.io/etcd/server/v3"), gover)
+	},
+	steps: []setStep{
+		{"etcd", "go.etcd.io/etcd/server/v3", func(string) string { return "-s -w" }},
+		{"kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver", apiserverLDFlags},
 		// The lab's Services (testenv/kubeproxy.go): the same k8s.io/kubernetes
 		// release as kube-apiserver, so most of its packages are compiled already.
-		{proxy, "k8s.io/kubernetes/cmd/kube-proxy", apiserverLDFlags(tools)},
-	}
-	for i, b := range steps {
-		if exists(b.out) {
-			say("[%d/%d] %s: built meanwhile by the process we waited for", i+1, len(steps), filepath.Base(b.out))
-			continue
-		}
-		bs := buildStep{tools: tools, name: fmt.Sprintf("[%d/%d] %s", i+1, len(steps), filepath.Base(b.out)), say: say, every: ProgressInterval}
-		if err := bs.build(ctx, b.out, b.pkg, b.ldflags); err != nil {
-			return "", "", err
-		}
-	}
-	say("kube-apiserver, etcd and kube-proxy ready in %s after %s", dir, time.Since(start).Round(time.Second))
-	return apiserver, etcd, nil
+		{"kube-proxy", "k8s.io/kubernetes/cmd/kube-proxy", apiserverLDFlags},
+	},
+}
+
+// criSet is crictl, from the critools module: a cache of its own, so that
+// neither set's module change rebuilds the other.
+var criSet = binarySet{
+	module:   "critools",
+	names:    "crictl",
+	estimate: "about 2 minutes on 2 idle cores",
+	key: func(gomod []byte, gover string) string {
+		return fmt.Sprintf("crictl-%s-%s", moduleVersion(gomod, "sigs.k8s.io/cri-tools"), gover)
+	},
+	steps: []setStep{{"crictl", "sigs.k8s.io/cri-tools/cmd/crictl", func(string) string { return "-s -w" }}},
 }
 
 // KubeProxy returns the path of a kube-proxy built from the same
 // k8s.io/kubernetes release as Binaries' kube-apiserver, in the same cache
 // (Build builds all three). Progress goes to standard error.
 func KubeProxy(ctx context.Context) (string, error) {
-	apiserver, _, err := Build(ctx, os.Stderr)
+	dir, err := kubeSet.build(ctx, os.Stderr)
 	if err != nil {
 		return "", err
 	}
-	return filepath.Join(filepath.Dir(apiserver), "kube-proxy"), nil
+	return filepath.Join(dir, "kube-proxy"), nil
 }
 
-// toolsDir finds the tools module, testenv/kube/tools, from this source file.
-func toolsDir() (string, error) {
+// Crictl returns the path of a crictl built from sigs.k8s.io/cri-tools (the
+// critools module), the CRI client the container runtime tests use, built
+// once into the same cache root as Binaries (about 2 minutes the first
+// time). Progress goes to standard error.
+func Crictl(ctx context.Context) (string, error) { return BuildCrictl(ctx, os.Stderr) }
+
+// BuildCrictl is Crictl reporting to progress, as Build does.
+func BuildCrictl(ctx context.Context, progress io.Writer) (string, error) {
+	dir, err := criSet.build(ctx, progress)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, "crictl"), nil
+}
+
+// binarySet is a group of binaries built from one module beside this
+// package into one cache directory.
+type binarySet struct {
+	module   string // the module's directory, beside kubebin
+	names    string // of the binaries, for progress lines
+	estimate string // of a first build
+	// key names the cache directory from the module's go.mod and the Go
+	// version; buildKey appends a hash of go.mod, go.sum and the platform.
+	key   func(gomod []byte, gover string) string
+	steps []setStep
+}
+
+// setStep builds one binary of a set.
+type setStep struct {
+	out, pkg string
+	ldflags  func(moduleDir string) string
+}
+
+// build returns the set's cache directory once every binary is in it,
+// building those that are missing under a lock that serialises builders
+// across processes; the second finds the first one's result.
+func (s binarySet) build(ctx context.Context, progress io.Writer) (string, error) {
+	mod, err := moduleDir(s.module)
+	if err != nil {
+		return "", err
+	}
+	key, err := buildKey(ctx, mod, s.key)
+	if err != nil {
+		return "", err
+	}
+	root := os.Getenv(CacheEnv)
+	if root == "" {
+		root = DefaultCacheRoot
+	}
+	dir := filepath.Join(root, key)
+	say := func(format string, args ...any) { fmt.Fprintf(progress, "testenv/kube: "+format+"\n", args...) }
+	missing := func() bool {
+		for _, st := range s.steps {
+			if !exists(filepath.Join(dir, st.out)) {
+				return true
+			}
+		}
+		return false
+	}
+	if !missing() {
+		say("%s found in %s", s.names, dir)
+		return dir, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("create binary cache: %w", err)
+	}
+	start := time.Now()
+	say("%s: not all in %s yet, building once for this and every later run (%s)", s.names, dir, s.estimate)
+	unlock, err := lockFile(ctx, filepath.Join(dir, ".lock"), func() {
+		say("waiting for another process that is building into %s", dir)
+	})
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	for i, st := range s.steps {
+		out := filepath.Join(dir, st.out)
+		if exists(out) {
+			say("[%d/%d] %s: built meanwhile by the process we waited for", i+1, len(s.steps), st.out)
+			continue
+		}
+		bs := buildStep{tools: mod, name: fmt.Sprintf("[%d/%d] %s", i+1, len(s.steps), st.out), say: say, every: ProgressInterval}
+		if err := bs.build(ctx, out, st.pkg, st.ldflags(mod)); err != nil {
+			return "", err
+		}
+	}
+	say("%s ready in %s after %s", s.names, dir, time.Since(start).Round(time.Second))
+	return dir, nil
+}
+
+// moduleDir finds a module beside this package (tools, critools) from this
+// source file.
+func moduleDir(name string) (string, error) {
 	_, file, _, ok := runtime.Caller(0)
 	if !ok {
 		return "", errors.New("find tools module: no caller information")
 	}
-	dir := filepath.Join(filepath.Dir(file), "..", "tools")
+	dir := filepath.Join(filepath.Dir(file), "..", name)
 	if !exists(filepath.Join(dir, "go.mod")) {
-		return "", fmt.Errorf("find tools module: %s has no go.mod (Binaries needs the source tree)", dir)
+		return "", fmt.Errorf("find tools module: %s has no go.mod (the builds need the source tree)", dir)
 	}
 	return dir, nil
 }
@@ -166,18 +241,19 @@ func moduleVersion(gomod []byte, path string) string {
 	return ""
 }
 
-// buildKey names the cache directory: kube-<kubernetes>-etcd-<etcd>-<go>-<hash>.
-func buildKey(ctx context.Context, tools string) (string, error) {
-	gomod, err := os.ReadFile(filepath.Join(tools, "go.mod"))
+// buildKey names a set's cache directory: its key, then a hash of the
+// module's go.mod and go.sum, the Go version and the platform.
+func buildKey(ctx context.Context, mod string, key func(gomod []byte, gover string) string) (string, error) {
+	gomod, err := os.ReadFile(filepath.Join(mod, "go.mod"))
 	if err != nil {
 		return "", fmt.Errorf("read tools go.mod: %w", err)
 	}
-	gosum, err := os.ReadFile(filepath.Join(tools, "go.sum"))
+	gosum, err := os.ReadFile(filepath.Join(mod, "go.sum"))
 	if err != nil {
 		return "", fmt.Errorf("read tools go.sum: %w", err)
 	}
 	cmd := exec.CommandContext(ctx, goCmd(), "env", "GOVERSION")
-	cmd.Dir, cmd.Env = tools, toolsEnv()
+	cmd.Dir, cmd.Env = mod, toolsEnv()
 	out, err := cmd.Output()
 	if err != nil {
 		return "", fmt.Errorf("read go version: %w", err)
@@ -187,8 +263,7 @@ func buildKey(ctx context.Context, tools string) (string, error) {
 	h.Write(gomod)
 	h.Write(gosum)
 	h.Write([]byte(gover + runtime.GOOS + runtime.GOARCH))
-	return fmt.Sprintf("kube-%s-etcd-%s-%s-%s", moduleVersion(gomod, "k8s.io/kubernetes"),
-		moduleVersion(gomod, "go.etcd.io/etcd/server/v3"), gover, hex.EncodeToString(h.Sum(nil))[:10]), nil
+	return key(gomod, gover) + "-" + hex.EncodeToString(h.Sum(nil))[:10], nil
 }
 
 // apiserverLDFlags stamps the Kubernetes version into kube-apiserver, as the

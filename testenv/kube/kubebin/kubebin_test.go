@@ -3,6 +3,7 @@ package kubebin
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -87,38 +88,53 @@ func TestBuildStepFailureShowsCompiler(t *testing.T) {
 	}
 }
 
-// TestBuildSaysWhenCached: with both binaries in the cache directory, Build
-// prints one line and builds nothing.
+// TestBuildSaysWhenCached: with a set's binaries in its cache directory,
+// Build and BuildCrictl print one line and build nothing.
 func TestBuildSaysWhenCached(t *testing.T) {
 	root := t.TempDir()
 	t.Setenv(CacheEnv, root)
-	tools, err := toolsDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := buildKey(context.Background(), tools)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(root, key)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, b := range []string{"kube-apiserver", "etcd", "kube-proxy"} {
-		if err := os.WriteFile(filepath.Join(dir, b), nil, 0o755); err != nil {
+	for _, c := range []struct {
+		set   binarySet
+		build func(io.Writer) (string, error)
+		want  string // the binary it returns
+	}{
+		{kubeSet, func(w io.Writer) (string, error) {
+			apiserver, etcd, err := Build(context.Background(), w)
+			if err == nil && filepath.Dir(etcd) != filepath.Dir(apiserver) {
+				err = fmt.Errorf("etcd %s not beside kube-apiserver %s", etcd, apiserver)
+			}
+			return apiserver, err
+		}, "kube-apiserver"},
+		{criSet, func(w io.Writer) (string, error) { return BuildCrictl(context.Background(), w) }, "crictl"},
+	} {
+		mod, err := moduleDir(c.set.module)
+		if err != nil {
 			t.Fatal(err)
 		}
-	}
-	var out strings.Builder
-	apiserver, etcd, err := Build(context.Background(), &out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if apiserver != filepath.Join(dir, "kube-apiserver") || etcd != filepath.Join(dir, "etcd") {
-		t.Errorf("Build = %s, %s; want the cached pair in %s", apiserver, etcd, dir)
-	}
-	if want := "testenv/kube: kube-apiserver, etcd and kube-proxy found in " + dir + "\n"; out.String() != want {
-		t.Errorf("Build printed %q, want %q", out.String(), want)
+		key, err := buildKey(context.Background(), mod, c.set.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := filepath.Join(root, key)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, st := range c.set.steps {
+			if err := os.WriteFile(filepath.Join(dir, st.out), nil, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var out strings.Builder
+		got, err := c.build(&out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != filepath.Join(dir, c.want) {
+			t.Errorf("%s: got %s, want the cached one in %s", c.set.names, got, dir)
+		}
+		if want := "testenv/kube: " + c.set.names + " found in " + dir + "\n"; out.String() != want {
+			t.Errorf("printed %q, want %q", out.String(), want)
+		}
 	}
 }
 

@@ -1,9 +1,10 @@
-// Command prebuild fills the cache of kube-apiserver and etcd binaries that the
-// Kubernetes tests use (testenv/kube/kubebin), printing each step and a
+// Command prebuild fills the cache of the kube-apiserver, etcd and kube-proxy
+// binaries that the Kubernetes tests use, and of the crictl that the container
+// runtime tests use (testenv/kube/kubebin), printing each step and a
 // progress line every few seconds. `make test` runs it before `go test`, which
 // shows the output of a passing package only with -v: without it, the first
 // run on a machine would sit silent for minutes while kube-apiserver compiles.
-// When the binaries are cached it prints one line and exits.
+// When the binaries are cached it prints one line for each set and exits.
 package main
 
 import (
@@ -20,6 +21,10 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if _, _, err := kubebin.Build(ctx, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
+		os.Exit(1)
+	}
+	if _, err := kubebin.BuildCrictl(ctx, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
 		os.Exit(1)
 	}
