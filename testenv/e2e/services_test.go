@@ -271,7 +271,7 @@ func TestSitePolicy(t *testing.T) {
 func pinPolicyLimits(ctx context.Context, t *testing.T, l *testenv.Lab) {
 	t.Helper()
 	p, _ := l.Pod("aks1-p1")
-	egress := []string{"FORWARD", "-i", testenv.HostVeth(p.Pod), "-m", "comment", "--comment", "isthmus egress probe", "-j", "ACCEPT"}
+	egress := []string{"FORWARD", "-i", l.HostVeth(p.Pod.Name), "-m", "comment", "--comment", "isthmus egress probe", "-j", "ACCEPT"}
 	if _, err := l.Exec(ctx, l.NodeNS("aks-1"), append([]string{"iptables", "-w", "-I"}, egress...)...); err != nil {
 		t.Fatal(err)
 	}
