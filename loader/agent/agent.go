@@ -798,6 +798,17 @@ func (a *Agent) attachPod(name string, ifindex int) error {
 	if a.pods[name] == ifindex {
 		return nil
 	}
+	// pod_ifaces first: once pod_ingress runs on the interface, the pod's first
+	// flows are redirected past the stack, and replies delivered before the
+	// next sync lists the interface would go through a stack that never saw the
+	// requests (conntrack INVALID, dropped by the site's rules). The sync that
+	// follows keeps this entry, with its flags.
+	var cur maps.PodIfaceValue
+	if err := a.dp.Maps.Map(maps.MapPodIfaces).Lookup(uint32(ifindex), &cur); err != nil {
+		if err := a.dp.Maps.Update(maps.MapPodIfaces, uint32(ifindex), maps.PodIfaceValue{}); err != nil {
+			return fmt.Errorf("pod interface %s: list it in pod_ifaces: %w", name, err)
+		}
+	}
 	r, err := datapath.Attach(a.cfg.PinDir, datapath.HookPodIngress, a.dp.Program(datapath.HookPodIngress), name, ifindex)
 	if err != nil {
 		return err

@@ -351,6 +351,18 @@ func TestAgentKernel(t *testing.T) {
 
 	// A pod interface that appears later is attached within a second...
 	podB := mustVeth(t, "pod-b", "pb-peer")
+	// ...and listed in pod_ifaces before pod_ingress runs on it: replies to the
+	// first packets it redirects are delivered by pod_ifaces (through a stack
+	// that never saw the requests, they would be conntrack INVALID).
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if tcxCount(t, podB.Attrs().Index, ebpf.AttachTCXIngress) == 0 {
+			continue
+		}
+		if _, ok := readMaps(t, e.pinDir).PodIfaces[uint32(podB.Attrs().Index)]; !ok {
+			t.Errorf("pod-b: pod_ingress attached before its ifindex is in pod_ifaces")
+		}
+		break
+	}
 	eventually(t, time.Second, "pod-b attached and in pod_ifaces", func() bool {
 		_, ok := readMaps(t, e.pinDir).PodIfaces[uint32(podB.Attrs().Index)]
 		return ok && tcxCount(t, podB.Attrs().Index, ebpf.AttachTCXIngress) == 1
