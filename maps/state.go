@@ -290,3 +290,13 @@ func (set *Set) CheckCapacity(desired State) error {
 	}
 	return errors.Join(errs...)
 }
+
+// Prefix4 returns p masked, with its address unmapped, and whether it is
+// IPv4: the form of every prefix key of the maps.
+func Prefix4(p netip.Prefix) (netip.Prefix, bool) {
+	a := p.Addr().Unmap()
+	if !a.Is4() {
+		return netip.Prefix{}, false
+	}
+	return netip.PrefixFrom(a, p.Bits()).Masked(), true
+}

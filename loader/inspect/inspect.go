@@ -277,7 +277,7 @@ func (m *Maps) Groups() ([]Group, error) {
 	}
 	if m.Plan != nil {
 		for _, r := range m.Plan.Routes {
-			pr, ok := prefix4(r.Prefix)
+			pr, ok := maps.Prefix4(r.Prefix)
 			if len(r.Group) == 0 || !ok {
 				continue
 			}
@@ -306,15 +306,6 @@ func (m *Maps) Groups() ([]Group, error) {
 	}
 	slices.SortFunc(out, func(a, b Group) int { return int(a.ID) - int(b.ID) })
 	return out, nil
-}
-
-// prefix4 returns p masked with its address unmapped, and whether it is IPv4.
-func prefix4(p netip.Prefix) (netip.Prefix, bool) {
-	a := p.Addr().Unmap()
-	if !a.Is4() {
-		return netip.Prefix{}, false
-	}
-	return netip.PrefixFrom(a, p.Bits()).Masked(), true
 }
 
 // Config returns the config entry with the pod interfaces, fabric prefixes and

@@ -111,7 +111,7 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 		warnings = append(warnings, fmt.Sprintf("SNAT address %v is not IPv4: no return-path SNAT", a))
 	}
 	for _, e := range p.SNAT.Exempt {
-		if pr, ok := prefix4(e.Prefix); ok {
+		if pr, ok := maps.Prefix4(e.Prefix); ok {
 			s.SNATExempt[pr] = struct{}{}
 		} else {
 			warnings = append(warnings, fmt.Sprintf("SNAT exempt source %v (%s): not IPv4, skipped", e.Prefix, e.Origin))
@@ -126,7 +126,7 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 		}
 	}
 	for _, fp := range p.FabricPrefixes {
-		if pr, ok := prefix4(fp); ok {
+		if pr, ok := maps.Prefix4(fp); ok {
 			s.FabricPrefixes[pr] = struct{}{}
 		} else {
 			warnings = append(warnings, fmt.Sprintf("fabric prefix %v: not IPv4, skipped", fp))
@@ -158,7 +158,7 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 		if len(members[i]) == 0 {
 			continue
 		}
-		if pr, ok := prefix4(r.Prefix); ok {
+		if pr, ok := maps.Prefix4(r.Prefix); ok {
 			if id := node.CurrentGroups[pr]; id != 0 {
 				k := maps.MemberSet{Site: r.Site, Addrs: members[i]}.Key()
 				if _, seen := prefer[k]; !seen {
@@ -169,7 +169,7 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 	}
 	ids := maps.GroupIDs(sets, prefer)
 	for i, r := range p.Routes {
-		prefix, ok := prefix4(r.Prefix)
+		prefix, ok := maps.Prefix4(r.Prefix)
 		if len(r.Group) == 0 {
 			via := r.Via.Unmap()
 			if !ok || !via.Is4() {
@@ -203,13 +203,4 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 		}
 	}
 	return s, warnings
-}
-
-// prefix4 returns p masked, with its address unmapped, and whether it is IPv4.
-func prefix4(p netip.Prefix) (netip.Prefix, bool) {
-	a := p.Addr().Unmap()
-	if !a.Is4() {
-		return netip.Prefix{}, false
-	}
-	return netip.PrefixFrom(a, p.Bits()).Masked(), true
 }

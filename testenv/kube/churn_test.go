@@ -198,8 +198,12 @@ func nodeChurn(b testing.TB, sh fleet.Shape, window time.Duration) churnResult {
 	})
 	b.Logf("created %d Nodes in %v", len(in.Nodes), time.Since(start).Round(time.Second))
 
-	// The controller, with its default client limits, bootstraps them.
-	crc := s.RESTConfig()
+	// The controller, with the client configuration of isthmus controller
+	// (protobuf, the default QPS and burst), bootstraps them.
+	crc, err := source.RESTConfig(s.Kubeconfig())
+	if err != nil {
+		b.Fatal(err)
+	}
 	crc.QPS, crc.Burst = controller.DefaultQPS, controller.DefaultBurst
 	ccs, cdyn := clients(b, crc)
 	cctx, stopController := context.WithCancel(ctx)
