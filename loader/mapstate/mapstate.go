@@ -121,7 +121,7 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 		s.Config.Flags |= maps.ConfigFlagMasquerade
 	}
 	for _, e := range p.Masquerade.Exempt {
-		if pr, ok := prefix4(e.Prefix); ok {
+		if pr, ok := maps.Prefix4(e.Prefix); ok {
 			s.MasqExempt[pr] = struct{}{}
 		}
 	}
