@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -237,6 +238,7 @@ func TestAgentKernel(t *testing.T) {
 	if err != nil {
 		t.Fatalf("start: %v", err)
 	}
+	firstHandle := nftTableHandle(t)
 
 	// isthmus0: veth, ARP off, MTU 1500-50, the tunnel address.
 	ov, err := netlink.LinkByName(datapath.OverlayDev)
@@ -425,6 +427,19 @@ func TestAgentKernel(t *testing.T) {
 		t.Errorf("ready with another node set aside: %v", err)
 	}
 
+	// The nat exemption is in place in both tables, iptables' and nftables', and
+	// the many syncs since Start left the nft table alone (same handle): a resync
+	// that finds it current does not replace it.
+	if h := nftTableHandle(t); h != firstHandle {
+		t.Errorf("nft table ip %s has handle %s after the syncs, %s after Start: replaced", datapath.ExemptTable, h, firstHandle)
+	}
+	if out, err := exec.Command("nft", "list", "table", "ip", datapath.ExemptTable).CombinedOutput(); err != nil || !strings.Contains(string(out), "snat to ip saddr") {
+		t.Errorf("nft table ip %s after a sync: %v\n%s", datapath.ExemptTable, err, out)
+	}
+	if out, err := exec.Command("iptables", "-w", "-t", "nat", "-S", datapath.ExemptChain).CombinedOutput(); err != nil {
+		t.Errorf("iptables nat chain %s after a sync: %v\n%s", datapath.ExemptChain, err, out)
+	}
+
 	if err := stop(); err != nil {
 		t.Fatalf("run: %v", err)
 	}
@@ -454,7 +469,26 @@ func TestAgentKernel(t *testing.T) {
 	if n := tcxCount(t, e.pod.Attrs().Index, ebpf.AttachTCXIngress); n != 0 {
 		t.Errorf("pod-a still has %d programs after uninstall", n)
 	}
+	if out, err := exec.Command("nft", "list", "table", "ip", datapath.ExemptTable).CombinedOutput(); err == nil {
+		t.Errorf("nft table ip %s still there after uninstall:\n%s", datapath.ExemptTable, out)
+	}
+	if _, err := exec.Command("iptables", "-w", "-t", "nat", "-S", datapath.ExemptChain).CombinedOutput(); err == nil {
+		t.Errorf("iptables nat chain %s still there after uninstall", datapath.ExemptChain)
+	}
 	_ = net.IPv4len
+}
+
+// nftTableHandle returns the handle nft gives the agent's nat table in this
+// namespace ("table ip isthmus { # handle N").
+func nftTableHandle(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("nft", "-a", "list", "table", "ip", datapath.ExemptTable).CombinedOutput()
+	first, _, _ := strings.Cut(string(out), "\n")
+	_, h, ok := strings.Cut(first, "# handle ")
+	if err != nil || !ok {
+		t.Fatalf("nft -a list table ip %s: %v\n%s", datapath.ExemptTable, err, out)
+	}
+	return strings.TrimSpace(h)
 }
 
 // withGroups wraps the default planner: a1 routes 10.0.2.0/23 to a group of two

@@ -20,7 +20,7 @@ const exemptPriority = "srcnat - 10"
 // that names it.
 type nftExemption struct{ match, comment string }
 
-// nftExemptions mirror exemptRules. "snat ip to ip saddr" binds the flow to its own
+// nftExemptions mirror exemptRules. "snat to ip saddr" binds the flow to its own
 // source: the kernel's nat hook calls nat chains in priority order only until one
 // sets a binding, so this is what stops the later ones (an accept would not:
 // nftables runs every base chain of a hook).
@@ -31,6 +31,10 @@ func nftExemptions() []nftExemption {
 	}
 }
 
+// nftBind is the verdict of every rule: a source NAT to the packet's own source.
+// nft lists it so in a table of family ip (older releases wrote "snat ip to").
+const nftBind = "snat to ip saddr"
+
 // nftExemptScript replaces ExemptTable in one transaction (nft -f applies a file
 // atomically): the add makes the delete succeed when the table is missing, and no
 // packet sees the hook without the chain.
@@ -39,7 +43,7 @@ func nftExemptScript() string {
 	fmt.Fprintf(&b, "add table ip %s\ndelete table ip %s\ntable ip %s {\n\tchain postrouting {\n", ExemptTable, ExemptTable, ExemptTable)
 	fmt.Fprintf(&b, "\t\ttype nat hook postrouting priority %s; policy accept;\n", exemptPriority)
 	for _, r := range nftExemptions() {
-		fmt.Fprintf(&b, "\t\t%s counter snat ip to ip saddr comment %q\n", r.match, r.comment)
+		fmt.Fprintf(&b, "\t\t%s counter %s comment %q\n", r.match, nftBind, r.comment)
 	}
 	b.WriteString("\t}\n}\n")
 	return b.String()
@@ -64,7 +68,8 @@ func nftExemptCurrent(listing string) bool {
 	for _, r := range nftExemptions() {
 		found := false
 		for _, line := range strings.Split(listing, "\n") {
-			if strings.Contains(line, r.match) && strings.Contains(line, "snat ip to ip saddr") && strings.Contains(line, fmt.Sprintf("comment %q", r.comment)) {
+			bind := strings.Contains(line, nftBind) || strings.Contains(line, "snat ip to ip saddr")
+			if strings.Contains(line, r.match) && bind && strings.Contains(line, fmt.Sprintf("comment %q", r.comment)) {
 				found = true
 			}
 		}
