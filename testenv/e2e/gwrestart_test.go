@@ -86,8 +86,8 @@ func TestGatewayAgentRestart(t *testing.T) {
 				t.Errorf("%s: gw-w2 for %s up=%v, down transitions %v -> %v: the restart moved flows", v.node, v.site, up[i], downsBefore[i], downs[i])
 			}
 		}
-		t.Logf("agent of gw-w2 gone %s (interval x multiplier %s): longest gap of 32 flows %s, no prober took gw-w2 down",
-			outage, healthInterval*healthMultiplier, gap.Round(time.Millisecond))
+		t.Logf("agent of gw-w2 gone %s (interval x multiplier %s): longest gap of 32 flows %s; gw-w2 up at %v: %v, down transitions %v -> %v",
+			outage, healthInterval*healthMultiplier, gap.Round(time.Millisecond), views, up, downsBefore, downs)
 		// One datagram every 50 ms: a gap of 3 sends would be a lost answer.
 		if gap > 3*flowEvery {
 			t.Errorf("a flow stopped for %s across the restart, want no loss (at most %s)\n%s", gap.Round(time.Millisecond), 3*flowEvery, agentLogs(l, logs))
