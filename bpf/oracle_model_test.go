@@ -374,7 +374,7 @@ func diffAt(what string, got, want []byte) error {
 // (code, if >= 0) addressed to dst, possibly inside GENEVE.
 func icmpErrorForm(name string, typ uint8, code int, dst netip.Addr) outputForm {
 	return outputForm{name: name, check: func(out []byte) error {
-		p := gopacket.NewPacket(out, layers.LayerTypeEthernet, gopacket.Default)
+		p := gopacket.NewPacket(geneveInner(out), layers.LayerTypeEthernet, gopacket.Default)
 		var lastIP *layers.IPv4
 		for _, l := range p.Layers() {
 			switch l := l.(type) {
@@ -392,6 +392,26 @@ func icmpErrorForm(name string, typ uint8, code int, dst netip.Addr) outputForm 
 		}
 		return errors.New("no ICMPv4 layer in the output")
 	}}
+}
+
+// geneveInner returns the inner Ethernet frame of out when out is GENEVE (IPv4, UDP to
+// port 6081), else out itself. The offsets come from the fixed headers: gopacket's
+// GENEVE layer gives up on options that are not well-formed TLVs, which the datapath
+// carries without reading.
+func geneveInner(out []byte) []byte {
+	ip, err := decodeIPv4(out, 14)
+	if err != nil || ip.ip.Protocol != layers.IPProtocolUDP {
+		return out
+	}
+	udpOff := 14 + ip.hlen
+	if u, err := udpPorts(out[udpOff:]); err != nil || u.DstPort != 6081 {
+		return out
+	}
+	_, optlen, err := geneveFixed(out[udpOff+8:])
+	if err != nil || udpOff+16+optlen > len(out) {
+		return out
+	}
+	return out[udpOff+16+optlen:]
 }
 
 // untaggedIPv4 reports whether gopacket decodes in as an Ethernet frame of type IPv4. A

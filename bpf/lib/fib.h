@@ -18,8 +18,9 @@
 /* Returns the bpf_fib_lookup verdict (BPF_FIB_LKUP_RET_*, or negative errno) for an
  * IPv4 forwarding lookup from saddr to daddr as if the packet arrived on ifindex.
  * tot_len 0 checks skb against the MTU of the device found (GSO skbs always pass);
- * otherwise the kernel checks tot_len against the route's MTU (route metric, learned
- * path MTU, else the device's), before any neighbour lookup. Either way, on
+ * otherwise the kernel checks tot_len against the route's MTU as forwarding does (a
+ * locked route MTU, a learned path MTU, else the device's), before any neighbour
+ * lookup. Either way, on
  * BPF_FIB_LKUP_RET_FRAG_NEEDED p->mtu_result holds the MTU it failed. */
 static __always_inline int fib_lookup_v4(struct __sk_buff *skb, struct bpf_fib_lookup *p,
 					 __be32 saddr, __be32 daddr, __u8 tos, __u8 proto,

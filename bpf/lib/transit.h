@@ -131,10 +131,14 @@ static __always_inline int transit_icmp_error(struct __sk_buff *skb,
 	udp.dest = bpf_htons(GENEVE_PORT);
 	udp.len = bpf_htons(tot - ohl);
 	udp.check = 0;	/* allowed for IPv4; the inner ICMP has its own */
-	/* Shrinking also makes the skb linear and drops its GSO state. In this order: the
-	 * 60 bytes of ohdr reach past the outer header, over bytes the later stores set. */
-	if (bpf_skb_change_tail(skb, iip_off + elen, 0) ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN, ohdr, sizeof(ohdr), 0) ||
+	/* Shrinking also makes the skb linear and drops its GSO state. The kernel refuses
+	 * it (-ENOTSUPP) for an skb it marks encapsulated, which a GENEVE frame that came
+	 * over a veth from the node that encapsulated it is: then the bytes past the new
+	 * lengths stay, as Ethernet padding would, and every IPv4 receiver (the next
+	 * router, the pod) trims them to tot_len. In this order: the 60 bytes of ohdr reach
+	 * past the outer header, over bytes the later stores set. */
+	bpf_skb_change_tail(skb, iip_off + elen, 0);
+	if (bpf_skb_store_bytes(skb, ETH_HLEN, ohdr, sizeof(ohdr), 0) ||
 	    bpf_skb_store_bytes(skb, ETH_HLEN + ohl, &udp, sizeof(udp), 0) ||
 	    bpf_skb_store_bytes(skb, iip_off, &e, elen, 0))
 		return fail;
