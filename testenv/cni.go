@@ -145,6 +145,17 @@ func (l *Lab) cniAdd(ctx context.Context, tool, node string, p Pod) (netip.Addr,
 	if err := createNS(ns); err != nil {
 		return netip.Addr{}, err
 	}
+	// lo up, as a runtime's loopback plugin does for every sandbox (the
+	// hand-made pods had it; tools like scapy warn on a down lo).
+	h, _, err := handleAt(ns)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	err = linkUp(h, "lo")
+	h.Close()
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("pod %s: %w", p.Name, err)
+	}
 	var env []string
 	if p.Address.IsValid() {
 		env = append(env, fmt.Sprintf(`CAP_ARGS={"ips":["%s"]}`, netip.PrefixFrom(p.Address, p.Address.BitLen())))
