@@ -69,8 +69,8 @@ type KubernetesConfig struct {
 	Dynamic dynamic.Interface
 	// Resync is the informers' resync period (0: DefaultResync).
 	Resync time.Duration
-	// Debounce is the quiet time after an event before Changed fires (0:
-	// DefaultDebounce).
+	// Debounce is the quiet time a burst of events must leave before Changed
+	// fires (0: DefaultDebounce); a lone event fires Settle after it.
 	Debounce time.Duration
 	// Log (nil: slog.Default) gets conversion problems and watch errors.
 	Log *slog.Logger
