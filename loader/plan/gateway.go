@@ -230,7 +230,7 @@ func (p *NodePlan) splitDirect(direct []netip.Prefix) {
 		return
 	}
 	direct = sortedUnique(slices.Clone(direct))
-	var routes []Route
+	routes := make([]Route, 0, len(p.Routes))
 	for _, r := range p.Routes {
 		var inside []netip.Prefix
 		if r.Group != nil {
