@@ -110,9 +110,10 @@ func (l *loader) validateGateways(siteNames map[string]bool, nodeSite map[string
 		}
 		types[p.obj.Name] = p.obj.Spec.Type
 	}
-	// Each selector against each node once: which sites each pool has a
+	// Each selector against the nodes once: which sites each pool has a
 	// gateway in, for the assignments.
 	poolSites := make(map[string]map[string]bool)
+	byKey := newLabelKeyIndex(len(l.nodes), func(i int) map[string]string { return l.nodes[i].obj.Labels })
 	for _, p := range l.pools {
 		sel := selectors[p.obj.Name]
 		if sel == nil {
@@ -120,10 +121,8 @@ func (l *loader) validateGateways(siteNames map[string]bool, nodeSite map[string
 		}
 		sites := make(map[string]bool)
 		poolSites[p.obj.Name] = sites
-		for _, n := range l.nodes {
-			if !sel.Matches(labels.Set(n.obj.Labels)) {
-				continue
-			}
+		for _, i := range byKey.selected(sel) {
+			n := l.nodes[i]
 			sites[nodeSite[n.label]] = true
 			if _, ok := ExternalIP(n.obj); !ok && p.obj.Spec.Type == v1alpha1.GatewayPoolExternal {
 				l.errorf(p.file, p.label, "spec.nodeSelector", "selects %s, which has no ExternalIP: the gateways of an External pool are reached by their ExternalIP", inFile(n.label, n.file))
