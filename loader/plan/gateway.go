@@ -366,8 +366,9 @@ func (p *NodePlan) addGatewayRoutes(routes []groupRoute) {
 		peers[pr.Name] = pr
 	}
 	warned := map[string]bool{}
+	p.Routes = slices.Grow(p.Routes, len(routes))
 	for _, gr := range routes {
-		var group []NextHop
+		group := make([]NextHop, 0, len(gr.members))
 		for _, m := range gr.members {
 			pr, ok := peers[m]
 			if !ok {
