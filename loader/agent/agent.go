@@ -82,8 +82,9 @@ type Config struct {
 	// health.DefaultReachExpiry).
 	HealthReachExpiry time.Duration
 	// Resync is the period of full resyncs (default 30s): the objects are read
-	// again and the kernel state diffed. Debounce is the quiet time after a
-	// change in ObjectsDir before it is read (default source.DefaultDebounce).
+	// again and the kernel state diffed. Debounce is the quiet time a burst of
+	// changes in ObjectsDir must leave before it is read (default
+	// source.DefaultDebounce; a lone change is read source.Settle after it).
 	Resync, Debounce time.Duration
 	Log              *slog.Logger
 	// Planner computes the node's plan from a validated Set; nil means

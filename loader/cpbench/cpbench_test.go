@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/isthmus-dev/isthmus/loader/fleet"
+	"github.com/isthmus-dev/isthmus/loader/source"
 )
 
 // TestMeasureSmall runs the measurement on a small fleet of each topology
@@ -21,6 +22,9 @@ func TestMeasureSmall(t *testing.T) {
 				t.Errorf("%s %s: empty tables %+v", topo, r.Node, r)
 			}
 			for _, c := range r.Changes {
+				if c.EventToMaps != source.Settle+c.Duration {
+					t.Errorf("%s %s: %s: event to maps %v is not the settle time %v and the sync's %v", topo, r.Node, c.Name, c.EventToMaps, source.Settle, c.Duration)
+				}
 				if labelsUnused := topo == fleet.Mesh && c.Name == "label a gateway"; labelsUnused && c.Writes != 0 {
 					t.Errorf("%s %s: a label no selector reads wrote %d entries", topo, r.Node, c.Writes)
 				} else if !labelsUnused && (c.Writes == 0 || c.Writes > 12) {

@@ -2,7 +2,6 @@ package objects
 
 import (
 	"fmt"
-	"net/netip"
 	"slices"
 	"strings"
 
@@ -100,8 +99,9 @@ func (l *loader) validatePool(e entry[v1alpha1.GatewayPool]) labels.Selector {
 // validateGateways checks the pools and the assignments against the Sites and
 // Nodes: an External pool's gateways need an ExternalIP, and every site of an
 // assignment needs a gateway of one of its pools, or the other sites could
-// not reach it.
-func (l *loader) validateGateways(siteNames map[string]bool) {
+// not reach it. nodeSite maps each node's label to the name of its Site, for
+// nodes in exactly one (validateNode reports the others).
+func (l *loader) validateGateways(siteNames map[string]bool, nodeSite map[string]string) {
 	selectors := make(map[string]labels.Selector)
 	types := make(map[string]v1alpha1.GatewayPoolType)
 	for _, p := range l.pools {
@@ -110,10 +110,10 @@ func (l *loader) validateGateways(siteNames map[string]bool) {
 		}
 		types[p.obj.Name] = p.obj.Spec.Type
 	}
-	nodeSite := l.nodeSites()
-	// Each selector against each node once: which sites each pool has a
+	// Each selector against the nodes once: which sites each pool has a
 	// gateway in, for the assignments.
 	poolSites := make(map[string]map[string]bool)
+	byKey := newLabelKeyIndex(len(l.nodes), func(i int) map[string]string { return l.nodes[i].obj.Labels })
 	for _, p := range l.pools {
 		sel := selectors[p.obj.Name]
 		if sel == nil {
@@ -121,10 +121,8 @@ func (l *loader) validateGateways(siteNames map[string]bool) {
 		}
 		sites := make(map[string]bool)
 		poolSites[p.obj.Name] = sites
-		for _, n := range l.nodes {
-			if !sel.Matches(labels.Set(n.obj.Labels)) {
-				continue
-			}
+		for _, i := range byKey.selected(sel) {
+			n := l.nodes[i]
 			sites[nodeSite[n.label]] = true
 			if _, ok := ExternalIP(n.obj); !ok && p.obj.Spec.Type == v1alpha1.GatewayPoolExternal {
 				l.errorf(p.file, p.label, "spec.nodeSelector", "selects %s, which has no ExternalIP: the gateways of an External pool are reached by their ExternalIP", inFile(n.label, n.file))
@@ -134,40 +132,6 @@ func (l *loader) validateGateways(siteNames map[string]bool) {
 	for _, a := range l.assigns {
 		l.validateAssignment(a, siteNames, types, selectors, poolSites)
 	}
-}
-
-// nodeSites maps each node's label to the name of its Site, for nodes in
-// exactly one (the others are reported by validateNode).
-func (l *loader) nodeSites() map[string]string {
-	type sitePrefix struct {
-		prefix netip.Prefix
-		site   string
-	}
-	var prefixes []sitePrefix
-	for _, s := range l.sites {
-		for _, c := range s.obj.Spec.NodeCIDRs {
-			if p, err := netip.ParsePrefix(string(c)); err == nil {
-				prefixes = append(prefixes, sitePrefix{p, s.obj.Name})
-			}
-		}
-	}
-	out := make(map[string]string)
-	for _, n := range l.nodes {
-		ip, ok := InternalIP(n.obj)
-		if !ok {
-			continue
-		}
-		var in []string
-		for _, sp := range prefixes {
-			if sp.prefix.Contains(ip) && !slices.Contains(in, sp.site) {
-				in = append(in, sp.site)
-			}
-		}
-		if len(in) == 1 {
-			out[n.label] = in[0]
-		}
-	}
-	return out
 }
 
 func (l *loader) validateAssignment(e entry[v1alpha1.SiteGatewayPoolAssignment], siteNames map[string]bool,

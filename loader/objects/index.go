@@ -8,7 +8,6 @@ import (
 	"weak"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/isthmus-dev/isthmus/api/v1alpha1"
 )
@@ -103,6 +102,7 @@ func buildIndex(s *Set) *index {
 	for name := range ix.nodesOf {
 		sortNodes(ix.nodesOf[name])
 	}
+	byKey := newLabelKeyIndex(len(s.Nodes), func(i int) map[string]string { return s.Nodes[i].Labels })
 	for i := range s.GatewayPools {
 		pool := &s.GatewayPools[i]
 		if _, dup := ix.pools[pool.Name]; dup {
@@ -113,12 +113,10 @@ func buildIndex(s *Set) *index {
 		if err != nil {
 			continue // selects nothing
 		}
-		for j := range s.Nodes {
+		for _, j := range byKey.selected(sel) {
 			n := &s.Nodes[j]
-			if sel.Matches(labels.Set(n.Labels)) {
-				ix.selected[pool.Name] = append(ix.selected[pool.Name], n)
-				ix.pooled[n] = append(ix.pooled[n], pool.Name)
-			}
+			ix.selected[pool.Name] = append(ix.selected[pool.Name], n)
+			ix.pooled[n] = append(ix.pooled[n], pool.Name)
 		}
 		sortNodes(ix.selected[pool.Name])
 	}

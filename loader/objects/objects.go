@@ -325,7 +325,7 @@ func (s *Set) NodesOf(site string) []*corev1.Node { return s.lookup().nodesOf[si
 // are a mistake, so Load and Validate reject them. in is not modified.
 func (in Objects) WithoutUnsitedNodes() (Objects, []Warning) {
 	out := in
-	out.Nodes = nil
+	out.Nodes = make([]corev1.Node, 0, len(in.Nodes))
 	var warns []Warning
 	for i := range in.Nodes {
 		n := &in.Nodes[i]

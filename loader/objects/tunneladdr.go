@@ -48,12 +48,15 @@ func (l *loader) checkTunnelAddrs(podCIDRs, cidrBlocks []fieldPrefix) {
 			continue
 		}
 		tunnels = append(tunnels, t)
-		what := fmt.Sprintf("tunnel address %s", t.addr)
-		if !annotated {
-			what = fmt.Sprintf("tunnel address %s (the first address of %s)", t.addr, t.field)
+		// Formatted only for a message: this loop runs for every node.
+		what := func() string {
+			if !annotated {
+				return fmt.Sprintf("tunnel address %s (the first address of %s)", t.addr, t.field)
+			}
+			return fmt.Sprintf("tunnel address %s", t.addr)
 		}
 		for _, u := range underlayAt[t.addr] {
-			l.errorf(t.file, t.object, t.field, "%s is an underlay address: %s", what, u.describe())
+			l.errorf(t.file, t.object, t.field, "%s is an underlay address: %s", what(), u.describe())
 		}
 		if !annotated {
 			continue // a podCIDR's first address: the podCIDR overlap checks cover it
@@ -64,17 +67,17 @@ func (l *loader) checkTunnelAddrs(podCIDRs, cidrBlocks []fieldPrefix) {
 				continue
 			}
 			if p.object != t.object {
-				l.errorf(t.file, t.object, t.field, "%s is inside %s", what, p.describe())
+				l.errorf(t.file, t.object, t.field, "%s is inside %s", what(), p.describe())
 				continue
 			}
 			inOwn = true
 			if first, _ := firstHost(p.prefix); first != t.addr {
-				l.errorf(t.file, t.object, t.field, "%s is a pod address of the node's own %s %s: use %s (its first address, the default) or an address outside every pod block", what, p.field, p.prefix, first)
+				l.errorf(t.file, t.object, t.field, "%s is a pod address of the node's own %s %s: use %s (its first address, the default) or an address outside every pod block", what(), p.field, p.prefix, first)
 			}
 		}
 		for _, b := range cidrBlocks {
 			if !inOwn && b.prefix.Contains(t.addr) {
-				l.errorf(t.file, t.object, t.field, "%s is inside a pod block, where a pod may get it: %s", what, b.describe())
+				l.errorf(t.file, t.object, t.field, "%s is inside a pod block, where a pod may get it: %s", what(), b.describe())
 			}
 		}
 	}

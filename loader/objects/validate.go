@@ -78,9 +78,18 @@ func (l *loader) validate() {
 		l.validatePeering(p, siteNames)
 	}
 
+	siteName := make(map[string]string, len(l.sites)) // label -> name
+	for _, s := range l.sites {
+		siteName[s.label] = s.obj.Name
+	}
+	nodeSite := make(map[string]string, len(l.nodes))
 	var podCIDRs []fieldPrefix
 	for _, n := range l.nodes {
-		podCIDRs = append(podCIDRs, l.validateNode(n, nodeCIDRs)...)
+		pods, holders := l.validateNode(n, nodeCIDRs)
+		podCIDRs = append(podCIDRs, pods...)
+		if name, ok := onlySite(holders, siteName); ok {
+			nodeSite[n.label] = name
+		}
 	}
 	for _, ij := range overlapPairs(podCIDRs) {
 		a, b := podCIDRs[ij[0]], podCIDRs[ij[1]]
@@ -89,7 +98,22 @@ func (l *loader) validate() {
 		}
 	}
 	l.checkTunnelAddrs(podCIDRs, cidrBlocks)
-	l.validateGateways(siteNames)
+	l.validateGateways(siteNames, nodeSite)
+}
+
+// onlySite returns the name of the Site the holders of a node's InternalIP
+// belong to, when they belong to exactly one.
+func onlySite(holders []fieldPrefix, siteName map[string]string) (string, bool) {
+	if len(holders) == 0 {
+		return "", false
+	}
+	name := siteName[holders[0].object]
+	for _, h := range holders[1:] {
+		if siteName[h.object] != name {
+			return "", false
+		}
+	}
+	return name, true
 }
 
 func checkDuplicates[T any](l *loader, entries []entry[T], name func(*T) string) {
@@ -215,8 +239,8 @@ func (l *loader) validatePeering(e entry[v1alpha1.SitePeering], siteNames map[st
 }
 
 // validateNode checks one Node against the Sites' nodeCidrs and returns its
-// podCIDRs.
-func (l *loader) validateNode(e entry[corev1.Node], nodeCIDRs []fieldPrefix) []fieldPrefix {
+// podCIDRs and the nodeCidrs that hold its InternalIP.
+func (l *loader) validateNode(e entry[corev1.Node], nodeCIDRs []fieldPrefix) (pods, holders []fieldPrefix) {
 	n := e.obj
 	internalIPs := 0
 	for i := range n.Status.Addresses {
@@ -232,12 +256,11 @@ func (l *loader) validateNode(e entry[corev1.Node], nodeCIDRs []fieldPrefix) []f
 		}
 	}
 	if ip, ok := InternalIP(n); ok {
-		l.checkNodeSite(e, ip, nodeCIDRs)
+		holders = l.checkNodeSite(e, ip, nodeCIDRs)
 	} else if internalIPs == 0 {
 		l.errorf(e.file, e.label, "status.addresses", "no InternalIP: a node's InternalIP is its tunnel endpoint and decides its site")
 	}
 
-	var pods []fieldPrefix
 	if n.Spec.PodCIDR != "" {
 		p, ok := normalizeCIDR(l, e.file, e.label, "spec.podCIDR", &n.Spec.PodCIDR)
 		if ok && len(n.Spec.PodCIDRs) == 0 {
@@ -255,12 +278,12 @@ func (l *loader) validateNode(e entry[corev1.Node], nodeCIDRs []fieldPrefix) []f
 		}
 		families[p.prefix.Addr().Is4()] = p.field
 	}
-	return pods
+	return pods, holders
 }
 
-// checkNodeSite reports a node whose InternalIP is in no Site or in several.
-func (l *loader) checkNodeSite(e entry[corev1.Node], ip netip.Addr, nodeCIDRs []fieldPrefix) {
-	var holders []fieldPrefix
+// checkNodeSite reports a node whose InternalIP is in no Site or in several,
+// and returns the nodeCidrs that hold it (one per Site).
+func (l *loader) checkNodeSite(e entry[corev1.Node], ip netip.Addr, nodeCIDRs []fieldPrefix) (holders []fieldPrefix) {
 	for _, c := range nodeCIDRs {
 		if c.prefix.Contains(ip) && (len(holders) == 0 || holders[len(holders)-1].object != c.object) {
 			holders = append(holders, c)
@@ -280,4 +303,5 @@ func (l *loader) checkNodeSite(e entry[corev1.Node], ip netip.Addr, nodeCIDRs []
 		}
 		l.errorf(e.file, e.label, "status.addresses", "%s", msg)
 	}
+	return holders
 }

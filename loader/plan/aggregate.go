@@ -5,7 +5,6 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
-	"strings"
 )
 
 // AggregatePrefixes returns the smallest sorted list of prefixes I could find
@@ -134,14 +133,15 @@ type target struct {
 func routeTarget(r Route) target {
 	t := target{peer: r.Peer, via: r.Via, transit: r.TransitOnly, site: r.Site}
 	if len(r.Group) > 0 {
-		var b strings.Builder
+		// One allocation: this runs for every route of a hub node.
+		b := make([]byte, 0, len(r.Group)*32)
 		for _, h := range r.Group {
-			b.WriteString(h.Peer)
-			b.WriteByte(' ')
-			b.WriteString(h.Via.String())
-			b.WriteByte('|')
+			b = append(b, h.Peer...)
+			b = append(b, ' ')
+			b = h.Via.AppendTo(b)
+			b = append(b, '|')
 		}
-		t.group = b.String()
+		t.group = string(b)
 	}
 	return t
 }

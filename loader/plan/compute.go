@@ -311,7 +311,7 @@ func (p *NodePlan) correctRoutes(extra []netip.Addr) {
 	slices.SortFunc(endpoints, netip.Addr.Compare)
 	endpoints = slices.Compact(endpoints)
 
-	routes := []Route{}
+	routes := make([]Route, 0, len(p.Routes))
 	for _, r := range p.Routes {
 		var cuts []Correction
 		var holes []netip.Prefix
@@ -365,7 +365,7 @@ func (p *NodePlan) dedupeRoutes() {
 		return // keep the non-nil empty slice: the JSON says "routes": []
 	}
 	slices.SortStableFunc(p.Routes, func(a, b Route) int { return comparePrefix(a.Prefix, b.Prefix) })
-	var kept []Route
+	kept := make([]Route, 0, len(p.Routes))
 	for _, r := range p.Routes {
 		if n := len(kept); n > 0 && kept[n-1].Prefix == r.Prefix {
 			if sameTarget(kept[n-1], r) {

@@ -230,7 +230,7 @@ func (p *NodePlan) splitDirect(direct []netip.Prefix) {
 		return
 	}
 	direct = sortedUnique(slices.Clone(direct))
-	var routes []Route
+	routes := make([]Route, 0, len(p.Routes))
 	for _, r := range p.Routes {
 		var inside []netip.Prefix
 		if r.Group != nil {
@@ -366,8 +366,9 @@ func (p *NodePlan) addGatewayRoutes(routes []groupRoute) {
 		peers[pr.Name] = pr
 	}
 	warned := map[string]bool{}
+	p.Routes = slices.Grow(p.Routes, len(routes))
 	for _, gr := range routes {
-		var group []NextHop
+		group := make([]NextHop, 0, len(gr.members))
 		for _, m := range gr.members {
 			pr, ok := peers[m]
 			if !ok {

@@ -26,8 +26,9 @@ type Files struct {
 	blind  atomic.Bool // the watcher is gone: see Generation
 }
 
-// NewFiles watches dir; Changed fires debounce (0: DefaultDebounce) after the
-// last file in it was created, written, removed or renamed. Snapshot checks
+// NewFiles watches dir; Changed fires after a file in it was created,
+// written, removed or renamed: Settle after a lone change, debounce (0:
+// DefaultDebounce) of quiet after a burst (see notifier). Snapshot checks
 // the objects against rules too. log (nil: slog.Default) gets watch errors.
 func NewFiles(dir string, rules objects.Rules, debounce time.Duration, log *slog.Logger) (*Files, error) {
 	if log == nil {

@@ -69,8 +69,8 @@ type KubernetesConfig struct {
 	Dynamic dynamic.Interface
 	// Resync is the informers' resync period (0: DefaultResync).
 	Resync time.Duration
-	// Debounce is the quiet time after an event before Changed fires (0:
-	// DefaultDebounce).
+	// Debounce is the quiet time a burst of events must leave before Changed
+	// fires (0: DefaultDebounce); a lone event fires Settle after it.
 	Debounce time.Duration
 	// Log (nil: slog.Default) gets conversion problems and watch errors.
 	Log *slog.Logger
@@ -293,6 +293,9 @@ func (k *Kubernetes) Snapshot() (*objects.Set, []objects.Warning, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("list nodes: %w", err)
 	}
+	// Preallocated: a Node value is large, and growing a slice of 5,000
+	// copies them over and over.
+	in.Nodes = make([]corev1.Node, 0, len(nodes))
 	for _, n := range nodes {
 		in.Nodes = append(in.Nodes, *n)
 	}

@@ -27,8 +27,16 @@ type Source interface {
 	Close() error
 }
 
-// DefaultDebounce is the quiet time after a change before Changed fires.
+// DefaultDebounce is the quiet time a burst of changes must leave before
+// Changed fires.
 const DefaultDebounce = 100 * time.Millisecond
+
+// Settle is how long Changed waits after a change that comes after a quiet
+// time: long enough for the writes of one edit (a file's create and write
+// events, an informer's add and update) to arrive together, short enough
+// that one Node's change reaches the maps well within 100 ms. Changes that
+// follow within the debounce time are a burst and wait for quiet.
+const Settle = 10 * time.Millisecond
 
 // MaxWaitFactor bounds a burst: Changed fires at the latest this many
 // debounce times after the first change of a burst, however busy the
@@ -42,29 +50,57 @@ type Generations interface {
 	Generation() uint64
 }
 
-// notifier turns bursts of pokes into one value on a channel: the value is
-// sent once no poke has come for the debounce time, or MaxWaitFactor
-// debounce times after the first poke of the burst, and at most one value
-// waits on the channel.
+// clock is the time the notifier reads and the timers it starts; tests give
+// it a fake one.
+type clock interface {
+	Now() time.Time
+	AfterFunc(d time.Duration, f func()) timer
+}
+
+type timer interface {
+	Reset(d time.Duration) bool
+	Stop() bool
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                            { return time.Now() }
+func (realClock) AfterFunc(d time.Duration, f func()) timer { return time.AfterFunc(d, f) }
+
+// notifier turns bursts of pokes into one value on a channel. A burst fires
+// once no poke has come for its quiet time, or MaxWaitFactor debounce times
+// after its first poke, whichever is first. Its quiet time is Settle when it
+// began after a quiet time (nothing pending, no fire for the debounce time):
+// a lone change goes through at once. A burst that begins within the
+// debounce time of the last fire is a storm going on, and waits the debounce
+// time. At most one value waits on the channel.
 type notifier struct {
 	ch       chan struct{}
 	debounce time.Duration
+	settle   time.Duration
+	clock    clock
 	gen      atomic.Uint64 // pokes so far
 	mu       sync.Mutex
-	timer    *time.Timer
-	first    time.Time // of the pending burst; zero when none is pending
+	timer    timer
+	first    time.Time     // of the pending burst; zero when none is pending
+	quiet    time.Duration // of the pending burst
+	lastFire time.Time
 	stopped  bool
 }
 
 func newNotifier(debounce time.Duration) *notifier {
+	return newNotifierClock(debounce, realClock{})
+}
+
+func newNotifierClock(debounce time.Duration, c clock) *notifier {
 	if debounce <= 0 {
 		debounce = DefaultDebounce
 	}
-	return &notifier{ch: make(chan struct{}, 1), debounce: debounce}
+	return &notifier{ch: make(chan struct{}, 1), debounce: debounce, settle: min(Settle, debounce), clock: c}
 }
 
-// poke counts a change and (re)starts the debounce timer, unless the burst
-// has waited its maximum already.
+// poke counts a change and (re)starts the timer for the burst's quiet time,
+// never past the burst's maximum wait.
 func (n *notifier) poke() {
 	n.gen.Add(1)
 	n.mu.Lock()
@@ -72,24 +108,26 @@ func (n *notifier) poke() {
 	if n.stopped {
 		return
 	}
-	now := time.Now()
-	switch {
-	case n.timer == nil:
+	now := n.clock.Now()
+	if n.first.IsZero() {
 		n.first = now
-		n.timer = time.AfterFunc(n.debounce, n.fire)
-	case n.first.IsZero():
-		n.first = now
-		n.timer.Reset(n.debounce)
-	default:
-		// Never past the burst's deadline: fire then at the latest.
-		wait := min(n.debounce, n.first.Add(MaxWaitFactor*n.debounce).Sub(now))
-		n.timer.Reset(max(wait, 0))
+		n.quiet = n.debounce
+		if n.lastFire.IsZero() || now.Sub(n.lastFire) >= n.debounce {
+			n.quiet = n.settle
+		}
+	}
+	wait := max(min(n.quiet, n.first.Add(MaxWaitFactor*n.debounce).Sub(now)), 0)
+	if n.timer == nil {
+		n.timer = n.clock.AfterFunc(wait, n.fire)
+	} else {
+		n.timer.Reset(wait)
 	}
 }
 
 func (n *notifier) fire() {
 	n.mu.Lock()
 	n.first = time.Time{}
+	n.lastFire = n.clock.Now()
 	n.mu.Unlock()
 	select {
 	case n.ch <- struct{}{}:
