@@ -1,19 +1,18 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/isthmus-dev/isthmus/loader/cniinstall"
 	"github.com/isthmus-dev/isthmus/loader/ipamd/ipamdtest"
 	"github.com/isthmus-dev/isthmus/loader/objects"
+	"github.com/isthmus-dev/isthmus/testenv/syncbuf"
 )
 
 // The agent's CNI side installs the plugin at once, reports a conflist that
@@ -28,7 +27,7 @@ func TestCNIStartWritesConflistAfterVerification(t *testing.T) {
 	write("")
 	os.WriteFile(filepath.Join(conf, "10-bridge.conflist"),
 		[]byte(`{"cniVersion":"1.0.0","name":"b","plugins":[{"type":"bridge","ipam":{"type":"host-local","subnet":"10.10.1.0/24"}}]}`), 0o644)
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	c := cniFlags{socket: filepath.Join(t.TempDir(), "ipam.sock"), dataDir: t.TempDir(), binDir: bin, confDir: conf, plugin: plugin}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -55,23 +54,4 @@ func TestCNIStartWritesConflistAfterVerification(t *testing.T) {
 			t.Fatalf("no conflist 10s after the podCIDR verified; log:\n%s", logs.String())
 		}
 	}
-}
-
-// lockedBuffer is a bytes.Buffer the IPAM server's goroutine may log into
-// while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -572,27 +572,7 @@ func TestAgentKernelGroups(t *testing.T) {
 	}
 	nat.Close()
 
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	var runErr error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		runtime.LockOSThread()
-		if err := netns.Set(e.ns); err != nil {
-			runErr = err
-			return
-		}
-		runErr = a.Run(ctx)
-	}()
-	stop := func() {
-		cancel()
-		wg.Wait()
-		if runErr != nil {
-			t.Errorf("run: %v", runErr)
-		}
-	}
-	defer stop()
+	stop := e.run(t, a) // stopped by the test's cleanup too, if it ends early
 
 	// y never answers: within interval x multiplier + 1s every slot is x's.
 	eventually(t, 1500*time.Millisecond, "y down: group 1 all on x", func() bool {
@@ -613,7 +593,9 @@ func TestAgentKernelGroups(t *testing.T) {
 	eventually(t, time.Second, "x up again", func() bool {
 		return readMaps(t, e.pinDir).Groups[1] == maps.Rendezvous([]netip.Addr{x})
 	})
-	stop()
+	if err := stop(); err != nil {
+		t.Errorf("run: %v", err)
+	}
 	a.Close()
 
 	// Another table size migrates the pinned nat map: the agent starts, nat has

@@ -1,14 +1,12 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 
 	"github.com/isthmus-dev/isthmus/loader/metrics"
 	"github.com/isthmus-dev/isthmus/loader/objects"
+	"github.com/isthmus-dev/isthmus/testenv/syncbuf"
 )
 
 // fakeSource hands out the Set of a directory of YAML, read with the same
@@ -30,24 +29,6 @@ func (f *fakeSource) Snapshot() (*objects.Set, []objects.Warning, error) {
 }
 func (f *fakeSource) Changed() <-chan struct{} { return f.changed }
 func (f *fakeSource) Close() error             { return nil }
-
-// syncBuffer is a log destination safe for the agent's goroutine and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func writeObjects(t *testing.T, dir, name, data string) {
 	t.Helper()
@@ -82,7 +63,7 @@ status: {addresses: [{type: InternalIP, address: 172.16.2.19}]}
 func TestLoadSetsAsideOthers(t *testing.T) {
 	dir := twoSitesDir(t)
 	writeObjects(t, dir, "z.yaml", conflictingNode)
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	reg := prometheus.NewRegistry()
 	a := &Agent{
 		cfg: Config{Node: "a1", Planner: DefaultPlanner, Metrics: metrics.NewSync(reg)},
@@ -139,7 +120,7 @@ func TestLoadSetsAsideOthers(t *testing.T) {
 func TestStartWaitsForItsSite(t *testing.T) {
 	dir := twoSitesDir(t)
 	src := &fakeSource{dir: dir, changed: make(chan struct{})}
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	st := NewStatus()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
