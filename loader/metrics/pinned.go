@@ -12,7 +12,8 @@ import (
 
 // LevelMaps are the maps whose fill level isthmus_map_entries reports.
 var LevelMaps = []maps.Name{maps.MapRoutes, maps.MapPeers, maps.MapPeerSources, maps.MapNexthopGroups,
-	maps.MapFabricPrefixes, maps.MapSNATExempt, maps.MapNat, maps.MapPodIfaces, maps.MapMasqExempt, maps.MapPodAddrs}
+	maps.MapFabricPrefixes, maps.MapSNATExempt, maps.MapNat, maps.MapPodIfaces, maps.MapMasqExempt, maps.MapPodAddrs,
+	maps.MapHealthReach, maps.MapHealthProbers, maps.MapTracePrefixes}
 
 // Pinned is a Source reading the maps pinned in Dir. It opens them at every
 // scrape and closes them after, so it follows an agent that replaced them and
@@ -86,6 +87,12 @@ func countEntries(n maps.Name, m *ebpf.Map) (int, error) {
 		return count[maps.NatKey, maps.NatValue](n, m, nil)
 	case maps.MapPodIfaces:
 		return count[uint32, maps.PodIfaceValue](n, m, nil)
+	case maps.MapHealthReach:
+		return count[maps.HealthKey, maps.HealthReachValue](n, m, nil)
+	case maps.MapHealthProbers:
+		return count[maps.HealthProberKey, maps.HealthProberValue](n, m, nil)
+	case maps.MapTracePrefixes:
+		return count[maps.RouteKey, maps.TracePrefixValue](n, m, nil)
 	}
 	return 0, fmt.Errorf("count map %s: unknown map", n)
 }

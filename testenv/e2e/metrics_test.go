@@ -201,6 +201,9 @@ func TestMetricsEndpoint(t *testing.T) {
 		`isthmus_sync_last_success_timestamp_seconds`,
 		`isthmus_sync_duration_seconds_count`,
 		`isthmus_map_capacity{map="nat"}`,
+		`isthmus_map_capacity{map="health_reach"}`,
+		`isthmus_map_capacity{map="health_probers"}`,
+		`isthmus_map_capacity{map="trace_prefixes"}`,
 		`isthmus_map_entries{map="routes"}`,
 		`isthmus_map_entries{map="peers"}`,
 	} {
