@@ -714,3 +714,72 @@ func wantDecapTimeExceeded(t *testing.T, l *lab, inner, in []byte) {
 		t.Errorf("counters moved %v, want only METRIC_TIME_EXCEEDED_SENT +1", d)
 	}
 }
+
+// TestTimeExceededNotAboutErrors: as the kernel's icmp_send (RFC 1122 3.2.2, RFC 1812
+// 4.3.2.7), an expiring packet that is a fragment after the first, an ICMP error or
+// an ICMP type the kernel does not know gets no ICMP error from the datapath, at a
+// pod's interface or in transit on a gateway: it is dropped and counted
+// (DROP_TTL_EXCEEDED), so two nodes can never answer each other's errors. An echo
+// request (a ping with TTL 1) is still answered.
+func TestTimeExceededNotAboutErrors(t *testing.T) {
+	// scapy: ICMP(type=3, code=1)/<an IPv4 header and 8 bytes it quotes>
+	unreach := append([]byte{3, 1, 0, 0, 0, 0, 0, 0}, ipv4Packet(remotePodIP, memberPod, 17, ipOpts{ttl: 60}, udpDatagram(53, 4000, nil))...)
+	binary.BigEndian.PutUint16(unreach[2:], csum16(unreach))
+	unknown := []byte{42, 0, 0, 0, 0, 0, 0, 0}
+	binary.BigEndian.PutUint16(unknown[2:], csum16(unknown))
+	cases := []struct {
+		name   string
+		proto  byte
+		o      ipOpts
+		l4     []byte
+		answer bool
+	}{
+		{"later fragment", 17, ipOpts{ttl: 1, fragOff: 0x2005}, []byte("a fragment after the first"), false},
+		{"ICMP error", 1, ipOpts{ttl: 1}, unreach, false},
+		{"unknown ICMP type", 1, ipOpts{ttl: 1}, unknown, false},
+		{"echo request", 1, ipOpts{ttl: 1}, icmpEcho(8, 7, 1, []byte("ping")), true},
+	}
+
+	t.Run("pod_ingress", func(t *testing.T) {
+		l := newLab(t)
+		setTunnelIP(t, l, hostIP)
+		hook := IsthmusHookHOOK_POD_INGRESS
+		for _, c := range cases {
+			in := ethFrame(l.podHMAC, podMAC, 0x0800, ipv4Packet(podIP, remotePodIP, c.proto, c.o, c.l4))
+			before := l.counts(t)
+			ret, out := l.run(t, l.objs.PodIngress, in, l.pod.Attrs().Index)
+			d := delta(before, l.counts(t))
+			if c.answer {
+				want := ethFrame(podMAC, l.podHMAC, 0x0800, icmpTimeExceeded(in[14:], hostIP))
+				if ret != tcActRedirect || !bytes.Equal(out, want) {
+					t.Errorf("%s: verdict %d, reply %x; want TC_ACT_REDIRECT with %x", c.name, ret, out, want)
+				}
+				continue
+			}
+			if ret != tcActShot || d[dropKey(IsthmusDropReasonDROP_TTL_EXCEEDED, hook)] != 1 || len(d) != 1 {
+				t.Errorf("%s: verdict %d, counters %v; want TC_ACT_SHOT and only DROP_TTL_EXCEEDED +1", c.name, ret, d)
+			}
+		}
+	})
+	t.Run("transit", func(t *testing.T) {
+		l := gatewayLab(t)
+		setTunnelIP(t, l, hostIP)
+		hook := IsthmusHookHOOK_UNDERLAY_TC
+		for _, c := range cases {
+			inner := ipv4Packet(memberPod, remotePodIP, c.proto, c.o, c.l4)
+			in := outerFrame(l.undMAC, gwMAC, memberIP, underlayIP, 61, transitOpts{}, inner)
+			before := l.counts(t)
+			ret, _ := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
+			d := delta(before, l.counts(t))
+			if c.answer {
+				if ret != tcActRedirect || d[metricKey(IsthmusMetricMETRIC_TIME_EXCEEDED_SENT, hook)] != 1 {
+					t.Errorf("%s: verdict %d, counters %v; want TC_ACT_REDIRECT, METRIC_TIME_EXCEEDED_SENT +1", c.name, ret, d)
+				}
+				continue
+			}
+			if ret != tcActShot || d[dropKey(IsthmusDropReasonDROP_TTL_EXCEEDED, hook)] != 1 || len(d) != 1 {
+				t.Errorf("%s: verdict %d, counters %v; want TC_ACT_SHOT and only DROP_TTL_EXCEEDED +1", c.name, ret, d)
+			}
+		}
+	})
+}

@@ -205,6 +205,28 @@ func (v *ipv4View) fragment() bool {
 // field says (it is not trusted, see decodeIPv4).
 func (v *ipv4View) l4() []byte { return v.raw[v.hlen:] }
 
+// errorAllowed says whether an ICMP error may be sent about v, as the kernel's
+// icmp_send decides (RFC 1122 3.2.2, RFC 1812 4.3.2.7): never about a fragment after
+// the first, an ICMP error message (destination unreachable, source quench, redirect,
+// time exceeded, parameter problem) or an ICMP type past 18 (NR_ICMP_TYPES).
+func (v *ipv4View) errorAllowed() bool {
+	if v.ip.FragOffset != 0 {
+		return false
+	}
+	if v.ip.Protocol != layers.IPProtocolICMPv4 {
+		return true
+	}
+	l4 := v.l4()
+	if len(l4) == 0 {
+		return false
+	}
+	switch l4[0] {
+	case 3, 4, 5, 11, 12:
+		return false
+	}
+	return l4[0] <= 18
+}
+
 // udpPorts decodes a UDP header with gopacket. Like the IPv4 total length, the UDP length
 // field is read but not trusted (gopacket refuses one below 8): the datapath locates
 // GENEVE by the header size, and the model judges the bytes present.
@@ -558,14 +580,16 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		}
 		if inner.ip.TTL <= 1 {
 			e.allowDrop(IsthmusDropReasonDROP_TTL_EXCEEDED)
-			e.forms = append(e.forms, icmpErrorForm("ICMP time exceeded", 11, 0, src))
+			if inner.errorAllowed() {
+				e.forms = append(e.forms, icmpErrorForm("ICMP time exceeded", 11, 0, src))
+			}
 			return e
 		}
 		if len(in)-14 > w.underlayMTU {
 			// Next the size, against the link toward the next hop: the frame cannot
 			// go on whole, DF makes the inner sender hear it (RFC 1191).
 			e.because("longer than the underlay MTU %d", w.underlayMTU)
-			if inIP[6]&0x40 != 0 {
+			if inIP[6]&0x40 != 0 && inner.errorAllowed() {
 				e.forms = append(e.forms, icmpErrorForm("ICMP frag needed", 3, 4, src))
 			} else {
 				e.allowDrop(IsthmusDropReasonDROP_UNDERLAY_MTU)
@@ -588,7 +612,9 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 			// RFC 6040), back through the tunnel, as transit answers.
 			e.because("to own pod %v with TTL %d: time exceeded back to the peer", dst, inner.ip.TTL)
 			e.allowDrop(IsthmusDropReasonDROP_TTL_EXCEEDED)
-			e.forms = append(e.forms, icmpErrorForm("ICMP time exceeded", 11, 0, src))
+			if inner.errorAllowed() {
+				e.forms = append(e.forms, icmpErrorForm("ICMP time exceeded", 11, 0, src))
+			}
 			return e
 		}
 	}
@@ -820,13 +846,15 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 	}
 	if fromPod && v.ip.TTL <= 1 {
 		e.allowDrop(IsthmusDropReasonDROP_TTL_EXCEEDED)
-		e.forms = append(e.forms, icmpErrorForm("ICMP time exceeded", 11, 0, src))
+		if v.errorAllowed() {
+			e.forms = append(e.forms, icmpErrorForm("ICMP time exceeded", 11, 0, src))
+		}
 		return e
 	}
 	if len(in)-14 > w.tunnelMTU {
 		e.because("longer than the tunnel MTU %d", w.tunnelMTU)
 		e.allowDrop(IsthmusDropReasonDROP_FRAG_NEEDED)
-		if fromPod && v.ip.Flags&layers.IPv4DontFragment != 0 {
+		if fromPod && v.ip.Flags&layers.IPv4DontFragment != 0 && v.errorAllowed() {
 			e.forms = append(e.forms, icmpErrorForm("ICMP frag needed", 3, 4, src))
 		}
 		return e

@@ -24,12 +24,40 @@ struct icmp4_error {
 	__u8 quote[ICMP_QUOTE_MAX];
 };
 
+/* Returns 1 if an ICMP error may be sent about the IPv4 header ip, whose ICMP type (if
+ * it is ICMP) is at offset l4 of skb, as the kernel's icmp_send decides (RFC 1122
+ * 3.2.2, RFC 1812 4.3.2.7): never about a fragment after the first (it has no
+ * transport header to quote), nor about an ICMP error message or an ICMP type the
+ * kernel does not know (errors about errors could loop between two nodes). */
+static __always_inline int icmp4_error_allowed(struct __sk_buff *skb, const struct iphdr *ip,
+					       __u32 l4)
+{
+	__u8 type;
+
+	if (ip->frag_off & bpf_htons(IP_OFFSET))
+		return 0;
+	if (ip->protocol != IPPROTO_ICMP)
+		return 1;
+	if (bpf_skb_load_bytes(skb, l4, &type, sizeof(type)))
+		return 0;
+	switch (type) {
+	case ICMP_DEST_UNREACH:
+	case ICMP_SOURCE_QUENCH:
+	case ICMP_REDIRECT:
+	case ICMP_TIME_EXCEEDED:
+	case ICMP_PARAMETERPROB:
+		return 0;
+	}
+	return type <= NR_ICMP_TYPES;
+}
+
 /* Builds in *e the ICMP error type/code, whose second word is rest (the next-hop MTU
  * for frag needed, 0 for time exceeded), about the IPv4 packet at offset off of skb,
  * from source from (0: the packet's destination) to the packet's source: TOS
  * precedence "internetwork control", TTL 64, quoting the IPv4 header (with options) and
  * the 8 bytes after it. Returns the length of the error packet (IPv4 + ICMP + quote,
- * at most sizeof(*e)), or fail (a negative DROP_*) if the packet is too short. */
+ * at most sizeof(*e)), or fail (a negative DROP_*) if the packet is too short or may not
+ * be answered (icmp4_error_allowed): then the caller's drop is the only outcome. */
 static __always_inline int icmp4_error_build(struct __sk_buff *skb, __u32 off, __u8 type,
 					     __u8 code, __be32 rest, __be32 from,
 					     struct icmp4_error *e, int fail)
@@ -45,6 +73,8 @@ static __always_inline int icmp4_error_build(struct __sk_buff *skb, __u32 off, _
 		return fail;
 	qlen = hlen + ICMP_QUOTE_L4;
 	if (qlen > ICMP_QUOTE_MAX || bpf_skb_load_bytes(skb, off, e->quote, qlen))
+		return fail;
+	if (!icmp4_error_allowed(skb, &e->ip, off + hlen))
 		return fail;
 
 	e->icmp.type = type;
