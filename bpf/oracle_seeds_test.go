@@ -277,6 +277,145 @@ func underlaySeeds(l *lab) [][]byte {
 	badOuterIHL := uframe{}.build(l)
 	badOuterIHL[14] = 0x44
 	s = append(s, badOuterIHL)
+	return append(s, natSeeds(l)...)
+}
+
+// icmpError is an ICMP error of type typ (code) from from about orig, quoting its
+// header and n bytes after it, with a valid checksum.
+func icmpError(typ, code byte, from netip.Addr, orig []byte, n int) []byte {
+	hl := int(orig[0]&0x0f) * 4
+	icmp := append([]byte{typ, code, 0, 0, 0, 0, 0, 0}, orig[:min(len(orig), hl+n)]...)
+	binary.BigEndian.PutUint16(icmp[2:], csum16(icmp))
+	return ipv4Packet(from, netip.AddrFrom4([4]byte(orig[12:16])), 1, ipOpts{ttl: 64}, icmp)
+}
+
+// tcpWith is a TCP segment sport -> dport with flags and options, its checksum right
+// for src -> dst.
+func tcpWith(src, dst netip.Addr, sport, dport uint16, flags byte, opts []byte) []byte {
+	seg := tcpSegment(sport, dport, flags, []byte("data"))
+	if len(opts) > 0 {
+		seg = append(append(append([]byte{}, seg[:20]...), opts...), seg[20:]...)
+		seg[12] = byte((20+len(opts))/4) << 4
+	}
+	return withCsum(src, dst, 6, seg)
+}
+
+// natSeeds are the frames that reach the nat table's reverse paths and fabric ingress
+// (the world's nat flows, oracle_test.go): replies to the tunnel address in GENEVE
+// (return-path SNAT), plain replies to the underlay address (egress masquerade), ICMP
+// errors about translated flows, replies of no or an expired flow; and plain overlay
+// packets from the site router and other neighbours (fabric ingress), and GENEVE for
+// this site's fabric (fabric delivery).
+func natSeeds(l *lab) [][]byte {
+	a := netip.MustParseAddr
+	var s [][]byte
+	gnv := func(from netip.Addr, ip []byte) { s = append(s, uframe{outerSrc: from, inner: ip}.build(l)) }
+	plain := func(mac net.HardwareAddr, ip []byte) { s = append(s, ethFrame(l.undMAC, mac, 0x0800, ip)) }
+	udp := func(src, dst netip.Addr, sport, dport uint16, ttl byte) []byte {
+		return ipv4Packet(src, dst, 17, ipOpts{ttl: ttl}, withCsum(src, dst, 17, udpDatagram(sport, dport, []byte("reply"))))
+	}
+	tcp := func(src, dst netip.Addr, sport, dport uint16, flags byte, opts []byte, ttl byte) []byte {
+		return ipv4Packet(src, dst, 6, ipOpts{ttl: ttl}, tcpWith(src, dst, sport, dport, flags, opts))
+	}
+	echoReply := func(src, dst netip.Addr, id uint16) []byte {
+		return ipv4Packet(src, dst, 1, ipOpts{ttl: 60}, icmpEcho(0, id, 1, []byte("pong")))
+	}
+	mss := []byte{1, 2, 4, 0x05, 0xb4, 1, 1, 0}
+
+	// Return-path SNAT: replies in GENEVE to the tunnel address.
+	gnv(peerIP, udp(remotePodIP, hostIP, 5000, 61001, 60))                                                      // another CNI's pod: to the stack
+	gnv(peerIP, udp(remotePodIP, hostIP, 5000, 61001, 1))                                                       // the same, TTL 1
+	gnv(peerIP, udp(remotePodIP, hostIP, 5000, 61005, 60))                                                      // an expired flow: the host's
+	gnv(peerIP, udp(remotePodIP, hostIP, 5000, 61009, 60))                                                      // no flow: the host's
+	gnv(groupPeerA, udp(a("10.5.0.1"), hostIP, 5000, 61004, 60))                                                // this node's pod: opens a flow, through the stack
+	gnv(peerIP, tcp(remotePodIP, hostIP, 80, 61002, 0x12, mss, 60))                                             // SYN-ACK to another CNI's pod, MSS clamped
+	gnv(peerIP, tcp(remotePodIP, hostIP, 80, 40000, 0x12, mss, 60))                                             // SYN-ACK to this node's pod: straight to it
+	gnv(peerIP, tcp(remotePodIP, hostIP, 80, 40000, 0x10, nil, 60))                                             // ACK
+	gnv(peerIP, tcp(remotePodIP, hostIP, 80, 40000, 0x11, nil, 60))                                             // FIN
+	gnv(peerIP, tcp(remotePodIP, hostIP, 80, 40000, 0x04, nil, 60))                                             // RST
+	gnv(peerIP, tcp(remotePodIP, hostIP, 80, 40000, 0x10, nil, 1))                                              // TTL 1 for the pod
+	gnv(peerIP, tcp(remotePodIP, hostIP, 80, 40000, 0x02, nil, 60))                                             // a SYN (opens a flow) on the flow's tuple
+	gnv(peerIP, tcp(remotePodIP, hostIP, 80, 40000, 0x10, nil, 60)[:20+16])                                     // the TCP checksum past the frame
+	gnv(peerIP, tcp(remotePodIP, hostIP, 80, 40000, 0x10, nil, 60)[:20+18])                                     // just the checksum
+	gnv(peerIP, echoReply(remotePodIP, hostIP, 61003))                                                          // echo reply to another CNI's pod
+	gnv(peerIP, echoReply(remotePodIP, hostIP, 0x78))                                                           // to this node's pod
+	gnv(peerIP, ipv4Packet(remotePodIP, hostIP, 17, ipOpts{ttl: 60}, udpDatagram(5000, 61001, []byte("none")))) // no UDP checksum
+	gnv(peerIP, withIPOptions(udp(remotePodIP, hostIP, 5000, 61001, 60), ipOptionBytes(8)))
+	s = append(s, uframe{outerTOS: 0x03, inner: ipv4Packet(remotePodIP, hostIP, 6, ipOpts{ttl: 60, tos: 0x02},
+		tcpWith(remotePodIP, hostIP, 80, 40000, 0x10, nil))}.build(l)) // outer CE, inner ECT(0)
+	frag := udp(remotePodIP, hostIP, 5000, 61001, 60)
+	frag[6] = 0x20 // MF: a fragment is never translated
+	gnv(peerIP, frag)
+	// ICMP errors about translated flows, quoting 8 bytes or the whole TCP header.
+	sent := func(proto byte, sport, dport uint16, dst netip.Addr, from netip.Addr) []byte {
+		switch proto {
+		case 6:
+			return tcp(from, dst, sport, dport, 0x02, nil, 63)
+		case 1:
+			return ipv4Packet(from, dst, 1, ipOpts{ttl: 63}, icmpEcho(8, sport, 1, []byte("ping")))
+		}
+		return udp(from, dst, sport, dport, 63)
+	}
+	for _, q := range []struct {
+		proto        byte
+		sport, dport uint16
+		n            int
+	}{{17, 61001, 5000, 8}, {6, 61002, 80, 8}, {6, 40000, 80, 20}, {6, 40000, 80, 24}, {1, 0x78, 0, 8}, {1, 61003, 0, 12}, {17, 61005, 5000, 8}} {
+		orig := sent(q.proto, q.sport, q.dport, remotePodIP, hostIP)
+		gnv(peerIP, icmpError(3, 3, remotePodIP, orig, q.n))
+		gnv(peerIP, icmpError(11, 0, remotePodIP, orig, q.n))
+	}
+	noSum := udp(hostIP, remotePodIP, 61001, 5000, 63)
+	noSum[20+6], noSum[20+7] = 0, 0
+	gnv(peerIP, icmpError(3, 4, remotePodIP, noSum, 8))
+	gnv(peerIP, icmpError(12, 0, remotePodIP, withIPOptions(sent(17, 61001, 5000, remotePodIP, hostIP), ipOptionBytes(4)), 8))
+	gnv(peerIP, icmpError(5, 0, remotePodIP, sent(17, 61001, 5000, remotePodIP, hostIP), 8)) // a redirect: not translated
+
+	// Egress masquerade: plain replies to the underlay address.
+	plain(gwMAC, tcp(worldIP, underlayIP, 80, 33000, 0x12, mss, 60))
+	plain(gwMAC, tcp(worldIP, underlayIP, 80, 33000, 0x10, nil, 1))
+	plain(gwMAC, tcp(worldIP, underlayIP, 80, 33000, 0x10, nil, 60)[:20+16])
+	plain(gwMAC, udp(worldIP, underlayIP, 53, 61006, 60))
+	plain(gwMAC, udp(worldIP, underlayIP, 53, 61007, 60)) // expired
+	plain(gwMAC, udp(worldIP, underlayIP, 53, 61008, 60)) // no flow
+	plain(fabricMAC, udp(worldIP, underlayIP, 53, 61006, 60))
+	plain(gwMAC, echoReply(worldIP, underlayIP, 0x1234))
+	plain(gwMAC, icmpError(3, 3, worldIP, sent(17, 61006, 53, worldIP, underlayIP), 8))
+	plain(gwMAC, icmpError(11, 0, worldIP, sent(6, 33000, 80, worldIP, underlayIP), 20))
+	plain(gwMAC, icmpError(3, 1, worldIP, sent(1, 0x1234, 0, worldIP, underlayIP), 8))
+	plain(gwMAC, udp(worldIP, underlayIP, 53, 6081, 60))
+	// The tunnel's translations are not the underlay's, nor the other way round.
+	plain(gwMAC, udp(remotePodIP, hostIP, 5000, 61001, 60))
+	gnv(peerIP, udp(remotePodIP, underlayIP, 5000, 61001, 60))
+
+	// Fabric ingress: plain overlay packets for this node's pod, from the site router
+	// (to the stack if they open a flow, else straight to the pod) and from others.
+	for _, mac := range []net.HardwareAddr{gwMAC, fabricMAC, {0x02, 0, 0, 0, 0x77, 0x77}} {
+		plain(mac, udp(remotePodIP, podIP, 4000, 5000, 63))
+		plain(mac, tcp(remotePodIP, podIP, 80, 33000, 0x12, nil, 63))
+	}
+	for _, ip := range [][]byte{
+		udp(a("10.5.0.1"), podIP, 4000, 5000, 63),  // a group's source
+		udp(a("10.6.0.1"), podIP, 4000, 5000, 63),  // a group without a live member
+		udp(a("10.50.0.1"), podIP, 4000, 5000, 63), // not routed
+		udp(remotePodIP, podIP, 4000, 5000, 1),     // TTL 1: the stack answers
+		tcp(remotePodIP, podIP, 80, 33000, 0x10, nil, 2),
+		udp(remotePodIP, fabricPod, 4000, 5000, 63), // the fabric's, not this node's
+		udp(remotePodIP, pod2IP, 4000, 5000, 63),    // a fabric address routed into isthmus0
+		udp(remotePodIP, a("10.7.0.9"), 4000, 5000, 63),
+		withIPOptions(udp(remotePodIP, podIP, 4000, 5000, 63), ipOptionBytes(4)),
+		func() []byte { b := udp(remotePodIP, podIP, 4000, 5000, 63); b[6] = 0x20; return b }(),
+		ipv4Packet(remotePodIP, podIP, 1, ipOpts{ttl: 63}, icmpEcho(8, 9, 1, nil)),
+		ipv4Packet(remotePodIP, podIP, 1, ipOpts{ttl: 63}, icmpEcho(0, 9, 1, nil)),
+	} {
+		plain(gwMAC, ip)
+	}
+	// Fabric delivery: GENEVE for this site's fabric.
+	gnv(peerIP, udp(remotePodIP, fabricPod, 4000, 5000, 63))
+	gnv(peerIP, tcp(remotePodIP, fabricPod, 80, 33000, 0x12, mss, 63))
+	gnv(peerIP, udp(remotePodIP, fabricPod, 4000, 5000, 1))
+	gnv(peerIP, udp(remotePodIP, pod2IP, 4000, 5000, 63))
+	gnv(peerIP, udp(remotePodIP, pod2IP, 4000, 5000, 1))
 	return s
 }
 

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
@@ -30,6 +32,14 @@ var (
 	groupPeerB   = netip.MustParseAddr("192.168.2.4")
 	groupSrcNet  = netip.MustParsePrefix("10.5.0.0/16") // what groupPeerA and B may send from
 	spoofedIP    = netip.MustParseAddr("6.6.6.6")
+	// The site fabric: this site's declared block (fabric_prefixes), the part of it the
+	// FIB routes to the fabric router on und0, and another CNI's pods behind cni0h, an
+	// interface isthmus does not own.
+	siteFabric  = netip.MustParsePrefix("10.1.0.0/16")
+	fabricRoute = netip.MustParsePrefix("10.1.128.0/17")
+	fabricPod   = netip.MustParseAddr("10.1.200.9") // a pod on another node of the site
+	cniNet      = netip.MustParsePrefix("10.200.0.0/24")
+	cniPod      = netip.MustParseAddr("10.200.0.9")
 )
 
 // newOracleWorld is the node the oracle's lab stands for, with the lab's MACs.
@@ -56,7 +66,54 @@ func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 		snatExempt: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/24"), netip.PrefixFrom(hostIP, 32)},
 		// The agent's range (maps.Config's default, maps/kernel_test.go).
 		snatPortMin: 61000, snatPortMax: 65535,
-		undMAC: undMAC, podHMAC: podHMAC, istMAC: istMAC, gwMAC: gwMAC,
+		// Translated flows in nat: return-path SNAT to the tunnel address (another
+		// CNI's pod, and this node's pod, as it would be if it were not exempt), egress
+		// masquerade to the underlay address, and one flow idle past its timeout.
+		masquerade: true,
+		nat: []oracleNat{
+			{proto: 17, pod: cniPod, podPort: 4000, remote: remotePodIP, remotePort: 5000, addr: hostIP, port: 61001},
+			{proto: 6, pod: cniPod, podPort: 40000, remote: remotePodIP, remotePort: 80, addr: hostIP, port: 61002},
+			{proto: 1, pod: cniPod, podPort: 0x77, remote: remotePodIP, addr: hostIP, port: 61003},
+			{proto: 6, pod: podIP, podPort: 40000, remote: remotePodIP, remotePort: 80, addr: hostIP, port: 40000},
+			{proto: 17, pod: podIP, podPort: 4000, remote: netip.MustParseAddr("10.5.0.1"), remotePort: 5000, addr: hostIP, port: 61004},
+			{proto: 1, pod: podIP, podPort: 0x78, remote: remotePodIP, addr: hostIP, port: 0x78},
+			{proto: 17, pod: podIP, podPort: 4001, remote: remotePodIP, remotePort: 5000, addr: hostIP, port: 61005, expired: true},
+			{proto: 6, pod: podIP, podPort: 33000, remote: worldIP, remotePort: 80, addr: underlayIP, port: 33000},
+			{proto: 17, pod: podIP, podPort: 35000, remote: worldIP, remotePort: 53, addr: underlayIP, port: 61006},
+			{proto: 1, pod: podIP, podPort: 0x1234, remote: worldIP, addr: underlayIP, port: 0x1234},
+			{proto: 17, pod: podIP, podPort: 35001, remote: worldIP, remotePort: 53, addr: underlayIP, port: 61007, expired: true},
+		},
+		fabricPrefixes: []netip.Prefix{siteFabric},
+		fabricRoutes:   []netip.Prefix{fabricRoute},
+		cniRoutes:      []netip.Prefix{cniNet},
+		undMAC:         undMAC, podHMAC: podHMAC, istMAC: istMAC, gwMAC: gwMAC, fabricMAC: fabricMAC,
+	}
+}
+
+// putNat writes w's translated flows into nat, both halves of each, seen just now (or
+// two minutes ago: an expired one), in the state a reply leaves them in.
+func putNat(t testing.TB, l *lab, w *oracleWorld) {
+	t.Helper()
+	now := monoNow(t)
+	for _, f := range w.nat {
+		seen := now
+		if f.expired {
+			seen -= uint64(120 * time.Second) // past every UDP timeout (60 s)
+		}
+		fk := natKey(f.pod, f.remote, f.podPort, f.remotePort, f.proto)
+		rk := natKey(f.remote, f.addr, f.remotePort, f.port, f.proto)
+		if f.proto == 1 {
+			fk = natKey(f.pod, f.remote, f.podPort, 0, 1)
+			rk = natKey(f.remote, f.addr, 0, f.port, 1)
+		}
+		fv := IsthmusNatValue{Addr: be32(f.addr), Port: nport(f.port), State: natEstablished, LastSeen: seen}
+		rv := IsthmusNatValue{Addr: be32(f.pod), Port: nport(f.podPort), State: natEstablished, Flags: natReply, LastSeen: seen}
+		if err := l.objs.Nat.Put(fk, fv); err != nil {
+			t.Fatalf("put nat %+v: %v", fk, err)
+		}
+		if err := l.objs.Nat.Put(rk, rv); err != nil {
+			t.Fatalf("put nat %+v: %v", rk, err)
+		}
 	}
 }
 
@@ -80,6 +137,9 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 	must("read config", l.objs.Config.Lookup(uint32(0), &cfg))
 	cfg.TunnelIp = be32(w.tunnelIP)
 	cfg.SnatPortMin, cfg.SnatPortMax = w.snatPortMin, w.snatPortMax
+	if w.masquerade {
+		cfg.Flags |= cfgMasquerade
+	}
 	must("put config", l.objs.Config.Put(uint32(0), cfg))
 	for _, p := range w.snatExempt {
 		must("put snat_exempt", l.objs.SnatExempt.Put(IsthmusRouteKey{Prefixlen: uint32(p.Bits()), Addr: be32(p.Addr())}, IsthmusSnatExemptValue{}))
@@ -105,10 +165,51 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 		}
 		must("put route", l.objs.Routes.Put(IsthmusRouteKey{Prefixlen: uint32(r.prefix.Bits()), Addr: be32(r.prefix.Addr())}, v))
 	}
-	must("route 10/8 into ist0", inNS(l.ns, func() error {
-		return netlink.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: net.IPv4(10, 0, 0, 0), Mask: net.CIDRMask(8, 32)},
-			LinkIndex: l.ist.Attrs().Index, Scope: netlink.SCOPE_LINK})
+	for _, p := range w.fabricPrefixes {
+		must("put fabric prefix", l.objs.FabricPrefixes.Put(IsthmusRouteKey{Prefixlen: uint32(p.Bits()), Addr: be32(p.Addr())}, IsthmusFabricPrefixValue{}))
+	}
+	ipnet := func(p netip.Prefix) *net.IPNet {
+		return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)}
+	}
+	must("route 10/8 into ist0, the fabric and another CNI's pods", inNS(l.ns, func() error {
+		if err := netlink.RouteAdd(&netlink.Route{Dst: ipnet(netip.MustParsePrefix("10.0.0.0/8")),
+			LinkIndex: l.ist.Attrs().Index, Scope: netlink.SCOPE_LINK}); err != nil {
+			return err
+		}
+		if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: l.und.Attrs().Index, Family: netlink.FAMILY_V4,
+			State: netlink.NUD_PERMANENT, IP: fabricGW.AsSlice(), HardwareAddr: w.fabricMAC}); err != nil {
+			return fmt.Errorf("add fabric router: %w", err)
+		}
+		for _, p := range w.fabricRoutes {
+			if err := netlink.RouteAdd(&netlink.Route{Dst: ipnet(p), Gw: fabricGW.AsSlice(), LinkIndex: l.und.Attrs().Index}); err != nil {
+				return fmt.Errorf("route %v to the fabric router: %w", p, err)
+			}
+		}
+		cni := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "cni0h"}, PeerName: "cni0c"}
+		if err := netlink.LinkAdd(cni); err != nil {
+			return fmt.Errorf("add cni0h: %w", err)
+		}
+		for _, n := range []string{"cni0h", "cni0c"} {
+			link, err := netlink.LinkByName(n)
+			if err == nil {
+				err = netlink.LinkSetUp(link)
+			}
+			if err != nil {
+				return fmt.Errorf("set %s up: %w", n, err)
+			}
+		}
+		link, err := netlink.LinkByName("cni0h")
+		if err != nil {
+			return fmt.Errorf("find cni0h: %w", err)
+		}
+		for _, p := range w.cniRoutes {
+			if err := netlink.RouteAdd(&netlink.Route{Dst: ipnet(p), LinkIndex: link.Attrs().Index, Scope: netlink.SCOPE_LINK}); err != nil {
+				return fmt.Errorf("route %v to cni0h: %w", p, err)
+			}
+		}
+		return nil
 	}))
+	putNat(t, l, w)
 	return l, w
 }
 
@@ -180,7 +281,9 @@ func (l *lab) check(t *testing.T, p oracleProg, names map[uint16]string, in []by
 		if !e.allows(reason) {
 			fail("dropped with %s; the model allows drop=%v any=%v %v", drops[0], e.drop, e.anyReason, reasonNames(names, e.reasons))
 		}
-	case (p.xdp && ret == xdpPass) || (!p.xdp && ret == tcActRedirect):
+	case (p.xdp && ret == xdpPass) || (!p.xdp && (ret == tcActRedirect || ret == tcActOK)):
+		// Redirected, popped (XDP) or, rewritten, returned to the stack (TC_ACT_OK).
+		toStack := !p.xdp && ret == tcActOK
 		if e.formDrop != 0 && (len(drops) != 1 || reason != e.formDrop) {
 			fail("verdict %d with drops counted %v; want exactly %s +1 at this hook", ret, drops, names[uint16(-int32(e.formDrop))])
 		}
@@ -192,8 +295,15 @@ func (l *lab) check(t *testing.T, p oracleProg, names map[uint16]string, in []by
 		}
 		var errs []string
 		for _, f := range e.forms {
+			if f.toStack != toStack {
+				errs = append(errs, f.name+": not this verdict")
+				continue
+			}
 			err := f.check(out)
 			if err == nil {
+				if os.Getenv("ORACLE_DEBUG") != "" {
+					t.Logf("%s: %s: %s", p.name, f.name, e.why)
+				}
 				return
 			}
 			errs = append(errs, f.name+": "+err.Error())
@@ -248,6 +358,9 @@ func fuzzUnderlay(f *testing.F, xdp bool) {
 			return
 		}
 		for _, transit := range []bool{false, true} {
+			// Every input starts from the world's nat table: a reply refreshes its
+			// entries and a FIN or RST changes their state.
+			putNat(t, l, w)
 			setTransit(t, l, transit)
 			w.transit = transit
 			q := p
