@@ -60,6 +60,7 @@ type oracleWorld struct {
 	// back on underlay_ingress.
 	nat        []oracleNat
 	masquerade bool
+	masqExempt []netip.Prefix // masq_exempt
 	// fabricPrefixes is fabric_prefixes (this site's own blocks); the FIB routes
 	// fabricRoutes of them to the fabric router on the underlay (fabricMAC) and
 	// cniRoutes to an interface of another CNI (not a pod interface of isthmus).
@@ -1205,6 +1206,71 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 		return e
 	}
 	e.forms = append(e.forms, encapForm(w, in, rt.peers, fromPod))
+	return e
+}
+
+// modelMasq is the model of underlay_egress for frame in leaving the underlay device
+// (architecture.md, "Egress masquerade"): with masquerade on, a source in snat_exempt
+// that is not the underlay address, to a destination outside masq_exempt, leaves from
+// the underlay address on the flow's own port (ICMP echo: identifier) or one of the
+// range, checksums verifying where they did, returned to the stack (TC_ACT_OK); what
+// the translation cannot carry is a named drop; everything else passes untouched.
+func modelMasq(w *oracleWorld, in []byte) expectation {
+	var e expectation
+	e.pass = true
+	if !untaggedIPv4(in) {
+		e.because("not an untagged IPv4 frame")
+		return e
+	}
+	v, err := decodeIPv4(in, 14)
+	if err != nil {
+		e.because("IPv4 malformed (%v): not translated", err)
+		return e
+	}
+	src, dst := v.src(), v.dst()
+	e.because("%v -> %v proto %v len %d", src, dst, v.ip.Protocol, len(in)-14)
+	if !w.masquerade || src == w.underlay || !w.snatExempted(src) || inPrefixes(w.masqExempt, dst) {
+		e.because("not masqueraded (source not exempt, the underlay's own, or destination in masq_exempt)")
+		return e
+	}
+	e.pass = false
+	l4 := v.l4()
+	switch {
+	case v.fragment():
+		e.allowDrop(IsthmusDropReasonDROP_SNAT_UNSUPPORTED)
+	case v.ip.Protocol == layers.IPProtocolTCP && len(l4) < 14,
+		(v.ip.Protocol == layers.IPProtocolUDP || v.ip.Protocol == layers.IPProtocolICMPv4) && len(l4) < 8:
+		e.allowDrop(IsthmusDropReasonDROP_INVALID_PACKET)
+	case v.ip.Protocol == layers.IPProtocolTCP, v.ip.Protocol == layers.IPProtocolUDP,
+		v.ip.Protocol == layers.IPProtocolICMPv4 && l4[0] == 8:
+	default:
+		e.allowDrop(IsthmusDropReasonDROP_SNAT_UNSUPPORTED)
+	}
+	if e.drop {
+		e.because("masquerade cannot translate it")
+		return e
+	}
+	e.because("masqueraded to %v", w.underlay)
+	// Which port is free depends on the flows translated before (see modelEncap).
+	e.allowDrop(IsthmusDropReasonDROP_SNAT_NO_PORT, IsthmusDropReasonDROP_SNAT_INSERT)
+	if v.ip.Protocol == layers.IPProtocolTCP && len(l4) < 18 {
+		e.because("the TCP checksum field is past the frame")
+		e.allowDrop(IsthmusDropReasonDROP_SNAT_REWRITE)
+		return e
+	}
+	e.forms = append(e.forms, outputForm{name: "masquerade", toStack: true, check: func(out []byte) error {
+		if len(out) != len(in) {
+			return fmt.Errorf("output %d bytes, input %d", len(out), len(in))
+		}
+		if err := diffAt("Ethernet header", out[:14], in[:14]); err != nil {
+			return err
+		}
+		want, err := snatAfter(w, in[14:], out[14:], w.underlay)
+		if err != nil {
+			return err
+		}
+		return diffAt("masqueraded packet", out[14:], want)
+	}})
 	return e
 }
 

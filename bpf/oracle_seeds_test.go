@@ -498,3 +498,43 @@ func encapSeeds(l *lab, fromPod bool) [][]byte {
 	binary.BigEndian.PutUint16(short[16:], uint16(len(short)-14))
 	return append(s, short)
 }
+
+// masqSeeds are the generated frames for underlay_egress: what the stack sends out of
+// the underlay device, from every source class (this node's pods and tunnel address,
+// another CNI's pod, the underlay address, forged) to every destination class (the
+// world, pods and nodes in masq_exempt), of every protocol masquerade tells apart, and
+// truncated.
+func masqSeeds(l *lab) [][]byte {
+	a := netip.MustParseAddr
+	var s [][]byte
+	add := func(ip []byte) { s = append(s, ethFrame(gwMAC, l.undMAC, 0x0800, ip)) }
+	for _, src := range []netip.Addr{podIP, pod2IP, hostIP, underlayIP, cniPod, spoofedIP} {
+		for _, dst := range []netip.Addr{worldIP, a("8.8.8.8"), remotePodIP, peerIP} {
+			add(ipv4Packet(src, dst, 17, ipOpts{ttl: 63}, withCsum(src, dst, 17, udpDatagram(35002, 53, []byte("q")))))
+			add(ipv4Packet(src, dst, 6, ipOpts{ttl: 63}, tcpWith(src, dst, 33002, 443, 0x02, []byte{2, 4, 0x05, 0xb4})))
+			add(ipv4Packet(src, dst, 1, ipOpts{ttl: 63}, icmpEcho(8, 0x4321, 1, []byte("ping"))))
+		}
+	}
+	// The world's masqueraded flows, going on; a reply's ICMP error; other protocols.
+	add(ipv4Packet(podIP, worldIP, 6, ipOpts{ttl: 63}, tcpWith(podIP, worldIP, 33000, 80, 0x10, nil)))
+	add(ipv4Packet(podIP, worldIP, 17, ipOpts{ttl: 63}, withCsum(podIP, worldIP, 17, udpDatagram(35000, 53, []byte("q")))))
+	add(ipv4Packet(podIP, worldIP, 17, ipOpts{ttl: 63}, udpDatagram(35000, 53, []byte("no checksum"))))
+	add(ipv4Packet(podIP, worldIP, 1, ipOpts{ttl: 63}, icmpEcho(8, 0x1234, 2, []byte("ping"))))
+	add(ipv4Packet(podIP, worldIP, 1, ipOpts{ttl: 63}, icmpEcho(0, 0x1234, 2, []byte("pong"))))
+	add(icmpError(3, 3, podIP, ipv4Packet(worldIP, podIP, 17, ipOpts{ttl: 60}, udpDatagram(53, 35000, nil)), 8))
+	add(ipv4Packet(podIP, worldIP, 47, ipOpts{ttl: 63}, make([]byte, 8)))
+	add(withIPOptions(ipv4Packet(podIP, worldIP, 17, ipOpts{ttl: 63}, withCsum(podIP, worldIP, 17, udpDatagram(35003, 53, []byte("q")))), ipOptionBytes(8)))
+	add(ipv4Packet(podIP, worldIP, 17, ipOpts{ttl: 63, fragOff: 0x2000}, udpDatagram(35004, 53, []byte("first"))))
+	add(ipv4Packet(podIP, worldIP, 17, ipOpts{ttl: 63, fragOff: 0x0003}, []byte("a later fragment")))
+	add(ipv4Packet(podIP, worldIP, 6, ipOpts{ttl: 1}, tcpWith(podIP, worldIP, 33004, 80, 0x02, nil)))
+	// The node's own GENEVE leaves from the underlay address: never masqueraded.
+	add(uframe{outerSrc: underlayIP, outerDst: peerIP}.build(l)[14:])
+	// Truncations of a TCP SYN with options.
+	syn := ethFrame(gwMAC, l.undMAC, 0x0800, ipv4Packet(podIP, worldIP, 6, ipOpts{ttl: 63}, tcpWith(podIP, worldIP, 33005, 80, 0x02, []byte{2, 4, 0x05, 0xb4})))
+	for n := 34; n < len(syn); n++ {
+		s = append(s, syn[:n])
+	}
+	s = append(s, ethFrame(gwMAC, l.undMAC, 0x8100, append([]byte{0, 5, 8, 0}, syn[14:]...)),
+		ethFrame(gwMAC, l.undMAC, 0x86dd, make([]byte, 40)))
+	return s
+}

@@ -83,6 +83,8 @@ func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 			{proto: 1, pod: podIP, podPort: 0x1234, remote: worldIP, addr: underlayIP, port: 0x1234},
 			{proto: 17, pod: podIP, podPort: 35001, remote: worldIP, remotePort: 53, addr: underlayIP, port: 61007, expired: true},
 		},
+		// Masquerade leaves the pod networks and the underlay alone.
+		masqExempt:     []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.0.0/16")},
 		fabricPrefixes: []netip.Prefix{siteFabric},
 		fabricRoutes:   []netip.Prefix{fabricRoute},
 		cniRoutes:      []netip.Prefix{cniNet},
@@ -164,6 +166,9 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 			must("put group", l.objs.NexthopGroups.Put(r.group, g))
 		}
 		must("put route", l.objs.Routes.Put(IsthmusRouteKey{Prefixlen: uint32(r.prefix.Bits()), Addr: be32(r.prefix.Addr())}, v))
+	}
+	for _, p := range w.masqExempt {
+		must("put masq_exempt", l.objs.MasqExempt.Put(IsthmusRouteKey{Prefixlen: uint32(p.Bits()), Addr: be32(p.Addr())}, IsthmusMasqExemptValue{}))
 	}
 	for _, p := range w.fabricPrefixes {
 		must("put fabric prefix", l.objs.FabricPrefixes.Put(IsthmusRouteKey{Prefixlen: uint32(p.Bits()), Addr: be32(p.Addr())}, IsthmusFabricPrefixValue{}))
@@ -397,3 +402,22 @@ func fuzzEncap(f *testing.F, fromPod bool) {
 
 func FuzzOraclePodIngress(f *testing.F)    { fuzzEncap(f, true) }
 func FuzzOracleOverlayEgress(f *testing.F) { fuzzEncap(f, false) }
+
+// FuzzOracleUnderlayEgress runs underlay_egress (egress masquerade) against the model,
+// each input from the world's nat table.
+func FuzzOracleUnderlayEgress(f *testing.F) {
+	l, w := oracleLab(f)
+	names := dropNames(f)
+	p := oracleProg{name: "underlay_egress", prog: l.objs.UnderlayEgress, ifindex: l.und.Attrs().Index, hook: IsthmusHookHOOK_UNDERLAY_EGRESS}
+	for _, in := range masqSeeds(l) {
+		f.Add(in)
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		in, ok := runnable(in)
+		if !ok {
+			return
+		}
+		putNat(t, l, w)
+		l.check(t, p, names, in, modelMasq(w, in))
+	})
+}
