@@ -1655,6 +1655,11 @@ func TestOracleModel(t *testing.T) {
 			}
 		}
 	}
+	for i, in := range masqSeeds(fl) {
+		if e := modelMasq(w, in); !e.pass && !e.drop && len(e.forms) == 0 {
+			t.Errorf("masquerade seed %d: nothing allowed: %s", i, e.why)
+		}
+	}
 	for _, fromPod := range []bool{false, true} {
 		for i, in := range encapSeeds(fl, fromPod) {
 			if e := modelEncap(w, in, fromPod); !e.pass && !e.drop && len(e.forms) == 0 {

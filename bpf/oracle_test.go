@@ -99,6 +99,9 @@ func putNat(t testing.TB, l *lab, w *oracleWorld) {
 	now := monoNow(t)
 	for _, f := range w.nat {
 		seen := now
+		if f.expired && f.proto != 17 {
+			t.Fatalf("nat flow %+v: only a UDP flow is past its timeout after two minutes", f)
+		}
 		if f.expired {
 			seen -= uint64(120 * time.Second) // past every UDP timeout (60 s)
 		}
