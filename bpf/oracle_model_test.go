@@ -825,12 +825,8 @@ func (w *oracleWorld) reverseNAT(v *ipv4View, addr netip.Addr) (natReverse, bool
 // let anyone verify, is updated for the changed fields (RFC 1624), as Linux NAT does.
 func reverseForm(name string, dmac, smac net.HardwareAddr, r natReverse, inIP []byte, forward, ce bool, mtu int) outputForm {
 	return outputForm{name: name, check: func(out []byte) error {
-		oe := &layers.Ethernet{}
-		if err := oe.DecodeFromBytes(out, gopacket.NilDecodeFeedback); err != nil {
-			return fmt.Errorf("output Ethernet: %w", err)
-		}
-		if !bytes.Equal(oe.DstMAC, dmac) || (smac != nil && !bytes.Equal(oe.SrcMAC, smac)) || oe.EthernetType != layers.EthernetTypeIPv4 {
-			return fmt.Errorf("output Ethernet %v -> %v type %v, want -> %v (from %v) IPv4", oe.SrcMAC, oe.DstMAC, oe.EthernetType, dmac, smac)
+		if err := outputEthernet(out, dmac, smac); err != nil {
+			return err
 		}
 		got := out[14:]
 		if len(got) != len(inIP) {
@@ -990,16 +986,25 @@ func sum0(c uint16) uint16 {
 	return c
 }
 
+// outputEthernet checks that gopacket decodes out as an IPv4 frame to dmac (and from
+// smac, unless nil).
+func outputEthernet(out []byte, dmac, smac net.HardwareAddr) error {
+	oe := &layers.Ethernet{}
+	if err := oe.DecodeFromBytes(out, gopacket.NilDecodeFeedback); err != nil {
+		return fmt.Errorf("output Ethernet: %w", err)
+	}
+	if !bytes.Equal(oe.DstMAC, dmac) || (smac != nil && !bytes.Equal(oe.SrcMAC, smac)) || oe.EthernetType != layers.EthernetTypeIPv4 {
+		return fmt.Errorf("output Ethernet %v -> %v type %v, want -> %v (from %v) IPv4", oe.SrcMAC, oe.DstMAC, oe.EthernetType, dmac, smac)
+	}
+	return nil
+}
+
 // deliverForm accepts the inner packet inIP delivered in a frame to dmac (and from smac,
 // unless nil), with the TTL decremented if forward, CE copied if ce, the MSS clamped.
 func deliverForm(name string, dmac, smac net.HardwareAddr, inIP []byte, forward, ce bool, mtu int) outputForm {
 	return outputForm{name: name, check: func(out []byte) error {
-		oe := &layers.Ethernet{}
-		if err := oe.DecodeFromBytes(out, gopacket.NilDecodeFeedback); err != nil {
-			return fmt.Errorf("output Ethernet: %w", err)
-		}
-		if !bytes.Equal(oe.DstMAC, dmac) || (smac != nil && !bytes.Equal(oe.SrcMAC, smac)) || oe.EthernetType != layers.EthernetTypeIPv4 {
-			return fmt.Errorf("output Ethernet %v -> %v type %v, want -> %v (from %v) IPv4", oe.SrcMAC, oe.DstMAC, oe.EthernetType, dmac, smac)
+		if err := outputEthernet(out, dmac, smac); err != nil {
+			return err
 		}
 		return diffAt("delivered inner IPv4", out[14:], innerAfter(inIP, out[14:], forward, ce, mtu))
 	}}
