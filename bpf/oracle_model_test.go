@@ -284,10 +284,11 @@ func geneveFixed(b []byte) (*layers.Geneve, int, error) {
 // mssClamp returns ip (an IPv4 packet) with the MSS option of a TCP SYN above
 // mtu - 40 lowered to it, and whether it changed anything. The options are walked as
 // RFC 9293 3.2 lays them out; a header or option that does not fit leaves the packet
-// alone.
+// alone. mtu 0 means no clamp (a path that does not clamp: an MSS of 65535 is above
+// every bound).
 func mssClamp(ip []byte, mtu int) ([]byte, bool) {
 	v, err := decodeIPv4(ip, 0)
-	if err != nil || v.ip.Protocol != layers.IPProtocolTCP || v.fragment() {
+	if err != nil || mtu <= 0 || v.ip.Protocol != layers.IPProtocolTCP || v.fragment() {
 		return ip, false
 	}
 	seg := ip[v.hlen:]
@@ -1352,7 +1353,11 @@ func snatAfter(w *oracleWorld, inIP, got []byte, to netip.Addr) ([]byte, error) 
 		want[sumOff], want[sumOff+1] = 0, 0
 		seg := want[hlen:tl]
 		pseudo := append(append([]byte{}, want[12:20]...), 0, proto, byte(len(seg)>>8), byte(len(seg)))
-		binary.BigEndian.PutUint16(want[sumOff:], csum16(append(pseudo, seg...)))
+		c := csum16(append(pseudo, seg...))
+		if proto == 17 && c == 0 {
+			c = 0xffff // RFC 768: a computed zero is sent as all ones; zero means none
+		}
+		binary.BigEndian.PutUint16(want[sumOff:], c)
 	default:
 		// A sum that did not verify: the datapath cannot be expected to fix it.
 		copy(want[sumOff:sumOff+2], got[sumOff:sumOff+2])

@@ -450,6 +450,9 @@ func encapSeeds(l *lab, fromPod bool) [][]byte {
 		p.src, p.dst = a("10.200.0.9"), remotePodIP
 		add(p)
 	}
+	if !fromPod {
+		s = append(s, ethFrame(dmac, smac, 0x0800, udpZeroAfter(a("10.200.0.9"), remotePodIP, own, 4010, 53)))
+	}
 	// GENEVE from the pod to peers' underlay addresses.
 	for _, dst := range []netip.Addr{peerIP, memberIP, groupPeerA, strangerIP} {
 		add(ipkt{dst: dst, dport: 6081})
@@ -522,6 +525,7 @@ func masqSeeds(l *lab) [][]byte {
 	add(ipv4Packet(podIP, worldIP, 1, ipOpts{ttl: 63}, icmpEcho(8, 0x1234, 2, []byte("ping"))))
 	add(ipv4Packet(podIP, worldIP, 1, ipOpts{ttl: 63}, icmpEcho(0, 0x1234, 2, []byte("pong"))))
 	add(icmpError(3, 3, podIP, ipv4Packet(worldIP, podIP, 17, ipOpts{ttl: 60}, udpDatagram(53, 35000, nil)), 8))
+	add(udpZeroAfter(podIP, worldIP, underlayIP, 35010, 53))
 	add(ipv4Packet(podIP, worldIP, 47, ipOpts{ttl: 63}, make([]byte, 8)))
 	add(withIPOptions(ipv4Packet(podIP, worldIP, 17, ipOpts{ttl: 63}, withCsum(podIP, worldIP, 17, udpDatagram(35003, 53, []byte("q")))), ipOptionBytes(8)))
 	add(ipv4Packet(podIP, worldIP, 17, ipOpts{ttl: 63, fragOff: 0x2000}, udpDatagram(35004, 53, []byte("first"))))
@@ -537,4 +541,18 @@ func masqSeeds(l *lab) [][]byte {
 	s = append(s, ethFrame(gwMAC, l.undMAC, 0x8100, append([]byte{0, 5, 8, 0}, syn[14:]...)),
 		ethFrame(gwMAC, l.undMAC, 0x86dd, make([]byte, 40)))
 	return s
+}
+
+// udpZeroAfter is a UDP datagram src:sport -> dst:dport with a valid checksum whose
+// checksum, once its source is to (same ports), computes to zero: sent as 0xffff
+// (RFC 768), the one case where an incremental update and a recomputation may write
+// different bytes for the same sum.
+func udpZeroAfter(src, dst, to netip.Addr, sport, dport uint16) []byte {
+	for x := 0; x <= 0xffff; x++ {
+		seg := udpDatagram(sport, dport, []byte{'z', 'z', byte(x >> 8), byte(x)})
+		if pseudoSum(to, dst, 17, seg) == 0 {
+			return ipv4Packet(src, dst, 17, ipOpts{ttl: 63}, withCsum(src, dst, 17, seg))
+		}
+	}
+	panic("no payload makes the checksum zero")
 }
