@@ -394,6 +394,9 @@ func natSeeds(l *lab) [][]byte {
 		plain(mac, udp(remotePodIP, podIP, 4000, 5000, 63))
 		plain(mac, tcp(remotePodIP, podIP, 80, 33000, 0x12, nil, 63))
 	}
+	// An MSS above every clamp bound, where nothing clamps.
+	plain(gwMAC, tcp(remotePodIP, podIP, 80, 33000, 0x02, []byte{2, 4, 0xff, 0xff}, 63))
+	plain(gwMAC, tcp(worldIP, underlayIP, 80, 33000, 0x12, []byte{2, 4, 0xff, 0xff}, 60))
 	for _, ip := range [][]byte{
 		udp(a("10.5.0.1"), podIP, 4000, 5000, 63),  // a group's source
 		udp(a("10.6.0.1"), podIP, 4000, 5000, 63),  // a group without a live member
