@@ -58,6 +58,7 @@ type oracleWorld struct {
 	// nat holds the translated flows, as the test writes them before every input.
 	// masquerade is CFG_F_MASQUERADE: replies to the underlay address are translated
 	// back on underlay_ingress.
+	health     []oracleHealth // health_reach
 	nat        []oracleNat
 	masquerade bool
 	masqExempt []netip.Prefix // masq_exempt
@@ -83,6 +84,98 @@ type oracleNat struct {
 	addr       netip.Addr
 	port       uint16
 	expired    bool // idle past its timeout: as if absent
+}
+
+// oracleHealth is one claim in health_reach: what this node answers a probe on port
+// for site ("" the default) with, until its deadline (expired: passed).
+type oracleHealth struct {
+	port             uint16
+	site             string
+	reaches, expired bool
+}
+
+// healthAnswer returns the kind of the answer to inner IPv4 packet v if it is a health
+// probe some claim covers (architecture.md, decapsulation step 3; loader/health's wire
+// format): UDP without options and not a fragment to the tunnel address, whose UDP
+// length is what the total length leaves, carrying the magic, kind 'P', the round and a
+// site name of at most 64 bytes, for a (port, site) claim or, failing that, a (port,
+// "") one. 'R' if that claim reaches and has not expired, else 'N'.
+func (w *oracleWorld) healthAnswer(v *ipv4View) (byte, bool) {
+	const hdr = 8 + 16 + 1 + 8 // UDP, magic, kind, round
+	if v.dst() != w.tunnelIP || v.ip.Protocol != layers.IPProtocolUDP || v.hlen != 20 || v.fragment() {
+		return 0, false
+	}
+	tl, m := int(binary.BigEndian.Uint16(v.raw[2:])), v.l4()
+	if tl < 20+hdr || len(m) < hdr {
+		return 0, false
+	}
+	ulen := int(binary.BigEndian.Uint16(m[4:]))
+	if ulen != tl-20 || string(m[8:24]) != "isthmus-health1\x00" || m[24] != 'P' || ulen-hdr > 64 || len(m) < ulen {
+		return 0, false
+	}
+	// The site is compared as the map's key holds it: zero-padded to 64 bytes.
+	site := strings.TrimRight(string(m[hdr:ulen]), "\x00")
+	port := binary.BigEndian.Uint16(m[2:])
+	find := func(site string) (oracleHealth, bool) {
+		i := slices.IndexFunc(w.health, func(c oracleHealth) bool { return c.port == port && c.site == site })
+		if i < 0 {
+			return oracleHealth{}, false
+		}
+		return w.health[i], true
+	}
+	c, ok := find(site)
+	if !ok && ulen > hdr {
+		c, ok = find("")
+	}
+	if !ok {
+		return 0, false
+	}
+	if c.reaches && !c.expired {
+		return 'R', true
+	}
+	return 'N', true
+}
+
+// healthForm accepts the answer to probe frame in (outer IPv4 header of ohlen bytes,
+// inner Ethernet at ieOff) with kind: sent back out as it came, every pair of MACs,
+// addresses and inner ports swapped, outer TTL 64 and UDP checksum 0, the kind byte
+// changed and nothing else; the outer header's and the inner UDP checksum verify where
+// they did (a zero inner one stays zero).
+func healthForm(in []byte, ohlen, ieOff int, kind byte) outputForm {
+	return outputForm{name: fmt.Sprintf("health answer %q", kind), check: func(out []byte) error {
+		if len(out) != len(in) {
+			return fmt.Errorf("answer %d bytes, probe %d", len(out), len(in))
+		}
+		want := append([]byte{}, in...)
+		swap := func(off, n int) {
+			copy(want[off:off+n], in[off+n:off+2*n])
+			copy(want[off+n:off+2*n], in[off:off+n])
+		}
+		ip, udp := ieOff+14, 14+ohlen
+		swap(0, 6)
+		swap(14+12, 4)
+		want[14+8] = 64
+		copy(want[24:26], out[24:26]) // the outer header checksum, judged below
+		want[udp+6], want[udp+7] = 0, 0
+		swap(ieOff, 6)
+		swap(ip+12, 4)
+		swap(ip+20, 2)
+		want[ip+20+8+16] = kind
+		copy(want[ip+26:ip+28], out[ip+26:ip+28]) // the inner UDP checksum, judged below
+		if err := diffAt("health answer", out, want); err != nil {
+			return err
+		}
+		if csum16(in[14:14+ohlen]) == 0 && csum16(out[14:14+ohlen]) != 0 {
+			return errors.New("outer IPv4 checksum verified on the probe, not on the answer")
+		}
+		old, now := binary.BigEndian.Uint16(in[ip+26:]), binary.BigEndian.Uint16(out[ip+26:])
+		_, inOK := sumsVerified(in[ip:])
+		_, outOK := sumsVerified(out[ip:])
+		if (old == 0 && now != 0) || (inOK && !outOK) {
+			return fmt.Errorf("inner UDP checksum %#04x (was %#04x) does not verify where it did", now, old)
+		}
+		return nil
+	}}
 }
 
 // natReply returns the live flow whose reply is remote:rport -> addr:port (proto).
@@ -585,6 +678,14 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 	e.because("valid GENEVE from peer %v, inner %v -> %v ttl %d", peer, src, dst, inner.ip.TTL)
 	inIP := in[ieOff+14:]
 	ce := outer.ip.TOS&0x03 == 0x03 && inIP[1]&0x03 != 0
+
+	if kind, ok := w.healthAnswer(inner); ok && !xdp {
+		// A health probe the claims cover is answered before transit, TTL and ECN
+		// (architecture.md, decapsulation step 3); XDP leaves it to TC.
+		e.because("a health probe the claims cover: answered %q back to the peer", kind)
+		e.forms = append(e.forms, healthForm(in, outer.hlen, ieOff, kind))
+		return e
+	}
 
 	if rt, ok := w.route(dst); ok && w.transit {
 		if xdp {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"net"
 	"net/netip"
+	"strings"
 )
 
 // Generated frames for the oracle: every shape issue 10 lists (outer and inner IPv4
@@ -370,6 +371,32 @@ func natSeeds(l *lab) [][]byte {
 	gnv(peerIP, icmpError(3, 4, remotePodIP, noSum, 8))
 	gnv(peerIP, icmpError(12, 0, remotePodIP, withIPOptions(sent(17, 61001, 5000, remotePodIP, hostIP), ipOptionBytes(4)), 8))
 	gnv(peerIP, icmpError(5, 0, remotePodIP, sent(17, 61001, 5000, remotePodIP, hostIP), 8)) // a redirect: not translated
+
+	// Health probes to the tunnel address: covered by a claim (reaching, not, expired,
+	// the default for an unknown site), by none, and not quite probes.
+	probe := func(port uint16, msg []byte, csum bool) []byte {
+		seg := udpDatagram(40001, port, msg)
+		if csum {
+			seg = withCsum(proberIP, hostIP, 17, seg)
+		}
+		return ipv4Packet(proberIP, hostIP, 17, ipOpts{ttl: 64}, seg)
+	}
+	for _, p := range []struct {
+		port uint16
+		site string
+	}{{healthPort, ""}, {healthPort, "site-b"}, {healthPort, "site-x"}, {healthPort + 1, "site-c"}, {healthPort + 1, "site-x"},
+		{healthPort + 2, ""}, {healthPort, "site-b\x00\x00"}, {healthPort, strings.Repeat("s", 65)}} {
+		gnv(peerIP, probe(p.port, healthMsg('P', 7, p.site), true))
+		gnv(peerIP, probe(p.port, healthMsg('P', 7, p.site), false))
+	}
+	badMagic := healthMsg('P', 7, "")
+	badMagic[3] = 'X'
+	gnv(peerIP, probe(healthPort, badMagic, true))
+	gnv(peerIP, probe(healthPort, healthMsg('R', 7, ""), true))
+	gnv(peerIP, probe(healthPort, healthMsg('P', 7, "")[:24], true))
+	gnv(peerIP, withIPOptions(probe(healthPort, healthMsg('P', 7, ""), true), ipOptionBytes(4)))
+	s = append(s, uframe{outerOpts: ipOptionBytes(8), gnvOptLen: 8, inner: probe(healthPort, healthMsg('P', 7, "site-b"), true)}.build(l))
+	s = append(s, uframe{outerTOS: 0x03, inner: probe(healthPort, healthMsg('P', 7, ""), true)}.build(l))
 
 	// Egress masquerade: plain replies to the underlay address.
 	plain(gwMAC, tcp(worldIP, underlayIP, 80, 33000, 0x12, mss, 60))

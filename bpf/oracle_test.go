@@ -69,6 +69,13 @@ func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 		// Translated flows in nat: return-path SNAT to the tunnel address (another
 		// CNI's pod, and this node's pod, as it would be if it were not exempt), egress
 		// masquerade to the underlay address, and one flow idle past its timeout.
+		// What the health responder claims (health_reach): the default answer on
+		// healthPort, another for one site, and an expired claim on another port.
+		health: []oracleHealth{
+			{port: healthPort, reaches: true},
+			{port: healthPort, site: "site-b"},
+			{port: healthPort + 1, site: "site-c", reaches: true, expired: true},
+		},
 		masquerade: true,
 		nat: []oracleNat{
 			{proto: 17, pod: cniPod, podPort: 4000, remote: remotePodIP, remotePort: 5000, addr: hostIP, port: 61001},
@@ -169,6 +176,19 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 			must("put group", l.objs.NexthopGroups.Put(r.group, g))
 		}
 		must("put route", l.objs.Routes.Put(IsthmusRouteKey{Prefixlen: uint32(r.prefix.Bits()), Addr: be32(r.prefix.Addr())}, v))
+	}
+	now := monoNow(t)
+	for _, c := range w.health {
+		k := IsthmusHealthKey{Port: nport(c.port)}
+		copy(k.Site[:], c.site)
+		v := IsthmusHealthReachValue{Expires: now + uint64(time.Hour)}
+		if c.expired {
+			v.Expires = now - uint64(time.Second)
+		}
+		if c.reaches {
+			v.Flags = 1 // HEALTH_F_REACHES
+		}
+		must("put health_reach", l.objs.HealthReach.Put(k, v))
 	}
 	for _, p := range w.masqExempt {
 		must("put masq_exempt", l.objs.MasqExempt.Put(IsthmusRouteKey{Prefixlen: uint32(p.Bits()), Addr: be32(p.Addr())}, IsthmusMasqExemptValue{}))
