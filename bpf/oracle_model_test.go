@@ -58,7 +58,10 @@ type oracleWorld struct {
 	// nat holds the translated flows, as the test writes them before every input.
 	// masquerade is CFG_F_MASQUERADE: replies to the underlay address are translated
 	// back on underlay_ingress.
-	health     []oracleHealth // health_reach
+	health []oracleHealth // health_reach
+	// conntrack is the lab's conntrack table (a flow the stack saw, in its original
+	// direction), which bpf_skb_ct_lookup reads.
+	conntrack  []oracleCT
 	nat        []oracleNat
 	masquerade bool
 	masqExempt []netip.Prefix // masq_exempt
@@ -218,6 +221,38 @@ func (w *oracleWorld) isPeer(a netip.Addr) bool { return slices.Contains(w.peers
 // snatExempted reports whether source a is in snat_exempt.
 func (w *oracleWorld) snatExempted(a netip.Addr) bool {
 	return slices.ContainsFunc(w.snatExempt, func(p netip.Prefix) bool { return p.Contains(a) })
+}
+
+// ctKnown reports whether the lab's conntrack holds, in either direction, the TCP or
+// UDP flow of IPv4 packet v (not a fragment, its ports present) with source src and
+// destination dst, and destination port dport if not 0 (a packet being translated
+// back: v's own destination and port are the translated ones).
+func (w *oracleWorld) ctKnown(v *ipv4View, src, dst netip.Addr, dport uint16) bool {
+	l4 := v.l4()
+	if (v.ip.Protocol != layers.IPProtocolTCP && v.ip.Protocol != layers.IPProtocolUDP) || v.fragment() || len(l4) < 4 {
+		return false
+	}
+	sport := binary.BigEndian.Uint16(l4)
+	if dport == 0 {
+		dport = binary.BigEndian.Uint16(l4[2:])
+	}
+	return slices.ContainsFunc(w.conntrack, func(c oracleCT) bool {
+		return c.proto == uint8(v.ip.Protocol) && (c.src == src && c.dst == dst && c.sport == sport && c.dport == dport ||
+			c.src == dst && c.dst == src && c.sport == dport && c.dport == sport)
+	})
+}
+
+// stackDelivers reports whether a packet delivered to a local pod goes through the
+// stack: it opens a flow, or conntrack knows its flow (architecture.md, "Netfilter").
+func (w *oracleWorld) stackDelivers(v *ipv4View) bool {
+	return opensFlow(v) || w.ctKnown(v, v.src(), v.dst(), 0)
+}
+
+// oracleCT is a flow in the lab's conntrack, in its original direction.
+type oracleCT struct {
+	proto        uint8
+	src, dst     netip.Addr
+	sport, dport uint16
 }
 
 // opensFlow reports whether IPv4 packet v opens a flow as conntrack sees one
@@ -758,7 +793,7 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		case r.rewriteFails:
 			e.because("the TCP checksum field is past the frame")
 			e.allowDrop(IsthmusDropReasonDROP_SNAT_REWRITE)
-		case w.ownPods[to] != nil && opensFlow(inner):
+		case w.ownPods[to] != nil && (opensFlow(inner) || w.ctKnown(inner, inner.src(), to, r.flow.podPort)):
 			e.forms = append(e.forms, reverseForm("reverse SNAT, pod delivery through the stack", w.istMAC, in[6:12], r, inIP, false, ce, w.tunnelMTU))
 		case w.ownPods[to] != nil && inner.ip.TTL <= 1:
 			e.allowDrop(IsthmusDropReasonDROP_TTL_EXCEEDED)
@@ -777,12 +812,11 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		// Fabric delivery: this site's block, routed to the fabric router.
 		e.because("to %v of this site's fabric: forwarded to the fabric router", dst)
 		e.forms = append(e.forms, deliverForm("fabric delivery", w.fabricMAC, w.undMAC, inIP, true, ce, w.tunnelMTU))
-	case w.ownPods[dst] != nil && opensFlow(inner):
-		// Issue 11: a packet that opens a flow reaches the pod through the stack
-		// (isthmus0 ingress, marked), which forwards it and decrements its TTL; the
-		// frame keeps its source MAC. The lab's conntrack is empty, so no other packet
-		// is known to it.
-		e.because("to own pod %v, opens a flow: through the stack", dst)
+	case w.ownPods[dst] != nil && w.stackDelivers(inner):
+		// Issue 11: a packet that opens a flow, or of a flow conntrack knows, reaches
+		// the pod through the stack (isthmus0 ingress, marked), which forwards it and
+		// decrements its TTL; the frame keeps its source MAC.
+		e.because("to own pod %v, opens a flow or conntrack knows it: through the stack", dst)
 		e.forms = append(e.forms, deliverForm("pod delivery through the stack", w.istMAC, in[6:12], in[ieOff+14:], false, ce, w.tunnelMTU))
 	case w.ownPods[dst] != nil:
 		e.because("to own pod %v", dst)
@@ -839,8 +873,8 @@ func plainUnderlay(w *oracleWorld, in []byte, v *ipv4View, xdp bool, e *expectat
 		return
 	}
 	e.pass = false
-	if opensFlow(v) {
-		e.because("fabric ingress %v -> %v, opens a flow: through the stack", src, dst)
+	if w.stackDelivers(v) {
+		e.because("fabric ingress %v -> %v, opens a flow or conntrack knows it: through the stack", src, dst)
 		e.forms = append(e.forms, deliverForm("fabric ingress through the stack", w.istMAC, in[6:12], in[14:], false, false, 0))
 		return
 	}
@@ -1222,6 +1256,13 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 		}
 	}
 	rt, ok := w.route(dst)
+	if ok && fromPod && w.ctKnown(v, src, dst, 0) {
+		// A flow conntrack knows goes on through the stack (architecture.md,
+		// "Netfilter"), before SNAT or the next hop are looked at.
+		e.pass = true
+		e.because("route %v, but conntrack knows the flow: to the stack", rt.prefix)
+		return e
+	}
 	if !ok {
 		if !fromPod {
 			e.allowDrop(IsthmusDropReasonDROP_NO_OVERLAY_ROUTE)

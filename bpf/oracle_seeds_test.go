@@ -440,6 +440,13 @@ func natSeeds(l *lab) [][]byte {
 	} {
 		plain(gwMAC, ip)
 	}
+	// Flows conntrack knows, to this node's pod: through the stack whatever their flags.
+	gnv(peerIP, tcp(remotePodIP, podIP, 80, 33000, 0x10, nil, 63))
+	gnv(peerIP, tcp(remotePodIP, podIP, 80, 33001, 0x10, nil, 63))
+	gnv(peerIP, tcp(remotePodIP, podIP, 80, 33000, 0x10, nil, 63)[:24])
+	gnv(peerIP, tcp(remotePodIP, hostIP, 80, 61008, 0x10, nil, 60)) // translated back to a known flow
+	plain(gwMAC, tcp(remotePodIP, podIP, 80, 33000, 0x10, nil, 63))
+	plain(gwMAC, tcp(remotePodIP, podIP, 80, 33000, 0x10, nil, 63)[:24])
 	// Fabric delivery: GENEVE for this site's fabric.
 	gnv(peerIP, udp(remotePodIP, fabricPod, 4000, 5000, 63))
 	gnv(peerIP, tcp(remotePodIP, fabricPod, 80, 33000, 0x12, mss, 63))
@@ -482,6 +489,23 @@ func encapSeeds(l *lab, fromPod bool) [][]byte {
 	}
 	if !fromPod {
 		s = append(s, ethFrame(dmac, smac, 0x0800, udpZeroAfter(a("10.200.0.9"), remotePodIP, own, 4010, 53)))
+	}
+	if fromPod {
+		// Flows conntrack knows (oracleLab): left to the stack on a route hit, in
+		// either direction, even to a group without a live member; and unknown ones.
+		for _, c := range []struct {
+			proto        byte
+			dst          netip.Addr
+			sport, dport uint16
+		}{{6, remotePodIP, 40001, 80}, {6, a("10.6.0.1"), 40002, 80}, {17, a("10.2.0.70"), 4002, 5000}, {6, remotePodIP, 33000, 80},
+			{6, remotePodIP, 40009, 80}, {17, a("10.2.0.70"), 4009, 5000}} {
+			l4 := withCsum(own, c.dst, 17, udpDatagram(c.sport, c.dport, []byte("known?")))
+			if c.proto == 6 {
+				l4 = tcpWith(own, c.dst, c.sport, c.dport, 0x10, nil)
+			}
+			ip := ipv4Packet(own, c.dst, c.proto, ipOpts{ttl: 64}, l4)
+			s = append(s, ethFrame(dmac, smac, 0x0800, ip), ethFrame(dmac, smac, 0x0800, ip[:24]))
+		}
 	}
 	// GENEVE from the pod to peers' underlay addresses.
 	for _, dst := range []netip.Addr{peerIP, memberIP, groupPeerA, strangerIP} {

@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // The oracle (docs/fuzzing.md): every program runs through BPF_PROG_TEST_RUN on
@@ -76,6 +77,16 @@ func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 			{port: healthPort, site: "site-b"},
 			{port: healthPort + 1, site: "site-c", reaches: true, expired: true},
 		},
+		// Flows the stack has seen: to this node's pod (delivery and fabric ingress
+		// take them through the stack), from it on routes (pod_ingress leaves them to
+		// the stack), and a return-path SNAT flow's own tuple.
+		conntrack: []oracleCT{
+			{proto: 6, src: remotePodIP, dst: podIP, sport: 80, dport: 33000},
+			{proto: 6, src: podIP, dst: remotePodIP, sport: 40001, dport: 80},
+			{proto: 6, src: podIP, dst: netip.MustParseAddr("10.6.0.1"), sport: 40002, dport: 80},
+			{proto: 17, src: podIP, dst: netip.MustParseAddr("10.2.0.70"), sport: 4002, dport: 5000},
+			{proto: 6, src: podIP, dst: remotePodIP, sport: 40003, dport: 80},
+		},
 		masquerade: true,
 		nat: []oracleNat{
 			{proto: 17, pod: cniPod, podPort: 4000, remote: remotePodIP, remotePort: 5000, addr: hostIP, port: 61001},
@@ -85,6 +96,7 @@ func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 			{proto: 17, pod: podIP, podPort: 4000, remote: netip.MustParseAddr("10.5.0.1"), remotePort: 5000, addr: hostIP, port: 61004},
 			{proto: 1, pod: podIP, podPort: 0x78, remote: remotePodIP, addr: hostIP, port: 0x78},
 			{proto: 17, pod: podIP, podPort: 4001, remote: remotePodIP, remotePort: 5000, addr: hostIP, port: 61005, expired: true},
+			{proto: 6, pod: podIP, podPort: 40003, remote: remotePodIP, remotePort: 80, addr: hostIP, port: 61008},
 			{proto: 6, pod: podIP, podPort: 33000, remote: worldIP, remotePort: 80, addr: underlayIP, port: 33000},
 			{proto: 17, pod: podIP, podPort: 35000, remote: worldIP, remotePort: 53, addr: underlayIP, port: 61006},
 			{proto: 1, pod: podIP, podPort: 0x1234, remote: worldIP, addr: underlayIP, port: 0x1234},
@@ -233,6 +245,20 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 		for _, p := range w.cniRoutes {
 			if err := netlink.RouteAdd(&netlink.Route{Dst: ipnet(p), LinkIndex: link.Attrs().Index, Scope: netlink.SCOPE_LINK}); err != nil {
 				return fmt.Errorf("route %v to cni0h: %w", p, err)
+			}
+		}
+		return nil
+	}))
+	must("fill conntrack", inNS(l.ns, func() error {
+		for _, c := range w.conntrack {
+			f := &netlink.ConntrackFlow{FamilyType: unix.AF_INET, TimeOut: 7 * 24 * 3600, // outlives any run
+				Forward: netlink.IPTuple{Protocol: c.proto, SrcIP: c.src.AsSlice(), DstIP: c.dst.AsSlice(), SrcPort: c.sport, DstPort: c.dport},
+				Reverse: netlink.IPTuple{Protocol: c.proto, SrcIP: c.dst.AsSlice(), DstIP: c.src.AsSlice(), SrcPort: c.dport, DstPort: c.sport}}
+			if c.proto == 6 {
+				f.ProtoInfo = &netlink.ProtoInfoTCP{State: 3} // ESTABLISHED
+			}
+			if err := netlink.ConntrackCreate(netlink.ConntrackTable, unix.AF_INET, f); err != nil {
+				return fmt.Errorf("create conntrack flow %+v: %w", c, err)
 			}
 		}
 		return nil
