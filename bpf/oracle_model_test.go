@@ -1799,6 +1799,19 @@ func TestOracleModel(t *testing.T) {
 		t.Errorf("fabric ingress from another neighbour: %s", e.why)
 	}
 
+	// A flow conntrack knows: left to the stack from the pod, delivered through it.
+	known := ethFrame(fl.podHMAC, podMAC, 0x0800, ipv4Packet(podIP, remotePodIP, 6, ipOpts{ttl: 64}, tcpWith(podIP, remotePodIP, 40001, 80, 0x10, nil)))
+	if e := modelEncap(w, known, true); !e.pass || e.drop || len(e.forms) > 0 {
+		t.Errorf("pod's packet of a known flow: %s", e.why)
+	}
+	if e := modelEncap(w, known, false); e.pass {
+		t.Errorf("a known flow on isthmus0 (not from a pod) is left to the stack: %s", e.why)
+	}
+	ack := ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 63}, tcpWith(remotePodIP, podIP, 80, 33000, 0x10, nil))
+	if e := modelUnderlay(w, uframe{inner: ack}.build(fl), false); len(e.forms) != 1 || e.forms[0].name != "pod delivery through the stack" {
+		t.Errorf("decapsulated ACK of a known flow: %s", e.why)
+	}
+
 	// Every generated frame gets a decision that allows something.
 	for i, in := range underlaySeeds(fl) {
 		for _, xdp := range []bool{false, true} {
