@@ -55,7 +55,7 @@ FUZZTIME ?= 50000x
 # workers report no executions: a 20 s run did ~8,500 executions. Ten tries each
 # keeps the run fuzzing (~110,000 executions in 20 s for FuzzOraclePodIngress).
 FUZZMINIMIZE ?= 10x
-FUZZ_TARGETS := FuzzOracleUnderlayTC FuzzOracleUnderlayXDP FuzzOraclePodIngress FuzzOracleOverlayEgress FuzzUnderlayIngress
+FUZZ_TARGETS := FuzzOracleUnderlayTC FuzzOracleUnderlayXDP FuzzOraclePodIngress FuzzOracleOverlayEgress FuzzOracleUnderlayEgress FuzzUnderlayIngress
 fuzz:
 	@for f in $(FUZZ_TARGETS); do \
 		echo "fuzz $$f for $(FUZZTIME)"; \

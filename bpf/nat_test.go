@@ -256,7 +256,7 @@ func wantEntry(t *testing.T, l *lab, k IsthmusNatKey, addr netip.Addr, port uint
 	return v
 }
 
-func monoNow(t *testing.T) uint64 {
+func monoNow(t testing.TB) uint64 {
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
 		t.Fatalf("clock_gettime: %v", err)

@@ -55,7 +55,144 @@ type oracleWorld struct {
 	snatExempt               []netip.Prefix
 	snatPortMin, snatPortMax uint16
 
-	undMAC, podHMAC, istMAC, gwMAC net.HardwareAddr
+	// nat holds the translated flows, as the test writes them before every input.
+	// masquerade is CFG_F_MASQUERADE: replies to the underlay address are translated
+	// back on underlay_ingress.
+	health []oracleHealth // health_reach
+	// conntrack is the lab's conntrack table (a flow the stack saw, in its original
+	// direction), which bpf_skb_ct_lookup reads.
+	conntrack  []oracleCT
+	nat        []oracleNat
+	masquerade bool
+	masqExempt []netip.Prefix // masq_exempt
+	// fabricPrefixes is fabric_prefixes (this site's own blocks); the FIB routes
+	// fabricRoutes of them to the fabric router on the underlay (fabricMAC) and
+	// cniRoutes to an interface of another CNI (not a pod interface of isthmus).
+	// Everything else in 10/8 but the own pods it routes into isthmus0.
+	fabricPrefixes, fabricRoutes, cniRoutes []netip.Prefix
+
+	// gwMAC is the underlay neighbour every peer is reached through: the site router.
+	undMAC, podHMAC, istMAC, gwMAC, fabricMAC net.HardwareAddr
+}
+
+// oracleNat is one translated flow in nat: pod:podPort -> remote:remotePort leaves as
+// addr:port (the tunnel address for return-path SNAT, the underlay address for egress
+// masquerade). ICMP echo: the ports are identifiers, remotePort 0.
+type oracleNat struct {
+	proto      uint8
+	pod        netip.Addr
+	podPort    uint16
+	remote     netip.Addr
+	remotePort uint16
+	addr       netip.Addr
+	port       uint16
+	expired    bool // idle past its timeout: as if absent
+}
+
+// oracleHealth is one claim in health_reach: what this node answers a probe on port
+// for site ("" the default) with, until its deadline (expired: passed).
+type oracleHealth struct {
+	port             uint16
+	site             string
+	reaches, expired bool
+}
+
+// healthAnswer returns the kind of the answer to inner IPv4 packet v if it is a health
+// probe some claim covers (architecture.md, decapsulation step 3; loader/health's wire
+// format): UDP without options and not a fragment to the tunnel address, whose UDP
+// length is what the total length leaves, carrying the magic, kind 'P', the round and a
+// site name of at most 64 bytes, for a (port, site) claim or, failing that, a (port,
+// "") one. 'R' if that claim reaches and has not expired, else 'N'.
+func (w *oracleWorld) healthAnswer(v *ipv4View) (byte, bool) {
+	const hdr = 8 + 16 + 1 + 8 // UDP, magic, kind, round
+	if v.dst() != w.tunnelIP || v.ip.Protocol != layers.IPProtocolUDP || v.hlen != 20 || v.fragment() {
+		return 0, false
+	}
+	tl, m := int(binary.BigEndian.Uint16(v.raw[2:])), v.l4()
+	if tl < 20+hdr || len(m) < hdr {
+		return 0, false
+	}
+	ulen := int(binary.BigEndian.Uint16(m[4:]))
+	if ulen != tl-20 || string(m[8:24]) != "isthmus-health1\x00" || m[24] != 'P' || ulen-hdr > 64 || len(m) < ulen {
+		return 0, false
+	}
+	// The site is compared as the map's key holds it: zero-padded to 64 bytes.
+	site := strings.TrimRight(string(m[hdr:ulen]), "\x00")
+	port := binary.BigEndian.Uint16(m[2:])
+	find := func(site string) (oracleHealth, bool) {
+		i := slices.IndexFunc(w.health, func(c oracleHealth) bool { return c.port == port && c.site == site })
+		if i < 0 {
+			return oracleHealth{}, false
+		}
+		return w.health[i], true
+	}
+	c, ok := find(site)
+	if !ok && ulen > hdr {
+		c, ok = find("")
+	}
+	if !ok {
+		return 0, false
+	}
+	if c.reaches && !c.expired {
+		return 'R', true
+	}
+	return 'N', true
+}
+
+// healthForm accepts the answer to probe frame in (outer IPv4 header of ohlen bytes,
+// inner Ethernet at ieOff) with kind: sent back out as it came, every pair of MACs,
+// addresses and inner ports swapped, outer TTL 64 and UDP checksum 0, the kind byte
+// changed and nothing else; the outer header's and the inner UDP checksum verify where
+// they did (a zero inner one stays zero).
+func healthForm(in []byte, ohlen, ieOff int, kind byte) outputForm {
+	return outputForm{name: fmt.Sprintf("health answer %q", kind), check: func(out []byte) error {
+		if len(out) != len(in) {
+			return fmt.Errorf("answer %d bytes, probe %d", len(out), len(in))
+		}
+		want := append([]byte{}, in...)
+		swap := func(off, n int) {
+			copy(want[off:off+n], in[off+n:off+2*n])
+			copy(want[off+n:off+2*n], in[off:off+n])
+		}
+		ip, udp := ieOff+14, 14+ohlen
+		swap(0, 6)
+		swap(14+12, 4)
+		want[14+8] = 64
+		copy(want[24:26], out[24:26]) // the outer header checksum, judged below
+		want[udp+6], want[udp+7] = 0, 0
+		swap(ieOff, 6)
+		swap(ip+12, 4)
+		swap(ip+20, 2)
+		want[ip+20+8+16] = kind
+		copy(want[ip+26:ip+28], out[ip+26:ip+28]) // the inner UDP checksum, judged below
+		if err := diffAt("health answer", out, want); err != nil {
+			return err
+		}
+		if csum16(in[14:14+ohlen]) == 0 && csum16(out[14:14+ohlen]) != 0 {
+			return errors.New("outer IPv4 checksum verified on the probe, not on the answer")
+		}
+		old, now := binary.BigEndian.Uint16(in[ip+26:]), binary.BigEndian.Uint16(out[ip+26:])
+		_, inOK := sumsVerified(in[ip:])
+		_, outOK := sumsVerified(out[ip:])
+		if (old == 0 && now != 0) || (inOK && !outOK) {
+			return fmt.Errorf("inner UDP checksum %#04x (was %#04x) does not verify where it did", now, old)
+		}
+		return nil
+	}}
+}
+
+// natReply returns the live flow whose reply is remote:rport -> addr:port (proto).
+func (w *oracleWorld) natReply(proto uint8, remote, addr netip.Addr, rport, port uint16) (oracleNat, bool) {
+	for _, f := range w.nat {
+		if !f.expired && f.proto == proto && f.remote == remote && f.addr == addr && f.remotePort == rport && f.port == port {
+			return f, true
+		}
+	}
+	return oracleNat{}, false
+}
+
+func inPrefixes(ps []netip.Prefix, a netip.Addr) bool {
+	return slices.ContainsFunc(ps, func(p netip.Prefix) bool { return p.Contains(a) })
 }
 
 // route returns the longest prefix of w.routes that holds a.
@@ -84,6 +221,38 @@ func (w *oracleWorld) isPeer(a netip.Addr) bool { return slices.Contains(w.peers
 // snatExempted reports whether source a is in snat_exempt.
 func (w *oracleWorld) snatExempted(a netip.Addr) bool {
 	return slices.ContainsFunc(w.snatExempt, func(p netip.Prefix) bool { return p.Contains(a) })
+}
+
+// ctKnown reports whether the lab's conntrack holds, in either direction, the TCP or
+// UDP flow of IPv4 packet v (not a fragment, its ports present) with source src and
+// destination dst, and destination port dport if not 0 (a packet being translated
+// back: v's own destination and port are the translated ones).
+func (w *oracleWorld) ctKnown(v *ipv4View, src, dst netip.Addr, dport uint16) bool {
+	l4 := v.l4()
+	if (v.ip.Protocol != layers.IPProtocolTCP && v.ip.Protocol != layers.IPProtocolUDP) || v.fragment() || len(l4) < 4 {
+		return false
+	}
+	sport := binary.BigEndian.Uint16(l4)
+	if dport == 0 {
+		dport = binary.BigEndian.Uint16(l4[2:])
+	}
+	return slices.ContainsFunc(w.conntrack, func(c oracleCT) bool {
+		return c.proto == uint8(v.ip.Protocol) && (c.src == src && c.dst == dst && c.sport == sport && c.dport == dport ||
+			c.src == dst && c.dst == src && c.sport == dport && c.dport == sport)
+	})
+}
+
+// stackDelivers reports whether a packet delivered to a local pod goes through the
+// stack: it opens a flow, or conntrack knows its flow (architecture.md, "Netfilter").
+func (w *oracleWorld) stackDelivers(v *ipv4View) bool {
+	return opensFlow(v) || w.ctKnown(v, v.src(), v.dst(), 0)
+}
+
+// oracleCT is a flow in the lab's conntrack, in its original direction.
+type oracleCT struct {
+	proto        uint8
+	src, dst     netip.Addr
+	sport, dport uint16
 }
 
 // opensFlow reports whether IPv4 packet v opens a flow as conntrack sees one
@@ -129,6 +298,8 @@ type expectation struct {
 type outputForm struct {
 	name  string
 	check func(out []byte) error
+	// toStack: the form is returned to the stack rewritten (TC_ACT_OK), not redirected.
+	toStack bool
 }
 
 func (e *expectation) allowDrop(r ...IsthmusDropReason) {
@@ -263,10 +434,11 @@ func geneveFixed(b []byte) (*layers.Geneve, int, error) {
 // mssClamp returns ip (an IPv4 packet) with the MSS option of a TCP SYN above
 // mtu - 40 lowered to it, and whether it changed anything. The options are walked as
 // RFC 9293 3.2 lays them out; a header or option that does not fit leaves the packet
-// alone.
+// alone. mtu 0 means no clamp (a path that does not clamp: an MSS of 65535 is above
+// every bound).
 func mssClamp(ip []byte, mtu int) ([]byte, bool) {
 	v, err := decodeIPv4(ip, 0)
-	if err != nil || v.ip.Protocol != layers.IPProtocolTCP || v.fragment() {
+	if err != nil || mtu <= 0 || v.ip.Protocol != layers.IPProtocolTCP || v.fragment() {
 		return ip, false
 	}
 	seg := ip[v.hlen:]
@@ -447,7 +619,6 @@ func untaggedIPv4(in []byte) bool {
 // for frame in arriving on the underlay device.
 func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 	var e expectation
-	// (Fabric ingress of plain IPv4 needs fabric_prefixes, which this world leaves empty.)
 	if !untaggedIPv4(in) {
 		e.pass = true
 		e.because("not an untagged IPv4 frame: the stack's")
@@ -461,8 +632,8 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		return e
 	}
 	if outer.dst() != w.underlay || outer.ip.Protocol != layers.IPProtocolUDP {
-		e.pass = true
 		e.because("outer %v -> %v proto %v: not UDP to this node", outer.src(), outer.dst(), outer.ip.Protocol)
+		plainUnderlay(w, in, outer, xdp, &e)
 		return e
 	}
 	if outer.fragment() {
@@ -482,8 +653,8 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		return e
 	}
 	if udp.DstPort != 6081 {
-		e.pass = true
 		e.because("UDP port %d, not GENEVE", udp.DstPort)
+		plainUnderlay(w, in, outer, xdp, &e)
 		return e
 	}
 	if xdp {
@@ -565,6 +736,14 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 	inIP := in[ieOff+14:]
 	ce := outer.ip.TOS&0x03 == 0x03 && inIP[1]&0x03 != 0
 
+	if kind, ok := w.healthAnswer(inner); ok && !xdp {
+		// A health probe the claims cover is answered before transit, TTL and ECN
+		// (architecture.md, decapsulation step 3); XDP leaves it to TC.
+		e.because("a health probe the claims cover: answered %q back to the peer", kind)
+		e.forms = append(e.forms, healthForm(in, outer.hlen, ieOff, kind))
+		return e
+	}
+
 	if rt, ok := w.route(dst); ok && w.transit {
 		if xdp {
 			e.because("transits: XDP leaves it whole to TC")
@@ -607,10 +786,11 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 			e.because("inner TTL %d: XDP leaves it whole to TC", inner.ip.TTL)
 			return e
 		}
-		if w.ownPods[dst] != nil {
+		if w.ownPods[dst] != nil || inPrefixes(w.fabricPrefixes, dst) {
 			// Delivering it is a routing hop: answered before the pop (and before
-			// RFC 6040), back through the tunnel, as transit answers.
-			e.because("to own pod %v with TTL %d: time exceeded back to the peer", dst, inner.ip.TTL)
+			// RFC 6040), back through the tunnel, as transit answers. A destination
+			// of this site's fabric counts as one wherever the FIB routes it.
+			e.because("to own pod or fabric %v with TTL %d: time exceeded back to the peer", dst, inner.ip.TTL)
 			e.allowDrop(IsthmusDropReasonDROP_TTL_EXCEEDED)
 			if inner.errorAllowed() {
 				e.forms = append(e.forms, icmpErrorForm("ICMP time exceeded", 11, 0, src))
@@ -630,13 +810,39 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		e.forms = append(e.forms, xdpPopForm(w, in, peer, ieOff+14, ce))
 		return e
 	}
+	if r, ok := w.reverseNAT(inner, w.tunnelIP); ok {
+		// Return-path SNAT reversed before delivery (architecture.md, step 5): the
+		// reply goes to the flow's pod as any packet to it would.
+		to := r.flow.pod
+		e.because("reply to the translated flow of %v port %d: destination translated back", to, r.flow.podPort)
+		switch {
+		case r.rewriteFails:
+			e.because("the TCP checksum field is past the frame")
+			e.allowDrop(IsthmusDropReasonDROP_SNAT_REWRITE)
+		case w.ownPods[to] != nil && (opensFlow(inner) || w.ctKnown(inner, inner.src(), to, r.flow.podPort)):
+			e.forms = append(e.forms, reverseForm("reverse SNAT, pod delivery through the stack", w.istMAC, in[6:12], r, inIP, false, ce, w.tunnelMTU))
+		case w.ownPods[to] != nil && inner.ip.TTL <= 1:
+			e.allowDrop(IsthmusDropReasonDROP_TTL_EXCEEDED)
+		case w.ownPods[to] != nil:
+			e.forms = append(e.forms, reverseForm("reverse SNAT, pod delivery", w.ownPods[to], w.podHMAC, r, inIP, true, ce, w.tunnelMTU))
+		case inPrefixes(w.cniRoutes, to):
+			// Another CNI's pod: the stack forwards the reply as it did the request.
+			e.forms = append(e.forms, reverseForm("reverse SNAT, to the stack", w.istMAC, nil, r, inIP, false, ce, w.tunnelMTU))
+		default:
+			e.allowDrop(IsthmusDropReasonDROP_NOT_LOCAL)
+		}
+		return e
+	}
 	switch {
-	case w.ownPods[dst] != nil && opensFlow(inner):
-		// Issue 11: a packet that opens a flow reaches the pod through the stack
-		// (isthmus0 ingress, marked), which forwards it and decrements its TTL; the
-		// frame keeps its source MAC. The lab's conntrack is empty, so no other packet
-		// is known to it.
-		e.because("to own pod %v, opens a flow: through the stack", dst)
+	case inPrefixes(w.fabricPrefixes, dst) && inPrefixes(w.fabricRoutes, dst) && w.ownPods[dst] == nil:
+		// Fabric delivery: this site's block, routed to the fabric router.
+		e.because("to %v of this site's fabric: forwarded to the fabric router", dst)
+		e.forms = append(e.forms, deliverForm("fabric delivery", w.fabricMAC, w.undMAC, inIP, true, ce, w.tunnelMTU))
+	case w.ownPods[dst] != nil && w.stackDelivers(inner):
+		// Issue 11: a packet that opens a flow, or of a flow conntrack knows, reaches
+		// the pod through the stack (isthmus0 ingress, marked), which forwards it and
+		// decrements its TTL; the frame keeps its source MAC.
+		e.because("to own pod %v, opens a flow or conntrack knows it: through the stack", dst)
 		e.forms = append(e.forms, deliverForm("pod delivery through the stack", w.istMAC, in[6:12], in[ieOff+14:], false, ce, w.tunnelMTU))
 	case w.ownPods[dst] != nil:
 		e.because("to own pod %v", dst)
@@ -653,16 +859,314 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 	return e
 }
 
+// plainUnderlay is the model of underlay_ingress for an IPv4 frame v that is not GENEVE
+// for this node: a reply to a masqueraded flow gets its pod's address and port back and
+// goes to the stack (architecture.md, "Egress masquerade"); an overlay packet the site
+// fabric hands over for a local pod is delivered (fabric_ingress); everything else is
+// the stack's, untouched. XDP passes all of it.
+func plainUnderlay(w *oracleWorld, in []byte, v *ipv4View, xdp bool, e *expectation) {
+	e.pass = true
+	if xdp {
+		return
+	}
+	if r, ok := w.reverseNAT(v, w.underlay); ok && w.masquerade {
+		e.pass = false
+		e.because("reply to the masqueraded flow of %v port %d: translated back, to the stack", r.flow.pod, r.flow.podPort)
+		if r.rewriteFails {
+			e.because("the TCP checksum field is past the frame")
+			e.allowDrop(IsthmusDropReasonDROP_SNAT_REWRITE)
+			return
+		}
+		f := reverseForm("masquerade reversed", in[0:6], in[6:12], r, in[14:], false, false, 0)
+		f.toStack = true
+		e.forms = append(e.forms, f)
+		return
+	}
+	// Fabric ingress (issue 10 item 3): only for a local pod in this site's fabric
+	// prefixes, from a source some route sends to a peer, and from the neighbour this
+	// node reaches that peer through (the site router); else the kernel's.
+	src, dst := v.src(), v.dst()
+	rt, routed := w.route(src)
+	if dst == w.underlay || !inPrefixes(w.fabricPrefixes, dst) || !routed || len(rt.peers) == 0 {
+		return
+	}
+	if !bytes.Equal(in[6:12], w.gwMAC) {
+		e.because("fabric ingress %v -> %v from %v, not the site router: the kernel's", src, dst, net.HardwareAddr(in[6:12]))
+		return
+	}
+	if w.ownPods[dst] == nil || v.ip.TTL <= 1 {
+		e.because("fabric ingress %v -> %v: not a local pod, or TTL %d (the stack answers)", src, dst, v.ip.TTL)
+		return
+	}
+	e.pass = false
+	if w.stackDelivers(v) {
+		e.because("fabric ingress %v -> %v, opens a flow or conntrack knows it: through the stack", src, dst)
+		e.forms = append(e.forms, deliverForm("fabric ingress through the stack", w.istMAC, in[6:12], in[14:], false, false, 0))
+		return
+	}
+	e.because("fabric ingress %v -> %v: to the pod", src, dst)
+	e.forms = append(e.forms, deliverForm("fabric ingress", w.ownPods[dst], w.podHMAC, in[14:], true, false, 0))
+}
+
+// natReverse is a packet to a translated address that a flow in nat claims: a reply
+// (its destination and port are the flow's), or an ICMP error quoting the flow's
+// translated packet.
+type natReverse struct {
+	flow    oracleNat
+	icmpErr bool
+	// rewriteFails: the packet is a reply, but its TCP checksum field lies past the
+	// frame, so the translation cannot be written.
+	rewriteFails bool
+}
+
+// reverseNAT returns the flow of w.nat that IPv4 packet v, addressed to addr (the
+// tunnel address or the underlay address), is a reply to or an ICMP error about, as
+// architecture.md ("Return-path SNAT", step 5) describes them: not a fragment; a TCP
+// or UDP reply by its ports, an ICMP echo reply by its identifier; an ICMP destination
+// unreachable, time exceeded or parameter problem whose quote (IPv4, not a later
+// fragment, its header and 8 bytes present) goes from addr on the flow's port
+// (identifier) to the flow's remote end.
+func (w *oracleWorld) reverseNAT(v *ipv4View, addr netip.Addr) (natReverse, bool) {
+	var r natReverse
+	if v.dst() != addr || v.fragment() {
+		return r, false
+	}
+	l4, src, ok := v.l4(), v.src(), false
+	port := func(b []byte, off int) uint16 { return binary.BigEndian.Uint16(b[off:]) }
+	switch v.ip.Protocol {
+	case layers.IPProtocolTCP:
+		if len(l4) < 14 {
+			return r, false
+		}
+		r.flow, ok = w.natReply(6, src, addr, port(l4, 0), port(l4, 2))
+		r.rewriteFails = len(l4) < 18
+	case layers.IPProtocolUDP:
+		if len(l4) < 8 {
+			return r, false
+		}
+		r.flow, ok = w.natReply(17, src, addr, port(l4, 0), port(l4, 2))
+	case layers.IPProtocolICMPv4:
+		if len(l4) < 8 {
+			return r, false
+		}
+		switch l4[0] {
+		case 0: // echo reply
+			r.flow, ok = w.natReply(1, src, addr, 0, port(l4, 4))
+		case 3, 11, 12:
+			q := l4[8:]
+			if len(q) < 20 || q[0]>>4 != 4 || q[0]&0x0f < 5 || port(q, 6)&0x1fff != 0 ||
+				netip.AddrFrom4([4]byte(q[12:16])) != addr {
+				return r, false
+			}
+			qhl := int(q[0]&0x0f) * 4
+			if len(q) < qhl+8 {
+				return r, false
+			}
+			qdst, ql4 := netip.AddrFrom4([4]byte(q[16:20])), q[qhl:]
+			r.icmpErr = true
+			switch q[9] {
+			case 6, 17:
+				r.flow, ok = w.natReply(q[9], qdst, addr, port(ql4, 2), port(ql4, 0))
+			case 1:
+				if ql4[0] == 8 { // a quoted echo request
+					r.flow, ok = w.natReply(1, qdst, addr, 0, port(ql4, 4))
+				}
+			}
+		}
+	}
+	return r, ok
+}
+
+// reverseForm accepts inIP (the packet arriving for the translated address, after the
+// TTL, CE and MSS changes innerAfter makes) translated back to r's flow and delivered
+// in a frame to dmac (and from smac, unless nil): a reply with the pod's address as
+// destination and its port (identifier); an ICMP error with that destination and the
+// quoted packet's source and port the pod's. Nothing else may change but checksums,
+// and every checksum that verified as gopacket checks it (and the quoted header's)
+// still does; a quoted TCP, UDP or echo checksum, which the truncated quote does not
+// let anyone verify, is updated for the changed fields (RFC 1624), as Linux NAT does.
+func reverseForm(name string, dmac, smac net.HardwareAddr, r natReverse, inIP []byte, forward, ce bool, mtu int) outputForm {
+	return outputForm{name: name, check: func(out []byte) error {
+		if err := outputEthernet(out, dmac, smac); err != nil {
+			return err
+		}
+		got := out[14:]
+		if len(got) != len(inIP) {
+			return fmt.Errorf("translated packet %d bytes, want %d", len(got), len(inIP))
+		}
+		want := innerAfter(inIP, got, forward, ce, mtu)
+		hlen := int(want[0]&0x0f) * 4
+		to := r.flow.pod.As4()
+		keep := func(off int) { copy(want[off:off+2], got[off:off+2]) } // a checksum, judged below
+		setPort := func(off int) { binary.BigEndian.PutUint16(want[off:], r.flow.podPort) }
+		copy(want[16:20], to[:])
+		keep(10)
+		quotedSum := -1
+		switch {
+		case !r.icmpErr && want[9] == 6:
+			setPort(hlen + 2)
+			keep(hlen + 16)
+		case !r.icmpErr && want[9] == 17:
+			setPort(hlen + 2)
+			keep(hlen + 6)
+		case !r.icmpErr:
+			setPort(hlen + 4)
+			keep(hlen + 2)
+		default:
+			q := hlen + 8
+			qhl := int(want[q]&0x0f) * 4
+			ql4 := q + qhl
+			copy(want[q+12:q+16], to[:])
+			keep(q + 10)
+			keep(hlen + 2)
+			switch want[q+9] {
+			case 17:
+				setPort(ql4)
+				quotedSum = ql4 + 6
+			case 6:
+				setPort(ql4)
+				if ql4+20 <= len(want) {
+					quotedSum = ql4 + 16
+				}
+			case 1:
+				setPort(ql4 + 4)
+				quotedSum = ql4 + 2
+			}
+			if quotedSum >= 0 {
+				keep(quotedSum)
+			}
+		}
+		if err := diffAt("translated packet", got, want); err != nil {
+			return err
+		}
+		return natSumsKept(inIP, got, r, quotedSum)
+	}}
+}
+
+// natSumsKept checks the checksums of a packet translated from in to got (reverseForm):
+// each that verified on input, as gopacket checks them, verifies on output. The
+// datapath updates sums incrementally, which keeps each sum over the bytes present;
+// gopacket sums up to the total length, so an L4 sum is judged only when the total
+// length covers every byte that changed.
+func natSumsKept(in, got []byte, r natReverse, quotedSum int) error {
+	inHdr, inL4 := sumsVerified(in)
+	outHdr, outL4 := sumsVerified(got)
+	if inHdr && !outHdr {
+		return errors.New("IPv4 header checksum verified before the translation, not after")
+	}
+	end := len(got)
+	for end > 0 && got[end-1] == in[end-1] {
+		end--
+	}
+	if inL4 && !outL4 && int(binary.BigEndian.Uint16(in[2:])) >= end {
+		return errors.New("L4 checksum verified before the translation, not after")
+	}
+	if !r.icmpErr {
+		return nil
+	}
+	hlen := int(in[0]&0x0f) * 4
+	q := hlen + 8
+	qhl := int(in[q]&0x0f) * 4
+	if csum16(in[q:q+qhl]) == 0 && csum16(got[q:q+qhl]) != 0 {
+		return errors.New("quoted IPv4 header checksum verified before the translation, not after")
+	}
+	if quotedSum < 0 {
+		return nil
+	}
+	old, now := binary.BigEndian.Uint16(in[quotedSum:]), binary.BigEndian.Uint16(got[quotedSum:])
+	ql4 := q + qhl
+	var from, to []byte
+	switch in[q+9] {
+	case 1: // the echo's own checksum covers the identifier only
+		from, to = in[ql4+4:ql4+6], got[ql4+4:ql4+6]
+	default: // the pseudo-header's source address and the source port
+		from = append(append([]byte{}, in[q+12:q+16]...), in[ql4:ql4+2]...)
+		to = append(append([]byte{}, got[q+12:q+16]...), got[ql4:ql4+2]...)
+	}
+	switch {
+	case in[q+9] == 17 && old == 0:
+		if now != 0 {
+			return fmt.Errorf("quoted UDP checksum %#04x, was none", now)
+		}
+	case in[q+9] == 17 && now == 0:
+		return errors.New("quoted UDP checksum became none")
+	default:
+		if want := csumAdjust(old, from, to); sum0(want) != sum0(now) {
+			return fmt.Errorf("quoted L4 checksum %#04x, want %#04x (RFC 1624 from %#04x)", now, want, old)
+		}
+	}
+	return nil
+}
+
+// sumsVerified reports whether the IPv4 header checksum of ip and its TCP, UDP or ICMP
+// one verify, as gopacket's VerifyChecksum says (the L4 one false where gopacket cannot
+// decode that layer; the header one by RFC 1071 where it cannot decode the packet).
+func sumsVerified(ip []byte) (hdr, l4 bool) {
+	p := gopacket.NewPacket(ip, layers.LayerTypeIPv4, gopacket.DecodeOptions{NoCopy: true})
+	v4, _ := p.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+	if v4 == nil {
+		return csum16(ip[:int(ip[0]&0x0f)*4]) == 0, false
+	}
+	_, res := v4.VerifyChecksum()
+	hdr = res.Valid
+	var err error
+	switch l := p.Layer(layers.LayerTypeTCP).(type) {
+	case *layers.TCP:
+		if l.SetNetworkLayerForChecksum(v4) == nil {
+			err, res = l.VerifyChecksum()
+			return hdr, err == nil && res.Valid
+		}
+	}
+	if l, ok := p.Layer(layers.LayerTypeUDP).(*layers.UDP); ok && l.SetNetworkLayerForChecksum(v4) == nil {
+		err, res = l.VerifyChecksum()
+		return hdr, err == nil && res.Valid
+	}
+	if l, ok := p.Layer(layers.LayerTypeICMPv4).(*layers.ICMPv4); ok {
+		err, res = l.VerifyChecksum()
+		return hdr, err == nil && res.Valid
+	}
+	return hdr, false
+}
+
+// csumAdjust is checksum c after the 16-bit words old became new (RFC 1624, eqn. 3).
+func csumAdjust(c uint16, old, new []byte) uint16 {
+	s := uint32(^c)
+	for i := 0; i+1 < len(old); i += 2 {
+		s += uint32(^binary.BigEndian.Uint16(old[i:])) + uint32(binary.BigEndian.Uint16(new[i:]))
+	}
+	for s > 0xffff {
+		s = s&0xffff + s>>16
+	}
+	return ^uint16(s)
+}
+
+// sum0 maps the two one's complement zeros of a checksum field to one.
+func sum0(c uint16) uint16 {
+	if c == 0xffff {
+		return 0
+	}
+	return c
+}
+
+// outputEthernet checks that gopacket decodes out as an IPv4 frame to dmac (and from
+// smac, unless nil).
+func outputEthernet(out []byte, dmac, smac net.HardwareAddr) error {
+	oe := &layers.Ethernet{}
+	if err := oe.DecodeFromBytes(out, gopacket.NilDecodeFeedback); err != nil {
+		return fmt.Errorf("output Ethernet: %w", err)
+	}
+	if !bytes.Equal(oe.DstMAC, dmac) || (smac != nil && !bytes.Equal(oe.SrcMAC, smac)) || oe.EthernetType != layers.EthernetTypeIPv4 {
+		return fmt.Errorf("output Ethernet %v -> %v type %v, want -> %v (from %v) IPv4", oe.SrcMAC, oe.DstMAC, oe.EthernetType, dmac, smac)
+	}
+	return nil
+}
+
 // deliverForm accepts the inner packet inIP delivered in a frame to dmac (and from smac,
 // unless nil), with the TTL decremented if forward, CE copied if ce, the MSS clamped.
 func deliverForm(name string, dmac, smac net.HardwareAddr, inIP []byte, forward, ce bool, mtu int) outputForm {
 	return outputForm{name: name, check: func(out []byte) error {
-		oe := &layers.Ethernet{}
-		if err := oe.DecodeFromBytes(out, gopacket.NilDecodeFeedback); err != nil {
-			return fmt.Errorf("output Ethernet: %w", err)
-		}
-		if !bytes.Equal(oe.DstMAC, dmac) || (smac != nil && !bytes.Equal(oe.SrcMAC, smac)) || oe.EthernetType != layers.EthernetTypeIPv4 {
-			return fmt.Errorf("output Ethernet %v -> %v type %v, want -> %v (from %v) IPv4", oe.SrcMAC, oe.DstMAC, oe.EthernetType, dmac, smac)
+		if err := outputEthernet(out, dmac, smac); err != nil {
+			return err
 		}
 		return diffAt("delivered inner IPv4", out[14:], innerAfter(inIP, out[14:], forward, ce, mtu))
 	}}
@@ -778,6 +1282,13 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 		}
 	}
 	rt, ok := w.route(dst)
+	if ok && fromPod && w.ctKnown(v, src, dst, 0) {
+		// A flow conntrack knows goes on through the stack (architecture.md,
+		// "Netfilter"), before SNAT or the next hop are looked at.
+		e.pass = true
+		e.because("route %v, but conntrack knows the flow: to the stack", rt.prefix)
+		return e
+	}
 	if !ok {
 		if !fromPod {
 			e.allowDrop(IsthmusDropReasonDROP_NO_OVERLAY_ROUTE)
@@ -874,6 +1385,71 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 	return e
 }
 
+// modelMasq is the model of underlay_egress for frame in leaving the underlay device
+// (architecture.md, "Egress masquerade"): with masquerade on, a source in snat_exempt
+// that is not the underlay address, to a destination outside masq_exempt, leaves from
+// the underlay address on the flow's own port (ICMP echo: identifier) or one of the
+// range, checksums verifying where they did, returned to the stack (TC_ACT_OK); what
+// the translation cannot carry is a named drop; everything else passes untouched.
+func modelMasq(w *oracleWorld, in []byte) expectation {
+	var e expectation
+	e.pass = true
+	if !untaggedIPv4(in) {
+		e.because("not an untagged IPv4 frame")
+		return e
+	}
+	v, err := decodeIPv4(in, 14)
+	if err != nil {
+		e.because("IPv4 malformed (%v): not translated", err)
+		return e
+	}
+	src, dst := v.src(), v.dst()
+	e.because("%v -> %v proto %v len %d", src, dst, v.ip.Protocol, len(in)-14)
+	if !w.masquerade || src == w.underlay || !w.snatExempted(src) || inPrefixes(w.masqExempt, dst) {
+		e.because("not masqueraded (source not exempt, the underlay's own, or destination in masq_exempt)")
+		return e
+	}
+	e.pass = false
+	l4 := v.l4()
+	switch {
+	case v.fragment():
+		e.allowDrop(IsthmusDropReasonDROP_SNAT_UNSUPPORTED)
+	case v.ip.Protocol == layers.IPProtocolTCP && len(l4) < 14,
+		(v.ip.Protocol == layers.IPProtocolUDP || v.ip.Protocol == layers.IPProtocolICMPv4) && len(l4) < 8:
+		e.allowDrop(IsthmusDropReasonDROP_INVALID_PACKET)
+	case v.ip.Protocol == layers.IPProtocolTCP, v.ip.Protocol == layers.IPProtocolUDP,
+		v.ip.Protocol == layers.IPProtocolICMPv4 && l4[0] == 8:
+	default:
+		e.allowDrop(IsthmusDropReasonDROP_SNAT_UNSUPPORTED)
+	}
+	if e.drop {
+		e.because("masquerade cannot translate it")
+		return e
+	}
+	e.because("masqueraded to %v", w.underlay)
+	// Which port is free depends on the flows translated before (see modelEncap).
+	e.allowDrop(IsthmusDropReasonDROP_SNAT_NO_PORT, IsthmusDropReasonDROP_SNAT_INSERT)
+	if v.ip.Protocol == layers.IPProtocolTCP && len(l4) < 18 {
+		e.because("the TCP checksum field is past the frame")
+		e.allowDrop(IsthmusDropReasonDROP_SNAT_REWRITE)
+		return e
+	}
+	e.forms = append(e.forms, outputForm{name: "masquerade", toStack: true, check: func(out []byte) error {
+		if len(out) != len(in) {
+			return fmt.Errorf("output %d bytes, input %d", len(out), len(in))
+		}
+		if err := diffAt("Ethernet header", out[:14], in[:14]); err != nil {
+			return err
+		}
+		want, err := snatAfter(w, in[14:], out[14:], w.underlay)
+		if err != nil {
+			return err
+		}
+		return diffAt("masqueraded packet", out[14:], want)
+	}})
+	return e
+}
+
 // noPathAnswer says whether a pod's packet v may be answered with an ICMP error: 1
 // it must be, -1 it must not (an ICMP error, a fragment after the first, fewer than 8
 // bytes after the header to quote), 0 either (another ICMP message).
@@ -947,7 +1523,11 @@ func snatAfter(w *oracleWorld, inIP, got []byte, to netip.Addr) ([]byte, error) 
 		want[sumOff], want[sumOff+1] = 0, 0
 		seg := want[hlen:tl]
 		pseudo := append(append([]byte{}, want[12:20]...), 0, proto, byte(len(seg)>>8), byte(len(seg)))
-		binary.BigEndian.PutUint16(want[sumOff:], csum16(append(pseudo, seg...)))
+		c := csum16(append(pseudo, seg...))
+		if proto == 17 && c == 0 {
+			c = 0xffff // RFC 768: a computed zero is sent as all ones; zero means none
+		}
+		binary.BigEndian.PutUint16(want[sumOff:], c)
 	default:
 		// A sum that did not verify: the datapath cannot be expected to fix it.
 		copy(want[sumOff:sumOff+2], got[sumOff:sumOff+2])
@@ -1184,12 +1764,93 @@ func TestOracleModel(t *testing.T) {
 		t.Errorf("GENEVE to a peer: %+v", e)
 	}
 
+	// Reverse SNAT of a reply in GENEVE to another CNI's pod: the destination and port
+	// translated back, to the stack; refused untranslated, with the wrong port or a
+	// checksum that no longer verifies.
+	reply := ipv4Packet(remotePodIP, hostIP, 17, ipOpts{ttl: 60}, withCsum(remotePodIP, hostIP, 17, udpDatagram(5000, 61001, []byte("reply"))))
+	e = modelUnderlay(w, uframe{inner: reply}.build(fl), false)
+	back := ipv4Packet(remotePodIP, cniPod, 17, ipOpts{ttl: 60}, withCsum(remotePodIP, cniPod, 17, udpDatagram(5000, 4000, []byte("reply"))))
+	toStack := func(ip []byte) []byte { return ethFrame(fl.istMAC, gwMAC, 0x0800, ip) }
+	if err := accepts(e, toStack(back)); err != nil {
+		t.Errorf("reverse SNAT: %v", err)
+	}
+	wrongPort := ipv4Packet(remotePodIP, cniPod, 17, ipOpts{ttl: 60}, withCsum(remotePodIP, cniPod, 17, udpDatagram(5000, 4001, []byte("reply"))))
+	badSum := append([]byte{}, back...)
+	badSum[20+6]++
+	for name, out := range map[string][]byte{"untranslated": reply, "wrong port": wrongPort, "bad UDP checksum": badSum} {
+		if accepts(e, toStack(out)) == nil {
+			t.Errorf("reverse SNAT: the model accepts it %s", name)
+		}
+	}
+	// An expired flow's reply is the host's, untranslated.
+	e = modelUnderlay(w, uframe{inner: ipv4Packet(remotePodIP, hostIP, 17, ipOpts{ttl: 60}, udpDatagram(5000, 61005, nil))}.build(fl), false)
+	if len(e.forms) != 1 || e.forms[0].name != "host delivery" {
+		t.Errorf("reply of an expired flow: %s", e.why)
+	}
+	// An ICMP error quoting a translated TCP flow: the quoted source, port and TCP
+	// checksum follow (RFC 1624), nothing else.
+	quoted := ipv4Packet(hostIP, remotePodIP, 6, ipOpts{ttl: 63}, tcpWith(hostIP, remotePodIP, 40000, 80, 0x02, nil))
+	errIn := icmpError(11, 0, remotePodIP, quoted, 20)
+	e = modelUnderlay(w, uframe{inner: errIn}.build(fl), false)
+	quotedBack := ipv4Packet(podIP, remotePodIP, 6, ipOpts{ttl: 63}, tcpWith(podIP, remotePodIP, 40000, 80, 0x02, nil))
+	errOut := icmpError(11, 0, remotePodIP, quotedBack, 20)
+	copy(errOut[16:20], podIP.AsSlice())
+	errOut[8]--
+	errOut[10], errOut[11] = 0, 0
+	binary.BigEndian.PutUint16(errOut[10:], csum16(errOut[:20]))
+	pod := func(ip []byte) []byte { return ethFrame(podMAC, fl.podHMAC, 0x0800, ip) }
+	if err := accepts(e, pod(errOut)); err != nil {
+		t.Errorf("ICMP error about a translated flow: %v", err)
+	}
+	wrongQuoted := append([]byte{}, errOut...)
+	wrongQuoted[20+8+20+16] ^= 0x10 // the quoted TCP checksum
+	wrongQuoted[20+2] ^= 0x10       // and the ICMP checksum to match
+	if accepts(e, pod(wrongQuoted)) == nil {
+		t.Errorf("ICMP error: the model accepts a wrong quoted TCP checksum")
+	}
+	// Masquerade: a reply to the underlay address goes back to the stack translated.
+	mq := ipv4Packet(worldIP, underlayIP, 17, ipOpts{ttl: 60}, withCsum(worldIP, underlayIP, 17, udpDatagram(53, 61006, []byte("a"))))
+	e = modelUnderlay(w, ethFrame(fl.undMAC, gwMAC, 0x0800, mq), false)
+	mqBack := ipv4Packet(worldIP, podIP, 17, ipOpts{ttl: 60}, withCsum(worldIP, podIP, 17, udpDatagram(53, 35000, []byte("a"))))
+	if len(e.forms) != 1 || !e.forms[0].toStack || e.forms[0].check(ethFrame(fl.undMAC, gwMAC, 0x0800, mqBack)) != nil || e.pass {
+		t.Errorf("masquerade reply: %s", e.why)
+	}
+	if e := modelUnderlay(w, ethFrame(fl.undMAC, gwMAC, 0x0800, mq), true); !e.pass || len(e.forms) > 0 {
+		t.Errorf("masquerade reply on XDP: %s", e.why)
+	}
+	// Fabric ingress: from the site router delivered, from another neighbour the kernel's.
+	fi := ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 63}, tcpWith(remotePodIP, podIP, 80, 33000, 0x12, nil))
+	if e := modelUnderlay(w, ethFrame(fl.undMAC, gwMAC, 0x0800, fi), false); e.pass || len(e.forms) != 1 {
+		t.Errorf("fabric ingress from the site router: %s", e.why)
+	}
+	if e := modelUnderlay(w, ethFrame(fl.undMAC, fabricMAC, 0x0800, fi), false); !e.pass || len(e.forms) > 0 || e.drop {
+		t.Errorf("fabric ingress from another neighbour: %s", e.why)
+	}
+
+	// A flow conntrack knows: left to the stack from the pod, delivered through it.
+	known := ethFrame(fl.podHMAC, podMAC, 0x0800, ipv4Packet(podIP, remotePodIP, 6, ipOpts{ttl: 64}, tcpWith(podIP, remotePodIP, 40001, 80, 0x10, nil)))
+	if e := modelEncap(w, known, true); !e.pass || e.drop || len(e.forms) > 0 {
+		t.Errorf("pod's packet of a known flow: %s", e.why)
+	}
+	if e := modelEncap(w, known, false); e.pass {
+		t.Errorf("a known flow on isthmus0 (not from a pod) is left to the stack: %s", e.why)
+	}
+	ack := ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 63}, tcpWith(remotePodIP, podIP, 80, 33000, 0x10, nil))
+	if e := modelUnderlay(w, uframe{inner: ack}.build(fl), false); len(e.forms) != 1 || e.forms[0].name != "pod delivery through the stack" {
+		t.Errorf("decapsulated ACK of a known flow: %s", e.why)
+	}
+
 	// Every generated frame gets a decision that allows something.
 	for i, in := range underlaySeeds(fl) {
 		for _, xdp := range []bool{false, true} {
 			if e := modelUnderlay(w, in, xdp); !e.pass && !e.drop && len(e.forms) == 0 {
 				t.Errorf("underlay seed %d (xdp %v): nothing allowed: %s", i, xdp, e.why)
 			}
+		}
+	}
+	for i, in := range masqSeeds(fl) {
+		if e := modelMasq(w, in); !e.pass && !e.drop && len(e.forms) == 0 {
+			t.Errorf("masquerade seed %d: nothing allowed: %s", i, e.why)
 		}
 	}
 	for _, fromPod := range []bool{false, true} {

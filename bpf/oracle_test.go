@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // The oracle (docs/fuzzing.md): every program runs through BPF_PROG_TEST_RUN on
@@ -30,6 +33,14 @@ var (
 	groupPeerB   = netip.MustParseAddr("192.168.2.4")
 	groupSrcNet  = netip.MustParsePrefix("10.5.0.0/16") // what groupPeerA and B may send from
 	spoofedIP    = netip.MustParseAddr("6.6.6.6")
+	// The site fabric: this site's declared block (fabric_prefixes), the part of it the
+	// FIB routes to the fabric router on und0, and another CNI's pods behind cni0h, an
+	// interface isthmus does not own.
+	siteFabric  = netip.MustParsePrefix("10.1.0.0/16")
+	fabricRoute = netip.MustParsePrefix("10.1.128.0/17")
+	fabricPod   = netip.MustParseAddr("10.1.200.9") // a pod on another node of the site
+	cniNet      = netip.MustParsePrefix("10.200.0.0/24")
+	cniPod      = netip.MustParseAddr("10.200.0.9")
 )
 
 // newOracleWorld is the node the oracle's lab stands for, with the lab's MACs.
@@ -56,7 +67,77 @@ func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 		snatExempt: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/24"), netip.PrefixFrom(hostIP, 32)},
 		// The agent's range (maps.Config's default, maps/kernel_test.go).
 		snatPortMin: 61000, snatPortMax: 65535,
-		undMAC: undMAC, podHMAC: podHMAC, istMAC: istMAC, gwMAC: gwMAC,
+		// Translated flows in nat: return-path SNAT to the tunnel address (another
+		// CNI's pod, and this node's pod, as it would be if it were not exempt), egress
+		// masquerade to the underlay address, and one flow idle past its timeout.
+		// What the health responder claims (health_reach): the default answer on
+		// healthPort, another for one site, and an expired claim on another port.
+		health: []oracleHealth{
+			{port: healthPort, reaches: true},
+			{port: healthPort, site: "site-b"},
+			{port: healthPort + 1, site: "site-c", reaches: true, expired: true},
+		},
+		// Flows the stack has seen: to this node's pod (delivery and fabric ingress
+		// take them through the stack), from it on routes (pod_ingress leaves them to
+		// the stack), and a return-path SNAT flow's own tuple.
+		conntrack: []oracleCT{
+			{proto: 6, src: remotePodIP, dst: podIP, sport: 80, dport: 33000},
+			{proto: 6, src: podIP, dst: remotePodIP, sport: 40001, dport: 80},
+			{proto: 6, src: podIP, dst: netip.MustParseAddr("10.6.0.1"), sport: 40002, dport: 80},
+			{proto: 17, src: podIP, dst: netip.MustParseAddr("10.2.0.70"), sport: 4002, dport: 5000},
+			{proto: 6, src: podIP, dst: remotePodIP, sport: 40003, dport: 80},
+		},
+		masquerade: true,
+		nat: []oracleNat{
+			{proto: 17, pod: cniPod, podPort: 4000, remote: remotePodIP, remotePort: 5000, addr: hostIP, port: 61001},
+			{proto: 6, pod: cniPod, podPort: 40000, remote: remotePodIP, remotePort: 80, addr: hostIP, port: 61002},
+			{proto: 1, pod: cniPod, podPort: 0x77, remote: remotePodIP, addr: hostIP, port: 61003},
+			{proto: 6, pod: podIP, podPort: 40000, remote: remotePodIP, remotePort: 80, addr: hostIP, port: 40000},
+			{proto: 17, pod: podIP, podPort: 4000, remote: netip.MustParseAddr("10.5.0.1"), remotePort: 5000, addr: hostIP, port: 61004},
+			{proto: 1, pod: podIP, podPort: 0x78, remote: remotePodIP, addr: hostIP, port: 0x78},
+			{proto: 17, pod: podIP, podPort: 4001, remote: remotePodIP, remotePort: 5000, addr: hostIP, port: 61005, expired: true},
+			{proto: 6, pod: podIP, podPort: 40003, remote: remotePodIP, remotePort: 80, addr: hostIP, port: 61008},
+			{proto: 6, pod: podIP, podPort: 33000, remote: worldIP, remotePort: 80, addr: underlayIP, port: 33000},
+			{proto: 17, pod: podIP, podPort: 35000, remote: worldIP, remotePort: 53, addr: underlayIP, port: 61006},
+			{proto: 1, pod: podIP, podPort: 0x1234, remote: worldIP, addr: underlayIP, port: 0x1234},
+			{proto: 17, pod: podIP, podPort: 35001, remote: worldIP, remotePort: 53, addr: underlayIP, port: 61007, expired: true},
+		},
+		// Masquerade leaves the pod networks and the underlay alone.
+		masqExempt:     []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.0.0/16")},
+		fabricPrefixes: []netip.Prefix{siteFabric},
+		fabricRoutes:   []netip.Prefix{fabricRoute},
+		cniRoutes:      []netip.Prefix{cniNet},
+		undMAC:         undMAC, podHMAC: podHMAC, istMAC: istMAC, gwMAC: gwMAC, fabricMAC: fabricMAC,
+	}
+}
+
+// putNat writes w's translated flows into nat, both halves of each, seen just now (or
+// two minutes ago: an expired one), in the state a reply leaves them in.
+func putNat(t testing.TB, l *lab, w *oracleWorld) {
+	t.Helper()
+	now := monoNow(t)
+	for _, f := range w.nat {
+		seen := now
+		if f.expired && f.proto != 17 {
+			t.Fatalf("nat flow %+v: only a UDP flow is past its timeout after two minutes", f)
+		}
+		if f.expired {
+			seen -= uint64(120 * time.Second) // past every UDP timeout (60 s)
+		}
+		fk := natKey(f.pod, f.remote, f.podPort, f.remotePort, f.proto)
+		rk := natKey(f.remote, f.addr, f.remotePort, f.port, f.proto)
+		if f.proto == 1 {
+			fk = natKey(f.pod, f.remote, f.podPort, 0, 1)
+			rk = natKey(f.remote, f.addr, 0, f.port, 1)
+		}
+		fv := IsthmusNatValue{Addr: be32(f.addr), Port: nport(f.port), State: natEstablished, LastSeen: seen}
+		rv := IsthmusNatValue{Addr: be32(f.pod), Port: nport(f.podPort), State: natEstablished, Flags: natReply, LastSeen: seen}
+		if err := l.objs.Nat.Put(fk, fv); err != nil {
+			t.Fatalf("put nat %+v: %v", fk, err)
+		}
+		if err := l.objs.Nat.Put(rk, rv); err != nil {
+			t.Fatalf("put nat %+v: %v", rk, err)
+		}
 	}
 }
 
@@ -80,6 +161,9 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 	must("read config", l.objs.Config.Lookup(uint32(0), &cfg))
 	cfg.TunnelIp = be32(w.tunnelIP)
 	cfg.SnatPortMin, cfg.SnatPortMax = w.snatPortMin, w.snatPortMax
+	if w.masquerade {
+		cfg.Flags |= cfgMasquerade
+	}
 	must("put config", l.objs.Config.Put(uint32(0), cfg))
 	for _, p := range w.snatExempt {
 		must("put snat_exempt", l.objs.SnatExempt.Put(IsthmusRouteKey{Prefixlen: uint32(p.Bits()), Addr: be32(p.Addr())}, IsthmusSnatExemptValue{}))
@@ -105,10 +189,81 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 		}
 		must("put route", l.objs.Routes.Put(IsthmusRouteKey{Prefixlen: uint32(r.prefix.Bits()), Addr: be32(r.prefix.Addr())}, v))
 	}
-	must("route 10/8 into ist0", inNS(l.ns, func() error {
-		return netlink.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: net.IPv4(10, 0, 0, 0), Mask: net.CIDRMask(8, 32)},
-			LinkIndex: l.ist.Attrs().Index, Scope: netlink.SCOPE_LINK})
+	now := monoNow(t)
+	for _, c := range w.health {
+		k := IsthmusHealthKey{Port: nport(c.port)}
+		copy(k.Site[:], c.site)
+		v := IsthmusHealthReachValue{Expires: now + uint64(time.Hour)}
+		if c.expired {
+			v.Expires = now - uint64(time.Second)
+		}
+		if c.reaches {
+			v.Flags = 1 // HEALTH_F_REACHES
+		}
+		must("put health_reach", l.objs.HealthReach.Put(k, v))
+	}
+	for _, p := range w.masqExempt {
+		must("put masq_exempt", l.objs.MasqExempt.Put(IsthmusRouteKey{Prefixlen: uint32(p.Bits()), Addr: be32(p.Addr())}, IsthmusMasqExemptValue{}))
+	}
+	for _, p := range w.fabricPrefixes {
+		must("put fabric prefix", l.objs.FabricPrefixes.Put(IsthmusRouteKey{Prefixlen: uint32(p.Bits()), Addr: be32(p.Addr())}, IsthmusFabricPrefixValue{}))
+	}
+	ipnet := func(p netip.Prefix) *net.IPNet {
+		return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)}
+	}
+	must("route 10/8 into ist0, the fabric and another CNI's pods", inNS(l.ns, func() error {
+		if err := netlink.RouteAdd(&netlink.Route{Dst: ipnet(netip.MustParsePrefix("10.0.0.0/8")),
+			LinkIndex: l.ist.Attrs().Index, Scope: netlink.SCOPE_LINK}); err != nil {
+			return err
+		}
+		if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: l.und.Attrs().Index, Family: netlink.FAMILY_V4,
+			State: netlink.NUD_PERMANENT, IP: fabricGW.AsSlice(), HardwareAddr: w.fabricMAC}); err != nil {
+			return fmt.Errorf("add fabric router: %w", err)
+		}
+		for _, p := range w.fabricRoutes {
+			if err := netlink.RouteAdd(&netlink.Route{Dst: ipnet(p), Gw: fabricGW.AsSlice(), LinkIndex: l.und.Attrs().Index}); err != nil {
+				return fmt.Errorf("route %v to the fabric router: %w", p, err)
+			}
+		}
+		cni := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "cni0h"}, PeerName: "cni0c"}
+		if err := netlink.LinkAdd(cni); err != nil {
+			return fmt.Errorf("add cni0h: %w", err)
+		}
+		for _, n := range []string{"cni0h", "cni0c"} {
+			link, err := netlink.LinkByName(n)
+			if err == nil {
+				err = netlink.LinkSetUp(link)
+			}
+			if err != nil {
+				return fmt.Errorf("set %s up: %w", n, err)
+			}
+		}
+		link, err := netlink.LinkByName("cni0h")
+		if err != nil {
+			return fmt.Errorf("find cni0h: %w", err)
+		}
+		for _, p := range w.cniRoutes {
+			if err := netlink.RouteAdd(&netlink.Route{Dst: ipnet(p), LinkIndex: link.Attrs().Index, Scope: netlink.SCOPE_LINK}); err != nil {
+				return fmt.Errorf("route %v to cni0h: %w", p, err)
+			}
+		}
+		return nil
 	}))
+	must("fill conntrack", inNS(l.ns, func() error {
+		for _, c := range w.conntrack {
+			f := &netlink.ConntrackFlow{FamilyType: unix.AF_INET, TimeOut: 7 * 24 * 3600, // outlives any run
+				Forward: netlink.IPTuple{Protocol: c.proto, SrcIP: c.src.AsSlice(), DstIP: c.dst.AsSlice(), SrcPort: c.sport, DstPort: c.dport},
+				Reverse: netlink.IPTuple{Protocol: c.proto, SrcIP: c.dst.AsSlice(), DstIP: c.src.AsSlice(), SrcPort: c.dport, DstPort: c.sport}}
+			if c.proto == 6 {
+				f.ProtoInfo = &netlink.ProtoInfoTCP{State: 3} // ESTABLISHED
+			}
+			if err := netlink.ConntrackCreate(netlink.ConntrackTable, unix.AF_INET, f); err != nil {
+				return fmt.Errorf("create conntrack flow %+v: %w", c, err)
+			}
+		}
+		return nil
+	}))
+	putNat(t, l, w)
 	return l, w
 }
 
@@ -180,7 +335,9 @@ func (l *lab) check(t *testing.T, p oracleProg, names map[uint16]string, in []by
 		if !e.allows(reason) {
 			fail("dropped with %s; the model allows drop=%v any=%v %v", drops[0], e.drop, e.anyReason, reasonNames(names, e.reasons))
 		}
-	case (p.xdp && ret == xdpPass) || (!p.xdp && ret == tcActRedirect):
+	case (p.xdp && ret == xdpPass) || (!p.xdp && (ret == tcActRedirect || ret == tcActOK)):
+		// Redirected, popped (XDP) or, rewritten, returned to the stack (TC_ACT_OK).
+		toStack := !p.xdp && ret == tcActOK
 		if e.formDrop != 0 && (len(drops) != 1 || reason != e.formDrop) {
 			fail("verdict %d with drops counted %v; want exactly %s +1 at this hook", ret, drops, names[uint16(-int32(e.formDrop))])
 		}
@@ -192,8 +349,15 @@ func (l *lab) check(t *testing.T, p oracleProg, names map[uint16]string, in []by
 		}
 		var errs []string
 		for _, f := range e.forms {
+			if f.toStack != toStack {
+				errs = append(errs, f.name+": not this verdict")
+				continue
+			}
 			err := f.check(out)
 			if err == nil {
+				if os.Getenv("ORACLE_DEBUG") != "" {
+					t.Logf("%s: %s: %s", p.name, f.name, e.why)
+				}
 				return
 			}
 			errs = append(errs, f.name+": "+err.Error())
@@ -248,6 +412,9 @@ func fuzzUnderlay(f *testing.F, xdp bool) {
 			return
 		}
 		for _, transit := range []bool{false, true} {
+			// Every input starts from the world's nat table: a reply refreshes its
+			// entries and a FIN or RST changes their state.
+			putNat(t, l, w)
 			setTransit(t, l, transit)
 			w.transit = transit
 			q := p
@@ -284,3 +451,22 @@ func fuzzEncap(f *testing.F, fromPod bool) {
 
 func FuzzOraclePodIngress(f *testing.F)    { fuzzEncap(f, true) }
 func FuzzOracleOverlayEgress(f *testing.F) { fuzzEncap(f, false) }
+
+// FuzzOracleUnderlayEgress runs underlay_egress (egress masquerade) against the model,
+// each input from the world's nat table.
+func FuzzOracleUnderlayEgress(f *testing.F) {
+	l, w := oracleLab(f)
+	names := dropNames(f)
+	p := oracleProg{name: "underlay_egress", prog: l.objs.UnderlayEgress, ifindex: l.und.Attrs().Index, hook: IsthmusHookHOOK_UNDERLAY_EGRESS}
+	for _, in := range masqSeeds(l) {
+		f.Add(in)
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		in, ok := runnable(in)
+		if !ok {
+			return
+		}
+		putNat(t, l, w)
+		l.check(t, p, names, in, modelMasq(w, in))
+	})
+}
