@@ -116,11 +116,7 @@ var kubeletSet = binarySet{
 // k8s.io/kubernetes release as Binaries' kube-apiserver, in the same cache
 // (Build builds all three). Progress goes to standard error.
 func KubeProxy(ctx context.Context) (string, error) {
-	dir, err := kubeSet.build(ctx, os.Stderr)
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(dir, "kube-proxy"), nil
+	return kubeSet.binary(ctx, os.Stderr, "kube-proxy")
 }
 
 // Crictl returns the path of a crictl built from sigs.k8s.io/cri-tools (the
@@ -131,11 +127,7 @@ func Crictl(ctx context.Context) (string, error) { return BuildCrictl(ctx, os.St
 
 // BuildCrictl is Crictl reporting to progress, as Build does.
 func BuildCrictl(ctx context.Context, progress io.Writer) (string, error) {
-	dir, err := criSet.build(ctx, progress)
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(dir, "crictl"), nil
+	return criSet.binary(ctx, progress, "crictl")
 }
 
 // Kubelet returns the path of a kubelet built from the same k8s.io/kubernetes
@@ -145,11 +137,7 @@ func Kubelet(ctx context.Context) (string, error) { return BuildKubelet(ctx, os.
 
 // BuildKubelet is Kubelet reporting to progress, as Build does.
 func BuildKubelet(ctx context.Context, progress io.Writer) (string, error) {
-	dir, err := kubeletSet.build(ctx, progress)
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(dir, "kubelet"), nil
+	return kubeletSet.binary(ctx, progress, "kubelet")
 }
 
 // binarySet is a group of binaries built from one module beside this
@@ -168,6 +156,15 @@ type binarySet struct {
 type setStep struct {
 	out, pkg string
 	ldflags  func(moduleDir string) string
+}
+
+// binary returns the path of the set's binary name, once build has it.
+func (s binarySet) binary(ctx context.Context, progress io.Writer, name string) (string, error) {
+	dir, err := s.build(ctx, progress)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, name), nil
 }
 
 // build returns the set's cache directory once every binary is in it,
