@@ -46,7 +46,7 @@ type Containerd struct {
 	cfg     Config
 	cmd     *exec.Cmd
 	done    chan struct{}   // closed when containerd has been reaped
-	cgroups map[string]bool // the cgroup directories before it started
+	cgroups map[string]bool // the CRI namespace's cgroup directories before it started
 }
 
 // Programs the package runs, each listed in hack/programs.tsv.
@@ -398,9 +398,9 @@ func (c *Containerd) writeJSON(name string, v any) (string, error) {
 // Stop removes every pod the runtime still has (so the plugin's DEL runs
 // for each), stops containerd, ends any shim it left, unmounts what is
 // mounted under Dir (root filesystems, shm, the pods' network namespaces),
-// removes Dir and the cgroups made while it ran (runc's for its containers,
-// and a kubelet's that used it; the machine's kernel tests run one at a
-// time). It reports what it could not undo.
+// removes Dir and the cgroups of the CRI namespace made while it ran (runc's
+// for its containers, also those a kubelet started through it; the
+// machine's kernel tests run one at a time). It reports what it could not undo.
 func (c *Containerd) Stop() error {
 	var errs []error
 	select {
@@ -462,20 +462,33 @@ func (c *Containerd) shims() []int {
 // cgroupRoot holds the machine's cgroup hierarchies.
 const cgroupRoot = "/sys/fs/cgroup"
 
-// cgroupDirs returns every cgroup directory of the machine.
+// runtimeCgroups is the cgroup under each hierarchy in which runc puts the
+// containers of containerd's CRI namespace (cgroupsPath /k8s.io/<id> when
+// the kubelet gives no parent, as with cgroupsPerQOS: false).
+const runtimeCgroups = "k8s.io"
+
+// cgroupDirs returns the cgroup directories of the CRI namespace in every
+// hierarchy. Nothing else is listed: other cgroups of the machine belong to
+// whoever runs it.
 func cgroupDirs() (map[string]bool, error) {
 	dirs := map[string]bool{}
-	err := filepath.WalkDir(cgroupRoot, func(p string, d os.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			dirs[p] = true
-		}
-		return nil
-	})
+	tops, err := filepath.Glob(filepath.Join(cgroupRoot, "*", runtimeCgroups))
 	if err != nil {
 		return nil, fmt.Errorf("list cgroups: %w", err)
+	}
+	for _, top := range tops {
+		err := filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() {
+				dirs[p] = true
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("list cgroups: %w", err)
+		}
 	}
 	return dirs, nil
 }
