@@ -29,9 +29,9 @@ check-generated: generate
 vet:
 	$(GO) vet ./...
 
-# The kube-apiserver, etcd and kube-proxy the Kubernetes tests run, and the container
-# runtime tests' crictl, built once into /var/cache/isthmus with a progress line every
-# few seconds (go test would hide it).
+# The kube-apiserver, etcd and kube-proxy the Kubernetes tests run, the container
+# runtime tests' crictl and the Pod tests' kubelet, built once into /var/cache/isthmus
+# with a progress line every few seconds (go test would hide it).
 kube-binaries:
 	$(GO) run ./testenv/kube/cmd/prebuild
 

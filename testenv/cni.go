@@ -51,6 +51,12 @@ func (l *Lab) IPAMDir(node string) string { return filepath.Join(cniState(l.Name
 func cniBinDir(lab, node string) string  { return filepath.Join(cniState(lab, node), "bin") }
 func cniConfDir(lab, node string) string { return filepath.Join(cniState(lab, node), "net.d") }
 
+// CNIBinDir and CNIConfDir return where a node's agent installs the plugin
+// and writes the conflist (its --cni-bin-dir and --cni-conf-dir): a
+// container runtime on the node reads them from there.
+func (l *Lab) CNIBinDir(node string) string  { return cniBinDir(l.Name, node) }
+func (l *Lab) CNIConfDir(node string) string { return cniConfDir(l.Name, node) }
+
 // cniAgentArgs are the CNI flags of a node's agent, as the DaemonSet gives
 // them (docs/cni.md), every path inside the lab. Every agent gets them: on a
 // site of another CNI the podCIDRs never verify and no conflist is written.

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -42,9 +43,10 @@ type Config struct {
 
 // Containerd is a running private containerd.
 type Containerd struct {
-	cfg  Config
-	cmd  *exec.Cmd
-	done chan struct{} // closed when containerd has been reaped
+	cfg     Config
+	cmd     *exec.Cmd
+	done    chan struct{}   // closed when containerd has been reaped
+	cgroups map[string]bool // the CRI namespace's cgroup directories before it started
 }
 
 // Programs the package runs, each listed in hack/programs.tsv.
@@ -76,13 +78,17 @@ func Start(ctx context.Context, cfg Config) (*Containerd, error) {
 	// nsenter --net, not ip netns exec, which would remount /sys in a mount
 	// namespace of its own: containerd mounts the pods' root filesystems and
 	// network namespaces in the host's mount namespace, under cfg.Dir.
+	cgroups, err := cgroupDirs()
+	if err != nil {
+		return nil, err
+	}
 	cmd := exec.Command("nsenter", "--net="+cfg.NetNS, "containerd", "--config", conf)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start containerd: %w", err)
 	}
-	c := &Containerd{cfg: cfg, cmd: cmd, done: make(chan struct{})}
+	c := &Containerd{cfg: cfg, cmd: cmd, done: make(chan struct{}), cgroups: cgroups}
 	go func() { cmd.Wait(); close(c.done) }()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -244,6 +250,34 @@ func (c *Containerd) RunPod(ctx context.Context, name string) (Pod, error) {
 	return c.inspectPod(ctx, p)
 }
 
+// ReadyPod returns the ready pod sandbox of a Pod object (a kubelet names
+// its sandbox after the Pod's name and namespace), with its address and
+// network namespace.
+func (c *Containerd) ReadyPod(ctx context.Context, namespace, name string) (Pod, error) {
+	out, err := c.Crictl(ctx, "pods", "--namespace", namespace, "--name", "^"+name+"$", "--state", "ready", "--quiet")
+	if err != nil {
+		return Pod{}, err
+	}
+	ids := strings.Fields(out)
+	if len(ids) != 1 {
+		return Pod{}, fmt.Errorf("ready sandboxes of pod %s/%s: %q, want one", namespace, name, ids)
+	}
+	return c.inspectPod(ctx, Pod{ID: ids[0], Name: name})
+}
+
+// Container returns the ID of the running container named name in a pod.
+func (c *Containerd) Container(ctx context.Context, p Pod, name string) (string, error) {
+	out, err := c.Crictl(ctx, "ps", "--pod", p.ID, "--name", "^"+name+"$", "--state", "running", "--quiet")
+	if err != nil {
+		return "", err
+	}
+	ids := strings.Fields(out)
+	if len(ids) != 1 {
+		return "", fmt.Errorf("running containers %s in pod %s: %q, want one", name, p.Name, ids)
+	}
+	return ids[0], nil
+}
+
 // RunHostNetworkPod creates a pod sandbox in containerd's own network
 // namespace: no CNI call, so it tests the runtime and the images alone. Its
 // Pod has no IP and no NetNS.
@@ -363,8 +397,10 @@ func (c *Containerd) writeJSON(name string, v any) (string, error) {
 
 // Stop removes every pod the runtime still has (so the plugin's DEL runs
 // for each), stops containerd, ends any shim it left, unmounts what is
-// mounted under Dir (root filesystems, shm, the pods' network namespaces)
-// and removes Dir. It reports what it could not undo.
+// mounted under Dir (root filesystems, shm, the pods' network namespaces),
+// removes Dir and the cgroups of the CRI namespace made while it ran (runc's
+// for its containers, also those a kubelet started through it; the
+// machine's kernel tests run one at a time). It reports what it could not undo.
 func (c *Containerd) Stop() error {
 	var errs []error
 	select {
@@ -396,6 +432,9 @@ func (c *Containerd) Stop() error {
 	if err := os.RemoveAll(c.cfg.Dir); err != nil {
 		errs = append(errs, fmt.Errorf("remove containerd dir: %w", err))
 	}
+	if err := removeCgroupsSince(c.cgroups); err != nil {
+		errs = append(errs, err)
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("stop containerd in %s: %w", c.cfg.NetNS, errors.Join(errs...))
 	}
@@ -418,6 +457,64 @@ func (c *Containerd) shims() []int {
 		}
 	}
 	return pids
+}
+
+// cgroupRoot holds the machine's cgroup hierarchies.
+const cgroupRoot = "/sys/fs/cgroup"
+
+// runtimeCgroups is the cgroup under each hierarchy in which runc puts the
+// containers of containerd's CRI namespace (cgroupsPath /k8s.io/<id> when
+// the kubelet gives no parent, as with cgroupsPerQOS: false).
+const runtimeCgroups = "k8s.io"
+
+// cgroupDirs returns the cgroup directories of the CRI namespace in every
+// hierarchy. Nothing else is listed: other cgroups of the machine belong to
+// whoever runs it.
+func cgroupDirs() (map[string]bool, error) {
+	dirs := map[string]bool{}
+	tops, err := filepath.Glob(filepath.Join(cgroupRoot, "*", runtimeCgroups))
+	if err != nil {
+		return nil, fmt.Errorf("list cgroups: %w", err)
+	}
+	for _, top := range tops {
+		err := filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() {
+				dirs[p] = true
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("list cgroups: %w", err)
+		}
+	}
+	return dirs, nil
+}
+
+// removeCgroupsSince removes the cgroup directories that are not in before,
+// deepest first. A cgroup with a process left in it cannot be removed, and
+// is reported.
+func removeCgroupsSince(before map[string]bool) error {
+	now, err := cgroupDirs()
+	if err != nil {
+		return err
+	}
+	var added []string
+	for d := range now {
+		if !before[d] {
+			added = append(added, d)
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(added))) // children sort after parents
+	var errs []error
+	for _, d := range added {
+		if err := syscall.Rmdir(d); err != nil && !errors.Is(err, syscall.ENOENT) {
+			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // unmountUnder unmounts every mount point under dir, deepest first.

@@ -43,20 +43,8 @@ func TestContainerdPods(t *testing.T) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	crictl, err := kubebin.Crictl(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Short: the unix sockets under it must fit in 108 bytes.
-	work, err := os.MkdirTemp("", "isrt-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(work) })
-	pauseTar, probeTar, err := cri.BuildImages(ctx, work)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rt := newRuntimeWork(ctx, t, "isrt-")
+	work, crictl, pauseTar, probeTar := rt.dir, rt.crictl, rt.pause, rt.probe
 	plugin := filepath.Join(work, "isthmus-cni")
 	if out, err := exec.Command("go", "build", "-o", plugin, "github.com/isthmus-dev/isthmus/cmd/isthmus-cni").CombinedOutput(); err != nil {
 		t.Fatalf("build isthmus-cni: %v\n%s", err, out)
@@ -72,32 +60,11 @@ func TestContainerdPods(t *testing.T) {
 		}
 		rn := &runtimeNode{name: name, ipam: ipam.Store{Dir: filepath.Join(dir, "ipam")}, net: n.PodCIDRs[0], agent: l.AgentLog(name)}
 		nodes = append(nodes, rn)
-		if err := cri.BuildLoopback(ctx, filepath.Join(dir, "cni-bin")); err != nil {
-			t.Fatal(err)
-		}
 		if err := os.MkdirAll(filepath.Join(dir, "cni-conf"), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		rn.cd, err = cri.Start(ctx, cri.Config{Dir: filepath.Join(dir, "ctd"), NetNS: testenv.NSPath(l.NodeNS(name)),
-			CNIBinDir: filepath.Join(dir, "cni-bin"), CNIConfDir: filepath.Join(dir, "cni-conf"), Crictl: crictl})
-		if rn.cd != nil {
-			// Before the lab goes (cleanups run last first): the pods' DEL
-			// needs the node's namespace.
-			cd := rn.cd
-			t.Cleanup(func() {
-				if err := cd.Stop(); err != nil {
-					t.Error(err)
-				}
-			})
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, a := range []string{pauseTar, probeTar} {
-			if err := rn.cd.Import(ctx, a); err != nil {
-				t.Fatal(err)
-			}
-		}
+		rn.cd = startNodeRuntime(ctx, t, l, name, cri.Config{Dir: filepath.Join(dir, "ctd"),
+			CNIBinDir: filepath.Join(dir, "cni-bin"), CNIConfDir: filepath.Join(dir, "cni-conf"), Crictl: crictl}, pauseTar, probeTar)
 		// No conflist yet (the agent is not the node's CNI): the runtime
 		// creates no sandbox.
 		if p, err := rn.cd.RunPod(ctx, "early-"+name); err == nil {
@@ -142,15 +109,94 @@ func TestContainerdPods(t *testing.T) {
 		}
 	}
 
-	// Each pod's client fetches from the other site's pod server, while tshark
-	// watches a1's underlay port on the router.
+	probeAcross(t, ctx, l, nodes, pods, servers)
+
+	// The runtime removes the pods: DEL frees each reservation and the host
+	// side of the veth.
+	for i, n := range nodes {
+		if err := n.cd.RemovePod(ctx, pods[i]); err != nil {
+			t.Fatalf("remove pod on %s: %v\n%s", n.name, err, n.cd.LogTail())
+		}
+		if res, err := n.ipam.List(); err != nil || len(res) != 0 {
+			t.Errorf("%s: reservations after the runtime removed its pod: %+v, %v; want none", n.name, res, err)
+		}
+		checkOnlyLabPodLinks(t, l, n.name)
+	}
+	t.Logf("TestContainerdPods took %s", time.Since(start).Round(time.Millisecond))
+}
+
+// runtimeWork is what the container runtime tests share: a directory, crictl
+// and the two image archives.
+type runtimeWork struct {
+	dir, crictl, pause, probe string
+}
+
+// newRuntimeWork builds crictl (once, into the cache) and the images into a
+// new temporary directory named prefix..., removed when the test ends. The
+// name is short: the unix sockets under it must fit in 108 bytes.
+func newRuntimeWork(ctx context.Context, t *testing.T, prefix string) runtimeWork {
+	t.Helper()
+	crictl, err := kubebin.Crictl(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	work, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(work) })
+	pause, probe, err := cri.BuildImages(ctx, work)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return runtimeWork{dir: work, crictl: crictl, pause: pause, probe: probe}
+}
+
+// startNodeRuntime starts a private containerd (cfg, in the node's network
+// namespace) with the reference loopback plugin beside isthmus-cni in
+// cfg.CNIBinDir, stopped when the test ends (before the lab goes: cleanups
+// run last first, and the pods' DEL needs the node's namespace), and imports
+// the image archives.
+func startNodeRuntime(ctx context.Context, t *testing.T, l *testenv.Lab, node string, cfg cri.Config, images ...string) *cri.Containerd {
+	t.Helper()
+	if err := cri.BuildLoopback(ctx, cfg.CNIBinDir); err != nil {
+		t.Fatal(err)
+	}
+	cfg.NetNS = testenv.NSPath(l.NodeNS(node))
+	cd, err := cri.Start(ctx, cfg)
+	if cd != nil {
+		t.Cleanup(func() {
+			if err := cd.Stop(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range images {
+		if err := cd.Import(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cd
+}
+
+// probeAcross has the probe client in each of two runtime pods (a1's and
+// b1's) fetch from the server in the other, while tshark watches a1's
+// underlay port on the router: each server must answer with the client pod's
+// own address, and the TCP between the pods must be GENEVE on the wire, both
+// ways.
+func probeAcross(t *testing.T, ctx context.Context, l *testenv.Lab, nodes []*runtimeNode, pods []cri.Pod, containers []string) {
+	t.Helper()
 	wait := capture(t, l.RouterNS(), testenv.RouterPort("a1"), 6*time.Second)
 	for i, n := range nodes {
 		peer := pods[1-i]
 		url := "http://" + peer.IP + ":8080/"
 		var got string
+		var err error
 		for deadline := time.Now().Add(15 * time.Second); ; {
-			got, err = n.cd.Exec(ctx, servers[i], "/probe", "get", url)
+			got, err = n.cd.Exec(ctx, containers[i], "/probe", "get", url)
 			if err == nil || time.Now().After(deadline) {
 				break
 			}
@@ -178,30 +224,6 @@ func TestContainerdPods(t *testing.T) {
 	if out == 0 || back == 0 {
 		t.Errorf("want GENEVE frames carrying TCP between the runtime's pods both ways on a1's underlay; got %d and %d of %d frames", out, back, len(frames))
 	}
-
-	// The runtime removes the pods: DEL frees each reservation and the host
-	// side of the veth.
-	for i, n := range nodes {
-		if err := n.cd.RemovePod(ctx, pods[i]); err != nil {
-			t.Fatalf("remove pod on %s: %v\n%s", n.name, err, n.cd.LogTail())
-		}
-		if res, err := n.ipam.List(); err != nil || len(res) != 0 {
-			t.Errorf("%s: reservations after the runtime removed its pod: %+v, %v; want none", n.name, res, err)
-		}
-		// The lab's own pods are the plugin's too (cnitool made them): only
-		// theirs may remain.
-		labs := map[string]bool{}
-		for _, p := range l.Scenario.Pods() {
-			if p.Node == n.name {
-				labs[l.HostVeth(p.Name)] = true
-			}
-		}
-		links := slices.DeleteFunc(podLinksIn(t, l.NodeNS(n.name)), func(name string) bool { return labs[name] })
-		if len(links) != 0 {
-			t.Errorf("%s: pod interfaces after the runtime removed its pod: %v; want only the lab's", n.name, links)
-		}
-	}
-	t.Logf("TestContainerdPods took %s", time.Since(start).Round(time.Millisecond))
 }
 
 // checkRuntimePod checks a pod the runtime made against what the plugin was
@@ -238,6 +260,23 @@ func checkRuntimePod(t *testing.T, l *testenv.Lab, n *runtimeNode, p cri.Pod) {
 	}
 	if links := podLinksIn(t, l.NodeNS(n.name)); !strings.Contains(strings.Join(links, " "), held[0]) {
 		t.Errorf("%s: host side %s of pod %s not among the node's pod interfaces %v", n.name, held[0], p.Name, links)
+	}
+}
+
+// checkOnlyLabPodLinks checks that the plugin's host interfaces left on a
+// node are those of the lab's own pods (cnitool made them through the plugin
+// too) after a runtime removed its pods.
+func checkOnlyLabPodLinks(t *testing.T, l *testenv.Lab, node string) {
+	t.Helper()
+	labs := map[string]bool{}
+	for _, p := range l.Scenario.Pods() {
+		if p.Node == node {
+			labs[l.HostVeth(p.Name)] = true
+		}
+	}
+	links := slices.DeleteFunc(podLinksIn(t, l.NodeNS(node)), func(name string) bool { return labs[name] })
+	if len(links) != 0 {
+		t.Errorf("%s: pod interfaces after the runtime removed its pods: %v; want only the lab's", node, links)
 	}
 }
 

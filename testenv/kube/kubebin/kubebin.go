@@ -1,7 +1,7 @@
 // Package kubebin builds the kube-apiserver, etcd and kube-proxy that
-// testenv/kube and the lab run, and the crictl of the container runtime tests
-// (testenv/cri), once, into a cache shared by every later run, reporting its
-// progress. It depends on the standard library alone, so that `go run` of
+// testenv/kube and the lab run, the crictl of the container runtime tests
+// (testenv/cri) and the kubelet of the Pod tests (testenv/e2e), once, into a
+// cache shared by every later run, reporting its progress. It depends on the standard library alone, so that `go run` of
 // testenv/kube/cmd/prebuild starts at once on a machine with an empty build
 // cache, before anything else has compiled client-go.
 package kubebin
@@ -98,15 +98,25 @@ var criSet = binarySet{
 	steps: []setStep{{"crictl", "sigs.k8s.io/cri-tools/cmd/crictl", func(string) string { return "-s -w" }}},
 }
 
+// kubeletSet is kubelet, from the kubelettools module: the same
+// k8s.io/kubernetes release as kubeSet's kube-apiserver, in a cache of its own,
+// so that adding it did not change the tools module's go.sum (and with it the
+// kube-apiserver cache key).
+var kubeletSet = binarySet{
+	module:   "kubelettools",
+	names:    "kubelet",
+	estimate: "about 4 minutes on 2 idle cores",
+	key: func(gomod []byte, gover string) string {
+		return fmt.Sprintf("kubelet-%s-%s", moduleVersion(gomod, "k8s.io/kubernetes"), gover)
+	},
+	steps: []setStep{{"kubelet", "k8s.io/kubernetes/cmd/kubelet", apiserverLDFlags}},
+}
+
 // KubeProxy returns the path of a kube-proxy built from the same
 // k8s.io/kubernetes release as Binaries' kube-apiserver, in the same cache
 // (Build builds all three). Progress goes to standard error.
 func KubeProxy(ctx context.Context) (string, error) {
-	dir, err := kubeSet.build(ctx, os.Stderr)
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(dir, "kube-proxy"), nil
+	return kubeSet.binary(ctx, os.Stderr, "kube-proxy")
 }
 
 // Crictl returns the path of a crictl built from sigs.k8s.io/cri-tools (the
@@ -117,11 +127,17 @@ func Crictl(ctx context.Context) (string, error) { return BuildCrictl(ctx, os.St
 
 // BuildCrictl is Crictl reporting to progress, as Build does.
 func BuildCrictl(ctx context.Context, progress io.Writer) (string, error) {
-	dir, err := criSet.build(ctx, progress)
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(dir, "crictl"), nil
+	return criSet.binary(ctx, progress, "crictl")
+}
+
+// Kubelet returns the path of a kubelet built from the same k8s.io/kubernetes
+// release as Binaries' kube-apiserver (the kubelettools module), built once
+// into the same cache root. Progress goes to standard error.
+func Kubelet(ctx context.Context) (string, error) { return BuildKubelet(ctx, os.Stderr) }
+
+// BuildKubelet is Kubelet reporting to progress, as Build does.
+func BuildKubelet(ctx context.Context, progress io.Writer) (string, error) {
+	return kubeletSet.binary(ctx, progress, "kubelet")
 }
 
 // binarySet is a group of binaries built from one module beside this
@@ -140,6 +156,15 @@ type binarySet struct {
 type setStep struct {
 	out, pkg string
 	ldflags  func(moduleDir string) string
+}
+
+// binary returns the path of the set's binary name, once build has it.
+func (s binarySet) binary(ctx context.Context, progress io.Writer, name string) (string, error) {
+	dir, err := s.build(ctx, progress)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, name), nil
 }
 
 // build returns the set's cache directory once every binary is in it,
@@ -199,8 +224,8 @@ func (s binarySet) build(ctx context.Context, progress io.Writer) (string, error
 	return dir, nil
 }
 
-// moduleDir finds a module beside this package (tools, critools) from this
-// source file.
+// moduleDir finds a module beside this package (tools, critools,
+// kubelettools) from this source file.
 func moduleDir(name string) (string, error) {
 	_, file, _, ok := runtime.Caller(0)
 	if !ok {
@@ -267,7 +292,8 @@ func buildKey(ctx context.Context, mod string, key func(gomod []byte, gover stri
 }
 
 // apiserverLDFlags stamps the Kubernetes version into kube-apiserver, as the
-// release build does, so discovery reports it.
+// release build does, so discovery reports it (and into kube-proxy and
+// kubelet, which report it in the Node's status).
 func apiserverLDFlags(tools string) string {
 	gomod, _ := os.ReadFile(filepath.Join(tools, "go.mod"))
 	v := moduleVersion(gomod, "k8s.io/kubernetes")

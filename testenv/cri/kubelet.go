@@ -1,0 +1,319 @@
+package cri
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/isthmus-dev/isthmus/testenv"
+	"github.com/isthmus-dev/isthmus/testenv/programs"
+)
+
+// KubeletConfig says where a Kubelet runs and whom it serves.
+type KubeletConfig struct {
+	// Dir holds everything the kubelet owns (its configuration, root
+	// directory, pod logs, log); Stop removes it.
+	Dir string
+	// NetNS is the lab node's network namespace (/run/netns/<name>), the one
+	// its Containerd runs in.
+	NetNS string
+	// NodeName is the lab Node the kubelet reports as (--hostname-override);
+	// NodeIP its InternalIP (--node-ip), so the kubelet's status update keeps
+	// the address the lab gave the Node.
+	NodeName string
+	NodeIP   netip.Addr
+	// Kubeconfig reaches the API server from inside NetNS (the lab's).
+	Kubeconfig string
+	// Runtime is the node's containerd, the kubelet's CRI endpoint.
+	Runtime *Containerd
+	// Binary is the kubelet (kubebin.Kubelet).
+	Binary string
+}
+
+// Kubelet is a running kubelet.
+type Kubelet struct {
+	cfg     KubeletConfig
+	cmd     *exec.Cmd
+	done    chan struct{} // closed when the kubelet has been reaped
+	created []string      // directories made on the host for mount points, deepest last
+}
+
+// kubeletPrograms are the programs StartKubelet runs, each listed in
+// hack/programs.tsv.
+var kubeletPrograms = []string{"nsenter", "unshare", "sh", "mount"}
+
+// kubeletSysctls are the kernel settings a kubelet writes at start
+// (setupKernelTunables in pkg/kubelet/cm): they are not namespaced, so the
+// kubelet gets files of its own over them (see StartKubelet).
+var kubeletSysctls = []string{
+	"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
+}
+
+// kubeletFixedDirs are directories a kubelet uses whatever its root
+// directory: its device plugin socket (pluginapi.DevicePluginPath; a second
+// kubelet would take the first one's socket away) and the links to container
+// logs (/var/log/containers). Each kubelet gets directories of its own
+// mounted over them, named by the base name under KubeletConfig.Dir.
+var kubeletFixedDirs = []string{"/var/lib/kubelet/device-plugins", "/var/log/containers"}
+
+// StartKubelet writes a kubelet configuration for this machine and starts the
+// kubelet in cfg.NetNS, waiting until its healthz answers. The caller must
+// Stop it, also when a later step fails.
+//
+// The kubelet runs in a private mount namespace in which each of
+// kubeletSysctls is a file of its own holding the machine's value: a kubelet
+// sets vm.overcommit_memory=1, kernel.panic_on_oops=1 and others machine-wide,
+// which a test must not do to a shared machine. The private namespace also
+// keeps the rshared bind mount the kubelet makes of its root directory off
+// the host, and gives it directories of its own over kubeletFixedDirs (whose
+// mount points it creates on the host when missing, and Stop removes). The
+// pods' mounts are containerd's, made in the host's namespace.
+func StartKubelet(ctx context.Context, cfg KubeletConfig) (*Kubelet, error) {
+	for _, p := range kubeletPrograms {
+		if err := programs.Require(p); err != nil {
+			return nil, fmt.Errorf("start kubelet: %w", err)
+		}
+	}
+	for _, d := range []string{"root", "pod-logs", "sysctl"} {
+		if err := os.MkdirAll(filepath.Join(cfg.Dir, d), 0o755); err != nil {
+			return nil, fmt.Errorf("create kubelet dir: %w", err)
+		}
+	}
+	conf := filepath.Join(cfg.Dir, "config.yaml")
+	if err := os.WriteFile(conf, []byte(kubeletConfigYAML(cfg)), 0o644); err != nil {
+		return nil, fmt.Errorf("write kubelet config: %w", err)
+	}
+	var binds []string
+	for _, s := range kubeletSysctls {
+		cur, err := os.ReadFile(filepath.Join("/proc/sys", s))
+		if err != nil {
+			return nil, fmt.Errorf("read sysctl %s: %w", s, err)
+		}
+		shadow := filepath.Join(cfg.Dir, "sysctl", strings.ReplaceAll(s, "/", "."))
+		if err := os.WriteFile(shadow, cur, 0o644); err != nil {
+			return nil, fmt.Errorf("write sysctl shadow: %w", err)
+		}
+		binds = append(binds, fmt.Sprintf("mount --bind %s /proc/sys/%s", shadow, s))
+	}
+	var created []string
+	for _, d := range kubeletFixedDirs {
+		own := filepath.Join(cfg.Dir, filepath.Base(d))
+		if err := os.MkdirAll(own, 0o755); err != nil {
+			return nil, fmt.Errorf("create kubelet dir: %w", err)
+		}
+		made, err := mkdirAllRecorded(d)
+		created = append(created, made...)
+		if err != nil {
+			removeDirs(created)
+			return nil, err
+		}
+		binds = append(binds, fmt.Sprintf("mount --bind %s %s", own, d))
+	}
+	logf, err := os.Create(filepath.Join(cfg.Dir, "kubelet.log"))
+	if err != nil {
+		return nil, fmt.Errorf("create kubelet log: %w", err)
+	}
+	defer logf.Close()
+	script := strings.Join(binds, " && ") + ` && exec "$@"`
+	argv := []string{"--net=" + cfg.NetNS, "unshare", "--mount", "--propagation", "private",
+		"sh", "-c", script, "kubelet",
+		cfg.Binary,
+		"--config", conf,
+		"--kubeconfig", cfg.Kubeconfig,
+		"--root-dir", filepath.Join(cfg.Dir, "root"),
+		"--cert-dir", filepath.Join(cfg.Dir, "root", "pki"),
+		"--hostname-override", cfg.NodeName,
+		"--node-ip", cfg.NodeIP.String(),
+		"--v", "2",
+	}
+	cmd := exec.Command("nsenter", argv...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		removeDirs(created)
+		return nil, fmt.Errorf("start kubelet: %w", err)
+	}
+	k := &Kubelet{cfg: cfg, cmd: cmd, done: make(chan struct{}), created: created}
+	go func() { cmd.Wait(); close(k.done) }()
+	if err := k.waitHealthy(ctx, 60*time.Second); err != nil {
+		return k, err
+	}
+	return k, nil
+}
+
+// kubeletHealthzPort is where the kubelet answers /healthz, on the node
+// namespace's loopback.
+const kubeletHealthzPort = 10248
+
+// waitHealthy polls the kubelet's healthz until it answers 200, the kubelet
+// exits, or the timeout.
+func (k *Kubelet) waitHealthy(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if err := k.healthz(); err == nil {
+			return nil
+		} else if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("kubelet %s not healthy after %s: %w\n%s", k.cfg.NodeName, timeout, err, k.LogTail())
+		}
+		select {
+		case <-k.done:
+			return fmt.Errorf("kubelet %s exited: %s", k.cfg.NodeName, k.LogTail())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// healthz asks the kubelet's /healthz on the loopback of its network
+// namespace. The connection is dialled on a thread in that namespace (an
+// http.Transport would dial from another goroutine, in the host's).
+func (k *Kubelet) healthz() error {
+	var conn net.Conn
+	err := testenv.Do(filepath.Base(k.cfg.NetNS), func() (err error) {
+		conn, err = net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(kubeletHealthzPort)), time.Second)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := io.WriteString(conn, "GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
+		return fmt.Errorf("kubelet healthz: %w", err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return fmt.Errorf("kubelet healthz: %w", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("kubelet healthz: %s", resp.Status)
+	}
+	return nil
+}
+
+// kubeletConfigYAML is the KubeletConfiguration for this machine (cgroup v1
+// controllers, no QoS cgroups, no allocatable enforcement), every path under
+// cfg.Dir, and cfg.Runtime as the CRI endpoint.
+func kubeletConfigYAML(cfg KubeletConfig) string {
+	q := strconv.Quote
+	ep := "unix://" + cfg.Runtime.Socket()
+	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# This machine mounts cgroup v1 controllers; kubelet 1.35 and later refuse
+# them unless told.
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failSwapOn: false
+containerRuntimeEndpoint: %s
+imageServiceEndpoint: %s
+podLogsDir: %s
+staticPodPath: ""
+resolvConf: ""
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: false
+authorization:
+  mode: AlwaysAllow
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: %d
+# The images are imported, no registry is reachable: never collect them,
+# never evict for a disk the other engineers fill.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: "1Mi"
+  nodefs.available: "1%%"
+  imagefs.available: "1%%"
+localStorageCapacityIsolation: false
+oomScoreAdj: 0
+nodeStatusUpdateFrequency: 2s
+syncFrequency: 10s
+`, q(ep), q(ep), q(filepath.Join(cfg.Dir, "pod-logs")), kubeletHealthzPort)
+}
+
+// LogTail returns the last lines of the kubelet's log.
+func (k *Kubelet) LogTail() string {
+	b, _ := os.ReadFile(filepath.Join(k.cfg.Dir, "kubelet.log"))
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > 40 {
+		lines = lines[len(lines)-40:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Stop ends the kubelet (SIGTERM, then SIGKILL), unmounts what is left under
+// Dir, removes it and the mount points StartKubelet created. The pods it started stay with the runtime: Containerd.Stop
+// removes them. It reports what it could not undo.
+func (k *Kubelet) Stop() error {
+	var errs []error
+	select {
+	case <-k.done:
+	default:
+		k.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-k.done:
+		case <-time.After(10 * time.Second):
+			syscall.Kill(-k.cmd.Process.Pid, syscall.SIGKILL)
+			<-k.done
+		}
+	}
+	if err := unmountUnder(k.cfg.Dir); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.RemoveAll(k.cfg.Dir); err != nil {
+		errs = append(errs, fmt.Errorf("remove kubelet dir: %w", err))
+	}
+	if err := removeDirs(k.created); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("stop kubelet %s: %w", k.cfg.NodeName, errors.Join(errs...))
+	}
+	return nil
+}
+
+// mkdirAllRecorded is os.MkdirAll returning the directories it made,
+// outermost first.
+func mkdirAllRecorded(dir string) ([]string, error) {
+	var missing []string
+	for d := dir; d != "/"; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil {
+			break
+		}
+		missing = append([]string{d}, missing...)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create %s: %w", dir, err)
+	}
+	return missing, nil
+}
+
+// removeDirs removes directories made by mkdirAllRecorded, innermost first;
+// one another kubelet still uses (not empty, or its mount point) stays.
+func removeDirs(dirs []string) error {
+	var errs []error
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := syscall.Rmdir(dirs[i]); err != nil && !errors.Is(err, syscall.ENOENT) {
+			errs = append(errs, fmt.Errorf("remove %s: %w", dirs[i], err))
+		}
+	}
+	return errors.Join(errs...)
+}
