@@ -200,13 +200,14 @@ func Validate(in Objects) (*Set, []Warning, error) {
 	return l.finish()
 }
 
-// addAll adds deep copies of the objects in, each kind in creation order.
+// addAll adds deep copies of the objects in, each kind in creation order
+// (of a Node a Validator saw unchanged, the copy it made then).
 func (l *loader) addAll(in Objects) {
 	addEntries(l, &l.sites, v1alpha1.KindSite, in.Sites, func(o *v1alpha1.Site) *v1alpha1.Site { return o.DeepCopy() })
 	addEntries(l, &l.peerings, v1alpha1.KindSitePeering, in.SitePeerings, func(o *v1alpha1.SitePeering) *v1alpha1.SitePeering { return o.DeepCopy() })
 	addEntries(l, &l.pools, v1alpha1.KindGatewayPool, in.GatewayPools, func(o *v1alpha1.GatewayPool) *v1alpha1.GatewayPool { return o.DeepCopy() })
 	addEntries(l, &l.assigns, v1alpha1.KindSiteGatewayPoolAssignment, in.SiteGatewayPoolAssignments, func(o *v1alpha1.SiteGatewayPoolAssignment) *v1alpha1.SiteGatewayPoolAssignment { return o.DeepCopy() })
-	addEntries(l, &l.nodes, "Node", in.Nodes, func(o *corev1.Node) *corev1.Node { return o.DeepCopy() })
+	addEntries(l, &l.nodes, "Node", in.Nodes, l.copyNode)
 }
 
 // named is what addEntries needs of an object.
