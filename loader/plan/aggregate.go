@@ -161,8 +161,10 @@ func aggregateRoutes(routes []Route) []Route {
 	}
 	byPrefix := newPrefixMap[*targeted](len(routes))
 	var byLength [129][]netip.Prefix
-	for _, r := range routes {
-		byPrefix.put(r.Prefix, &targeted{route: r, target: routeTarget(r)})
+	slab := make([]targeted, len(routes)) // one allocation, not one per route
+	for i, r := range routes {
+		slab[i] = targeted{route: r, target: routeTarget(r)}
+		byPrefix.put(r.Prefix, &slab[i])
 		byLength[r.Prefix.Bits()] = append(byLength[r.Prefix.Bits()], r.Prefix)
 	}
 	// One pass, longest first: halves merge before their parent's length is
