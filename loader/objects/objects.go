@@ -270,14 +270,17 @@ func (l *loader) build() *Set {
 	for _, a := range l.assigns {
 		set.SiteGatewayPoolAssignments = append(set.SiteGatewayPoolAssignments, *a.obj)
 	}
-	for _, n := range l.nodes {
+	// Sorted as pointers, then copied: sorting the Node values themselves
+	// moved a large struct per swap.
+	nodes := slices.Clone(l.nodes)
+	slices.SortStableFunc(nodes, func(a, b entry[corev1.Node]) int { return strings.Compare(a.obj.Name, b.obj.Name) })
+	for _, n := range nodes {
 		set.Nodes = append(set.Nodes, *n.obj)
 	}
 	sortByName(set.Sites, func(s v1alpha1.Site) string { return s.Name })
 	sortByName(set.SitePeerings, func(p v1alpha1.SitePeering) string { return p.Name })
 	sortByName(set.GatewayPools, func(p v1alpha1.GatewayPool) string { return p.Name })
 	sortByName(set.SiteGatewayPoolAssignments, func(a v1alpha1.SiteGatewayPoolAssignment) string { return a.Name })
-	sortByName(set.Nodes, func(n corev1.Node) string { return n.Name })
 	return set
 }
 

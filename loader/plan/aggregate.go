@@ -174,9 +174,9 @@ func aggregateRoutes(routes []Route) []Route {
 	// target, a merged parent has its halves' target), so nothing longer
 	// needs a second look.
 	for bits := len(byLength) - 1; bits >= 0; bits-- {
-		keys := byLength[bits]
-		sortPrefixes(keys) // a deterministic order of merges, hence of origins
-		for _, p := range keys {
+		// In any order: a merge at this length neither needs nor changes
+		// another's route at it, and a covering route is shorter.
+		for _, p := range byLength[bits] {
 			r, ok := byPrefix.m[p]
 			if !ok {
 				continue
