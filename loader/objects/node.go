@@ -151,7 +151,21 @@ func TunnelAddr(node *corev1.Node) (addr netip.Addr, origin string, ok bool) {
 // `Node "b1" spec.podCIDRs[0]`. A plan names one per route and allowed
 // source, so it concatenates rather than formats.
 func NodeField(node, field string) string {
+	if quotesAsIs(node) {
+		return "Node \"" + node + "\" " + field // what strconv.Quote gives, in one allocation
+	}
 	return "Node " + strconv.Quote(node) + " " + field
+}
+
+// quotesAsIs reports whether strconv.Quote(s) is s between double quotes:
+// printable ASCII without a quote or a backslash, as every Node name is.
+func quotesAsIs(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return true
 }
 
 // firstHost returns the address after the network address of an IPv4 prefix
