@@ -2,9 +2,11 @@
 // (loader/fleet): the time to validate the objects and plan one node, the map
 // entries the plan needs, the time and the map writes of applying a change of
 // one Node, and the heap an agent holds for it. It runs the agent's own code
-// path (an objects.Validator, plan.Compute, mapstate.FromPlan, maps.Diff) without a kernel: the writes are counted, not made (one map
-// update is a few microseconds of bpf() syscall). `isthmus bench
-// --control-plane` prints it; docs/benchmarks.md records it.
+// path (objects.ValidateSettingAside or, for a change, an objects.Validator;
+// plan.Compute, mapstate.FromPlan, maps.Diff) without a kernel: the writes
+// are counted, not made (one map update is a few microseconds of bpf()
+// syscall). `isthmus bench --control-plane` prints it; docs/benchmarks.md
+// records it.
 package cpbench
 
 import (
