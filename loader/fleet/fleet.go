@@ -100,7 +100,9 @@ func Objects(sh Shape) (objects.Objects, error) {
 
 // Node returns node n of site s as the fleet has it.
 func Node(sh Shape, s, n int) corev1.Node {
-	node := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: NodeName(s, n), Labels: map[string]string{}}}
+	// A resourceVersion, as the API server gives every object: a
+	// Validator reuses what it found for a version it has seen.
+	node := corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: NodeName(s, n), ResourceVersion: "1", Labels: map[string]string{}}}
 	if sh.Topology == Hub && n < GatewaysPerSite {
 		node.Labels[LabelGateway] = SiteName(s)
 	}

@@ -30,6 +30,10 @@ type loader struct {
 	errs     []error
 	warnings []Warning
 	rules    Rules
+	// facts are the per-Node findings of this validation (see factsOf);
+	// previous those a Validator kept from the last one, by name.
+	facts    map[*corev1.Node]*nodeFacts
+	previous map[string]*nodeFacts
 }
 
 func (l *loader) errorf(file, object, field, format string, args ...any) {

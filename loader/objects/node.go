@@ -1,8 +1,10 @@
 package objects
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -64,29 +66,45 @@ type FieldPrefix struct {
 // PodCIDRFields is PodCIDRs with the field each prefix came from
 // (spec.podCIDRs[i] or spec.podCIDR), for messages and route origins.
 func PodCIDRFields(node *corev1.Node) []FieldPrefix {
-	var out []FieldPrefix
-	if len(node.Spec.PodCIDRs) == 0 && node.Spec.PodCIDR != "" {
-		if p, err := netip.ParsePrefix(node.Spec.PodCIDR); err == nil {
-			out = append(out, FieldPrefix{p.Masked(), "spec.podCIDR"})
+	if len(node.Spec.PodCIDRs) == 0 {
+		if node.Spec.PodCIDR == "" {
+			return nil
 		}
-		return out
+		if p, err := netip.ParsePrefix(node.Spec.PodCIDR); err == nil {
+			return []FieldPrefix{{p.Masked(), "spec.podCIDR"}}
+		}
+		return nil
 	}
+	// A plan calls this for every node, several times: one allocation.
+	out := make([]FieldPrefix, 0, len(node.Spec.PodCIDRs))
 	for i, s := range node.Spec.PodCIDRs {
 		if p, err := netip.ParsePrefix(s); err == nil {
-			out = append(out, FieldPrefix{p.Masked(), fieldIndex("spec.podCIDRs", i)})
+			out = append(out, FieldPrefix{p.Masked(), podCIDRsField(i)})
 		}
 	}
 	// Kubernetes allows at most one prefix per family, so a stable sort by
 	// family is enough to put IPv4 first.
-	var v4, v6 []FieldPrefix
-	for _, f := range out {
-		if f.Prefix.Addr().Is4() {
-			v4 = append(v4, f)
-		} else {
-			v6 = append(v6, f)
-		}
+	slices.SortStableFunc(out, func(a, b FieldPrefix) int {
+		return cmp.Compare(family(a.Prefix), family(b.Prefix))
+	})
+	return out
+}
+
+func family(p netip.Prefix) int {
+	if p.Addr().Is4() {
+		return 4
 	}
-	return append(v4, v6...)
+	return 6
+}
+
+// podCIDRsFields are the usual field paths of spec.podCIDRs, spelled once.
+var podCIDRsFields = [...]string{"spec.podCIDRs[0]", "spec.podCIDRs[1]"}
+
+func podCIDRsField(i int) string {
+	if i < len(podCIDRsFields) {
+		return podCIDRsFields[i]
+	}
+	return fieldIndex("spec.podCIDRs", i)
 }
 
 // siteHolds reports whether ip is inside one of the site's nodeCidrs.
@@ -133,7 +151,21 @@ func TunnelAddr(node *corev1.Node) (addr netip.Addr, origin string, ok bool) {
 // `Node "b1" spec.podCIDRs[0]`. A plan names one per route and allowed
 // source, so it concatenates rather than formats.
 func NodeField(node, field string) string {
+	if quotesAsIs(node) {
+		return "Node \"" + node + "\" " + field // what strconv.Quote gives, in one allocation
+	}
 	return "Node " + strconv.Quote(node) + " " + field
+}
+
+// quotesAsIs reports whether strconv.Quote(s) is s between double quotes:
+// printable ASCII without a quote or a backslash, as every Node name is.
+func quotesAsIs(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return true
 }
 
 // firstHost returns the address after the network address of an IPv4 prefix

@@ -200,13 +200,14 @@ func Validate(in Objects) (*Set, []Warning, error) {
 	return l.finish()
 }
 
-// addAll adds deep copies of the objects in, each kind in creation order.
+// addAll adds deep copies of the objects in, each kind in creation order
+// (of a Node a Validator saw unchanged, the copy it made then).
 func (l *loader) addAll(in Objects) {
 	addEntries(l, &l.sites, v1alpha1.KindSite, in.Sites, func(o *v1alpha1.Site) *v1alpha1.Site { return o.DeepCopy() })
 	addEntries(l, &l.peerings, v1alpha1.KindSitePeering, in.SitePeerings, func(o *v1alpha1.SitePeering) *v1alpha1.SitePeering { return o.DeepCopy() })
 	addEntries(l, &l.pools, v1alpha1.KindGatewayPool, in.GatewayPools, func(o *v1alpha1.GatewayPool) *v1alpha1.GatewayPool { return o.DeepCopy() })
 	addEntries(l, &l.assigns, v1alpha1.KindSiteGatewayPoolAssignment, in.SiteGatewayPoolAssignments, func(o *v1alpha1.SiteGatewayPoolAssignment) *v1alpha1.SiteGatewayPoolAssignment { return o.DeepCopy() })
-	addEntries(l, &l.nodes, "Node", in.Nodes, func(o *corev1.Node) *corev1.Node { return o.DeepCopy() })
+	addEntries(l, &l.nodes, "Node", in.Nodes, l.copyNode)
 }
 
 // named is what addEntries needs of an object.
@@ -269,14 +270,17 @@ func (l *loader) build() *Set {
 	for _, a := range l.assigns {
 		set.SiteGatewayPoolAssignments = append(set.SiteGatewayPoolAssignments, *a.obj)
 	}
-	for _, n := range l.nodes {
+	// Sorted as pointers, then copied: sorting the Node values themselves
+	// moved a large struct per swap.
+	nodes := slices.Clone(l.nodes)
+	slices.SortStableFunc(nodes, func(a, b entry[corev1.Node]) int { return strings.Compare(a.obj.Name, b.obj.Name) })
+	for _, n := range nodes {
 		set.Nodes = append(set.Nodes, *n.obj)
 	}
 	sortByName(set.Sites, func(s v1alpha1.Site) string { return s.Name })
 	sortByName(set.SitePeerings, func(p v1alpha1.SitePeering) string { return p.Name })
 	sortByName(set.GatewayPools, func(p v1alpha1.GatewayPool) string { return p.Name })
 	sortByName(set.SiteGatewayPoolAssignments, func(a v1alpha1.SiteGatewayPoolAssignment) string { return a.Name })
-	sortByName(set.Nodes, func(n corev1.Node) string { return n.Name })
 	return set
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -554,5 +555,15 @@ status:
 	}
 	if set.Node("none") != nil || set.Site("none") != nil {
 		t.Errorf("lookup of a missing name returned an object")
+	}
+}
+
+// TestNodeFieldQuotes: the shortcut for plain names gives what
+// strconv.Quote gives, and names that need escaping still get it.
+func TestNodeFieldQuotes(t *testing.T) {
+	for _, name := range []string{"site-001-node-002", "a.b", "", `we"ird`, `back\slash`, "tab\there", "ünï", "\x7f"} {
+		if got, want := NodeField(name, "f"), "Node "+strconv.Quote(name)+" f"; got != want {
+			t.Errorf("NodeField(%q) = %s, want %s", name, got, want)
+		}
 	}
 }

@@ -27,23 +27,17 @@ func (f fieldAddr) describe() string {
 // later, may hand it out), or in the node's own podCIDR other than its first
 // address (which IPAM leaves to the node).
 func (l *loader) checkTunnelAddrs(podCIDRs, cidrBlocks []fieldPrefix) {
-	var underlays, tunnels []fieldAddr
+	var tunnels []fieldAddr
+	underlayAt := make(map[netip.Addr][]fieldAddr, len(l.nodes))
 	for _, e := range l.nodes {
-		for i, a := range e.obj.Status.Addresses {
-			if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
-				continue
-			}
-			if ip, err := netip.ParseAddr(a.Address); err == nil {
-				underlays = append(underlays, fieldAddr{e.file, e.label, fieldIndex("status.addresses", i), ip.Unmap()})
-			}
+		for _, u := range l.factsOf(e).underlays {
+			underlayAt[u.addr] = append(underlayAt[u.addr], u)
 		}
 	}
-	underlayAt := make(map[netip.Addr][]fieldAddr, len(underlays))
-	for _, u := range underlays {
-		underlayAt[u.addr] = append(underlayAt[u.addr], u)
-	}
 	for _, e := range l.nodes {
-		t, annotated, ok := l.tunnelAddrOf(e)
+		f := l.factsOf(e)
+		l.addErrors(f.tunnelErrs)
+		t, annotated, ok := f.tunnel, f.tunnelAnnotated, f.tunnelOK
 		if !ok {
 			continue
 		}
@@ -88,6 +82,20 @@ func (l *loader) checkTunnelAddrs(podCIDRs, cidrBlocks []fieldPrefix) {
 		}
 		earlier[a.addr] = append(earlier[a.addr], a)
 	}
+}
+
+// underlaysOf returns the Node's valid InternalIPs and ExternalIPs.
+func underlaysOf(e entry[corev1.Node]) []fieldAddr {
+	var out []fieldAddr
+	for i, a := range e.obj.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.Address); err == nil {
+			out = append(out, fieldAddr{e.file, e.label, fieldIndex("status.addresses", i), ip.Unmap()})
+		}
+	}
+	return out
 }
 
 // tunnelAddrOf returns the node's tunnel address as TunnelAddr picks it, and

@@ -239,12 +239,27 @@ func (l *loader) validatePeering(e entry[v1alpha1.SitePeering], siteNames map[st
 }
 
 // validateNode checks one Node against the Sites' nodeCidrs and returns its
-// podCIDRs and the nodeCidrs that hold its InternalIP.
+// podCIDRs and the nodeCidrs that hold its InternalIP. What depends on the
+// Node alone comes from its nodeFacts (computed once per version of it);
+// only the Site it falls in is looked up on each call.
 func (l *loader) validateNode(e entry[corev1.Node], nodeCIDRs []fieldPrefix) (pods, holders []fieldPrefix) {
-	n := e.obj
-	internalIPs := 0
-	for i := range n.Status.Addresses {
-		a := &n.Status.Addresses[i]
+	f := l.factsOf(e)
+	l.addErrors(f.addrErrs)
+	if f.hasInternal {
+		holders = l.checkNodeSite(e, f.internal, nodeCIDRs)
+	} else if f.internalIPs == 0 {
+		l.errorf(e.file, e.label, "status.addresses", "no InternalIP: a node's InternalIP is its tunnel endpoint and decides its site")
+	}
+	l.addErrors(f.podErrs)
+	l.warnings = append(l.warnings, f.podWarns...)
+	return f.pods, holders
+}
+
+// checkNodeAddresses reports the Node's unparsable InternalIPs and
+// ExternalIPs and returns how many InternalIPs it lists.
+func (l *loader) checkNodeAddresses(e entry[corev1.Node]) (internalIPs int) {
+	for i := range e.obj.Status.Addresses {
+		a := &e.obj.Status.Addresses[i]
 		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
 			continue
 		}
@@ -255,12 +270,13 @@ func (l *loader) validateNode(e entry[corev1.Node], nodeCIDRs []fieldPrefix) (po
 			l.errorf(e.file, e.label, fieldIndex("status.addresses", i)+".address", "invalid %s %q", a.Type, a.Address)
 		}
 	}
-	if ip, ok := InternalIP(n); ok {
-		holders = l.checkNodeSite(e, ip, nodeCIDRs)
-	} else if internalIPs == 0 {
-		l.errorf(e.file, e.label, "status.addresses", "no InternalIP: a node's InternalIP is its tunnel endpoint and decides its site")
-	}
+	return internalIPs
+}
 
+// checkPodCIDRs normalizes the Node's podCIDR fields in place, reports the
+// invalid ones, and returns its podCIDRs.
+func (l *loader) checkPodCIDRs(e entry[corev1.Node]) (pods []fieldPrefix) {
+	n := e.obj
 	if n.Spec.PodCIDR != "" {
 		p, ok := normalizeCIDR(l, e.file, e.label, "spec.podCIDR", &n.Spec.PodCIDR)
 		if ok && len(n.Spec.PodCIDRs) == 0 {
@@ -278,7 +294,7 @@ func (l *loader) validateNode(e entry[corev1.Node], nodeCIDRs []fieldPrefix) (po
 		}
 		families[p.prefix.Addr().Is4()] = p.field
 	}
-	return pods, holders
+	return pods
 }
 
 // checkNodeSite reports a node whose InternalIP is in no Site or in several,

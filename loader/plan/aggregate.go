@@ -2,7 +2,6 @@ package plan
 
 import (
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 )
@@ -18,36 +17,32 @@ func AggregatePrefixes(ps []netip.Prefix) []netip.Prefix {
 }
 
 // mergePrefixes is AggregatePrefixes without the check for a list that is
-// minimal already.
+// minimal already. One sweep in address order (the holder of an address
+// first) with a stack of kept prefixes: a prefix inside the last kept one is
+// dropped, and two kept halves of one prefix become it, repeatedly. The
+// hash map it replaces needed a pass per merged bit over every prefix; a
+// hub gateway's allowed sources are thousands.
 func mergePrefixes(ps []netip.Prefix) []netip.Prefix {
-	set := newPrefixMap[struct{}](len(ps))
-	for _, p := range ps {
-		set.put(p.Masked(), struct{}{})
+	sorted := make([]netip.Prefix, len(ps))
+	for i, p := range ps {
+		sorted[i] = p.Masked()
 	}
-	for {
-		changed := false
-		for _, p := range slices.Collect(maps.Keys(set.m)) {
-			if !set.has(p) {
-				continue
-			}
-			if _, ok := set.covering(p); ok {
-				set.remove(p)
-				changed = true
-				continue
-			}
-			if s, ok := sibling(p); ok && set.has(s) {
-				set.remove(p)
-				set.remove(s)
-				set.put(parent(p), struct{}{})
-				changed = true
-			}
+	sortPrefixes(sorted)
+	// out shares sorted's array: it never grows past the element read.
+	out := sorted[:0]
+	for _, p := range sorted {
+		// Kept prefixes are disjoint and ascending: only the last can hold p.
+		if n := len(out); n > 0 && out[n-1].Bits() <= p.Bits() && out[n-1].Contains(p.Addr()) {
+			continue
 		}
-		if !changed {
-			break
+		out = append(out, p)
+		for n := len(out); n >= 2; n = len(out) {
+			if s, ok := sibling(out[n-1]); !ok || s != out[n-2] {
+				break
+			}
+			out = append(out[:n-2], parent(out[n-1]))
 		}
 	}
-	out := slices.Collect(maps.Keys(set.m))
-	sortPrefixes(out)
 	return out
 }
 
@@ -165,15 +160,23 @@ func aggregateRoutes(routes []Route) []Route {
 		return routes
 	}
 	byPrefix := newPrefixMap[*targeted](len(routes))
-	for _, r := range routes {
-		byPrefix.put(r.Prefix, &targeted{route: r, target: routeTarget(r)})
+	var byLength [129][]netip.Prefix
+	slab := make([]targeted, len(routes)) // one allocation, not one per route
+	for i, r := range routes {
+		slab[i] = targeted{route: r, target: routeTarget(r)}
+		byPrefix.put(r.Prefix, &slab[i])
+		byLength[r.Prefix.Bits()] = append(byLength[r.Prefix.Bits()], r.Prefix)
 	}
-	for {
-		changed := false
-		keys := slices.Collect(maps.Keys(byPrefix.m))
-		// Longest first, so halves merge before their parents are looked at.
-		slices.SortFunc(keys, func(a, b netip.Prefix) int { return b.Bits() - a.Bits() })
-		for _, p := range keys {
+	// One pass, longest first: halves merge before their parent's length is
+	// looked at (a merge adds the parent to the next, shorter length), and
+	// nothing done at a shorter length changes where a longer prefix's
+	// covering route sends (a dropped route was covered by one with its
+	// target, a merged parent has its halves' target), so nothing longer
+	// needs a second look.
+	for bits := len(byLength) - 1; bits >= 0; bits-- {
+		// In any order: a merge at this length neither needs nor changes
+		// another's route at it, and a covering route is shorter.
+		for _, p := range byLength[bits] {
 			r, ok := byPrefix.m[p]
 			if !ok {
 				continue
@@ -181,7 +184,6 @@ func aggregateRoutes(routes []Route) []Route {
 			if c, ok := byPrefix.covering(p); ok && c.target == r.target {
 				c.merged += 1 + r.merged
 				byPrefix.remove(p)
-				changed = true
 				continue
 			}
 			s, ok := sibling(p)
@@ -196,17 +198,17 @@ func aggregateRoutes(routes []Route) []Route {
 				up := &targeted{route: first.route, target: r.target, merged: 1 + first.merged + second.merged}
 				up.route.Prefix = parent(p)
 				up.route.Group = slices.Clone(first.route.Group)
-				if old, ok := byPrefix.m[up.route.Prefix]; ok && old.target == r.target {
+				old, replaced := byPrefix.m[up.route.Prefix]
+				if replaced && old.target == r.target {
 					up.merged += 1 + old.merged // the same target: folded in too
 				}
 				byPrefix.remove(p)
 				byPrefix.remove(s)
 				byPrefix.put(up.route.Prefix, up)
-				changed = true
+				if !replaced {
+					byLength[bits-1] = append(byLength[bits-1], up.route.Prefix)
+				}
 			}
-		}
-		if !changed {
-			break
 		}
 	}
 	out := make([]Route, 0, len(byPrefix.m))

@@ -37,6 +37,7 @@ func (p *NodePlan) masqueradePolicy(set *objects.Set, site *v1alpha1.Site, conne
 		if s == nil {
 			continue
 		}
+		siteWide := len(m.Exempt)
 		for i, c := range s.Spec.NodeCIDRs {
 			if pfx, err := netip.ParsePrefix(string(c)); err == nil {
 				add(pfx, fmt.Sprintf("Site %q spec.nodeCidrs[%d]", name, i))
@@ -45,11 +46,22 @@ func (p *NodePlan) masqueradePolicy(set *objects.Set, site *v1alpha1.Site, conne
 		for _, b := range declaredBlocks(s) {
 			add(b.Prefix, fmt.Sprintf("Site %q %s", name, b.Field))
 		}
+		// A node prefix inside one of its site's (its podCIDR in a pod
+		// block) is dropped by coveringOnly anyway: skip it before naming
+		// its origin, which is most of the cost at 5,000 nodes.
+		siteEnd := len(m.Exempt)
+		covered := func(pfx netip.Prefix) bool {
+			return slices.ContainsFunc(m.Exempt[siteWide:siteEnd], func(e ExemptSource) bool {
+				return e.Prefix.Bits() <= pfx.Bits() && e.Prefix.Contains(pfx.Addr())
+			})
+		}
 		for _, n := range set.NodesOf(name) {
 			for _, f := range objects.PodCIDRFields(n) {
-				add(f.Prefix, fmt.Sprintf("Node %q %s", n.Name, f.Field))
+				if !covered(f.Prefix) {
+					add(f.Prefix, objects.NodeField(n.Name, f.Field))
+				}
 			}
-			if a, origin, ok := objects.TunnelAddr(n); ok {
+			if a, origin, ok := objects.TunnelAddr(n); ok && !covered(HostPrefix(a)) {
 				add(HostPrefix(a), origin)
 			}
 		}

@@ -84,15 +84,17 @@ type KubernetesConfig struct {
 // the reflectors relist when it returns, and Changed fires for what differs.
 // Nothing here clears a cache on an error.
 type Kubernetes struct {
-	log     *slog.Logger
-	rules   objects.Rules
-	n       *notifier
-	synced  atomic.Bool
-	cancel  context.CancelFunc
-	factory informers.SharedInformerFactory
-	dynamic dynamicinformer.DynamicSharedInformerFactory
-	nodes   cache.SharedIndexInformer
-	isthmus map[schema.GroupVersionResource]cache.SharedIndexInformer
+	log *slog.Logger
+	// validator keeps what it found in unchanged Nodes from one Snapshot
+	// to the next.
+	validator *objects.Validator
+	n         *notifier
+	synced    atomic.Bool
+	cancel    context.CancelFunc
+	factory   informers.SharedInformerFactory
+	dynamic   dynamicinformer.DynamicSharedInformerFactory
+	nodes     cache.SharedIndexInformer
+	isthmus   map[schema.GroupVersionResource]cache.SharedIndexInformer
 }
 
 // NewKubernetes starts the informers and waits until their caches hold a full
@@ -109,12 +111,12 @@ func NewKubernetes(ctx context.Context, cfg KubernetesConfig) (*Kubernetes, erro
 		cfg.Log = slog.Default()
 	}
 	k := &Kubernetes{
-		log:     cfg.Log,
-		rules:   cfg.Rules,
-		n:       newNotifier(cfg.Debounce),
-		factory: informers.NewSharedInformerFactory(cfg.Client, cfg.Resync),
-		dynamic: dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, cfg.Resync),
-		isthmus: make(map[schema.GroupVersionResource]cache.SharedIndexInformer),
+		log:       cfg.Log,
+		validator: objects.NewValidator(cfg.Rules),
+		n:         newNotifier(cfg.Debounce),
+		factory:   informers.NewSharedInformerFactory(cfg.Client, cfg.Resync),
+		dynamic:   dynamicinformer.NewDynamicSharedInformerFactory(cfg.Dynamic, cfg.Resync),
+		isthmus:   make(map[schema.GroupVersionResource]cache.SharedIndexInformer),
 	}
 	k.nodes = k.factory.Core().V1().Nodes().Informer()
 	// Keep what the plan reads; drop what only costs memory.
@@ -283,9 +285,11 @@ func trimManagedFields(obj any) (any, error) {
 
 // Snapshot lists Nodes and the isthmus objects from the caches, leaves out
 // Nodes that belong to no Site (warnings, see objects.WithoutUnsitedNodes)
-// and validates the rest with objects.ValidateSettingAside: an invalid object
-// is set aside in the Set's Rejected, never an error. An object the cache holds in
-// a form that does not convert to its type fails the snapshot, naming it.
+// and validates the rest with objects.ValidateSettingAside (through a
+// Validator, which parses again only the Nodes changed since the last
+// Snapshot): an invalid object is set aside in the Set's Rejected, never an
+// error. An object the cache holds in a form that does not convert to its
+// type fails the snapshot, naming it.
 func (k *Kubernetes) Snapshot() (*objects.Set, []objects.Warning, error) {
 	var in objects.Objects
 	var errs []error
@@ -307,7 +311,7 @@ func (k *Kubernetes) Snapshot() (*objects.Set, []objects.Warning, error) {
 		return nil, nil, errors.Join(errs...)
 	}
 	in, warns := in.WithoutUnsitedNodes()
-	set, more := k.rules.ValidateSettingAside(in)
+	set, more := k.validator.ValidateSettingAside(in)
 	return set, append(warns, more...), nil
 }
 

@@ -1,0 +1,59 @@
+package cpbench
+
+import (
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/isthmus-dev/isthmus/loader/fleet"
+	"github.com/isthmus-dev/isthmus/loader/objects"
+	"github.com/isthmus-dev/isthmus/maps"
+)
+
+// BenchmarkOneNodeChange is the sync after adding a Node to a remote site of
+// the 5,000-node fleets, as Measure times it (a Validator that saw the
+// snapshot before, plan, map state, diff), for profiling with -cpuprofile:
+// cpu-ms/op is the process's CPU time per sync, garbage collection included.
+func BenchmarkOneNodeChange(b *testing.B) {
+	for _, topo := range []fleet.Topology{fleet.Mesh, fleet.Hub} {
+		sh := fleet.Shape{Sites: 50, NodesPerSite: 100, Topology: topo}
+		in, err := fleet.Objects(sh)
+		if err != nil {
+			b.Fatal(err)
+		}
+		nodes := map[string]string{"member": fleet.NodeName(1, fleet.GatewaysPerSite)}
+		if topo == fleet.Hub {
+			nodes["gateway"] = fleet.NodeName(1, 0)
+		}
+		changed := cloneObjects(in)
+		added := fleet.Node(sh, 7, sh.NodesPerSite)
+		added.ResourceVersion = "2"
+		changed.Nodes = append(changed.Nodes, added)
+		for role, node := range nodes {
+			set, _ := objects.ValidateSettingAside(in)
+			_, before, err := state(set, node, maps.State{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Run(string(topo)+"-"+role, func(b *testing.B) {
+				var spent time.Duration
+				for b.Loop() {
+					b.StopTimer()
+					v := objects.NewValidator(objects.Rules{})
+					v.ValidateSettingAside(in)
+					runtime.GC()
+					b.StartTimer()
+					start := cpuTime()
+					set, _ := v.ValidateSettingAside(changed)
+					_, after, err := state(set, node, before)
+					if err != nil {
+						b.Fatal(err)
+					}
+					maps.Diff(before, after)
+					spent += cpuTime() - start
+				}
+				b.ReportMetric(float64(spent.Microseconds())/1000/float64(b.N), "cpu-ms/op")
+			})
+		}
+	}
+}
