@@ -372,7 +372,7 @@ func TestIngressPolicyYAML(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := sc.Sites[0].Nodes[0].Pods[0].Ingress
-	want := &IngressPolicy{Allow: []netip.Prefix{netip.MustParsePrefix("10.0.2.128/32")}, Deny: []netip.Prefix{netip.MustParsePrefix("10.0.2.0/23")}}
+	want := &Policy{Allow: []netip.Prefix{netip.MustParsePrefix("10.0.2.128/32")}, Deny: []netip.Prefix{netip.MustParsePrefix("10.0.2.0/23")}}
 	if got == nil || !slices.Equal(got.Allow, want.Allow) || !slices.Equal(got.Deny, want.Deny) {
 		t.Fatalf("ingress = %+v, want %+v", got, want)
 	}
