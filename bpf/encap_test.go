@@ -62,11 +62,17 @@ func jhash3(a, b, c, initval uint32) uint32 {
 	return c
 }
 
-// podFrame is a pod's UDP packet as it arrives on the host veth.
-// scapy: Ether(dst=<pod0h MAC>, src="02:00:00:00:0a:05")/IP(src="10.1.0.5", dst=dst, tos=0x10, ttl=64)/UDP(sport=sport, dport=80, chksum=0)/b"hello"
+// podFrame is a pod's TCP segment (ACK, in a flow the test's conntrack does not
+// hold, so pod_ingress encapsulates it itself; what opens a flow goes through the
+// stack: TestPodEgressThroughStack) as it arrives on the host veth.
+// scapy: Ether(dst=<pod0h MAC>, src="02:00:00:00:0a:05")/IP(src="10.1.0.5", dst=dst, tos=0x10, ttl=64)/TCP(sport=sport, dport=80, flags="A", window=65535, chksum=0)/b"hello"
 func podFrame(l *lab, dst netip.Addr, sport uint16) []byte {
-	return ethFrame(l.podHMAC, podMAC, 0x0800,
-		ipv4Packet(podIP, dst, 17, ipOpts{tos: 0x10, ttl: 64}, udpDatagram(sport, 80, []byte("hello"))))
+	return ethFrame(l.podHMAC, podMAC, 0x0800, podPacket(dst, sport, 64))
+}
+
+// podPacket is podFrame's IPv4 packet with TTL ttl.
+func podPacket(dst netip.Addr, sport uint16, ttl byte) []byte {
+	return ipv4Packet(podIP, dst, 6, ipOpts{tos: 0x10, ttl: ttl}, tcpSegment(sport, 80, 0x10, []byte("hello")))
 }
 
 func TestEncapByteExact(t *testing.T) {
@@ -93,7 +99,7 @@ func TestEncapByteExact(t *testing.T) {
 				t.Fatalf("verdict %d, want TC_ACT_REDIRECT", ret)
 			}
 
-			innerIP := ipv4Packet(podIP, remotePodIP, 17, ipOpts{tos: 0x10, ttl: tc.innerTTL}, udpDatagram(1234, 80, []byte("hello")))
+			innerIP := podPacket(remotePodIP, 1234, tc.innerTTL)
 			innerFrame := append(append([]byte{}, in[:14]...), innerIP...)
 			sport := flowSport(in[14:])
 			gnv := geneveHeader(geneveOpts{proto: 0x6558, vni: testVNI, optWords: -1}, innerFrame)
@@ -227,5 +233,45 @@ func TestPodIngressLocalDelivery(t *testing.T) {
 	arp := ethFrame(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, other, 0x0806, make([]byte, 28))
 	if ret, out = l.run(t, l.objs.PodIngress, arp, l.pod.Attrs().Index); ret != tcActOK || !bytes.Equal(out, arp) {
 		t.Errorf("ARP: verdict %d; want TC_ACT_OK, unchanged", ret)
+	}
+}
+
+// TestPodEgressThroughStack: a pod's packet that opens a flow as conntrack sees one (a
+// TCP SYN, a UDP datagram, an ICMP echo request) for a remote pod is left to the
+// stack, untouched and marked, so that the site's egress filters judge it and
+// conntrack holds the flow after it; the stack forwards it into isthmus0, whose
+// overlay_egress encapsulates it. A segment of a flow conntrack does not hold is
+// encapsulated at pod_ingress.
+func TestPodEgressThroughStack(t *testing.T) {
+	l := newLab(t)
+	for _, tc := range []struct {
+		name  string
+		proto byte
+		l4    []byte
+		stack bool
+	}{
+		{"TCP SYN", 6, tcpSegment(40000, 80, 0x02, nil), true},
+		{"UDP", 17, udpDatagram(40000, 53, []byte("q")), true},
+		{"ICMP echo request", 1, icmpEcho(8, 0x1234, 1, []byte("ping")), true},
+		{"TCP ACK", 6, tcpSegment(40000, 80, 0x10, nil), false},
+		{"ICMP echo reply", 1, icmpEcho(0, 0x1234, 1, []byte("ping")), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := ethFrame(l.podHMAC, podMAC, 0x0800, ipv4Packet(podIP, remotePodIP, tc.proto, ipOpts{ttl: 64}, tc.l4))
+			before := l.counts(t)
+			ret, out := l.run(t, l.objs.PodIngress, in, l.pod.Attrs().Index)
+			if d := delta(before, l.counts(t)); tc.stack && (ret != tcActOK || l.mark&overlayMark == 0 || !bytes.Equal(out, in) || len(d) != 0) {
+				t.Fatalf("verdict %d, mark %#x, frame changed %v, counters %v; want TC_ACT_OK, mark %#x, untouched, none counted",
+					ret, l.mark, !bytes.Equal(out, in), d, overlayMark)
+			}
+			if !tc.stack && ret != tcActRedirect {
+				t.Fatalf("verdict %d, want TC_ACT_REDIRECT (encapsulated at pod_ingress)", ret)
+			}
+			ret, out, fwd, hook := l.podSend(t, in)
+			ip := ipv4Packet(podIP, remotePodIP, tc.proto, ipOpts{ttl: 63}, tc.l4)
+			if want := encapsulated(l, fwd, ip); ret != tcActRedirect || !bytes.Equal(out, want) {
+				t.Fatalf("hook %d: verdict %d, frame\n got %x\nwant %x", hook, ret, out, want)
+			}
+		})
 	}
 }

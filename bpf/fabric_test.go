@@ -46,7 +46,7 @@ func withGroup(t *testing.T, l *lab, g IsthmusNexthopGroup) {
 	}
 }
 
-// outerDst runs pod_ingress on a pod's UDP packet from sport to groupDst and returns
+// outerDst runs pod_ingress on a pod's TCP segment (podFrame) from sport to groupDst and returns
 // the outer destination it was sent to.
 func outerDst(t *testing.T, l *lab, sport uint16) netip.Addr {
 	t.Helper()
@@ -71,7 +71,7 @@ func TestNexthopGroupSelection(t *testing.T) {
 	if ret != tcActRedirect {
 		t.Fatalf("verdict %d, want TC_ACT_REDIRECT", ret)
 	}
-	innerIP := ipv4Packet(podIP, groupDst, 17, ipOpts{tos: 0x10, ttl: 63}, udpDatagram(1234, 80, []byte("hello")))
+	innerIP := podPacket(groupDst, 1234, 63)
 	gnv := geneveHeader(geneveOpts{proto: 0x6558, vni: testVNI, optWords: -1}, append(append([]byte{}, in[:14]...), innerIP...))
 	want := ethFrame(gwMAC, l.undMAC, 0x0800,
 		ipv4Packet(underlayIP, want0, 17, ipOpts{tos: 0x10, ttl: 64, fragOff: 0x4000}, udpDatagram(flowSport(in[14:]), 6081, gnv)))

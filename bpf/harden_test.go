@@ -290,7 +290,7 @@ func TestMSSClampOddOffset(t *testing.T) {
 	opts := []byte{1, 2, 4, 0x05, 0xb4, 1, 1, 0} // NOP, MSS 1460, NOP, NOP, EOL
 	seg := tcpWithOptions(podIP, remotePodIP, 40000, 80, tcpSYN, opts)
 	in := ethFrame(l.podHMAC, podMAC, 0x0800, ipv4Packet(podIP, remotePodIP, 6, ipOpts{ttl: 64, fragOff: 0x4000}, seg))
-	ret, out := l.run(t, l.objs.PodIngress, in, l.pod.Attrs().Index)
+	ret, out, _, _ := l.podSend(t, in)
 	if ret != tcActRedirect {
 		t.Fatalf("verdict %d, want TC_ACT_REDIRECT", ret)
 	}
@@ -360,7 +360,7 @@ func TestSNATHalfClosed(t *testing.T) {
 	}
 	out := func(flags byte) {
 		in := fromPod(l, podMAC, podIP, remotePodIP, 6, tcp(podIP, remotePodIP, 33000, 80, flags))
-		sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, 6, ipOpts{ttl: 63}, tcp(tunnelIP, remotePodIP, 33000, 80, flags))))
+		sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, 6, ipOpts{ttl: 63}, tcp(tunnelIP, remotePodIP, 33000, 80, flags)))
 	}
 	back := func(flags byte) {
 		sendIn(t, l, fromRemote(l, ipv4Packet(remotePodIP, tunnelIP, 6, ipOpts{ttl: 64}, tcp(remotePodIP, tunnelIP, 80, 33000, flags))),

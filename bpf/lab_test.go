@@ -350,3 +350,35 @@ func (l *lab) wantXDPPassWhole(t *testing.T, what string, in []byte) {
 		t.Fatalf("%s: XDP counted %v, want nothing", what, d)
 	}
 }
+
+// podSend runs a pod's frame in through the node as the kernel would: pod_ingress,
+// and when that leaves it to the stack (a packet the stack must see,
+// docs/architecture.md "Netfilter": untouched and marked, else the test fails), the
+// stack's forwarding into isthmus0 (stackForwarded) and overlay_egress. Returns the
+// last program's verdict and output, the frame that program ran on, and its hook.
+func (l *lab) podSend(t testing.TB, in []byte) (uint32, []byte, []byte, IsthmusHook) {
+	t.Helper()
+	ret, out := l.run(t, l.objs.PodIngress, in, l.pod.Attrs().Index)
+	if ret != tcActOK {
+		return ret, out, in, IsthmusHookHOOK_POD_INGRESS
+	}
+	if l.mark&overlayMark == 0 || !bytes.Equal(out, in) {
+		t.Fatalf("pod_ingress passed the frame to the stack with mark %#x (want %#x), changed %v", l.mark, overlayMark, !bytes.Equal(out, in))
+	}
+	fwd := stackForwarded(l, in)
+	ret, out = l.run(t, l.objs.OverlayEgress, fwd, l.ist.Attrs().Index)
+	return ret, out, fwd, IsthmusHookHOOK_OVERLAY_EGRESS
+}
+
+// stackForwarded is the frame the stack sends on isthmus0 when it forwards the IPv4
+// packet of frame in there: TTL decremented, header checksum updated, and both MAC
+// addresses isthmus0's own (the device has ARP off: its neighbours resolve to its own
+// address).
+func stackForwarded(l *lab, in []byte) []byte {
+	ip := append([]byte{}, in[14:]...)
+	hlen := int(ip[0]&0x0f) * 4
+	ip[8]--
+	ip[10], ip[11] = 0, 0
+	binary.BigEndian.PutUint16(ip[10:], csum16(ip[:hlen]))
+	return ethFrame(l.istMAC, l.istMAC, 0x0800, ip)
+}

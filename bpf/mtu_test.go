@@ -104,8 +104,9 @@ func TestFragNeededReply(t *testing.T) {
 		})
 	}
 
-	// The largest packet that fits is encapsulated, not answered.
-	if ret, out := l.run(t, l.objs.PodIngress, bigUDP(l, remotePodIP, int(tunnelMTU), true), l.pod.Attrs().Index); ret != tcActRedirect || len(out) != 14+int(tunnelMTU)+50 {
+	// The largest packet that fits is encapsulated (through the stack: a datagram
+	// opens a flow), not answered.
+	if ret, out, _, _ := l.podSend(t, bigUDP(l, remotePodIP, int(tunnelMTU), true)); ret != tcActRedirect || len(out) != 14+int(tunnelMTU)+50 {
 		t.Errorf("packet of exactly the tunnel MTU: verdict %d, %d bytes; want encapsulated (%d bytes)", ret, len(out), 14+int(tunnelMTU)+50)
 	}
 }
@@ -263,14 +264,20 @@ func TestMSSClampEncap(t *testing.T) {
 		{name: "non-SYN untouched", flags: tcpACK, opts: mssOpt, mss: 1460, wantMSS: 1460},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			prog, ifindex, ttl := l.objs.PodIngress, l.pod.Attrs().Index, byte(63)
-			if tc.overlay {
-				prog, ifindex, ttl = l.objs.OverlayEgress, l.ist.Attrs().Index, 64
-			}
 			// scapy: Ether(dst=<pod0h MAC>, src="02:00:00:00:0a:05")/IP(src="10.1.0.5", dst="10.2.0.7", ttl=64, flags="DF")/TCP(sport=40000, dport=80, seq=0x01020304, flags=<flags>, window=65535, options=<opts>)
 			seg := tcpWithOptions(podIP, remotePodIP, 40000, 80, tc.flags, tc.opts(tc.mss))
 			in := ethFrame(l.podHMAC, podMAC, 0x0800, ipv4Packet(podIP, remotePodIP, 6, ipOpts{ttl: 64, fragOff: 0x4000}, seg))
-			ret, out := l.run(t, prog, in, ifindex)
+			// From a pod, the node's path (a SYN through the stack), which forwards
+			// it: TTL 63 either way. From the host, overlay_egress alone.
+			var ret uint32
+			var out []byte
+			ttl, encapIn := byte(63), in
+			if tc.overlay {
+				ttl = 64
+				ret, out = l.run(t, l.objs.OverlayEgress, in, l.ist.Attrs().Index)
+			} else {
+				ret, out, encapIn, _ = l.podSend(t, in)
+			}
 			if ret != tcActRedirect {
 				t.Fatalf("verdict %d, want TC_ACT_REDIRECT", ret)
 			}
@@ -278,7 +285,7 @@ func TestMSSClampEncap(t *testing.T) {
 			innerIP := ipv4Packet(podIP, remotePodIP, 6, ipOpts{ttl: ttl, fragOff: 0x4000}, wantSeg)
 			want := ethFrame(gwMAC, l.undMAC, 0x0800, ipv4Packet(underlayIP, peerIP, 17, ipOpts{ttl: 64, fragOff: 0x4000},
 				udpDatagram(flowSport(in[14:]), 6081, geneveHeader(geneveOpts{proto: 0x6558, vni: testVNI, optWords: -1},
-					append(append([]byte{}, in[:14]...), innerIP...)))))
+					append(append([]byte{}, encapIn[:14]...), innerIP...)))))
 			if !bytes.Equal(out, want) {
 				t.Fatalf("encapsulated frame differs\n got %x\nwant %x", out, want)
 			}

@@ -189,15 +189,16 @@ func toPod(l *lab, mac net.HardwareAddr, ip []byte) []byte {
 	return ethFrame(mac, l.podHMAC, 0x0800, ip)
 }
 
-// sendOut runs pod_ingress on in and wants the frame want (byte-exact), checking the
-// inner checksums by recomputation.
-func sendOut(t *testing.T, l *lab, in, want []byte) {
+// sendOut sends the pod's frame in out as the node does (podSend) and wants the
+// inner packet ip (translated, its TTL decremented) encapsulated byte-exact, checking
+// the inner checksums by recomputation.
+func sendOut(t *testing.T, l *lab, in, ip []byte) {
 	t.Helper()
-	ret, out := l.run(t, l.objs.PodIngress, in, l.pod.Attrs().Index)
+	ret, out, frame, hook := l.podSend(t, in)
 	if ret != tcActRedirect {
-		t.Fatalf("pod_ingress verdict %d, want TC_ACT_REDIRECT", ret)
+		t.Fatalf("verdict %d at hook %d, want TC_ACT_REDIRECT", ret, hook)
 	}
-	if !bytes.Equal(out, want) {
+	if want := encapsulated(l, frame, ip); !bytes.Equal(out, want) {
 		t.Fatalf("encapsulated frame differs\n got %x\nwant %x", out, want)
 	}
 	checkSums(t, "inner packet", out[64:])
@@ -266,7 +267,10 @@ func monoNow(t testing.TB) uint64 {
 
 var (
 	podIngress = IsthmusHookHOOK_POD_INGRESS
-	underlayTC = IsthmusHookHOOK_UNDERLAY_TC
+	// overlayEgress encapsulates (and translates) what the stack forwards into
+	// isthmus0: a pod's packets that open a flow (sendOut).
+	overlayEgress = IsthmusHookHOOK_OVERLAY_EGRESS
+	underlayTC    = IsthmusHookHOOK_UNDERLAY_TC
 )
 
 func TestSNATTCP(t *testing.T) {
@@ -279,10 +283,10 @@ func TestSNATTCP(t *testing.T) {
 	t0 := monoNow(t)
 	before := l.counts(t)
 	in := fromPod(l, podMAC, podIP, remotePodIP, 6, tcp(podIP, remotePodIP, 33000, 80, 0x02))
-	sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, 6, ipOpts{ttl: 63}, tcp(tunnelIP, remotePodIP, 33000, 80, 0x02))))
+	sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, 6, ipOpts{ttl: 63}, tcp(tunnelIP, remotePodIP, 33000, 80, 0x02)))
 	wantCounts(t, delta(before, l.counts(t)), map[IsthmusMetricsKey]uint64{
-		metricKey(IsthmusMetricMETRIC_SNAT, podIngress): 1, metricKey(IsthmusMetricMETRIC_SNAT_NEW, podIngress): 1,
-		metricKey(IsthmusMetricMETRIC_ENCAP, podIngress): 1})
+		metricKey(IsthmusMetricMETRIC_SNAT, overlayEgress): 1, metricKey(IsthmusMetricMETRIC_SNAT_NEW, overlayEgress): 1,
+		metricKey(IsthmusMetricMETRIC_ENCAP, overlayEgress): 1})
 	fk := natKey(podIP, remotePodIP, 33000, 80, 6)
 	rk := natKey(remotePodIP, tunnelIP, 80, 33000, 6)
 	fv := wantEntry(t, l, fk, tunnelIP, 33000, natNew, 0)
@@ -302,13 +306,14 @@ func TestSNATTCP(t *testing.T) {
 	wantEntry(t, l, rk, podIP, 33000, natEstablished, natReply)
 
 	// The ACK reuses the entry (no new flow); a FIN half-closes it in both entries.
+	// The test's conntrack holds no flow, so pod_ingress translates these itself.
 	before = l.counts(t)
 	in = fromPod(l, podMAC, podIP, remotePodIP, 6, tcp(podIP, remotePodIP, 33000, 80, 0x10))
-	sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, 6, ipOpts{ttl: 63}, tcp(tunnelIP, remotePodIP, 33000, 80, 0x10))))
+	sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, 6, ipOpts{ttl: 63}, tcp(tunnelIP, remotePodIP, 33000, 80, 0x10)))
 	wantCounts(t, delta(before, l.counts(t)), map[IsthmusMetricsKey]uint64{
 		metricKey(IsthmusMetricMETRIC_SNAT, podIngress): 1, metricKey(IsthmusMetricMETRIC_ENCAP, podIngress): 1})
 	in = fromPod(l, podMAC, podIP, remotePodIP, 6, tcp(podIP, remotePodIP, 33000, 80, 0x11))
-	sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, 6, ipOpts{ttl: 63}, tcp(tunnelIP, remotePodIP, 33000, 80, 0x11))))
+	sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, 6, ipOpts{ttl: 63}, tcp(tunnelIP, remotePodIP, 33000, 80, 0x11)))
 	wantEntry(t, l, fk, tunnelIP, 33000, uint8(IsthmusNatStateNAT_STATE_FIN_ORIG), 0)
 	wantEntry(t, l, rk, podIP, 33000, uint8(IsthmusNatStateNAT_STATE_FIN_ORIG), natReply)
 
@@ -342,7 +347,7 @@ func TestSNATUDP(t *testing.T) {
 				return b
 			}
 			in := fromPod(l, podMAC, podIP, remotePodIP, 17, udp(podIP, remotePodIP, tc.sport, 53))
-			sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, 17, ipOpts{ttl: 63}, udp(tunnelIP, remotePodIP, tc.sport, 53))))
+			sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, 17, ipOpts{ttl: 63}, udp(tunnelIP, remotePodIP, tc.sport, 53)))
 			wantEntry(t, l, natKey(podIP, remotePodIP, tc.sport, 53, 17), tunnelIP, tc.sport, natNew, 0)
 			sendIn(t, l, fromRemote(l, ipv4Packet(remotePodIP, tunnelIP, 17, ipOpts{ttl: 64}, udp(remotePodIP, tunnelIP, 53, tc.sport))),
 				toStack(l, ipv4Packet(remotePodIP, podIP, 17, ipOpts{ttl: 64}, udp(remotePodIP, podIP, 53, tc.sport))))
@@ -357,7 +362,7 @@ func TestSNATICMPEcho(t *testing.T) {
 	payload := []byte("ping")
 	// The first pod keeps its identifier.
 	in := fromPod(l, podMAC, podIP, remotePodIP, 1, icmpEcho(8, 0x1234, 1, payload))
-	sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, 1, ipOpts{ttl: 63}, icmpEcho(8, 0x1234, 1, payload))))
+	sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, 1, ipOpts{ttl: 63}, icmpEcho(8, 0x1234, 1, payload)))
 	wantEntry(t, l, natKey(podIP, remotePodIP, 0x1234, 0, 1), tunnelIP, 0x1234, natNew, 0)
 	wantEntry(t, l, natKey(remotePodIP, tunnelIP, 0, 0x1234, 1), podIP, 0x1234, natNew, natReply)
 
@@ -365,10 +370,10 @@ func TestSNATICMPEcho(t *testing.T) {
 	id2 := snatPort(pod2IP, remotePodIP, 0x1234, 0, 1, min, max, 0)
 	before := l.counts(t)
 	in = fromPod(l, pod2MAC, pod2IP, remotePodIP, 1, icmpEcho(8, 0x1234, 7, payload))
-	sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, 1, ipOpts{ttl: 63}, icmpEcho(8, id2, 7, payload))))
+	sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, 1, ipOpts{ttl: 63}, icmpEcho(8, id2, 7, payload)))
 	wantCounts(t, delta(before, l.counts(t)), map[IsthmusMetricsKey]uint64{
-		metricKey(IsthmusMetricMETRIC_SNAT, podIngress): 1, metricKey(IsthmusMetricMETRIC_SNAT_NEW, podIngress): 1,
-		metricKey(IsthmusMetricMETRIC_ENCAP, podIngress): 1})
+		metricKey(IsthmusMetricMETRIC_SNAT, overlayEgress): 1, metricKey(IsthmusMetricMETRIC_SNAT_NEW, overlayEgress): 1,
+		metricKey(IsthmusMetricMETRIC_ENCAP, overlayEgress): 1})
 
 	// Both replies find their pod.
 	sendIn(t, l, fromRemote(l, ipv4Packet(remotePodIP, tunnelIP, 1, ipOpts{ttl: 64}, icmpEcho(0, 0x1234, 1, payload))),
@@ -397,11 +402,11 @@ func TestSNATPortCollision(t *testing.T) {
 			return withCsum(src, dst, 17, udpDatagram(sport, dport, []byte("x")))
 		}
 		in := fromPod(l, podMAC, podIP, remotePodIP, proto, seg(podIP, remotePodIP, 33000, 80))
-		sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, proto, ipOpts{ttl: 63}, seg(tunnelIP, remotePodIP, 33000, 80))))
+		sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, proto, ipOpts{ttl: 63}, seg(tunnelIP, remotePodIP, 33000, 80)))
 		// Same port, same destination, another pod: a port from the range.
 		p2 := snatPort(pod2IP, remotePodIP, 33000, 80, proto, min, max, 0)
 		in = fromPod(l, pod2MAC, pod2IP, remotePodIP, proto, seg(pod2IP, remotePodIP, 33000, 80))
-		sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, proto, ipOpts{ttl: 63}, seg(tunnelIP, remotePodIP, p2, 80))))
+		sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, proto, ipOpts{ttl: 63}, seg(tunnelIP, remotePodIP, p2, 80)))
 		wantEntry(t, l, natKey(pod2IP, remotePodIP, 33000, 80, proto), tunnelIP, p2, natNew, 0)
 		wantEntry(t, l, natKey(remotePodIP, tunnelIP, 80, p2, proto), pod2IP, 33000, natNew, natReply)
 		// Both reverse to their own pod (a SYN or a datagram: through the stack).
@@ -442,7 +447,7 @@ func TestSNATLocalSocket(t *testing.T) {
 		}
 		p := snatPort(podIP, remotePodIP, sport, 80, proto, min, max, 0)
 		in := fromPod(l, podMAC, podIP, remotePodIP, proto, seg(podIP, remotePodIP, sport, 80))
-		sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, proto, ipOpts{ttl: 63}, seg(tunnelIP, remotePodIP, p, 80))))
+		sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, proto, ipOpts{ttl: 63}, seg(tunnelIP, remotePodIP, p, 80)))
 	}
 }
 
@@ -454,15 +459,18 @@ func TestSNATRangeFull(t *testing.T) {
 	// Two flows that keep their ports fill the two-port range for remotePodIP:80.
 	for _, sp := range []uint16{40000, 40001} {
 		in := fromPod(l, podMAC, podIP, remotePodIP, 17, udp(podIP, remotePodIP, sp))
-		sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, 17, ipOpts{ttl: 63}, udp(tunnelIP, remotePodIP, sp))))
+		sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, 17, ipOpts{ttl: 63}, udp(tunnelIP, remotePodIP, sp)))
 	}
 	before := l.counts(t)
 	in := fromPod(l, pod2MAC, pod2IP, remotePodIP, 17, udp(pod2IP, remotePodIP, 40000))
-	if ret, _ := l.run(t, l.objs.PodIngress, in, l.pod.Attrs().Index); ret != tcActShot {
-		t.Fatalf("verdict %d, want TC_ACT_SHOT", ret)
+	if ret, _ := l.run(t, l.objs.PodIngress, in, l.pod.Attrs().Index); ret != tcActOK {
+		t.Fatalf("pod_ingress verdict %d, want TC_ACT_OK (through the stack)", ret)
+	}
+	if ret, _ := l.run(t, l.objs.OverlayEgress, stackForwarded(l, in), l.ist.Attrs().Index); ret != tcActShot {
+		t.Fatalf("overlay_egress verdict %d, want TC_ACT_SHOT", ret)
 	}
 	wantCounts(t, delta(before, l.counts(t)), map[IsthmusMetricsKey]uint64{
-		dropKey(IsthmusDropReasonDROP_SNAT_NO_PORT, podIngress): 1})
+		dropKey(IsthmusDropReasonDROP_SNAT_NO_PORT, overlayEgress): 1})
 	if _, ok := natEntry(t, l, natKey(pod2IP, remotePodIP, 40000, 80, 17)); ok {
 		t.Errorf("a flow without a port left an entry")
 	}
@@ -473,8 +481,8 @@ func TestSNATExemptAndUnsupported(t *testing.T) {
 	// An exempt source keeps its address.
 	in := fromPod(l, podMAC, exemptIP, remotePodIP, 17, udpDatagram(1000, 53, []byte("x")))
 	before := l.counts(t)
-	sendOut(t, l, in, encapsulated(l, in, ipv4Packet(exemptIP, remotePodIP, 17, ipOpts{ttl: 63}, udpDatagram(1000, 53, []byte("x")))))
-	wantCounts(t, delta(before, l.counts(t)), map[IsthmusMetricsKey]uint64{metricKey(IsthmusMetricMETRIC_ENCAP, podIngress): 1})
+	sendOut(t, l, in, ipv4Packet(exemptIP, remotePodIP, 17, ipOpts{ttl: 63}, udpDatagram(1000, 53, []byte("x"))))
+	wantCounts(t, delta(before, l.counts(t)), map[IsthmusMetricsKey]uint64{metricKey(IsthmusMetricMETRIC_ENCAP, overlayEgress): 1})
 	var k IsthmusNatKey
 	var v IsthmusNatValue
 	if it := l.objs.Nat.Iterate(); it.Next(&k, &v) {
@@ -507,7 +515,7 @@ func TestSNATICMPError(t *testing.T) {
 	orig := withCsum(podIP, remotePodIP, 17, udpDatagram(5000, 53, data))
 	in := ethFrame(l.podHMAC, podMAC, 0x0800, ipv4Packet(podIP, remotePodIP, 17, ipOpts{ttl: 64, id: 0x4242, fragOff: 0x4000}, orig))
 	xlated := withCsum(tunnelIP, remotePodIP, 17, udpDatagram(5000, 53, data))
-	sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, 17, ipOpts{ttl: 63, id: 0x4242, fragOff: 0x4000}, xlated)))
+	sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, 17, ipOpts{ttl: 63, id: 0x4242, fragOff: 0x4000}, xlated))
 
 	fragNeeded := func(quote []byte) []byte {
 		b := make([]byte, 8, 8+len(quote))
@@ -543,7 +551,7 @@ func TestSNATExpired(t *testing.T) {
 	l := natLab(t, min, max, nil)
 	udp := func(sport uint16) []byte { return udpDatagram(sport, 53, []byte("x")) }
 	in := fromPod(l, podMAC, podIP, remotePodIP, 17, udp(5000))
-	sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, 17, ipOpts{ttl: 63}, udp(5000))))
+	sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, 17, ipOpts{ttl: 63}, udp(5000)))
 	fk, rk := natKey(podIP, remotePodIP, 5000, 53, 17), natKey(remotePodIP, tunnelIP, 53, 5000, 17)
 	old := monoNow(t) - uint64(120*time.Second) // UDP times out after 60 s
 	for _, k := range []IsthmusNatKey{fk, rk} {
@@ -556,15 +564,15 @@ func TestSNATExpired(t *testing.T) {
 	// Another pod takes port 5000: the entry that held it expired.
 	before := l.counts(t)
 	in = fromPod(l, pod2MAC, pod2IP, remotePodIP, 17, udp(5000))
-	sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, 17, ipOpts{ttl: 63}, udp(5000))))
+	sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, 17, ipOpts{ttl: 63}, udp(5000)))
 	wantCounts(t, delta(before, l.counts(t)), map[IsthmusMetricsKey]uint64{
-		metricKey(IsthmusMetricMETRIC_SNAT, podIngress): 1, metricKey(IsthmusMetricMETRIC_SNAT_NEW, podIngress): 1,
-		metricKey(IsthmusMetricMETRIC_ENCAP, podIngress): 1})
+		metricKey(IsthmusMetricMETRIC_SNAT, overlayEgress): 1, metricKey(IsthmusMetricMETRIC_SNAT_NEW, overlayEgress): 1,
+		metricKey(IsthmusMetricMETRIC_ENCAP, overlayEgress): 1})
 	wantEntry(t, l, rk, pod2IP, 5000, natNew, natReply)
 	// The first pod's flow starts over, on a port from the range.
 	p := snatPort(podIP, remotePodIP, 5000, 53, 17, min, max, 0)
 	in = fromPod(l, podMAC, podIP, remotePodIP, 17, udp(5000))
-	sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, 17, ipOpts{ttl: 63}, udp(p))))
+	sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, 17, ipOpts{ttl: 63}, udp(p)))
 	v := wantEntry(t, l, fk, tunnelIP, p, natNew, 0)
 	if v.LastSeen <= old {
 		t.Errorf("last_seen not renewed")
@@ -579,10 +587,10 @@ func TestSNATTableFull(t *testing.T) {
 		sp := 20000 + i
 		before := l.counts(t)
 		in := fromPod(l, podMAC, podIP, remotePodIP, 17, udpDatagram(sp, 53, []byte("x")))
-		sendOut(t, l, in, encapsulated(l, in, ipv4Packet(tunnelIP, remotePodIP, 17, ipOpts{ttl: 63}, udpDatagram(sp, 53, []byte("x")))))
+		sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, 17, ipOpts{ttl: 63}, udpDatagram(sp, 53, []byte("x"))))
 		wantCounts(t, delta(before, l.counts(t)), map[IsthmusMetricsKey]uint64{
-			metricKey(IsthmusMetricMETRIC_SNAT, podIngress): 1, metricKey(IsthmusMetricMETRIC_SNAT_NEW, podIngress): 1,
-			metricKey(IsthmusMetricMETRIC_ENCAP, podIngress): 1})
+			metricKey(IsthmusMetricMETRIC_SNAT, overlayEgress): 1, metricKey(IsthmusMetricMETRIC_SNAT_NEW, overlayEgress): 1,
+			metricKey(IsthmusMetricMETRIC_ENCAP, overlayEgress): 1})
 	}
 	n := 0
 	var k IsthmusNatKey

@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestSNATInsertRace: two CPUs run pod_ingress on the first packet of the same flow at
+// TestSNATInsertRace: two CPUs run overlay_egress on the first packet of the same flow at
 // the same moment, flow after flow. Whichever way their inserts interleave, every flow
 // that has a forward entry must have the reply half it leads to: a CPU whose forward
 // insert lost to the other's must not delete the reply entry the winner relies on
@@ -26,7 +26,9 @@ func TestSNATInsertRace(t *testing.T) {
 	l := natLab(t, 40000, 40009, nil)
 	const flows = 4000
 	frame := func(i int) []byte {
-		return fromPod(l, podMAC, podIP, remotePodIP, 17, udpDatagram(uint16(20000+i), 53, []byte("race")))
+		// What the stack forwards into isthmus0: a pod's UDP opens a flow, so
+		// overlay_egress translates it.
+		return stackForwarded(l, fromPod(l, podMAC, podIP, remotePodIP, 17, udpDatagram(uint16(20000+i), 53, []byte("race"))))
 	}
 	var (
 		arrived atomic.Int64
@@ -54,8 +56,8 @@ func TestSNATInsertRace(t *testing.T) {
 				arrived.Add(1)
 				for arrived.Load() < int64(2*(i+1)) {
 				}
-				opts := &ebpf.RunOptions{Data: in, DataOut: out, Context: skbCtx{Ifindex: uint32(l.pod.Attrs().Index)}}
-				if _, err := l.objs.PodIngress.Run(opts); err != nil {
+				opts := &ebpf.RunOptions{Data: in, DataOut: out, Context: skbCtx{Ifindex: uint32(l.ist.Attrs().Index)}}
+				if _, err := l.objs.OverlayEgress.Run(opts); err != nil {
 					errs <- fmt.Errorf("run flow %d: %w", i, err)
 					for arrived.Load() < 2*flows { // let the other side finish
 						arrived.Add(1)

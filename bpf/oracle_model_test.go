@@ -1370,6 +1370,14 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 		}
 		return e
 	}
+	if fromPod && opensFlow(v) {
+		// Issue 11: a pod's packet that opens a flow (and one whose flow conntrack
+		// holds; the lab's is empty) goes on through the stack, marked, so the site's
+		// egress filters judge it; the stack routes it to overlay_egress.
+		e.pass = true
+		e.because("opens a flow: through the stack")
+		return e
+	}
 	if snat {
 		e.because("source %v is translated to %v", src, w.tunnelIP)
 		if len(snatFaults) > 0 {
@@ -1709,7 +1717,7 @@ func TestOracleModel(t *testing.T) {
 
 	// Encapsulation: TestEncapByteExact's frame, and the same with a wrong VNI.
 	pf := podFrame(fl, remotePodIP, 1234)
-	ip := ipv4Packet(podIP, remotePodIP, 17, ipOpts{tos: 0x10, ttl: 63}, udpDatagram(1234, 80, []byte("hello")))
+	ip := podPacket(remotePodIP, 1234, 63)
 	gnv := geneveHeader(geneveOpts{proto: 0x6558, vni: testVNI, optWords: -1}, append(append([]byte{}, pf[:14]...), ip...))
 	enc := ethFrame(gwMAC, fl.undMAC, 0x0800, ipv4Packet(underlayIP, peerIP, 17, ipOpts{tos: 0x10, ttl: 64, fragOff: 0x4000},
 		udpDatagram(flowSport(pf[14:]), 6081, gnv)))
@@ -1720,6 +1728,11 @@ func TestOracleModel(t *testing.T) {
 	enc[14+20+8+6] ^= 1
 	if accepts(e, enc) == nil {
 		t.Errorf("encap: accepted a wrong VNI")
+	}
+	// A pod's UDP datagram opens a flow: the stack takes it (issue 11).
+	udpFrame := ethFrame(fl.podHMAC, podMAC, 0x0800, ipv4Packet(podIP, remotePodIP, 17, ipOpts{ttl: 64}, udpDatagram(1234, 80, nil)))
+	if e := modelEncap(w, udpFrame, true); !e.pass || e.drop || len(e.forms) > 0 {
+		t.Errorf("a pod's UDP datagram: %+v, want passed to the stack", e)
 	}
 	// The MSS clamp of a SYN whose MSS sits at an odd offset keeps a valid checksum.
 	syn := ipkt{src: podIP, dst: remotePodIP, proto: 6, mssOpts: []byte{1, 2, 4, 0x05, 0xb4, 1, 1, 0}}.build()

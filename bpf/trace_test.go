@@ -102,7 +102,7 @@ func TestTraceEncap(t *testing.T) {
 		Timestamp:   ev.Timestamp,
 		Code:        int32(IsthmusMetricMETRIC_ENCAP),
 		Hook:        uint8(IsthmusHookHOOK_POD_INGRESS),
-		Proto:       17,
+		Proto:       6,
 		TunnelSport: ev.TunnelSport,
 		Ifindex:     uint32(l.pod.Attrs().Index),
 		Len:         uint32(len(out)),

@@ -634,30 +634,17 @@ func (l *Lab) nodeRules(ctx context.Context, n NodeRef) error {
 	return nil
 }
 
-// policyRules installs the Ingress policies of the node's pods, as Calico in
-// policy-only mode writes them: a chain per pod interface that FORWARD jumps to
-// for packets leaving through it (-o), accepting established flows, then Allow,
-// and dropping Deny. The jumps
-// go first in FORWARD, so they hold whatever the leftovers accept.
+// policyRules installs the Ingress and Egress policies of the node's pods, as
+// Calico in policy-only mode writes them: a chain per pod interface and direction
+// that FORWARD jumps to for packets leaving through it (-o, isl-tw-<pod>, by
+// source) or arriving from it (-i, isl-fw-<pod>, by destination), accepting what
+// conntrack ties to an accepted flow, then Allow, and dropping Deny. The jumps go
+// first in FORWARD, so they hold whatever the leftovers accept.
 func (l *Lab) policyRules(ctx context.Context, n NodeRef) error {
 	var b strings.Builder
 	for _, p := range n.Pods {
-		if p.Ingress == nil {
-			continue
-		}
-		chain := "isl-tw-" + p.Name
-		if len(chain) > 28 {
-			chain = chain[:28]
-		}
-		fmt.Fprintf(&b, ":%s - [0:0]\n-I FORWARD -o %s -j %s\n", chain, l.HostVeth(p.Name), chain)
-		// Calico's workload chains accept what conntrack ties to a flow first.
-		fmt.Fprintf(&b, "-A %s -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n", chain)
-		for _, a := range p.Ingress.Allow {
-			fmt.Fprintf(&b, "-A %s -s %s -m comment --comment \"policy allow\" -j ACCEPT\n", chain, a)
-		}
-		for _, d := range p.Ingress.Deny {
-			fmt.Fprintf(&b, "-A %s -s %s -m comment --comment \"policy deny\" -j DROP\n", chain, d)
-		}
+		writePolicyChain(&b, "isl-tw-"+p.Name, "-o", l.HostVeth(p.Name), "-s", p.Ingress)
+		writePolicyChain(&b, "isl-fw-"+p.Name, "-i", l.HostVeth(p.Name), "-d", p.Egress)
 	}
 	if b.Len() == 0 {
 		return nil
@@ -668,6 +655,28 @@ func (l *Lab) policyRules(ctx context.Context, n NodeRef) error {
 		return fmt.Errorf("install policy rules: %w: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// writePolicyChain writes, in iptables-restore form, the filter chain of one pod
+// policy direction: FORWARD jumps to it for packets with ifFlag (-o or -i) of the
+// pod's interface, and it matches peers with peerFlag (-s or -d). Nothing for a nil
+// policy.
+func writePolicyChain(b *strings.Builder, chain, ifFlag, ifname, peerFlag string, pol *Policy) {
+	if pol == nil {
+		return
+	}
+	if len(chain) > 28 {
+		chain = chain[:28]
+	}
+	fmt.Fprintf(b, ":%s - [0:0]\n-I FORWARD %s %s -j %s\n", chain, ifFlag, ifname, chain)
+	// Calico's workload chains accept what conntrack ties to a flow first.
+	fmt.Fprintf(b, "-A %s -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n", chain)
+	for _, a := range pol.Allow {
+		fmt.Fprintf(b, "-A %s %s %s -m comment --comment \"policy allow\" -j ACCEPT\n", chain, peerFlag, a)
+	}
+	for _, d := range pol.Deny {
+		fmt.Fprintf(b, "-A %s %s %s -m comment --comment \"policy deny\" -j DROP\n", chain, peerFlag, d)
+	}
 }
 
 // plainRoutes routes every node's pod CIDRs natively: straight to same-subnet

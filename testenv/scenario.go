@@ -199,13 +199,16 @@ type Pod struct {
 	// Ingress is a NetworkPolicy of the shape Calico writes in policy-only mode: on
 	// the pod's node, FORWARD rules for the pod's host interface (-o <if>) that
 	// accept the sources in Allow and drop those in Deny, before any other rule.
-	Ingress *IngressPolicy `json:"ingress,omitempty"`
+	Ingress *Policy `json:"ingress,omitempty"`
+	// Egress is the same for what the pod sends (-i <if>), by destination.
+	Egress *Policy `json:"egress,omitempty"`
 }
 
-// IngressPolicy says which sources may reach a pod through its node's FORWARD
-// chain. Allow is checked first; a source in neither passes on to the node's other
-// rules.
-type IngressPolicy struct {
+// Policy says which peers a pod may reach (Egress: destinations) or be reached
+// from (Ingress: sources) through its node's FORWARD chain, for flows conntrack does
+// not already hold. Allow is checked first; a peer in neither passes on to the
+// node's other rules.
+type Policy struct {
 	Allow []netip.Prefix `json:"allow,omitempty"`
 	Deny  []netip.Prefix `json:"deny,omitempty"`
 }

@@ -362,19 +362,22 @@ func TestExpectationsDefault(t *testing.T) {
 	}
 }
 
-// TestIngressPolicyYAML: a pod's ingress policy parses into prefixes, and a bad
+// TestPolicyYAML: a pod's ingress and egress policies parse into prefixes, and a bad
 // prefix is an error.
-func TestIngressPolicyYAML(t *testing.T) {
+func TestPolicyYAML(t *testing.T) {
 	doc := strings.Replace(base, "pods: [{name: p1, address: 10.1.1.5}]",
-		"pods: [{name: p1, address: 10.1.1.5, ingress: {allow: [10.0.2.128/32], deny: [10.0.2.0/23]}}]", 1)
+		"pods: [{name: p1, address: 10.1.1.5, ingress: {allow: [10.0.2.128/32], deny: [10.0.2.0/23]}, egress: {deny: [192.168.20.0/24]}}]", 1)
 	sc, err := ParseScenario([]byte(doc))
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := sc.Sites[0].Nodes[0].Pods[0].Ingress
-	want := &IngressPolicy{Allow: []netip.Prefix{netip.MustParsePrefix("10.0.2.128/32")}, Deny: []netip.Prefix{netip.MustParsePrefix("10.0.2.0/23")}}
+	want := &Policy{Allow: []netip.Prefix{netip.MustParsePrefix("10.0.2.128/32")}, Deny: []netip.Prefix{netip.MustParsePrefix("10.0.2.0/23")}}
 	if got == nil || !slices.Equal(got.Allow, want.Allow) || !slices.Equal(got.Deny, want.Deny) {
 		t.Fatalf("ingress = %+v, want %+v", got, want)
+	}
+	if eg := sc.Sites[0].Nodes[0].Pods[0].Egress; eg == nil || len(eg.Allow) != 0 || !slices.Equal(eg.Deny, []netip.Prefix{netip.MustParsePrefix("192.168.20.0/24")}) {
+		t.Fatalf("egress = %+v, want deny 192.168.20.0/24", eg)
 	}
 	bad := strings.Replace(doc, "deny: [10.0.2.0/23]", "deny: [10.0.2.0/33]", 1)
 	if _, err := ParseScenario([]byte(bad)); err == nil {

@@ -141,6 +141,22 @@ static __always_inline int deliver_local_pod(struct __sk_buff *skb,
 	return pod_to_stack(skb);
 }
 
+/* Returns 1 if a pod's packet on route rt goes on through the stack, marked, to come
+ * back to overlay_egress on isthmus0: the stack must see it (stack_sees: it opens a
+ * flow, so the site's egress filters judge it and conntrack holds the flow after it,
+ * or conntrack holds its flow), and the tunnel takes it. A packet the tunnel refuses
+ * (an expiring TTL, too large, no live next hop) stays here, where encap_geneve or
+ * the caller answers the pod with the ICMP error any hop of the tunnel sends. */
+static __always_inline int pod_egress_via_stack(struct __sk_buff *skb,
+						const struct datapath_config *cfg,
+						const struct route_value *rt, const struct iphdr *iph,
+						void *l4, void *data_end)
+{
+	if (tunnel_refuses(skb, cfg, iph, 1) || !nexthop_select(rt, flow_hash(iph, l4, data_end)))
+		return 0;
+	return stack_sees(skb, iph, l4, data_end);
+}
+
 /* Returns 1 if iph comes from this node's own addresses (tunnel or underlay): host
  * traffic on isthmus0, never translated. */
 static __always_inline int host_source(const struct datapath_config *cfg, const struct iphdr *iph)
@@ -185,10 +201,7 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 	if (rt) {
 		int nat;
 
-		/* A flow conntrack knows (one the pod accepted through the stack, a
-		 * Service's) goes on through the stack too, and comes back here on
-		 * isthmus0: each node's conntrack sees all of a flow or none of it. */
-		if (from_pod && ct_known(skb, iph, c.pos, c.end))
+		if (from_pod && pod_egress_via_stack(skb, cfg, rt, iph, c.pos, c.end))
 			return pod_to_stack(skb);
 		/* Return-path SNAT (lib/nat.h); its rewrite invalidates the pointers. On
 		 * isthmus0 too: a pod of an interface isthmus does not own arrives here

@@ -178,7 +178,7 @@ static __always_inline int deliver_host(struct __sk_buff *skb, const struct data
 }
 
 /* Delivers a decapsulated frame [eth][IPv4] arriving on the underlay: to a local pod
- * (pod_ifaces) through the stack when stack_delivers says so, else with
+ * (pod_ifaces) through the stack when stack_sees says so, else with
  * bpf_redirect_peer; to this host through isthmus0 ingress; or, for a destination in
  * fabric_prefixes whose next hop is elsewhere, to the site fabric.
  * Returns TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_DELIVER_*. */
@@ -226,7 +226,7 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 			return deliver_host(skb, cfg, eth, hook);
 		return DROP_NOT_LOCAL;
 	}
-	if (stack_delivers(skb, iph, c.pos, data_end))
+	if (stack_sees(skb, iph, c.pos, data_end))
 		return deliver_to_stack(skb, cfg, eth, OVERLAY_MARK, METRIC_DELIVER_POD, hook);
 	if (iph->ttl <= 1)
 		return DROP_TTL_EXCEEDED;
@@ -262,7 +262,7 @@ static __always_inline int from_site_router(struct __sk_buff *skb,
  * for a local pod, from a remote overlay source (another node of the site decapsulated
  * it and delivered it by fabric). Strict rp_filter would drop it on the underlay (the
  * route back to the source is into isthmus0), so it is delivered as decapsulated
- * packets are: through isthmus0 into the stack when stack_delivers says so, else
+ * packets are: through isthmus0 into the stack when stack_sees says so, else
  * straight to the pod. Only a packet for a destination in fabric_prefixes, from a
  * source in routes, arriving from the site router (from_site_router), whose FIB next
  * hop is a pod interface, qualifies. Returns TC_ACT_REDIRECT, TC_ACT_OK for everything else (untouched; also
@@ -297,7 +297,7 @@ static __always_inline int fabric_ingress(struct __sk_buff *skb,
 	if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) ||
 	    !bpf_map_lookup_elem(&pod_ifaces, &p.ifindex) || iph->ttl <= 1)
 		return TC_ACT_OK;
-	if (stack_delivers(skb, iph, c.pos, data_end))
+	if (stack_sees(skb, iph, c.pos, data_end))
 		return deliver_to_stack(skb, cfg, eth, OVERLAY_MARK, METRIC_FABRIC_INGRESS, hook);
 	ipv4_decrease_ttl(iph);
 	rc = redirect_nexthop(eth, &p, rc, 1);

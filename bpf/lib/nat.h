@@ -314,12 +314,21 @@ static __always_inline int nat_translate_source(struct __sk_buff *skb,
 	return 1;
 }
 
+/* Returns 1 if encap_geneve refuses iph by its header: an expiring TTL where this hop
+ * forwards it (forward: pod_ingress; on isthmus0 the host stack already has, and a
+ * TTL of 1 is encapsulated), or a size above the tunnel MTU. Such a packet gets its
+ * ICMP error from the datapath, quoting the pod's own header. */
+static __always_inline int tunnel_refuses(struct __sk_buff *skb, const struct datapath_config *cfg,
+					  const struct iphdr *iph, int forward)
+{
+	return (forward && iph->ttl <= 1) ||
+	       (cfg->tunnel_mtu && ipv4_wire_len(skb, iph) > cfg->tunnel_mtu);
+}
+
 /* Return-path SNAT of a pod's packet about to enter the tunnel; iph is its (linear)
  * IPv4 header, forward as encap_geneve's (this hop forwards it: pod_ingress). Packets
- * the tunnel will refuse keep their source, mirroring the checks at the top of
- * encap_geneve, so the ICMP error the pod gets quotes its own header: an expiring TTL
- * only where encap_geneve answers it (forward; on isthmus0 the host stack already
- * has, and a TTL of 1 is encapsulated), a size above the tunnel MTU. Returns 1 if it
+ * the tunnel refuses (tunnel_refuses) keep their source, so the ICMP error the pod
+ * gets quotes its own header. Returns 1 if it
  * rewrote the packet (packet pointers are then invalid), 0 if the source stays (no
  * tunnel address configured, an exempt source, or a refused packet), or a negative
  * DROP_*. Counts METRIC_SNAT per translated packet. */
@@ -333,8 +342,7 @@ static __always_inline int snat_egress(struct __sk_buff *skb, const struct datap
 	ek.addr = iph->saddr;
 	if (bpf_map_lookup_elem(&snat_exempt, &ek))
 		return 0;
-	if ((forward && iph->ttl <= 1) ||
-	    (cfg->tunnel_mtu && ipv4_wire_len(skb, iph) > cfg->tunnel_mtu))
+	if (tunnel_refuses(skb, cfg, iph, forward))
 		return 0;
 	return nat_translate_source(skb, cfg, iph, cfg->tunnel_ip, METRIC_SNAT, hook);
 }

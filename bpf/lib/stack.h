@@ -92,13 +92,14 @@ static __always_inline int opens_flow(const struct iphdr *iph, void *l4, void *d
 	return 0;
 }
 
-/* Returns 1 if a packet overlay delivery brings to a local pod must go through the
- * stack: conntrack knows its flow (its other half went through the stack: a Service's
- * DNAT to reverse, a flow the pod accepted), or it opens one, which the site's filters
- * must judge. A packet of a flow conntrack never saw (the pod opened it straight into
- * the tunnel) keeps the direct path: the stack would call it INVALID. */
-static __always_inline int stack_delivers(struct __sk_buff *skb, const struct iphdr *iph, void *l4,
-					  void *data_end)
+/* Returns 1 if a pod packet isthmus carries must go through the stack, on the node
+ * that delivers it to a pod and on the node whose pod sends it: it opens a flow,
+ * which the site's filters must judge (and after which conntrack holds the flow), or
+ * conntrack knows its flow (its other half went through the stack: a Service's DNAT
+ * to reverse, a flow the pod accepted or opened). A packet of a flow conntrack never
+ * saw on this node keeps the direct path: the stack would call it INVALID. */
+static __always_inline int stack_sees(struct __sk_buff *skb, const struct iphdr *iph, void *l4,
+				      void *data_end)
 {
 	return opens_flow(iph, l4, data_end) || ct_known(skb, iph, l4, data_end);
 }

@@ -365,19 +365,19 @@ func requestResponse(ctx context.Context, l *testenv.Lab, opts Options) (rttMicr
 	}
 	defer func() { server.Process.Kill(); server.Wait() }()
 	secs := strconv.Itoa(int(opts.Duration.Seconds()))
-	var out string
 	for try := 0; ; try++ {
-		// The server may not listen yet: a refused connect ends the client at once.
+		// The server may not listen yet: a refused connect ends the client at once,
+		// and sockperf may still exit 0 then (its output has no result).
+		var out string
 		out, err = testenv.Exec(ctx, l.PodNS(opts.Src), "sockperf", "ping-pong", "--tcp", "-i", dst, "-p", port, "-t", secs)
-		if err == nil || try == 10 {
-			break
+		if err == nil {
+			rttMicros, tps, err = parseSockperf(out)
+		}
+		if err == nil || try == 25 {
+			return rttMicros, tps, err
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if err != nil {
-		return 0, 0, err
-	}
-	return parseSockperf(out)
 }
 
 var (

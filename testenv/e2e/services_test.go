@@ -216,10 +216,17 @@ func waitProxyRules(ctx context.Context, t *testing.T, l *testenv.Lab, mode test
 }
 
 // TestSitePolicy: seed 000 (mesh) with FORWARD rules of the shape Calico's
-// policy-only mode writes for pod interfaces. aks1-p1 denies the flex site's pod
-// block; aks2-p1 denies it too but allows flex-p1 itself. Denied flows stay denied
-// across isthmus (ICMP, TCP, UDP), and the deny rule's own counter shows the
-// site's filter stopped them; allowed and unrelated flows pass with their sources.
+// policy-only mode writes for pod interfaces (testenv.Policy: per pod and
+// direction, conntrack's ESTABLISHED accepted first). aks1-p1's ingress denies the
+// flex site's pod block and its egress allows flex-p1; aks2-p1's ingress allows
+// flex-p1 and denies the rest of the block, and its egress denies the block. Across
+// isthmus, in both directions (ICMP, TCP, UDP): denied flows stay denied, each
+// counted by its own deny rule; allowed flows pass with their sources, the egress
+// allow rule counting them; and the UDP flow aks1-p1 opens to flex-p1 gets its
+// replies although aks1-p1's ingress denies new flows from that block (aks-1's
+// conntrack saw the request first). Before the pod's flow-opening packets went
+// through its node's stack, egress rules saw none of them and those UDP replies
+// were dropped as new flows.
 func TestSitePolicy(t *testing.T) {
 	requireSetup(t)
 	sc, err := testenv.LoadScenario("seed000")
@@ -227,77 +234,39 @@ func TestSitePolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	flexBlock := netip.MustParsePrefix("192.168.20.0/24")
-	setIngress(t, sc, "aks1-p1", &testenv.IngressPolicy{Deny: []netip.Prefix{flexBlock}})
-	setIngress(t, sc, "aks2-p1", &testenv.IngressPolicy{Allow: []netip.Prefix{netip.MustParsePrefix("192.168.20.6/32")}, Deny: []netip.Prefix{flexBlock}})
+	flexP1 := netip.MustParsePrefix("192.168.20.6/32")
+	setPolicy(t, sc, "aks1-p1", &testenv.Policy{Deny: []netip.Prefix{flexBlock}}, &testenv.Policy{Allow: []netip.Prefix{flexP1}})
+	setPolicy(t, sc, "aks2-p1", &testenv.Policy{Allow: []netip.Prefix{flexP1}, Deny: []netip.Prefix{flexBlock}}, &testenv.Policy{Deny: []netip.Prefix{flexBlock}})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	l := upLab(ctx, t, sc, testenv.Options{})
-	// Not aks1-p1 -> flex-p1: its TCP and ICMP pass, but the UDP replies do not.
-	// aks-1's conntrack never saw the request (a flow a pod opens goes straight
-	// into the tunnel), so the reply reaches aks1-p1's chain as a new flow from
-	// the denied block (docs/architecture.md, "Netfilter").
-	allowed := [][2]string{{"flex-p1", "aks2-p1"}, {"aks2-p1", "aks1-p1"}, {"aks1-ext", "aks1-p1"}}
+
+	allowBefore := ruleCount(ctx, t, l, "aks-1", "isl-fw-aks1-p1", "ACCEPT", "policy allow")
+	allowed := [][2]string{{"aks1-p1", "flex-p1"}, {"flex-p1", "aks2-p1"}, {"aks2-p1", "aks1-p1"}, {"aks1-ext", "aks1-p1"}}
 	m, err := l.CheckPairs(ctx, allowed, testenv.CheckOptions{})
 	t.Logf("allowed:\n%s", m)
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkOwnSources(t, l, m)
+	if after := ruleCount(ctx, t, l, "aks-1", "isl-fw-aks1-p1", "ACCEPT", "policy allow"); after < allowBefore+3 {
+		t.Errorf("aks1-p1's egress allow rule counted %d packets before its flows to flex-p1 and %d after, want one each for ICMP, TCP and UDP at least: aks-1's filter did not see them", allowBefore, after)
+	}
 
-	before := denyCount(ctx, t, l, "aks-1", "aks1-p1")
-	m, _ = l.CheckPairs(ctx, [][2]string{{"flex-p1", "aks1-p1"}}, testenv.CheckOptions{})
-	t.Logf("denied:\n%s", m)
-	for _, p := range m.Probes {
-		if p.OK {
-			t.Errorf("flex-p1 -> aks1-p1 %s passed; the policy denies the flex site's pods", p.Proto)
+	for _, d := range []struct{ src, dst, node, chain string }{
+		{"flex-p1", "aks1-p1", "aks-1", "isl-tw-aks1-p1"}, // ingress
+		{"aks2-p1", "flex-p1", "aks-2", "isl-fw-aks2-p1"}, // egress
+	} {
+		before := ruleCount(ctx, t, l, d.node, d.chain, "DROP", "policy deny")
+		m, _ = l.CheckPairs(ctx, [][2]string{{d.src, d.dst}}, testenv.CheckOptions{})
+		t.Logf("denied:\n%s", m)
+		for _, p := range m.Probes {
+			if p.OK {
+				t.Errorf("%s -> %s %s passed; %s's policy denies it", d.src, d.dst, p.Proto, d.chain)
+			}
 		}
-	}
-	if after := denyCount(ctx, t, l, "aks-1", "aks1-p1"); after <= before {
-		t.Errorf("aks1-p1's deny rule counted %d packets before the denied probes and %d after: the site's filter never saw them", before, after)
-	}
-	pinPolicyLimits(ctx, t, l)
-}
-
-// pinPolicyLimits pins the two limits docs/architecture.md ("Netfilter") states,
-// so that a change that lifts them (or widens them) shows here:
-//
-//   - a flow a pod opens into the tunnel passes neither FORWARD nor conntrack on
-//     the pod's node: an egress rule (-i <pod if>) does not see a TCP connection
-//     aks1-p1 opens to flex-p1;
-//   - so a UDP flow aks1-p1 opens to flex-p1 meets aks-1's conntrack first at the
-//     reply, a new flow from the flex block that aks1-p1's ingress policy denies:
-//     its replies are lost, while TCP and ICMP (replies that are not a flow's first
-//     packet keep the direct path) pass.
-func pinPolicyLimits(ctx context.Context, t *testing.T, l *testenv.Lab) {
-	t.Helper()
-	p, _ := l.Pod("aks1-p1")
-	egress := []string{"FORWARD", "-i", l.HostVeth(p.Pod.Name), "-m", "comment", "--comment", "isthmus egress probe", "-j", "ACCEPT"}
-	if _, err := l.Exec(ctx, l.NodeNS("aks-1"), append([]string{"iptables", "-w", "-I"}, egress...)...); err != nil {
-		t.Fatal(err)
-	}
-	srv, err := testenv.StartEchoServer(l.PodNS("flex-p1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	if _, err := eventuallyTCPEcho(l.PodNS("aks1-p1"), netip.AddrPortFrom(l.PodAddr("flex-p1"), srv.TCPPort)); err != nil {
-		t.Fatalf("aks1-p1 -> flex-p1 TCP: %v", err)
-	}
-	out, err := l.Exec(ctx, l.NodeNS("aks-1"), "iptables", "-w", "-nvxL", "FORWARD")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(out, "\n") {
-		if f := strings.Fields(line); len(f) > 0 && strings.Contains(line, "isthmus egress probe") && f[0] != "0" {
-			t.Errorf("aks-1's egress rule for aks1-p1 counted %s packets of a TCP flow aks1-p1 opened into the tunnel; docs/architecture.md says it sees none: update the doc and this pin\n%s", f[0], out)
-		}
-	}
-
-	m, _ := l.CheckPairs(ctx, [][2]string{{"aks1-p1", "flex-p1"}}, testenv.CheckOptions{})
-	t.Logf("aks1-p1 -> flex-p1 under aks1-p1's ingress policy:\n%s", m)
-	for _, pr := range m.Probes {
-		if want := pr.Proto != testenv.UDP; pr.OK != want {
-			t.Errorf("aks1-p1 -> flex-p1 %s: passed %v, want %v (docs/architecture.md: UDP replies a pod's ingress policy denies are lost; TCP and ICMP pass): update the doc and this pin", pr.Proto, pr.OK, want)
+		if after := ruleCount(ctx, t, l, d.node, d.chain, "DROP", "policy deny"); after < before+3 {
+			t.Errorf("%s's deny rule on %s counted %d packets before the denied probes and %d after, want one each for ICMP, TCP and UDP at least: the site's filter never saw them", d.chain, d.node, before, after)
 		}
 	}
 }
@@ -313,14 +282,14 @@ func checkOwnSources(t *testing.T, l *testenv.Lab, m *testenv.Matrix) {
 	}
 }
 
-// setIngress gives a scenario pod an IngressPolicy.
-func setIngress(t *testing.T, sc *testenv.Scenario, pod string, pol *testenv.IngressPolicy) {
+// setPolicy gives a scenario pod its ingress and egress policies (nil: none).
+func setPolicy(t *testing.T, sc *testenv.Scenario, pod string, ingress, egress *testenv.Policy) {
 	t.Helper()
 	for i := range sc.Sites {
 		for j := range sc.Sites[i].Nodes {
 			for k := range sc.Sites[i].Nodes[j].Pods {
 				if p := &sc.Sites[i].Nodes[j].Pods[k]; p.Name == pod {
-					p.Ingress = pol
+					p.Ingress, p.Egress = ingress, egress
 					return
 				}
 			}
@@ -329,17 +298,17 @@ func setIngress(t *testing.T, sc *testenv.Scenario, pod string, pol *testenv.Ing
 	t.Fatalf("no pod %s in scenario %s", pod, sc.Name)
 }
 
-// denyCount reads the packet counter of the deny rule in a pod's policy chain on
-// its node (iptables -nvxL).
-func denyCount(ctx context.Context, t *testing.T, l *testenv.Lab, node, pod string) uint64 {
+// ruleCount reads the packet counter of the rule with target and comment in a
+// pod's policy chain on its node (iptables -nvxL).
+func ruleCount(ctx context.Context, t *testing.T, l *testenv.Lab, node, chain, target, comment string) uint64 {
 	t.Helper()
-	out, err := l.Exec(ctx, l.NodeNS(node), "iptables", "-w", "-nvxL", "isl-tw-"+pod)
+	out, err := l.Exec(ctx, l.NodeNS(node), "iptables", "-w", "-nvxL", chain)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, line := range strings.Split(out, "\n") {
 		f := strings.Fields(line)
-		if len(f) > 2 && f[2] == "DROP" && strings.Contains(line, "policy deny") {
+		if len(f) > 2 && f[2] == target && strings.Contains(line, comment) {
 			n, err := strconv.ParseUint(f[0], 10, 64)
 			if err != nil {
 				t.Fatalf("parse counter in %q: %v", line, err)
@@ -347,7 +316,7 @@ func denyCount(ctx context.Context, t *testing.T, l *testenv.Lab, node, pod stri
 			return n
 		}
 	}
-	t.Fatalf("no deny rule in isl-tw-%s on %s:\n%s", pod, node, out)
+	t.Fatalf("no %s rule %q in %s on %s:\n%s", target, comment, chain, node, out)
 	return 0
 }
 
