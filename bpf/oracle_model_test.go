@@ -1282,13 +1282,6 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 		}
 	}
 	rt, ok := w.route(dst)
-	if ok && fromPod && w.ctKnown(v, src, dst, 0) {
-		// A flow conntrack knows goes on through the stack (architecture.md,
-		// "Netfilter"), before SNAT or the next hop are looked at.
-		e.pass = true
-		e.because("route %v, but conntrack knows the flow: to the stack", rt.prefix)
-		return e
-	}
 	if !ok {
 		if !fromPod {
 			e.allowDrop(IsthmusDropReasonDROP_NO_OVERLAY_ROUTE)
@@ -1370,12 +1363,13 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 		}
 		return e
 	}
-	if fromPod && opensFlow(v) {
-		// Issue 11: a pod's packet that opens a flow (and one whose flow conntrack
-		// holds; the lab's is empty) goes on through the stack, marked, so the site's
-		// egress filters judge it; the stack routes it to overlay_egress.
+	if fromPod && (opensFlow(v) || w.ctKnown(v, src, dst, 0)) {
+		// Issue 11: a pod's packet that opens a flow, or one whose flow conntrack
+		// holds, goes on through the stack, marked, so the site's egress filters judge
+		// it; the stack routes it to overlay_egress. Only after the checks above: what
+		// the tunnel refuses (no live next hop, TTL, size) is answered here.
 		e.pass = true
-		e.because("opens a flow: through the stack")
+		e.because("route %v, but the stack sees the flow (opens it or conntrack knows it): to the stack", rt.prefix)
 		return e
 	}
 	if snat {
