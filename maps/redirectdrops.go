@@ -23,6 +23,9 @@ const (
 // ProgKfreeSkbTracer is the tp_btf/kfree_skb program that fills MapRedirectDrops.
 const ProgKfreeSkbTracer = bpf.IsthmusProgKfreeSkbAfterRedirect
 
+// TracerLinkPin is the name, in the pin directory, of the tracer's pinned link.
+const TracerLinkPin = "kfree_skb_tracer"
+
 type (
 	// RedirectSlot is struct redirect_slot, the value of MapRedirectLast (key uint32 0).
 	RedirectSlot = bpf.IsthmusRedirectSlot

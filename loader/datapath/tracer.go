@@ -13,7 +13,7 @@ import (
 
 // TracerPin is where the link of the kfree_skb tracer is pinned: outside
 // <pinDir>/links, which holds only per-interface links (ListLinks, PruneLinks).
-func TracerPin(pinDir string) string { return filepath.Join(pinDir, "kfree_skb_tracer") }
+func TracerPin(pinDir string) string { return filepath.Join(pinDir, maps.TracerLinkPin) }
 
 // splitTracer removes the kfree_skb tracer from spec and returns a spec holding it
 // alone (nil if the object has none). The rest of the collection then loads without

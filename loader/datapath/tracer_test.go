@@ -7,6 +7,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/isthmus-dev/isthmus/loader/metrics"
 	"github.com/isthmus-dev/isthmus/maps"
 )
 
@@ -50,6 +51,9 @@ func TestAttachTracer(t *testing.T) {
 			t.Errorf("tracer uses maps %v, not the pinned %s (%d)", ids, n, id)
 		}
 	}
+	if drops, attached, err := (metrics.Pinned{Dir: dir}).RedirectDrops(); err != nil || !attached || len(drops) != 0 {
+		t.Errorf("metrics read %v, attached %v, err %v; want no drops yet, attached", drops, attached, err)
+	}
 	if pins, err := ListLinks(dir); err != nil || len(pins) != 0 {
 		t.Errorf("links/ holds %v (%v); the tracer's pin must stay out of it", pins, err)
 	}
@@ -66,5 +70,8 @@ func TestAttachTracer(t *testing.T) {
 	}
 	if _, err := os.Stat(TracerPin(dir)); !os.IsNotExist(err) {
 		t.Errorf("tracer pin still there after Uninstall: %v", err)
+	}
+	if _, attached, _ := (metrics.Pinned{Dir: dir}).RedirectDrops(); attached {
+		t.Error("metrics say the tracer is attached after Uninstall")
 	}
 }
