@@ -44,24 +44,9 @@ type RedirectDrop struct {
 // ReadRedirectDrops returns every counter of the per-CPU map m (MapRedirectDrops),
 // summed over CPUs.
 func ReadRedirectDrops(m *ebpf.Map) (map[RedirectDrop]Counter, error) {
-	out := map[RedirectDrop]Counter{}
-	var (
-		k  RedirectDropKey
-		vs []MetricsValue
-	)
-	it := m.Iterate()
-	for it.Next(&k, &vs) {
-		var c Counter
-		for _, v := range vs {
-			c.Packets += v.Packets
-			c.Bytes += v.Bytes
-		}
-		out[RedirectDrop{Reason: k.Reason, Hook: Hook(k.Hook)}] = c
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read map %s: %w", MapRedirectDrops, err)
-	}
-	return out, nil
+	return readCounters(m, MapRedirectDrops, func(k RedirectDropKey) RedirectDrop {
+		return RedirectDrop{Reason: k.Reason, Hook: Hook(k.Hook)}
+	})
 }
 
 // KernelDropReasons returns the names of the running kernel's enum skb_drop_reason

@@ -9,9 +9,11 @@
 package metrics
 
 import (
+	"cmp"
+	stdmaps "maps"
 	"runtime"
 	"runtime/debug"
-	"sort"
+	"slices"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -121,15 +123,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if cs, err := c.src.Counters(); err != nil {
 		ch <- prometheus.NewInvalidMetric(descPackets, err)
 	} else {
-		keys := make([]maps.MetricKey, 0, len(cs))
-		for k := range cs {
-			keys = append(keys, k)
-		}
-		sort.Slice(keys, func(i, j int) bool {
-			if keys[i].Code != keys[j].Code {
-				return keys[i].Code < keys[j].Code
-			}
-			return keys[i].Hook < keys[j].Hook
+		keys := sortedKeys(cs, func(a, b maps.MetricKey) int {
+			return cmp.Or(cmp.Compare(a.Code, b.Code), cmp.Compare(a.Hook, b.Hook))
 		})
 		for _, k := range keys {
 			v := cs[k]
@@ -183,15 +178,8 @@ func (c *Collector) collectRedirectDrops(ch chan<- prometheus.Metric, src Redire
 		ch <- prometheus.NewInvalidMetric(descRedirectDrops, err)
 		return
 	}
-	keys := make([]maps.RedirectDrop, 0, len(cs))
-	for k := range cs {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		if keys[i].Reason != keys[j].Reason {
-			return keys[i].Reason < keys[j].Reason
-		}
-		return keys[i].Hook < keys[j].Hook
+	keys := sortedKeys(cs, func(a, b maps.RedirectDrop) int {
+		return cmp.Or(cmp.Compare(a.Reason, b.Reason), cmp.Compare(a.Hook, b.Hook))
 	})
 	names := c.kernelReasons()
 	for _, k := range keys {
@@ -199,4 +187,10 @@ func (c *Collector) collectRedirectDrops(ch chan<- prometheus.Metric, src Redire
 		ch <- prometheus.MustNewConstMetric(descRedirectDrops, prometheus.CounterValue, float64(cs[k].Packets), reason, k.Hook.String())
 		ch <- prometheus.MustNewConstMetric(descRedirectDroppedBytes, prometheus.CounterValue, float64(cs[k].Bytes), reason, k.Hook.String())
 	}
+}
+
+// sortedKeys returns the keys of m ordered by compare, so a scrape lists the series
+// in a stable order.
+func sortedKeys[K comparable, V any](m map[K]V, compare func(a, b K) int) []K {
+	return slices.SortedFunc(stdmaps.Keys(m), compare)
 }
