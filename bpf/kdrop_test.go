@@ -60,21 +60,7 @@ func kernelDropReasons(t *testing.T) map[uint32]string {
 // summed over CPUs.
 func (l *lab) redirectDrops(t *testing.T) map[IsthmusRedirectDropKey]uint64 {
 	t.Helper()
-	res := map[IsthmusRedirectDropKey]uint64{}
-	var (
-		k  IsthmusRedirectDropKey
-		vs []IsthmusMetricsValue
-	)
-	it := l.objs.RedirectDrops.Iterate()
-	for it.Next(&k, &vs) {
-		for _, v := range vs {
-			res[k] += v.Packets
-		}
-	}
-	if err := it.Err(); err != nil {
-		t.Fatalf("iterate redirect_drops: %v", err)
-	}
-	return res
+	return perCPUPackets[IsthmusRedirectDropKey](t, l.objs.RedirectDrops)
 }
 
 func sum[K comparable](m map[K]uint64) uint64 {

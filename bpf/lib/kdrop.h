@@ -6,6 +6,7 @@
 
 #include "common.h"
 #include "maps.h"
+#include "metrics.h"
 
 /* The few kernel fields the tracer reads, relocated by CO-RE against the running
  * kernel's BTF (the ___kdrop suffix is dropped when matching). */
@@ -64,21 +65,8 @@ static __always_inline int redirect_note(struct __sk_buff *skb, int verdict, __u
 static __always_inline void redirect_drop_count(__u32 reason, __u8 hook, __u64 len)
 {
 	struct redirect_drop_key key = { .reason = reason, .hook = hook };
-	struct metrics_value *v, init = { .packets = 1, .bytes = len };
 
-	v = bpf_map_lookup_elem(&redirect_drops, &key);
-	if (likely(v)) {
-		v->packets += 1;
-		v->bytes += len;
-		return;
-	}
-	if (bpf_map_update_elem(&redirect_drops, &key, &init, BPF_NOEXIST) == 0)
-		return;
-	v = bpf_map_lookup_elem(&redirect_drops, &key);
-	if (v) {
-		v->packets += 1;
-		v->bytes += len;
-	}
+	counter_add(&redirect_drops, &key, len);
 }
 
 /* The kfree_skb tracer's body: skb is being freed with reason. Counts it if it is the
