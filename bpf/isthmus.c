@@ -14,6 +14,7 @@
 #include "lib/decap.h"
 #include "lib/nopath.h"
 #include "lib/masq.h"
+#include "lib/kdrop.h"
 
 /* Never called: its signature puts decap_meta, trace_event and the hook, metric and
  * drop_reason enums into the object's BTF, where bpf2go (-type) and the BTF tests find them. A
@@ -37,8 +38,10 @@ int pod_ingress(struct __sk_buff *skb)
 	int ret = handle_encap(skb, 1, HOOK_POD_INGRESS);
 
 	if (ret == DROP_NO_NEXTHOP)
-		return tc_drop_no_path(skb, HOOK_POD_INGRESS);
-	return ret < 0 ? tc_drop(skb, ret, HOOK_POD_INGRESS) : ret;
+		ret = tc_drop_no_path(skb, HOOK_POD_INGRESS);
+	else if (ret < 0)
+		ret = tc_drop(skb, ret, HOOK_POD_INGRESS);
+	return redirect_note(skb, ret, HOOK_POD_INGRESS);
 }
 
 SEC("tc")
@@ -46,7 +49,9 @@ int overlay_egress(struct __sk_buff *skb)
 {
 	int ret = handle_encap(skb, 0, HOOK_OVERLAY_EGRESS);
 
-	return ret < 0 ? tc_drop(skb, ret, HOOK_OVERLAY_EGRESS) : ret;
+	if (ret < 0)
+		ret = tc_drop(skb, ret, HOOK_OVERLAY_EGRESS);
+	return redirect_note(skb, ret, HOOK_OVERLAY_EGRESS);
 }
 
 SEC("tc")
@@ -57,7 +62,7 @@ int underlay_ingress(struct __sk_buff *skb)
 
 	/* No config yet: not ours to judge. Never cut a node off its underlay. */
 	if (!cfg)
-		return TC_ACT_OK;
+		return redirect_note(skb, TC_ACT_OK, HOOK_UNDERLAY_TC);
 	if (tc_xdp_decapped(skb)) {
 		tcp_clamp_mss(skb, cfg->tunnel_mtu);
 		ret = deliver_decapped(skb, cfg, HOOK_UNDERLAY_TC);
@@ -73,9 +78,13 @@ int underlay_ingress(struct __sk_buff *skb)
 				ret = TC_ACT_OK;
 		}
 	}
-	return ret < 0 ? tc_drop(skb, ret, HOOK_UNDERLAY_TC) : ret;
+	if (ret < 0)
+		ret = tc_drop(skb, ret, HOOK_UNDERLAY_TC);
+	return redirect_note(skb, ret, HOOK_UNDERLAY_TC);
 }
 
+/* No redirect_note: a packet another program redirected to the underlay passes here
+ * on its way out, and its note must survive until the device has it. */
 SEC("tc")
 int underlay_egress(struct __sk_buff *skb)
 {
@@ -94,6 +103,16 @@ int underlay_xdp(struct xdp_md *ctx)
 		return XDP_PASS;
 	ret = xdp_decap(ctx, cfg, HOOK_UNDERLAY_XDP);
 	return ret < 0 ? xdp_drop(ctx, ret, HOOK_UNDERLAY_XDP) : ret;
+}
+
+/* Every skb the kernel frees with a drop reason, on every device of the machine: counts
+ * the ones an isthmus program redirected and the kernel then lost (lib/kdrop.h). The
+ * tracepoint's arguments (6.18): skb, location, reason, rx_sk. */
+SEC("tp_btf/kfree_skb")
+int kfree_skb_after_redirect(__u64 *ctx)
+{
+	kdrop_on_kfree_skb((struct sk_buff___kdrop *)ctx[0], (__u32)ctx[2]);
+	return 0;
 }
 
 char __license[] SEC("license") = "Dual BSD/GPL";

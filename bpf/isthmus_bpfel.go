@@ -222,6 +222,22 @@ type IsthmusPodIfaceValue struct {
 	Flags uint32
 }
 
+type IsthmusRedirectDropKey struct {
+	_        structs.HostLayout
+	Reason   uint32
+	Hook     uint8
+	Reserved [3]uint8
+}
+
+type IsthmusRedirectSlot struct {
+	_        structs.HostLayout
+	Skb      uint64
+	Net      uint64
+	Ifindex  uint32
+	Hook     uint8
+	Reserved [3]uint8
+}
+
 type IsthmusRouteKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -271,27 +287,30 @@ type IsthmusTracePrefixValue struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	IsthmusMapConfig           = "config"
-	IsthmusMapFabricPrefixes   = "fabric_prefixes"
-	IsthmusMapHealthProbers    = "health_probers"
-	IsthmusMapHealthReach      = "health_reach"
-	IsthmusMapMasqExempt       = "masq_exempt"
-	IsthmusMapMetrics          = "metrics"
-	IsthmusMapNat              = "nat"
-	IsthmusMapNexthopGroups    = "nexthop_groups"
-	IsthmusMapPeerSources      = "peer_sources"
-	IsthmusMapPeers            = "peers"
-	IsthmusMapPodAddrs         = "pod_addrs"
-	IsthmusMapPodIfaces        = "pod_ifaces"
-	IsthmusMapRoutes           = "routes"
-	IsthmusMapSnatExempt       = "snat_exempt"
-	IsthmusMapTraceEvents      = "trace_events"
-	IsthmusMapTracePrefixes    = "trace_prefixes"
-	IsthmusProgOverlayEgress   = "overlay_egress"
-	IsthmusProgPodIngress      = "pod_ingress"
-	IsthmusProgUnderlayEgress  = "underlay_egress"
-	IsthmusProgUnderlayIngress = "underlay_ingress"
-	IsthmusProgUnderlayXdp     = "underlay_xdp"
+	IsthmusMapConfig                 = "config"
+	IsthmusMapFabricPrefixes         = "fabric_prefixes"
+	IsthmusMapHealthProbers          = "health_probers"
+	IsthmusMapHealthReach            = "health_reach"
+	IsthmusMapMasqExempt             = "masq_exempt"
+	IsthmusMapMetrics                = "metrics"
+	IsthmusMapNat                    = "nat"
+	IsthmusMapNexthopGroups          = "nexthop_groups"
+	IsthmusMapPeerSources            = "peer_sources"
+	IsthmusMapPeers                  = "peers"
+	IsthmusMapPodAddrs               = "pod_addrs"
+	IsthmusMapPodIfaces              = "pod_ifaces"
+	IsthmusMapRedirectDrops          = "redirect_drops"
+	IsthmusMapRedirectLast           = "redirect_last"
+	IsthmusMapRoutes                 = "routes"
+	IsthmusMapSnatExempt             = "snat_exempt"
+	IsthmusMapTraceEvents            = "trace_events"
+	IsthmusMapTracePrefixes          = "trace_prefixes"
+	IsthmusProgKfreeSkbAfterRedirect = "kfree_skb_after_redirect"
+	IsthmusProgOverlayEgress         = "overlay_egress"
+	IsthmusProgPodIngress            = "pod_ingress"
+	IsthmusProgUnderlayEgress        = "underlay_egress"
+	IsthmusProgUnderlayIngress       = "underlay_ingress"
+	IsthmusProgUnderlayXdp           = "underlay_xdp"
 )
 
 // LoadIsthmus returns the embedded CollectionSpec for Isthmus.
@@ -336,11 +355,12 @@ type IsthmusSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type IsthmusProgramSpecs struct {
-	OverlayEgress   *ebpf.ProgramSpec `ebpf:"overlay_egress"`
-	PodIngress      *ebpf.ProgramSpec `ebpf:"pod_ingress"`
-	UnderlayEgress  *ebpf.ProgramSpec `ebpf:"underlay_egress"`
-	UnderlayIngress *ebpf.ProgramSpec `ebpf:"underlay_ingress"`
-	UnderlayXdp     *ebpf.ProgramSpec `ebpf:"underlay_xdp"`
+	KfreeSkbAfterRedirect *ebpf.ProgramSpec `ebpf:"kfree_skb_after_redirect"`
+	OverlayEgress         *ebpf.ProgramSpec `ebpf:"overlay_egress"`
+	PodIngress            *ebpf.ProgramSpec `ebpf:"pod_ingress"`
+	UnderlayEgress        *ebpf.ProgramSpec `ebpf:"underlay_egress"`
+	UnderlayIngress       *ebpf.ProgramSpec `ebpf:"underlay_ingress"`
+	UnderlayXdp           *ebpf.ProgramSpec `ebpf:"underlay_xdp"`
 }
 
 // IsthmusMapSpecs contains maps before they are loaded into the kernel.
@@ -359,6 +379,8 @@ type IsthmusMapSpecs struct {
 	Peers          *ebpf.MapSpec `ebpf:"peers"`
 	PodAddrs       *ebpf.MapSpec `ebpf:"pod_addrs"`
 	PodIfaces      *ebpf.MapSpec `ebpf:"pod_ifaces"`
+	RedirectDrops  *ebpf.MapSpec `ebpf:"redirect_drops"`
+	RedirectLast   *ebpf.MapSpec `ebpf:"redirect_last"`
 	Routes         *ebpf.MapSpec `ebpf:"routes"`
 	SnatExempt     *ebpf.MapSpec `ebpf:"snat_exempt"`
 	TraceEvents    *ebpf.MapSpec `ebpf:"trace_events"`
@@ -403,6 +425,8 @@ type IsthmusMaps struct {
 	Peers          *ebpf.Map `ebpf:"peers"`
 	PodAddrs       *ebpf.Map `ebpf:"pod_addrs"`
 	PodIfaces      *ebpf.Map `ebpf:"pod_ifaces"`
+	RedirectDrops  *ebpf.Map `ebpf:"redirect_drops"`
+	RedirectLast   *ebpf.Map `ebpf:"redirect_last"`
 	Routes         *ebpf.Map `ebpf:"routes"`
 	SnatExempt     *ebpf.Map `ebpf:"snat_exempt"`
 	TraceEvents    *ebpf.Map `ebpf:"trace_events"`
@@ -423,6 +447,8 @@ func (m *IsthmusMaps) Close() error {
 		m.Peers,
 		m.PodAddrs,
 		m.PodIfaces,
+		m.RedirectDrops,
+		m.RedirectLast,
 		m.Routes,
 		m.SnatExempt,
 		m.TraceEvents,
@@ -440,15 +466,17 @@ type IsthmusVariables struct {
 //
 // It can be passed to LoadIsthmusObjects or ebpf.CollectionSpec.LoadAndAssign.
 type IsthmusPrograms struct {
-	OverlayEgress   *ebpf.Program `ebpf:"overlay_egress"`
-	PodIngress      *ebpf.Program `ebpf:"pod_ingress"`
-	UnderlayEgress  *ebpf.Program `ebpf:"underlay_egress"`
-	UnderlayIngress *ebpf.Program `ebpf:"underlay_ingress"`
-	UnderlayXdp     *ebpf.Program `ebpf:"underlay_xdp"`
+	KfreeSkbAfterRedirect *ebpf.Program `ebpf:"kfree_skb_after_redirect"`
+	OverlayEgress         *ebpf.Program `ebpf:"overlay_egress"`
+	PodIngress            *ebpf.Program `ebpf:"pod_ingress"`
+	UnderlayEgress        *ebpf.Program `ebpf:"underlay_egress"`
+	UnderlayIngress       *ebpf.Program `ebpf:"underlay_ingress"`
+	UnderlayXdp           *ebpf.Program `ebpf:"underlay_xdp"`
 }
 
 func (p *IsthmusPrograms) Close() error {
 	return _IsthmusClose(
+		p.KfreeSkbAfterRedirect,
 		p.OverlayEgress,
 		p.PodIngress,
 		p.UnderlayEgress,

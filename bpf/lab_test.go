@@ -300,19 +300,26 @@ func (l *lab) runCtx(t testing.TB, prog *ebpf.Program, in []byte, ctx any) (uint
 // counts returns packets per (code, hook) summed over CPUs.
 func (l *lab) counts(t testing.TB) map[IsthmusMetricsKey]uint64 {
 	t.Helper()
-	res := map[IsthmusMetricsKey]uint64{}
+	return perCPUPackets[IsthmusMetricsKey](t, l.objs.Metrics)
+}
+
+// perCPUPackets returns the packets of every entry of m, a per-CPU hash of
+// metrics_value with keys K, summed over CPUs.
+func perCPUPackets[K comparable](t testing.TB, m *ebpf.Map) map[K]uint64 {
+	t.Helper()
+	res := map[K]uint64{}
 	var (
-		k  IsthmusMetricsKey
+		k  K
 		vs []IsthmusMetricsValue
 	)
-	it := l.objs.Metrics.Iterate()
+	it := m.Iterate()
 	for it.Next(&k, &vs) {
 		for _, v := range vs {
 			res[k] += v.Packets
 		}
 	}
 	if err := it.Err(); err != nil {
-		t.Fatalf("iterate metrics: %v", err)
+		t.Fatalf("iterate %s: %v", m, err)
 	}
 	return res
 }

@@ -82,6 +82,8 @@ func TestTypesMatchBTF(t *testing.T) {
 		{MapHealthProbers, HealthProberKey{}, HealthProberValue{}},
 		{MapMasqExempt, RouteKey{}, MasqExemptValue{}},
 		{MapPodAddrs, PodAddrKey{}, PodAddrValue{}},
+		{MapRedirectLast, uint32(0), RedirectSlot{}},
+		{MapRedirectDrops, RedirectDropKey{}, MetricsValue{}},
 	}
 	if len(cases) != len(AllMaps) {
 		t.Errorf("%d maps checked, AllMaps has %d: add the new one here", len(cases), len(AllMaps))

@@ -17,12 +17,12 @@ import (
 // header changes a map's key, value, type, size or flags, or a map is added to or
 // removed from AllMaps. A restarted agent whose version differs from the pinned
 // layout record migrates the maps (loader/datapath).
-const LayoutVersion uint32 = 2
+const LayoutVersion uint32 = 3
 
 // LayoutSpecHash is SpecHash of the object built for LayoutVersion.
 // TestLayoutVersionCurrent fails when the object's map specs no longer hash to it:
 // the layout changed and LayoutVersion was not bumped.
-const LayoutSpecHash = "aef12e8e3d2e2a8cb37d9403a7c46ba3b92c8f4994c07292de3dd8059c1fb0ed"
+const LayoutSpecHash = "b2454e6763a844a1c70c9a628e8372b328496bbe9f3a0a548b6ee82eadd30f0e"
 
 // MapLayout is the name of the pinned layout record: a one-entry array whose value
 // is a LayoutRecord. It is created from Go, never by the BPF object.

@@ -87,9 +87,17 @@ type Counter struct {
 
 // ReadMetrics returns every counter of the per-CPU metrics map m, summed over CPUs.
 func ReadMetrics(m *ebpf.Map) (map[MetricKey]Counter, error) {
-	out := map[MetricKey]Counter{}
+	return readCounters(m, MapMetrics, func(k MetricsKey) MetricKey {
+		return MetricKey{Code: k.Code, Hook: Hook(k.Hook)}
+	})
+}
+
+// readCounters returns every entry of the per-CPU map m (called n), whose values
+// are MetricsValue, summed over CPUs under the key conv gives its raw key K.
+func readCounters[K, O comparable](m *ebpf.Map, n Name, conv func(K) O) (map[O]Counter, error) {
+	out := map[O]Counter{}
 	var (
-		k  MetricsKey
+		k  K
 		vs []MetricsValue
 	)
 	it := m.Iterate()
@@ -99,10 +107,10 @@ func ReadMetrics(m *ebpf.Map) (map[MetricKey]Counter, error) {
 			c.Packets += v.Packets
 			c.Bytes += v.Bytes
 		}
-		out[MetricKey{Code: k.Code, Hook: Hook(k.Hook)}] = c
+		out[conv(k)] = c
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read map metrics: %w", err)
+		return nil, fmt.Errorf("read map %s: %w", n, err)
 	}
 	return out, nil
 }

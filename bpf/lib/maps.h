@@ -47,6 +47,9 @@
 #ifndef HEALTH_PROBERS_MAX
 #define HEALTH_PROBERS_MAX	4096
 #endif
+#ifndef REDIRECT_DROPS_MAX
+#define REDIRECT_DROPS_MAX	1024
+#endif
 /* Default size of the nat table; the agent sets it at load time (--snat-table-size). */
 #ifndef NAT_MAX
 #define NAT_MAX			65536
@@ -208,3 +211,22 @@ static __always_inline const struct datapath_config *config_get(void)
 
 	return bpf_map_lookup_elem(&config, &zero);
 }
+
+/* The last skb redirected on this CPU (lib/kdrop.h). Scratch state, pinned so that the
+ * programs of a restarted agent and its tracer share it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct redirect_slot);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} redirect_last SEC(".maps");
+
+/* (kernel drop reason, hook) -> packets and bytes freed after our redirect. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__type(key, struct redirect_drop_key);
+	__type(value, struct metrics_value);
+	__uint(max_entries, REDIRECT_DROPS_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} redirect_drops SEC(".maps");

@@ -5,28 +5,36 @@
 #include "maps.h"
 #include "trace.h"
 
-/* Adds one packet of len bytes to (code, hook). Returns nothing: a full map loses a count,
+/* Adds one packet of len bytes to the entry key of map, a per-CPU hash of
+ * metrics_value (metrics, redirect_drops). Returns nothing: a full map loses a count,
  * never a packet. */
-static __always_inline void metrics_count(__u16 code, __u8 hook, __u64 len)
+static __always_inline void counter_add(void *map, const void *key, __u64 len)
 {
-	struct metrics_key key = { .code = code, .hook = hook };
 	struct metrics_value *v, init = { .packets = 1, .bytes = len };
 
-	v = bpf_map_lookup_elem(&metrics, &key);
+	v = bpf_map_lookup_elem(map, key);
 	if (likely(v)) {
 		/* Per-CPU value: no other writer, no atomics needed. */
 		v->packets += 1;
 		v->bytes += len;
 		return;
 	}
-	if (bpf_map_update_elem(&metrics, &key, &init, BPF_NOEXIST) == 0)
+	if (bpf_map_update_elem(map, key, &init, BPF_NOEXIST) == 0)
 		return;
 	/* Another program on this CPU created the entry in between: add to it. */
-	v = bpf_map_lookup_elem(&metrics, &key);
+	v = bpf_map_lookup_elem(map, key);
 	if (v) {
 		v->packets += 1;
 		v->bytes += len;
 	}
+}
+
+/* Adds one packet of len bytes to (code, hook) in metrics. */
+static __always_inline void metrics_count(__u16 code, __u8 hook, __u64 len)
+{
+	struct metrics_key key = { .code = code, .hook = hook };
+
+	counter_add(&metrics, &key, len);
 }
 
 /* Counts a drop under (-reason, hook). Returns TC_ACT_SHOT. reason must be negative. */

@@ -166,6 +166,25 @@ struct metrics_value {
 	__u64 bytes;
 };
 
+/* redirect_last (per-CPU array, one entry): the last skb an isthmus TC program on this
+ * CPU returned TC_ACT_REDIRECT for, so the kfree_skb tracer (lib/kdrop.h) can tell a
+ * packet the kernel frees while performing that redirect from every other drop. */
+struct redirect_slot {
+	__u64 skb;		/* the kernel's struct sk_buff *, 0 = none */
+	__u64 net;		/* struct net * of the device the program ran on */
+	__u32 ifindex;		/* that device */
+	__u8 hook;		/* HOOK_* of the program */
+	__u8 reserved[3];
+};
+
+/* redirect_drops (per-CPU hash): packets and bytes the kernel freed after an isthmus
+ * program redirected them, per (kernel drop reason, hook of the program). */
+struct redirect_drop_key {
+	__u32 reason;		/* enum skb_drop_reason of the running kernel */
+	__u8 hook;		/* HOOK_* of the program that redirected the packet */
+	__u8 reserved[3];
+};
+
 /* Where a program runs; the hook field of metrics_key. */
 enum hook {
 	HOOK_POD_INGRESS	= 0,	/* TC ingress on a pod-facing host interface */

@@ -252,6 +252,11 @@ func start(ctx context.Context, cfg Config, wait bool) (*Agent, error) {
 	if a.dp, err = datapath.Load(cfg.PinDir, datapath.Options{NatEntries: cfg.NatEntries, Tables: tables, Log: a.log}); err != nil {
 		return nil, err
 	}
+	// Drops after a redirect are counted only with the tracer; the datapath runs
+	// without it (no kernel BTF), and isthmus_datapath_redirect_drop_tracer says so.
+	if err := a.dp.AttachTracer(); err != nil {
+		a.log.Warn("kfree_skb tracer not attached: packets the kernel drops after a redirect are not counted", "err", err)
+	}
 	if err := datapath.EnableForwarding(); err != nil {
 		return nil, err
 	}

@@ -296,6 +296,18 @@ func TestAgentKernel(t *testing.T) {
 	if _, err := os.Stat(datapath.LinkPin(e.pinDir, "ul0", datapath.HookUnderlayXDP)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("auto decap on a veth must not attach XDP (stat: %v)", err)
 	}
+	// The kfree_skb tracer runs (this kernel has BTF), its link pinned.
+	var tracerLink link.ID
+	if tl, err := link.LoadPinnedLink(datapath.TracerPin(e.pinDir), nil); err != nil {
+		t.Errorf("kfree_skb tracer not attached by the agent: %v", err)
+	} else {
+		info, err := tl.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tracerLink = info.ID
+		tl.Close()
+	}
 	// Maps equal the plan.
 	if got, want := readMaps(t, e.pinDir), e.wantState(t, a, e.pod); !got.Equal(want) {
 		t.Fatalf("maps hold\n%+v\nwant\n%+v", got, want)
@@ -457,6 +469,19 @@ func TestAgentKernel(t *testing.T) {
 	}
 	if _, err := os.Stat(e.pinDir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("pin dir still there: %v", err)
+	}
+	// The tracer's link goes with its pin (the kernel frees it a moment later).
+	for deadline := time.Now().Add(2 * time.Second); tracerLink != 0; {
+		l, err := link.NewFromID(tracerLink)
+		if err != nil {
+			break
+		}
+		l.Close()
+		if time.Now().After(deadline) {
+			t.Error("kfree_skb tracer link still in the kernel after uninstall")
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	if _, err := netlink.LinkByName(datapath.OverlayDev); err == nil {
 		t.Error("isthmus0 still there")

@@ -35,6 +35,9 @@ type Datapath struct {
 	PinDir     string
 	Collection *ebpf.Collection
 	Maps       *maps.Set
+	// tracer holds the kfree_skb tracer alone, loaded apart from the collection
+	// (AttachTracer) because it needs the kernel's BTF to load at all.
+	tracer *ebpf.CollectionSpec
 }
 
 // Close releases this process's handles. Pinned maps and links stay in the kernel.
@@ -152,6 +155,7 @@ func Load(pinDir string, opts Options) (*Datapath, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load bpf spec: %w", err)
 	}
+	tracer := splitTracer(spec)
 	layout, err := maps.CurrentLayout(spec)
 	if err != nil {
 		return nil, fmt.Errorf("load bpf spec: %w", err)
@@ -201,7 +205,7 @@ func Load(pinDir string, opts Options) (*Datapath, error) {
 		if err != nil {
 			return nil, fmt.Errorf("load bpf collection: %w", err)
 		}
-		return finish(pinDir, coll, layout, old, hadLayout, log)
+		return finish(pinDir, coll, tracer, layout, old, hadLayout, log)
 	}
 
 	log.Info("pinned maps differ from this build: migrating", "from_layout", old.Version, "to_layout", layout.Version, "maps", len(migs))
@@ -251,11 +255,11 @@ func Load(pinDir string, opts Options) (*Datapath, error) {
 		log.Info("pinned map migrated", "map", m.name, "copied_during_swap", late)
 	}
 	log.Info("datapath migrated", "from_layout", old.Version, "to_layout", layout.Version, "links_switched", switched)
-	return finish(pinDir, coll, layout, old, hadLayout, log)
+	return finish(pinDir, coll, tracer, layout, old, hadLayout, log)
 }
 
 // finish writes the layout record and wraps the loaded collection.
-func finish(pinDir string, coll *ebpf.Collection, layout, old maps.LayoutRecord, hadLayout bool, log *slog.Logger) (*Datapath, error) {
+func finish(pinDir string, coll *ebpf.Collection, tracer *ebpf.CollectionSpec, layout, old maps.LayoutRecord, hadLayout bool, log *slog.Logger) (*Datapath, error) {
 	set, err := maps.FromCollection(coll)
 	if err != nil {
 		coll.Close()
@@ -268,7 +272,7 @@ func finish(pinDir string, coll *ebpf.Collection, layout, old maps.LayoutRecord,
 		}
 		log.Info("layout record written", "layout", layout.Version, "previous", old.Version, "had_record", hadLayout)
 	}
-	return &Datapath{PinDir: pinDir, Collection: coll, Maps: set}, nil
+	return &Datapath{PinDir: pinDir, Collection: coll, Maps: set, tracer: tracer}, nil
 }
 
 // removeTemp removes the temporary pins of an abandoned migration.

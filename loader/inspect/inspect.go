@@ -248,6 +248,11 @@ func (m *Maps) Counters() ([]Counter, error) {
 		}
 		out = append(out, ct)
 	}
+	after, err := m.redirectDrops()
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, after...)
 	slices.SortFunc(out, func(a, b Counter) int {
 		if a.Drop != b.Drop {
 			if a.Drop {
@@ -260,6 +265,30 @@ func (m *Maps) Counters() ([]Counter, error) {
 		}
 		return strings.Compare(a.Hook, b.Hook)
 	})
+	return out, nil
+}
+
+// redirectDrops returns the kfree_skb tracer's non-zero counters as drops named
+// "kernel:<reason>", with the running kernel's name for the reason.
+func (m *Maps) redirectDrops() ([]Counter, error) {
+	all, err := maps.ReadRedirectDrops(m.set.Map(maps.MapRedirectDrops))
+	if err != nil {
+		return nil, err
+	}
+	if len(all) == 0 {
+		return nil, nil
+	}
+	names, _ := maps.KernelDropReasons() // without BTF: reason_<n>
+	var out []Counter
+	for k, c := range all {
+		if c.Packets == 0 && c.Bytes == 0 {
+			continue
+		}
+		reason := maps.KernelDropReasonName(names, k.Reason)
+		out = append(out, Counter{Name: "kernel:" + reason, Hook: k.Hook.String(), Drop: true,
+			Description: "The kernel freed the packet (SKB_DROP_REASON_" + reason + ") after the program redirected it.",
+			Packets:     c.Packets, Bytes: c.Bytes})
+	}
 	return out, nil
 }
 

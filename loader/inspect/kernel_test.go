@@ -119,6 +119,22 @@ func fillMaps(t *testing.T, dir string) {
 	metric(7, maps.HookPodIngress, maps.MetricsValue{Packets: 3, Bytes: 180})                                              // snat
 	metric(137, maps.HookUnderlayXDP, maps.MetricsValue{Packets: 2, Bytes: 200})                                           // drop unknown_peer
 	metric(150, maps.HookPodIngress)                                                                                       // zero: left out
+	// The kfree_skb tracer saw 4 packets of pod_ingress freed with NOT_SPECIFIED
+	// (its value differs between kernels: read from the kernel's BTF).
+	reasons, err := maps.KernelDropReasons()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for code, name := range reasons {
+		if name != "NOT_SPECIFIED" {
+			continue
+		}
+		vs := make([]maps.MetricsValue, ncpu)
+		vs[0] = maps.MetricsValue{Packets: 4, Bytes: 400}
+		if err := ms.Map(maps.MapRedirectDrops).Update(maps.RedirectDropKey{Reason: code, Hook: uint8(maps.HookPodIngress)}, vs, ebpf.UpdateAny); err != nil {
+			t.Fatalf("write redirect drop: %v", err)
+		}
+	}
 	// aks-nodepool1-1 (10.0.0.5) goes down: its group keeps only 10.0.0.4.
 	down, _ := mapstate.FromPlan(p, mapstate.NodeConfig{
 		VNI: 4242, UnderlayIfindex: 2, OverlayIfindex: 7, OverlayMAC: net.HardwareAddr{2, 0, 0, 0, 0, 7},
@@ -183,12 +199,13 @@ func TestInspectFacts(t *testing.T) {
 		return out.String()
 	}
 	for view, rows := range map[string][]string{
-		"routes":   {"10.0.2.0/23    -         1      10.0.0.4 (64/64)", "100.64.0.4/32  10.0.0.4"},
-		"peers":    {"10.0.0.4  0x0    10.0.2.0/23,100.64.0.4/32"},
-		"nat":      {"tcp    192.168.20.5:33000  <->  192.168.20.1:40017  10.0.2.9:443", "established  1m30s  live", "1m1s   expired", "reply half only"},
-		"counters": {"encap              pod_ingress   15       1500", "drop unknown_peer  underlay_xdp  2        200"},
-		"groups":   {"1   1     10.0.0.4 (64/64)"},
-		"config":   {"VNI               4242", "TUNNEL IP (SNAT)  192.168.20.1", "SNAT PORTS        40000-40999", "SNAT EXEMPT       192.168.20.0/25", "POD IFINDEXES     11,12"},
+		"routes": {"10.0.2.0/23    -         1      10.0.0.4 (64/64)", "100.64.0.4/32  10.0.0.4"},
+		"peers":  {"10.0.0.4  0x0    10.0.2.0/23,100.64.0.4/32"},
+		"nat":    {"tcp    192.168.20.5:33000  <->  192.168.20.1:40017  10.0.2.9:443", "established  1m30s  live", "1m1s   expired", "reply half only"},
+		"counters": {"encap                      pod_ingress   15       1500", "drop unknown_peer          underlay_xdp  2        200",
+			"drop kernel:NOT_SPECIFIED  pod_ingress   4        400"},
+		"groups": {"1   1     10.0.0.4 (64/64)"},
+		"config": {"VNI               4242", "TUNNEL IP (SNAT)  192.168.20.1", "SNAT PORTS        40000-40999", "SNAT EXEMPT       192.168.20.0/25", "POD IFINDEXES     11,12"},
 	} {
 		got := text(view)
 		for _, r := range rows {

@@ -9,9 +9,12 @@
 package metrics
 
 import (
+	"cmp"
+	stdmaps "maps"
 	"runtime"
 	"runtime/debug"
-	"sort"
+	"slices"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -33,6 +36,14 @@ type Source interface {
 	Counters() (map[maps.MetricKey]maps.Counter, error)
 	// MapLevels returns the fill level of the maps listed in LevelMaps.
 	MapLevels() ([]MapLevel, error)
+}
+
+// RedirectDropSource is a Source that also reads the kfree_skb tracer's counters:
+// packets the kernel freed after a datapath program redirected them, per kernel
+// drop reason and hook, and whether the tracer is attached (without it those drops
+// go uncounted).
+type RedirectDropSource interface {
+	RedirectDrops() (counts map[maps.RedirectDrop]maps.Counter, attached bool, err error)
 }
 
 // Version is the agent's version in isthmus_build_info; the build may set it with
@@ -59,6 +70,12 @@ var (
 		"Packets the datapath dropped, by reason and hook.", []string{"reason", "hook"}, nil)
 	descDroppedBytes = prometheus.NewDesc("isthmus_datapath_dropped_bytes_total",
 		"Bytes of the packets counted in isthmus_datapath_drops_total.", []string{"reason", "hook"}, nil)
+	descRedirectDrops = prometheus.NewDesc("isthmus_datapath_redirect_drops_total",
+		"Packets the kernel freed after a datapath program redirected them, by the kernel's drop reason and the program's hook.", []string{"reason", "hook"}, nil)
+	descRedirectDroppedBytes = prometheus.NewDesc("isthmus_datapath_redirect_dropped_bytes_total",
+		"Bytes of the packets counted in isthmus_datapath_redirect_drops_total.", []string{"reason", "hook"}, nil)
+	descTracer = prometheus.NewDesc("isthmus_datapath_redirect_drop_tracer",
+		"1 if the kfree_skb tracer is attached; 0 if not, and then isthmus_datapath_redirect_drops_total misses every drop.", nil, nil)
 	descEntries = prometheus.NewDesc("isthmus_map_entries",
 		"Entries in use in a datapath map (nexthop_groups: groups with a member; nat: counted by iterating the LRU at scrape time).", []string{"map"}, nil)
 	descCapacity = prometheus.NewDesc("isthmus_map_capacity",
@@ -76,18 +93,24 @@ var (
 type Collector struct {
 	src   Source
 	peers func() []health.PeerState
+	// kernelReasons names the running kernel's drop reasons, read from its BTF
+	// at the first scrape that needs them.
+	kernelReasons func() map[uint32]string
 }
 
 // NewCollector returns a Collector over src. peers returns the health checker's
 // peer states; nil means there is none (no isthmus_peer_* series).
 func NewCollector(src Source, peers func() []health.PeerState) *Collector {
-	return &Collector{src: src, peers: peers}
+	return &Collector{src: src, peers: peers, kernelReasons: sync.OnceValue(func() map[uint32]string {
+		names, _ := maps.KernelDropReasons() // without BTF: reason_<n>
+		return names
+	})}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descPackets, descBytes, descDrops, descDroppedBytes,
-		descEntries, descCapacity, descPeerUp, descPeerTransitions, descBuildInfo} {
+		descRedirectDrops, descRedirectDroppedBytes, descTracer, descEntries, descCapacity, descPeerUp, descPeerTransitions, descBuildInfo} {
 		ch <- d
 	}
 }
@@ -100,15 +123,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if cs, err := c.src.Counters(); err != nil {
 		ch <- prometheus.NewInvalidMetric(descPackets, err)
 	} else {
-		keys := make([]maps.MetricKey, 0, len(cs))
-		for k := range cs {
-			keys = append(keys, k)
-		}
-		sort.Slice(keys, func(i, j int) bool {
-			if keys[i].Code != keys[j].Code {
-				return keys[i].Code < keys[j].Code
-			}
-			return keys[i].Hook < keys[j].Hook
+		keys := sortedKeys(cs, func(a, b maps.MetricKey) int {
+			return cmp.Or(cmp.Compare(a.Code, b.Code), cmp.Compare(a.Hook, b.Hook))
 		})
 		for _, k := range keys {
 			v := cs[k]
@@ -119,6 +135,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(pd, prometheus.CounterValue, float64(v.Packets), k.Name(), k.Hook.String())
 			ch <- prometheus.MustNewConstMetric(bd, prometheus.CounterValue, float64(v.Bytes), k.Name(), k.Hook.String())
 		}
+	}
+
+	if rs, ok := c.src.(RedirectDropSource); ok {
+		c.collectRedirectDrops(ch, rs)
 	}
 
 	if ls, err := c.src.MapLevels(); err != nil {
@@ -144,4 +164,33 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descPeerTransitions, prometheus.CounterValue, float64(p.Ups), p.Name, p.Site, "up")
 		ch <- prometheus.MustNewConstMetric(descPeerTransitions, prometheus.CounterValue, float64(p.Downs), p.Name, p.Site, "down")
 	}
+}
+
+// collectRedirectDrops reports the kfree_skb tracer's counters and whether it runs.
+func (c *Collector) collectRedirectDrops(ch chan<- prometheus.Metric, src RedirectDropSource) {
+	cs, attached, err := src.RedirectDrops()
+	up := 0.0
+	if attached {
+		up = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descTracer, prometheus.GaugeValue, up)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(descRedirectDrops, err)
+		return
+	}
+	keys := sortedKeys(cs, func(a, b maps.RedirectDrop) int {
+		return cmp.Or(cmp.Compare(a.Reason, b.Reason), cmp.Compare(a.Hook, b.Hook))
+	})
+	names := c.kernelReasons()
+	for _, k := range keys {
+		reason := maps.KernelDropReasonName(names, k.Reason)
+		ch <- prometheus.MustNewConstMetric(descRedirectDrops, prometheus.CounterValue, float64(cs[k].Packets), reason, k.Hook.String())
+		ch <- prometheus.MustNewConstMetric(descRedirectDroppedBytes, prometheus.CounterValue, float64(cs[k].Bytes), reason, k.Hook.String())
+	}
+}
+
+// sortedKeys returns the keys of m ordered by compare, so a scrape lists the series
+// in a stable order.
+func sortedKeys[K comparable, V any](m map[K]V, compare func(a, b K) int) []K {
+	return slices.SortedFunc(stdmaps.Keys(m), compare)
 }

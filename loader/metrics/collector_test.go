@@ -182,3 +182,64 @@ isthmus_syncs_total{result="ok"} 1
 		}
 	}
 }
+
+// redirectSource is a fakeSource that also has the kfree_skb tracer's counters.
+type redirectSource struct {
+	fakeSource
+	drops    map[maps.RedirectDrop]maps.Counter
+	attached bool
+}
+
+func (r redirectSource) RedirectDrops() (map[maps.RedirectDrop]maps.Counter, bool, error) {
+	return r.drops, r.attached, nil
+}
+
+// TestCollectorRedirectDrops: the tracer's counters carry the kernel's reason
+// names (from the kernel's BTF, as the tracepoint prints them) and the program's
+// hook, and the tracer gauge says whether they can be trusted.
+func TestCollectorRedirectDrops(t *testing.T) {
+	names := map[uint32]string{2: "NOT_SPECIFIED", 58: "NEIGH_FAILED"}
+	src := redirectSource{
+		drops: map[maps.RedirectDrop]maps.Counter{
+			{Reason: 58, Hook: maps.HookPodIngress}:  {Packets: 3, Bytes: 300},
+			{Reason: 2, Hook: maps.HookUnderlayTC}:   {Packets: 7, Bytes: 700},
+			{Reason: 999, Hook: maps.HookUnderlayTC}: {Packets: 1, Bytes: 60},
+		},
+		attached: true,
+	}
+	c := NewCollector(src, nil)
+	c.kernelReasons = func() map[uint32]string { return names }
+	want := `
+# HELP isthmus_datapath_redirect_drop_tracer 1 if the kfree_skb tracer is attached; 0 if not, and then isthmus_datapath_redirect_drops_total misses every drop.
+# TYPE isthmus_datapath_redirect_drop_tracer gauge
+isthmus_datapath_redirect_drop_tracer 1
+# HELP isthmus_datapath_redirect_drops_total Packets the kernel freed after a datapath program redirected them, by the kernel's drop reason and the program's hook.
+# TYPE isthmus_datapath_redirect_drops_total counter
+isthmus_datapath_redirect_drops_total{hook="pod_ingress",reason="NEIGH_FAILED"} 3
+isthmus_datapath_redirect_drops_total{hook="underlay_tc",reason="NOT_SPECIFIED"} 7
+isthmus_datapath_redirect_drops_total{hook="underlay_tc",reason="reason_999"} 1
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want),
+		"isthmus_datapath_redirect_drop_tracer", "isthmus_datapath_redirect_drops_total"); err != nil {
+		t.Error(err)
+	}
+	src.attached = false
+	c.src = src
+	if got := testutil.ToFloat64(gaugeOnly{c}); got != 0 {
+		t.Errorf("tracer gauge %v with the tracer detached, want 0", got)
+	}
+}
+
+// gaugeOnly collects only isthmus_datapath_redirect_drop_tracer of a Collector.
+type gaugeOnly struct{ c *Collector }
+
+func (g gaugeOnly) Describe(ch chan<- *prometheus.Desc) { ch <- descTracer }
+func (g gaugeOnly) Collect(ch chan<- prometheus.Metric) {
+	all := make(chan prometheus.Metric, 64)
+	go func() { g.c.Collect(all); close(all) }()
+	for m := range all {
+		if m.Desc() == descTracer {
+			ch <- m
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 
 	"github.com/isthmus-dev/isthmus/maps"
 )
@@ -38,6 +39,23 @@ func (p Pinned) Counters() (map[maps.MetricKey]maps.Counter, error) {
 	}
 	defer m.Close()
 	return maps.ReadMetrics(m)
+}
+
+// RedirectDrops implements RedirectDropSource: the tracer is attached when its
+// link is pinned in Dir.
+func (p Pinned) RedirectDrops() (map[maps.RedirectDrop]maps.Counter, bool, error) {
+	attached := false
+	if l, err := link.LoadPinnedLink(filepath.Join(p.Dir, maps.TracerLinkPin), nil); err == nil {
+		l.Close()
+		attached = true
+	}
+	m, err := p.open(maps.MapRedirectDrops)
+	if err != nil {
+		return nil, attached, err
+	}
+	defer m.Close()
+	c, err := maps.ReadRedirectDrops(m)
+	return c, attached, err
 }
 
 // MapLevels implements Source. The nat table is an LRU hash the datapath
