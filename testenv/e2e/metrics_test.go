@@ -130,7 +130,9 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 
 	const pings = 7
-	encapA1 := `isthmus_datapath_packets_total{event="encap",hook="pod_ingress"}`
+	// A pod's echo requests open flows: they pass a1's stack and are encapsulated by
+	// overlay_egress on isthmus0 (architecture.md, "Netfilter").
+	encapA1 := `isthmus_datapath_packets_total{event="encap",hook="overlay_egress"}`
 	beforeA1, beforeB1 := scrapeMetrics(t, l, "a1"), scrapeMetrics(t, l, "b1")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -147,13 +149,13 @@ func TestMetricsEndpoint(t *testing.T) {
 		t.Errorf("decap on b1 moved by %v, want %d", got, pings)
 	}
 	// The bytes moved with the packets: at least an IPv4 + ICMP header each.
-	encapBytes := `isthmus_datapath_bytes_total{event="encap",hook="pod_ingress"}`
+	encapBytes := `isthmus_datapath_bytes_total{event="encap",hook="overlay_egress"}`
 	if got := afterA1[encapBytes] - beforeA1[encapBytes]; got < pings*28 {
 		t.Errorf("%s on a1 moved by %v, want at least %d", encapBytes, got, pings*28)
 	}
 	// What /metrics says is what the pinned map holds.
 	pinned := nodeMetrics(t, l, "a1")
-	if got, want := scrapeMetrics(t, l, "a1")[encapA1], float64(packets(pinned, 1, maps.HookPodIngress)); got != want {
+	if got, want := scrapeMetrics(t, l, "a1")[encapA1], float64(packets(pinned, 1, maps.HookOverlayEgress)); got != want {
 		t.Errorf("scraped encap %v, pinned map %v", got, want)
 	}
 

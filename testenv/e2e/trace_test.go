@@ -67,7 +67,9 @@ func TestTraceCommand(t *testing.T) {
 	text := out.String()
 	t.Logf("trace output:\n%s", text)
 	want := map[string]string{
-		"encap":   fmt.Sprintf("pod_ingress %s %s -> %s icmp encap peer %s", l.HostVeth("a1-p1"), src, dst, b1.Address),
+		// Echo requests open flows: a1's stack takes them to isthmus0, whose
+		// overlay_egress encapsulates them.
+		"encap":   fmt.Sprintf("overlay_egress isthmus0 %s -> %s icmp encap peer %s", src, dst, b1.Address),
 		"decap":   fmt.Sprintf("underlay_tc eth0 %s -> %s icmp decap peer %s", dst, src, b1.Address),
 		"deliver": fmt.Sprintf("underlay_tc eth0 %s -> %s icmp deliver pod to %s", dst, src, l.HostVeth("a1-p1")),
 	}
