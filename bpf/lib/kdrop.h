@@ -49,7 +49,9 @@ static __always_inline int redirect_note(struct __sk_buff *skb, int verdict, __u
 	if (!slot)
 		return verdict;
 	if (verdict != TC_ACT_REDIRECT) {
-		slot->skb = 0;
+		/* A read is cheaper than dirtying the slot's line on every packet. */
+		if (slot->skb)
+			slot->skb = 0;
 		return verdict;
 	}
 	kskb = bpf_cast_to_kern_ctx(skb);
