@@ -1,9 +1,10 @@
 package maps_test
 
-// These tests were written inside package maps; they sit outside it so they
-// can build states with loader/mapstate.FromPlan (which imports maps), and
-// import maps with a dot to read as before. export_test.go lends them the few
-// unexported helpers they use.
+// These tests sit outside package maps so that they can build states the way
+// the agent does, with loader/mapstate.FromPlan on the shared fixtures of
+// loader/mapstate/mapstatetest (FromPlan's own tests are in loader/mapstate);
+// they import maps with a dot. export_test.go lends them the few unexported
+// helpers they use.
 
 import (
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/isthmus-dev/isthmus/loader/mapstate"
+	"github.com/isthmus-dev/isthmus/loader/mapstate/mapstatetest"
 	. "github.com/isthmus-dev/isthmus/maps"
 )
 
@@ -25,7 +27,7 @@ func TestKernelApplyAndRead(t *testing.T) {
 	if !empty.Equal(State{}) {
 		t.Fatalf("fresh maps read as %+v, want the zero State", empty)
 	}
-	s1, _ := mapstate.FromPlan(testPlan(), testNode())
+	s1, _ := mapstate.FromPlan(mapstatetest.Plan(), mapstatetest.Node())
 	if _, err := Apply(s, Diff(empty, s1)); err != nil {
 		t.Fatalf("apply: %v", err)
 	}
@@ -101,9 +103,9 @@ func TestKernelReadMetricsSumsCPUs(t *testing.T) {
 // through real maps; a group removed is the zero array entry, read back as absent.
 func TestKernelGroupsAndPrefixes(t *testing.T) {
 	s := newKernelSet(t)
-	n := testNode()
+	n := mapstatetest.Node()
 	n.SNATPortMin, n.SNATPortMax = 61000, 65535
-	want, _ := mapstate.FromPlan(unmanagedPlan(), n)
+	want, _ := mapstate.FromPlan(mapstatetest.UnmanagedPlan(), n)
 	if _, err := Apply(s, Diff(State{}, want)); err != nil {
 		t.Fatalf("apply: %v", err)
 	}
@@ -132,8 +134,8 @@ func TestKernelGroupsAndPrefixes(t *testing.T) {
 	}
 
 	// Every group member down, and then the state cleared.
-	n.Down = map[GroupMember]bool{{Addr: m1}: true, {Addr: m2}: true, {Addr: m3}: true, {Addr: m4}: true}
-	down, _ := mapstate.FromPlan(unmanagedPlan(), n)
+	n.Down = map[GroupMember]bool{{Addr: mapstatetest.M1}: true, {Addr: mapstatetest.M2}: true, {Addr: mapstatetest.M3}: true, {Addr: mapstatetest.M4}: true}
+	down, _ := mapstate.FromPlan(mapstatetest.UnmanagedPlan(), n)
 	res, err := Apply(s, Diff(got, down))
 	if err != nil {
 		t.Fatalf("apply all down: %v", err)

@@ -1,17 +1,16 @@
 package maps_test
 
-// These tests were written inside package maps; they sit outside it so they
-// can build states with loader/mapstate.FromPlan (which imports maps), and
-// import maps with a dot to read as before. export_test.go lends them the few
-// unexported helpers they use.
+// These tests sit outside package maps so that they can build states the way
+// the agent does, with loader/mapstate.FromPlan on the shared fixtures of
+// loader/mapstate/mapstatetest (FromPlan's own tests are in loader/mapstate);
+// they import maps with a dot. export_test.go lends them the few unexported
+// helpers they use.
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"maps"
 	"math/rand/v2"
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -21,6 +20,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/isthmus-dev/isthmus/loader/mapstate"
+	"github.com/isthmus-dev/isthmus/loader/mapstate/mapstatetest"
 	"github.com/isthmus-dev/isthmus/loader/plan"
 	. "github.com/isthmus-dev/isthmus/maps"
 )
@@ -60,64 +60,6 @@ func TestKeyConversionsRoundTrip(t *testing.T) {
 	}
 	if got := PeerSourceFromKey(psk); got != ps {
 		t.Fatalf("PeerSourceFromKey = %+v, want %+v", got, ps)
-	}
-}
-
-func testPlan() *plan.NodePlan {
-	return &plan.NodePlan{
-		Node:       "a1",
-		Site:       "a",
-		Underlay:   addr("172.16.1.10"),
-		TunnelAddr: addr("10.0.1.1"),
-		Peers: []plan.Peer{
-			{Name: "b1", Underlay: addr("172.16.2.11"), AllowedSources: []netip.Prefix{pfx("10.1.0.0/24"), pfx("fd00:1::/64")}},
-			{Name: "b2", Underlay: addr("172.16.2.12"), AllowedSources: []netip.Prefix{pfx("10.1.1.0/24")}},
-			{Name: "v6", Underlay: addr("fd00::12"), AllowedSources: []netip.Prefix{pfx("10.9.0.0/24")}},
-		},
-		Routes: []plan.Route{
-			{Prefix: pfx("10.1.0.0/24"), Peer: "b1", Via: addr("172.16.2.11")},
-			{Prefix: pfx("10.1.1.0/24"), Peer: "b2", Via: addr("172.16.2.12")},
-			{Prefix: pfx("fd00:1::/64"), Peer: "b1", Via: addr("172.16.2.11")},
-		},
-	}
-}
-
-func testNode() mapstate.NodeConfig {
-	return mapstate.NodeConfig{
-		VNI: 7, UnderlayIfindex: 2, OverlayIfindex: 5,
-		OverlayMAC: net.HardwareAddr{0x02, 0, 0, 0, 0, 5}, TunnelMTU: 1450,
-		PodIfindexes: []int{9, 11},
-	}
-}
-
-func TestFromPlan(t *testing.T) {
-	got, warnings := mapstate.FromPlan(testPlan(), testNode())
-	want := State{
-		Routes: map[netip.Prefix]Route{
-			pfx("10.1.0.0/24"): {Peer: addr("172.16.2.11")},
-			pfx("10.1.1.0/24"): {Peer: addr("172.16.2.12")},
-		},
-		Peers: map[netip.Addr]Peer{addr("172.16.2.11"): {}, addr("172.16.2.12"): {}},
-		PeerSources: map[PeerSource]struct{}{
-			{addr("172.16.2.11"), pfx("10.1.0.0/24")}: {},
-			{addr("172.16.2.12"), pfx("10.1.1.0/24")}: {},
-		},
-		PodIfaces: map[uint32]PodIface{9: {}, 11: {}},
-		Config: Config{
-			VNI: 7, UnderlayIP: addr("172.16.1.10"), UnderlayIfindex: 2, OverlayIfindex: 5,
-			OverlayMAC: [6]byte{0x02, 0, 0, 0, 0, 5}, TunnelMTU: 1450,
-		},
-	}
-	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }), cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
-		t.Fatalf("FromPlan (-want +got):\n%s", diff)
-	}
-	if len(warnings) != 3 {
-		t.Fatalf("want 3 warnings (IPv6 source, IPv6 peer, IPv6 route), got %q", warnings)
-	}
-	for _, w := range warnings {
-		if !strings.Contains(w, "not IPv4") {
-			t.Errorf("warning %q does not say why", w)
-		}
 	}
 }
 
@@ -183,7 +125,7 @@ func sync(t *testing.T, f *fakeMaps, desired State) Result {
 
 func TestApplyTranscript(t *testing.T) {
 	f := newFake()
-	s1, _ := mapstate.FromPlan(testPlan(), testNode())
+	s1, _ := mapstate.FromPlan(mapstatetest.Plan(), mapstatetest.Node())
 	res := sync(t, f, s1)
 	want := []string{
 		"update config vni=7 underlay=172.16.1.10 underlay_ifindex=2 overlay_ifindex=5 overlay_mac=02:00:00:00:00:05 tunnel_mtu=1450",
@@ -210,7 +152,7 @@ func TestApplyTranscript(t *testing.T) {
 	}
 
 	// b2 leaves, b1's route moves to b3, a new prefix appears, a pod goes away.
-	p := testPlan()
+	p := mapstatetest.Plan()
 	p.Peers = []plan.Peer{
 		{Name: "b1", Underlay: addr("172.16.2.11"), AllowedSources: []netip.Prefix{pfx("10.1.0.0/24")}},
 		{Name: "b3", Underlay: addr("172.16.2.13"), AllowedSources: []netip.Prefix{pfx("10.1.0.0/24"), pfx("10.1.3.0/24")}},
@@ -219,7 +161,7 @@ func TestApplyTranscript(t *testing.T) {
 		{Prefix: pfx("10.1.0.0/24"), Peer: "b3", Via: addr("172.16.2.13")},
 		{Prefix: pfx("10.1.3.0/24"), Peer: "b3", Via: addr("172.16.2.13")},
 	}
-	n := testNode()
+	n := mapstatetest.Node()
 	n.PodIfindexes = []int{9}
 	s2, _ := mapstate.FromPlan(p, n)
 	sync(t, f, s2)
@@ -257,7 +199,7 @@ func TestApplyDeleteOfMissingEntryIsSuccess(t *testing.T) {
 func TestApplyStopsAtFirstErrorAndReportsProgress(t *testing.T) {
 	f := newFake()
 	f.failOn = "update peers 172.16.2.12"
-	s1, _ := mapstate.FromPlan(testPlan(), testNode())
+	s1, _ := mapstate.FromPlan(mapstatetest.Plan(), mapstatetest.Node())
 	res, err := Apply(f, Diff(f.state(t), s1))
 	if err == nil || !strings.Contains(err.Error(), "update peers 172.16.2.12") {
 		t.Fatalf("error = %v, want one naming the failed entry", err)
@@ -336,121 +278,8 @@ func randomStates(n int) []State {
 	return out
 }
 
-var (
-	m1 = addr("172.16.3.11")
-	m2 = addr("172.16.3.12")
-	m3 = addr("172.16.3.13")
-	m4 = addr("172.16.4.11")
-)
-
-// unmanagedPlan is node a1's plan with two unmanaged remote sites (10.0.2.0/23 and
-// 10.0.6.0/24 through c1..c3, 10.8.0.0/16 through d1), its own fabric block and
-// an SNAT policy.
-func unmanagedPlan() *plan.NodePlan {
-	p := testPlan()
-	p.Peers = append(p.Peers,
-		plan.Peer{Name: "c1", Underlay: m1, TunnelAddr: addr("10.250.0.1"), AllowedSources: []netip.Prefix{pfx("10.0.2.0/23"), pfx("10.250.0.1/32")}},
-		plan.Peer{Name: "c2", Underlay: m2, TunnelAddr: addr("10.250.0.2"), AllowedSources: []netip.Prefix{pfx("10.0.2.0/23"), pfx("10.250.0.2/32")}},
-		plan.Peer{Name: "c3", Underlay: m3, TunnelAddr: addr("10.250.0.3"), AllowedSources: []netip.Prefix{pfx("10.0.2.0/23"), pfx("10.250.0.3/32")}},
-		plan.Peer{Name: "d1", Underlay: m4, TunnelAddr: addr("10.251.0.1"), AllowedSources: []netip.Prefix{pfx("10.8.0.0/16")}},
-	)
-	c := []plan.NextHop{{Peer: "c1", Via: m1}, {Peer: "c2", Via: m2}, {Peer: "c3", Via: m3}}
-	p.Routes = append(p.Routes,
-		plan.Route{Prefix: pfx("10.0.2.0/23"), Group: c},
-		// The same members in another order: the same group.
-		plan.Route{Prefix: pfx("10.0.6.0/24"), Group: []plan.NextHop{c[2], c[0], c[1]}},
-		plan.Route{Prefix: pfx("10.8.0.0/16"), Group: []plan.NextHop{{Peer: "d1", Via: m4}}},
-		plan.Route{Prefix: pfx("10.250.0.1/32"), Peer: "c1", Via: m1},
-	)
-	p.FabricPrefixes = []netip.Prefix{pfx("10.0.10.0/23")}
-	p.SNAT = plan.SNATPolicy{Addr: addr("10.0.1.1"), Exempt: []plan.ExemptSource{
-		{Prefix: pfx("10.0.1.0/24"), Origin: "podCIDR"}, {Prefix: pfx("10.0.10.0/23"), Origin: "declared"},
-	}}
-	return p
-}
-
-func TestFromPlanUnmanaged(t *testing.T) {
-	n := testNode()
-	n.SNATPortMin, n.SNATPortMax = 61000, 65535
-	got, warnings := mapstate.FromPlan(unmanagedPlan(), n)
-	if len(warnings) != 3 {
-		t.Errorf("warnings %q, want only the 3 IPv6 ones", warnings)
-	}
-	// Groups are numbered in the order of their sorted member lists.
-	for p, want := range map[string]Route{
-		"10.0.2.0/23":   {Group: 1},
-		"10.0.6.0/24":   {Group: 1},
-		"10.8.0.0/16":   {Group: 2},
-		"10.250.0.1/32": {Peer: m1},
-	} {
-		if r := got.Routes[pfx(p)]; r != want {
-			t.Errorf("route %s = %+v, want %+v", p, r, want)
-		}
-	}
-	if g := got.Groups[1]; g != Rendezvous([]netip.Addr{m1, m2, m3}) || g.Live != 3 {
-		t.Errorf("group 1 = %+v, want Rendezvous of c1..c3", g)
-	}
-	if g := got.Groups[2]; g != Rendezvous([]netip.Addr{m4}) || g.Slots[17] != m4 {
-		t.Errorf("group 2 = %+v, want every slot on d1", g)
-	}
-	if len(got.Groups) != 2 {
-		t.Errorf("groups %v, want ids 1 and 2", got.Groups)
-	}
-	if !maps.Equal(got.FabricPrefixes, map[netip.Prefix]struct{}{pfx("10.0.10.0/23"): {}}) {
-		t.Errorf("fabric prefixes %v", got.FabricPrefixes)
-	}
-	if !maps.Equal(got.SNATExempt, map[netip.Prefix]struct{}{pfx("10.0.1.0/24"): {}, pfx("10.0.10.0/23"): {}}) {
-		t.Errorf("snat exempt %v", got.SNATExempt)
-	}
-	if c := got.Config; c.TunnelIP != addr("10.0.1.1") || c.SNATPortMin != 61000 || c.SNATPortMax != 65535 {
-		t.Errorf("config tunnel_ip %v ports %d-%d", c.TunnelIP, c.SNATPortMin, c.SNATPortMax)
-	}
-
-	// c2 down: group 1 loses c2's slots only, ids stay; d1 down: group 2 is empty
-	// (zero entry), its route stays and points at it.
-	n.Down = map[GroupMember]bool{{Addr: m2}: true, {Addr: m4}: true}
-	down, _ := mapstate.FromPlan(unmanagedPlan(), n)
-	if g := down.Groups[1]; g != Rendezvous([]netip.Addr{m1, m3}) || g.Live != 2 {
-		t.Errorf("group 1 with c2 down = %+v", g)
-	}
-	if _, ok := down.Groups[2]; ok || down.Routes[pfx("10.8.0.0/16")] != (Route{Group: 2}) {
-		t.Errorf("group 2 with d1 down: entry %v route %+v; want no entry, route kept", down.Groups[2], down.Routes[pfx("10.8.0.0/16")])
-	}
-}
-
-// TestFromPlanGroupsPerSite: two remote sites reached through the same two
-// gateways get a group each, and a gateway that no longer reaches one site
-// (down for it) leaves that site's group only.
-func TestFromPlanGroupsPerSite(t *testing.T) {
-	p := testPlan()
-	p.Peers = append(p.Peers,
-		plan.Peer{Name: "gw1", Underlay: m1, TunnelAddr: addr("10.250.0.1")},
-		plan.Peer{Name: "gw2", Underlay: m2, TunnelAddr: addr("10.250.0.2")},
-	)
-	gws := []plan.NextHop{{Peer: "gw1", Via: m1}, {Peer: "gw2", Via: m2}}
-	p.Routes = append(p.Routes,
-		plan.Route{Prefix: pfx("10.61.0.0/16"), Group: gws, Site: "east"},
-		plan.Route{Prefix: pfx("10.62.0.0/16"), Group: gws, Site: "north"},
-		plan.Route{Prefix: pfx("10.63.0.0/16"), Group: gws, Site: "north"},
-	)
-	n := testNode()
-	n.Down = map[GroupMember]bool{{Site: "north", Addr: m2}: true, {Site: "", Addr: m1}: true}
-	got, _ := mapstate.FromPlan(p, n)
-	east, north := got.Routes[pfx("10.61.0.0/16")], got.Routes[pfx("10.62.0.0/16")]
-	if east.Group == 0 || north.Group == 0 || east.Group == north.Group || got.Routes[pfx("10.63.0.0/16")] != north {
-		t.Fatalf("routes east %+v north %+v 10.63/16 %+v: want one group per site", east, got.Routes[pfx("10.62.0.0/16")], got.Routes[pfx("10.63.0.0/16")])
-	}
-	// Down for no site (liveness) is another key: it moves nothing here.
-	if g := got.Groups[east.Group]; g != Rendezvous([]netip.Addr{m1, m2}) {
-		t.Errorf("east group %+v, want both gateways", g)
-	}
-	if g := got.Groups[north.Group]; g != Rendezvous([]netip.Addr{m1}) {
-		t.Errorf("north group %+v, want gw1 only (gw2 does not reach north)", g)
-	}
-}
-
 func TestRendezvous(t *testing.T) {
-	all := []netip.Addr{m1, m2, m3, m4}
+	all := []netip.Addr{mapstatetest.M1, mapstatetest.M2, mapstatetest.M3, mapstatetest.M4}
 	g := Rendezvous(all)
 	if g.Live != 4 {
 		t.Fatalf("live = %d", g.Live)
@@ -465,7 +294,7 @@ func TestRendezvous(t *testing.T) {
 		}
 	}
 	// Order and duplicates do not matter.
-	if Rendezvous([]netip.Addr{m4, m2, m1, m3, m2}) != g {
+	if Rendezvous([]netip.Addr{mapstatetest.M4, mapstatetest.M2, mapstatetest.M1, mapstatetest.M3, mapstatetest.M2}) != g {
 		t.Error("Rendezvous depends on the order of its input")
 	}
 	// Removing any one member moves exactly its slots, to the others.
@@ -499,8 +328,8 @@ func TestRendezvous(t *testing.T) {
 }
 
 func TestGroupIDsAreStable(t *testing.T) {
-	a := MemberSet{Addrs: []netip.Addr{m1, m2}}
-	b := MemberSet{Addrs: []netip.Addr{m4}}
+	a := MemberSet{Addrs: []netip.Addr{mapstatetest.M1, mapstatetest.M2}}
+	b := MemberSet{Addrs: []netip.Addr{mapstatetest.M4}}
 	ids := GroupIDs([]MemberSet{b, a, a}, nil)
 	if ids[a.Key()] != 1 || ids[b.Key()] != 2 || len(ids) != 2 {
 		t.Fatalf("ids %v, want a=1 b=2", ids)
@@ -531,44 +360,13 @@ func TestGroupIDsAreStable(t *testing.T) {
 	}
 }
 
-// TestFromPlanKeepsGroupIDs: a new group whose members sort before an existing
-// group's does not take the existing group's id when the current routes are given.
-func TestFromPlanKeepsGroupIDs(t *testing.T) {
-	n := testNode()
-	p := unmanagedPlan()
-	before, _ := mapstate.FromPlan(p, n)
-	current := map[netip.Prefix]uint32{}
-	for pr, r := range before.Routes {
-		if r.Group != 0 {
-			current[pr] = r.Group
-		}
-	}
-	if len(current) == 0 {
-		t.Fatal("unmanagedPlan has no group route")
-	}
-	// A second unmanaged site whose only member sorts before every other.
-	p2 := p.Clone()
-	p2.Routes = append(p2.Routes, plan.Route{Prefix: netip.MustParsePrefix("10.99.0.0/16"),
-		Group: []plan.NextHop{{Peer: "early", Via: addr("10.0.0.1")}}, Origin: "test"})
-	n.CurrentGroups = current
-	after, _ := mapstate.FromPlan(p2, n)
-	for pr, id := range current {
-		if got := after.Routes[pr].Group; got != id {
-			t.Errorf("route %v moved from group %d to %d", pr, id, got)
-		}
-	}
-	if id := after.Routes[netip.MustParsePrefix("10.99.0.0/16")].Group; id == 0 || slices.Contains(slices.Collect(maps.Values(current)), id) {
-		t.Errorf("new group got id %d, want a free one (in use: %v)", id, current)
-	}
-}
-
 // TestApplyTranscriptGroups: a member going down rewrites only its group entry; a
 // group going away is zeroed after its routes are gone.
 func TestApplyTranscriptGroups(t *testing.T) {
 	f := newFake()
-	n := testNode()
+	n := mapstatetest.Node()
 	n.SNATPortMin, n.SNATPortMax = 61000, 65535
-	s1, _ := mapstate.FromPlan(unmanagedPlan(), n)
+	s1, _ := mapstate.FromPlan(mapstatetest.UnmanagedPlan(), n)
 	sync(t, f, s1)
 	got := f.take()
 	g1 := "update nexthop_groups 1 live=3" + SlotCounts(s1.Groups[1])
@@ -601,15 +399,15 @@ func TestApplyTranscriptGroups(t *testing.T) {
 		t.Fatalf("first sync transcript tail (-want +got):\n%s", diff)
 	}
 
-	n.Down = map[GroupMember]bool{{Addr: m2}: true}
-	s2, _ := mapstate.FromPlan(unmanagedPlan(), n)
+	n.Down = map[GroupMember]bool{{Addr: mapstatetest.M2}: true}
+	s2, _ := mapstate.FromPlan(mapstatetest.UnmanagedPlan(), n)
 	sync(t, f, s2)
 	if diff := cmp.Diff([]string{"update nexthop_groups 1 live=2" + SlotCounts(s2.Groups[1])}, f.take()); diff != "" {
 		t.Fatalf("member down transcript (-want +got):\n%s", diff)
 	}
 
 	// d1's site goes away: routes first, then the group entry is zeroed.
-	p := unmanagedPlan()
+	p := mapstatetest.UnmanagedPlan()
 	p.Routes = slices.DeleteFunc(p.Routes, func(r plan.Route) bool { return r.Prefix == pfx("10.8.0.0/16") })
 	s3, _ := mapstate.FromPlan(p, n)
 	sync(t, f, s3)

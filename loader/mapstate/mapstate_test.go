@@ -1,0 +1,163 @@
+package mapstate_test
+
+import (
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/isthmus-dev/isthmus/loader/mapstate"
+	"github.com/isthmus-dev/isthmus/loader/mapstate/mapstatetest"
+	"github.com/isthmus-dev/isthmus/loader/plan"
+	. "github.com/isthmus-dev/isthmus/maps"
+)
+
+var (
+	pfx  = netip.MustParsePrefix
+	addr = netip.MustParseAddr
+)
+
+func TestFromPlan(t *testing.T) {
+	got, warnings := mapstate.FromPlan(mapstatetest.Plan(), mapstatetest.Node())
+	want := State{
+		Routes: map[netip.Prefix]Route{
+			pfx("10.1.0.0/24"): {Peer: addr("172.16.2.11")},
+			pfx("10.1.1.0/24"): {Peer: addr("172.16.2.12")},
+		},
+		Peers: map[netip.Addr]Peer{addr("172.16.2.11"): {}, addr("172.16.2.12"): {}},
+		PeerSources: map[PeerSource]struct{}{
+			{Peer: addr("172.16.2.11"), Src: pfx("10.1.0.0/24")}: {},
+			{Peer: addr("172.16.2.12"), Src: pfx("10.1.1.0/24")}: {},
+		},
+		PodIfaces: map[uint32]PodIface{9: {}, 11: {}},
+		Config: Config{
+			VNI: 7, UnderlayIP: addr("172.16.1.10"), UnderlayIfindex: 2, OverlayIfindex: 5,
+			OverlayMAC: [6]byte{0x02, 0, 0, 0, 0, 5}, TunnelMTU: 1450,
+		},
+	}
+	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }), cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
+		t.Fatalf("FromPlan (-want +got):\n%s", diff)
+	}
+	if len(warnings) != 3 {
+		t.Fatalf("want 3 warnings (IPv6 source, IPv6 peer, IPv6 route), got %q", warnings)
+	}
+	for _, w := range warnings {
+		if !strings.Contains(w, "not IPv4") {
+			t.Errorf("warning %q does not say why", w)
+		}
+	}
+}
+
+func TestFromPlanUnmanaged(t *testing.T) {
+	n := mapstatetest.Node()
+	n.SNATPortMin, n.SNATPortMax = 61000, 65535
+	got, warnings := mapstate.FromPlan(mapstatetest.UnmanagedPlan(), n)
+	if len(warnings) != 3 {
+		t.Errorf("warnings %q, want only the 3 IPv6 ones", warnings)
+	}
+	// Groups are numbered in the order of their sorted member lists.
+	for p, want := range map[string]Route{
+		"10.0.2.0/23":   {Group: 1},
+		"10.0.6.0/24":   {Group: 1},
+		"10.8.0.0/16":   {Group: 2},
+		"10.250.0.1/32": {Peer: mapstatetest.M1},
+	} {
+		if r := got.Routes[pfx(p)]; r != want {
+			t.Errorf("route %s = %+v, want %+v", p, r, want)
+		}
+	}
+	if g := got.Groups[1]; g != Rendezvous([]netip.Addr{mapstatetest.M1, mapstatetest.M2, mapstatetest.M3}) || g.Live != 3 {
+		t.Errorf("group 1 = %+v, want Rendezvous of c1..c3", g)
+	}
+	if g := got.Groups[2]; g != Rendezvous([]netip.Addr{mapstatetest.M4}) || g.Slots[17] != mapstatetest.M4 {
+		t.Errorf("group 2 = %+v, want every slot on d1", g)
+	}
+	if len(got.Groups) != 2 {
+		t.Errorf("groups %v, want ids 1 and 2", got.Groups)
+	}
+	if !maps.Equal(got.FabricPrefixes, map[netip.Prefix]struct{}{pfx("10.0.10.0/23"): {}}) {
+		t.Errorf("fabric prefixes %v", got.FabricPrefixes)
+	}
+	if !maps.Equal(got.SNATExempt, map[netip.Prefix]struct{}{pfx("10.0.1.0/24"): {}, pfx("10.0.10.0/23"): {}}) {
+		t.Errorf("snat exempt %v", got.SNATExempt)
+	}
+	if c := got.Config; c.TunnelIP != addr("10.0.1.1") || c.SNATPortMin != 61000 || c.SNATPortMax != 65535 {
+		t.Errorf("config tunnel_ip %v ports %d-%d", c.TunnelIP, c.SNATPortMin, c.SNATPortMax)
+	}
+
+	// c2 down: group 1 loses c2's slots only, ids stay; d1 down: group 2 is empty
+	// (zero entry), its route stays and points at it.
+	n.Down = map[GroupMember]bool{{Addr: mapstatetest.M2}: true, {Addr: mapstatetest.M4}: true}
+	down, _ := mapstate.FromPlan(mapstatetest.UnmanagedPlan(), n)
+	if g := down.Groups[1]; g != Rendezvous([]netip.Addr{mapstatetest.M1, mapstatetest.M3}) || g.Live != 2 {
+		t.Errorf("group 1 with c2 down = %+v", g)
+	}
+	if _, ok := down.Groups[2]; ok || down.Routes[pfx("10.8.0.0/16")] != (Route{Group: 2}) {
+		t.Errorf("group 2 with d1 down: entry %v route %+v; want no entry, route kept", down.Groups[2], down.Routes[pfx("10.8.0.0/16")])
+	}
+}
+
+// TestFromPlanGroupsPerSite: two remote sites reached through the same two
+// gateways get a group each, and a gateway that no longer reaches one site
+// (down for it) leaves that site's group only.
+func TestFromPlanGroupsPerSite(t *testing.T) {
+	p := mapstatetest.Plan()
+	p.Peers = append(p.Peers,
+		plan.Peer{Name: "gw1", Underlay: mapstatetest.M1, TunnelAddr: addr("10.250.0.1")},
+		plan.Peer{Name: "gw2", Underlay: mapstatetest.M2, TunnelAddr: addr("10.250.0.2")},
+	)
+	gws := []plan.NextHop{{Peer: "gw1", Via: mapstatetest.M1}, {Peer: "gw2", Via: mapstatetest.M2}}
+	p.Routes = append(p.Routes,
+		plan.Route{Prefix: pfx("10.61.0.0/16"), Group: gws, Site: "east"},
+		plan.Route{Prefix: pfx("10.62.0.0/16"), Group: gws, Site: "north"},
+		plan.Route{Prefix: pfx("10.63.0.0/16"), Group: gws, Site: "north"},
+	)
+	n := mapstatetest.Node()
+	n.Down = map[GroupMember]bool{{Site: "north", Addr: mapstatetest.M2}: true, {Site: "", Addr: mapstatetest.M1}: true}
+	got, _ := mapstate.FromPlan(p, n)
+	east, north := got.Routes[pfx("10.61.0.0/16")], got.Routes[pfx("10.62.0.0/16")]
+	if east.Group == 0 || north.Group == 0 || east.Group == north.Group || got.Routes[pfx("10.63.0.0/16")] != north {
+		t.Fatalf("routes east %+v north %+v 10.63/16 %+v: want one group per site", east, got.Routes[pfx("10.62.0.0/16")], got.Routes[pfx("10.63.0.0/16")])
+	}
+	// Down for no site (liveness) is another key: it moves nothing here.
+	if g := got.Groups[east.Group]; g != Rendezvous([]netip.Addr{mapstatetest.M1, mapstatetest.M2}) {
+		t.Errorf("east group %+v, want both gateways", g)
+	}
+	if g := got.Groups[north.Group]; g != Rendezvous([]netip.Addr{mapstatetest.M1}) {
+		t.Errorf("north group %+v, want gw1 only (gw2 does not reach north)", g)
+	}
+}
+
+// TestFromPlanKeepsGroupIDs: a new group whose members sort before an existing
+// group's does not take the existing group's id when the current routes are given.
+func TestFromPlanKeepsGroupIDs(t *testing.T) {
+	n := mapstatetest.Node()
+	p := mapstatetest.UnmanagedPlan()
+	before, _ := mapstate.FromPlan(p, n)
+	current := map[netip.Prefix]uint32{}
+	for pr, r := range before.Routes {
+		if r.Group != 0 {
+			current[pr] = r.Group
+		}
+	}
+	if len(current) == 0 {
+		t.Fatal("unmanagedPlan has no group route")
+	}
+	// A second unmanaged site whose only member sorts before every other.
+	p2 := p.Clone()
+	p2.Routes = append(p2.Routes, plan.Route{Prefix: netip.MustParsePrefix("10.99.0.0/16"),
+		Group: []plan.NextHop{{Peer: "early", Via: addr("10.0.0.1")}}, Origin: "test"})
+	n.CurrentGroups = current
+	after, _ := mapstate.FromPlan(p2, n)
+	for pr, id := range current {
+		if got := after.Routes[pr].Group; got != id {
+			t.Errorf("route %v moved from group %d to %d", pr, id, got)
+		}
+	}
+	if id := after.Routes[netip.MustParsePrefix("10.99.0.0/16")].Group; id == 0 || slices.Contains(slices.Collect(maps.Values(current)), id) {
+		t.Errorf("new group got id %d, want a free one (in use: %v)", id, current)
+	}
+}
