@@ -123,8 +123,8 @@ type Agent struct {
 	// (loaded false before one, or with a source that does not count).
 	loadedGen uint64
 	loaded    bool
-	// resize is set when the plan outgrew a map (maps.ErrCapacity): Run
-	// returns it, so the agent restarts and sizes the maps again.
+	// resize is set when the plan outgrew a map (maps.ErrCapacity) and growing
+	// it in place failed: Run returns it, so the agent restarts and sizes the maps again.
 	resize error
 }
 
@@ -245,7 +245,7 @@ func start(ctx context.Context, cfg Config, wait bool) (*Agent, error) {
 	}
 	// The maps that grow with the fleet are sized from the plan.
 	sized, _ := mapstate.FromPlan(p, mapstate.NodeConfig{})
-	tables, err := datapath.TablesFor(sized)
+	tables, err := tablesFor(sized)
 	if err != nil {
 		return nil, err
 	}
@@ -581,11 +581,17 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 	}
 	desired := a.desired(current)
 	if err := a.dp.Maps.CheckCapacity(desired); err != nil {
-		// Writing would stop part way, with routes missing. Run exits on
-		// this error: the agent started again sizes the maps from the plan
-		// and migrates the entries (no packet is lost in between).
-		a.resize = err
-		return fmt.Errorf("the fleet outgrew the maps sized at start; exiting to resize them: %w", err)
+		// Writing would stop part way, with routes missing: grow the maps
+		// first. If that fails, Run exits on this error, and the agent
+		// started again sizes the maps from the plan.
+		if gerr := a.growMaps(desired, err); gerr != nil {
+			a.resize = fmt.Errorf("%w (and growing them in place failed: %v)", err, gerr)
+			return fmt.Errorf("the fleet outgrew the maps; exiting to resize them: %w", a.resize)
+		}
+		if current, err = a.dp.Maps.Read(); err != nil {
+			return err
+		}
+		desired = a.desired(current)
 	}
 	res, err := maps.Apply(a.dp.Maps, maps.Diff(current, desired))
 	written = res.Updated + res.Deleted // what was written before a failure too
@@ -602,6 +608,38 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 		"pods", len(a.pods), "duration", time.Since(start).Round(time.Microsecond))
 	for _, c := range res.Applied {
 		a.log.Debug("map write", "change", c.String())
+	}
+	return nil
+}
+
+// tablesFor sizes the maps that grow with the fleet (a variable so that a test
+// can start with maps the fleet outgrows at once).
+var tablesFor = datapath.TablesFor
+
+// growMaps resizes, in place, the maps that the plan outgrew (why): Load
+// migrates them as at a start (new maps sized for desired, entries copied,
+// every pinned link switched to programs that use them, no packet meets a
+// program without its maps) and the agent goes on with the new collection.
+// Every agent of a fleet that doubled does this at about the same time; a
+// restart would have made each of them list the objects again.
+func (a *Agent) growMaps(desired maps.State, why error) error {
+	tables, err := tablesFor(desired)
+	if err != nil {
+		return err
+	}
+	a.log.Warn("the fleet outgrew the maps: growing them in place", "why", why,
+		"routes", tables.Routes, "peers", tables.Peers, "peer_sources", tables.PeerSources)
+	dp, err := datapath.Load(a.cfg.PinDir, datapath.Options{NatEntries: a.cfg.NatEntries, Tables: tables, Log: a.log})
+	if err != nil {
+		return err
+	}
+	old := a.dp
+	a.dp = dp
+	old.Close()
+	// The tracer reads redirect_last and writes redirect_drops, which were
+	// not migrated; attaching it from the new collection keeps it current.
+	if err := a.dp.AttachTracer(); err != nil {
+		a.log.Warn("kfree_skb tracer not attached again after growing the maps", "err", err)
 	}
 	return nil
 }

@@ -91,7 +91,7 @@ func (t Tables) sizes() map[maps.Name]uint32 {
 // TablesFor sizes the growing maps for a node whose maps are to hold s: each
 // keeps the object's size, or twice what s needs rounded up to a power of two
 // when that is more, so the fleet may grow by as much again before the agent
-// must restart to resize (maps.ErrCapacity). The power of two keeps the size,
+// must resize them (maps.ErrCapacity; it migrates them in place). The power of two keeps the size,
 // and so the pinned map, the same while the fleet changes a little.
 func TablesFor(s maps.State) (Tables, error) {
 	spec, err := bpf.LoadIsthmus()
