@@ -7,13 +7,14 @@ import (
 
 	"github.com/isthmus-dev/isthmus/loader/fleet"
 	"github.com/isthmus-dev/isthmus/loader/objects"
+	"github.com/isthmus-dev/isthmus/loader/plan"
 	"github.com/isthmus-dev/isthmus/maps"
 )
 
 // BenchmarkOneNodeChange is the sync after adding a Node to a remote site of
 // the 5,000-node fleets, as Measure times it (a Validator that saw the
-// snapshot before, plan, map state, diff), for profiling with -cpuprofile:
-// cpu-ms/op is the process's CPU time per sync, garbage collection included.
+// snapshot before, a plan.Cache that planned it, map state, diff), for
+// profiling with -cpuprofile: cpu-ms/op is the process's CPU time per sync, garbage collection included.
 func BenchmarkOneNodeChange(b *testing.B) {
 	for _, topo := range []fleet.Topology{fleet.Mesh, fleet.Hub} {
 		sh := fleet.Shape{Sites: 50, NodesPerSite: 100, Topology: topo}
@@ -31,7 +32,7 @@ func BenchmarkOneNodeChange(b *testing.B) {
 		changed.Nodes = append(changed.Nodes, added)
 		for role, node := range nodes {
 			set, _ := objects.ValidateSettingAside(in)
-			_, before, err := state(set, node, maps.State{})
+			_, before, err := state(set, node, maps.State{}, nil)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -40,12 +41,16 @@ func BenchmarkOneNodeChange(b *testing.B) {
 				for b.Loop() {
 					b.StopTimer()
 					v := objects.NewValidator(objects.Rules{})
-					v.ValidateSettingAside(in)
+					prev, _ := v.ValidateSettingAside(in)
+					cache := plan.NewCache()
+					if _, err := cache.Compute(prev, node); err != nil {
+						b.Fatal(err)
+					}
 					runtime.GC()
 					b.StartTimer()
 					start := cpuTime()
 					set, _ := v.ValidateSettingAside(changed)
-					_, after, err := state(set, node, before)
+					_, after, err := state(set, node, before, cache)
 					if err != nil {
 						b.Fatal(err)
 					}

@@ -62,3 +62,41 @@ func BenchmarkValidate(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCacheOneChange plans the nodes of BenchmarkCompute after a Node
+// was added to a remote site, with a Cache that planned the fleet before:
+// what an agent's sync pays for a one-Node change.
+func BenchmarkCacheOneChange(b *testing.B) {
+	for _, topo := range []fleet.Topology{fleet.Mesh, fleet.Hub} {
+		sh := fleet.Shape{Sites: 50, NodesPerSite: 100, Topology: topo}
+		in, err := fleet.Objects(sh)
+		if err != nil {
+			b.Fatal(err)
+		}
+		before := fleetSet(b, sh)
+		in.Nodes = append(in.Nodes, fleet.Node(sh, 7, sh.NodesPerSite))
+		after, _, err := objects.Validate(in)
+		if err != nil {
+			b.Fatal(err)
+		}
+		nodes := map[string]string{"member": fleet.NodeName(3, 50)}
+		if topo == fleet.Hub {
+			nodes["gateway"] = fleet.NodeName(3, 0)
+		}
+		for role, node := range nodes {
+			b.Run(fmt.Sprintf("%s-%dx%d-%s", topo, sh.Sites, sh.NodesPerSite, role), func(b *testing.B) {
+				for b.Loop() {
+					b.StopTimer()
+					c := NewCache()
+					if _, err := c.Compute(before, node); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+					if _, err := c.Compute(after, node); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

@@ -39,6 +39,11 @@ import (
 // be anyone's peer, so there is nothing useful to install. The result is
 // sorted and depends only on the objects, never on their order in files.
 func Compute(set *objects.Set, node string) (*NodePlan, error) {
+	return compute(set, node, nil)
+}
+
+// compute is Compute, reusing what c kept from its previous call (nil: none).
+func compute(set *objects.Set, node string, c *Cache) (*NodePlan, error) {
 	self := set.Node(node)
 	if self == nil {
 		return nil, fmt.Errorf("plan node %q: no Node of that name in the objects", node)
@@ -106,7 +111,7 @@ func Compute(set *objects.Set, node string) (*NodePlan, error) {
 	p.splitDirect(gp.direct)
 	p.dedupeRoutes()
 	if len(p.Routes) > 0 {
-		p.Routes = aggregateRoutes(p.Routes)
+		p.Routes = c.aggregate(p.Routes)
 	}
 	p.addGatewayFabric(gp.fabric)
 	p.SNAT = p.snatPolicy(self, site)

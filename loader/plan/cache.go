@@ -1,0 +1,133 @@
+package plan
+
+import (
+	"net/netip"
+	"slices"
+	"sync"
+
+	"github.com/isthmus-dev/isthmus/loader/objects"
+)
+
+// Cache computes a node's plans as Compute does, snapshot after snapshot,
+// and reuses from the previous call the parts whose inputs did not change:
+// the aggregated routes of each address chunk (see aggregate). A one-Node
+// change of a remote site touches the chunk of its podCIDR (and of its
+// InternalIP), so the aggregation of the other sites' thousands of routes is
+// not done again. The result equals Compute's exactly, whatever changed
+// (TestCacheEqualsCompute); a part is reused only when its inputs compare
+// equal, never on a guess of what a change touches. Safe for concurrent use;
+// one Cache serves one node's plans best (another node's call replaces what
+// it keeps).
+type Cache struct {
+	mu sync.Mutex
+	// chunks are the aggregated routes of each chunk of the last call.
+	chunks map[netip.Prefix]routeChunk
+	// reused counts the chunks the last call took from the one before.
+	reused int
+}
+
+// routeChunk is the aggregation of the routes inside one chunk.
+type routeChunk struct {
+	// in are the chunk's routes before aggregation (a deep copy), out what
+	// aggregateTargeted made of them.
+	in  []Route
+	out []targeted
+}
+
+// NewCache returns an empty Cache.
+func NewCache() *Cache { return &Cache{} }
+
+// Compute is plan.Compute, reusing what the previous call computed.
+func (c *Cache) Compute(set *objects.Set, node string) (*NodePlan, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return compute(set, node, c)
+}
+
+// chunkBits is the length of the chunks routes are aggregated in: a fleet's
+// Site has a /16 of pod blocks, so its nodes' /24s share one.
+func chunkBits(p netip.Prefix) int {
+	if p.Addr().Is4() {
+		return 16
+	}
+	return 48
+}
+
+// chunkOf returns the chunk holding p.
+func chunkOf(p netip.Prefix) netip.Prefix {
+	return netip.PrefixFrom(p.Addr(), chunkBits(p)).Masked()
+}
+
+// aggregate is aggregateRoutes (routes sorted by prefix, each prefix once,
+// as dedupeRoutes leaves them) done chunk by chunk, each chunk's result
+// reused when its routes equal those of the previous call. With no route
+// shorter than a chunk, aggregation inside one chunk depends on nothing
+// outside it: every route holding a route of the chunk, and its sibling, are
+// in the chunk. Only the results as long as a chunk can merge with a
+// neighbour or into something shorter: one more aggregation over those alone
+// finishes the job, with the counts of what each already folded in. A route
+// shorter than a chunk (a routedCidrs /12, say) aggregates the whole list.
+func (c *Cache) aggregate(routes []Route) []Route {
+	if c == nil {
+		return aggregateRoutes(routes)
+	}
+	c.reused = 0
+	if len(routes) < 2 {
+		return aggregateRoutes(routes)
+	}
+	for _, r := range routes {
+		if r.Prefix.Bits() < chunkBits(r.Prefix) {
+			c.chunks = nil
+			return aggregateRoutes(routes)
+		}
+	}
+	chunks := make(map[netip.Prefix]routeChunk, len(c.chunks))
+	var inner, whole []targeted
+	for start := 0; start < len(routes); {
+		key := chunkOf(routes[start].Prefix)
+		end := start + 1
+		for end < len(routes) && chunkOf(routes[end].Prefix) == key {
+			end++
+		}
+		if _, seen := chunks[key]; seen { // not sorted after all
+			c.chunks = nil
+			return aggregateRoutes(routes)
+		}
+		run := routes[start:end]
+		ch, ok := c.chunks[key]
+		if ok && slices.EqualFunc(ch.in, run, Route.Equal) {
+			c.reused++
+		} else {
+			ch = routeChunk{in: cloneRoutes(run), out: aggregateTargeted(targetedOf(run))}
+		}
+		chunks[key] = ch
+		for _, t := range ch.out {
+			if t.route.Prefix.Bits() == key.Bits() {
+				whole = append(whole, t)
+			} else {
+				inner = append(inner, t)
+			}
+		}
+		start = end
+	}
+	c.chunks = chunks
+	if len(whole) > 0 {
+		inner = append(inner, aggregateTargeted(whole)...)
+		slices.SortFunc(inner, func(a, b targeted) int { return comparePrefix(a.route.Prefix, b.route.Prefix) })
+	}
+	out := withOrigins(inner)
+	for i := range out {
+		// The cache keeps its own: a caller may change the plan it gets.
+		out[i].Group = slices.Clone(out[i].Group)
+	}
+	return out
+}
+
+// cloneRoutes returns a deep copy of routes.
+func cloneRoutes(routes []Route) []Route {
+	out := slices.Clone(routes)
+	for i := range out {
+		out[i].Group = slices.Clone(out[i].Group)
+	}
+	return out
+}
