@@ -10,7 +10,8 @@ import (
 
 // Cache computes a node's plans as Compute does, snapshot after snapshot,
 // and reuses from the previous call the parts whose inputs did not change:
-// the aggregated routes of each address chunk (see aggregate). A one-Node
+// the aggregated routes of each address chunk (see aggregate) and the
+// aggregated allowed sources of each peer with many. A one-Node
 // change of a remote site touches the chunk of its podCIDR (and of its
 // InternalIP), so the aggregation of the other sites' thousands of routes is
 // not done again. The result equals Compute's exactly, whatever changed
@@ -22,9 +23,22 @@ type Cache struct {
 	mu sync.Mutex
 	// chunks are the aggregated routes of each chunk of the last call.
 	chunks map[netip.Prefix]routeChunk
-	// reused counts the chunks the last call took from the one before.
+	// sources are the allowed sources of each peer with many (a gateway a
+	// member reaches every remote site through), before and after
+	// aggregation, of the last call; next those of the call under way.
+	sources, next map[string]sourceList
+	// reused counts the chunks and source lists the last call took from
+	// the one before.
 	reused int
 }
+
+// sourceList is a peer's allowed sources before aggregation (a copy) and
+// after.
+type sourceList struct{ in, out []netip.Prefix }
+
+// manySources is the length from which a peer's allowed sources are kept:
+// shorter lists cost less to aggregate than to keep.
+const manySources = 16
 
 // routeChunk is the aggregation of the routes inside one chunk.
 type routeChunk struct {
@@ -41,7 +55,29 @@ func NewCache() *Cache { return &Cache{} }
 func (c *Cache) Compute(set *objects.Set, node string) (*NodePlan, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return compute(set, node, c)
+	c.reused = 0
+	c.next = map[string]sourceList{}
+	p, err := compute(set, node, c)
+	c.sources, c.next = c.next, nil
+	return p, err
+}
+
+// allowedSources returns the sorted, aggregated sources of peer (which ps
+// lists in any order, duplicates and all), reusing the previous call's
+// result when it had the same list for the peer. A nil c aggregates.
+func (c *Cache) allowedSources(peer string, ps []netip.Prefix) []netip.Prefix {
+	if c == nil || len(ps) < manySources {
+		return AggregatePrefixes(sortedUnique(ps))
+	}
+	if l, ok := c.sources[peer]; ok && slices.Equal(l.in, ps) {
+		c.reused++
+		c.next[peer] = l
+		return slices.Clone(l.out)
+	}
+	l := sourceList{in: slices.Clone(ps)}
+	l.out = AggregatePrefixes(sortedUnique(ps))
+	c.next[peer] = sourceList{in: l.in, out: slices.Clone(l.out)}
+	return l.out
 }
 
 // chunkBits is the length of the chunks routes are aggregated in: a fleet's
@@ -68,11 +104,7 @@ func chunkOf(p netip.Prefix) netip.Prefix {
 // finishes the job, with the counts of what each already folded in. A route
 // shorter than a chunk (a routedCidrs /12, say) aggregates the whole list.
 func (c *Cache) aggregate(routes []Route) []Route {
-	if c == nil {
-		return aggregateRoutes(routes)
-	}
-	c.reused = 0
-	if len(routes) < 2 {
+	if c == nil || len(routes) < 2 {
 		return aggregateRoutes(routes)
 	}
 	for _, r := range routes {
@@ -82,7 +114,8 @@ func (c *Cache) aggregate(routes []Route) []Route {
 		}
 	}
 	chunks := make(map[netip.Prefix]routeChunk, len(c.chunks))
-	var inner, whole []targeted
+	inner := make([]targeted, 0, len(routes))
+	var whole []targeted
 	for start := 0; start < len(routes); {
 		key := chunkOf(routes[start].Prefix)
 		end := start + 1

@@ -100,8 +100,12 @@ func compute(set *objects.Set, node string, c *Cache) (*NodePlan, error) {
 		}
 	}
 	gp := p.addAssignments(set, all, self, site, meshed, peers)
+	// A peer has a route or two of its own: one allocation, not a doubling
+	// at every power of two of a 5,000-node mesh.
+	p.Peers = slices.Grow(p.Peers, len(peers))
+	p.Routes = slices.Grow(p.Routes, 2*len(peers))
 	for _, name := range slices.Sorted(maps.Keys(peers)) {
-		p.addPeer(set, peers[name])
+		p.addPeer(set, peers[name], c)
 	}
 	for _, name := range slices.Sorted(maps.Keys(meshed)) {
 		p.addGroupRoutes(set.Site(name))
@@ -146,11 +150,21 @@ func declaredBlocks(site *v1alpha1.Site) []objects.FieldPrefix {
 // declaredPrefixes is declaredBlocks without the fields, sorted and without
 // duplicates.
 func declaredPrefixes(site *v1alpha1.Site) []netip.Prefix {
+	return sortedUnique(blockPrefixes(site))
+}
+
+// blockPrefixes is declaredBlocks without the fields, in their order: it
+// runs once per peer, where naming each field would cost 5,000 strings.
+func blockPrefixes(site *v1alpha1.Site) []netip.Prefix {
 	var out []netip.Prefix
-	for _, b := range declaredBlocks(site) {
-		out = append(out, b.Prefix)
+	for _, a := range site.Spec.PodCIDRAssignments {
+		for _, c := range a.CIDRBlocks {
+			if pfx, err := netip.ParsePrefix(string(c)); err == nil {
+				out = append(out, pfx.Masked())
+			}
+		}
 	}
-	return sortedUnique(out)
+	return out
 }
 
 // localPrefixes are the prefixes the site's own fabric and CNI keep on its
@@ -175,16 +189,16 @@ func localPrefixes(site *v1alpha1.Site) []netip.Prefix {
 // cover it, and on an unmanaged site it is usually one the CNI never uses
 // (seed 000's AKS node got 10.0.12.0/24 beside the pod subnet 10.0.2.0/23).
 func (p *NodePlan) warnStrayPodCIDRs(n *corev1.Node, site *v1alpha1.Site) {
-	blocks := declaredBlocks(site)
+	blocks := blockPrefixes(site)
 	for _, f := range objects.PodCIDRFields(n) {
-		var family []string
+		var family []netip.Prefix
 		inside := false
 		for _, b := range blocks {
-			if b.Prefix.Addr().Is4() != f.Prefix.Addr().Is4() {
+			if b.Addr().Is4() != f.Prefix.Addr().Is4() {
 				continue
 			}
-			family = append(family, b.Prefix.String())
-			inside = inside || (b.Prefix.Bits() <= f.Prefix.Bits() && b.Prefix.Contains(f.Prefix.Addr()))
+			family = append(family, b)
+			inside = inside || (b.Bits() <= f.Prefix.Bits() && b.Contains(f.Prefix.Addr()))
 		}
 		if len(family) > 0 && !inside {
 			p.warnf("Node %q %s %s is outside the pod blocks of Site %q (spec.podCidrAssignments[].cidrBlocks %v)",
@@ -225,10 +239,11 @@ func (p *NodePlan) meshedSites(set *objects.Set, site *v1alpha1.Site, all []assi
 }
 
 // addPeer adds c's node as a peer reached at c.underlay, with routes for its
-// podCIDRs and its tunnel address and c.extra among its allowed sources, or
+// podCIDRs and its tunnel address and c.extra among its allowed sources
+// (aggregated through cache, which may be nil), or
 // skips it with a warning when it belongs to an unmanaged site, has no tunnel
 // address (nothing could route back to it) and is no gateway.
-func (p *NodePlan) addPeer(set *objects.Set, c *candidate) {
+func (p *NodePlan) addPeer(set *objects.Set, c *candidate, cache *Cache) {
 	peer, underlay := c.node, c.underlay
 	site := set.SiteOf(peer)
 	tunnel, tunnelOrigin, hasTunnel := objects.TunnelAddr(peer)
@@ -263,7 +278,7 @@ func (p *NodePlan) addPeer(set *objects.Set, c *candidate) {
 		// its blocks; with returnPath SNAT such sources never arrive.
 		pr.AllowedSources = append(pr.AllowedSources, declaredPrefixes(site)...)
 	}
-	pr.AllowedSources = AggregatePrefixes(sortedUnique(append(pr.AllowedSources, c.extra...)))
+	pr.AllowedSources = cache.allowedSources(peer.Name, append(pr.AllowedSources, c.extra...))
 	p.warnStrayPodCIDRs(peer, site)
 	switch {
 	case len(fields) == 0 && !hasTunnel && !c.gateway:

@@ -120,13 +120,17 @@ type sitePrefix struct {
 // unmanaged with returnPath Fabric, the routedCidrs of a's pools that have
 // gateways in t, and t's nodeCidrs when a routes them.
 func (a *assignment) prefixesOf(set *objects.Set, t *v1alpha1.Site) []sitePrefix {
-	var out []sitePrefix
+	nodes := set.NodesOf(t.Name)
+	out := make([]sitePrefix, 0, 2*len(nodes))
+	// A site's hundreds of prefixes: a scan of out for each was quadratic.
+	seen := make(map[netip.Prefix]bool, 2*len(nodes))
 	add := func(sp sitePrefix) {
-		if !slices.ContainsFunc(out, func(o sitePrefix) bool { return o.prefix == sp.prefix }) {
+		if !seen[sp.prefix] {
+			seen[sp.prefix] = true
 			out = append(out, sp)
 		}
 	}
-	for _, n := range set.NodesOf(t.Name) {
+	for _, n := range nodes {
 		fields := objects.PodCIDRFields(n)
 		for _, f := range fields {
 			add(sitePrefix{prefix: f.Prefix, origin: objects.NodeField(n.Name, f.Field), node: n.Name})
@@ -230,7 +234,9 @@ func (p *NodePlan) splitDirect(direct []netip.Prefix) {
 		return
 	}
 	direct = sortedUnique(slices.Clone(direct))
-	routes := make([]Route, 0, len(p.Routes))
+	// Each direct address adds at most a transit route and the pieces
+	// around it.
+	routes := make([]Route, 0, len(p.Routes)+2*len(direct))
 	for _, r := range p.Routes {
 		var inside []netip.Prefix
 		if r.Group != nil {
