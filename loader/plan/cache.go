@@ -42,10 +42,12 @@ const manySources = 16
 
 // routeChunk is the aggregation of the routes inside one chunk.
 type routeChunk struct {
-	// in are the chunk's routes before aggregation (a deep copy), out what
-	// aggregateTargeted made of them.
-	in  []Route
-	out []targeted
+	// in are the chunk's routes before aggregation (a deep copy). Of what
+	// aggregateTargeted made of them, inner are the routes longer than the
+	// chunk, final, and whole the route as long as it, if any, which may
+	// merge further with other chunks'.
+	in, inner []Route
+	whole     []targeted
 }
 
 // NewCache returns an empty Cache.
@@ -114,7 +116,7 @@ func (c *Cache) aggregate(routes []Route) []Route {
 		}
 	}
 	chunks := make(map[netip.Prefix]routeChunk, len(c.chunks))
-	inner := make([]targeted, 0, len(routes))
+	out := make([]Route, 0, len(routes))
 	var whole []targeted
 	for start := 0; start < len(routes); {
 		key := chunkOf(routes[start].Prefix)
@@ -131,29 +133,40 @@ func (c *Cache) aggregate(routes []Route) []Route {
 		if ok && slices.EqualFunc(ch.in, run, Route.Equal) {
 			c.reused++
 		} else {
-			ch = routeChunk{in: cloneRoutes(run), out: aggregateTargeted(targetedOf(run))}
+			ch = newRouteChunk(run, key)
 		}
 		chunks[key] = ch
-		for _, t := range ch.out {
-			if t.route.Prefix.Bits() == key.Bits() {
-				whole = append(whole, t)
-			} else {
-				inner = append(inner, t)
-			}
+		for _, r := range ch.inner {
+			r.Group = slices.Clone(r.Group) // the cache keeps its own: a caller may change its plan
+			out = append(out, r)
 		}
+		whole = append(whole, ch.whole...)
 		start = end
 	}
 	c.chunks = chunks
 	if len(whole) > 0 {
-		inner = append(inner, aggregateTargeted(whole)...)
-		slices.SortFunc(inner, func(a, b targeted) int { return comparePrefix(a.route.Prefix, b.route.Prefix) })
-	}
-	out := withOrigins(inner)
-	for i := range out {
-		// The cache keeps its own: a caller may change the plan it gets.
-		out[i].Group = slices.Clone(out[i].Group)
+		for _, r := range withOrigins(aggregateTargeted(whole)) {
+			r.Group = slices.Clone(r.Group)
+			out = append(out, r)
+		}
+		slices.SortFunc(out, func(a, b Route) int { return comparePrefix(a.Prefix, b.Prefix) })
 	}
 	return out
+}
+
+// newRouteChunk aggregates run, the routes of chunk key.
+func newRouteChunk(run []Route, key netip.Prefix) routeChunk {
+	ch := routeChunk{in: cloneRoutes(run)}
+	var inner []targeted
+	for _, t := range aggregateTargeted(targetedOf(run)) {
+		if t.route.Prefix.Bits() == key.Bits() {
+			ch.whole = append(ch.whole, t)
+		} else {
+			inner = append(inner, t)
+		}
+	}
+	ch.inner = withOrigins(inner)
+	return ch
 }
 
 // cloneRoutes returns a deep copy of routes.

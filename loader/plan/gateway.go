@@ -313,6 +313,12 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 			// the fabric leg fails strict rp_filter), so node to node would
 			// work one way or not at all. What this node forwards (from a
 			// tunnel or a pod) still takes the gateways: see splitDirect.
+			if gp.direct == nil {
+				// Sized once for every remote node (and, below, two
+				// prefixes each): a hub's 10,000 entries grew by doubling.
+				gp.direct = make([]netip.Prefix, 0, len(set.Nodes))
+				gp.routes = make([]groupRoute, 0, 2*len(set.Nodes))
+			}
 			gp.direct = append(gp.direct, nodeAddrs(set, tName)...)
 			if isGateway {
 
