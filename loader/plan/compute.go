@@ -84,7 +84,7 @@ func compute(set *objects.Set, node string, c *Cache) (*NodePlan, error) {
 	case !p.TunnelAddr.IsValid():
 		p.warnf("Node %q has no IPv4 podCIDR and no annotation %s: it has no tunnel address", node, v1alpha1.AnnotationTunnelIPv4)
 	}
-	p.warnStrayPodCIDRs(self, site)
+	p.warnStrayPodCIDRs(self.Name, objects.PodCIDRFields(self), site)
 
 	p.LocalPrefixes = localPrefixes(site)
 	if fabricReturn(site) {
@@ -184,13 +184,14 @@ func localPrefixes(site *v1alpha1.Site) []netip.Prefix {
 	return sortedUnique(out)
 }
 
-// warnStrayPodCIDRs warns about each podCIDR of n outside every declared pod
-// block of its site (of the same family): overlap checks between sites do not
-// cover it, and on an unmanaged site it is usually one the CNI never uses
-// (seed 000's AKS node got 10.0.12.0/24 beside the pod subnet 10.0.2.0/23).
-func (p *NodePlan) warnStrayPodCIDRs(n *corev1.Node, site *v1alpha1.Site) {
+// warnStrayPodCIDRs warns about each podCIDR of node (its fields, parsed
+// once by the caller) outside every declared pod block of its site (of the
+// same family): overlap checks between sites do not cover it, and on an
+// unmanaged site it is usually one the CNI never uses (seed 000's AKS node
+// got 10.0.12.0/24 beside the pod subnet 10.0.2.0/23).
+func (p *NodePlan) warnStrayPodCIDRs(node string, fields []objects.FieldPrefix, site *v1alpha1.Site) {
 	blocks := blockPrefixes(site)
-	for _, f := range objects.PodCIDRFields(n) {
+	for _, f := range fields {
 		var family []netip.Prefix
 		inside := false
 		for _, b := range blocks {
@@ -202,7 +203,7 @@ func (p *NodePlan) warnStrayPodCIDRs(n *corev1.Node, site *v1alpha1.Site) {
 		}
 		if len(family) > 0 && !inside {
 			p.warnf("Node %q %s %s is outside the pod blocks of Site %q (spec.podCidrAssignments[].cidrBlocks %v)",
-				n.Name, f.Field, f.Prefix, site.Name, family)
+				node, f.Field, f.Prefix, site.Name, family)
 		}
 	}
 }
@@ -279,7 +280,7 @@ func (p *NodePlan) addPeer(set *objects.Set, c *candidate, cache *Cache) {
 		pr.AllowedSources = append(pr.AllowedSources, declaredPrefixes(site)...)
 	}
 	pr.AllowedSources = cache.allowedSources(peer.Name, append(pr.AllowedSources, c.extra...))
-	p.warnStrayPodCIDRs(peer, site)
+	p.warnStrayPodCIDRs(peer.Name, fields, site)
 	switch {
 	case len(fields) == 0 && !hasTunnel && !c.gateway:
 		p.warnf("peer Node %q has no podCIDR yet: no routes to it", peer.Name)
