@@ -2,8 +2,8 @@
 // (loader/fleet): the time to validate the objects and plan one node, the map
 // entries the plan needs, the time and the map writes of applying a change of
 // one Node, and the heap an agent holds for it. It runs the agent's own code
-// path (objects.ValidateSettingAside or, for a change, an objects.Validator;
-// plan.Compute, mapstate.FromPlan, maps.Diff) without a kernel: the writes
+// path (objects.ValidateSettingAside and plan.Compute or, for a change, an
+// objects.Validator and a plan.Cache; mapstate.FromPlan, maps.Diff) without a kernel: the writes
 // are counted, not made (one map update is a few microseconds of bpf()
 // syscall). `isthmus bench --control-plane` prints it; docs/benchmarks.md
 // records it.
@@ -112,8 +112,14 @@ func Measure(sh fleet.Shape) ([]Result, error) {
 var nodeConfig = mapstate.NodeConfig{VNI: 1, UnderlayIfindex: 2, OverlayIfindex: 3,
 	OverlayMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, TunnelMTU: 1450, SNATPortMin: 61000, SNATPortMax: 65535}
 
-func state(set *objects.Set, node string, current maps.State) (*plan.NodePlan, maps.State, error) {
-	p, err := plan.Compute(set, node)
+// state plans node (through c, nil: plan.Compute) and returns the plan and
+// its map state.
+func state(set *objects.Set, node string, current maps.State, c *plan.Cache) (*plan.NodePlan, maps.State, error) {
+	compute := plan.Compute
+	if c != nil {
+		compute = c.Compute
+	}
+	p, err := compute(set, node)
 	if err != nil {
 		return nil, maps.State{}, err
 	}
@@ -142,7 +148,7 @@ func measure(sh fleet.Shape, node string) (Result, error) {
 	if len(set.Rejected) > 0 {
 		return Result{}, fmt.Errorf("fleet %+v: %d objects set aside, first %s", sh, len(set.Rejected), set.Rejected[0])
 	}
-	p, st, err := state(set, node, maps.State{})
+	p, st, err := state(set, node, maps.State{}, nil)
 	if err != nil {
 		return Result{}, err
 	}
@@ -191,16 +197,21 @@ func measure(sh fleet.Shape, node string) (Result, error) {
 		// The fastest of Rounds: on a shared machine the others are noise.
 		m := Change{Name: c.name}
 		for i := range Rounds {
-			// The agent's Validator saw the snapshot before the change.
+			// The agent's Validator and plan.Cache saw the snapshot
+			// before the change.
 			v := objects.NewValidator(objects.Rules{})
-			v.ValidateSettingAside(in)
+			prev, _ := v.ValidateSettingAside(in)
+			cache := plan.NewCache()
+			if _, err := cache.Compute(prev, node); err != nil {
+				return Result{}, err
+			}
 			// Collecting that priming snapshot's garbage is not this
 			// sync's cost; the collections its own allocations bring
 			// about are counted.
 			runtime.GC()
 			start := cpuTime()
 			set, _ := v.ValidateSettingAside(changed)
-			_, after, err := state(set, node, st)
+			_, after, err := state(set, node, st, cache)
 			if err != nil {
 				return Result{}, fmt.Errorf("%s: %w", c.name, err)
 			}

@@ -159,13 +159,29 @@ func aggregateRoutes(routes []Route) []Route {
 	if len(routes) < 2 {
 		return routes
 	}
-	byPrefix := newPrefixMap[*targeted](len(routes))
-	var byLength [129][]netip.Prefix
-	slab := make([]targeted, len(routes)) // one allocation, not one per route
+	return withOrigins(aggregateTargeted(targetedOf(routes)))
+}
+
+// targetedOf returns routes with their targets, in one allocation (not one
+// per route).
+func targetedOf(routes []Route) []targeted {
+	slab := make([]targeted, len(routes))
 	for i, r := range routes {
 		slab[i] = targeted{route: r, target: routeTarget(r)}
-		byPrefix.put(r.Prefix, &slab[i])
-		byLength[r.Prefix.Bits()] = append(byLength[r.Prefix.Bits()], r.Prefix)
+	}
+	return slab
+}
+
+// aggregateTargeted is aggregateRoutes on routes with their targets and the
+// counts of routes already folded into them (see Cache.aggregate), before
+// the origins name those counts. It changes the entries of ts.
+func aggregateTargeted(ts []targeted) []targeted {
+	byPrefix := newPrefixMap[*targeted](len(ts))
+	var byLength [129][]netip.Prefix
+	for i := range ts {
+		p := ts[i].route.Prefix
+		byPrefix.put(p, &ts[i])
+		byLength[p.Bits()] = append(byLength[p.Bits()], p)
 	}
 	// One pass, longest first: halves merge before their parent's length is
 	// looked at (a merge adds the parent to the next, shorter length), and
@@ -211,15 +227,24 @@ func aggregateRoutes(routes []Route) []Route {
 			}
 		}
 	}
-	out := make([]Route, 0, len(byPrefix.m))
+	out := make([]targeted, 0, len(byPrefix.m))
 	for _, t := range byPrefix.m {
-		r := t.route
-		if t.merged > 0 {
-			r.Origin = fmt.Sprintf("%s and %d more", r.Origin, t.merged)
-		}
-		out = append(out, r)
+		out = append(out, *t)
 	}
-	slices.SortFunc(out, func(a, b Route) int { return comparePrefix(a.Prefix, b.Prefix) })
+	slices.SortFunc(out, func(a, b targeted) int { return comparePrefix(a.route.Prefix, b.route.Prefix) })
+	return out
+}
+
+// withOrigins returns the routes of ts, each merged one's origin followed by
+// the number of routes folded into it.
+func withOrigins(ts []targeted) []Route {
+	out := make([]Route, len(ts))
+	for i, t := range ts {
+		out[i] = t.route
+		if t.merged > 0 {
+			out[i].Origin = fmt.Sprintf("%s and %d more", t.route.Origin, t.merged)
+		}
+	}
 	return out
 }
 

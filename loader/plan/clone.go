@@ -13,10 +13,7 @@ func (p *NodePlan) Clone() *NodePlan {
 	for i := range c.Peers {
 		c.Peers[i].AllowedSources = slices.Clone(p.Peers[i].AllowedSources)
 	}
-	c.Routes = slices.Clone(p.Routes)
-	for i := range c.Routes {
-		c.Routes[i].Group = slices.Clone(p.Routes[i].Group)
-	}
+	c.Routes = cloneRoutes(p.Routes)
 	c.SNAT.Exempt = slices.Clone(p.SNAT.Exempt)
 	c.Masquerade.Exempt = slices.Clone(p.Masquerade.Exempt)
 	c.GatewayPools = slices.Clone(p.GatewayPools)

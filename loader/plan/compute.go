@@ -39,6 +39,11 @@ import (
 // be anyone's peer, so there is nothing useful to install. The result is
 // sorted and depends only on the objects, never on their order in files.
 func Compute(set *objects.Set, node string) (*NodePlan, error) {
+	return compute(set, node, nil)
+}
+
+// compute is Compute, reusing what c kept from its previous call (nil: none).
+func compute(set *objects.Set, node string, c *Cache) (*NodePlan, error) {
 	self := set.Node(node)
 	if self == nil {
 		return nil, fmt.Errorf("plan node %q: no Node of that name in the objects", node)
@@ -79,7 +84,7 @@ func Compute(set *objects.Set, node string) (*NodePlan, error) {
 	case !p.TunnelAddr.IsValid():
 		p.warnf("Node %q has no IPv4 podCIDR and no annotation %s: it has no tunnel address", node, v1alpha1.AnnotationTunnelIPv4)
 	}
-	p.warnStrayPodCIDRs(self, site)
+	p.warnStrayPodCIDRs(self.Name, objects.PodCIDRFields(self), site)
 
 	p.LocalPrefixes = localPrefixes(site)
 	if fabricReturn(site) {
@@ -95,8 +100,12 @@ func Compute(set *objects.Set, node string) (*NodePlan, error) {
 		}
 	}
 	gp := p.addAssignments(set, all, self, site, meshed, peers)
+	// A peer has a route or two of its own: one allocation, not a doubling
+	// at every power of two of a 5,000-node mesh.
+	p.Peers = slices.Grow(p.Peers, len(peers))
+	p.Routes = slices.Grow(p.Routes, 2*len(peers))
 	for _, name := range slices.Sorted(maps.Keys(peers)) {
-		p.addPeer(set, peers[name])
+		p.addPeer(set, peers[name], c)
 	}
 	for _, name := range slices.Sorted(maps.Keys(meshed)) {
 		p.addGroupRoutes(set.Site(name))
@@ -106,7 +115,7 @@ func Compute(set *objects.Set, node string) (*NodePlan, error) {
 	p.splitDirect(gp.direct)
 	p.dedupeRoutes()
 	if len(p.Routes) > 0 {
-		p.Routes = aggregateRoutes(p.Routes)
+		p.Routes = c.aggregate(p.Routes)
 	}
 	p.addGatewayFabric(gp.fabric)
 	p.SNAT = p.snatPolicy(self, site)
@@ -141,11 +150,21 @@ func declaredBlocks(site *v1alpha1.Site) []objects.FieldPrefix {
 // declaredPrefixes is declaredBlocks without the fields, sorted and without
 // duplicates.
 func declaredPrefixes(site *v1alpha1.Site) []netip.Prefix {
+	return sortedUnique(blockPrefixes(site))
+}
+
+// blockPrefixes is declaredBlocks without the fields, in their order: it
+// runs once per peer, where naming each field would cost 5,000 strings.
+func blockPrefixes(site *v1alpha1.Site) []netip.Prefix {
 	var out []netip.Prefix
-	for _, b := range declaredBlocks(site) {
-		out = append(out, b.Prefix)
+	for _, a := range site.Spec.PodCIDRAssignments {
+		for _, c := range a.CIDRBlocks {
+			if pfx, err := netip.ParsePrefix(string(c)); err == nil {
+				out = append(out, pfx.Masked())
+			}
+		}
 	}
-	return sortedUnique(out)
+	return out
 }
 
 // localPrefixes are the prefixes the site's own fabric and CNI keep on its
@@ -165,25 +184,26 @@ func localPrefixes(site *v1alpha1.Site) []netip.Prefix {
 	return sortedUnique(out)
 }
 
-// warnStrayPodCIDRs warns about each podCIDR of n outside every declared pod
-// block of its site (of the same family): overlap checks between sites do not
-// cover it, and on an unmanaged site it is usually one the CNI never uses
-// (seed 000's AKS node got 10.0.12.0/24 beside the pod subnet 10.0.2.0/23).
-func (p *NodePlan) warnStrayPodCIDRs(n *corev1.Node, site *v1alpha1.Site) {
-	blocks := declaredBlocks(site)
-	for _, f := range objects.PodCIDRFields(n) {
-		var family []string
+// warnStrayPodCIDRs warns about each podCIDR of node (its fields, parsed
+// once by the caller) outside every declared pod block of its site (of the
+// same family): overlap checks between sites do not cover it, and on an
+// unmanaged site it is usually one the CNI never uses (seed 000's AKS node
+// got 10.0.12.0/24 beside the pod subnet 10.0.2.0/23).
+func (p *NodePlan) warnStrayPodCIDRs(node string, fields []objects.FieldPrefix, site *v1alpha1.Site) {
+	blocks := blockPrefixes(site)
+	for _, f := range fields {
+		var family []netip.Prefix
 		inside := false
 		for _, b := range blocks {
-			if b.Prefix.Addr().Is4() != f.Prefix.Addr().Is4() {
+			if b.Addr().Is4() != f.Prefix.Addr().Is4() {
 				continue
 			}
-			family = append(family, b.Prefix.String())
-			inside = inside || (b.Prefix.Bits() <= f.Prefix.Bits() && b.Prefix.Contains(f.Prefix.Addr()))
+			family = append(family, b)
+			inside = inside || (b.Bits() <= f.Prefix.Bits() && b.Contains(f.Prefix.Addr()))
 		}
 		if len(family) > 0 && !inside {
 			p.warnf("Node %q %s %s is outside the pod blocks of Site %q (spec.podCidrAssignments[].cidrBlocks %v)",
-				n.Name, f.Field, f.Prefix, site.Name, family)
+				node, f.Field, f.Prefix, site.Name, family)
 		}
 	}
 }
@@ -220,10 +240,11 @@ func (p *NodePlan) meshedSites(set *objects.Set, site *v1alpha1.Site, all []assi
 }
 
 // addPeer adds c's node as a peer reached at c.underlay, with routes for its
-// podCIDRs and its tunnel address and c.extra among its allowed sources, or
+// podCIDRs and its tunnel address and c.extra among its allowed sources
+// (aggregated through cache, which may be nil), or
 // skips it with a warning when it belongs to an unmanaged site, has no tunnel
 // address (nothing could route back to it) and is no gateway.
-func (p *NodePlan) addPeer(set *objects.Set, c *candidate) {
+func (p *NodePlan) addPeer(set *objects.Set, c *candidate, cache *Cache) {
 	peer, underlay := c.node, c.underlay
 	site := set.SiteOf(peer)
 	tunnel, tunnelOrigin, hasTunnel := objects.TunnelAddr(peer)
@@ -258,8 +279,8 @@ func (p *NodePlan) addPeer(set *objects.Set, c *candidate) {
 		// its blocks; with returnPath SNAT such sources never arrive.
 		pr.AllowedSources = append(pr.AllowedSources, declaredPrefixes(site)...)
 	}
-	pr.AllowedSources = AggregatePrefixes(sortedUnique(append(pr.AllowedSources, c.extra...)))
-	p.warnStrayPodCIDRs(peer, site)
+	pr.AllowedSources = cache.allowedSources(peer.Name, append(pr.AllowedSources, c.extra...))
+	p.warnStrayPodCIDRs(peer.Name, fields, site)
 	switch {
 	case len(fields) == 0 && !hasTunnel && !c.gateway:
 		p.warnf("peer Node %q has no podCIDR yet: no routes to it", peer.Name)

@@ -120,13 +120,17 @@ type sitePrefix struct {
 // unmanaged with returnPath Fabric, the routedCidrs of a's pools that have
 // gateways in t, and t's nodeCidrs when a routes them.
 func (a *assignment) prefixesOf(set *objects.Set, t *v1alpha1.Site) []sitePrefix {
-	var out []sitePrefix
+	nodes := set.NodesOf(t.Name)
+	out := make([]sitePrefix, 0, 2*len(nodes))
+	// A site's hundreds of prefixes: a scan of out for each was quadratic.
+	seen := make(map[netip.Prefix]bool, 2*len(nodes))
 	add := func(sp sitePrefix) {
-		if !slices.ContainsFunc(out, func(o sitePrefix) bool { return o.prefix == sp.prefix }) {
+		if !seen[sp.prefix] {
+			seen[sp.prefix] = true
 			out = append(out, sp)
 		}
 	}
-	for _, n := range set.NodesOf(t.Name) {
+	for _, n := range nodes {
 		fields := objects.PodCIDRFields(n)
 		for _, f := range fields {
 			add(sitePrefix{prefix: f.Prefix, origin: objects.NodeField(n.Name, f.Field), node: n.Name})
@@ -230,7 +234,9 @@ func (p *NodePlan) splitDirect(direct []netip.Prefix) {
 		return
 	}
 	direct = sortedUnique(slices.Clone(direct))
-	routes := make([]Route, 0, len(p.Routes))
+	// Each direct address adds at most a transit route and the pieces
+	// around it.
+	routes := make([]Route, 0, len(p.Routes)+2*len(direct))
 	for _, r := range p.Routes {
 		var inside []netip.Prefix
 		if r.Group != nil {
@@ -307,6 +313,12 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 			// the fabric leg fails strict rp_filter), so node to node would
 			// work one way or not at all. What this node forwards (from a
 			// tunnel or a pod) still takes the gateways: see splitDirect.
+			if gp.direct == nil {
+				// Sized once for every remote node (and, below, two
+				// prefixes each): a hub's 10,000 entries grew by doubling.
+				gp.direct = make([]netip.Prefix, 0, len(set.Nodes))
+				gp.routes = make([]groupRoute, 0, 2*len(set.Nodes))
+			}
 			gp.direct = append(gp.direct, nodeAddrs(set, tName)...)
 			if isGateway {
 

@@ -23,25 +23,36 @@ func Subtract(from netip.Prefix, remove ...netip.Prefix) []netip.Prefix {
 }
 
 // subtract halves p until each half is either clear of every hole (kept) or
-// inside one (dropped). Each hole costs at most one split per bit, so the
-// work is bounded by holes times address length.
+// inside one (dropped). It reorders holes: each half is handed only the
+// holes inside it, so the work is bounded by holes times address length
+// (a Site's /20 of nodeCidrs cut around its 100 InternalIPs looks at each
+// address about 20 times, not all 100 at every one of some 2,000 halves).
 func subtract(p netip.Prefix, holes []netip.Prefix, out []netip.Prefix) []netip.Prefix {
-	overlapping := false
-	for _, h := range holes {
+	inside := 0 // holes[:inside] lie inside p
+	for i, h := range holes {
 		if !h.Overlaps(p) {
 			continue
 		}
 		if h.Bits() <= p.Bits() {
 			return out // p lies inside h
 		}
-		overlapping = true
+		holes[inside], holes[i] = holes[i], holes[inside]
+		inside++
 	}
-	if !overlapping {
+	if inside == 0 {
 		return append(out, p)
 	}
+	holes = holes[:inside]
 	lo, hi := halves(p)
-	out = subtract(lo, holes, out)
-	return subtract(hi, holes, out)
+	inLo := 0 // holes[:inLo] lie inside lo, the others inside hi
+	for i, h := range holes {
+		if lo.Contains(h.Addr()) {
+			holes[inLo], holes[i] = holes[i], holes[inLo]
+			inLo++
+		}
+	}
+	out = subtract(lo, holes[:inLo], out)
+	return subtract(hi, holes[inLo:], out)
 }
 
 // halves splits p into its two prefixes one bit longer.

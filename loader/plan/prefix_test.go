@@ -2,7 +2,9 @@ package plan
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -64,7 +66,9 @@ func TestSubtract(t *testing.T) {
 }
 
 // TestSubtractCovers checks, address by address over a small space, that the
-// result is exactly from minus the holes and its prefixes are disjoint.
+// result is exactly from minus the holes, its prefixes are disjoint and as
+// large as they can be (nothing left to aggregate), for fixed and random
+// holes (nested, overlapping, outside from).
 func TestSubtractCovers(t *testing.T) {
 	from := netip.MustParsePrefix("10.0.0.0/26")
 	holeSets := [][]netip.Prefix{
@@ -72,8 +76,20 @@ func TestSubtractCovers(t *testing.T) {
 		prefixes("10.0.0.16/29 10.0.0.33 10.0.0.0"),
 		prefixes("10.0.0.1 10.0.0.2 10.0.0.3 10.0.0.4 10.0.0.5"),
 	}
+	r := rand.New(rand.NewPCG(26, 1))
+	for range 200 {
+		var holes []netip.Prefix
+		for range 1 + r.IntN(12) {
+			a := netip.AddrFrom4([4]byte{10, 0, 0, byte(r.IntN(80))})
+			holes = append(holes, netip.PrefixFrom(a, 25+r.IntN(8)).Masked())
+		}
+		holeSets = append(holeSets, holes)
+	}
 	for _, holes := range holeSets {
 		got := Subtract(from, holes...)
+		if agg := AggregatePrefixes(slices.Clone(got)); !slices.Equal(agg, got) {
+			t.Errorf("holes %v: %v could be %v", holes, got, agg)
+		}
 		for a := from.Addr(); from.Contains(a); a = a.Next() {
 			inHole := false
 			for _, h := range holes {
