@@ -82,6 +82,7 @@ func Compute(set *objects.Set, node string) (*NodePlan, error) {
 	p.warnStrayPodCIDRs(self, site)
 
 	p.LocalPrefixes = localPrefixes(site)
+	p.TunnelSources = p.tunnelSources(site)
 	if fabricReturn(site) {
 		p.FabricPrefixes = declaredPrefixes(site)
 	}
@@ -101,9 +102,11 @@ func Compute(set *objects.Set, node string) (*NodePlan, error) {
 	for _, name := range slices.Sorted(maps.Keys(meshed)) {
 		p.addGroupRoutes(set.Site(name))
 	}
-	p.addGatewayRoutes(gp.routes)
+	p.addGatewayRoutes(gp.routes, false)
 	p.correctRoutes(gp.endpoints)
 	p.splitDirect(gp.direct)
+	p.addPeerAddrRoutes(set)
+	p.addNodeRoutes(gp.nodeRoutes)
 	p.dedupeRoutes()
 	if len(p.Routes) > 0 {
 		p.Routes = aggregateRoutes(p.Routes)

@@ -89,7 +89,7 @@ func TestExplain(t *testing.T) {
 		verdict: "among those that reach site flex-site): aks-1 10.0.0.4", translated: true,
 	}, {
 		name: "gateway: peer gateway underlay", set: gw, node: "flex-1", addr: "10.0.0.4",
-		kind: MatchPeerUnderlay, prefix: "10.0.0.4/32", peer: "aks-1", origin: `Node "aks-1" status.addresses[InternalIP]`, matches: 1,
+		kind: MatchPeerUnderlay, prefix: "10.0.0.4/32", peer: "aks-1", origin: `Node "aks-1" status.addresses[InternalIP]`, matches: 2,
 		verdict: "peer aks-1", translated: true,
 		why: []string{`10.0.0.0/27 would cover this address but it is a tunnel endpoint`},
 	}, {
