@@ -96,31 +96,7 @@ func lookup(p *NodePlan, addr netip.Addr, transit bool) (Route, bool) {
 // the group that could carry it ("" for none: the underlay all the way), and
 // whether it reached to through the tunnel (else on the underlay).
 func path(plans map[string]*NodePlan, from, to string, addr netip.Addr) (hops []string, tunnelled bool, err error) {
-	cur, transit := from, false
-	for range 8 {
-		p := plans[cur]
-		if p == nil {
-			return nil, false, fmt.Errorf("tunnelled to %s, which has no plan", cur)
-		}
-		r, ok := lookup(p, addr, transit)
-		if !ok {
-			return hops, false, nil
-		}
-		var next []string
-		if r.Group == nil {
-			next = []string{r.Peer}
-		}
-		for _, h := range r.Group {
-			next = append(next, h.Peer)
-		}
-		slices.Sort(next)
-		if slices.Contains(next, to) {
-			return hops, true, nil // tunnelled to the destination itself
-		}
-		hops = append(hops, strings.Join(next, ","))
-		cur, transit = next[0], true
-	}
-	return nil, false, fmt.Errorf("loop: %v", hops)
+	return walk(plans, from, to, addr, netip.Addr{})
 }
 
 // rpFilterPasses reports whether strict rp_filter on node to accepts what
@@ -142,20 +118,26 @@ func rpFilterPasses(plans map[string]*NodePlan, from, to string, addr, fromIP ne
 	return back == tunnelled, nil
 }
 
+// randomPlans returns a random fleet (randomTopology, from seed and stream)
+// and the plans of the nodes that have one.
+func randomPlans(seed, stream uint64) (*objects.Set, map[string]*NodePlan) {
+	set := randomTopology(rand.New(rand.NewPCG(seed, stream)))
+	plans := map[string]*NodePlan{}
+	for _, n := range set.Nodes {
+		if p, err := Compute(set, n.Name); err == nil {
+			plans[n.Name] = p
+		}
+	}
+	return set, plans
+}
+
 // TestPathsSymmetric: for random fleets, every pair of nodes reaches each
 // other's underlay address the same way in both directions: both on the
 // underlay, or both through the same tunnel hops (in reverse order), so
 // strict rp_filter and stateful firewalls between sites keep working.
 func TestPathsSymmetric(t *testing.T) {
 	for seed := range uint64(300) {
-		r := rand.New(rand.NewPCG(seed, 12))
-		set := randomTopology(r)
-		plans := map[string]*NodePlan{}
-		for _, n := range set.Nodes {
-			if p, err := Compute(set, n.Name); err == nil {
-				plans[n.Name] = p
-			}
-		}
+		set, plans := randomPlans(seed, 12)
 		for _, x := range set.Nodes {
 			for _, y := range set.Nodes {
 				if x.Name >= y.Name || plans[x.Name] == nil || plans[y.Name] == nil {
@@ -239,13 +221,12 @@ func describeSet(s *objects.Set) string {
 	return b.String()
 }
 
-// walk follows a packet from src at node from to addr, which belongs to node
-// to, through the plans: the first lookup is from's kernel (TransitOnly
-// routes only for a source in from's TunnelSources, which its policy rule
-// sends there), then a transit lookup at every node it is tunnelled to. Like
-// path it returns the hops (sorted group names) and whether it reached to
-// through the tunnel; on the way every node that receives it tunnelled must
-// accept src from the node that sent it (its peer_sources), else an error.
+// walk is path for a packet from src at node from (a pod's address, or
+// invalid for the host's own traffic) to addr, which belongs to node to: the
+// first lookup is from's kernel (TransitOnly routes only for a source in
+// from's TunnelSources, which its policy rule sends there), and every node
+// that receives it tunnelled must accept a valid src from the node that sent
+// it (its peer_sources), else an error.
 func walk(plans map[string]*NodePlan, from, to string, addr, src netip.Addr) (hops []string, tunnelled bool, err error) {
 	cur := from
 	transit := slices.ContainsFunc(plans[from].TunnelSources, func(p netip.Prefix) bool { return p.Contains(src) })
@@ -270,7 +251,7 @@ func walk(plans map[string]*NodePlan, from, to string, addr, src netip.Addr) (ho
 			next = []string{to}
 		}
 		for _, n := range next {
-			if !accepts(plans[n], cur, src) {
+			if src.IsValid() && !accepts(plans[n], cur, src) {
 				return nil, false, fmt.Errorf("%s does not accept source %s from %s (after %q)", n, src, cur, hops)
 			}
 		}
@@ -305,14 +286,7 @@ func accepts(p *NodePlan, from string, src netip.Addr) bool {
 // receiver's route back to its source is the tunnel).
 func TestPodNodePathsSymmetric(t *testing.T) {
 	for seed := range uint64(300) {
-		r := rand.New(rand.NewPCG(seed, 13))
-		set := randomTopology(r)
-		plans := map[string]*NodePlan{}
-		for _, n := range set.Nodes {
-			if p, err := Compute(set, n.Name); err == nil {
-				plans[n.Name] = p
-			}
-		}
+		set, plans := randomPlans(seed, 13)
 		for _, x := range set.Nodes {
 			px := plans[x.Name]
 			if px == nil || len(px.PodCIDRs) == 0 {
