@@ -781,7 +781,7 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		return e
 	}
 
-	if inner.ip.TTL <= 1 && dst != w.tunnelIP {
+	if inner.ip.TTL <= 1 && dst != w.tunnelIP && dst != w.underlay {
 		if xdp {
 			e.because("inner TTL %d: XDP leaves it whole to TC", inner.ip.TTL)
 			return e
@@ -847,12 +847,14 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 	case w.ownPods[dst] != nil:
 		e.because("to own pod %v", dst)
 		e.forms = append(e.forms, deliverForm("pod delivery", w.ownPods[dst], w.podHMAC, in[ieOff+14:], true, ce, w.tunnelMTU))
-	case dst == w.tunnelIP:
-		e.because("to this node's overlay address %v", dst)
+	case dst == w.tunnelIP || dst == w.underlay:
+		// Issue 11: the underlay address too, for a peer's pods, which reach it
+		// through the tunnel because this node answers them there.
+		e.because("to this node's tunnel or underlay address %v", dst)
 		e.forms = append(e.forms, deliverForm("host delivery", w.istMAC, nil, in[ieOff+14:], false, ce, w.tunnelMTU))
 	default:
-		// Issue 10: host delivery only for the node's own overlay addresses.
-		e.because("%v is neither a local pod nor an overlay address of this node", dst)
+		// Issue 10: host delivery only for the node's tunnel and underlay addresses.
+		e.because("%v is neither a local pod nor a tunnel or underlay address of this node", dst)
 		e.allowDrop(IsthmusDropReasonDROP_NOT_LOCAL, IsthmusDropReasonDROP_TTL_EXCEEDED)
 		e.allowAnyDrop()
 	}

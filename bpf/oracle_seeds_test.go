@@ -195,6 +195,12 @@ func underlaySeeds(l *lab) [][]byte {
 		a("10.50.0.1"), a("10.2.0.9"), a("10.2.0.70"), memberPod, groupDst, a("10.6.0.1"), a("10.0.3.20")} {
 		add(uframe{innerDst: dst})
 	}
+	// Issue 11: a peer's pod dialling this node's underlay address (a TCP SYN), also
+	// with an expiring TTL: delivered to the host, no routing hop.
+	for _, k := range []ipkt{{proto: 6}, {proto: 6, ttl: 1}, {ttl0: true}} {
+		k.src, k.dst = remotePodIP, underlayIP
+		add(uframe{inner: k.build()})
+	}
 	// Inner sources of every class, from every kind of sender.
 	for _, c := range []struct{ peer, src netip.Addr }{
 		{peerIP, remotePodIP}, {peerIP, a("10.0.2.5")}, {peerIP, a("10.2.0.200")}, {peerIP, spoofedIP},

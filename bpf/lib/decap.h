@@ -104,7 +104,7 @@ static __always_inline __u32 decap_len(const struct decap_info *info)
 }
 
 /* Returns 1 if the inner packet of a validated frame expires on its way to a local
- * destination: inner TTL 1 or 0, not for this host's tunnel address (no routing hop),
+ * destination: inner TTL 1 or 0, not for this host (tunnel_host_dest: no routing hop),
  * and the FIB routes it to a pod interface of this node or it is for the site fabric,
  * the deliveries that forward it. The FIB lookup runs only for such a TTL. */
 static __always_inline int decap_expires(struct __sk_buff *skb, const struct datapath_config *cfg,
@@ -114,7 +114,7 @@ static __always_inline int decap_expires(struct __sk_buff *skb, const struct dat
 	struct bpf_fib_lookup p;
 	int rc;
 
-	if (likely(iip->ttl > 1) || info->daddr == cfg->tunnel_ip)
+	if (likely(iip->ttl > 1) || tunnel_host_dest(cfg, info->daddr))
 		return 0;
 	if (is_fabric_dest(info->daddr))
 		return 1;
@@ -219,7 +219,7 @@ static __always_inline int xdp_decap(struct xdp_md *ctx, const struct datapath_c
 	if (transit_route(cfg, info.daddr))
 		return XDP_PASS;
 	/* So does one whose inner TTL expires here: underlay_ingress answers it. */
-	if (unlikely(info.inner->ttl <= 1 && info.daddr != cfg->tunnel_ip))
+	if (unlikely(info.inner->ttl <= 1 && !tunnel_host_dest(cfg, info.daddr)))
 		return XDP_PASS;
 	/* Nor does a frame that may be a health probe: underlay_ingress answers it. */
 	if (health_candidate(cfg, &info))

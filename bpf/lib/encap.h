@@ -20,6 +20,27 @@
 			 BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH | \
 			 BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN))
 
+#ifndef EALREADY
+#define EALREADY 114
+#endif
+
+/* Makes room for the outer headers after the MAC header. Returns 0 or a negative
+ * errno. A packet this node decapsulated and its stack now forwards back into the
+ * tunnel (a NodePort dialled through the tunnel whose backend is remote) keeps
+ * skb->encapsulation from the pop (this kernel has no BPF_F_ADJ_ROOM_DECAP_L4_UDP),
+ * and the encap flags refuse it with -EALREADY. Without GSO the same room made
+ * without them gives the same frame: the flags only prepare segmentation. A GSO
+ * packet in that state (one that crossed a veth from the node that encapsulated
+ * it, whole) stays refused. */
+static __always_inline int encap_room(struct __sk_buff *skb)
+{
+	int ret = bpf_skb_adjust_room(skb, ENCAP_OVERHEAD, BPF_ADJ_ROOM_MAC, ENCAP_FLAGS);
+
+	if (ret == -EALREADY && !skb->gso_size)
+		ret = bpf_skb_adjust_room(skb, ENCAP_OVERHEAD, BPF_ADJ_ROOM_MAC, 0);
+	return ret;
+}
+
 /* Bytes after the IPv4 header the encap and local-delivery paths read: the ports. */
 #define ENCAP_PULL_L4	4
 
@@ -79,7 +100,7 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 	/* Last use of iph and l4: the clamp may rewrite the packet. */
 	tcp_clamp_mss(skb, cfg->tunnel_mtu);
 
-	if (bpf_skb_adjust_room(skb, ENCAP_OVERHEAD, BPF_ADJ_ROOM_MAC, ENCAP_FLAGS))
+	if (encap_room(skb))
 		return DROP_ENCAP_FAILED;
 
 	data = (void *)(long)skb->data;

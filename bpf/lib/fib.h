@@ -171,6 +171,16 @@ static __always_inline int deliver_to_stack(struct __sk_buff *skb, const struct 
 /* Hands a decapsulated frame eth for this host itself to its stack, unmarked (the
  * stack's own filters judge it). Returns TC_ACT_REDIRECT or DROP_REDIRECT_FAILED.
  * Counts METRIC_DELIVER_HOST. */
+/* Returns 1 if daddr is an address of this host that peers reach through the tunnel:
+ * its tunnel address, and its underlay address, which a peer's pods reach through the
+ * tunnel because this host answers them there (their node's policy rule, docs/agent.md
+ * "Routes and rules"): delivered through isthmus0, no routing hop. */
+static __always_inline int tunnel_host_dest(const struct datapath_config *cfg, __be32 daddr)
+{
+	return (cfg->tunnel_ip && daddr == cfg->tunnel_ip) ||
+	       (cfg->underlay_ip && daddr == cfg->underlay_ip);
+}
+
 static __always_inline int deliver_host(struct __sk_buff *skb, const struct datapath_config *cfg,
 					struct ethhdr *eth, __u8 hook)
 {
@@ -205,11 +215,11 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 	rc = fib_lookup_v4(skb, &p, iph->saddr, iph->daddr, iph->tos, iph->protocol,
 			   skb->ifindex, 0);
 	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED) {
-		/* Local, broadcast or multicast. Only the node's overlay address is the host's
-		 * to receive through the tunnel: loopback, broadcasts and the underlay
-		 * addresses would reach services that trust them (or filter on the device
-		 * they arrive on) from any peer. */
-		if (!cfg->tunnel_ip || iph->daddr != cfg->tunnel_ip)
+		/* Local, broadcast or multicast. Only the node's tunnel and underlay
+		 * addresses are the host's to receive through the tunnel, from the sources
+		 * peer_sources allowed: loopback, broadcasts and other local addresses
+		 * would reach services that trust them from any peer. */
+		if (!tunnel_host_dest(cfg, iph->daddr))
 			return DROP_NOT_LOCAL;
 		return deliver_host(skb, cfg, eth, hook);
 	}

@@ -104,6 +104,7 @@ func writePlanTable(w io.Writer, p *plan.NodePlan, warnings []objects.Warning) e
 	fmt.Fprintf(tw, "TUNNEL MTU\t%s\n", mtu)
 	fmt.Fprintf(tw, "LOCAL\t%s\n", orNone(joinPrefixes(p.LocalPrefixes)))
 	fmt.Fprintf(tw, "FABRIC\t%s\n", orNone(joinPrefixes(p.FabricPrefixes)))
+	fmt.Fprintf(tw, "TUNNEL SOURCES\t%s\n", orNone(joinPrefixes(p.TunnelSources)))
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write plan: %w", err)
 	}
@@ -118,16 +119,16 @@ func writePlanTable(w io.Writer, p *plan.NodePlan, warnings []objects.Warning) e
 	section(w, "ROUTES", len(p.Routes), func(tw *tabwriter.Writer) {
 		fmt.Fprintln(tw, "PREFIX\tPEER\tVIA\tORIGIN")
 		for _, r := range p.Routes {
+			origin := r.Origin
+			if r.TransitOnly {
+				origin += " (transit only: pods and forwarded traffic, not the host's)"
+			}
 			if len(r.Group) > 0 {
 				groups++
-				origin := r.Origin
-				if r.TransitOnly {
-					origin += " (transit only: not in the kernel's routes)"
-				}
 				fmt.Fprintf(tw, "%s\tgroup of %d\t(see ROUTE GROUPS)\t%s\n", r.Prefix, len(r.Group), origin)
 				continue
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Prefix, r.Peer, r.Via, r.Origin)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Prefix, r.Peer, r.Via, origin)
 		}
 	})
 	section(w, "ROUTE GROUPS", groups, func(tw *tabwriter.Writer) {

@@ -614,10 +614,21 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 	if err != nil {
 		return err
 	}
-	rres, err := datapath.SyncRoutes(datapath.KernelRoutes{}, a.routes())
+	main, pods := a.routes()
+	rres, err := datapath.SyncRoutes(datapath.KernelRoutes{}, main)
 	if err != nil {
 		return err
 	}
+	// The pods' table before their rules: a rule never points at routes
+	// still missing.
+	pres, err := datapath.SyncRoutes(datapath.KernelRoutes{Table: datapath.PodTable}, pods)
+	if err != nil {
+		return err
+	}
+	if _, err := datapath.SyncRules(datapath.KernelRules{}, a.plan.TunnelSources); err != nil {
+		return err
+	}
+	rres.Replaced, rres.Deleted = rres.Replaced+pres.Replaced, rres.Deleted+pres.Deleted
 	a.log.Info("synced", "reason", reason, "entries_written", res.Updated+res.Deleted,
 		"updated", res.Updated, "deleted", res.Deleted,
 		"routes_replaced", rres.Replaced, "routes_deleted", rres.Deleted, "plan_reused", reused,
@@ -745,14 +756,23 @@ func (a *Agent) podAddrs() []maps.PodAddr {
 	return out
 }
 
-func (a *Agent) routes() []datapath.Route {
-	var prefixes []netip.Prefix
+// routes returns the plan's routes for the main table and for the pods' table
+// (datapath.PodTable): TransitOnly routes are for forwarded traffic only, and
+// the kernel forwards only the pods' (plan.NodePlan.TunnelSources) there.
+func (a *Agent) routes() (main, pods []datapath.Route) {
+	var mainPrefixes, podPrefixes []netip.Prefix
 	for _, r := range a.plan.Routes {
-		if !r.TransitOnly { // only forwarded traffic takes it: not the kernel's
-			prefixes = append(prefixes, r.Prefix)
+		if r.TransitOnly {
+			podPrefixes = append(podPrefixes, r.Prefix)
+		} else {
+			mainPrefixes = append(mainPrefixes, r.Prefix)
 		}
 	}
-	return datapath.OverlayRoutes(prefixes, a.overlay.Ifindex, a.plan.TunnelAddr)
+	if len(a.plan.TunnelSources) == 0 {
+		podPrefixes = nil // no rule leads there
+	}
+	return datapath.OverlayRoutes(mainPrefixes, a.overlay.Ifindex, a.plan.TunnelAddr),
+		datapath.OverlayRoutes(podPrefixes, a.overlay.Ifindex, a.plan.TunnelAddr)
 }
 
 // ensureHealth runs the health checks from the plan's tunnel address (restarting

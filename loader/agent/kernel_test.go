@@ -264,6 +264,26 @@ func TestAgentKernel(t *testing.T) {
 	if !slices.Equal(routes, wantRoutes) {
 		t.Errorf("proto 201 routes = %v, want %v", routes, wantRoutes)
 	}
+	// The pods' table: the peer's own address, and the rule for this node's pods.
+	podRoutes, err := datapath.KernelRoutes{Table: datapath.PodTable}.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantPodRoutes := []datapath.Route{{Prefix: netip.MustParsePrefix("172.16.2.11/32"), Ifindex: ov.Attrs().Index, Src: netip.MustParseAddr("10.10.1.1")}}
+	if !slices.Equal(podRoutes, wantPodRoutes) {
+		t.Errorf("table %d routes = %v, want %v", datapath.PodTable, podRoutes, wantPodRoutes)
+	}
+	if rules, err := (datapath.KernelRules{}).List(); err != nil || !slices.Equal(rules, []netip.Prefix{netip.MustParsePrefix("10.10.1.0/24")}) {
+		t.Errorf("rules to table %d from %v (%v), want from 10.10.1.0/24", datapath.PodTable, rules, err)
+	}
+	// The kernel takes it for a pod's source only: the host's own traffic to the
+	// peer's address stays on the underlay.
+	if rs, err := netlink.RouteGetWithOptions(net.ParseIP("172.16.2.11"), &netlink.RouteGetOptions{SrcAddr: net.ParseIP("10.10.1.7"), Iif: "pod-a"}); err != nil || len(rs) != 1 || rs[0].LinkIndex != ov.Attrs().Index {
+		t.Errorf("route get 172.16.2.11 from 10.10.1.7 iif pod-a = %v (%v), want dev isthmus0", rs, err)
+	}
+	if rs, err := netlink.RouteGet(net.ParseIP("172.16.2.11")); err == nil && len(rs) > 0 && rs[0].LinkIndex == ov.Attrs().Index {
+		t.Errorf("route get 172.16.2.11 = %v: the host's own traffic goes into isthmus0", rs)
+	}
 	if b, _ := os.ReadFile("/proc/sys/net/ipv4/ip_forward"); strings.TrimSpace(string(b)) != "1" {
 		t.Errorf("ip_forward = %q, want 1", b)
 	}
@@ -485,6 +505,9 @@ func TestAgentKernel(t *testing.T) {
 	}
 	if _, err := netlink.LinkByName(datapath.OverlayDev); err == nil {
 		t.Error("isthmus0 still there")
+	}
+	if rules, err := (datapath.KernelRules{}).List(); err != nil || len(rules) != 0 {
+		t.Errorf("rules to table %d after uninstall: %v (%v)", datapath.PodTable, rules, err)
 	}
 	for _, p := range pins[:2] {
 		if n := tcxCount(t, p.idx, p.at); n != 0 {

@@ -120,15 +120,25 @@ func SyncRoutes(t RouteTable, desired []Route) (RouteResult, error) {
 	return res, nil
 }
 
-// KernelRoutes is the main table of the calling thread's network namespace.
-type KernelRoutes struct{}
+// KernelRoutes is a routing table of the calling thread's network namespace:
+// the main table when Table is zero, else that table (PodTable).
+type KernelRoutes struct {
+	Table int
+}
+
+func (k KernelRoutes) table() int {
+	if k.Table == 0 {
+		return unix.RT_TABLE_MAIN
+	}
+	return k.Table
+}
 
 var _ RouteTable = KernelRoutes{}
 
-// List returns the IPv4 routes with protocol 201 in the main table.
-func (KernelRoutes) List() ([]Route, error) {
+// List returns the IPv4 routes with protocol 201 in the table.
+func (k KernelRoutes) List() ([]Route, error) {
 	rs, err := netlink.RouteListFiltered(netlink.FAMILY_V4,
-		&netlink.Route{Protocol: RouteProtocol, Table: unix.RT_TABLE_MAIN},
+		&netlink.Route{Protocol: RouteProtocol, Table: k.table()},
 		netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nil, fmt.Errorf("list routes: %w", err)
@@ -152,13 +162,13 @@ func (KernelRoutes) List() ([]Route, error) {
 	return out, nil
 }
 
-func (KernelRoutes) nl(r Route) *netlink.Route {
+func (k KernelRoutes) nl(r Route) *netlink.Route {
 	nr := &netlink.Route{
 		LinkIndex: r.Ifindex,
 		Dst:       &net.IPNet{IP: r.Prefix.Addr().AsSlice(), Mask: net.CIDRMask(r.Prefix.Bits(), 32)},
 		Protocol:  RouteProtocol,
 		Scope:     netlink.SCOPE_LINK,
-		Table:     unix.RT_TABLE_MAIN,
+		Table:     k.table(),
 	}
 	if r.Src.IsValid() {
 		nr.Src = r.Src.AsSlice()

@@ -9,7 +9,8 @@ import (
 
 // Uninstall removes everything the agent installed in this network namespace: the
 // pinned links under pinDir (which detaches the programs), the pinned maps, the pin
-// directory, isthmus0 with its routes, and the nat exemption chain
+// directory, isthmus0 with its routes (PodTable's go with it), the policy rules
+// (SyncRules), and the nat exemption chain
 // and nftables table (EnsureMasqueradeExemption). It is idempotent: whatever is already
 // gone counts as removed. ip_forward is left as it is.
 func Uninstall(pinDir string) error {
@@ -30,6 +31,9 @@ func Uninstall(pinDir string) error {
 		errs = append(errs, fmt.Errorf("stat pin dir: %w", err))
 	}
 	if err := DeleteOverlay(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := SyncRules(KernelRules{}, nil); err != nil {
 		errs = append(errs, err)
 	}
 	if err := RemoveMasqueradeExemption(); err != nil {

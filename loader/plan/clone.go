@@ -19,6 +19,7 @@ func (p *NodePlan) Clone() *NodePlan {
 	c.GatewayPools = slices.Clone(p.GatewayPools)
 	c.FabricPrefixes = slices.Clone(p.FabricPrefixes)
 	c.LocalPrefixes = slices.Clone(p.LocalPrefixes)
+	c.TunnelSources = slices.Clone(p.TunnelSources)
 	c.Corrections = slices.Clone(p.Corrections)
 	for i := range c.Corrections {
 		c.Corrections[i].Kept = slices.Clone(p.Corrections[i].Kept)
@@ -45,6 +46,7 @@ func (p *NodePlan) Equal(q *NodePlan) bool {
 		slices.Equal(p.Masquerade.Exempt, q.Masquerade.Exempt) &&
 		slices.Equal(p.FabricPrefixes, q.FabricPrefixes) &&
 		slices.Equal(p.LocalPrefixes, q.LocalPrefixes) &&
+		slices.Equal(p.TunnelSources, q.TunnelSources) &&
 		slices.EqualFunc(p.Corrections, q.Corrections, Correction.Equal) &&
 		slices.Equal(p.Warnings, q.Warnings)
 }

@@ -87,6 +87,7 @@ func compute(set *objects.Set, node string, c *Cache) (*NodePlan, error) {
 	p.warnStrayPodCIDRs(self.Name, objects.PodCIDRFields(self), site)
 
 	p.LocalPrefixes = localPrefixes(site)
+	p.TunnelSources = p.tunnelSources(site)
 	if fabricReturn(site) {
 		p.FabricPrefixes = declaredPrefixes(site)
 	}
@@ -110,9 +111,11 @@ func compute(set *objects.Set, node string, c *Cache) (*NodePlan, error) {
 	for _, name := range slices.Sorted(maps.Keys(meshed)) {
 		p.addGroupRoutes(set.Site(name))
 	}
-	p.addGatewayRoutes(gp.routes)
+	p.addGatewayRoutes(gp.routes, false)
 	p.correctRoutes(gp.endpoints)
 	p.splitDirect(gp.direct)
+	p.addPeerAddrRoutes(set)
+	p.addNodeRoutes(gp.nodeRoutes)
 	p.dedupeRoutes()
 	if len(p.Routes) > 0 {
 		p.Routes = c.aggregate(p.Routes)

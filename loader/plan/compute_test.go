@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -81,7 +82,14 @@ func summary(p *NodePlan) []string {
 			lines = append(lines, fmt.Sprintf("route %s -> group%s [%s]%s (%s)", r.Prefix, to, strings.Join(g, ", "), transit, r.Origin))
 			continue
 		}
-		lines = append(lines, fmt.Sprintf("route %s -> %s %s (%s)", r.Prefix, r.Peer, r.Via, r.Origin))
+		transit := ""
+		if r.TransitOnly {
+			transit = " transit only"
+		}
+		lines = append(lines, fmt.Sprintf("route %s -> %s %s%s (%s)", r.Prefix, r.Peer, r.Via, transit, r.Origin))
+	}
+	if len(p.TunnelSources) > 0 {
+		lines = append(lines, fmt.Sprintf("tunnel sources %v", p.TunnelSources))
 	}
 	if len(p.LocalPrefixes) > 0 {
 		lines = append(lines, fmt.Sprintf("local %v", p.LocalPrefixes))
@@ -210,13 +218,17 @@ func TestCompute(t *testing.T) {
 			node: "a1",
 			want: []string{
 				`node a1 site a underlay 10.1.0.1 pods [10.10.1.0/24] tunnel 10.10.1.1 (Node "a1" spec.podCIDRs[0]) mtu 1400`,
-				"peer a2 a 10.1.0.2 10.10.2.1 [10.10.2.0/24]",
-				"peer b1 b 10.2.0.1 10.20.1.1 [10.20.1.0/24]",
-				"peer b2 b 10.2.0.2 10.20.2.1 [10.20.2.0/24 fd00:20:2::/64]",
+				"peer a2 a 10.1.0.2 10.10.2.1 [10.1.0.2/32 10.10.2.0/24]",
+				"peer b1 b 10.2.0.1 10.20.1.1 [10.2.0.1/32 10.20.1.0/24]",
+				"peer b2 b 10.2.0.2 10.20.2.1 [10.2.0.2/32 10.20.2.0/24 fd00:20:2::/64]",
+				`route 10.1.0.2/32 -> a2 10.1.0.2 transit only (Node "a2" status.addresses[InternalIP])`,
+				`route 10.2.0.1/32 -> b1 10.2.0.1 transit only (Node "b1" status.addresses[InternalIP])`,
+				`route 10.2.0.2/32 -> b2 10.2.0.2 transit only (Node "b2" status.addresses[InternalIP])`,
 				`route 10.10.2.0/24 -> a2 10.1.0.2 (Node "a2" spec.podCIDRs[0])`,
 				`route 10.20.1.0/24 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
 				`route 10.20.2.0/24 -> b2 10.2.0.2 (Node "b2" spec.podCIDRs[0])`,
 				`route fd00:20:2::/64 -> b2 10.2.0.2 (Node "b2" spec.podCIDRs[1])`,
+				"tunnel sources [10.10.1.0/24]",
 				`snat 10.10.1.1 except 10.10.1.0/24 (Node "a1" spec.podCIDRs[0])`,
 			},
 		},
@@ -226,12 +238,16 @@ func TestCompute(t *testing.T) {
 			node: "b2",
 			want: []string{
 				`node b2 site b underlay 10.2.0.2 pods [10.20.2.0/24 fd00:20:2::/64] tunnel 10.20.2.1 (Node "b2" spec.podCIDRs[0]) mtu 0`,
-				"peer a1 a 10.1.0.1 10.10.1.1 [10.10.1.0/24]",
-				"peer a2 a 10.1.0.2 10.10.2.1 [10.10.2.0/24]",
-				"peer b1 b 10.2.0.1 10.20.1.1 [10.20.1.0/24]",
+				"peer a1 a 10.1.0.1 10.10.1.1 [10.1.0.1/32 10.10.1.0/24]",
+				"peer a2 a 10.1.0.2 10.10.2.1 [10.1.0.2/32 10.10.2.0/24]",
+				"peer b1 b 10.2.0.1 10.20.1.1 [10.2.0.1/32 10.20.1.0/24]",
+				`route 10.1.0.1/32 -> a1 10.1.0.1 transit only (Node "a1" status.addresses[InternalIP])`,
+				`route 10.1.0.2/32 -> a2 10.1.0.2 transit only (Node "a2" status.addresses[InternalIP])`,
+				`route 10.2.0.1/32 -> b1 10.2.0.1 transit only (Node "b1" status.addresses[InternalIP])`,
 				`route 10.10.1.0/24 -> a1 10.1.0.1 (Node "a1" spec.podCIDRs[0])`,
 				`route 10.10.2.0/24 -> a2 10.1.0.2 (Node "a2" spec.podCIDRs[0])`,
 				`route 10.20.1.0/24 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
+				"tunnel sources [10.20.2.0/24]",
 				`snat 10.20.2.1 except 10.20.2.0/24 (Node "b2" spec.podCIDRs[0])`,
 			},
 		},
@@ -241,8 +257,10 @@ func TestCompute(t *testing.T) {
 			node: "a1",
 			want: []string{
 				`node a1 site a underlay 10.1.0.1 pods [10.10.1.0/24] tunnel 10.10.1.1 (Node "a1" spec.podCIDRs[0]) mtu 0`,
-				"peer b1 b 10.2.0.1 10.20.1.1 [10.20.1.0/24]",
+				"peer b1 b 10.2.0.1 10.20.1.1 [10.2.0.1/32 10.20.1.0/24]",
+				`route 10.2.0.1/32 -> b1 10.2.0.1 transit only (Node "b1" status.addresses[InternalIP])`,
 				`route 10.20.1.0/24 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
+				"tunnel sources [10.10.1.0/24]",
 				`snat 10.10.1.1 except 10.10.1.0/24 (Node "a1" spec.podCIDRs[0])`,
 				`warning SitePeering "a-c" has meshNodes false, and no SiteGatewayPoolAssignment joins Sites "a" and "c": they are not connected`,
 			},
@@ -253,10 +271,13 @@ func TestCompute(t *testing.T) {
 			node: "b1",
 			want: []string{
 				`node b1 site b underlay 10.2.0.1 pods [10.20.1.0/24] tunnel 10.20.1.1 (Node "b1" spec.podCIDRs[0]) mtu 0`,
-				"peer a1 a 10.1.0.1 10.10.1.1 [10.10.1.0/24]",
-				"peer c1 c 10.3.0.1 10.30.1.1 [10.30.1.0/24]",
+				"peer a1 a 10.1.0.1 10.10.1.1 [10.1.0.1/32 10.10.1.0/24]",
+				"peer c1 c 10.3.0.1 10.30.1.1 [10.3.0.1/32 10.30.1.0/24]",
+				`route 10.1.0.1/32 -> a1 10.1.0.1 transit only (Node "a1" status.addresses[InternalIP])`,
+				`route 10.3.0.1/32 -> c1 10.3.0.1 transit only (Node "c1" status.addresses[InternalIP])`,
 				`route 10.10.1.0/24 -> a1 10.1.0.1 (Node "a1" spec.podCIDRs[0])`,
 				`route 10.30.1.0/24 -> c1 10.3.0.1 (Node "c1" spec.podCIDRs[0])`,
+				"tunnel sources [10.20.1.0/24]",
 				`snat 10.20.1.1 except 10.20.1.0/24 (Node "b1" spec.podCIDRs[0])`,
 			},
 		},
@@ -265,13 +286,16 @@ func TestCompute(t *testing.T) {
 			set:  seed000,
 			node: "flex-1",
 			want: []string{
-				`node flex-1 site flex-site underlay 192.168.10.10 pods [192.168.20.0/25] tunnel 192.168.20.1 (` + flexPods + `) mtu 0`,
-				"peer aks-nodepool1-0 cluster 10.0.0.4 100.64.0.4 [10.0.2.0/23 100.64.0.4/32]",
-				"peer aks-nodepool1-1 cluster 10.0.0.5 100.64.0.5 [10.0.2.0/23 100.64.0.5/32]",
-				`route 10.0.2.0/23 -> group [aks-nodepool1-0 10.0.0.4, aks-nodepool1-1 10.0.0.5] (` + clusterBlk + `)`,
-				`route 100.64.0.4/32 -> aks-nodepool1-0 10.0.0.4 (` + aks0Tunnel + `)`,
-				`route 100.64.0.5/32 -> aks-nodepool1-1 10.0.0.5 (` + aks1Tunnel + `)`,
-				`snat 192.168.20.1 except 192.168.20.0/25 (` + flexPods + `)`,
+				`node flex-1 site flex-site underlay 192.168.10.10 pods [192.168.20.0/25] tunnel 192.168.20.1 (Node "flex-1" spec.podCIDRs[0]) mtu 0`,
+				"peer aks-nodepool1-0 cluster 10.0.0.4 100.64.0.4 [10.0.0.4/32 10.0.2.0/23 100.64.0.4/32]",
+				"peer aks-nodepool1-1 cluster 10.0.0.5 100.64.0.5 [10.0.0.5/32 10.0.2.0/23 100.64.0.5/32]",
+				`route 10.0.0.4/32 -> aks-nodepool1-0 10.0.0.4 transit only (Node "aks-nodepool1-0" status.addresses[InternalIP])`,
+				`route 10.0.0.5/32 -> aks-nodepool1-1 10.0.0.5 transit only (Node "aks-nodepool1-1" status.addresses[InternalIP])`,
+				`route 10.0.2.0/23 -> group [aks-nodepool1-0 10.0.0.4, aks-nodepool1-1 10.0.0.5] (Site "cluster" spec.podCidrAssignments[0].cidrBlocks[0])`,
+				`route 100.64.0.4/32 -> aks-nodepool1-0 10.0.0.4 (Node "aks-nodepool1-0" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
+				`route 100.64.0.5/32 -> aks-nodepool1-1 10.0.0.5 (Node "aks-nodepool1-1" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
+				"tunnel sources [192.168.20.0/25]",
+				`snat 192.168.20.1 except 192.168.20.0/25 (Node "flex-1" spec.podCIDRs[0])`,
 			},
 		},
 		{
@@ -294,12 +318,15 @@ func TestCompute(t *testing.T) {
 			set:  seedSNAT(t),
 			node: "flex-1",
 			want: []string{
-				`node flex-1 site flex-site underlay 192.168.10.10 pods [192.168.20.0/25] tunnel 192.168.20.1 (` + flexPods + `) mtu 0`,
-				"peer aks-nodepool1-0 cluster 10.0.0.4 100.64.0.4 [100.64.0.4/32]",
-				"peer aks-nodepool1-1 cluster 10.0.0.5 100.64.0.5 [100.64.0.5/32]",
-				`route 100.64.0.4/32 -> aks-nodepool1-0 10.0.0.4 (` + aks0Tunnel + `)`,
-				`route 100.64.0.5/32 -> aks-nodepool1-1 10.0.0.5 (` + aks1Tunnel + `)`,
-				`snat 192.168.20.1 except 192.168.20.0/25 (` + flexPods + `)`,
+				`node flex-1 site flex-site underlay 192.168.10.10 pods [192.168.20.0/25] tunnel 192.168.20.1 (Node "flex-1" spec.podCIDRs[0]) mtu 0`,
+				"peer aks-nodepool1-0 cluster 10.0.0.4 100.64.0.4 [10.0.0.4/32 100.64.0.4/32]",
+				"peer aks-nodepool1-1 cluster 10.0.0.5 100.64.0.5 [10.0.0.5/32 100.64.0.5/32]",
+				`route 10.0.0.4/32 -> aks-nodepool1-0 10.0.0.4 transit only (Node "aks-nodepool1-0" status.addresses[InternalIP])`,
+				`route 10.0.0.5/32 -> aks-nodepool1-1 10.0.0.5 transit only (Node "aks-nodepool1-1" status.addresses[InternalIP])`,
+				`route 100.64.0.4/32 -> aks-nodepool1-0 10.0.0.4 (Node "aks-nodepool1-0" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
+				`route 100.64.0.5/32 -> aks-nodepool1-1 10.0.0.5 (Node "aks-nodepool1-1" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
+				"tunnel sources [192.168.20.0/25]",
+				`snat 192.168.20.1 except 192.168.20.0/25 (Node "flex-1" spec.podCIDRs[0])`,
 			},
 		},
 		{
@@ -321,13 +348,16 @@ func TestCompute(t *testing.T) {
 			set:  seedExtraNodes(t, node("aks-nodepool1-2", "10.0.0.6", "")),
 			node: "flex-1",
 			want: []string{
-				`node flex-1 site flex-site underlay 192.168.10.10 pods [192.168.20.0/25] tunnel 192.168.20.1 (` + flexPods + `) mtu 0`,
-				"peer aks-nodepool1-0 cluster 10.0.0.4 100.64.0.4 [10.0.2.0/23 100.64.0.4/32]",
-				"peer aks-nodepool1-1 cluster 10.0.0.5 100.64.0.5 [10.0.2.0/23 100.64.0.5/32]",
-				`route 10.0.2.0/23 -> group [aks-nodepool1-0 10.0.0.4, aks-nodepool1-1 10.0.0.5] (` + clusterBlk + `)`,
-				`route 100.64.0.4/32 -> aks-nodepool1-0 10.0.0.4 (` + aks0Tunnel + `)`,
-				`route 100.64.0.5/32 -> aks-nodepool1-1 10.0.0.5 (` + aks1Tunnel + `)`,
-				`snat 192.168.20.1 except 192.168.20.0/25 (` + flexPods + `)`,
+				`node flex-1 site flex-site underlay 192.168.10.10 pods [192.168.20.0/25] tunnel 192.168.20.1 (Node "flex-1" spec.podCIDRs[0]) mtu 0`,
+				"peer aks-nodepool1-0 cluster 10.0.0.4 100.64.0.4 [10.0.0.4/32 10.0.2.0/23 100.64.0.4/32]",
+				"peer aks-nodepool1-1 cluster 10.0.0.5 100.64.0.5 [10.0.0.5/32 10.0.2.0/23 100.64.0.5/32]",
+				`route 10.0.0.4/32 -> aks-nodepool1-0 10.0.0.4 transit only (Node "aks-nodepool1-0" status.addresses[InternalIP])`,
+				`route 10.0.0.5/32 -> aks-nodepool1-1 10.0.0.5 transit only (Node "aks-nodepool1-1" status.addresses[InternalIP])`,
+				`route 10.0.2.0/23 -> group [aks-nodepool1-0 10.0.0.4, aks-nodepool1-1 10.0.0.5] (Site "cluster" spec.podCidrAssignments[0].cidrBlocks[0])`,
+				`route 100.64.0.4/32 -> aks-nodepool1-0 10.0.0.4 (Node "aks-nodepool1-0" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
+				`route 100.64.0.5/32 -> aks-nodepool1-1 10.0.0.5 (Node "aks-nodepool1-1" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
+				"tunnel sources [192.168.20.0/25]",
+				`snat 192.168.20.1 except 192.168.20.0/25 (Node "flex-1" spec.podCIDRs[0])`,
 				`warning peer Node "aks-nodepool1-2" of Site "cluster" has no tunnel address (no IPv4 podCIDR, no annotation isthmus.dev/tunnel-ipv4): it is not a peer until it has one`,
 			},
 		},
@@ -339,15 +369,19 @@ func TestCompute(t *testing.T) {
 			set:  seedExtraNodes(t, node("aks-canary", "10.0.0.7", "10.0.12.0/24")),
 			node: "flex-1",
 			want: []string{
-				`node flex-1 site flex-site underlay 192.168.10.10 pods [192.168.20.0/25] tunnel 192.168.20.1 (` + flexPods + `) mtu 0`,
-				"peer aks-canary cluster 10.0.0.7 10.0.12.1 [10.0.2.0/23 10.0.12.0/24]",
-				"peer aks-nodepool1-0 cluster 10.0.0.4 100.64.0.4 [10.0.2.0/23 100.64.0.4/32]",
-				"peer aks-nodepool1-1 cluster 10.0.0.5 100.64.0.5 [10.0.2.0/23 100.64.0.5/32]",
-				`route 10.0.2.0/23 -> group [aks-canary 10.0.0.7, aks-nodepool1-0 10.0.0.4, aks-nodepool1-1 10.0.0.5] (` + clusterBlk + `)`,
+				`node flex-1 site flex-site underlay 192.168.10.10 pods [192.168.20.0/25] tunnel 192.168.20.1 (Node "flex-1" spec.podCIDRs[0]) mtu 0`,
+				"peer aks-canary cluster 10.0.0.7 10.0.12.1 [10.0.0.7/32 10.0.2.0/23 10.0.12.0/24]",
+				"peer aks-nodepool1-0 cluster 10.0.0.4 100.64.0.4 [10.0.0.4/32 10.0.2.0/23 100.64.0.4/32]",
+				"peer aks-nodepool1-1 cluster 10.0.0.5 100.64.0.5 [10.0.0.5/32 10.0.2.0/23 100.64.0.5/32]",
+				`route 10.0.0.4/32 -> aks-nodepool1-0 10.0.0.4 transit only (Node "aks-nodepool1-0" status.addresses[InternalIP])`,
+				`route 10.0.0.5/32 -> aks-nodepool1-1 10.0.0.5 transit only (Node "aks-nodepool1-1" status.addresses[InternalIP])`,
+				`route 10.0.0.7/32 -> aks-canary 10.0.0.7 transit only (Node "aks-canary" status.addresses[InternalIP])`,
+				`route 10.0.2.0/23 -> group [aks-canary 10.0.0.7, aks-nodepool1-0 10.0.0.4, aks-nodepool1-1 10.0.0.5] (Site "cluster" spec.podCidrAssignments[0].cidrBlocks[0])`,
 				`route 10.0.12.0/24 -> aks-canary 10.0.0.7 (Node "aks-canary" spec.podCIDRs[0])`,
-				`route 100.64.0.4/32 -> aks-nodepool1-0 10.0.0.4 (` + aks0Tunnel + `)`,
-				`route 100.64.0.5/32 -> aks-nodepool1-1 10.0.0.5 (` + aks1Tunnel + `)`,
-				`snat 192.168.20.1 except 192.168.20.0/25 (` + flexPods + `)`,
+				`route 100.64.0.4/32 -> aks-nodepool1-0 10.0.0.4 (Node "aks-nodepool1-0" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
+				`route 100.64.0.5/32 -> aks-nodepool1-1 10.0.0.5 (Node "aks-nodepool1-1" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
+				"tunnel sources [192.168.20.0/25]",
+				`snat 192.168.20.1 except 192.168.20.0/25 (Node "flex-1" spec.podCIDRs[0])`,
 				`warning Node "aks-canary" spec.podCIDRs[0] 10.0.12.0/24 is outside the pod blocks of Site "cluster" (spec.podCidrAssignments[].cidrBlocks [10.0.2.0/23])`,
 			},
 		},
@@ -383,11 +417,15 @@ func TestCompute(t *testing.T) {
 			node: "a1",
 			want: []string{
 				`node a1 site a underlay 10.1.0.1 pods [10.10.1.0/24] tunnel 10.10.1.1 (Node "a1" spec.podCIDRs[0]) mtu 0`,
-				"peer b1 b 10.2.0.1 10.20.1.1 [10.20.1.0/24]",
-				"peer b2 b 10.2.0.2 10.20.2.1 [10.20.2.0/24]",
-				"peer b3 b 10.2.0.3 10.20.4.1 [10.20.4.0/24]",
+				"peer b1 b 10.2.0.1 10.20.1.1 [10.2.0.1/32 10.20.1.0/24]",
+				"peer b2 b 10.2.0.2 10.20.2.1 [10.2.0.2/32 10.20.2.0/24]",
+				"peer b3 b 10.2.0.3 10.20.4.1 [10.2.0.3/32 10.20.4.0/24]",
+				`route 10.2.0.1/32 -> b1 10.2.0.1 transit only (Node "b1" status.addresses[InternalIP])`,
+				`route 10.2.0.2/32 -> b2 10.2.0.2 transit only (Node "b2" status.addresses[InternalIP])`,
+				`route 10.2.0.3/32 -> b3 10.2.0.3 transit only (Node "b3" status.addresses[InternalIP])`,
 				`route 10.20.1.0/25 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
 				`route 10.20.4.0/24 -> b3 10.2.0.3 (Node "b3" spec.podCIDRs[0])`,
+				"tunnel sources [10.10.1.0/24]",
 				"local [10.20.1.128/25 10.20.2.0/23]",
 				`snat 10.10.1.1 except 10.10.1.0/24 (Node "a1" spec.podCIDRs[0])`,
 				`correction 10.20.1.0/24 - local 10.20.1.128/25 = [10.20.1.0/25] (Node "b1" spec.podCIDRs[0])`,
@@ -405,6 +443,7 @@ func TestCompute(t *testing.T) {
 			node: "a1",
 			want: []string{
 				`node a1 site a underlay 10.1.0.1 pods [10.10.1.0/24] tunnel 10.10.1.1 (Node "a1" spec.podCIDRs[0]) mtu 0`,
+				"tunnel sources [10.10.1.0/24]",
 				`snat 10.10.1.1 except 10.10.1.0/24 (Node "a1" spec.podCIDRs[0])`,
 				`warning Site "u" has no node with a tunnel address to deliver its pod blocks: they are not routed`,
 			},
@@ -415,8 +454,10 @@ func TestCompute(t *testing.T) {
 			node: "a1",
 			want: []string{
 				`node a1 site a underlay 10.1.0.1 pods [10.10.1.0/24] tunnel 10.10.1.1 (Node "a1" spec.podCIDRs[0]) mtu 1400`,
-				"peer b1 b 10.2.0.1 100.64.0.21 [100.64.0.21/32]",
+				"peer b1 b 10.2.0.1 100.64.0.21 [10.2.0.1/32 100.64.0.21/32]",
+				`route 10.2.0.1/32 -> b1 10.2.0.1 transit only (Node "b1" status.addresses[InternalIP])`,
 				`route 100.64.0.21/32 -> b1 10.2.0.1 (Node "b1" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
+				"tunnel sources [10.10.1.0/24]",
 				`snat 10.10.1.1 except 10.10.1.0/24 (Node "a1" spec.podCIDRs[0])`,
 				`warning peer Node "b1" has no podCIDR yet: only its tunnel address is routed to it`,
 			},
@@ -427,8 +468,8 @@ func TestCompute(t *testing.T) {
 			node: "a1",
 			want: []string{
 				`node a1 site a underlay 10.1.0.10 pods [10.10.1.0/24] tunnel 10.10.1.1 (Node "a1" spec.podCIDRs[0]) mtu 0`,
-				"peer a2 a 10.1.0.100 10.10.2.1 [10.10.2.0/24]",
-				"peer b1 b 10.2.0.1 10.1.0.1 [10.1.0.0/25]",
+				"peer a2 a 10.1.0.100 10.10.2.1 [10.1.0.100/32 10.10.2.0/24]",
+				"peer b1 b 10.2.0.1 10.1.0.1 [10.1.0.0/25 10.2.0.1/32]",
 				`route 10.1.0.0/29 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
 				`route 10.1.0.8/31 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
 				`route 10.1.0.11/32 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
@@ -437,11 +478,14 @@ func TestCompute(t *testing.T) {
 				`route 10.1.0.32/27 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
 				`route 10.1.0.64/27 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
 				`route 10.1.0.96/30 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
+				`route 10.1.0.100/32 -> a2 10.1.0.100 transit only (Node "a2" status.addresses[InternalIP])`,
 				`route 10.1.0.101/32 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
 				`route 10.1.0.102/31 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
 				`route 10.1.0.104/29 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
 				`route 10.1.0.112/28 -> b1 10.2.0.1 (Node "b1" spec.podCIDRs[0])`,
+				`route 10.2.0.1/32 -> b1 10.2.0.1 transit only (Node "b1" status.addresses[InternalIP])`,
 				`route 10.10.2.0/24 -> a2 10.1.0.100 (Node "a2" spec.podCIDRs[0])`,
+				"tunnel sources [10.10.1.0/24]",
 				`snat 10.10.1.1 except 10.10.1.0/24 (Node "a1" spec.podCIDRs[0])`,
 				`correction 10.1.0.0/25 - 10.1.0.10 = [10.1.0.0/29 10.1.0.8/31 10.1.0.11/32 10.1.0.12/30 10.1.0.16/28 10.1.0.32/27 10.1.0.64/27 10.1.0.96/30 10.1.0.101/32 10.1.0.102/31 10.1.0.104/29 10.1.0.112/28] (Node "b1" spec.podCIDRs[0])`,
 				`correction 10.1.0.0/25 - 10.1.0.100 = [10.1.0.0/29 10.1.0.8/31 10.1.0.11/32 10.1.0.12/30 10.1.0.16/28 10.1.0.32/27 10.1.0.64/27 10.1.0.96/30 10.1.0.101/32 10.1.0.102/31 10.1.0.104/29 10.1.0.112/28] (Node "b1" spec.podCIDRs[0])`,
@@ -453,10 +497,13 @@ func TestCompute(t *testing.T) {
 			node: "b1",
 			want: []string{
 				`node b1 site b underlay 10.2.0.1 pods [10.1.0.0/25] tunnel 10.1.0.1 (Node "b1" spec.podCIDRs[0]) mtu 0`,
-				"peer a1 a 10.1.0.10 10.10.1.1 [10.10.1.0/24]",
-				"peer a2 a 10.1.0.100 10.10.2.1 [10.10.2.0/24]",
+				"peer a1 a 10.1.0.10 10.10.1.1 [10.1.0.10/32 10.10.1.0/24]",
+				"peer a2 a 10.1.0.100 10.10.2.1 [10.1.0.100/32 10.10.2.0/24]",
+				`route 10.1.0.10/32 -> a1 10.1.0.10 transit only (Node "a1" status.addresses[InternalIP])`,
+				`route 10.1.0.100/32 -> a2 10.1.0.100 transit only (Node "a2" status.addresses[InternalIP])`,
 				`route 10.10.1.0/24 -> a1 10.1.0.10 (Node "a1" spec.podCIDRs[0])`,
 				`route 10.10.2.0/24 -> a2 10.1.0.100 (Node "a2" spec.podCIDRs[0])`,
+				"tunnel sources [10.1.0.0/25]",
 				`snat 10.1.0.1 except 10.1.0.0/25 (Node "b1" spec.podCIDRs[0])`,
 			},
 		},
@@ -485,6 +532,7 @@ func TestCompute(t *testing.T) {
 			node: "a1",
 			want: []string{
 				`node a1 site a underlay 10.1.0.1 pods [10.10.1.0/31] tunnel 10.10.1.1 (Node "a1" spec.podCIDRs[0]) mtu 0`,
+				"tunnel sources [10.10.1.0/31]",
 				`snat 10.10.1.1 except 10.10.1.0/31 (Node "a1" spec.podCIDRs[0])`,
 			},
 		},
@@ -503,8 +551,9 @@ func TestCompute(t *testing.T) {
 	}
 }
 
-// checkInvariants fails when a route holds an underlay address or overlaps
-// a LocalPrefix, or a group has a member that is not a peer.
+// checkInvariants fails when a route holds an underlay address (but for the
+// TransitOnly host route of a peer's own address to that peer) or overlaps a
+// LocalPrefix, or a group has a member that is not a peer.
 func checkInvariants(t *testing.T, p *NodePlan) {
 	t.Helper()
 	peers := map[string]netip.Addr{}
@@ -513,7 +562,7 @@ func checkInvariants(t *testing.T, p *NodePlan) {
 	}
 	for _, r := range p.Routes {
 		for _, e := range append([]netip.Addr{p.Underlay}, peerUnderlays(p)...) {
-			if r.Prefix.Contains(e) {
+			if r.Prefix.Contains(e) && !(r.TransitOnly && r.Prefix == HostPrefix(e) && peers[r.Peer] == e) {
 				t.Errorf("route %s holds underlay address %s", r.Prefix, e)
 			}
 		}
@@ -531,6 +580,11 @@ func checkInvariants(t *testing.T, p *NodePlan) {
 			}
 		}
 	}
+}
+
+// firstGroup returns the index of p's first group route.
+func firstGroup(p *NodePlan) int {
+	return slices.IndexFunc(p.Routes, func(r Route) bool { return r.Group != nil })
 }
 
 func peerUnderlays(p *NodePlan) []netip.Addr {
@@ -593,8 +647,9 @@ func TestCloneEqual(t *testing.T) {
 			func(q *NodePlan) { q.Peers[0].TunnelAddr = netip.MustParseAddr("10.99.0.1") },
 		}},
 		{canary, "flex-1", []func(*NodePlan){
-			func(q *NodePlan) { q.Routes[0].Group[0].Via = netip.MustParseAddr("10.99.0.1") },
-			func(q *NodePlan) { q.Routes[0].Group = q.Routes[0].Group[:1] },
+			func(q *NodePlan) { q.Routes[firstGroup(q)].Group[0].Via = netip.MustParseAddr("10.99.0.1") },
+			func(q *NodePlan) { q.Routes[firstGroup(q)].Group = q.Routes[firstGroup(q)].Group[:1] },
+			func(q *NodePlan) { q.TunnelSources = nil },
 			func(q *NodePlan) { q.SNAT.Exempt[0].Origin = "x" },
 			func(q *NodePlan) { q.SNAT.Addr = netip.MustParseAddr("10.99.0.1") },
 			func(q *NodePlan) { q.SNAT.Reason = "x" },
@@ -675,8 +730,10 @@ func TestComputeDuplicatePrefix(t *testing.T) {
 	}
 	want := []string{
 		`node a1 site a underlay 10.1.0.1 pods [10.10.1.0/24] tunnel 10.10.1.1 (Node "a1" spec.podCIDRs[0]) mtu 0`,
-		"peer u1 u 10.2.0.1 10.20.0.1 [10.20.0.0/24]",
+		"peer u1 u 10.2.0.1 10.20.0.1 [10.2.0.1/32 10.20.0.0/24]",
+		`route 10.2.0.1/32 -> u1 10.2.0.1 transit only (Node "u1" status.addresses[InternalIP])`,
 		`route 10.20.0.0/24 -> u1 10.2.0.1 (Node "u1" spec.podCIDRs[0])`,
+		"tunnel sources [10.10.1.0/24]",
 		`snat 10.10.1.1 except 10.10.1.0/24 (Node "a1" spec.podCIDRs[0])`,
 		`warning route 10.20.0.0/24 from Node "u1" spec.podCIDRs[0] is also claimed by Site "u" spec.podCidrAssignments[0].cidrBlocks[0]: the first is kept`,
 	}

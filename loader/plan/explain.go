@@ -92,6 +92,12 @@ func Explain(p *NodePlan, addr netip.Addr) Explanation {
 		e.Match = &m
 	}
 	e.Verdict = verdict(e.Match)
+	if r, ok := p.transitOnlyRoute(addr); ok && e.Match != nil && e.Match.Kind != MatchRoute {
+		// A peer's or a remote node's InternalIP: the host's traffic stays on
+		// the underlay, the pods' takes the tunnel (architecture.md, "Pods and
+		// node addresses").
+		e.Verdict += fmt.Sprintf("; this node's pods and forwarded traffic go into the tunnel by route %s (transit only)", r.Prefix)
+	}
 	for _, c := range p.Corrections {
 		if !c.Removed.Contains(addr) {
 			continue
@@ -102,7 +108,7 @@ func Explain(p *NodePlan, addr netip.Addr) Explanation {
 			why = fmt.Sprintf("%s would cover this address but %s is local on this node: %s (the route came from %s)",
 				c.Removed, c.Local, p.localOrigin(c.Local), c.Origin)
 		case c.Endpoint.IsValid() && c.Endpoint == addr:
-			why = fmt.Sprintf("%s would cover this address but it is a tunnel endpoint (underlay address), which never goes into the tunnel (the route came from %s)",
+			why = fmt.Sprintf("%s would cover this address but it is a tunnel endpoint (underlay address), which the host never sends into the tunnel (the route came from %s)",
 				c.Removed, c.Origin)
 		default:
 			continue
@@ -239,4 +245,16 @@ func (p *NodePlan) explainSNAT(addr netip.Addr) SNATExplanation {
 	}
 	return SNATExplanation{Translated: true, To: s.Addr,
 		Reason: fmt.Sprintf("translated to %s: no snat_exempt entry contains %s, so replies could not find their way back untranslated", s.Addr, addr)}
+}
+
+// transitOnlyRoute returns the longest TransitOnly route holding addr.
+func (p *NodePlan) transitOnlyRoute(addr netip.Addr) (Route, bool) {
+	var best Route
+	found := false
+	for _, r := range p.Routes {
+		if r.TransitOnly && r.Prefix.Contains(addr) && (!found || r.Prefix.Bits() > best.Prefix.Bits()) {
+			best, found = r, true
+		}
+	}
+	return best, found
 }

@@ -82,15 +82,16 @@ func TestExplain(t *testing.T) {
 	}, {
 		name: "remote gateway's underlay cut out of a routed nodeCidrs", set: gw, node: "aks-2", addr: "192.168.10.10",
 		verdict: "no route", translated: true,
-		why: []string{`192.168.10.0/28 would cover this address but it is a tunnel endpoint (underlay address), which never goes into the tunnel (the route came from Site "flex-site" spec.nodeCidrs[0])`},
+		why: []string{`192.168.10.0/28 would cover this address but it is a tunnel endpoint (underlay address), which the host never sends into the tunnel (the route came from Site "flex-site" spec.nodeCidrs[0])`},
 	}, {
 		name: "what is left of the cut nodeCidrs", set: gw, node: "aks-2", addr: "192.168.10.3",
 		kind: MatchRoute, prefix: "192.168.10.0/29", origin: `Site "flex-site" spec.nodeCidrs[0]`, group: 1, matches: 1,
 		verdict: "among those that reach site flex-site): aks-1 10.0.0.4", translated: true,
 	}, {
 		name: "gateway: peer gateway underlay", set: gw, node: "flex-1", addr: "10.0.0.4",
-		kind: MatchPeerUnderlay, prefix: "10.0.0.4/32", peer: "aks-1", origin: `Node "aks-1" status.addresses[InternalIP]`, matches: 1,
-		verdict: "peer aks-1", translated: true,
+		kind: MatchPeerUnderlay, prefix: "10.0.0.4/32", peer: "aks-1", origin: `Node "aks-1" status.addresses[InternalIP]`, matches: 2,
+		// The pods' way to it is the tunnel (issue 11).
+		verdict: "peer aks-1: a tunnel endpoint, stays on the underlay; this node's pods and forwarded traffic go into the tunnel by route 10.0.0.4/32 (transit only)", translated: true,
 		why: []string{`10.0.0.0/27 would cover this address but it is a tunnel endpoint`},
 	}, {
 		name: "gateway: fabric prefix from nodeCidrs", set: gw, node: "flex-1", addr: "192.168.10.3",

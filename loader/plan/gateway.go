@@ -216,6 +216,10 @@ type gatewayPlan struct {
 	// carries traffic for its own tunnel endpoints (that route is cut there),
 	// so such a route on the member would be a black hole.
 	endpoints []netip.Addr
+	// nodeRoutes send the InternalIPs of the nodes of the sites reached
+	// through gateways (remote gateways' endpoints included) to the gateways
+	// that carry the rest of their site: see addNodeRoutes.
+	nodeRoutes []groupRoute
 	// fabric are the prefixes the node, a gateway, hands to its site's fabric.
 	fabric []netip.Prefix
 	// direct are addresses this node's own traffic reaches on the underlay:
@@ -304,7 +308,9 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 				continue
 			}
 			prefixes := a.prefixesOf(set, t)
-			sources := p.sources(prefixes)
+			// t's nodes answer pods from their InternalIPs through the
+			// gateways (addPeerAddrRoutes, addEndpointRoutes).
+			sources := sortedUnique(append(p.sources(prefixes), nodeAddrs(set, tName)...))
 			// Paths are symmetric: this node's own traffic reaches the
 			// InternalIPs of t's nodes on the underlay, as theirs reaches it,
 			// whatever the role of either. Through the tunnel one side would
@@ -344,6 +350,7 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 						gp.routes = append(gp.routes, groupRoute{sp: sp, site: tName, members: members})
 					}
 				}
+				gp.nodeRoutes = append(gp.nodeRoutes, nodeRoutes(set, tName, members)...)
 				continue
 			}
 			// A member sends the remote site's prefixes to its own site's
@@ -360,6 +367,7 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 			for _, g := range a.gateways[tName] {
 				gp.endpoints = append(gp.endpoints, g.addr)
 			}
+			gp.nodeRoutes = append(gp.nodeRoutes, nodeRoutes(set, tName, members)...)
 			for _, sp := range prefixes {
 				gp.routes = append(gp.routes, groupRoute{sp: sp, site: tName, members: members})
 			}
@@ -369,10 +377,50 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 	return gp
 }
 
+// nodeRoutes returns a route for the IPv4 InternalIP of each node of site t
+// to members.
+func nodeRoutes(set *objects.Set, t string, members []string) []groupRoute {
+	var out []groupRoute
+	for _, n := range set.NodesOf(t) {
+		ip, ok := objects.InternalIP(n)
+		if !ok || !ip.Is4() {
+			continue // the datapath is IPv4
+		}
+		out = append(out, groupRoute{
+			sp:   sitePrefix{prefix: HostPrefix(ip), origin: fmt.Sprintf("Node %q status.addresses[InternalIP]", n.Name), node: n.Name},
+			site: t, members: members,
+		})
+	}
+	return out
+}
+
+// addNodeRoutes appends, on a node with TunnelSources (addPeerAddrRoutes says
+// why), TransitOnly routes for the InternalIPs of the nodes of the sites it
+// reaches through gateways (but for peers reached there), after correctRoutes and splitDirect, first (so
+// they win a tie with splitDirect's: the first assignment's gateways, as for
+// the sites' pod prefixes): its pods reach those nodes through the gateways, as the nodes
+// answer them, whatever routeNodeCidrs says, remote gateways' endpoints
+// included; its own traffic stays on the underlay. The gateways they go to
+// carry them on (a gateway's peer addresses and node routes), so such a
+// route is no black hole, unlike one the node's own traffic would take.
+func (p *NodePlan) addNodeRoutes(routes []groupRoute) {
+	if len(p.TunnelSources) > 0 {
+		// A peer's own address goes straight to it (addPeerAddrRoutes), as
+		// it sends its answers straight here.
+		routes = slices.DeleteFunc(slices.Clone(routes), func(gr groupRoute) bool {
+			return slices.ContainsFunc(p.Peers, func(pr Peer) bool { return pr.Name == gr.sp.node && HostPrefix(pr.Underlay) == gr.sp.prefix })
+		})
+		n := len(p.Routes)
+		p.addGatewayRoutes(routes, true)
+		p.Routes = slices.Concat(p.Routes[n:], p.Routes[:n])
+	}
+}
+
 // addGatewayRoutes appends the group routes of the assignments, after every
-// peer's own routes (those win a tie in dedupeRoutes). A member that is no
-// peer (skipped by addPeer) is left out of the group.
-func (p *NodePlan) addGatewayRoutes(routes []groupRoute) {
+// peer's own routes (those win a tie in dedupeRoutes), TransitOnly when
+// transitOnly is set. A member that is no peer (skipped by addPeer) is left
+// out of the group.
+func (p *NodePlan) addGatewayRoutes(routes []groupRoute, transitOnly bool) {
 	peers := map[string]Peer{}
 	for _, pr := range p.Peers {
 		peers[pr.Name] = pr
@@ -396,7 +444,7 @@ func (p *NodePlan) addGatewayRoutes(routes []groupRoute) {
 			continue
 		}
 		slices.SortFunc(group, func(a, b NextHop) int { return cmp.Compare(a.Peer, b.Peer) })
-		p.Routes = append(p.Routes, Route{Prefix: gr.sp.prefix, Group: group, Site: gr.site, Origin: gr.sp.origin})
+		p.Routes = append(p.Routes, Route{Prefix: gr.sp.prefix, Group: group, Site: gr.site, Origin: gr.sp.origin, TransitOnly: transitOnly})
 	}
 }
 

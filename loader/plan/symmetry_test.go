@@ -96,31 +96,7 @@ func lookup(p *NodePlan, addr netip.Addr, transit bool) (Route, bool) {
 // the group that could carry it ("" for none: the underlay all the way), and
 // whether it reached to through the tunnel (else on the underlay).
 func path(plans map[string]*NodePlan, from, to string, addr netip.Addr) (hops []string, tunnelled bool, err error) {
-	cur, transit := from, false
-	for range 8 {
-		p := plans[cur]
-		if p == nil {
-			return nil, false, fmt.Errorf("tunnelled to %s, which has no plan", cur)
-		}
-		r, ok := lookup(p, addr, transit)
-		if !ok {
-			return hops, false, nil
-		}
-		var next []string
-		if r.Group == nil {
-			next = []string{r.Peer}
-		}
-		for _, h := range r.Group {
-			next = append(next, h.Peer)
-		}
-		slices.Sort(next)
-		if slices.Contains(next, to) {
-			return hops, true, nil // tunnelled to the destination itself
-		}
-		hops = append(hops, strings.Join(next, ","))
-		cur, transit = next[0], true
-	}
-	return nil, false, fmt.Errorf("loop: %v", hops)
+	return walk(plans, from, to, addr, netip.Addr{})
 }
 
 // rpFilterPasses reports whether strict rp_filter on node to accepts what
@@ -142,20 +118,26 @@ func rpFilterPasses(plans map[string]*NodePlan, from, to string, addr, fromIP ne
 	return back == tunnelled, nil
 }
 
+// randomPlans returns a random fleet (randomTopology, from seed and stream)
+// and the plans of the nodes that have one.
+func randomPlans(seed, stream uint64) (*objects.Set, map[string]*NodePlan) {
+	set := randomTopology(rand.New(rand.NewPCG(seed, stream)))
+	plans := map[string]*NodePlan{}
+	for _, n := range set.Nodes {
+		if p, err := Compute(set, n.Name); err == nil {
+			plans[n.Name] = p
+		}
+	}
+	return set, plans
+}
+
 // TestPathsSymmetric: for random fleets, every pair of nodes reaches each
 // other's underlay address the same way in both directions: both on the
 // underlay, or both through the same tunnel hops (in reverse order), so
 // strict rp_filter and stateful firewalls between sites keep working.
 func TestPathsSymmetric(t *testing.T) {
 	for seed := range uint64(300) {
-		r := rand.New(rand.NewPCG(seed, 12))
-		set := randomTopology(r)
-		plans := map[string]*NodePlan{}
-		for _, n := range set.Nodes {
-			if p, err := Compute(set, n.Name); err == nil {
-				plans[n.Name] = p
-			}
-		}
+		set, plans := randomPlans(seed, 12)
 		for _, x := range set.Nodes {
 			for _, y := range set.Nodes {
 				if x.Name >= y.Name || plans[x.Name] == nil || plans[y.Name] == nil {
@@ -237,4 +219,102 @@ func describeSet(s *objects.Set) string {
 		fmt.Fprintf(&b, "\n node %s %v", n.Name, n.Labels)
 	}
 	return b.String()
+}
+
+// walk is path for a packet from src at node from (a pod's address, or
+// invalid for the host's own traffic) to addr, which belongs to node to: the
+// first lookup is from's kernel (TransitOnly routes only for a source in
+// from's TunnelSources, which its policy rule sends there), and every node
+// that receives it tunnelled must accept a valid src from the node that sent
+// it (its peer_sources), else an error.
+func walk(plans map[string]*NodePlan, from, to string, addr, src netip.Addr) (hops []string, tunnelled bool, err error) {
+	cur := from
+	transit := slices.ContainsFunc(plans[from].TunnelSources, func(p netip.Prefix) bool { return p.Contains(src) })
+	for range 8 {
+		p := plans[cur]
+		if p == nil {
+			return nil, false, fmt.Errorf("tunnelled to %s, which has no plan", cur)
+		}
+		r, ok := lookup(p, addr, transit)
+		if !ok {
+			return hops, false, nil
+		}
+		var next []string
+		if r.Group == nil {
+			next = []string{r.Peer}
+		}
+		for _, h := range r.Group {
+			next = append(next, h.Peer)
+		}
+		slices.Sort(next)
+		if slices.Contains(next, to) {
+			next = []string{to}
+		}
+		for _, n := range next {
+			if src.IsValid() && !accepts(plans[n], cur, src) {
+				return nil, false, fmt.Errorf("%s does not accept source %s from %s (after %q)", n, src, cur, hops)
+			}
+		}
+		if next[0] == to {
+			return hops, true, nil
+		}
+		hops = append(hops, strings.Join(next, ","))
+		cur, transit = next[0], true
+	}
+	return nil, false, fmt.Errorf("loop: %v", hops)
+}
+
+// accepts reports whether p's node decapsulates src from the peer named from.
+func accepts(p *NodePlan, from string, src netip.Addr) bool {
+	if p == nil {
+		return false
+	}
+	for _, pr := range p.Peers {
+		if pr.Name == from {
+			return slices.ContainsFunc(pr.AllowedSources, func(s netip.Prefix) bool { return s.Contains(src) })
+		}
+	}
+	return false
+}
+
+// TestPodNodePathsSymmetric: for random fleets, every pod (the first host of
+// its node's podCIDR but for the tunnel address) and every other node's
+// underlay address reach each other the same way both ways: the pod's
+// request takes the same tunnel hops as the node's reply (reversed), or both
+// stay on the underlay; every hop accepts the source it carries; and strict
+// rp_filter passes at both ends (a packet arrives tunnelled exactly where the
+// receiver's route back to its source is the tunnel).
+func TestPodNodePathsSymmetric(t *testing.T) {
+	for seed := range uint64(300) {
+		set, plans := randomPlans(seed, 13)
+		for _, x := range set.Nodes {
+			px := plans[x.Name]
+			if px == nil || len(px.PodCIDRs) == 0 {
+				continue
+			}
+			pod := px.PodCIDRs[0].Addr().Next().Next() // .2: .1 is the tunnel address
+			for _, y := range set.Nodes {
+				if x.Name == y.Name || plans[y.Name] == nil {
+					continue
+				}
+				ya, _ := objects.InternalIP(&y)
+				there, in, err1 := walk(plans, x.Name, y.Name, ya, pod)
+				back, out, err2 := walk(plans, y.Name, x.Name, pod, ya)
+				if err1 != nil || err2 != nil {
+					t.Fatalf("seed %d: pod %s of %s <-> %s %s: %v, %v\nset: %s", seed, pod, x.Name, y.Name, ya, err1, err2, describeSet(set))
+				}
+				slices.Reverse(back)
+				if in != out || !slices.Equal(there, back) {
+					t.Fatalf("seed %d: pod %s of %s -> %s %s: tunnelled %v through %q, the reply tunnelled %v through %q (reversed)\nset: %s",
+						seed, pod, x.Name, y.Name, ya, in, there, out, back, describeSet(set))
+				}
+				_, yBack := lookup(plans[y.Name], pod, false)
+				_, xBack := lookup(px, ya, true)
+				if yBack != in || xBack != out {
+					t.Fatalf("seed %d: pod %s of %s <-> %s %s: strict rp_filter drops it (request tunnelled %v, %s routes the pod into the tunnel %v; reply tunnelled %v, %s routes %s into the tunnel %v)\nset: %s",
+						seed, pod, x.Name, y.Name, ya, in, y.Name, yBack, out, x.Name, ya, xBack, describeSet(set))
+				}
+			}
+		}
+	}
 }

@@ -38,7 +38,9 @@ type NodePlan struct {
 	// Peers are the nodes this node tunnels to, sorted by name.
 	Peers []Peer `json:"peers"`
 	// Routes are the overlay prefixes and the peer each one goes to, sorted by
-	// prefix. No route contains a peer's underlay address.
+	// prefix. No route contains a peer's underlay address, but for the
+	// TransitOnly host route to that very peer (addPeerAddrRoutes), which
+	// the node's own traffic never takes.
 	Routes []Route `json:"routes"`
 	// SNAT is this node's return-path SNAT policy.
 	SNAT SNATPolicy `json:"snat"`
@@ -54,6 +56,12 @@ type NodePlan struct {
 	// the CNI is unmanaged. Routes overlapping them are split (see Corrections).
 	// Sorted.
 	LocalPrefixes []netip.Prefix `json:"localPrefixes,omitempty"`
+	// TunnelSources are this node's pod prefixes that its peers route back to it
+	// through the tunnel (a managed site's IPv4 podCIDRs outside LocalPrefixes),
+	// sorted. The agent sends traffic from them through the TransitOnly routes
+	// too (a policy rule, docs/agent.md "Routes and rules"), so a pod reaches a
+	// peer's node address the way that peer answers it.
+	TunnelSources []netip.Prefix `json:"tunnelSources,omitempty"`
 	// Corrections report every route that was split because it contained an
 	// underlay address or overlapped a LocalPrefix, sorted by removed prefix.
 	Corrections []Correction `json:"corrections,omitempty"`
@@ -146,8 +154,11 @@ type Route struct {
 	// `Node "b1" spec.podCIDRs[0]`.
 	Origin string `json:"origin"`
 	// TransitOnly routes go into the datapath's route map but not into the
-	// kernel's routing table: traffic this node forwards for others (from a
+	// kernel's main table: traffic this node forwards for others (from a
 	// tunnel or a pod) takes the route, the node's own host traffic does not.
+	// The kernel reaches them only for sources in TunnelSources (the agent's
+	// policy rule and table). Besides the InternalIPs of nodes reached through
+	// gateways (below), the underlay address of each peer is one, to that peer.
 	// A gateway reaches a remote member's InternalIP on the underlay, as the
 	// member reaches it, while forwarding its own members' traffic to that
 	// address through the tunnel (paths stay symmetric both ways).

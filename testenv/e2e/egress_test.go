@@ -27,9 +27,15 @@ func masqCounts(t *testing.T, l *testenv.Lab, node string) (masq, reverse uint64
 // traffic runs, and returns the IPv4 source of each as tshark decodes it.
 func captureSources(t *testing.T, nsName, filter string, count int, traffic func()) []string {
 	t.Helper()
+	return captureSourcesOn(t, nsName, testenv.UnderlayDev, filter, count, traffic)
+}
+
+// captureSourcesOn is captureSources on the device dev.
+func captureSourcesOn(t *testing.T, nsName, dev, filter string, count int, traffic func()) []string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	out, err := testenv.Capture(ctx, nsName, []string{"-i", testenv.UnderlayDev, "-f", filter,
+	out, err := testenv.Capture(ctx, nsName, []string{"-i", dev, "-f", filter,
 		"-c", strconv.Itoa(count), "-T", "fields", "-e", "ip.src"}, traffic)
 	if err != nil {
 		t.Fatalf("capture %q in %s: %v\n%s", filter, nsName, err, out)
@@ -145,13 +151,19 @@ func TestEgressMasquerade(t *testing.T) {
 			t.Errorf("%s (nonMasqueradeCIDRs) saw echo requests from %v, want the pod's %s", testenv.WorldNoMasqAddr, srcs, podAddr)
 		}
 	})
+	// A peer's node address is reached through the tunnel, as the peer answers
+	// the pod (issue 11): b1's host sees the request arrive decapsulated on
+	// isthmus0 from the pod's own address, and answers.
 	t.Run("peered site's node", func(t *testing.T) {
 		b1, _ := l.Node("b1")
-		srcs := captureSources(t, l.NodeNS("b1"), "icmp[icmptype] == icmp-echo and dst host "+b1.Address.String(), 1, func() {
+		srcs := captureSourcesOn(t, l.NodeNS("b1"), "isthmus0", "icmp[icmptype] == icmp-echo and dst host "+b1.Address.String(), 1, func() {
 			testenv.Ping(l.PodNS(pod), b1.Address, 200*time.Millisecond)
 		})
 		if len(srcs) != 1 || srcs[0] != podAddr.String() {
 			t.Errorf("b1 saw echo requests from %v, want the pod's %s", srcs, podAddr)
+		}
+		if err := testenv.Ping(l.PodNS(pod), b1.Address, 2*time.Second); err != nil {
+			t.Errorf("ping b1's node address from %s: %v", pod, err)
 		}
 	})
 }

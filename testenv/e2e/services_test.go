@@ -78,17 +78,17 @@ var seed003Services = []serviceCase{
 	{name: "ClusterIP member to remote gateway's pod", client: "m03-p1", backend: "egw-p1", saw: "pod:m03-p1"},
 	{name: "ClusterIP remote gateway's pod to member", client: "egw-p1", backend: "m02-p1", saw: "pod:egw-p1"},
 	// kube-proxy masquerades NodePort traffic (its 0x4000 mark wins over the
-	// exemption): the backend sees the address the node dialled from. The
-	// cloud pods reach a NodePort on another cloud node because flannel's
-	// MASQUERADE gives them their node's address there. Not covered: a pod
-	// dialling another node of its own site by its underlay address with
-	// nothing masquerading it (the edge site): the request arrives on the
-	// underlay from a pod address that node routes into the tunnel, and strict
-	// rp_filter drops it (docs/architecture.md, "Netfilter").
-	// A remote site's node addresses are not reachable at all (carved out of
-	// the routes; the firewall passes only the tunnel).
+	// exemption): the backend sees the address the node dialled from. A pod
+	// reaches another node's address through the tunnel, as that node answers
+	// it (docs/architecture.md, "Pods and node addresses"): within a site with
+	// nothing masquerading it (the edge site, where strict rp_filter dropped
+	// the request before issue 11), within the cloud site, and across the
+	// sites through both gateways (the firewall passes only the tunnel).
 	{name: "NodePort on a member, remote member backend", client: "m03-p1", backend: "e01-p1", nodePort: "master-02", saw: "node:master-02"},
 	{name: "NodePort on a member, remote gateway's pod backend", client: "mgw-p1", backend: "egw-p1", nodePort: "master-03", saw: "node:master-03"},
+	{name: "NodePort on the site's member from the gateway's pod, local backend", client: "egw-p1", backend: "e01-p1", nodePort: "edge-01", saw: "node:edge-01"},
+	{name: "NodePort on the site's gateway from a member's pod, remote backend", client: "e01-p1", backend: "m02-p1", nodePort: "edge-gw", saw: "node:edge-gw"},
+	{name: "NodePort on a remote member through both gateways", client: "m02-p1", backend: "egw-p1", nodePort: "edge-01", saw: "node:edge-01"},
 	{name: "NodePort from outside the cluster, remote member backend", client: "router", backend: "m02-p1", nodePort: "edge-01", saw: "node:edge-01"},
 }
 

@@ -1,0 +1,138 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// PodTable is the routing table of the routes only the node's pods take
+// (plan.Route.TransitOnly: its peers' node addresses, the nodes reached
+// through gateways), and RulePriority the priority of the policy rules that
+// send the pods' sources (plan.NodePlan.TunnelSources) to it: after the local
+// table's rule (0), before main's (32766). A lookup that finds nothing in the
+// table goes on to the next rule, so every other destination of a pod is
+// routed by main as before.
+const (
+	PodTable     = 201
+	RulePriority = 201
+)
+
+// RuleSet is the kernel's policy rules as the rule sync sees them: only those
+// with priority RulePriority that look up PodTable, each one by its source.
+type RuleSet interface {
+	List() ([]netip.Prefix, error)
+	// Add adds the rule `from src lookup PodTable`; one already there is no error.
+	Add(src netip.Prefix) error
+	// Delete removes the rule; one already gone is no error.
+	Delete(src netip.Prefix) error
+}
+
+// RuleResult counts what SyncRules changed.
+type RuleResult struct {
+	Added, Deleted int
+}
+
+// SyncRules brings s to the rules for the IPv4 prefixes of sources by
+// difference: adds first, then deletes. It stops at the first error and
+// returns what it did up to there.
+func SyncRules(s RuleSet, sources []netip.Prefix) (RuleResult, error) {
+	var res RuleResult
+	current, err := s.List()
+	if err != nil {
+		return res, err
+	}
+	var want []netip.Prefix
+	for _, p := range sources {
+		if a := p.Addr().Unmap(); a.Is4() {
+			want = append(want, netip.PrefixFrom(a, p.Bits()).Masked())
+		}
+	}
+	slices.SortFunc(want, cmpPrefix)
+	want = slices.Compact(want)
+	slices.SortFunc(current, cmpPrefix)
+	for _, p := range want {
+		if !slices.Contains(current, p) {
+			if err := s.Add(p); err != nil {
+				return res, fmt.Errorf("add rule from %v lookup %d: %w", p, PodTable, err)
+			}
+			res.Added++
+		}
+	}
+	for _, p := range current {
+		if !slices.Contains(want, p) {
+			if err := s.Delete(p); err != nil {
+				return res, fmt.Errorf("delete rule from %v lookup %d: %w", p, PodTable, err)
+			}
+			res.Deleted++
+		}
+	}
+	return res, nil
+}
+
+func cmpPrefix(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
+}
+
+// KernelRules are the policy rules of the calling thread's network namespace.
+type KernelRules struct{}
+
+var _ RuleSet = KernelRules{}
+
+// List returns the sources of the IPv4 rules with priority RulePriority that
+// look up PodTable.
+func (KernelRules) List() ([]netip.Prefix, error) {
+	rs, err := netlink.RuleListFiltered(netlink.FAMILY_V4, &netlink.Rule{Table: PodTable, Priority: RulePriority},
+		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PRIORITY)
+	if err != nil {
+		return nil, fmt.Errorf("list rules: %w", err)
+	}
+	var out []netip.Prefix
+	for _, r := range rs {
+		if r.Src == nil || r.Dst != nil {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(r.Src.IP)
+		if !ok {
+			continue
+		}
+		ones, _ := r.Src.Mask.Size()
+		out = append(out, netip.PrefixFrom(ip.Unmap(), ones))
+	}
+	return out, nil
+}
+
+func (KernelRules) nl(src netip.Prefix) *netlink.Rule {
+	r := netlink.NewRule()
+	r.Family = unix.AF_INET
+	r.Table = PodTable
+	r.Priority = RulePriority
+	r.Src = &net.IPNet{IP: src.Addr().AsSlice(), Mask: net.CIDRMask(src.Bits(), 32)}
+	return r
+}
+
+// Add adds the rule; EEXIST is success.
+func (k KernelRules) Add(src netip.Prefix) error {
+	err := netlink.RuleAdd(k.nl(src))
+	if errors.Is(err, unix.EEXIST) {
+		return nil
+	}
+	return err
+}
+
+// Delete removes the rule; ENOENT (already gone) is success.
+func (k KernelRules) Delete(src netip.Prefix) error {
+	err := netlink.RuleDel(k.nl(src))
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,62 @@
+package plan
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/isthmus-dev/isthmus/api/v1alpha1"
+	"github.com/isthmus-dev/isthmus/loader/objects"
+)
+
+// tunnelSources returns the node's pod prefixes that its peers route back
+// to it through the tunnel: on a node of a site whose pods isthmus manages,
+// its IPv4 podCIDRs outside the site's local prefixes. A site whose pods
+// another CNI owns reaches node addresses through its own fabric, as it
+// reaches its pods: none.
+func (p *NodePlan) tunnelSources(site *v1alpha1.Site) []netip.Prefix {
+	if !site.Spec.ManagesCNIPlugin() {
+		return nil
+	}
+	var out []netip.Prefix
+	for _, pfx := range p.PodCIDRs {
+		if pfx.Addr().Is4() {
+			out = append(out, Subtract(pfx, p.LocalPrefixes...)...)
+		}
+	}
+	return sortedUnique(out)
+}
+
+// addPeerAddrRoutes routes the underlay address of every peer reached at its
+// InternalIP to that peer, TransitOnly: the node's own traffic and the
+// tunnel's frames reach it on the underlay, while the node's pods
+// (TunnelSources, through the agent's policy rule) and what the node forwards
+// for others reach it through the tunnel. The peer routes this node's pods
+// into the tunnel straight back to it (they are its peer's own prefixes), so
+// pod <-> node paths are as symmetric as pod <-> pod ones and strict
+// rp_filter holds on both. The peer answers from that address, so it becomes
+// one of the sources accepted from it. Only on a node with TunnelSources:
+// elsewhere no pod source of this node comes back through the tunnel. Runs
+// after correctRoutes, which cuts every endpoint out of the other routes.
+func (p *NodePlan) addPeerAddrRoutes(set *objects.Set) {
+	if len(p.TunnelSources) == 0 {
+		return
+	}
+	for i := range p.Peers {
+		pr := &p.Peers[i]
+		n := set.Node(pr.Name)
+		if internal, ok := objects.InternalIP(n); !ok || internal != pr.Underlay || !internal.Is4() {
+			continue // reached at its ExternalIP: that address is not its own endpoint
+		}
+		p.Routes = append(p.Routes, Route{
+			Prefix:      HostPrefix(pr.Underlay),
+			Peer:        pr.Name,
+			Via:         pr.Underlay,
+			TransitOnly: true,
+			Origin:      fmt.Sprintf("Node %q status.addresses[InternalIP]", pr.Name),
+		})
+		if !slices.Contains(pr.AllowedSources, HostPrefix(pr.Underlay)) {
+			pr.AllowedSources = AggregatePrefixes(sortedUnique(append(pr.AllowedSources, HostPrefix(pr.Underlay))))
+		}
+	}
+}
