@@ -57,10 +57,6 @@ extern struct nf_conn *bpf_skb_ct_lookup(struct __sk_buff *skb_ctx, struct bpf_s
 extern void bpf_ct_release(struct nf_conn *ct) __ksym;
 extern int bpf_ct_change_timeout(struct nf_conn *nfct, __u32 timeout) __ksym;
 
-/* The kernel's tick rate, from its config: conntrack keeps timeouts in jiffies, the
- * timeout kfunc takes milliseconds. */
-extern const int CONFIG_HZ __kconfig;
-
 /* enum tcp_conntrack and enum ip_conntrack_status (uapi nf_conntrack_common.h). */
 #define TCP_CONNTRACK_ESTABLISHED	3
 #define TCP_CONNTRACK_TIME_WAIT		7
@@ -93,32 +89,44 @@ static __always_inline int ct_fast_eligible(const struct nf_conn *ct)
 	       !(status & (IPS_SRC_NAT | IPS_DST_NAT | IPS_SEQ_ADJUST | IPS_DYING | IPS_OFFLOAD));
 }
 
+/* Sets entry ct to expire j jiffies from now. The kfunc takes milliseconds and the
+ * kernel's tick rate is in no header a BPF program can rely on (a kconfig extern needs
+ * a config file the agent's container may not have), so it is measured on the entry:
+ * one second set, the jiffies it came to read back. Within a tick of j. */
+static __always_inline void ct_set_expiry(struct nf_conn *ct, unsigned int j)
+{
+	__s32 hz;
+
+	bpf_ct_change_timeout(ct, 1000);
+	hz = (__s32)(ct->timeout - (__u32)bpf_jiffies64());
+	if (hz > 0)
+		bpf_ct_change_timeout(ct, (__u64)j * 1000 / hz);
+}
+
 /* Keeps entry ct alive as conntrack would for a fast-path packet th, in this netns's
- * own timeouts (the nf_conntrack_tcp_timeout_* sysctls): a FIN or RST shortens what is
- * left to the TIME_WAIT timeout (a FIN) or the CLOSE timeout (a RST), never lengthens
- * it; any other packet renews the ESTABLISHED timeout, unless a FIN or RST has
- * shortened the entry (what is left is at most the TIME_WAIT timeout) or it was
- * renewed less than a second ago (one write a second, not one a packet). */
+ * own timeouts (the nf_conntrack_tcp_timeout_* sysctls, in jiffies): a FIN or RST
+ * shortens what is left to the TIME_WAIT timeout (a FIN) or the CLOSE timeout (a RST),
+ * never lengthens it; any other packet renews the ESTABLISHED timeout, unless a FIN or
+ * RST has shortened the entry (what is left is at most the TIME_WAIT timeout) or less
+ * than 1/64 of it has passed since the last renewal (a write now and then, not one a
+ * packet: with the default 5 days, one every 112 minutes). */
 static __always_inline void ct_fast_refresh(struct nf_conn *ct, const struct tcphdr *th)
 {
 	const unsigned int *timeouts = ct->ct_net.net->ct.nf_ct_proto.tcp.timeouts;
-	__s32 left = (__s32)(ct->timeout - (__u32)bpf_jiffies64());
+	__s64 left = (__s32)(ct->timeout - (__u32)bpf_jiffies64());
 	unsigned int est = timeouts[TCP_CONNTRACK_ESTABLISHED];
 	unsigned int tw = timeouts[TCP_CONNTRACK_TIME_WAIT];
 	unsigned int want;
-	int hz = CONFIG_HZ;
 
-	if (hz <= 0)
-		return;
 	if (th->rst || th->fin) {
 		want = th->rst ? timeouts[TCP_CONNTRACK_CLOSE] : tw;
-		if (left > (__s32)want)
-			bpf_ct_change_timeout(ct, (__u64)want * 1000 / hz);
+		if (left > want)
+			ct_set_expiry(ct, want);
 		return;
 	}
-	if (left <= (__s32)tw || (__s64)est - left < hz)
+	if (left <= tw || left > est - est / 64)
 		return;
-	bpf_ct_change_timeout(ct, (__u64)est * 1000 / hz);
+	ct_set_expiry(ct, est);
 }
 
 /* Returns what conntrack holds for the TCP or UDP flow of iph (l4 its transport

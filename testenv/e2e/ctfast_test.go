@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/isthmus-dev/isthmus/loader/inspect"
 	"github.com/isthmus-dev/isthmus/testenv"
 )
 
@@ -40,7 +41,7 @@ const (
 //     a SNAT rule never take the fast path on the node that translates them.
 func TestConntrackFastPath(t *testing.T) {
 	l := upDefault(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	client, server := "a1-p1", "b1-p1"
 	nodes := []string{"a1", "b1"}
@@ -153,6 +154,11 @@ func TestConntrackFastPath(t *testing.T) {
 			return nil
 		}
 		if _, err := exchange(ctx, l.PodNS(client), l.PodNS(server), dst, dst, 256<<10, idle, expired); err != nil {
+			for _, n := range nodes {
+				ct, _ := l.Exec(ctx, l.NodeNS(n), "conntrack", "-L", "-p", "tcp")
+				fw, _ := l.Exec(ctx, l.NodeNS(n), "iptables", "-w", "-nvxL", "FORWARD")
+				t.Logf("%s: conntrack:\n%s\nFORWARD:\n%s\ncounters: %s", n, ct, fw, countersText(t, l, n))
+			}
 			t.Fatal(err)
 		}
 		if checked != 1 {
@@ -239,8 +245,9 @@ func checkShortLived(ctx context.Context, t *testing.T, l *testenv.Lab, nodes []
 
 // exchange connects from srcNS to dial, reaching a listener it opens in dstNS on
 // lsn (another address when a DNAT rule sits between). The client sends size
-// bytes; if idle is set, the server reads them, both wait that long, and each sends
-// size bytes more (the client's are read below); the client closes its side (FIN),
+// bytes; if idle is set, the server reads them, both wait that long, the server sends
+// size bytes more and the client, once it has read them, too (the server reads them
+// below); the client closes its side (FIN),
 // the server reads to EOF and checks what came, sends size bytes back and closes its
 // side; the client reads them to EOF and checks them. Any error, short read or reset
 // is returned, and what afterIdle, called by the client after its wait and before it
@@ -316,11 +323,13 @@ func exchange(ctx context.Context, srcNS, dstNS string, dial, lsn netip.AddrPort
 			if err := afterIdle(); err != nil {
 				return err
 			}
-			if _, err := c.Write(payload); err != nil {
-				return fmt.Errorf("client, after idling: send: %w", err)
-			}
+			// The server sends first: both writing at once, neither reading, could
+			// fill both receive buffers and block both.
 			if err := readExactly(c, payload); err != nil {
 				return fmt.Errorf("client, after idling: %w", err)
+			}
+			if _, err := c.Write(payload); err != nil {
+				return fmt.Errorf("client, after idling: send: %w", err)
 			}
 		}
 		if err := c.(*net.TCPConn).CloseWrite(); err != nil {
@@ -371,4 +380,23 @@ func ctTimeout(ctx context.Context, t *testing.T, l *testenv.Lab, node string, s
 		}
 	}
 	return 0, false
+}
+
+// countersText lists node's non-zero datapath counters, for a failure's log.
+func countersText(t *testing.T, l *testenv.Lab, node string) string {
+	t.Helper()
+	m, err := inspect.Open(l.PinDir(node))
+	if err != nil {
+		return err.Error()
+	}
+	defer m.Close()
+	cs, err := m.Counters()
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	for _, c := range cs {
+		fmt.Fprintf(&b, "%s/%s=%d ", c.Name, c.Hook, c.Packets)
+	}
+	return b.String()
 }
