@@ -87,12 +87,8 @@ func TestConntrackFastPath(t *testing.T) {
 
 	t.Run("reset", func(t *testing.T) {
 		fastBefore := fast("a1")
-		var ln net.Listener
-		if err := testenv.Do(l.PodNS(server), func() error {
-			var err error
-			ln, err = net.Listen("tcp4", netip.AddrPortFrom(dst.Addr(), 5304).String())
-			return err
-		}); err != nil {
+		ln, err := listenIn(l.PodNS(server), netip.AddrPortFrom(dst.Addr(), 5304))
+		if err != nil {
 			t.Fatal(err)
 		}
 		defer ln.Close()
@@ -108,12 +104,8 @@ func TestConntrackFastPath(t *testing.T) {
 			_, err = io.Copy(io.Discard, c)
 			srvErr <- err
 		}()
-		var c net.Conn
-		if err := testenv.Do(l.PodNS(client), func() error {
-			var err error
-			c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(dst.Addr(), 5304).String(), 3*time.Second)
-			return err
-		}); err != nil {
+		c, err := dialFrom(ctx, l.PodNS(client), netip.AddrPortFrom(dst.Addr(), 5304))
+		if err != nil {
 			t.Fatal(err)
 		}
 		port := uint16(c.LocalAddr().(*net.TCPAddr).Port)
@@ -253,13 +245,9 @@ func checkShortLived(ctx context.Context, t *testing.T, l *testenv.Lab, nodes []
 // is returned, and what afterIdle, called by the client after its wait and before it
 // sends, returns. Returns the client's source port as the server saw it.
 func exchange(ctx context.Context, srcNS, dstNS string, dial, lsn netip.AddrPort, size int, idle time.Duration, afterIdle func() error) (uint16, error) {
-	var ln net.Listener
-	if err := testenv.Do(dstNS, func() error {
-		var err error
-		ln, err = net.Listen("tcp4", lsn.String())
-		return err
-	}); err != nil {
-		return 0, fmt.Errorf("listen in %s: %w", dstNS, err)
+	ln, err := listenIn(dstNS, lsn)
+	if err != nil {
+		return 0, err
 	}
 	defer ln.Close()
 	payload := bytes.Repeat([]byte("isthmus-fast-path"), size/17+1)[:size]
@@ -303,13 +291,9 @@ func exchange(ctx context.Context, srcNS, dstNS string, dial, lsn netip.AddrPort
 		srvc <- r
 	}()
 
-	var c net.Conn
-	if err := testenv.Do(srcNS, func() error {
-		var err error
-		c, err = (&net.Dialer{Timeout: 3 * time.Second}).DialContext(ctx, "tcp4", dial.String())
-		return err
-	}); err != nil {
-		return 0, fmt.Errorf("connect from %s to %s: %w", srcNS, dial, err)
+	c, err := dialFrom(ctx, srcNS, dial)
+	if err != nil {
+		return 0, err
 	}
 	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
@@ -346,6 +330,28 @@ func exchange(ctx context.Context, srcNS, dstNS string, dial, lsn netip.AddrPort
 	}()
 	r := <-srvc
 	return r.port, errors.Join(cerr, r.err)
+}
+
+// listenIn opens a TCP listener on addr in the namespace ns.
+func listenIn(ns string, addr netip.AddrPort) (ln net.Listener, err error) {
+	if err := testenv.Do(ns, func() error {
+		ln, err = net.Listen("tcp4", addr.String())
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("listen in %s: %w", ns, err)
+	}
+	return ln, nil
+}
+
+// dialFrom connects to addr from the namespace ns, within 3 s.
+func dialFrom(ctx context.Context, ns string, addr netip.AddrPort) (c net.Conn, err error) {
+	if err := testenv.Do(ns, func() error {
+		c, err = (&net.Dialer{Timeout: 3 * time.Second}).DialContext(ctx, "tcp4", addr.String())
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("connect from %s to %s: %w", ns, addr, err)
+	}
+	return c, nil
 }
 
 // readExactly reads len(want) bytes from c and compares them with want.
