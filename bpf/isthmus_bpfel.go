@@ -138,6 +138,7 @@ const (
 	IsthmusMetricMETRIC_HEALTH_EXPIRED       IsthmusMetric = 15
 	IsthmusMetricMETRIC_MASQ                 IsthmusMetric = 16
 	IsthmusMetricMETRIC_MASQ_REVERSE         IsthmusMetric = 17
+	IsthmusMetricMETRIC_CT_FAST              IsthmusMetric = 18
 )
 
 type IsthmusMetricsKey struct {

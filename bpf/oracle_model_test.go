@@ -223,11 +223,13 @@ func (w *oracleWorld) snatExempted(a netip.Addr) bool {
 	return slices.ContainsFunc(w.snatExempt, func(p netip.Prefix) bool { return p.Contains(a) })
 }
 
-// ctKnown reports whether the lab's conntrack holds, in either direction, the TCP or
-// UDP flow of IPv4 packet v (not a fragment, its ports present) with source src and
-// destination dst, and destination port dport if not 0 (a packet being translated
-// back: v's own destination and port are the translated ones).
-func (w *oracleWorld) ctKnown(v *ipv4View, src, dst netip.Addr, dport uint16) bool {
+// ctToStack reports whether the lab's conntrack holds, in either direction, the TCP
+// or UDP flow of IPv4 packet v (not a fragment, its ports present) with source src
+// and destination dst, and destination port dport if not 0 (a packet being translated
+// back: v's own destination and port are the translated ones), and that flow does not
+// take the fast path (lib/ct.h): a fast entry (established, assured, untranslated TCP)
+// sends a packet with a whole TCP header around the stack, as if there were no entry.
+func (w *oracleWorld) ctToStack(v *ipv4View, src, dst netip.Addr, dport uint16) bool {
 	l4 := v.l4()
 	if (v.ip.Protocol != layers.IPProtocolTCP && v.ip.Protocol != layers.IPProtocolUDP) || v.fragment() || len(l4) < 4 {
 		return false
@@ -236,23 +238,30 @@ func (w *oracleWorld) ctKnown(v *ipv4View, src, dst netip.Addr, dport uint16) bo
 	if dport == 0 {
 		dport = binary.BigEndian.Uint16(l4[2:])
 	}
-	return slices.ContainsFunc(w.conntrack, func(c oracleCT) bool {
+	i := slices.IndexFunc(w.conntrack, func(c oracleCT) bool {
 		return c.proto == uint8(v.ip.Protocol) && (c.src == src && c.dst == dst && c.sport == sport && c.dport == dport ||
 			c.src == dst && c.dst == src && c.sport == dport && c.dport == sport)
 	})
+	if i < 0 {
+		return false
+	}
+	return !(w.conntrack[i].fast && v.ip.Protocol == layers.IPProtocolTCP && len(l4) >= 20)
 }
 
 // stackDelivers reports whether a packet delivered to a local pod goes through the
-// stack: it opens a flow, or conntrack knows its flow (architecture.md, "Netfilter").
+// stack: it opens a flow, or conntrack holds its flow off the fast path
+// (architecture.md, "Netfilter").
 func (w *oracleWorld) stackDelivers(v *ipv4View) bool {
-	return opensFlow(v) || w.ctKnown(v, v.src(), v.dst(), 0)
+	return opensFlow(v) || w.ctToStack(v, v.src(), v.dst(), 0)
 }
 
-// oracleCT is a flow in the lab's conntrack, in its original direction.
+// oracleCT is a flow in the lab's conntrack, in its original direction. fast: TCP,
+// ESTABLISHED and ASSURED, no NAT: the fast path's (lib/ct.h).
 type oracleCT struct {
 	proto        uint8
 	src, dst     netip.Addr
 	sport, dport uint16
+	fast         bool
 }
 
 // opensFlow reports whether IPv4 packet v opens a flow as conntrack sees one
@@ -819,7 +828,7 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		case r.rewriteFails:
 			e.because("the TCP checksum field is past the frame")
 			e.allowDrop(IsthmusDropReasonDROP_SNAT_REWRITE)
-		case w.ownPods[to] != nil && (opensFlow(inner) || w.ctKnown(inner, inner.src(), to, r.flow.podPort)):
+		case w.ownPods[to] != nil && (opensFlow(inner) || w.ctToStack(inner, inner.src(), to, r.flow.podPort)):
 			e.forms = append(e.forms, reverseForm("reverse SNAT, pod delivery through the stack", w.istMAC, in[6:12], r, inIP, false, ce, w.tunnelMTU))
 		case w.ownPods[to] != nil && inner.ip.TTL <= 1:
 			e.allowDrop(IsthmusDropReasonDROP_TTL_EXCEEDED)
@@ -1365,7 +1374,7 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 		}
 		return e
 	}
-	if fromPod && (opensFlow(v) || w.ctKnown(v, src, dst, 0)) {
+	if fromPod && (opensFlow(v) || w.ctToStack(v, src, dst, 0)) {
 		// Issue 11: a pod's packet that opens a flow, or one whose flow conntrack
 		// holds, goes on through the stack, marked, so the site's egress filters judge
 		// it; the stack routes it to overlay_egress. Only after the checks above: what

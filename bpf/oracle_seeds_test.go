@@ -453,6 +453,14 @@ func natSeeds(l *lab) [][]byte {
 	gnv(peerIP, tcp(remotePodIP, hostIP, 80, 61008, 0x10, nil, 60)) // translated back to a known flow
 	plain(gwMAC, tcp(remotePodIP, podIP, 80, 33000, 0x10, nil, 63))
 	plain(gwMAC, tcp(remotePodIP, podIP, 80, 33000, 0x10, nil, 63)[:24])
+	// The fast path's flow (established, assured): straight to the pod, FIN and RST
+	// too; without a whole TCP header, through the stack.
+	for _, flags := range []byte{0x10, 0x11, 0x04, 0x18} {
+		gnv(peerIP, tcp(remotePodIP, podIP, 80, 33002, flags, nil, 63))
+		plain(gwMAC, tcp(remotePodIP, podIP, 80, 33002, flags, nil, 63))
+	}
+	gnv(peerIP, tcp(remotePodIP, podIP, 80, 33002, 0x10, nil, 63)[:24])
+	gnv(peerIP, tcp(remotePodIP, podIP, 80, 33002, 0x02, nil, 63)) // a SYN opens a flow: the stack
 	// Fabric delivery: GENEVE for this site's fabric.
 	gnv(peerIP, udp(remotePodIP, fabricPod, 4000, 5000, 63))
 	gnv(peerIP, tcp(remotePodIP, fabricPod, 80, 33000, 0x12, mss, 63))
@@ -504,7 +512,7 @@ func encapSeeds(l *lab, fromPod bool) [][]byte {
 			dst          netip.Addr
 			sport, dport uint16
 		}{{6, remotePodIP, 40001, 80}, {6, a("10.6.0.1"), 40002, 80}, {17, a("10.2.0.70"), 4002, 5000}, {6, remotePodIP, 33000, 80},
-			{6, remotePodIP, 40009, 80}, {17, a("10.2.0.70"), 4009, 5000}} {
+			{6, remotePodIP, 40009, 80}, {17, a("10.2.0.70"), 4009, 5000}, {6, remotePodIP, 40004, 80}} {
 			l4 := withCsum(own, c.dst, 17, udpDatagram(c.sport, c.dport, []byte("known?")))
 			if c.proto == 6 {
 				l4 = tcpWith(own, c.dst, c.sport, c.dport, 0x10, nil)

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -86,6 +88,9 @@ func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 			{proto: 6, src: podIP, dst: netip.MustParseAddr("10.6.0.1"), sport: 40002, dport: 80},
 			{proto: 17, src: podIP, dst: netip.MustParseAddr("10.2.0.70"), sport: 4002, dport: 5000},
 			{proto: 6, src: podIP, dst: remotePodIP, sport: 40003, dport: 80},
+			// Established and assured: the fast path's, to the pod and from it.
+			{proto: 6, src: remotePodIP, dst: podIP, sport: 80, dport: 33002, fast: true},
+			{proto: 6, src: podIP, dst: remotePodIP, sport: 40004, dport: 80, fast: true},
 		},
 		masquerade: true,
 		nat: []oracleNat{
@@ -257,12 +262,26 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 			if c.proto == 6 {
 				f.ProtoInfo = &netlink.ProtoInfoTCP{State: 3} // ESTABLISHED
 			}
+			if c.fast {
+				continue // below: netlink's ConntrackFlow cannot set the status
+			}
 			if err := netlink.ConntrackCreate(netlink.ConntrackTable, unix.AF_INET, f); err != nil {
 				return fmt.Errorf("create conntrack flow %+v: %w", c, err)
 			}
 		}
 		return nil
 	}))
+	for _, c := range w.conntrack {
+		if !c.fast {
+			continue
+		}
+		out, err := exec.Command("nsenter", fmt.Sprintf("--net=/proc/%d/fd/%d", os.Getpid(), int(l.ns)), "conntrack", "-I",
+			"-p", "tcp", "-s", c.src.String(), "-d", c.dst.String(), "--sport", strconv.Itoa(int(c.sport)), "--dport", strconv.Itoa(int(c.dport)),
+			"--state", "ESTABLISHED", "--status", "ASSURED", "--timeout", strconv.Itoa(7*24*3600)).CombinedOutput()
+		if err != nil {
+			t.Fatalf("create assured conntrack flow %+v: %v: %s", c, err, out)
+		}
+	}
 	putNat(t, l, w)
 	return l, w
 }

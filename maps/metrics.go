@@ -54,6 +54,7 @@ var metricNames = map[uint16]string{
 	15: "health_expired",
 	16: "masq",
 	17: "masq_reverse",
+	18: "ct_fast",
 }
 
 // MetricKey identifies one counter: a code (METRIC_* or -DROP_*) at a hook.

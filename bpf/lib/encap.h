@@ -171,11 +171,11 @@ static __always_inline int deliver_local_pod(struct __sk_buff *skb,
 static __always_inline int pod_egress_via_stack(struct __sk_buff *skb,
 						const struct datapath_config *cfg,
 						const struct route_value *rt, const struct iphdr *iph,
-						void *l4, void *data_end)
+						void *l4, void *data_end, __u8 hook)
 {
 	if (tunnel_refuses(skb, cfg, iph, 1) || !nexthop_select(rt, flow_hash(iph, l4, data_end)))
 		return 0;
-	return stack_sees(skb, iph, l4, data_end);
+	return stack_sees(skb, iph, l4, data_end, hook);
 }
 
 /* Returns 1 if iph comes from this node's own addresses (tunnel or underlay): host
@@ -222,7 +222,7 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 	if (rt) {
 		int nat;
 
-		if (from_pod && pod_egress_via_stack(skb, cfg, rt, iph, c.pos, c.end))
+		if (from_pod && pod_egress_via_stack(skb, cfg, rt, iph, c.pos, c.end, hook))
 			return pod_to_stack(skb);
 		/* Return-path SNAT (lib/nat.h); its rewrite invalidates the pointers. On
 		 * isthmus0 too: a pod of an interface isthmus does not own arrives here

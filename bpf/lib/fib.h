@@ -236,7 +236,7 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 			return deliver_host(skb, cfg, eth, hook);
 		return DROP_NOT_LOCAL;
 	}
-	if (stack_sees(skb, iph, c.pos, data_end))
+	if (stack_sees(skb, iph, c.pos, data_end, hook))
 		return deliver_to_stack(skb, cfg, eth, OVERLAY_MARK, METRIC_DELIVER_POD, hook);
 	if (iph->ttl <= 1)
 		return DROP_TTL_EXCEEDED;
@@ -307,7 +307,7 @@ static __always_inline int fabric_ingress(struct __sk_buff *skb,
 	if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) ||
 	    !bpf_map_lookup_elem(&pod_ifaces, &p.ifindex) || iph->ttl <= 1)
 		return TC_ACT_OK;
-	if (stack_sees(skb, iph, c.pos, data_end))
+	if (stack_sees(skb, iph, c.pos, data_end, hook))
 		return deliver_to_stack(skb, cfg, eth, OVERLAY_MARK, METRIC_FABRIC_INGRESS, hook);
 	ipv4_decrease_ttl(iph);
 	rc = redirect_nexthop(eth, &p, rc, 1);

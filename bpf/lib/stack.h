@@ -6,6 +6,8 @@
 
 #include "common.h"
 #include "parse.h"
+#include "metrics.h"
+#include "ct.h"
 
 /* skb->mark bit on every pod packet isthmus hands to the stack. The agent's rule at the
  * top of nat POSTROUTING accepts marked packets before any other CNI's MASQUERADE or
@@ -14,56 +16,6 @@
 #ifndef OVERLAY_MARK
 #define OVERLAY_MARK		0x1000
 #endif
-
-#ifndef BPF_F_CURRENT_NETNS
-#define BPF_F_CURRENT_NETNS	(-1)
-#endif
-
-/* The conntrack kfuncs (net/netfilter/nf_conntrack_bpf.c). opts is the 12-byte form
- * every kernel since 6.0 accepts. nf_conn is opaque here, but must be a struct, not a
- * forward declaration: the loader matches the kfunc's BTF by kind and name. */
-struct nf_conn {
-	__u64 opaque;
-};
-struct bpf_ct_opts {
-	__s32 netns_id;
-	__s32 error;
-	__u8 l4proto;
-	__u8 dir;
-	__u8 reserved[2];
-};
-
-extern struct nf_conn *bpf_skb_ct_lookup(struct __sk_buff *skb_ctx, struct bpf_sock_tuple *bpf_tuple,
-					 __u32 tuple__sz, struct bpf_ct_opts *opts,
-					 __u32 opts__sz) __ksym;
-extern void bpf_ct_release(struct nf_conn *ct) __ksym;
-
-/* Returns 1 if kernel conntrack holds an entry, in either direction, for the TCP or UDP
- * flow of iph (l4 its transport header), 0 otherwise: no entry, another protocol, a
- * fragment, or ports past data_end. */
-static __always_inline int ct_known(struct __sk_buff *skb, const struct iphdr *iph, void *l4,
-				    void *data_end)
-{
-	struct bpf_ct_opts opts = { .netns_id = BPF_F_CURRENT_NETNS, .l4proto = iph->protocol };
-	struct bpf_sock_tuple t = {};
-	struct nf_conn *ct;
-	__be16 *ports = l4;
-
-	if ((iph->protocol != IPPROTO_TCP && iph->protocol != IPPROTO_UDP) ||
-	    ipv4_is_fragment(iph))
-		return 0;
-	if ((void *)(ports + 2) > data_end)
-		return 0;
-	t.ipv4.saddr = iph->saddr;
-	t.ipv4.daddr = iph->daddr;
-	t.ipv4.sport = ports[0];
-	t.ipv4.dport = ports[1];
-	ct = bpf_skb_ct_lookup(skb, &t, sizeof(t.ipv4), &opts, sizeof(opts));
-	if (!ct)
-		return 0;
-	bpf_ct_release(ct);
-	return 1;
-}
 
 /* Returns 1 if the packet starts a flow as conntrack sees one: a TCP SYN without ACK,
  * a UDP datagram, an ICMP echo request (the caller has found no entry for it). */
@@ -97,11 +49,25 @@ static __always_inline int opens_flow(const struct iphdr *iph, void *l4, void *d
  * which the site's filters must judge (and after which conntrack holds the flow), or
  * conntrack knows its flow (its other half went through the stack: a Service's DNAT
  * to reverse, a flow the pod accepted or opened). A packet of a flow conntrack never
- * saw on this node keeps the direct path: the stack would call it INVALID. */
+ * saw on this node keeps the direct path: the stack would call it INVALID. So does a
+ * packet of a TCP flow conntrack holds as established and untranslated (ct_lookup's
+ * CT_FAST, counted as METRIC_CT_FAST under hook): every later packet of that flow on
+ * this node, both ways, FIN and RST included, takes the direct path too, so the stack
+ * never sees a segment past the window it last saw (which it would call INVALID). */
 static __always_inline int stack_sees(struct __sk_buff *skb, const struct iphdr *iph, void *l4,
-				      void *data_end)
+				      void *data_end, __u8 hook)
 {
-	return opens_flow(iph, l4, data_end) || ct_known(skb, iph, l4, data_end);
+	if (opens_flow(iph, l4, data_end))
+		return 1;
+	switch (ct_lookup(skb, iph, l4, data_end)) {
+	case CT_STACK:
+		return 1;
+	case CT_FAST:
+		metrics_count(METRIC_CT_FAST, hook, skb->len);
+		return 0;
+	default:
+		return 0;
+	}
 }
 
 /* Leaves a pod's packet to the stack, marked so that no other CNI's MASQUERADE

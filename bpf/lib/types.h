@@ -213,6 +213,7 @@ enum metric {
 	METRIC_HEALTH_EXPIRED	= 15,	/* ... with "does not reach": the agent's claim expired */
 	METRIC_MASQ		= 16,	/* pod source masqueraded to the underlay address */
 	METRIC_MASQ_REVERSE	= 17,	/* reply to a masqueraded flow translated back */
+	METRIC_CT_FAST		= 18,	/* established, untranslated TCP: skipped the stack (lib/ct.h) */
 };
 
 /* Written by underlay_xdp in front of a frame it has popped (XDP metadata), read by

@@ -26,8 +26,9 @@ sets it up, plain routing), with and without the CNI leftover iptables rules (an
 with --kube-proxy, a real kube-proxy with a Service per pod, each lab with rules
 running its own kube-apiserver), then
 measures a single iperf3 TCP stream between two pods in every lab, round after round
-so drift spreads over all of them alike, and prints medians and ratios. The labs are
-removed afterwards. Needs root and iperf3. See docs/benchmarks.md.
+so drift spreads over all of them alike, and prints medians and ratios, and the
+min / median / max of the per-round ratios to VXLAN (the margin: how far one round
+fell, not only where the median sits). The labs are removed afterwards. Needs root and iperf3. See docs/benchmarks.md.
 
 With --snat it compares return-path source NAT instead: the seed000 scenario with
 isthmus (BPF SNAT translates the undeclared pod aks1-ext to aks-1's tunnel
@@ -75,7 +76,7 @@ closing connections for --duration) and one iperf3 stream, interleaved.`,
 	f.StringVar(&opts.Src, "src", opts.Src, "pod that sends")
 	f.StringVar(&opts.Dst, "dst", opts.Dst, "pod that receives")
 	f.DurationVar(&opts.Duration, "duration", opts.Duration, "length of each measurement (the first second is omitted)")
-	f.IntVar(&opts.Rounds, "rounds", opts.Rounds, "measurements per configuration, interleaved")
+	f.IntVar(&opts.Rounds, "rounds", opts.Rounds, "measurements per configuration, interleaved; medians and the spread of the per-round ratios are reported")
 	f.BoolVar(&opts.WithoutRules, "without-rules", opts.WithoutRules, "also measure every datapath with the CNI leftover rules removed")
 	f.StringVar((*string)(&opts.KubeProxy), "kube-proxy", string(opts.KubeProxy), `iptables or nftables: kube-proxy in that mode on every node of the labs with rules (needs the kube binaries, make kube-binaries); "" for none`)
 	f.StringVarP(&output, "output", "o", "table", "table or json")

@@ -158,8 +158,76 @@ func (r *Report) Ratio(a, b Config) float64 {
 	return ra.Median() / rb.Median()
 }
 
+// RoundRatios returns, round by round, a's sample over b's, as metric reads each
+// sample (throughput, transactions per second): the rounds are interleaved, so the
+// two samples of a round met the same load on the machine. Rounds where either
+// sample is 0 (not measured) are left out; nil if either config is missing.
+func (r *Report) RoundRatios(a, b Config, metric func(Sample) float64) []float64 {
+	ra, ok1 := r.Result(a)
+	rb, ok2 := r.Result(b)
+	if !ok1 || !ok2 {
+		return nil
+	}
+	var v []float64
+	for i := 0; i < len(ra.Samples) && i < len(rb.Samples); i++ {
+		if n, d := metric(ra.Samples[i]), metric(rb.Samples[i]); n > 0 && d > 0 {
+			v = append(v, n/d)
+		}
+	}
+	return v
+}
+
+// Margin is the spread of a datapath's per-round ratios to a baseline: the median
+// ratio alone hides how far one round can fall.
+type Margin struct {
+	Config  Config  `json:"config"`
+	Against Config  `json:"against"`
+	Metric  string  `json:"metric"`
+	Min     float64 `json:"min"`
+	Median  float64 `json:"median"`
+	Max     float64 `json:"max"`
+}
+
+// Gbps and TPS read one metric of a sample, for RoundRatios.
+func Gbps(s Sample) float64 { return s.Gbps }
+func TPS(s Sample) float64  { return s.TPS }
+
+// Margins returns, for every datapath but VXLAN, the min, median and max of its
+// per-round stream and TPS ratios to VXLAN of the same rules variant.
+func (r *Report) Margins() []Margin {
+	var ms []Margin
+	for _, res := range r.Results {
+		if res.Config.Datapath == testenv.DatapathVXLAN {
+			continue
+		}
+		vx := Config{testenv.DatapathVXLAN, res.Config.Rules}
+		for _, m := range []struct {
+			name string
+			f    func(Sample) float64
+		}{{"stream", Gbps}, {"tps", TPS}} {
+			v := r.RoundRatios(res.Config, vx, m.f)
+			if len(v) == 0 {
+				continue
+			}
+			ms = append(ms, Margin{Config: res.Config, Against: vx, Metric: m.name,
+				Min: slices.Min(v), Median: median(v), Max: slices.Max(v)})
+		}
+	}
+	return ms
+}
+
+// margin returns the spread of c's ratios to VXLAN for metric, or false.
+func (r *Report) margin(c Config, metric string) (Margin, bool) {
+	for _, m := range r.Margins() {
+		if m.Config == c && m.Metric == metric {
+			return m, true
+		}
+	}
+	return Margin{}, false
+}
+
 // String renders the report as a table with ratios to kernel VXLAN and to plain
-// routing of the same rules variant.
+// routing of the same rules variant, then the spread of the per-round ratios.
 func (r *Report) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "single TCP stream and TCP request/response (sockperf ping-pong) %s -> %s, scenario %s, %d rounds of %s, kernel %s\n\n",
@@ -192,11 +260,36 @@ func (r *Report) String() string {
 			res.MedianRTT(), res.MedianTPS(), tpsRatio)
 	}
 	w.Flush()
+	fmt.Fprintf(&b, "\nround by round against VXLAN (each round measures every datapath once, in turn): min / median / max of the %d per-round ratios\n\n", r.Rounds)
+	w = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "DATAPATH\tRULES\tSTREAM vs VXLAN min/median/max\tTPS vs VXLAN min/median/max")
+	for _, res := range r.Results {
+		if res.Config.Datapath == testenv.DatapathVXLAN {
+			continue
+		}
+		rules := leftovers
+		if !res.Config.Rules {
+			rules = "none"
+		}
+		cells := []string{"-", "-"}
+		for i, metric := range []string{"stream", "tps"} {
+			if m, ok := r.margin(res.Config, metric); ok {
+				cells[i] = fmt.Sprintf("%.2fx / %.2fx / %.2fx", m.Min, m.Median, m.Max)
+			}
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", res.Config.Datapath, rules, cells[0], cells[1])
+	}
+	w.Flush()
 	return b.String()
 }
 
-// JSON renders the report as indented JSON.
-func (r *Report) JSON() ([]byte, error) { return json.MarshalIndent(r, "", "  ") }
+// JSON renders the report as indented JSON, with the margins.
+func (r *Report) JSON() ([]byte, error) {
+	return json.MarshalIndent(struct {
+		*Report
+		Margins []Margin `json:"margins"`
+	}{r, r.Margins()}, "", "  ")
+}
 
 // labName names the lab of a configuration: short, [a-z0-9], no dash.
 func labName(c Config) string {

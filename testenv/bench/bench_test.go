@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"math"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/isthmus-dev/isthmus/testenv"
 )
@@ -54,6 +56,51 @@ func TestRatioAndTable(t *testing.T) {
 		if !strings.Contains(table, row) {
 			t.Errorf("table lacks %q:\n%s", row, table)
 		}
+	}
+}
+
+func TestMargins(t *testing.T) {
+	isth := Config{testenv.DatapathIsthmus, true}
+	vx := Config{testenv.DatapathVXLAN, true}
+	plain := Config{testenv.DatapathPlain, true}
+	rep := &Report{Rounds: 3, Results: []Result{
+		{Config: isth, Samples: []Sample{{Gbps: 14, TPS: 300}, {Gbps: 15, TPS: 200}, {Gbps: 13, TPS: 100}}},
+		{Config: vx, Samples: []Sample{{Gbps: 10, TPS: 100}, {Gbps: 12, TPS: 200}, {Gbps: 11, TPS: 400}}},
+		{Config: plain, Samples: []Sample{{Gbps: 5}, {Gbps: 24}, {Gbps: 11}}},
+	}}
+	// Round by round: isthmus 14/10, 15/12, 13/11 and TPS 3, 1, 0.25; plain 0.5, 2, 1 and
+	// no TPS (sockperf missing: no margin).
+	want := []Margin{
+		{Config: isth, Against: vx, Metric: "stream", Min: 13.0 / 11, Median: 1.25, Max: 1.4},
+		{Config: isth, Against: vx, Metric: "tps", Min: 0.25, Median: 1, Max: 3},
+		{Config: plain, Against: vx, Metric: "stream", Min: 0.5, Median: 1, Max: 2},
+	}
+	if d := cmp.Diff(want, rep.Margins(), cmpopts.EquateApprox(0, 1e-9)); d != "" {
+		t.Errorf("Margins (-want +got):\n%s", d)
+	}
+	table := rep.String()
+	for _, row := range []string{
+		"isthmus   CNI leftovers  1.18x / 1.25x / 1.40x",
+		"0.25x / 1.00x / 3.00x",
+		"plain     CNI leftovers  0.50x / 1.00x / 2.00x           -\n",
+	} {
+		if !strings.Contains(table, row) {
+			t.Errorf("table lacks %q:\n%s", row, table)
+		}
+	}
+	b, err := rep.JSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back struct {
+		Results []Result `json:"results"`
+		Margins []Margin `json:"margins"`
+	}
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatalf("decode %s: %v", b, err)
+	}
+	if d := cmp.Diff(want, back.Margins, cmpopts.EquateApprox(0, 1e-9)); d != "" || len(back.Results) != 3 {
+		t.Errorf("JSON margins (-want +got):\n%s\n%s", d, b)
 	}
 }
 

@@ -1,0 +1,408 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/isthmus-dev/isthmus/loader/inspect"
+	"github.com/isthmus-dev/isthmus/testenv"
+)
+
+// The conntrack timeouts TestConntrackFastPath gives both nodes, in seconds: short,
+// so that expiry happens within the test, and in the order the fast path relies on
+// (ESTABLISHED longer than TIME_WAIT; docs/architecture.md, "The conntrack fast
+// path").
+const (
+	ctEstablished = 8
+	ctTimeWait    = 4
+	ctClose       = 2
+)
+
+// TestConntrackFastPath runs TCP flows between a1-p1 and b1-p1 of the default lab,
+// whose nodes carry the CNI leftovers' `FORWARD -m conntrack --ctstate INVALID -j
+// DROP`, with short conntrack timeouts on both nodes:
+//   - a bulk transfer both ways takes the fast path on both nodes (ct_fast counts it)
+//     and closes cleanly: each side reads all the other sent, then EOF; the INVALID
+//     rule drops nothing; afterwards conntrack's entry is short-lived (at most the
+//     TIME_WAIT timeout) and then gone, not kept for the ESTABLISHED timeout;
+//   - a flow reset (RST) keeps its entry at most the CLOSE timeout;
+//   - a flow left idle past the ESTABLISHED timeout (its entry expires) still
+//     carries data both ways and closes cleanly;
+//   - a flow through a DNAT rule of kube-proxy's shape (a Service) and one through
+//     a SNAT rule never take the fast path on the node that translates them.
+func TestConntrackFastPath(t *testing.T) {
+	l := upDefault(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	client, server := "a1-p1", "b1-p1"
+	nodes := []string{"a1", "b1"}
+	for _, n := range nodes {
+		for name, v := range map[string]int{"established": ctEstablished, "time_wait": ctTimeWait, "close": ctClose} {
+			key := "net.netfilter.nf_conntrack_tcp_timeout_" + name
+			if _, err := l.Exec(ctx, l.NodeNS(n), "sysctl", "-qw", key+"="+strconv.Itoa(v)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	invalid := func() (n uint64) {
+		for _, node := range nodes {
+			n += ruleCount(ctx, t, l, node, "FORWARD", "DROP", "ctstate INVALID")
+		}
+		return n
+	}
+	invalidBefore := invalid()
+	fast := func(node string) uint64 { return counterPackets(t, l, node, "ct_fast", false) }
+	dst := netip.AddrPortFrom(l.PodAddr(server), 5301)
+
+	t.Run("bulk and clean close", func(t *testing.T) {
+		fastBefore := map[string]uint64{"a1": fast("a1"), "b1": fast("b1")}
+		const size = 8 << 20
+		port, err := exchange(ctx, l.PodNS(client), l.PodNS(server), dst, dst, size, 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range nodes {
+			// 8 MiB each way is some 90 GSO segments of 64 KiB and as many ACKs at
+			// the least; the handshake and the first ACK take the stack.
+			d := fast(n) - fastBefore[n]
+			t.Logf("%s: %d packets of the flow on the fast path", n, d)
+			if d < 100 {
+				t.Errorf("%s: ct_fast counted %d packets of the bulk flow, want at least 100: it did not take the fast path", n, d)
+			}
+		}
+		if n := invalid(); n != invalidBefore {
+			t.Errorf("the INVALID drop rules counted %d packets during the flow (%d -> %d)", n-invalidBefore, invalidBefore, n)
+		}
+		checkShortLived(ctx, t, l, nodes, port, dst, ctTimeWait)
+	})
+
+	t.Run("reset", func(t *testing.T) {
+		fastBefore := fast("a1")
+		ln, err := listenIn(l.PodNS(server), netip.AddrPortFrom(dst.Addr(), 5304))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		srvErr := make(chan error, 1)
+		go func() {
+			c, err := ln.Accept()
+			if err != nil {
+				srvErr <- err
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			_, err = io.Copy(io.Discard, c)
+			srvErr <- err
+		}()
+		c, err := dialFrom(ctx, l.PodNS(client), netip.AddrPortFrom(dst.Addr(), 5304))
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := uint16(c.LocalAddr().(*net.TCPAddr).Port)
+		if _, err := c.Write(make([]byte, 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		// SO_LINGER 0: close sends a RST, not a FIN.
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+		if err := <-srvErr; err == nil || !strings.Contains(err.Error(), "connection reset") {
+			t.Errorf("the server's read ended with %v, want connection reset by peer", err)
+		}
+		if fast("a1") == fastBefore {
+			t.Error("a1: the flow never took the fast path")
+		}
+		checkShortLived(ctx, t, l, nodes, port, netip.AddrPortFrom(dst.Addr(), 5304), ctClose)
+		if n := invalid(); n != invalidBefore {
+			t.Errorf("the INVALID drop rules counted %d packets", n-invalidBefore)
+		}
+	})
+
+	t.Run("idle past the established timeout", func(t *testing.T) {
+		idle := time.Duration(ctEstablished+3) * time.Second
+		var checked int
+		expired := func() error {
+			// The server's port is known; the client's is found by its listing.
+			for _, n := range nodes {
+				out, err := l.Exec(ctx, l.NodeNS(n), "conntrack", "-L", "-p", "tcp", "--orig-dst", dst.Addr().String(), "--orig-port-dst", strconv.Itoa(int(dst.Port())))
+				if err != nil && !strings.Contains(err.Error(), "0 flow entries") {
+					return fmt.Errorf("conntrack -L on %s: %w", n, err)
+				}
+				if strings.Contains(out, "ESTABLISHED") {
+					return fmt.Errorf("%s: conntrack still holds the flow after %s idle, past its ESTABLISHED timeout of %d s; the test does not test expiry:\n%s", n, idle, ctEstablished, out)
+				}
+			}
+			checked++
+			return nil
+		}
+		if _, err := exchange(ctx, l.PodNS(client), l.PodNS(server), dst, dst, 256<<10, idle, expired); err != nil {
+			for _, n := range nodes {
+				ct, _ := l.Exec(ctx, l.NodeNS(n), "conntrack", "-L", "-p", "tcp")
+				fw, _ := l.Exec(ctx, l.NodeNS(n), "iptables", "-w", "-nvxL", "FORWARD")
+				t.Logf("%s: conntrack:\n%s\nFORWARD:\n%s\ncounters: %s", n, ct, fw, countersText(t, l, n))
+			}
+			t.Fatal(err)
+		}
+		if checked != 1 {
+			t.Fatal("the client never checked conntrack after idling")
+		}
+		t.Logf("a flow idle for %s (conntrack's ESTABLISHED timeout %d s, its entry gone) carried data both ways after it and closed", idle, ctEstablished)
+		if n := invalid(); n != invalidBefore {
+			t.Errorf("the INVALID drop rules counted %d packets", n-invalidBefore)
+		}
+	})
+
+	t.Run("translated flows keep the stack", func(t *testing.T) {
+		// kube-proxy's shape of a ClusterIP rule on the client's node, and a SNAT of
+		// the client's ports (its address stays, so replies still reach it) in an nft
+		// table of its own that runs before the agent's exemption (srcnat - 10) and so
+		// binds the flow first.
+		vip := netip.MustParseAddrPort("10.96.0.50:80")
+		if _, err := l.Exec(ctx, l.NodeNS("a1"), "iptables", "-w", "-t", "nat", "-I", "PREROUTING", "-d", vip.Addr().String(),
+			"-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", netip.AddrPortFrom(dst.Addr(), 5302).String()); err != nil {
+			t.Fatal(err)
+		}
+		snat := fmt.Sprintf("table ip ctfasttest {\n\tchain post {\n\t\ttype nat hook postrouting priority srcnat - 20; policy accept;\n"+
+			"\t\tip saddr %s ip daddr %s tcp dport 5303 snat to %s:61000-61010\n\t}\n}\n", l.PodAddr(client), dst.Addr(), l.PodAddr(client))
+		cmd := testenv.Command(ctx, l.NodeNS("a1"), "nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(snat)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("nft -f: %v: %s", err, out)
+		}
+		for _, c := range []struct {
+			what      string
+			dial, lsn netip.AddrPort
+			// translated says whether the server sees another port than the client's.
+			translated bool
+		}{
+			{"Service (DNAT)", vip, netip.AddrPortFrom(dst.Addr(), 5302), false},
+			{"SNAT", netip.AddrPortFrom(dst.Addr(), 5303), netip.AddrPortFrom(dst.Addr(), 5303), true},
+		} {
+			before, beforeB := fast("a1"), fast("b1")
+			port, err := exchange(ctx, l.PodNS(client), l.PodNS(server), c.dial, c.lsn, 4<<20, 0, nil)
+			if err != nil {
+				t.Fatalf("%s: %v", c.what, err)
+			}
+			if inRange := port >= 61000 && port <= 61010; inRange != c.translated {
+				t.Errorf("%s: the server saw source port %d; translated to 61000-61010: %v, want %v", c.what, port, inRange, c.translated)
+			}
+			if d := fast("a1") - before; d != 0 {
+				t.Errorf("%s: a1, which translates the flow, took %d of its packets on the fast path, want 0", c.what, d)
+			}
+			// b1 translates nothing: the flow is an ordinary one there.
+			if d := fast("b1") - beforeB; d < 50 {
+				t.Errorf("%s: b1 took %d packets of the flow on the fast path, want at least 50 (it does not translate it)", c.what, d)
+			}
+		}
+		if n := invalid(); n != invalidBefore {
+			t.Errorf("the INVALID drop rules counted %d packets", n-invalidBefore)
+		}
+	})
+}
+
+// checkShortLived fails the test unless conntrack on every node, right after a
+// flow from source port sport to dst closed, gives it at most limit seconds, and has
+// forgotten it a few seconds after that.
+func checkShortLived(ctx context.Context, t *testing.T, l *testenv.Lab, nodes []string, sport uint16, dst netip.AddrPort, limit int) {
+	t.Helper()
+	for _, n := range nodes {
+		left, ok := ctTimeout(ctx, t, l, n, sport, dst)
+		t.Logf("%s: right after the close conntrack holds the flow: %v, for %d s more", n, ok, left)
+		if ok && left > limit {
+			t.Errorf("%s: after the close conntrack keeps the flow for %d s, want at most %d s", n, left, limit)
+		}
+	}
+	deadline := time.Now().Add(time.Duration(limit+5) * time.Second)
+	for _, n := range nodes {
+		_, ok := ctTimeout(ctx, t, l, n, sport, dst)
+		for ok && time.Now().Before(deadline) {
+			time.Sleep(500 * time.Millisecond)
+			_, ok = ctTimeout(ctx, t, l, n, sport, dst)
+		}
+		if ok {
+			t.Errorf("%s: conntrack still holds the closed flow %d s after its close", n, limit+5)
+		}
+	}
+}
+
+// exchange connects from srcNS to dial, reaching a listener it opens in dstNS on
+// lsn (another address when a DNAT rule sits between). The client sends size
+// bytes; if idle is set, the server reads them, both wait that long, the server sends
+// size bytes more and the client, once it has read them, too (the server reads them
+// below); the client closes its side (FIN),
+// the server reads to EOF and checks what came, sends size bytes back and closes its
+// side; the client reads them to EOF and checks them. Any error, short read or reset
+// is returned, and what afterIdle, called by the client after its wait and before it
+// sends, returns. Returns the client's source port as the server saw it.
+func exchange(ctx context.Context, srcNS, dstNS string, dial, lsn netip.AddrPort, size int, idle time.Duration, afterIdle func() error) (uint16, error) {
+	ln, err := listenIn(dstNS, lsn)
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	payload := bytes.Repeat([]byte("isthmus-fast-path"), size/17+1)[:size]
+	type result struct {
+		port uint16
+		err  error
+	}
+	srvc := make(chan result, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			srvc <- result{err: fmt.Errorf("accept: %w", err)}
+			return
+		}
+		defer c.Close()
+		stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+		defer stop()
+		r := result{port: uint16(c.RemoteAddr().(*net.TCPAddr).Port)}
+		r.err = func() error {
+			if idle > 0 {
+				if err := readExactly(c, payload); err != nil {
+					return fmt.Errorf("server, before idling: %w", err)
+				}
+				time.Sleep(idle)
+				if _, err := c.Write(payload); err != nil {
+					return fmt.Errorf("server, after idling: send: %w", err)
+				}
+			}
+			got, err := io.ReadAll(c) // to the client's FIN
+			if err != nil {
+				return fmt.Errorf("server: read to EOF after %d bytes: %w", len(got), err)
+			}
+			if !bytes.Equal(got, payload) {
+				return fmt.Errorf("server: read %d bytes to EOF, want the client's %d", len(got), size)
+			}
+			if _, err := c.Write(payload); err != nil {
+				return fmt.Errorf("server: send: %w", err)
+			}
+			return c.(*net.TCPConn).CloseWrite()
+		}()
+		srvc <- r
+	}()
+
+	c, err := dialFrom(ctx, srcNS, dial)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	defer stop()
+	cerr := func() error {
+		if _, err := c.Write(payload); err != nil {
+			return fmt.Errorf("client: send: %w", err)
+		}
+		if idle > 0 {
+			time.Sleep(idle)
+			if err := afterIdle(); err != nil {
+				return err
+			}
+			// The server sends first: both writing at once, neither reading, could
+			// fill both receive buffers and block both.
+			if err := readExactly(c, payload); err != nil {
+				return fmt.Errorf("client, after idling: %w", err)
+			}
+			if _, err := c.Write(payload); err != nil {
+				return fmt.Errorf("client, after idling: send: %w", err)
+			}
+		}
+		if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+			return fmt.Errorf("client: close write: %w", err)
+		}
+		got, err := io.ReadAll(c) // to the server's FIN
+		if err != nil {
+			return fmt.Errorf("client: read to EOF after %d bytes: %w", len(got), err)
+		}
+		if !bytes.Equal(got, payload) {
+			return fmt.Errorf("client: read %d bytes to EOF, want the server's %d", len(got), size)
+		}
+		return nil
+	}()
+	r := <-srvc
+	return r.port, errors.Join(cerr, r.err)
+}
+
+// listenIn opens a TCP listener on addr in the namespace ns.
+func listenIn(ns string, addr netip.AddrPort) (ln net.Listener, err error) {
+	if err := testenv.Do(ns, func() error {
+		ln, err = net.Listen("tcp4", addr.String())
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("listen in %s: %w", ns, err)
+	}
+	return ln, nil
+}
+
+// dialFrom connects to addr from the namespace ns, within 3 s.
+func dialFrom(ctx context.Context, ns string, addr netip.AddrPort) (c net.Conn, err error) {
+	if err := testenv.Do(ns, func() error {
+		c, err = (&net.Dialer{Timeout: 3 * time.Second}).DialContext(ctx, "tcp4", addr.String())
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("connect from %s to %s: %w", ns, addr, err)
+	}
+	return c, nil
+}
+
+// readExactly reads len(want) bytes from c and compares them with want.
+func readExactly(c net.Conn, want []byte) error {
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(c, got); err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	if !bytes.Equal(got, want) {
+		return errors.New("read other bytes than were sent")
+	}
+	return nil
+}
+
+// ctTimeout returns the seconds conntrack on node still gives the TCP flow from
+// source port sport to dst (any source address), and whether it holds one.
+func ctTimeout(ctx context.Context, t *testing.T, l *testenv.Lab, node string, sport uint16, dst netip.AddrPort) (int, bool) {
+	t.Helper()
+	out, err := l.Exec(ctx, l.NodeNS(node), "conntrack", "-L", "-p", "tcp", "--orig-port-src", strconv.Itoa(int(sport)),
+		"--orig-dst", dst.Addr().String(), "--orig-port-dst", strconv.Itoa(int(dst.Port())))
+	if err != nil && !strings.Contains(err.Error(), "0 flow entries") {
+		t.Fatalf("conntrack -L on %s: %v", node, err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		// tcp      6 2 ESTABLISHED src=... : the third field is what is left, in s.
+		if f := strings.Fields(line); len(f) > 3 && f[0] == "tcp" {
+			left, err := strconv.Atoi(f[2])
+			if err != nil {
+				t.Fatalf("parse conntrack line %q: %v", line, err)
+			}
+			return left, true
+		}
+	}
+	return 0, false
+}
+
+// countersText lists node's non-zero datapath counters, for a failure's log.
+func countersText(t *testing.T, l *testenv.Lab, node string) string {
+	t.Helper()
+	m, err := inspect.Open(l.PinDir(node))
+	if err != nil {
+		return err.Error()
+	}
+	defer m.Close()
+	cs, err := m.Counters()
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	for _, c := range cs {
+		fmt.Fprintf(&b, "%s/%s=%d ", c.Name, c.Hook, c.Packets)
+	}
+	return b.String()
+}
