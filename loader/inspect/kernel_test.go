@@ -200,7 +200,7 @@ func TestInspectFacts(t *testing.T) {
 	}
 	for view, rows := range map[string][]string{
 		"routes": {"10.0.2.0/23    -         1      10.0.0.4 (64/64)", "100.64.0.4/32  10.0.0.4"},
-		"peers":  {"10.0.0.4  0x0    10.0.2.0/23,100.64.0.4/32"},
+		"peers":  {"10.0.0.4  0x0    10.0.0.4/32,10.0.2.0/23,100.64.0.4/32"},
 		"nat":    {"tcp    192.168.20.5:33000  <->  192.168.20.1:40017  10.0.2.9:443", "established  1m30s  live", "1m1s   expired", "reply half only"},
 		"counters": {"encap                      pod_ingress   15       1500", "drop unknown_peer          underlay_xdp  2        200",
 			"drop kernel:NOT_SPECIFIED  pod_ingress   4        400"},
