@@ -81,6 +81,15 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 	if p == nil {
 		return s, nil
 	}
+	// Sized once: a mesh node's 5,000 peers, sources and routes grew the
+	// maps by doubling, rehashing every entry each time.
+	sources := 0
+	for _, peer := range p.Peers {
+		sources += len(peer.AllowedSources)
+	}
+	s.Peers = make(map[netip.Addr]maps.Peer, len(p.Peers))
+	s.PeerSources = make(map[maps.PeerSource]struct{}, sources)
+	s.Routes = make(map[netip.Prefix]maps.Route, len(p.Routes))
 	if p.Gateway {
 		s.Config.Flags |= maps.ConfigFlagTransit
 	}

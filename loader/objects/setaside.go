@@ -170,16 +170,16 @@ func addReason(rs []Rejected, e *Error) []Rejected {
 // dropDuplicates keeps the first entry of each name and sets the others aside.
 func dropDuplicates[T any](entries *[]entry[T]) []Rejected {
 	var out []Rejected
-	first := make(map[string]entry[T])
+	firstFile := make(map[string]string, len(*entries)) // name -> file of its first entry
 	*entries = slices.DeleteFunc(*entries, func(e entry[T]) bool {
-		f, ok := first[e.label]
+		file, ok := firstFile[e.label]
 		if !ok {
-			first[e.label] = e
+			firstFile[e.label] = e.file
 			return false
 		}
 		msg := "duplicate name: set aside, the first stays"
-		if f.file != "" {
-			msg = fmt.Sprintf("duplicate name, first defined in %s: set aside", f.file)
+		if file != "" {
+			msg = fmt.Sprintf("duplicate name, first defined in %s: set aside", file)
 		}
 		out = append(out, Rejected{File: e.file, Object: e.label,
 			Reasons: []*Error{{File: e.file, Object: e.label, Field: "metadata.name", Msg: msg}}})

@@ -27,7 +27,7 @@ func (f fieldAddr) describe() string {
 // later, may hand it out), or in the node's own podCIDR other than its first
 // address (which IPAM leaves to the node).
 func (l *loader) checkTunnelAddrs(podCIDRs, cidrBlocks []fieldPrefix) {
-	var tunnels []fieldAddr
+	tunnels := make([]fieldAddr, 0, len(l.nodes))
 	underlayAt := make(map[netip.Addr][]fieldAddr, len(l.nodes))
 	for _, e := range l.nodes {
 		for _, u := range l.factsOf(e).underlays {

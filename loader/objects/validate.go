@@ -83,7 +83,7 @@ func (l *loader) validate() {
 		siteName[s.label] = s.obj.Name
 	}
 	nodeSite := make(map[string]string, len(l.nodes))
-	var podCIDRs []fieldPrefix
+	podCIDRs := make([]fieldPrefix, 0, len(l.nodes)) // most nodes have one
 	for _, n := range l.nodes {
 		pods, holders := l.validateNode(n, nodeCIDRs)
 		podCIDRs = append(podCIDRs, pods...)
@@ -117,17 +117,17 @@ func onlySite(holders []fieldPrefix, siteName map[string]string) (string, bool) 
 }
 
 func checkDuplicates[T any](l *loader, entries []entry[T], name func(*T) string) {
-	first := make(map[string]entry[T])
+	firstFile := make(map[string]string, len(entries)) // name -> file of its first entry
 	for _, e := range entries {
-		if f, ok := first[name(e.obj)]; ok {
-			if f.file == "" {
+		if file, ok := firstFile[name(e.obj)]; ok {
+			if file == "" {
 				l.errorf(e.file, e.label, "metadata.name", "duplicate name")
 			} else {
-				l.errorf(e.file, e.label, "metadata.name", "duplicate name, first defined in %s", f.file)
+				l.errorf(e.file, e.label, "metadata.name", "duplicate name, first defined in %s", file)
 			}
 			continue
 		}
-		first[name(e.obj)] = e
+		firstFile[name(e.obj)] = e.file
 	}
 }
 

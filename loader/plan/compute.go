@@ -335,7 +335,7 @@ func (p *NodePlan) correctRoutes(extra []netip.Addr) {
 	slices.SortFunc(endpoints, netip.Addr.Compare)
 	endpoints = slices.Compact(endpoints)
 
-	routes := make([]Route, 0, len(p.Routes))
+	routes := rewriteRoutes(p.Routes)
 	for _, r := range p.Routes {
 		var cuts []Correction
 		var holes []netip.Prefix
@@ -355,10 +355,11 @@ func (p *NodePlan) correctRoutes(extra []netip.Addr) {
 			}
 		}
 		if len(cuts) == 0 {
-			routes = append(routes, r)
+			routes.keep(r)
 			continue
 		}
 		kept := Subtract(r.Prefix, holes...)
+		routes.replace(len(kept))
 		for _, c := range cuts {
 			c.Kept = slices.Clone(kept)
 			if c.Kept == nil {
@@ -370,14 +371,44 @@ func (p *NodePlan) correctRoutes(extra []netip.Addr) {
 			split := r
 			split.Prefix = k
 			split.Group = slices.Clone(r.Group)
-			routes = append(routes, split)
+			routes.add(split)
 		}
 	}
-	p.Routes = routes
+	p.Routes = routes.out
 	slices.SortFunc(p.Corrections, func(a, b Correction) int {
 		return cmp.Or(comparePrefix(a.Removed, b.Removed), a.Endpoint.Compare(b.Endpoint), comparePrefix(a.Local, b.Local))
 	})
 }
+
+// routeRewrite rebuilds a list of routes, each kept or replaced by pieces
+// (which may be more), in place for as long as every route is kept: a cut is
+// rare, and a copy of a mesh node's 5,000 routes at each step is garbage.
+type routeRewrite struct {
+	src, out []Route
+	copied   bool
+}
+
+// rewriteRoutes starts rebuilding routes; the caller visits them in order.
+func rewriteRoutes(routes []Route) *routeRewrite {
+	return &routeRewrite{src: routes, out: routes[:0]}
+}
+
+// keep keeps the route visited as it is. Before the first replace, out is
+// src's prefix up to the route visited, so the append writes it onto itself.
+func (w *routeRewrite) keep(r Route) { w.out = append(w.out, r) }
+
+// replace marks the route visited as replaced by pieces (about more of them
+// than the route); from the first, out is a copy, since pieces outnumber
+// what they replace.
+func (w *routeRewrite) replace(more int) {
+	if !w.copied {
+		w.out = append(make([]Route, 0, len(w.src)+more), w.out...)
+		w.copied = true
+	}
+}
+
+// add adds a piece of the route replaced.
+func (w *routeRewrite) add(r Route) { w.out = append(w.out, r) }
 
 // dedupeRoutes sorts the routes by prefix and keeps one route per prefix: a
 // node's own prefixes (added first) win over a site's pod blocks, since the
@@ -389,7 +420,7 @@ func (p *NodePlan) dedupeRoutes() {
 		return // keep the non-nil empty slice: the JSON says "routes": []
 	}
 	slices.SortStableFunc(p.Routes, func(a, b Route) int { return comparePrefix(a.Prefix, b.Prefix) })
-	kept := make([]Route, 0, len(p.Routes))
+	kept := p.Routes[:0] // in place: a route is written at or before where it was read
 	for _, r := range p.Routes {
 		if n := len(kept); n > 0 && kept[n-1].Prefix == r.Prefix {
 			if sameTarget(kept[n-1], r) {

@@ -238,9 +238,7 @@ func (p *NodePlan) splitDirect(direct []netip.Prefix) {
 		return
 	}
 	direct = sortedUnique(slices.Clone(direct))
-	// Each direct address adds at most a transit route and the pieces
-	// around it.
-	routes := make([]Route, 0, len(p.Routes)+2*len(direct))
+	routes := rewriteRoutes(p.Routes)
 	for _, r := range p.Routes {
 		var inside []netip.Prefix
 		if r.Group != nil {
@@ -254,23 +252,26 @@ func (p *NodePlan) splitDirect(direct []netip.Prefix) {
 			}
 		}
 		if len(inside) == 0 {
-			routes = append(routes, r)
+			routes.keep(r)
 			continue
 		}
+		// Each direct address adds at most a transit route and the pieces
+		// around it.
+		routes.replace(2 * len(direct))
 		for _, k := range Subtract(r.Prefix, inside...) {
 			split := r
 			split.Prefix = k
 			split.Group = slices.Clone(r.Group)
-			routes = append(routes, split)
+			routes.add(split)
 		}
 		for _, d := range inside {
 			transit := r
 			transit.Prefix, transit.TransitOnly = d, true
 			transit.Group = slices.Clone(r.Group)
-			routes = append(routes, transit)
+			routes.add(transit)
 		}
 	}
-	p.Routes = routes
+	p.Routes = routes.out
 }
 
 // addAssignments applies the roles of docs/gateways.md for every assignment
