@@ -254,9 +254,23 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 		}
 		return nil
 	}))
+	// The fast path shortens an entry to this netns's TIME_WAIT timeout on a FIN and
+	// to its CLOSE timeout on a RST (bpf/lib/ct.h); the fuzz sends both on the fast
+	// entries' tuples, and an entry expiring mid-run (10 s, 120 s by default) would
+	// leave the model, which knows no time, wrong about every later frame of it. As
+	// long as the entries' own timeout, they never shorten them.
+	must("conntrack timeouts", inNS(l.ns, func() error {
+		for _, name := range []string{"nf_conntrack_tcp_timeout_time_wait", "nf_conntrack_tcp_timeout_close"} {
+			path := "/proc/sys/net/netfilter/" + name
+			if err := os.WriteFile(path, []byte(strconv.Itoa(oracleCTTimeout)), 0o644); err != nil {
+				return fmt.Errorf("set %s: %w", path, err)
+			}
+		}
+		return nil
+	}))
 	must("fill conntrack", inNS(l.ns, func() error {
 		for _, c := range w.conntrack {
-			f := &netlink.ConntrackFlow{FamilyType: unix.AF_INET, TimeOut: 7 * 24 * 3600, // outlives any run
+			f := &netlink.ConntrackFlow{FamilyType: unix.AF_INET, TimeOut: oracleCTTimeout,
 				Forward: netlink.IPTuple{Protocol: c.proto, SrcIP: c.src.AsSlice(), DstIP: c.dst.AsSlice(), SrcPort: c.sport, DstPort: c.dport},
 				Reverse: netlink.IPTuple{Protocol: c.proto, SrcIP: c.dst.AsSlice(), DstIP: c.src.AsSlice(), SrcPort: c.dport, DstPort: c.sport}}
 			if c.proto == 6 {
@@ -277,7 +291,7 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 		}
 		out, err := exec.Command("nsenter", fmt.Sprintf("--net=/proc/%d/fd/%d", os.Getpid(), int(l.ns)), "conntrack", "-I",
 			"-p", "tcp", "-s", c.src.String(), "-d", c.dst.String(), "--sport", strconv.Itoa(int(c.sport)), "--dport", strconv.Itoa(int(c.dport)),
-			"--state", "ESTABLISHED", "--status", "ASSURED", "--timeout", strconv.Itoa(7*24*3600)).CombinedOutput()
+			"--state", "ESTABLISHED", "--status", "ASSURED", "--timeout", strconv.Itoa(oracleCTTimeout)).CombinedOutput()
 		if err != nil {
 			t.Fatalf("create assured conntrack flow %+v: %v: %s", c, err, out)
 		}
@@ -285,6 +299,10 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 	putNat(t, l, w)
 	return l, w
 }
+
+// oracleCTTimeout is the life, in seconds, of the oracle lab's conntrack entries:
+// it outlives any run.
+const oracleCTTimeout = 7 * 24 * 3600
 
 // dropNames returns the name of every drop reason in the object's BTF by its metrics
 // code (the reasons issue-10 work adds included).
