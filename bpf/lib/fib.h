@@ -168,9 +168,6 @@ static __always_inline int deliver_to_stack(struct __sk_buff *skb, const struct 
 	return TC_ACT_REDIRECT;
 }
 
-/* Hands a decapsulated frame eth for this host itself to its stack, unmarked (the
- * stack's own filters judge it). Returns TC_ACT_REDIRECT or DROP_REDIRECT_FAILED.
- * Counts METRIC_DELIVER_HOST. */
 /* Returns 1 if daddr is an address of this host that peers reach through the tunnel:
  * its tunnel address, and its underlay address, which a peer's pods reach through the
  * tunnel because this host answers them there (their node's policy rule, docs/agent.md
@@ -181,6 +178,9 @@ static __always_inline int tunnel_host_dest(const struct datapath_config *cfg, _
 	       (cfg->underlay_ip && daddr == cfg->underlay_ip);
 }
 
+/* Hands a decapsulated frame eth for this host itself to its stack, unmarked (the
+ * stack's own filters judge it). Returns TC_ACT_REDIRECT or DROP_REDIRECT_FAILED.
+ * Counts METRIC_DELIVER_HOST. */
 static __always_inline int deliver_host(struct __sk_buff *skb, const struct datapath_config *cfg,
 					struct ethhdr *eth, __u8 hook)
 {

@@ -53,9 +53,9 @@ func SyncRules(s RuleSet, sources []netip.Prefix) (RuleResult, error) {
 			want = append(want, netip.PrefixFrom(a, p.Bits()).Masked())
 		}
 	}
-	slices.SortFunc(want, cmpPrefix)
+	slices.SortFunc(want, netip.Prefix.Compare)
 	want = slices.Compact(want)
-	slices.SortFunc(current, cmpPrefix)
+	slices.SortFunc(current, netip.Prefix.Compare)
 	for _, p := range want {
 		if !slices.Contains(current, p) {
 			if err := s.Add(p); err != nil {
@@ -73,13 +73,6 @@ func SyncRules(s RuleSet, sources []netip.Prefix) (RuleResult, error) {
 		}
 	}
 	return res, nil
-}
-
-func cmpPrefix(a, b netip.Prefix) int {
-	if c := a.Addr().Compare(b.Addr()); c != 0 {
-		return c
-	}
-	return a.Bits() - b.Bits()
 }
 
 // KernelRules are the policy rules of the calling thread's network namespace.
