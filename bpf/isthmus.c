@@ -88,7 +88,12 @@ int underlay_ingress(struct __sk_buff *skb)
 SEC("tc")
 int underlay_egress(struct __sk_buff *skb)
 {
-	int ret = masq_egress(skb, HOOK_UNDERLAY_EGRESS);
+	/* A declared pod's packet the stack routed here for its site's gateways
+	 * (lib/encap.h), or a managed pod's to masquerade (lib/masq.h): never both. */
+	int ret = fabric_egress(skb, HOOK_UNDERLAY_EGRESS);
+
+	if (ret == TC_ACT_OK)
+		ret = masq_egress(skb, HOOK_UNDERLAY_EGRESS);
 
 	return ret < 0 ? tc_drop(skb, ret, HOOK_UNDERLAY_EGRESS) : ret;
 }

@@ -54,6 +54,17 @@ const ConfigFlagTransit uint32 = 1 << 0
 // outside masq_exempt from the underlay address (egress masquerade).
 const ConfigFlagMasquerade uint32 = 1 << 2
 
+// ConfigFlagFabricEgress is CFG_F_FABRIC_EGRESS: the node's declared pods (sources
+// in fabric_prefixes) reach the gateways of its site by the underlay device, where
+// their answers arrive; their packets on RouteFlagViaFabric routes are encapsulated
+// as they leave it (plan.NodePlan.FabricEgress).
+const ConfigFlagFabricEgress uint32 = 1 << 3
+
+// RouteFlagViaFabric is ROUTE_F_VIA_FABRIC of bpf/lib/types.h: the route's next hops
+// are gateways of this node's own site, reached by the underlay device (not isthmus0)
+// by packets from sources in fabric_prefixes (plan.Route.ViaFabric).
+const RouteFlagViaFabric uint32 = 1 << 0
+
 // PodIfaceFlagReserved is POD_IFACE_F_RESERVED: the interface is the CNI
 // plugin's, and pod_ingress accepts only the sources pod_addrs lists for it.
 const PodIfaceFlagReserved uint32 = 1 << 0

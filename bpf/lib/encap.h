@@ -222,6 +222,10 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 	if (rt) {
 		int nat;
 
+		/* A declared pod's packet for the gateways of its own site: through the
+		 * stack to the underlay, where its answer arrives (fabric_egress). */
+		if (from_pod && (rt->flags & ROUTE_F_VIA_FABRIC) && is_fabric_source(iph->saddr))
+			return pod_to_stack(skb);
 		if (from_pod && pod_egress_via_stack(skb, cfg, rt, iph, c.pos, c.end, hook))
 			return pod_to_stack(skb);
 		/* Return-path SNAT (lib/nat.h); its rewrite invalidates the pointers. On
@@ -243,4 +247,38 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 	if (!from_pod)
 		return DROP_NO_OVERLAY_ROUTE;
 	return deliver_local_pod(skb, cfg, eth, iph, hook);
+}
+
+/* Fabric egress, on a node of a site whose fabric carries its declared pods' replies
+ * (CFG_F_FABRIC_EGRESS): the stack routes a declared pod's packet (a source in
+ * fabric_prefixes) for a route to gateways of this node's own site
+ * (ROUTE_F_VIA_FABRIC) to the underlay device, through the agent's fabric table,
+ * because that is where the answer arrives: the gateway hands it to the site fabric.
+ * Leaving that device it is encapsulated to the gateway the route's group picks, since
+ * a routed fabric forwards by destination and would not take it to the gateway plain.
+ * The stack forwarded it already (TTL, the route's MTU), so this is no forwarding hop.
+ * Returns TC_ACT_REDIRECT, TC_ACT_OK (not fabric egress: untouched) or a negative
+ * DROP_*. Counts METRIC_ENCAP under hook. */
+static __always_inline int fabric_egress(struct __sk_buff *skb, __u8 hook)
+{
+	const struct datapath_config *cfg = config_get();
+	struct route_key key = { .prefixlen = 32 };
+	const struct route_value *rt;
+	struct ethhdr *eth;
+	struct iphdr *iph;
+	struct cursor c;
+
+	if (!cfg || likely(!(cfg->flags & CFG_F_FABRIC_EGRESS)))
+		return TC_ACT_OK;
+	if (pull_ipv4_headers(skb, ENCAP_PULL_L4))
+		return TC_ACT_OK;
+	c.pos = (void *)(long)skb->data;
+	c.end = (void *)(long)skb->data_end;
+	if (parse_eth(&c, &eth) != ETH_P_IP || parse_ipv4(&c, &iph) < 0)
+		return TC_ACT_OK;
+	key.addr = iph->daddr;
+	rt = bpf_map_lookup_elem(&routes, &key);
+	if (!rt || !(rt->flags & ROUTE_F_VIA_FABRIC) || !is_fabric_source(iph->saddr))
+		return TC_ACT_OK;
+	return encap_geneve(skb, cfg, rt, iph, c.pos, 0, hook);
 }

@@ -152,6 +152,13 @@ static __always_inline int is_fabric_dest(__be32 daddr)
 	return bpf_map_lookup_elem(&fabric_prefixes, &key) != NULL;
 }
 
+/* Returns 1 if saddr is in fabric_prefixes: the site's fabric carries its replies,
+ * so its packets for nodes of the site (ROUTE_F_VIA_FABRIC) go over the fabric too. */
+static __always_inline int is_fabric_source(__be32 saddr)
+{
+	return is_fabric_dest(saddr);
+}
+
 /* Hands an overlay packet [eth][IPv4] to this node's stack: into isthmus0's ingress,
  * the device its source routes through, so strict rp_filter holds, with mark added
  * (OVERLAY_MARK for a packet the stack forwards to a pod). Returns TC_ACT_REDIRECT or
@@ -300,7 +307,9 @@ static __always_inline int fabric_ingress(struct __sk_buff *skb,
 		return TC_ACT_OK;
 	key.addr = iph->saddr;
 	rt = bpf_map_lookup_elem(&routes, &key);
-	if (!rt || !from_site_router(skb, cfg, eth, rt))
+	/* A source this node reaches over the fabric (ROUTE_F_VIA_FABRIC) answers over
+	 * it too: the stack takes the packet on the underlay, where it is routed back. */
+	if (!rt || (rt->flags & ROUTE_F_VIA_FABRIC) || !from_site_router(skb, cfg, eth, rt))
 		return TC_ACT_OK;
 	rc = fib_lookup_v4(skb, &p, iph->saddr, iph->daddr, iph->tos, iph->protocol,
 			   skb->ifindex, 0);

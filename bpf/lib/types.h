@@ -13,10 +13,19 @@ struct route_key {
 
 struct route_value {
 	__be32 peer;		/* underlay IPv4 of the peer node, when group is 0 */
-	__u32 flags;		/* ROUTE_F_*, none defined yet */
+	__u32 flags;		/* ROUTE_F_* */
 	__u32 group;		/* next-hop group (index into nexthop_groups), 0 = none: use peer */
 	__u32 reserved;
 };
+
+/* route_value.flags */
+#define ROUTE_F_VIA_FABRIC	(1 << 0)	/* the next hops are gateways of this node's
+						 * own site: a packet from a source in
+						 * fabric_prefixes (a declared pod of a site
+						 * whose fabric returns its replies) goes to
+						 * them by the underlay device, where the
+						 * answer arrives (the agent's fabric table;
+						 * fabric_egress), not by isthmus0 */
 
 /* Slots of a next-hop group: a power of two, so a flow hash picks one with a mask. */
 #define NHG_SLOTS		64
@@ -118,6 +127,10 @@ struct peer_source_value {
 #define CFG_F_MASQUERADE	(1 << 2)	/* a managed site's node: its pods reach
 						 * destinations outside masq_exempt from
 						 * underlay_ip (egress masquerade) */
+#define CFG_F_FABRIC_EGRESS	(1 << 3)	/* a node of a site whose fabric carries its
+						 * declared pods' replies: their packets on
+						 * ROUTE_F_VIA_FABRIC routes are encapsulated
+						 * as they leave the underlay device */
 struct datapath_config {
 	__u32 vni;		/* GENEVE VNI, host order, low 24 bits */
 	__be32 underlay_ip;	/* this node's tunnel endpoint, the outer source */

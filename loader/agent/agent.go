@@ -628,6 +628,15 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 	if _, err := datapath.SyncRules(datapath.KernelRules{}, a.plan.TunnelSources); err != nil {
 		return err
 	}
+	fres, err := datapath.SyncRoutes(datapath.KernelRoutes{Table: datapath.FabricTable}, a.fabricRoutes())
+	if err != nil {
+		return err
+	}
+	fabricRules := datapath.KernelRules{Table: datapath.FabricTable, Priority: datapath.FabricRulePriority}
+	if _, err := datapath.SyncRules(fabricRules, a.plan.FabricEgress); err != nil {
+		return err
+	}
+	pres.Replaced, pres.Deleted = pres.Replaced+fres.Replaced, pres.Deleted+fres.Deleted
 	rres.Replaced, rres.Deleted = rres.Replaced+pres.Replaced, rres.Deleted+pres.Deleted
 	a.log.Info("synced", "reason", reason, "entries_written", res.Updated+res.Deleted,
 		"updated", res.Updated, "deleted", res.Deleted,
@@ -773,6 +782,31 @@ func (a *Agent) routes() (main, pods []datapath.Route) {
 	}
 	return datapath.OverlayRoutes(mainPrefixes, a.overlay.Ifindex, a.plan.TunnelAddr),
 		datapath.OverlayRoutes(podPrefixes, a.overlay.Ifindex, a.plan.TunnelAddr)
+}
+
+// fabricRoutes returns the plan's ViaFabric routes for datapath.FabricTable:
+// each through its gateways on the underlay device, with the tunnel MTU
+// (what leaves there is encapsulated on the way out). The kernel's choice
+// among several gateways only picks a neighbour; the datapath picks the
+// gateway the packet is tunnelled to, by the route's next-hop group, live
+// members only.
+func (a *Agent) fabricRoutes() []datapath.Route {
+	if len(a.plan.FabricEgress) == 0 {
+		return nil
+	}
+	var prefixes []netip.Prefix
+	var gateways [][]netip.Addr
+	for _, r := range a.plan.Routes {
+		if !r.ViaFabric {
+			continue
+		}
+		var via []netip.Addr
+		for _, m := range r.Group {
+			via = append(via, m.Via)
+		}
+		prefixes, gateways = append(prefixes, r.Prefix), append(gateways, via)
+	}
+	return datapath.FabricRoutes(prefixes, gateways, a.underlay.Attrs().Index, a.overlay.MTU)
 }
 
 // ensureHealth runs the health checks from the plan's tunnel address (restarting

@@ -261,7 +261,7 @@ func TestAgentKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantRoutes := []datapath.Route{{Prefix: netip.MustParsePrefix("10.20.1.0/24"), Ifindex: ov.Attrs().Index, Src: netip.MustParseAddr("10.10.1.1")}}
-	if !slices.Equal(routes, wantRoutes) {
+	if !slices.EqualFunc(routes, wantRoutes, datapath.Route.Equal) {
 		t.Errorf("proto 201 routes = %v, want %v", routes, wantRoutes)
 	}
 	// The pods' table: the peer's own address, and the rule for this node's pods.
@@ -270,7 +270,7 @@ func TestAgentKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantPodRoutes := []datapath.Route{{Prefix: netip.MustParsePrefix("172.16.2.11/32"), Ifindex: ov.Attrs().Index, Src: netip.MustParseAddr("10.10.1.1")}}
-	if !slices.Equal(podRoutes, wantPodRoutes) {
+	if !slices.EqualFunc(podRoutes, wantPodRoutes, datapath.Route.Equal) {
 		t.Errorf("table %d routes = %v, want %v", datapath.PodTable, podRoutes, wantPodRoutes)
 	}
 	if rules, err := (datapath.KernelRules{}).List(); err != nil || !slices.Equal(rules, []netip.Prefix{netip.MustParsePrefix("10.10.1.0/24")}) {

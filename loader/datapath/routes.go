@@ -17,20 +17,39 @@ const RouteProtocol = 201
 
 var errAddrNotAvail = unix.EADDRNOTAVAIL
 
-// Route is one agent route in the main table: Prefix dev Ifindex [src Src]
-// proto 201 scope link.
+// Route is one agent route: Prefix dev Ifindex [src Src] proto 201 scope link
+// into isthmus0 (main and PodTable), or, with Via, Prefix through the gateways
+// in Via on the underlay device Ifindex [mtu MTU] proto 201 (FabricTable; one
+// gateway, or a multipath route over several).
 type Route struct {
 	Prefix  netip.Prefix
 	Ifindex int
 	Src     netip.Addr
+	// Via are the next hops, sorted; none for a route straight into a device.
+	Via []netip.Addr
+	// MTU is the route's MTU metric, 0 for none.
+	MTU int
 }
 
 func (r Route) String() string {
-	s := fmt.Sprintf("%v dev#%d", r.Prefix, r.Ifindex)
+	s := fmt.Sprintf("%v", r.Prefix)
+	for _, v := range r.Via {
+		s += " via " + v.String()
+	}
+	s += fmt.Sprintf(" dev#%d", r.Ifindex)
 	if r.Src.IsValid() {
 		s += " src " + r.Src.String()
 	}
+	if r.MTU != 0 {
+		s += fmt.Sprintf(" mtu %d", r.MTU)
+	}
 	return s + " proto 201"
+}
+
+// Equal reports whether two routes are the same.
+func (r Route) Equal(o Route) bool {
+	return r.Prefix == o.Prefix && r.Ifindex == o.Ifindex && r.Src == o.Src && r.MTU == o.MTU &&
+		slices.Equal(r.Via, o.Via)
 }
 
 // RouteTable is the kernel's main table as the route sync sees it: only the routes
@@ -41,6 +60,32 @@ type RouteTable interface {
 	Replace(r Route) error
 	// Delete removes the route; a route already gone is not an error.
 	Delete(r Route) error
+}
+
+// FabricRoutes returns the routes that send each IPv4 prefix over the
+// underlay device underlayIfindex to its gateways (the IPv4 addresses among
+// them, sorted; a prefix with none is left out), with the route MTU mtu (0:
+// none), for FabricTable.
+func FabricRoutes(prefixes []netip.Prefix, gateways [][]netip.Addr, underlayIfindex, mtu int) []Route {
+	var out []Route
+	for i, p := range prefixes {
+		if !p.Addr().Unmap().Is4() {
+			continue
+		}
+		var via []netip.Addr
+		for _, g := range gateways[i] {
+			if g = g.Unmap(); g.Is4() {
+				via = append(via, g)
+			}
+		}
+		if len(via) == 0 {
+			continue
+		}
+		slices.SortFunc(via, netip.Addr.Compare)
+		out = append(out, Route{Prefix: netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked(),
+			Ifindex: underlayIfindex, Via: slices.Compact(via), MTU: mtu})
+	}
+	return out
 }
 
 // OverlayRoutes returns the routes that send each IPv4 prefix into isthmus0 with
@@ -71,7 +116,7 @@ func DiffRoutes(current, desired []Route) (replace, del []Route) {
 		want[r.Prefix] = r
 	}
 	for p, r := range want {
-		if c, ok := cur[p]; !ok || c != r {
+		if c, ok := cur[p]; !ok || !c.Equal(r) {
 			replace = append(replace, r)
 		}
 	}
@@ -121,7 +166,7 @@ func SyncRoutes(t RouteTable, desired []Route) (RouteResult, error) {
 }
 
 // KernelRoutes is a routing table of the calling thread's network namespace:
-// the main table when Table is zero, else that table (PodTable).
+// the main table when Table is zero, else that table (PodTable, FabricTable).
 type KernelRoutes struct {
 	Table int
 }
@@ -157,7 +202,18 @@ func (k KernelRoutes) List() ([]Route, error) {
 		if s, ok := netip.AddrFromSlice(r.Src); ok {
 			src = s.Unmap()
 		}
-		out = append(out, Route{Prefix: netip.PrefixFrom(ip.Unmap(), ones), Ifindex: r.LinkIndex, Src: src})
+		rt := Route{Prefix: netip.PrefixFrom(ip.Unmap(), ones), Ifindex: r.LinkIndex, Src: src, MTU: r.MTU}
+		if gw, ok := netip.AddrFromSlice(r.Gw); ok {
+			rt.Via = append(rt.Via, gw.Unmap())
+		}
+		for _, nh := range r.MultiPath {
+			if gw, ok := netip.AddrFromSlice(nh.Gw); ok {
+				rt.Via = append(rt.Via, gw.Unmap())
+				rt.Ifindex = nh.LinkIndex
+			}
+		}
+		slices.SortFunc(rt.Via, netip.Addr.Compare)
+		out = append(out, rt)
 	}
 	return out, nil
 }
@@ -172,6 +228,17 @@ func (k KernelRoutes) nl(r Route) *netlink.Route {
 	}
 	if r.Src.IsValid() {
 		nr.Src = r.Src.AsSlice()
+	}
+	nr.MTU = r.MTU
+	switch {
+	case len(r.Via) == 1:
+		nr.Scope = netlink.SCOPE_UNIVERSE
+		nr.Gw = r.Via[0].AsSlice()
+	case len(r.Via) > 1:
+		nr.Scope, nr.LinkIndex = netlink.SCOPE_UNIVERSE, 0
+		for _, v := range r.Via {
+			nr.MultiPath = append(nr.MultiPath, &netlink.NexthopInfo{LinkIndex: r.Ifindex, Gw: v.AsSlice()})
+		}
 	}
 	return nr
 }

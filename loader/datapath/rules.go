@@ -23,11 +23,21 @@ const (
 	RulePriority = 201
 )
 
+// FabricTable is the routing table of the routes a node's declared pods take
+// over the site fabric to nodes of their own site (plan.Route.ViaFabric), and
+// FabricRulePriority the priority of the rules that send those sources
+// (plan.NodePlan.FabricEgress) to it: right after the pods' table. A lookup
+// that finds nothing there goes on to main, like PodTable's.
+const (
+	FabricTable        = 202
+	FabricRulePriority = 202
+)
+
 // RuleSet is the kernel's policy rules as the rule sync sees them: only those
-// with priority RulePriority that look up PodTable, each one by its source.
+// of one table and priority (PodTable, FabricTable), each one by its source.
 type RuleSet interface {
 	List() ([]netip.Prefix, error)
-	// Add adds the rule `from src lookup PodTable`; one already there is no error.
+	// Add adds the rule `from src lookup <table>`; one already there is no error.
 	Add(src netip.Prefix) error
 	// Delete removes the rule; one already gone is no error.
 	Delete(src netip.Prefix) error
@@ -59,7 +69,7 @@ func SyncRules(s RuleSet, sources []netip.Prefix) (RuleResult, error) {
 	for _, p := range want {
 		if !slices.Contains(current, p) {
 			if err := s.Add(p); err != nil {
-				return res, fmt.Errorf("add rule from %v lookup %d: %w", p, PodTable, err)
+				return res, fmt.Errorf("add rule from %v: %w", p, err)
 			}
 			res.Added++
 		}
@@ -67,7 +77,7 @@ func SyncRules(s RuleSet, sources []netip.Prefix) (RuleResult, error) {
 	for _, p := range current {
 		if !slices.Contains(want, p) {
 			if err := s.Delete(p); err != nil {
-				return res, fmt.Errorf("delete rule from %v lookup %d: %w", p, PodTable, err)
+				return res, fmt.Errorf("delete rule from %v: %w", p, err)
 			}
 			res.Deleted++
 		}
@@ -75,18 +85,30 @@ func SyncRules(s RuleSet, sources []netip.Prefix) (RuleResult, error) {
 	return res, nil
 }
 
-// KernelRules are the policy rules of the calling thread's network namespace.
-type KernelRules struct{}
+// KernelRules are the policy rules of the calling thread's network namespace
+// that look up Table with priority Priority: PodTable and RulePriority when
+// both are zero.
+type KernelRules struct {
+	Table, Priority int
+}
 
 var _ RuleSet = KernelRules{}
 
-// List returns the sources of the IPv4 rules with priority RulePriority that
-// look up PodTable.
-func (KernelRules) List() ([]netip.Prefix, error) {
-	rs, err := netlink.RuleListFiltered(netlink.FAMILY_V4, &netlink.Rule{Table: PodTable, Priority: RulePriority},
+func (k KernelRules) table() (table, priority int) {
+	if k.Table == 0 {
+		return PodTable, RulePriority
+	}
+	return k.Table, k.Priority
+}
+
+// List returns the sources of the IPv4 rules with k's priority that look up
+// k's table.
+func (k KernelRules) List() ([]netip.Prefix, error) {
+	table, priority := k.table()
+	rs, err := netlink.RuleListFiltered(netlink.FAMILY_V4, &netlink.Rule{Table: table, Priority: priority},
 		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PRIORITY)
 	if err != nil {
-		return nil, fmt.Errorf("list rules: %w", err)
+		return nil, fmt.Errorf("list rules of table %d: %w", table, err)
 	}
 	var out []netip.Prefix
 	for _, r := range rs {
@@ -103,11 +125,10 @@ func (KernelRules) List() ([]netip.Prefix, error) {
 	return out, nil
 }
 
-func (KernelRules) nl(src netip.Prefix) *netlink.Rule {
+func (k KernelRules) nl(src netip.Prefix) *netlink.Rule {
 	r := netlink.NewRule()
 	r.Family = unix.AF_INET
-	r.Table = PodTable
-	r.Priority = RulePriority
+	r.Table, r.Priority = k.table()
 	r.Src = &net.IPNet{IP: src.Addr().AsSlice(), Mask: net.CIDRMask(src.Bits(), 32)}
 	return r
 }

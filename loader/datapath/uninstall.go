@@ -9,8 +9,9 @@ import (
 
 // Uninstall removes everything the agent installed in this network namespace: the
 // pinned links under pinDir (which detaches the programs), the pinned maps, the pin
-// directory, isthmus0 with its routes (PodTable's go with it), the policy rules
-// (SyncRules), and the nat exemption chain
+// directory, isthmus0 with its routes (PodTable's go with it), FabricTable's
+// routes (they leave by the underlay device, which stays), the policy rules of
+// both tables (SyncRules), and the nat exemption chain
 // and nftables table (EnsureMasqueradeExemption). It is idempotent: whatever is already
 // gone counts as removed. ip_forward is left as it is.
 func Uninstall(pinDir string) error {
@@ -34,6 +35,12 @@ func Uninstall(pinDir string) error {
 		errs = append(errs, err)
 	}
 	if _, err := SyncRules(KernelRules{}, nil); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := SyncRules(KernelRules{Table: FabricTable, Priority: FabricRulePriority}, nil); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := SyncRoutes(KernelRoutes{Table: FabricTable}, nil); err != nil {
 		errs = append(errs, err)
 	}
 	if err := RemoveMasqueradeExemption(); err != nil {

@@ -93,6 +93,9 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 	if p.Gateway {
 		s.Config.Flags |= maps.ConfigFlagTransit
 	}
+	if len(p.FabricEgress) > 0 {
+		s.Config.Flags |= maps.ConfigFlagFabricEgress
+	}
 	if u := p.Underlay.Unmap(); u.Is4() {
 		s.Config.UnderlayIP = u
 	} else {
@@ -185,7 +188,7 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 				warnings = append(warnings, fmt.Sprintf("route %v via %v (%s): not IPv4, skipped", r.Prefix, r.Via, r.Peer))
 				continue
 			}
-			s.Routes[prefix] = maps.Route{Peer: via}
+			s.Routes[prefix] = maps.Route{Peer: via, Flags: routeFlags(r)}
 			continue
 		}
 		if !ok || len(members[i]) == 0 {
@@ -197,7 +200,7 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 			warnings = append(warnings, fmt.Sprintf("route %v: more than %d next-hop groups, skipped", r.Prefix, maps.MaxGroupID))
 			continue
 		}
-		s.Routes[prefix] = maps.Route{Group: id}
+		s.Routes[prefix] = maps.Route{Group: id, Flags: routeFlags(r)}
 		if _, done := s.Groups[id]; done {
 			continue
 		}
@@ -212,4 +215,12 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 		}
 	}
 	return s, warnings
+}
+
+// routeFlags returns the ROUTE_F_* flags of r's routes entry.
+func routeFlags(r plan.Route) uint32 {
+	if r.ViaFabric {
+		return maps.RouteFlagViaFabric
+	}
+	return 0
 }

@@ -20,6 +20,7 @@ func (p *NodePlan) Clone() *NodePlan {
 	c.FabricPrefixes = slices.Clone(p.FabricPrefixes)
 	c.LocalPrefixes = slices.Clone(p.LocalPrefixes)
 	c.TunnelSources = slices.Clone(p.TunnelSources)
+	c.FabricEgress = slices.Clone(p.FabricEgress)
 	c.Corrections = slices.Clone(p.Corrections)
 	for i := range c.Corrections {
 		c.Corrections[i].Kept = slices.Clone(p.Corrections[i].Kept)
@@ -47,6 +48,7 @@ func (p *NodePlan) Equal(q *NodePlan) bool {
 		slices.Equal(p.FabricPrefixes, q.FabricPrefixes) &&
 		slices.Equal(p.LocalPrefixes, q.LocalPrefixes) &&
 		slices.Equal(p.TunnelSources, q.TunnelSources) &&
+		slices.Equal(p.FabricEgress, q.FabricEgress) &&
 		slices.EqualFunc(p.Corrections, q.Corrections, Correction.Equal) &&
 		slices.Equal(p.Warnings, q.Warnings)
 }
@@ -60,7 +62,7 @@ func (a Peer) Equal(b Peer) bool {
 // Equal reports whether two routes are the same.
 func (a Route) Equal(b Route) bool {
 	return a.Prefix == b.Prefix && a.Peer == b.Peer && a.Via == b.Via && a.Origin == b.Origin &&
-		a.TransitOnly == b.TransitOnly && a.Site == b.Site && slices.Equal(a.Group, b.Group)
+		a.TransitOnly == b.TransitOnly && a.ViaFabric == b.ViaFabric && a.Site == b.Site && slices.Equal(a.Group, b.Group)
 }
 
 // Equal reports whether two corrections are the same.

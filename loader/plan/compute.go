@@ -121,6 +121,7 @@ func compute(set *objects.Set, node string, c *Cache) (*NodePlan, error) {
 		p.Routes = c.aggregate(p.Routes)
 	}
 	p.addGatewayFabric(gp.fabric)
+	p.addFabricEgress(site)
 	p.SNAT = p.snatPolicy(self, site)
 	p.Masquerade = p.masqueradePolicy(set, site, connectedSites(site.Name, meshed, all))
 	return p, nil

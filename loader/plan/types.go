@@ -56,6 +56,14 @@ type NodePlan struct {
 	// the CNI is unmanaged. Routes overlapping them are split (see Corrections).
 	// Sorted.
 	LocalPrefixes []netip.Prefix `json:"localPrefixes,omitempty"`
+	// FabricEgress are the sources whose traffic on a ViaFabric route the
+	// kernel routes to the underlay device (the agent's policy rule to its
+	// fabric table, docs/agent.md "Routes and rules"), where the datapath
+	// tunnels it to the route's gateway as it leaves: on a member of a site
+	// whose pods another CNI owns with returnPath Fabric, the site's declared
+	// pod blocks, whose replies the gateways hand to the site fabric. Empty
+	// when no route is ViaFabric. Sorted.
+	FabricEgress []netip.Prefix `json:"fabricEgress,omitempty"`
 	// TunnelSources are this node's pod prefixes that its peers route back to it
 	// through the tunnel (a managed site's IPv4 podCIDRs outside LocalPrefixes),
 	// sorted. The agent sends traffic from them through the TransitOnly routes
@@ -163,6 +171,12 @@ type Route struct {
 	// member reaches it, while forwarding its own members' traffic to that
 	// address through the tunnel (paths stay symmetric both ways).
 	TransitOnly bool `json:"transitOnly,omitempty"`
+	// ViaFabric routes go to gateways of the node's own site (a group route
+	// of a remote site, on a member): traffic from the node's FabricEgress
+	// sources leaves by the underlay device, because their replies arrive
+	// there (the gateways hand them to the site fabric); it is still
+	// tunnelled to the gateway. Everything else on the route takes isthmus0.
+	ViaFabric bool `json:"viaFabric,omitempty"`
 }
 
 // Correction records a route that was cut: it contained a tunnel endpoint
