@@ -100,11 +100,12 @@ type unmanagedPods struct {
 	declared, undeclared map[string][]netip.Addr
 }
 
-// newFleet computes every node's plan (a node whose plan fails has none,
+// newModel computes every node's plan (a node whose plan fails has none,
 // and the caller counts) and lists the endpoints: every node's host, a pod
-// (.2) in each IPv4 podCIDR, the pods of pods, and for each site the last
-// address of its first nodeCidr when no node holds it (a joining node).
-func newFleet(set *objects.Set, pods unmanagedPods) (*model, []error) {
+// (.2) in each IPv4 podCIDR, other CNIs' pods where pods places them, and
+// for each site the last address of its first nodeCidr when no node holds
+// it (a joining node).
+func newModel(set *objects.Set, pods unmanagedPods) (*model, []error) {
 	f := &model{set: set, plans: map[string]*NodePlan{}, nodes: map[string]*corev1.Node{}, byAddr: map[netip.Addr]*endpoint{}}
 	var errs []error
 	add := func(e *endpoint, also ...netip.Addr) {
@@ -746,7 +747,7 @@ func TestRepliesEnterOnRoutedDevice(t *testing.T) {
 	for seed := range uint64(fleets) {
 		docs, nodes, pods := randomFleet(rand.New(rand.NewPCG(seed, 20)))
 		set, _ := objects.LoadSettingAside(map[string][]byte{"fleet.yaml": []byte(strings.Join(docs, "---\n"))})
-		f, errs := newFleet(set, pods)
+		f, errs := newModel(set, pods)
 		if len(set.Nodes) != nodes || len(f.plans) != nodes || len(f.plans) == 0 {
 			t.Fatalf("seed %d: %d nodes written, %d loaded, %d plans: %v\nset: %s", seed, nodes, len(set.Nodes), len(f.plans), errs, describeSet(set))
 		}
@@ -796,7 +797,7 @@ func TestRepliesEnterOnRoutedDeviceSeeds(t *testing.T) {
 		{"seed 003", seed003(t, nil), unmanagedPods{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f, errs := newFleet(tc.set, tc.pods)
+			f, errs := newModel(tc.set, tc.pods)
 			if len(errs) > 0 || len(f.plans) != len(tc.set.Nodes) {
 				t.Fatalf("%d nodes, %d plans: %v", len(tc.set.Nodes), len(f.plans), errs)
 			}
