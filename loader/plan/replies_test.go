@@ -51,7 +51,8 @@ const (
 	// epPod is a pod in a podCIDR of its node (a managed site's).
 	epPod
 	// epDeclaredPod is another CNI's pod in its site's declared pod blocks,
-	// on one node; the site's fabric delivers it.
+	// on one node; the site's fabric delivers it. With returnPath SNAT it
+	// only dials, as an undeclared one.
 	epDeclaredPod
 	// epUndeclaredPod is another CNI's pod outside the declared blocks
 	// (inside the site's localCidrs): its node translates it into the tunnel
@@ -69,6 +70,10 @@ type endpoint struct {
 	node string // the node that holds it; "" for epJoining
 	site string
 	addr netip.Addr
+	// dialOnly: no remote site routes it (another CNI's pod outside the
+	// declared blocks, or in them with returnPath SNAT), so it only opens
+	// flows.
+	dialOnly bool
 }
 
 func (e *endpoint) String() string {
@@ -133,10 +138,10 @@ func newModel(set *objects.Set, pods unmanagedPods) (*model, []error) {
 			}
 		}
 		for _, a := range pods.declared[n.Name] {
-			add(&endpoint{kind: epDeclaredPod, node: n.Name, site: st.Name, addr: a})
+			add(&endpoint{kind: epDeclaredPod, node: n.Name, site: st.Name, addr: a, dialOnly: !fabricReturn(st)})
 		}
 		for _, a := range pods.undeclared[n.Name] {
-			add(&endpoint{kind: epUndeclaredPod, node: n.Name, site: st.Name, addr: a})
+			add(&endpoint{kind: epUndeclaredPod, node: n.Name, site: st.Name, addr: a, dialOnly: true})
 		}
 	}
 	for _, st := range set.Sites {
@@ -509,6 +514,9 @@ func (m *model) class(pf pairFailure) string {
 // role is an endpoint's kind and its node's role, for class.
 func (m *model) role(e *endpoint) string {
 	kind := map[epKind]string{epHost: "host", epPod: "pod", epDeclaredPod: "declared pod", epUndeclaredPod: "undeclared pod", epJoining: "joining node"}[e.kind]
+	if e.kind == epDeclaredPod && e.dialOnly {
+		kind += " (returnPath SNAT)"
+	}
 	if p := m.plans[e.node]; p != nil && p.Gateway {
 		return kind + " of a gateway"
 	} else if p != nil && slices.ContainsFunc(p.Routes, func(r Route) bool { return r.Site != "" }) {
@@ -536,7 +544,8 @@ func (m *model) joined(a, b string) string {
 func describeModel(m *model) string {
 	var b strings.Builder
 	for _, st := range m.set.Sites {
-		fmt.Fprintf(&b, "\n site %s manageCniPlugin %v nodeCidrs %v blocks %v localCidrs %v", st.Name, st.Spec.ManagesCNIPlugin(), st.Spec.NodeCIDRs, blockPrefixes(&st), st.Spec.LocalCIDRs)
+		fmt.Fprintf(&b, "\n site %s manageCniPlugin %v returnPath %s nodeCidrs %v blocks %v localCidrs %v", st.Name, st.Spec.ManagesCNIPlugin(),
+			st.Spec.ReturnPathOrDefault(), st.Spec.NodeCIDRs, blockPrefixes(&st), st.Spec.LocalCIDRs)
 	}
 	return b.String() + describeSet(m.set)
 }
@@ -582,7 +591,7 @@ func (f *model) pairs() [][2]*endpoint {
 			joining := a.kind == epJoining || b.kind == epJoining
 			hosts := (a.kind == epHost || a.kind == epJoining) && (b.kind == epHost || b.kind == epJoining)
 			switch {
-			case a == b, a.node != "" && a.node == b.node, b.kind == epUndeclaredPod:
+			case a == b, a.node != "" && a.node == b.node, b.dialOnly:
 			case joining && (!hosts || a.kind == b.kind):
 			case !hosts && !f.connected(a.site, b.site):
 			default:
@@ -607,8 +616,8 @@ func (f *model) check() (int, []pairFailure) {
 // Sites of 1-4 nodes (InternalIPs 10.<s>.0.<n+1> in nodeCidrs
 // 10.<s>.0.0/24, ExternalIPs 198.18.<s>.<n+1>), each managed (pods
 // 10.<100+s>.0.0/16, a /24 podCIDR per node) or, one in three, unmanaged as
-// seed 000's cluster (manageCniPlugin false, declared block
-// 10.<100+s>.0.0/20, localCidrs 10.<100+s>.0.0/16 and sometimes the
+// seed 000's cluster (manageCniPlugin false, one in four with returnPath
+// SNAT, declared block 10.<100+s>.0.0/20, localCidrs 10.<100+s>.0.0/16 and sometimes the
 // nodeCidrs, nodes without podCIDR and with the tunnel-ipv4 annotation
 // 100.64.<s>.<n+1>, a declared pod 10.<100+s>.0.<10+n> on each node and an
 // undeclared one 10.<100+s>.200.<n+1> on some); 1-3 GatewayPools of random
@@ -626,8 +635,12 @@ func randomFleet(r *rand.Rand) (docs []string, nodes int, pods unmanagedPods) {
 			if r.IntN(2) == 0 {
 				local += fmt.Sprintf(", 10.%d.0.0/24", s)
 			}
+			returnPath := "Fabric"
+			if r.IntN(4) == 0 {
+				returnPath = "SNAT"
+			}
 			docs = append(docs, site(fmt.Sprintf("s%d", s), fmt.Sprintf("10.%d.0.0/24", s), fmt.Sprintf("10.%d.0.0/20", 100+s),
-				fmt.Sprintf("  manageCniPlugin: false\n  localCidrs: [%s]\n", local)))
+				fmt.Sprintf("  manageCniPlugin: false\n  returnPath: %s\n  localCidrs: [%s]\n", returnPath, local)))
 		} else {
 			docs = append(docs, site(fmt.Sprintf("s%d", s), fmt.Sprintf("10.%d.0.0/24", s), fmt.Sprintf("10.%d.0.0/16", 100+s), ""))
 		}
