@@ -93,8 +93,11 @@ func (e *endpoint) String() string {
 // model is a set of objects, the plan of each node, and the addresses the
 // model sends from and to.
 type model struct {
-	set    *objects.Set
-	plans  map[string]*NodePlan
+	set   *objects.Set
+	plans map[string]*NodePlan
+	// egress reads a plan's FabricEgress: fabricEgress, but for the
+	// model's own tests.
+	egress func(*NodePlan) []netip.Prefix
 	nodes  map[string]*corev1.Node
 	eps    []*endpoint
 	byAddr map[netip.Addr]*endpoint
@@ -111,7 +114,7 @@ type unmanagedPods struct {
 // for each site the last address of its first nodeCidr when no node holds
 // it (a joining node).
 func newModel(set *objects.Set, pods unmanagedPods) (*model, []error) {
-	f := &model{set: set, plans: map[string]*NodePlan{}, nodes: map[string]*corev1.Node{}, byAddr: map[netip.Addr]*endpoint{}}
+	f := &model{set: set, plans: map[string]*NodePlan{}, egress: fabricEgress, nodes: map[string]*corev1.Node{}, byAddr: map[netip.Addr]*endpoint{}}
 	var errs []error
 	add := func(e *endpoint, also ...netip.Addr) {
 		f.eps = append(f.eps, e)
@@ -199,13 +202,13 @@ func inPrefixes(ps []netip.Prefix, a netip.Addr) bool {
 // FabricEgress rule (table 202: the group routes to its site's gateways,
 // TransitOnly included, out of the underlay device), then the main table
 // (the routes but TransitOnly); no route is the underlay.
-func kernelRoute(p *NodePlan, src, dst netip.Addr) (string, Route) {
+func (m *model) kernelRoute(p *NodePlan, src, dst netip.Addr) (string, Route) {
 	if inPrefixes(p.TunnelSources, src) {
 		if r, ok := lookup(p, dst, true); ok {
 			return devTunnel, r
 		}
 	}
-	if !p.Gateway && inPrefixes(fabricEgress(p), src) {
+	if !p.Gateway && inPrefixes(m.egress(p), src) {
 		var best Route
 		found := false
 		for _, r := range p.Routes {
@@ -225,8 +228,8 @@ func kernelRoute(p *NodePlan, src, dst netip.Addr) (string, Route) {
 
 // rpDevice is the device strict rp_filter on p's node expects a packet from
 // src to dst to arrive on: the one it routes a reply from dst to src out of.
-func rpDevice(p *NodePlan, src, dst netip.Addr) string {
-	if dev, _ := kernelRoute(p, dst, src); dev != devFabric {
+func (m *model) rpDevice(p *NodePlan, src, dst netip.Addr) string {
+	if dev, _ := m.kernelRoute(p, dst, src); dev != devFabric {
 		return dev
 	}
 	return devUnderlay
@@ -309,7 +312,7 @@ func (w *walker) send(from *endpoint, p packet, reply bool) []arrival {
 		}
 		st = st.then("from %s (the route's source)", p.src)
 	}
-	dev, r := kernelRoute(np, p.src, p.dst)
+	dev, r := w.f.kernelRoute(np, p.src, p.dst)
 	switch dev {
 	case devTunnel:
 		return w.encap(np, p, st.then("%s routes it into isthmus0 (%s)", np.Node, r.Prefix))
@@ -470,7 +473,7 @@ func (w *walker) fabricEgress(g string, p packet, st walkState) []arrival {
 	if ep := w.f.byAddr[p.dst]; ep != nil && ep.node == g {
 		return w.arrive(ep, p, st)
 	}
-	if !np.Gateway || !inPrefixes(fabricEgress(np), p.src) {
+	if !np.Gateway || !inPrefixes(w.f.egress(np), p.src) {
 		return st.fail("%s does not take %s from its fabric (no gateway, or not in its FabricEgress)", g, p.src)
 	}
 	if _, ok := lookup(np, p.dst, true); !ok {
@@ -483,7 +486,7 @@ func (w *walker) fabricEgress(g string, p packet, st walkState) []arrival {
 // rp_filter passes when the node routes a reply (from p.dst to p.src) out
 // of dev.
 func (w *walker) deliver(ep *endpoint, np *NodePlan, p packet, dev string, st walkState) []arrival {
-	if want := rpDevice(np, p.src, p.dst); want != dev {
+	if want := w.f.rpDevice(np, p.src, p.dst); want != dev {
 		return st.fail("strict rp_filter on %s drops it: it arrives on %s, and %s routes %s (from %s) to %s", np.Node, dev, np.Node, p.src, p.dst, want)
 	}
 	return []arrival{{ep: ep, pkt: p, dev: dev, nat: st.nat, trace: st.trace}}
@@ -819,6 +822,53 @@ func TestRepliesEnterOnRoutedDeviceSeeds(t *testing.T) {
 				t.Errorf("%s\n    (%s)", pf, f.class(pf))
 			}
 			t.Logf("%d plans, %d pairs walked both ways, %d failures", len(f.plans), n, len(fails))
+		})
+	}
+}
+
+// TestReplyModelFabricEgress tests the model itself, on seed 000's gateway
+// topology: the member aks-2's declared pod and the flex pod fail both ways
+// on the plans without FabricEgress, as does flex-1's host dialling that pod
+// (the gateway hands the flex site's packets to aks-2 on its underlay, and
+// aks-2 routes them back into the tunnel); they pass with the cluster's
+// declared block as the FabricEgress of aks-1 and aks-2, the path
+// docs/gateways.md gives members of such a site. The gateway aks-1's pod
+// and the flex pod pass either way. So the model tells the two apart, and
+// its property can be met.
+func TestReplyModelFabricEgress(t *testing.T) {
+	block := netip.MustParsePrefix("10.0.2.0/23")
+	for _, tc := range []struct {
+		name     string
+		egress   func(*NodePlan) []netip.Prefix
+		wantFail bool
+	}{
+		{"no FabricEgress", func(*NodePlan) []netip.Prefix { return nil }, true},
+		{"the declared block as FabricEgress", func(p *NodePlan) []netip.Prefix {
+			if p.Site == "cluster" {
+				return []netip.Prefix{block}
+			}
+			return nil
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, errs := newModel(seed000Gateway(t), seed000Pods("aks-1", "aks-2"))
+			if len(errs) > 0 {
+				t.Fatal(errs)
+			}
+			m.egress = tc.egress
+			ep := func(a string) *endpoint { return m.byAddr[netip.MustParseAddr(a)] }
+			member, gateway := ep("10.0.2.200"), ep("10.0.2.128")
+			flexPod, flexHost := ep("192.168.20.2"), ep("192.168.10.10")
+			for _, pr := range [][2]*endpoint{{member, flexPod}, {flexPod, member}, {flexHost, member}} {
+				if fails := m.checkPair(pr[0], pr[1]); (len(fails) > 0) != tc.wantFail {
+					t.Errorf("%s -> %s: %d failures, want failures %v: %v", pr[0], pr[1], len(fails), tc.wantFail, fails)
+				}
+			}
+			for _, pr := range [][2]*endpoint{{gateway, flexPod}, {flexPod, gateway}} {
+				if fails := m.checkPair(pr[0], pr[1]); len(fails) > 0 {
+					t.Errorf("%s -> %s: %v", pr[0], pr[1], fails)
+				}
+			}
 		})
 	}
 }
