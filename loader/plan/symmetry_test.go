@@ -119,14 +119,22 @@ func rpFilterPasses(plans map[string]*NodePlan, from, to string, addr, fromIP ne
 }
 
 // randomPlans returns a random fleet (randomTopology, from seed and stream)
-// and the plans of the nodes that have one.
-func randomPlans(seed, stream uint64) (*objects.Set, map[string]*NodePlan) {
+// and the plan of every node. Every node of randomTopology can be planned
+// (a managed site, a podCIDR each), so a node without a plan fails t: a
+// test that skipped it would pass on a fleet of nothing.
+func randomPlans(t *testing.T, seed, stream uint64) (*objects.Set, map[string]*NodePlan) {
+	t.Helper()
 	set := randomTopology(rand.New(rand.NewPCG(seed, stream)))
 	plans := map[string]*NodePlan{}
 	for _, n := range set.Nodes {
-		if p, err := Compute(set, n.Name); err == nil {
-			plans[n.Name] = p
+		p, err := Compute(set, n.Name)
+		if err != nil {
+			t.Fatalf("seed %d: %v\nset: %s", seed, err, describeSet(set))
 		}
+		plans[n.Name] = p
+	}
+	if len(plans) == 0 {
+		t.Fatalf("seed %d: no node to plan\nset: %s", seed, describeSet(set))
 	}
 	return set, plans
 }
@@ -136,13 +144,16 @@ func randomPlans(seed, stream uint64) (*objects.Set, map[string]*NodePlan) {
 // underlay, or both through the same tunnel hops (in reverse order), so
 // strict rp_filter and stateful firewalls between sites keep working.
 func TestPathsSymmetric(t *testing.T) {
+	plansChecked, pairs := 0, 0
 	for seed := range uint64(300) {
-		set, plans := randomPlans(seed, 12)
+		set, plans := randomPlans(t, seed, 12)
+		plansChecked += len(plans)
 		for _, x := range set.Nodes {
 			for _, y := range set.Nodes {
-				if x.Name >= y.Name || plans[x.Name] == nil || plans[y.Name] == nil {
+				if x.Name >= y.Name {
 					continue
 				}
+				pairs++
 				xa, _ := objects.InternalIP(&x)
 				ya, _ := objects.InternalIP(&y)
 				there, _, err1 := path(plans, x.Name, y.Name, ya)
@@ -166,6 +177,7 @@ func TestPathsSymmetric(t *testing.T) {
 			}
 		}
 	}
+	t.Logf("300 fleets: %d plans checked, %d node pairs walked both ways along every group member", plansChecked, pairs)
 }
 
 // TestPathsSymmetricSeeds: the seed topologies, and the case of issue 12 by
@@ -226,42 +238,71 @@ func describeSet(s *objects.Set) string {
 // first lookup is from's kernel (TransitOnly routes only for a source in
 // from's TunnelSources, which its policy rule sends there), and every node
 // that receives it tunnelled must accept a valid src from the node that sent
-// it (its peer_sources), else an error.
+// it (its peer_sources), else an error. It follows every member of every
+// group (a flow hashes to any of them): members that lead different ways
+// (other hops, or one tunnelled and one not) are an error too.
 func walk(plans map[string]*NodePlan, from, to string, addr, src netip.Addr) (hops []string, tunnelled bool, err error) {
-	cur := from
 	transit := slices.ContainsFunc(plans[from].TunnelSources, func(p netip.Prefix) bool { return p.Contains(src) })
-	for range 8 {
-		p := plans[cur]
-		if p == nil {
-			return nil, false, fmt.Errorf("tunnelled to %s, which has no plan", cur)
-		}
-		r, ok := lookup(p, addr, transit)
-		if !ok {
-			return hops, false, nil
-		}
-		var next []string
-		if r.Group == nil {
-			next = []string{r.Peer}
-		}
-		for _, h := range r.Group {
-			next = append(next, h.Peer)
-		}
-		slices.Sort(next)
-		if slices.Contains(next, to) {
-			next = []string{to}
-		}
-		for _, n := range next {
-			if src.IsValid() && !accepts(plans[n], cur, src) {
-				return nil, false, fmt.Errorf("%s does not accept source %s from %s (after %q)", n, src, cur, hops)
-			}
-		}
-		if next[0] == to {
-			return hops, true, nil
-		}
-		hops = append(hops, strings.Join(next, ","))
-		cur, transit = next[0], true
+	branches, err := walkFrom(plans, from, to, addr, src, transit, nil)
+	if err != nil {
+		return nil, false, err
 	}
-	return nil, false, fmt.Errorf("loop: %v", hops)
+	first := branches[0]
+	for _, b := range branches[1:] {
+		if b.tunnelled != first.tunnelled || !slices.Equal(b.hops, first.hops) {
+			return nil, false, fmt.Errorf("the members of a group lead different ways: through %q (tunnelled %v) and through %q (tunnelled %v)",
+				first.hops, first.tunnelled, b.hops, b.tunnelled)
+		}
+	}
+	return first.hops, first.tunnelled, nil
+}
+
+// walkBranch is one way a walk ends: the groups it was tunnelled through
+// and whether it reached its node through the tunnel.
+type walkBranch struct {
+	hops      []string
+	tunnelled bool
+}
+
+// walkFrom is walk from node cur, after hops: the branches of every next
+// hop of cur's route for addr.
+func walkFrom(plans map[string]*NodePlan, cur, to string, addr, src netip.Addr, transit bool, hops []string) ([]walkBranch, error) {
+	if len(hops) >= 8 {
+		return nil, fmt.Errorf("loop: %v", hops)
+	}
+	p := plans[cur]
+	if p == nil {
+		return nil, fmt.Errorf("tunnelled to %s, which has no plan", cur)
+	}
+	r, ok := lookup(p, addr, transit)
+	if !ok {
+		return []walkBranch{{hops: hops}}, nil
+	}
+	var next []string
+	if r.Group == nil {
+		next = []string{r.Peer}
+	}
+	for _, h := range r.Group {
+		next = append(next, h.Peer)
+	}
+	slices.Sort(next)
+	label := strings.Join(next, ",")
+	var out []walkBranch
+	for _, n := range next {
+		if src.IsValid() && !accepts(plans[n], cur, src) {
+			return nil, fmt.Errorf("%s does not accept source %s from %s (after %q)", n, src, cur, hops)
+		}
+		if n == to {
+			out = append(out, walkBranch{hops: hops, tunnelled: true})
+			continue
+		}
+		b, err := walkFrom(plans, n, to, addr, src, true, append(slices.Clip(hops), label))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b...)
+	}
+	return out, nil
 }
 
 // accepts reports whether p's node decapsulates src from the peer named from.
@@ -285,18 +326,21 @@ func accepts(p *NodePlan, from string, src netip.Addr) bool {
 // rp_filter passes at both ends (a packet arrives tunnelled exactly where the
 // receiver's route back to its source is the tunnel).
 func TestPodNodePathsSymmetric(t *testing.T) {
+	plansChecked, pairs := 0, 0
 	for seed := range uint64(300) {
-		set, plans := randomPlans(seed, 13)
+		set, plans := randomPlans(t, seed, 13)
+		plansChecked += len(plans)
 		for _, x := range set.Nodes {
 			px := plans[x.Name]
-			if px == nil || len(px.PodCIDRs) == 0 {
+			if len(px.PodCIDRs) == 0 {
 				continue
 			}
 			pod := px.PodCIDRs[0].Addr().Next().Next() // .2: .1 is the tunnel address
 			for _, y := range set.Nodes {
-				if x.Name == y.Name || plans[y.Name] == nil {
+				if x.Name == y.Name {
 					continue
 				}
+				pairs++
 				ya, _ := objects.InternalIP(&y)
 				there, in, err1 := walk(plans, x.Name, y.Name, ya, pod)
 				back, out, err2 := walk(plans, y.Name, x.Name, pod, ya)
@@ -317,4 +361,5 @@ func TestPodNodePathsSymmetric(t *testing.T) {
 			}
 		}
 	}
+	t.Logf("300 fleets: %d plans checked, %d pods and node addresses walked both ways along every group member", plansChecked, pairs)
 }
