@@ -13,7 +13,7 @@ import (
 
 // runExplain prints plan.Explain of addr on node: a summary, every entry that
 // contains the address, the corrections and the SNAT verdict.
-func runExplain(stdout, stderr io.Writer, node, dir, address, output string) error {
+func runExplain(stdout, stderr io.Writer, node, dir, address, from, output string) error {
 	if output != "table" && output != "json" {
 		return fmt.Errorf("parse --output: unknown format %q (want table or json)", output)
 	}
@@ -32,6 +32,22 @@ func runExplain(stdout, stderr io.Writer, node, dir, address, output string) err
 	p, err := plan.Compute(set, node)
 	if err != nil {
 		return err
+	}
+	if from != "" {
+		src, err := netip.ParseAddr(from)
+		if err != nil {
+			return fmt.Errorf("parse --from: %w", err)
+		}
+		if src = src.Unmap(); !src.Is4() {
+			return fmt.Errorf("parse --from: %s is not IPv4 (the datapath is IPv4 only)", src)
+		}
+		pe := plan.ExplainPair(p, src, addr)
+		if output == "json" {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(pe)
+		}
+		return writePair(stdout, pe)
 	}
 	e := plan.Explain(p, addr)
 	if output == "json" {
@@ -81,5 +97,31 @@ func writeExplain(w io.Writer, e plan.Explanation) error {
 			fmt.Fprintf(tw, "- %s\n", c.Why)
 		}
 	})
+	return nil
+}
+
+func writePair(w io.Writer, e plan.PairExplanation) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "NODE\t%s\n", e.Node)
+	for _, d := range []struct {
+		name string
+		dir  plan.Direction
+		verb string
+	}{{"REQUEST", e.Request, "leaves by"}, {"REPLY", e.Reply, "must arrive on"}} {
+		route := "no route"
+		if r := d.dir.Route; r != nil {
+			route = "route " + r.Prefix.String()
+			if r.Peer != "" {
+				route += " to " + r.Peer
+			} else if len(r.Group) > 0 {
+				route += fmt.Sprintf(" to a group of %d", len(r.Group))
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s -> %s: table %s, %s, %s %s\n", d.name, d.dir.From, d.dir.To, d.dir.Table, route, d.verb, d.dir.Device)
+	}
+	fmt.Fprintf(tw, "HOW\t%s\n", e.Says)
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write explanation: %w", err)
+	}
 	return nil
 }

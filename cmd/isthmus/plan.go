@@ -16,9 +16,9 @@ import (
 )
 
 func newPlanCmd() *cobra.Command {
-	var node, dir, output, explain string
+	var node, dir, output, explain, from string
 	cmd := &cobra.Command{
-		Use:   "plan --node NAME --objects DIR [--explain ADDRESS] [-o table|json]",
+		Use:   "plan --node NAME --objects DIR [--explain ADDRESS [--from SOURCE]] [-o table|json]",
 		Short: "Print the datapath state a node's agent would install",
 		Long: `plan loads the Site, SitePeering, GatewayPool, SiteGatewayPoolAssignment and
 Node objects in DIR (every *.yaml and *.yml file), computes the plan of one
@@ -35,11 +35,20 @@ the entry it matches (longest prefix among routes, local and fabric prefixes,
 the node's podCIDRs, tunnel and underlay addresses and its peers' underlay
 addresses), where a packet to it goes, the corrections that cut a route which
 would have covered it, and whether a packet from it entering the tunnel is
-translated by SNAT, each with the object and field that made it so.`,
+translated by SNAT, each with the object and field that made it so.
+
+With --from SOURCE as well (an address on or behind the node: one of its
+pods, its host) it prints both directions of the pair: the table the node's
+policy rules pick for SOURCE, the route and the device a packet from SOURCE to
+ADDRESS leaves by, and the device the answer must arrive on for strict
+rp_filter to accept it (the same one), with how the answer gets there.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if from != "" && explain == "" {
+				return fmt.Errorf("--from needs --explain: the pair is SOURCE and the explained ADDRESS")
+			}
 			if explain != "" {
-				return runExplain(cmd.OutOrStdout(), cmd.ErrOrStderr(), node, dir, explain, output)
+				return runExplain(cmd.OutOrStdout(), cmd.ErrOrStderr(), node, dir, explain, from, output)
 			}
 			return runPlan(cmd.OutOrStdout(), cmd.ErrOrStderr(), node, dir, output)
 		},
@@ -48,6 +57,7 @@ translated by SNAT, each with the object and field that made it so.`,
 	cmd.Flags().StringVar(&dir, "objects", "", "directory of YAML files with Site, SitePeering, GatewayPool, SiteGatewayPoolAssignment and Node objects")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
 	cmd.Flags().StringVar(&explain, "explain", "", "explain what the node does with this IPv4 address instead of printing the plan")
+	cmd.Flags().StringVar(&from, "from", "", "with --explain: a source on or behind the node; print both directions of the pair")
 	_ = cmd.MarkFlagRequired("node")
 	_ = cmd.MarkFlagRequired("objects")
 	return cmd
@@ -105,6 +115,7 @@ func writePlanTable(w io.Writer, p *plan.NodePlan, warnings []objects.Warning) e
 	fmt.Fprintf(tw, "LOCAL\t%s\n", orNone(joinPrefixes(p.LocalPrefixes)))
 	fmt.Fprintf(tw, "FABRIC\t%s\n", orNone(joinPrefixes(p.FabricPrefixes)))
 	fmt.Fprintf(tw, "TUNNEL SOURCES\t%s\n", orNone(joinPrefixes(p.TunnelSources)))
+	fmt.Fprintf(tw, "FABRIC EGRESS\t%s\n", orNone(joinPrefixes(p.FabricEgress)))
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write plan: %w", err)
 	}
@@ -120,8 +131,14 @@ func writePlanTable(w io.Writer, p *plan.NodePlan, warnings []objects.Warning) e
 		fmt.Fprintln(tw, "PREFIX\tPEER\tVIA\tORIGIN")
 		for _, r := range p.Routes {
 			origin := r.Origin
-			if r.TransitOnly {
+			switch {
+			case r.TransitOnly && r.NotForPods:
+				origin += " (transit only: forwarded traffic, not the host's or its pods')"
+			case r.TransitOnly:
 				origin += " (transit only: pods and forwarded traffic, not the host's)"
+			}
+			if r.ViaFabric {
+				origin += " (via fabric: FABRIC EGRESS sources leave by the underlay device)"
 			}
 			if len(r.Group) > 0 {
 				groups++

@@ -62,8 +62,8 @@ func TestPlanTable(t *testing.T) {
 			rows: []string{
 				`TUNNEL ADDRESS  100.64.0.4 from Node "aks-nodepool1-0" metadata.annotations["isthmus.dev/tunnel-ipv4"]`,
 				"LOCAL           10.0.0.0/16,10.0.2.0/23\nFABRIC          10.0.2.0/23\n",
-				"flex-1           flex-site  192.168.10.10  192.168.20.1    192.168.20.0/25",
-				`192.168.20.0/25  flex-1           192.168.10.10  Node "flex-1" spec.podCIDRs[0]`,
+				"flex-1           flex-site  192.168.10.10  192.168.20.1    192.168.10.10/32,192.168.20.0/25",
+				`192.168.20.0/25   flex-1           192.168.10.10  Node "flex-1" spec.podCIDRs[0]`,
 				"ROUTE GROUPS\n(none)\n",
 				"sources translated to 100.64.0.4 on this node: everything except\n" +
 					"PREFIX         ORIGIN\n" +

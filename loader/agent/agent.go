@@ -772,7 +772,9 @@ func (a *Agent) routes() (main, pods []datapath.Route) {
 	var mainPrefixes, podPrefixes []netip.Prefix
 	for _, r := range a.plan.Routes {
 		if r.TransitOnly {
-			podPrefixes = append(podPrefixes, r.Prefix)
+			if !r.NotForPods {
+				podPrefixes = append(podPrefixes, r.Prefix)
+			}
 		} else {
 			mainPrefixes = append(mainPrefixes, r.Prefix)
 		}

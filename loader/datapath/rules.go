@@ -23,14 +23,15 @@ const (
 	RulePriority = 201
 )
 
-// FabricTable is the routing table of the routes a node's declared pods take
-// over the site fabric to nodes of their own site (plan.Route.ViaFabric), and
-// FabricRulePriority the priority of the rules that send those sources
-// (plan.NodePlan.FabricEgress) to it: right after the pods' table. A lookup
-// that finds nothing there goes on to main, like PodTable's.
+// FabricTable is the routing table of the routes a member's declared pods
+// take to its site's gateways by the underlay device (plan.Route.ViaFabric),
+// and FabricRulePriority the priority of the rules that send those sources
+// (plan.NodePlan.FabricEgress) to it: right before the pods' table, which
+// holds the same prefixes into isthmus0 for the node's other pod sources. A
+// lookup that finds nothing there goes on to the next rule, like PodTable's.
 const (
 	FabricTable        = 202
-	FabricRulePriority = 202
+	FabricRulePriority = 200
 )
 
 // RuleSet is the kernel's policy rules as the rule sync sees them: only those

@@ -114,7 +114,7 @@ func compute(set *objects.Set, node string, c *Cache) (*NodePlan, error) {
 	p.addGatewayRoutes(gp.routes, false)
 	p.correctRoutes(gp.endpoints)
 	p.splitDirect(gp.direct)
-	p.addPeerAddrRoutes(set)
+	p.addPeerAddrRoutes(set, site)
 	p.addNodeRoutes(gp.nodeRoutes)
 	p.dedupeRoutes()
 	if len(p.Routes) > 0 {

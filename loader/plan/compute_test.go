@@ -59,6 +59,22 @@ func load(t *testing.T, docs ...string) *objects.Set {
 
 // summary renders a plan one fact per line, so expectations read like the
 // plan itself. Empty sections give no line.
+// routeFlagsSummary is " transit only", " not for pods", " via fabric" as
+// r has them.
+func routeFlagsSummary(r Route) string {
+	out := ""
+	if r.TransitOnly {
+		out += " transit only"
+	}
+	if r.NotForPods {
+		out += " not for pods"
+	}
+	if r.ViaFabric {
+		out += " via fabric"
+	}
+	return out
+}
+
 func summary(p *NodePlan) []string {
 	lines := []string{fmt.Sprintf("node %s site %s underlay %s pods %v tunnel %v (%s) mtu %d",
 		p.Node, p.Site, p.Underlay, p.PodCIDRs, p.TunnelAddr, p.TunnelAddrOrigin, p.TunnelMTU)}
@@ -75,21 +91,16 @@ func summary(p *NodePlan) []string {
 			if r.Site != "" {
 				to = " to " + r.Site
 			}
-			transit := ""
-			if r.TransitOnly {
-				transit = " transit only"
-			}
-			lines = append(lines, fmt.Sprintf("route %s -> group%s [%s]%s (%s)", r.Prefix, to, strings.Join(g, ", "), transit, r.Origin))
+			lines = append(lines, fmt.Sprintf("route %s -> group%s [%s]%s (%s)", r.Prefix, to, strings.Join(g, ", "), routeFlagsSummary(r), r.Origin))
 			continue
 		}
-		transit := ""
-		if r.TransitOnly {
-			transit = " transit only"
-		}
-		lines = append(lines, fmt.Sprintf("route %s -> %s %s%s (%s)", r.Prefix, r.Peer, r.Via, transit, r.Origin))
+		lines = append(lines, fmt.Sprintf("route %s -> %s %s%s (%s)", r.Prefix, r.Peer, r.Via, routeFlagsSummary(r), r.Origin))
 	}
 	if len(p.TunnelSources) > 0 {
 		lines = append(lines, fmt.Sprintf("tunnel sources %v", p.TunnelSources))
+	}
+	if len(p.FabricEgress) > 0 {
+		lines = append(lines, fmt.Sprintf("fabric egress %v", p.FabricEgress))
 	}
 	if len(p.LocalPrefixes) > 0 {
 		lines = append(lines, fmt.Sprintf("local %v", p.LocalPrefixes))
@@ -303,14 +314,16 @@ func TestCompute(t *testing.T) {
 			set:  seed000,
 			node: "aks-nodepool1-0",
 			want: []string{
-				`node aks-nodepool1-0 site cluster underlay 10.0.0.4 pods [] tunnel 100.64.0.4 (` + aks0Tunnel + `) mtu 0`,
+				`node aks-nodepool1-0 site cluster underlay 10.0.0.4 pods [] tunnel 100.64.0.4 (Node "aks-nodepool1-0" metadata.annotations["isthmus.dev/tunnel-ipv4"]) mtu 0`,
 				"peer aks-nodepool1-1 cluster 10.0.0.5 100.64.0.5 [10.0.2.0/23 100.64.0.5/32]",
-				"peer flex-1 flex-site 192.168.10.10 192.168.20.1 [192.168.20.0/25]",
-				`route 100.64.0.5/32 -> aks-nodepool1-1 10.0.0.5 (` + aks1Tunnel + `)`,
-				`route 192.168.20.0/25 -> flex-1 192.168.10.10 (` + flexPods + `)`,
+				"peer flex-1 flex-site 192.168.10.10 192.168.20.1 [192.168.10.10/32 192.168.20.0/25]",
+				`route 100.64.0.5/32 -> aks-nodepool1-1 10.0.0.5 (Node "aks-nodepool1-1" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
+				`route 192.168.10.10/32 -> flex-1 192.168.10.10 transit only (Node "flex-1" status.addresses[InternalIP])`,
+				`route 192.168.20.0/25 -> flex-1 192.168.10.10 (Node "flex-1" spec.podCIDRs[0])`,
+				"tunnel sources [10.0.2.0/23]",
 				"local [10.0.0.0/16 10.0.2.0/23]",
 				"fabric [10.0.2.0/23]",
-				`snat 100.64.0.4 except 10.0.2.0/23 (` + clusterBlk + `), 100.64.0.4/32 (` + aks0Tunnel + `)`,
+				`snat 100.64.0.4 except 10.0.2.0/23 (Site "cluster" spec.podCidrAssignments[0].cidrBlocks[0]), 100.64.0.4/32 (Node "aks-nodepool1-0" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
 			},
 		},
 		{
@@ -390,15 +403,17 @@ func TestCompute(t *testing.T) {
 			set:  seedExtraNodes(t, node("aks-canary", "10.0.0.7", "10.0.12.0/24")),
 			node: "aks-nodepool1-0",
 			want: []string{
-				`node aks-nodepool1-0 site cluster underlay 10.0.0.4 pods [] tunnel 100.64.0.4 (` + aks0Tunnel + `) mtu 0`,
+				`node aks-nodepool1-0 site cluster underlay 10.0.0.4 pods [] tunnel 100.64.0.4 (Node "aks-nodepool1-0" metadata.annotations["isthmus.dev/tunnel-ipv4"]) mtu 0`,
 				"peer aks-canary cluster 10.0.0.7 10.0.12.1 [10.0.2.0/23 10.0.12.0/24]",
 				"peer aks-nodepool1-1 cluster 10.0.0.5 100.64.0.5 [10.0.2.0/23 100.64.0.5/32]",
-				"peer flex-1 flex-site 192.168.10.10 192.168.20.1 [192.168.20.0/25]",
-				`route 100.64.0.5/32 -> aks-nodepool1-1 10.0.0.5 (` + aks1Tunnel + `)`,
-				`route 192.168.20.0/25 -> flex-1 192.168.10.10 (` + flexPods + `)`,
+				"peer flex-1 flex-site 192.168.10.10 192.168.20.1 [192.168.10.10/32 192.168.20.0/25]",
+				`route 100.64.0.5/32 -> aks-nodepool1-1 10.0.0.5 (Node "aks-nodepool1-1" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
+				`route 192.168.10.10/32 -> flex-1 192.168.10.10 transit only (Node "flex-1" status.addresses[InternalIP])`,
+				`route 192.168.20.0/25 -> flex-1 192.168.10.10 (Node "flex-1" spec.podCIDRs[0])`,
+				"tunnel sources [10.0.2.0/23]",
 				"local [10.0.0.0/16 10.0.2.0/23]",
 				"fabric [10.0.2.0/23]",
-				`snat 100.64.0.4 except 10.0.2.0/23 (` + clusterBlk + `), 100.64.0.4/32 (` + aks0Tunnel + `)`,
+				`snat 100.64.0.4 except 10.0.2.0/23 (Site "cluster" spec.podCidrAssignments[0].cidrBlocks[0]), 100.64.0.4/32 (Node "aks-nodepool1-0" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
 				`correction 10.0.12.0/24 - local 10.0.0.0/16 = [] (Node "aks-canary" spec.podCIDRs[0])`,
 				`warning Node "aks-canary" spec.podCIDRs[0] 10.0.12.0/24 is outside the pod blocks of Site "cluster" (spec.podCidrAssignments[].cidrBlocks [10.0.2.0/23])`,
 			},
@@ -553,7 +568,8 @@ func TestCompute(t *testing.T) {
 
 // checkInvariants fails when a route holds an underlay address (but for the
 // TransitOnly host route of a peer's own address to that peer) or overlaps a
-// LocalPrefix, or a group has a member that is not a peer.
+// LocalPrefix (but for such a route NotForPods), or a group has a member
+// that is not a peer.
 func checkInvariants(t *testing.T, p *NodePlan) {
 	t.Helper()
 	peers := map[string]netip.Addr{}
@@ -567,7 +583,9 @@ func checkInvariants(t *testing.T, p *NodePlan) {
 			}
 		}
 		for _, l := range p.LocalPrefixes {
-			if r.Prefix.Overlaps(l) {
+			// A gateway forwards remote pods' packets for a node of its own
+			// site through the tunnel; its own pods and host never take it.
+			if r.Prefix.Overlaps(l) && !(r.TransitOnly && r.NotForPods && r.Prefix.Bits() == 32) {
 				t.Errorf("route %s overlaps local prefix %s", r.Prefix, l)
 			}
 		}

@@ -37,6 +37,10 @@ type Match struct {
 	Via   netip.Addr `json:"via,omitzero"`
 	Group []NextHop  `json:"group,omitempty"`
 	Site  string     `json:"site,omitempty"`
+	// TransitOnly, ViaFabric and NotForPods are the route's (Route).
+	TransitOnly bool `json:"transitOnly,omitempty"`
+	ViaFabric   bool `json:"viaFabric,omitempty"`
+	NotForPods  bool `json:"notForPods,omitempty"`
 }
 
 // SNATExplanation says whether a packet from an address entering the tunnel on the
@@ -92,7 +96,10 @@ func Explain(p *NodePlan, addr netip.Addr) Explanation {
 		e.Match = &m
 	}
 	e.Verdict = verdict(e.Match)
-	if r, ok := p.transitOnlyRoute(addr); ok && e.Match != nil && e.Match.Kind != MatchRoute {
+	if e.Match != nil && e.Match.Kind == MatchRoute && e.Match.TransitOnly {
+		e.Verdict = explainNoRouteText
+	}
+	if r, ok := p.transitOnlyRoute(addr); ok && e.Match != nil && (e.Match.Kind != MatchRoute || e.Match.TransitOnly) {
 		// A peer's or a remote node's InternalIP: the host's traffic stays on
 		// the underlay, the pods' takes the tunnel (architecture.md, "Pods and
 		// node addresses").
@@ -153,7 +160,8 @@ func (p *NodePlan) matches(addr netip.Addr) []Match {
 		add(Match{Kind: MatchFabric, Prefix: f, Origin: o})
 	}
 	for _, r := range p.Routes {
-		add(Match{Kind: MatchRoute, Prefix: r.Prefix, Origin: r.Origin, Peer: r.Peer, Via: r.Via, Group: slices.Clone(r.Group), Site: r.Site})
+		add(Match{Kind: MatchRoute, Prefix: r.Prefix, Origin: r.Origin, Peer: r.Peer, Via: r.Via, Group: slices.Clone(r.Group), Site: r.Site,
+			TransitOnly: r.TransitOnly, ViaFabric: r.ViaFabric, NotForPods: r.NotForPods})
 	}
 	slices.SortStableFunc(out, func(a, b Match) int {
 		if a.Prefix.Bits() != b.Prefix.Bits() {
@@ -257,4 +265,106 @@ func (p *NodePlan) transitOnlyRoute(addr netip.Addr) (Route, bool) {
 		}
 	}
 	return best, found
+}
+
+// The tables a node's kernel routes a packet by, after its policy rules
+// (docs/agent.md, "Routes and rules").
+const (
+	TableFabric = "fabric" // a FabricEgress source: the ViaFabric routes, to the underlay device
+	TablePods   = "pods"   // a TunnelSources source: every route but NotForPods, into isthmus0
+	TableMain   = "main"   // any other source: the routes but TransitOnly, into isthmus0
+)
+
+// The devices a packet leaves a node by, or must arrive on.
+const (
+	DeviceOverlay  = "isthmus0"
+	DeviceUnderlay = "underlay"
+)
+
+// Direction is one direction of a pair as the node's kernel routes it.
+type Direction struct {
+	From netip.Addr `json:"from"`
+	To   netip.Addr `json:"to"`
+	// Table is TableFabric, TablePods or TableMain: the one the node's policy
+	// rules pick for From.
+	Table string `json:"table"`
+	// Route is the route taken; nil when the table has none (the underlay,
+	// as the kernel's own routes say).
+	Route *Match `json:"route,omitempty"`
+	// Device is DeviceOverlay or DeviceUnderlay.
+	Device string `json:"device"`
+}
+
+// PairExplanation is what a node does with both directions of a pair: a
+// packet from Local (an address on or behind the node: a pod, its host) to
+// Remote, and the answer from Remote to Local, which strict rp_filter accepts
+// only on the device the node routes the request by.
+type PairExplanation struct {
+	Node    string    `json:"node"`
+	Request Direction `json:"request"`
+	// Reply is the answer: it must arrive on Request.Device.
+	Reply Direction `json:"reply"`
+	// Says is one sentence on how the answer comes back to that device.
+	Says string `json:"says"`
+}
+
+// ExplainPair returns how p's node routes a packet from local to remote, and
+// on which device it must hear the answer. It is a pure function; p must not
+// be nil.
+func ExplainPair(p *NodePlan, local, remote netip.Addr) PairExplanation {
+	local, remote = local.Unmap(), remote.Unmap()
+	req := p.kernelDirection(local, remote)
+	e := PairExplanation{Node: p.Node, Request: req,
+		Reply: Direction{From: remote, To: local, Table: req.Table, Route: req.Route, Device: req.Device}}
+	switch {
+	case req.Table == TableFabric:
+		e.Says = fmt.Sprintf("%s leaves by the underlay device, tunnelled there to a gateway of this site (route %s via fabric); the gateway hands the answer to the site's fabric, which delivers it on this node's underlay device, where the node routes %s for %s",
+			local, req.Route.Prefix, remote, local)
+	case req.Device == DeviceOverlay:
+		e.Says = fmt.Sprintf("%s goes into isthmus0 (route %s, table %s); the answer comes back through the tunnel and the datapath hands it to the stack on isthmus0", local, req.Route.Prefix, req.Table)
+	case inPrefixes(p.FabricPrefixes, local):
+		e.Says = fmt.Sprintf("no overlay route for %s from %s: the underlay; an answer the site's fabric delivers arrives on the underlay device, or the datapath takes it in through isthmus0 only where this node routes its source into the tunnel", remote, local)
+	default:
+		e.Says = fmt.Sprintf("no overlay route for %s from %s: the kernel's own routes, on the underlay both ways", remote, local)
+	}
+	return e
+}
+
+// kernelDirection is the table, route and device p's node routes a packet
+// from src to dst by: the FabricEgress rule first (the ViaFabric routes),
+// then the TunnelSources rule (every route but NotForPods), then main (the
+// routes but TransitOnly).
+func (p *NodePlan) kernelDirection(src, dst netip.Addr) Direction {
+	d := Direction{From: src, To: dst, Table: TableMain, Device: DeviceUnderlay}
+	pick := func(table string, ok func(Route) bool) bool {
+		var best *Route
+		for i := range p.Routes {
+			r := &p.Routes[i]
+			if ok(*r) && r.Prefix.Contains(dst) && (best == nil || r.Prefix.Bits() > best.Prefix.Bits()) {
+				best = r
+			}
+		}
+		if best == nil {
+			return false
+		}
+		d.Table, d.Device = table, DeviceOverlay
+		if table == TableFabric {
+			d.Device = DeviceUnderlay
+		}
+		d.Route = &Match{Kind: MatchRoute, Prefix: best.Prefix, Origin: best.Origin, Peer: best.Peer, Via: best.Via,
+			Group: slices.Clone(best.Group), Site: best.Site, TransitOnly: best.TransitOnly, ViaFabric: best.ViaFabric, NotForPods: best.NotForPods}
+		return true
+	}
+	if inPrefixes(p.FabricEgress, src) && pick(TableFabric, func(r Route) bool { return r.ViaFabric }) {
+		return d
+	}
+	if inPrefixes(p.TunnelSources, src) && pick(TablePods, func(r Route) bool { return !r.NotForPods }) {
+		return d
+	}
+	pick(TableMain, func(r Route) bool { return !r.TransitOnly })
+	return d
+}
+
+func inPrefixes(ps []netip.Prefix, a netip.Addr) bool {
+	return slices.ContainsFunc(ps, func(p netip.Prefix) bool { return p.Contains(a) })
 }

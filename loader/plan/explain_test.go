@@ -81,7 +81,8 @@ func TestExplain(t *testing.T) {
 		exempt: "10.0.2.0/23", exemptOrigin: podBlock,
 	}, {
 		name: "remote gateway's underlay cut out of a routed nodeCidrs", set: gw, node: "aks-2", addr: "192.168.10.10",
-		verdict: "no route", translated: true,
+		kind: MatchRoute, prefix: "192.168.10.10/32", origin: `Node "flex-1" status.addresses[InternalIP]`, group: 1, matches: 1,
+		verdict: "no route: stays on the underlay (the kernel routes it; the datapath does not touch it); this node's pods and forwarded traffic go into the tunnel by route 192.168.10.10/32 (transit only)", translated: true,
 		why: []string{`192.168.10.0/28 would cover this address but it is a tunnel endpoint (underlay address), which the host never sends into the tunnel (the route came from Site "flex-site" spec.nodeCidrs[0])`},
 	}, {
 		name: "what is left of the cut nodeCidrs", set: gw, node: "aks-2", addr: "192.168.10.3",
@@ -186,5 +187,45 @@ func TestExplainLongestExempt(t *testing.T) {
 	}}}
 	if e := Explain(p, netip.MustParseAddr("10.1.0.7")); e.SNAT.Exempt == nil || e.SNAT.Exempt.Origin != "narrow" {
 		t.Errorf("exempt %+v, want narrow", e.SNAT.Exempt)
+	}
+}
+
+// TestExplainPair: on seed 000's gateway topology, the member aks-2's declared
+// pod reaches the flex pod by the underlay device (its fabric table) and must
+// hear the answer there; its host reaches it by isthmus0; the flex node's pod
+// reaches the declared pod by isthmus0 (the pods' table). Both directions name
+// the same device: that is strict rp_filter's condition.
+func TestExplainPair(t *testing.T) {
+	gw := seed000Gateway(t)
+	for _, tc := range []struct {
+		node, local, remote string
+		table, device       string
+		route               string
+	}{
+		{"aks-2", "10.0.2.200", "192.168.20.6", TableFabric, DeviceUnderlay, "192.168.20.0/25"},
+		{"aks-2", "10.0.0.5", "192.168.20.6", TableMain, DeviceOverlay, "192.168.20.0/25"},
+		{"aks-2", "10.0.2.200", "10.0.0.4", TableMain, DeviceUnderlay, ""},
+		{"flex-1", "192.168.20.6", "10.0.2.200", TablePods, DeviceOverlay, "10.0.2.0/23"},
+		{"aks-1", "10.0.2.128", "192.168.20.6", TablePods, DeviceOverlay, "192.168.20.0/25"},
+	} {
+		p, err := Compute(gw, tc.node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := ExplainPair(p, netip.MustParseAddr(tc.local), netip.MustParseAddr(tc.remote))
+		route := ""
+		if e.Request.Route != nil {
+			route = e.Request.Route.Prefix.String()
+		}
+		if e.Request.Table != tc.table || e.Request.Device != tc.device || route != tc.route {
+			t.Errorf("%s: %s -> %s: table %s, device %s, route %q; want %s, %s, %q", tc.node, tc.local, tc.remote,
+				e.Request.Table, e.Request.Device, route, tc.table, tc.device, tc.route)
+		}
+		if e.Reply.Device != e.Request.Device || e.Reply.From != e.Request.To || e.Reply.To != e.Request.From {
+			t.Errorf("%s: reply %+v does not mirror request %+v", tc.node, e.Reply, e.Request)
+		}
+		if e.Says == "" {
+			t.Errorf("%s: no explanation", tc.node)
+		}
 	}
 }

@@ -379,7 +379,9 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 }
 
 // nodeRoutes returns a route for the IPv4 InternalIP of each node of site t
-// to members.
+// to members; a node that is one of members goes to itself alone (a remote
+// gateway reached at its ExternalIP: another gateway of its site would hand
+// it a pod's packet that it does not accept from a node of its own site).
 func nodeRoutes(set *objects.Set, t string, members []string) []groupRoute {
 	var out []groupRoute
 	for _, n := range set.NodesOf(t) {
@@ -387,9 +389,13 @@ func nodeRoutes(set *objects.Set, t string, members []string) []groupRoute {
 		if !ok || !ip.Is4() {
 			continue // the datapath is IPv4
 		}
+		to := members
+		if slices.Contains(members, n.Name) {
+			to = []string{n.Name}
+		}
 		out = append(out, groupRoute{
 			sp:   sitePrefix{prefix: HostPrefix(ip), origin: fmt.Sprintf("Node %q status.addresses[InternalIP]", n.Name), node: n.Name},
-			site: t, members: members,
+			site: t, members: to,
 		})
 	}
 	return out

@@ -9,19 +9,30 @@ import (
 	"github.com/isthmus-dev/isthmus/loader/objects"
 )
 
-// tunnelSources returns the node's pod prefixes that its peers route back
-// to it through the tunnel: on a node of a site whose pods isthmus manages,
-// its IPv4 podCIDRs outside the site's local prefixes. A site whose pods
-// another CNI owns reaches node addresses through its own fabric, as it
-// reaches its pods: none.
+// tunnelSources returns the node's pod prefixes that reach node addresses
+// through the tunnel, as the nodes' answers come back (the agent's policy
+// rule to its pods' table): on a node of a site whose pods isthmus manages,
+// its IPv4 podCIDRs outside the site's local prefixes, which its peers route
+// back to it; on a node of a site whose pods another CNI owns with returnPath
+// Fabric, the site's declared IPv4 blocks, which every other site routes
+// into the tunnel to that site's nodes (a remote node's answer comes back
+// through the tunnel or, handed to the site's fabric, by the rule to the
+// fabric table, addFabricEgress). A site with returnPath SNAT: none, its
+// pods reach addresses outside the overlay as its own CNI lets them.
 func (p *NodePlan) tunnelSources(site *v1alpha1.Site) []netip.Prefix {
-	if !site.Spec.ManagesCNIPlugin() {
-		return nil
-	}
 	var out []netip.Prefix
-	for _, pfx := range p.PodCIDRs {
-		if pfx.Addr().Is4() {
-			out = append(out, Subtract(pfx, p.LocalPrefixes...)...)
+	switch {
+	case site.Spec.ManagesCNIPlugin():
+		for _, pfx := range p.PodCIDRs {
+			if pfx.Addr().Is4() {
+				out = append(out, Subtract(pfx, p.LocalPrefixes...)...)
+			}
+		}
+	case fabricReturn(site):
+		for _, pfx := range declaredPrefixes(site) {
+			if pfx.Addr().Is4() {
+				out = append(out, pfx)
+			}
 		}
 	}
 	return sortedUnique(out)
@@ -35,15 +46,24 @@ func (p *NodePlan) tunnelSources(site *v1alpha1.Site) []netip.Prefix {
 // into the tunnel straight back to it (they are its peer's own prefixes), so
 // pod <-> node paths are as symmetric as pod <-> pod ones and strict
 // rp_filter holds on both. The peer answers from that address, so it becomes
-// one of the sources accepted from it. Only on a node with TunnelSources:
+// one of the sources accepted from it. Only on a node with TunnelSources or
+// a gateway (which forwards remote pods' packets for its peers' addresses):
 // elsewhere no pod source of this node comes back through the tunnel. Runs
 // after correctRoutes, which cuts every endpoint out of the other routes.
-func (p *NodePlan) addPeerAddrRoutes(set *objects.Set) {
-	if len(p.TunnelSources) == 0 {
+//
+// On a site whose pods another CNI owns, the routes to peers of the node's
+// own site are NotForPods: those pods reach them over the site's fabric, as
+// the answers come, and only what a gateway forwards takes the tunnel.
+func (p *NodePlan) addPeerAddrRoutes(set *objects.Set, site *v1alpha1.Site) {
+	if len(p.TunnelSources) == 0 && !p.Gateway {
 		return
 	}
 	for i := range p.Peers {
 		pr := &p.Peers[i]
+		notForPods := pr.Site == site.Name && !site.Spec.ManagesCNIPlugin()
+		if notForPods && !p.Gateway {
+			continue
+		}
 		n := set.Node(pr.Name)
 		if internal, ok := objects.InternalIP(n); !ok || internal != pr.Underlay || !internal.Is4() {
 			continue // reached at its ExternalIP: that address is not its own endpoint
@@ -53,6 +73,7 @@ func (p *NodePlan) addPeerAddrRoutes(set *objects.Set) {
 			Peer:        pr.Name,
 			Via:         pr.Underlay,
 			TransitOnly: true,
+			NotForPods:  notForPods,
 			Origin:      fmt.Sprintf("Node %q status.addresses[InternalIP]", pr.Name),
 		})
 		if !slices.Contains(pr.AllowedSources, HostPrefix(pr.Underlay)) {

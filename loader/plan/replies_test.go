@@ -35,13 +35,6 @@ const (
 	devFabric   = "fabric"
 )
 
-// fabricEgress returns the pod prefixes of p's node whose traffic to the
-// sites its gateways carry leaves on the underlay to those gateways (on a
-// member), or which the node encapsulates when they arrive plain from its
-// site's fabric (on a gateway): NodePlan.FabricEgress. The field does not
-// exist in this version of the plan, so the model sees none.
-func fabricEgress(p *NodePlan) []netip.Prefix { return nil }
-
 // epKind is what an address of the model belongs to.
 type epKind int
 
@@ -95,8 +88,7 @@ func (e *endpoint) String() string {
 type model struct {
 	set   *objects.Set
 	plans map[string]*NodePlan
-	// egress reads a plan's FabricEgress: fabricEgress, but for the
-	// model's own tests.
+	// egress reads a plan's FabricEgress; the model's own tests replace it.
 	egress func(*NodePlan) []netip.Prefix
 	nodes  map[string]*corev1.Node
 	eps    []*endpoint
@@ -114,7 +106,7 @@ type unmanagedPods struct {
 // for each site the last address of its first nodeCidr when no node holds
 // it (a joining node).
 func newModel(set *objects.Set, pods unmanagedPods) (*model, []error) {
-	f := &model{set: set, plans: map[string]*NodePlan{}, egress: fabricEgress, nodes: map[string]*corev1.Node{}, byAddr: map[netip.Addr]*endpoint{}}
+	f := &model{set: set, plans: map[string]*NodePlan{}, egress: func(p *NodePlan) []netip.Prefix { return p.FabricEgress }, nodes: map[string]*corev1.Node{}, byAddr: map[netip.Addr]*endpoint{}}
 	var errs []error
 	add := func(e *endpoint, also ...netip.Addr) {
 		f.eps = append(f.eps, e)
@@ -192,32 +184,36 @@ func (f *model) connected(a, b string) bool {
 	return false
 }
 
-func inPrefixes(ps []netip.Prefix, a netip.Addr) bool {
-	return slices.ContainsFunc(ps, func(p netip.Prefix) bool { return p.Contains(a) })
-}
 
 // kernelRoute is the device node p's kernel sends a packet from src to dst
-// out of (and the route it took): the policy rule of TunnelSources (table
-// 201: TransitOnly routes too, falling through to main), on a member the
-// FabricEgress rule (table 202: the group routes to its site's gateways,
-// TransitOnly included, out of the underlay device), then the main table
+// out of (and the route it took): the FabricEgress rule first (table 202:
+// the ViaFabric routes, TransitOnly included, out of the underlay device,
+// where the datapath tunnels it to the route's gateway), then the rule of
+// TunnelSources (table 201: TransitOnly routes too, but NotForPods), then the main table
 // (the routes but TransitOnly); no route is the underlay.
 func (m *model) kernelRoute(p *NodePlan, src, dst netip.Addr) (string, Route) {
-	if inPrefixes(p.TunnelSources, src) {
-		if r, ok := lookup(p, dst, true); ok {
-			return devTunnel, r
-		}
-	}
-	if !p.Gateway && inPrefixes(m.egress(p), src) {
+	if inPrefixes(m.egress(p), src) {
 		var best Route
 		found := false
 		for _, r := range p.Routes {
-			if r.Group != nil && r.Site != "" && r.Prefix.Contains(dst) && (!found || r.Prefix.Bits() > best.Prefix.Bits()) {
+			if r.ViaFabric && r.Prefix.Contains(dst) && (!found || r.Prefix.Bits() > best.Prefix.Bits()) {
 				best, found = r, true
 			}
 		}
 		if found {
 			return devFabric, best
+		}
+	}
+	if inPrefixes(p.TunnelSources, src) {
+		var best Route
+		found := false
+		for _, r := range p.Routes {
+			if !r.NotForPods && r.Prefix.Contains(dst) && (!found || r.Prefix.Bits() > best.Prefix.Bits()) {
+				best, found = r, true
+			}
+		}
+		if found {
+			return devTunnel, best
 		}
 	}
 	if r, ok := lookup(p, dst, false); ok {
@@ -317,9 +313,11 @@ func (w *walker) send(from *endpoint, p packet, reply bool) []arrival {
 	case devTunnel:
 		return w.encap(np, p, st.then("%s routes it into isthmus0 (%s)", np.Node, r.Prefix))
 	case devFabric:
+		// fabric_egress: tunnelled as it leaves the underlay device, with
+		// its own source (a declared pod: SNAT-exempt).
 		var out []arrival
 		for _, g := range nextHops(r) {
-			out = append(out, w.fabricEgress(g, p, st.then("%s sends it on the underlay to gateway %s (FabricEgress, %s)", np.Node, g, r.Prefix))...)
+			out = append(out, w.decap(g, np.Node, p, st.then("%s routes it to the underlay and tunnels it there to gateway %s (FabricEgress, %s)", np.Node, g, r.Prefix))...)
 		}
 		return out
 	}
@@ -446,6 +444,9 @@ func (w *walker) arrive(ep *endpoint, p packet, st walkState) []arrival {
 	if !ok {
 		return w.deliver(ep, np, p, devUnderlay, st.then("%s receives it on the underlay (no route for the source: no fabric ingress)", ep.node))
 	}
+	if r.ViaFabric {
+		return w.deliver(ep, np, p, devUnderlay, st.then("%s receives it on the underlay (its source's route is ViaFabric: no fabric ingress)", ep.node))
+	}
 	var out []arrival
 	seen := map[string]bool{}
 	for _, h := range nextHops(r) {
@@ -460,26 +461,6 @@ func (w *walker) arrive(ep *endpoint, p packet, st walkState) []arrival {
 		out = append(out, w.deliver(ep, np, p, dev, st.then("%s receives it on the underlay; fabric ingress (next hop %s for %s) leaves it on %s", ep.node, h, p.src, dev))...)
 	}
 	return out
-}
-
-// fabricEgress is gateway g receiving a member's plain packet from its
-// site's fabric: a source in its FabricEgress for a destination it routes
-// is encapsulated there (no rp_filter: the datapath forwards it).
-func (w *walker) fabricEgress(g string, p packet, st walkState) []arrival {
-	np := w.f.plans[g]
-	if np == nil {
-		return st.fail("%s has no plan", g)
-	}
-	if ep := w.f.byAddr[p.dst]; ep != nil && ep.node == g {
-		return w.arrive(ep, p, st)
-	}
-	if !np.Gateway || !inPrefixes(w.f.egress(np), p.src) {
-		return st.fail("%s does not take %s from its fabric (no gateway, or not in its FabricEgress)", g, p.src)
-	}
-	if _, ok := lookup(np, p.dst, true); !ok {
-		return st.fail("gateway %s has no route for %s", g, p.dst)
-	}
-	return w.encap(np, p, st.then("%s encapsulates it (fabric transit)", g))
 }
 
 // deliver is p entering the stack of np's node on dev, for ep: strict
@@ -586,15 +567,21 @@ func (f *model) checkPair(a, b *endpoint) []pairFailure {
 
 // pairs lists the pairs the property covers: every two endpoints on
 // different nodes, pods only between connected sites, a joining node only
-// with nodes' hosts, an undeclared pod only as the one that dials.
+// with nodes' hosts, a pod no remote site routes (dialOnly: another CNI's
+// pod outside the declared blocks, or of a site with returnPath SNAT) only
+// as the one that dials, and only pods: such a pod's packets take the
+// overlay (and its return-path SNAT) only for the overlay's own routes; to
+// a node address they leave as its own CNI lets them (its MASQUERADE), which
+// isthmus neither does nor can see.
 func (f *model) pairs() [][2]*endpoint {
 	var out [][2]*endpoint
 	for _, a := range f.eps {
 		for _, b := range f.eps {
 			joining := a.kind == epJoining || b.kind == epJoining
 			hosts := (a.kind == epHost || a.kind == epJoining) && (b.kind == epHost || b.kind == epJoining)
+			toNode := b.kind == epHost || b.kind == epJoining
 			switch {
-			case a == b, a.node != "" && a.node == b.node, b.dialOnly:
+			case a == b, a.node != "" && a.node == b.node, b.dialOnly, a.dialOnly && toNode:
 			case joining && (!hosts || a.kind == b.kind):
 			case !hosts && !f.connected(a.site, b.site):
 			default:
@@ -730,8 +717,8 @@ func seed000Pods(aks1, aks2 string) unmanagedPods {
 // The model, written from the docs' packet walks, not from the plan's code:
 // devices per node are the underlay and isthmus0 ("tunnel"). A node's
 // kernel routes a packet by its source: TunnelSources also see TransitOnly
-// routes (table 201), a member's FabricEgress the group routes to its
-// site's gateways (table 202, out of the underlay to the gateway), the rest
+// routes (table 201), FabricEgress the ViaFabric routes (table 202, out of
+// the underlay, where the datapath tunnels it to the route's gateway), the rest
 // the main table (no TransitOnly route); a hit goes into isthmus0, whose
 // datapath picks the next hop from every route and translates a source
 // outside the SNAT exemptions (a host opening a flow takes its tunnel
@@ -741,8 +728,8 @@ func seed000Pods(aks1, aks2 string) unmanagedPods {
 // FabricPrefixes go to its site's fabric, which delivers them on the
 // underlay of the node that holds them, where fabric ingress moves them
 // into isthmus0 only when the frame came from the site router (the
-// source's next hop is in another site). A gateway takes a member's plain
-// packet from a FabricEgress source and encapsulates it. The underlay
+// source's next hop is in another site) and the source's route is not
+// ViaFabric. The underlay
 // routes node addresses and, within a site, another CNI's pods; nothing
 // else. Forwarding in the datapath (transit, fabric hand-off) passes no
 // rp_filter.
@@ -831,8 +818,8 @@ func TestRepliesEnterOnRoutedDeviceSeeds(t *testing.T) {
 // on the plans without FabricEgress, as does flex-1's host dialling that pod
 // (the gateway hands the flex site's packets to aks-2 on its underlay, and
 // aks-2 routes them back into the tunnel); they pass with the cluster's
-// declared block as the FabricEgress of aks-1 and aks-2, the path
-// docs/gateways.md gives members of such a site. The gateway aks-1's pod
+// declared block as the FabricEgress of aks-1 and aks-2 (only aks-2 has
+// ViaFabric routes), the path docs/gateways.md gives members of such a site. The gateway aks-1's pod
 // and the flex pod pass either way. So the model tells the two apart, and
 // its property can be met.
 func TestReplyModelFabricEgress(t *testing.T) {

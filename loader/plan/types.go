@@ -177,6 +177,12 @@ type Route struct {
 	// there (the gateways hand them to the site fabric); it is still
 	// tunnelled to the gateway. Everything else on the route takes isthmus0.
 	ViaFabric bool `json:"viaFabric,omitempty"`
+	// NotForPods, on a TransitOnly route, keeps it out of the node's pods'
+	// table too: only what the node forwards takes it. A gateway of a site
+	// whose pods another CNI owns forwards remote pods' packets for its own
+	// site's node addresses through the tunnel, while its own pods reach
+	// those nodes over the site's fabric, as their answers come.
+	NotForPods bool `json:"notForPods,omitempty"`
 }
 
 // Correction records a route that was cut: it contained a tunnel endpoint
