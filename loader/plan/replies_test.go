@@ -184,7 +184,6 @@ func (f *model) connected(a, b string) bool {
 	return false
 }
 
-
 // kernelRoute is the device node p's kernel sends a packet from src to dst
 // out of (and the route it took): the FabricEgress rule first (table 202:
 // the ViaFabric routes, TransitOnly included, out of the underlay device,
