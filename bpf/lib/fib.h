@@ -307,9 +307,16 @@ static __always_inline int fabric_ingress(struct __sk_buff *skb,
 		return TC_ACT_OK;
 	key.addr = iph->saddr;
 	rt = bpf_map_lookup_elem(&routes, &key);
+	if (!rt)
+		return TC_ACT_OK;
 	/* A source this node reaches over the fabric (ROUTE_F_VIA_FABRIC) answers over
-	 * it too: the stack takes the packet on the underlay, where it is routed back. */
-	if (!rt || (rt->flags & ROUTE_F_VIA_FABRIC) || !from_site_router(skb, cfg, eth, rt))
+	 * it too: the stack takes the packet on the underlay, where it routes that source,
+	 * marked, so that no other CNI's MASQUERADE rewrites it on the way to the pod. */
+	if (rt->flags & ROUTE_F_VIA_FABRIC) {
+		skb->mark |= OVERLAY_MARK;
+		return TC_ACT_OK;
+	}
+	if (!from_site_router(skb, cfg, eth, rt))
 		return TC_ACT_OK;
 	rc = fib_lookup_v4(skb, &p, iph->saddr, iph->daddr, iph->tos, iph->protocol,
 			   skb->ifindex, 0);
