@@ -120,6 +120,10 @@ func writePlanTable(w io.Writer, p *plan.NodePlan, warnings []objects.Warning) e
 		fmt.Fprintln(tw, "PREFIX\tPEER\tVIA\tORIGIN")
 		for _, r := range p.Routes {
 			origin := r.Origin
+			if r.Underlay {
+				fmt.Fprintf(tw, "%s	(underlay)	-	%s (not tunnelled: an exception to a shorter route)\n", r.Prefix, origin)
+				continue
+			}
 			if r.TransitOnly {
 				origin += " (transit only: pods and forwarded traffic, not the host's)"
 			}

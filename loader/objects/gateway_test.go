@@ -127,6 +127,17 @@ func TestLoadGatewayErrors(t *testing.T) {
 			},
 		},
 		{
+			name: "assignments joining the same sites disagree on the underlay",
+			files: map[string][]byte{"s.yaml": gatewaySites, "g.yaml": docs(
+				pool("gw", "Internal", "{matchLabels: {gw: yes}}", ""),
+				assignment("ab", "a, b", "gw"),
+				assignment("ba", "b, a", "gw")+"  underlayReachesNodes: false\n",
+			)},
+			want: []string{
+				`g.yaml: SiteGatewayPoolAssignment "ba": spec.underlayReachesNodes: false, but SiteGatewayPoolAssignment "ab" joins Sites "a" and "b" too and says true: give both the same value, since the nodes of two sites reach each other one way`,
+			},
+		},
+		{
 			name: "site without gateway",
 			files: map[string][]byte{"s.yaml": gatewaySites, "g.yaml": docs(
 				pool("gw", "Internal", "{matchLabels: {gw: yes}}", ""),

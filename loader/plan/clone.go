@@ -60,7 +60,7 @@ func (a Peer) Equal(b Peer) bool {
 // Equal reports whether two routes are the same.
 func (a Route) Equal(b Route) bool {
 	return a.Prefix == b.Prefix && a.Peer == b.Peer && a.Via == b.Via && a.Origin == b.Origin &&
-		a.TransitOnly == b.TransitOnly && a.Site == b.Site && slices.Equal(a.Group, b.Group)
+		a.TransitOnly == b.TransitOnly && a.Underlay == b.Underlay && a.Site == b.Site && slices.Equal(a.Group, b.Group)
 }
 
 // Equal reports whether two corrections are the same.

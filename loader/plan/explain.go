@@ -9,7 +9,8 @@ import (
 
 // The kinds of entry an address can match in a NodePlan (Match.Kind).
 const (
-	MatchRoute        = "route"        // a Route: into the tunnel
+	MatchRoute        = "route"        // a Route: into the tunnel (TransitOnly: not for the host's own traffic)
+	MatchException    = "exception"    // an Underlay Route: not tunnelled, whatever a shorter route says
 	MatchLocal        = "local"        // a LocalPrefix: left to the site's fabric and CNI
 	MatchFabric       = "fabric"       // a FabricPrefix: decapsulated traffic handed to the fabric
 	MatchPodCIDR      = "podCIDR"      // one of the node's own PodCIDRs
@@ -19,7 +20,7 @@ const (
 )
 
 // matchKindsInOrder breaks ties between entries of the same prefix length.
-const matchKindsInOrder = "underlay peerUnderlay tunnelAddr podCIDR local fabric route"
+const matchKindsInOrder = "underlay peerUnderlay tunnelAddr podCIDR local fabric exception route"
 
 const explainNoRouteText = "no route: stays on the underlay (the kernel routes it; the datapath does not touch it)"
 
@@ -37,6 +38,9 @@ type Match struct {
 	Via   netip.Addr `json:"via,omitzero"`
 	Group []NextHop  `json:"group,omitempty"`
 	Site  string     `json:"site,omitempty"`
+	// TransitOnly is set on a route only this node's pods and forwarded
+	// traffic take (Route.TransitOnly).
+	TransitOnly bool `json:"transitOnly,omitempty"`
 }
 
 // SNATExplanation says whether a packet from an address entering the tunnel on the
@@ -153,7 +157,11 @@ func (p *NodePlan) matches(addr netip.Addr) []Match {
 		add(Match{Kind: MatchFabric, Prefix: f, Origin: o})
 	}
 	for _, r := range p.Routes {
-		add(Match{Kind: MatchRoute, Prefix: r.Prefix, Origin: r.Origin, Peer: r.Peer, Via: r.Via, Group: slices.Clone(r.Group), Site: r.Site})
+		if r.Underlay {
+			add(Match{Kind: MatchException, Prefix: r.Prefix, Origin: r.Origin})
+			continue
+		}
+		add(Match{Kind: MatchRoute, Prefix: r.Prefix, Origin: r.Origin, Peer: r.Peer, Via: r.Via, Group: slices.Clone(r.Group), Site: r.Site, TransitOnly: r.TransitOnly})
 	}
 	slices.SortStableFunc(out, func(a, b Match) int {
 		if a.Prefix.Bits() != b.Prefix.Bits() {
@@ -197,19 +205,13 @@ func verdict(m *Match) string {
 	}
 	switch m.Kind {
 	case MatchRoute:
-		if len(m.Group) > 0 {
-			ms := make([]string, len(m.Group))
-			for i, h := range m.Group {
-				ms[i] = fmt.Sprintf("%s %s", h.Peer, h.Via)
-			}
-			up := "among those up"
-			if m.Site != "" {
-				up = "among those that reach site " + m.Site
-			}
-			return fmt.Sprintf("into the tunnel by route %s to a group of %d (one member per flow by consistent hash, %s): %s",
-				m.Prefix, len(m.Group), up, strings.Join(ms, ", "))
+		if m.TransitOnly {
+			return fmt.Sprintf("this node's own traffic stays on the underlay (route %s is transit only); its pods and forwarded traffic go %s",
+				m.Prefix, tunnelVerdict(m))
 		}
-		return fmt.Sprintf("into the tunnel by route %s to peer %s (underlay %s)", m.Prefix, m.Peer, m.Via)
+		return tunnelVerdict(m)
+	case MatchException:
+		return fmt.Sprintf("not tunnelled: %s is an exception to a shorter transit-only route (%s), left to the kernel and the underlay", m.Prefix, m.Origin)
 	case MatchLocal:
 		return fmt.Sprintf("stays in this node's site: %s is local (left to the site's fabric and CNI, never tunneled)", m.Prefix)
 	case MatchFabric:
@@ -224,6 +226,23 @@ func verdict(m *Match) string {
 		return fmt.Sprintf("the underlay address of peer %s: a tunnel endpoint, stays on the underlay", m.Peer)
 	}
 	return explainNoRouteText
+}
+
+// tunnelVerdict says where route m sends a packet into the tunnel.
+func tunnelVerdict(m *Match) string {
+	if len(m.Group) > 0 {
+		ms := make([]string, len(m.Group))
+		for i, h := range m.Group {
+			ms[i] = fmt.Sprintf("%s %s", h.Peer, h.Via)
+		}
+		up := "among those up"
+		if m.Site != "" {
+			up = "among those that reach site " + m.Site
+		}
+		return fmt.Sprintf("into the tunnel by route %s to a group of %d (one member per flow by consistent hash, %s): %s",
+			m.Prefix, len(m.Group), up, strings.Join(ms, ", "))
+	}
+	return fmt.Sprintf("into the tunnel by route %s to peer %s (underlay %s)", m.Prefix, m.Peer, m.Via)
 }
 
 // explainSNAT says whether a packet from addr entering the tunnel is translated.
@@ -247,7 +266,8 @@ func (p *NodePlan) explainSNAT(addr netip.Addr) SNATExplanation {
 		Reason: fmt.Sprintf("translated to %s: no snat_exempt entry contains %s, so replies could not find their way back untranslated", s.Addr, addr)}
 }
 
-// transitOnlyRoute returns the longest TransitOnly route holding addr.
+// transitOnlyRoute returns the longest TransitOnly route holding addr,
+// false when there is none or it is an Underlay exception.
 func (p *NodePlan) transitOnlyRoute(addr netip.Addr) (Route, bool) {
 	var best Route
 	found := false
@@ -256,5 +276,5 @@ func (p *NodePlan) transitOnlyRoute(addr netip.Addr) (Route, bool) {
 			best, found = r, true
 		}
 	}
-	return best, found
+	return best, found && !best.Underlay
 }

@@ -35,28 +35,35 @@ func (p *NodePlan) tunnelSources(site *v1alpha1.Site) []netip.Prefix {
 // into the tunnel straight back to it (they are its peer's own prefixes), so
 // pod <-> node paths are as symmetric as pod <-> pod ones and strict
 // rp_filter holds on both. The peer answers from that address, so it becomes
-// one of the sources accepted from it. Only on a node with TunnelSources:
-// elsewhere no pod source of this node comes back through the tunnel. Runs
-// after correctRoutes, which cuts every endpoint out of the other routes.
-func (p *NodePlan) addPeerAddrRoutes(set *objects.Set) {
-	if len(p.TunnelSources) == 0 {
-		return
-	}
+// one of the sources accepted from it. Only on a node with TunnelSources
+// (elsewhere no pod source of this node comes back through the tunnel), and
+// for the peers named in also: remote gateways of sites whose nodes the
+// underlay does not reach (underlayReachesNodes false), whose InternalIP
+// this node's members reach through it, routed so even when the peer is
+// reached at its ExternalIP (this node's own traffic reaches that
+// InternalIP on the underlay, as the peer's reaches this node's: it is cut
+// out of the other routes as an endpoint). Runs after correctRoutes, which
+// cuts every endpoint out of the other routes.
+func (p *NodePlan) addPeerAddrRoutes(set *objects.Set, also []string) {
 	for i := range p.Peers {
 		pr := &p.Peers[i]
-		n := set.Node(pr.Name)
-		if internal, ok := objects.InternalIP(n); !ok || internal != pr.Underlay || !internal.Is4() {
+		overlay := slices.Contains(also, pr.Name)
+		if len(p.TunnelSources) == 0 && !overlay {
+			continue
+		}
+		internal, ok := objects.InternalIP(set.Node(pr.Name))
+		if !ok || (internal != pr.Underlay && !overlay) || !internal.Is4() {
 			continue // reached at its ExternalIP: that address is not its own endpoint
 		}
 		p.Routes = append(p.Routes, Route{
-			Prefix:      HostPrefix(pr.Underlay),
+			Prefix:      HostPrefix(internal),
 			Peer:        pr.Name,
 			Via:         pr.Underlay,
 			TransitOnly: true,
 			Origin:      fmt.Sprintf("Node %q status.addresses[InternalIP]", pr.Name),
 		})
-		if !slices.Contains(pr.AllowedSources, HostPrefix(pr.Underlay)) {
-			pr.AllowedSources = AggregatePrefixes(sortedUnique(append(pr.AllowedSources, HostPrefix(pr.Underlay))))
+		if !slices.Contains(pr.AllowedSources, HostPrefix(internal)) {
+			pr.AllowedSources = AggregatePrefixes(sortedUnique(append(pr.AllowedSources, HostPrefix(internal))))
 		}
 	}
 }
