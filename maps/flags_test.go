@@ -7,16 +7,17 @@ import (
 	"testing"
 )
 
-// TestConfigFlagsMatchHeader: the Go mirrors of the CFG_F_* and HEALTH_F_*
-// defines carry the values bpf/lib/types.h gives them.
+// TestConfigFlagsMatchHeader: the Go mirrors of the CFG_F_*, HEALTH_F_* and
+// ROUTE_F_* defines carry the values bpf/lib/types.h gives them.
 func TestConfigFlagsMatchHeader(t *testing.T) {
 	src, err := os.ReadFile("../bpf/lib/types.h")
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]uint32{"CFG_F_TRANSIT": ConfigFlagTransit, "CFG_F_TRACE": ConfigFlagTrace,
-		"CFG_F_MASQUERADE": ConfigFlagMasquerade, "HEALTH_F_REACHES": HealthFlagReaches}
-	re := regexp.MustCompile(`#define\s+((?:CFG|HEALTH)_F_\w+)\s+\(1 << (\d+)\)`)
+		"CFG_F_MASQUERADE": ConfigFlagMasquerade, "HEALTH_F_REACHES": HealthFlagReaches,
+		"ROUTE_F_UNDERLAY": RouteFlagUnderlay}
+	re := regexp.MustCompile(`#define\s+((?:CFG|HEALTH|ROUTE)_F_\w+)\s+\(1 << (\d+)\)`)
 	found := map[string]uint32{}
 	for _, m := range re.FindAllStringSubmatch(string(src), -1) {
 		bit, _ := strconv.Atoi(m[2])

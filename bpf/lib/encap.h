@@ -4,6 +4,7 @@
 
 #include "common.h"
 #include "maps.h"
+#include "route.h"
 #include "metrics.h"
 #include "parse.h"
 #include "csum.h"
@@ -193,7 +194,6 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 {
 	const struct datapath_config *cfg;
 	const struct route_value *rt;
-	struct route_key key = { .prefixlen = 32 };
 	struct cursor c;
 	struct ethhdr *eth;
 	struct iphdr *iph;
@@ -217,8 +217,7 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 			return guard;
 	}
 
-	key.addr = iph->daddr;
-	rt = bpf_map_lookup_elem(&routes, &key);
+	rt = route_lookup(iph->daddr);
 	if (rt) {
 		int nat;
 

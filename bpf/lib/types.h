@@ -13,10 +13,16 @@ struct route_key {
 
 struct route_value {
 	__be32 peer;		/* underlay IPv4 of the peer node, when group is 0 */
-	__u32 flags;		/* ROUTE_F_*, none defined yet */
+	__u32 flags;		/* ROUTE_F_* */
 	__u32 group;		/* next-hop group (index into nexthop_groups), 0 = none: use peer */
 	__u32 reserved;
 };
+
+/* route_value.flags */
+#define ROUTE_F_UNDERLAY	(1 << 0)	/* an exception inside a shorter route: the
+						 * prefix is not tunnelled here (a tunnel
+						 * endpoint, a local prefix); lookups treat it
+						 * as a miss (route_lookup) */
 
 /* Slots of a next-hop group: a power of two, so a flow hash picks one with a mask. */
 #define NHG_SLOTS		64
