@@ -758,21 +758,26 @@ func (a *Agent) podAddrs() []maps.PodAddr {
 
 // routes returns the plan's routes for the main table and for the pods' table
 // (datapath.PodTable): TransitOnly routes are for forwarded traffic only, and
-// the kernel forwards only the pods' (plan.NodePlan.TunnelSources) there.
+// the kernel forwards only the pods' (plan.NodePlan.TunnelSources) there. An
+// Underlay route (an exception inside a TransitOnly one) is a throw route
+// there, so the pods' lookup goes on to main and the underlay.
 func (a *Agent) routes() (main, pods []datapath.Route) {
-	var mainPrefixes, podPrefixes []netip.Prefix
+	var mainPrefixes, podPrefixes, throws []netip.Prefix
 	for _, r := range a.plan.Routes {
-		if r.TransitOnly {
+		switch {
+		case r.Underlay:
+			throws = append(throws, r.Prefix)
+		case r.TransitOnly:
 			podPrefixes = append(podPrefixes, r.Prefix)
-		} else {
+		default:
 			mainPrefixes = append(mainPrefixes, r.Prefix)
 		}
 	}
 	if len(a.plan.TunnelSources) == 0 {
-		podPrefixes = nil // no rule leads there
+		return datapath.OverlayRoutes(mainPrefixes, a.overlay.Ifindex, a.plan.TunnelAddr), nil // no rule leads to the pods' table
 	}
 	return datapath.OverlayRoutes(mainPrefixes, a.overlay.Ifindex, a.plan.TunnelAddr),
-		datapath.OverlayRoutes(podPrefixes, a.overlay.Ifindex, a.plan.TunnelAddr)
+		append(datapath.OverlayRoutes(podPrefixes, a.overlay.Ifindex, a.plan.TunnelAddr), datapath.ThrowRoutes(throws)...)
 }
 
 // ensureHealth runs the health checks from the plan's tunnel address (restarting

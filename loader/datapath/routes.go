@@ -17,15 +17,23 @@ const RouteProtocol = 201
 
 var errAddrNotAvail = unix.EADDRNOTAVAIL
 
-// Route is one agent route in the main table: Prefix dev Ifindex [src Src]
-// proto 201 scope link.
+// Route is one agent route: Prefix dev Ifindex [src Src] proto 201 scope
+// link, or with Throw `throw Prefix proto 201` (no device, no source): in the
+// pods' table (PodTable) a throw route ends the table's lookup without a
+// match, so the kernel goes on to the next rule's table (main), where the
+// prefix reaches the underlay. It is how an exception inside a transit-only
+// route (plan.Route.Underlay) reads in the kernel.
 type Route struct {
 	Prefix  netip.Prefix
 	Ifindex int
 	Src     netip.Addr
+	Throw   bool
 }
 
 func (r Route) String() string {
+	if r.Throw {
+		return fmt.Sprintf("throw %v proto 201", r.Prefix)
+	}
 	s := fmt.Sprintf("%v dev#%d", r.Prefix, r.Ifindex)
 	if r.Src.IsValid() {
 		s += " src " + r.Src.String()
@@ -55,6 +63,17 @@ func OverlayRoutes(prefixes []netip.Prefix, overlayIfindex int, src netip.Addr) 
 			continue
 		}
 		out = append(out, Route{Prefix: netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked(), Ifindex: overlayIfindex, Src: src.Unmap()})
+	}
+	return out
+}
+
+// ThrowRoutes returns a throw route for each IPv4 prefix; others are left out.
+func ThrowRoutes(prefixes []netip.Prefix) []Route {
+	var out []Route
+	for _, p := range prefixes {
+		if p.Addr().Unmap().Is4() {
+			out = append(out, Route{Prefix: netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked(), Throw: true})
+		}
 	}
 	return out
 }
@@ -157,12 +176,20 @@ func (k KernelRoutes) List() ([]Route, error) {
 		if s, ok := netip.AddrFromSlice(r.Src); ok {
 			src = s.Unmap()
 		}
-		out = append(out, Route{Prefix: netip.PrefixFrom(ip.Unmap(), ones), Ifindex: r.LinkIndex, Src: src})
+		out = append(out, Route{Prefix: netip.PrefixFrom(ip.Unmap(), ones), Ifindex: r.LinkIndex, Src: src, Throw: r.Type == unix.RTN_THROW})
 	}
 	return out, nil
 }
 
 func (k KernelRoutes) nl(r Route) *netlink.Route {
+	if r.Throw {
+		return &netlink.Route{
+			Type:     unix.RTN_THROW,
+			Dst:      &net.IPNet{IP: r.Prefix.Addr().AsSlice(), Mask: net.CIDRMask(r.Prefix.Bits(), 32)},
+			Protocol: RouteProtocol,
+			Table:    k.table(),
+		}
+	}
 	nr := &netlink.Route{
 		LinkIndex: r.Ifindex,
 		Dst:       &net.IPNet{IP: r.Prefix.Addr().AsSlice(), Mask: net.CIDRMask(r.Prefix.Bits(), 32)},
