@@ -32,7 +32,9 @@ import (
 // each remote gateway's own prefixes straight to it. A route that holds an
 // underlay address (a peer's, this node's, or, on a member, one its gateways
 // tunnel to) or overlaps a LocalPrefix is split around it, and the split is
-// reported in Corrections.
+// reported in Corrections; a TransitOnly route (a remote site's nodeCidrs,
+// which this node's own traffic reaches on the underlay) stays whole, with an
+// Underlay exception for it.
 //
 // Compute fails when the node is unknown, in no site, or belongs to an
 // unmanaged site, has no tunnel address and is no gateway: such a node cannot

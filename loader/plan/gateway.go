@@ -454,13 +454,16 @@ func nodeRoutes(set *objects.Set, t string, members []string) []groupRoute {
 
 // addNodeRoutes appends, on a node with TunnelSources (addPeerAddrRoutes says
 // why), TransitOnly routes for the InternalIPs of the nodes of the sites it
-// reaches through gateways (but for peers reached there), after correctRoutes and splitDirect, first (so
-// they win a tie with splitDirect's: the first assignment's gateways, as for
-// the sites' pod prefixes): its pods reach those nodes through the gateways, as the nodes
-// answer them, whatever routeNodeCidrs says, remote gateways' endpoints
-// included; its own traffic stays on the underlay. The gateways they go to
-// carry them on (a gateway's peer addresses and node routes), so such a
-// route is no black hole, unlike one the node's own traffic would take.
+// reaches through gateways and whose underlay reaches them (but for peers
+// reached there), after correctRoutes and splitDirect, first (so they win a
+// tie with splitDirect's: the first assignment's gateways, as for the sites'
+// pod prefixes): its pods reach those nodes through the gateways, as the
+// nodes answer them, whatever routeNodeCidrs says, remote gateways'
+// endpoints included (over their exceptions); its own traffic stays on the
+// underlay. Where the site's nodeCidrs are routed TransitOnly to the same
+// gateways, the aggregation folds these into that route. The gateways they
+// go to carry them on (a gateway's peer addresses and node routes), so such
+// a route is no black hole, unlike one the node's own traffic would take.
 func (p *NodePlan) addNodeRoutes(routes []groupRoute) {
 	if len(p.TunnelSources) > 0 {
 		// A peer's own address goes straight to it (addPeerAddrRoutes), as

@@ -55,7 +55,8 @@ type NodePlan struct {
 	FabricPrefixes []netip.Prefix `json:"fabricPrefixes,omitempty"`
 	// LocalPrefixes are left to the site's own fabric and CNI on this node and never
 	// routed into the tunnel: the site's localCidrs, and its declared pod blocks when
-	// the CNI is unmanaged. Routes overlapping them are split (see Corrections).
+	// the CNI is unmanaged. Routes overlapping them are split (see Corrections),
+	// or, TransitOnly ones, given an Underlay exception for them.
 	// Sorted.
 	LocalPrefixes []netip.Prefix `json:"localPrefixes,omitempty"`
 	// TunnelSources are this node's pod prefixes that its peers route back to it
@@ -161,8 +162,9 @@ type Route struct {
 	// kernel's main table: traffic this node forwards for others (from a
 	// tunnel or a pod) takes the route, the node's own host traffic does not.
 	// The kernel reaches them only for sources in TunnelSources (the agent's
-	// policy rule and table). Besides the InternalIPs of nodes reached through
-	// gateways (below), the underlay address of each peer is one, to that peer.
+	// policy rule and table). Besides the nodeCidrs of the sites reached
+	// through gateways (or, where they are not routed, their nodes'
+	// InternalIPs), the underlay address of each peer is one, to that peer.
 	// A gateway reaches a remote member's InternalIP on the underlay, as the
 	// member reaches it, while forwarding its own members' traffic to that
 	// address through the tunnel (paths stay symmetric both ways).
