@@ -227,12 +227,13 @@ type gatewayPlan struct {
 	nodeRoutes []groupRoute
 	// fabric are the prefixes the node, a gateway, hands to its site's fabric.
 	fabric []netip.Prefix
-	// overlayPeers are the remote gateways of sites whose nodes the underlay
-	// does not reach, on a gateway: it reaches their InternalIPs on the
-	// underlay (cut out as endpoints), as they reach its own, and routes
-	// them TransitOnly to them even without TunnelSources
-	// (addPeerAddrRoutes), since its members' host traffic for those
-	// addresses comes through it.
+	// overlayPeers are, on a gateway, the remote gateways of sites whose
+	// nodes the underlay does not reach, and the nodes of its own site: it
+	// routes their InternalIPs TransitOnly to them even without
+	// TunnelSources (addPeerAddrRoutes), since host traffic between the
+	// sites' nodes comes through it. It reaches the remote gateways'
+	// InternalIPs on the underlay (cut out as endpoints), as they reach its
+	// own.
 	overlayPeers []string
 	// direct are addresses this node's own traffic reaches on the underlay:
 	// the InternalIPs of the nodes of the sites it reaches through gateways,
@@ -401,6 +402,15 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 						gp.overlayPeers = append(gp.overlayPeers, g.node.Name)
 						if ip, ok := objects.InternalIP(g.node); ok {
 							gp.endpoints = append(gp.endpoints, ip)
+						}
+					}
+					// What t's nodes send to this site's node addresses
+					// arrives here tunnelled and goes on tunnelled, not
+					// handed to the fabric: the receiver routes the
+					// sender's tunnel address back into the tunnel.
+					for _, n := range set.NodesOf(site.Name) {
+						if n.Name != self.Name {
+							gp.overlayPeers = append(gp.overlayPeers, n.Name)
 						}
 					}
 				}

@@ -37,12 +37,13 @@ func (p *NodePlan) tunnelSources(site *v1alpha1.Site) []netip.Prefix {
 // rp_filter holds on both. The peer answers from that address, so it becomes
 // one of the sources accepted from it. Only on a node with TunnelSources
 // (elsewhere no pod source of this node comes back through the tunnel), and
-// for the peers named in also: remote gateways of sites whose nodes the
-// underlay does not reach (underlayReachesNodes false), whose InternalIP
-// this node's members reach through it, routed so even when the peer is
-// reached at its ExternalIP (this node's own traffic reaches that
-// InternalIP on the underlay, as the peer's reaches this node's: it is cut
-// out of the other routes as an endpoint). Runs after correctRoutes, which
+// for the peers named in also, on a gateway of a site whose underlay does
+// not reach another's nodes (underlayReachesNodes false): the remote
+// gateways, whose InternalIP this node's members reach through it, routed so
+// even when the peer is reached at its ExternalIP (this node's own traffic
+// reaches that InternalIP on the underlay, as the peer's reaches this
+// node's: it is cut out of the other routes as an endpoint), and the nodes
+// of its own site, which the remote nodes reach through it. Runs after correctRoutes, which
 // cuts every endpoint out of the other routes.
 func (p *NodePlan) addPeerAddrRoutes(set *objects.Set, also []string) {
 	for i := range p.Peers {

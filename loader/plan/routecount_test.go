@@ -80,3 +80,64 @@ func TestHubRoutesPerRemoteSite(t *testing.T) {
 		t.Logf("%s %s: %d routes, at most %d per remote site", role, node, len(p.Routes), most)
 	}
 }
+
+// TestUnderlayReachesNodesFalse: seed 000's gateway topology with
+// underlayReachesNodes false. Host traffic to the other site's node
+// addresses goes into the tunnel both ways (flex-1's gateway endpoint
+// included on the member aks-2, which aks-1 carries on to flex-1), the two
+// gateways reach each other's InternalIPs on the underlay, and strict
+// rp_filter passes at every receiver.
+func TestUnderlayReachesNodesFalse(t *testing.T) {
+	files := map[string][]byte{}
+	for _, f := range []string{"sites.yaml", "nodes.yaml", "gateways.yaml"} {
+		files[f] = readFile(t, "../objects/testdata/seed000-gateway/"+f)
+	}
+	files["gateways.yaml"] = append(files["gateways.yaml"], []byte("  underlayReachesNodes: false\n")...)
+	set, _, err := objects.Load(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set.SiteGatewayPoolAssignments[0].Spec.ReachesNodesOnUnderlay() {
+		t.Fatal("the assignment did not take underlayReachesNodes false")
+	}
+	plans := map[string]*NodePlan{}
+	for _, n := range set.Nodes {
+		p, err := Compute(set, n.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkInvariants(t, p)
+		plans[n.Name] = p
+	}
+	a := netip.MustParseAddr
+	for _, tc := range []struct {
+		node, addr string
+		tunnelled  bool
+	}{
+		{"aks-2", "192.168.10.3", true},   // a flex address no Node holds
+		{"aks-2", "192.168.10.10", true},  // flex-1, which aks-1 carries on
+		{"flex-1", "10.0.0.5", true},      // aks-2
+		{"flex-1", "10.0.0.9", true},      // a cluster address no Node holds
+		{"flex-1", "10.0.0.4", false},     // aks-1, its tunnel endpoint
+		{"aks-1", "192.168.10.10", false}, // flex-1, its tunnel endpoint
+	} {
+		if _, ok := lookup(plans[tc.node], a(tc.addr), false); ok != tc.tunnelled {
+			t.Errorf("%s: host traffic to %s tunnelled %v, want %v", tc.node, tc.addr, ok, tc.tunnelled)
+		}
+	}
+	if r, ok := lookup(plans["aks-1"], a("192.168.10.10"), true); !ok || r.Peer != "flex-1" {
+		t.Errorf("aks-1 forwards 192.168.10.10 by %+v (%v), want straight to flex-1", r, ok)
+	}
+	for _, x := range set.Nodes {
+		for _, y := range set.Nodes {
+			xa, _ := objects.InternalIP(&x)
+			ya, _ := objects.InternalIP(&y)
+			if x.Name == y.Name {
+				continue
+			}
+			if ok, err := rpFilterPasses(plans, x.Name, y.Name, ya, xa); err != nil || !ok {
+				t.Errorf("%s -> %s: strict rp_filter at %s drops it (%v)", x.Name, y.Name, y.Name, err)
+			}
+		}
+	}
+}
