@@ -347,7 +347,7 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 			// take the tunnel (see overlayPeers).
 			underlay := !overlay[tName]
 			// t's nodes answer pods from their InternalIPs through the
-			// gateways (addPeerAddrRoutes, addEndpointRoutes).
+			// gateways (addPeerAddrRoutes, addNodeRoutes).
 			sources := sortedUnique(append(p.sources(prefixes), nodeAddrs(set, tName)...))
 			// Paths are symmetric: this node's own traffic reaches the
 			// InternalIPs of t's nodes on the underlay, as theirs reaches it,
