@@ -45,6 +45,11 @@ type (
 type Name string
 
 // The maps of the datapath (docs/architecture.md, "Maps").
+// RouteFlagUnderlay is ROUTE_F_UNDERLAY of bpf/lib/types.h (Route.Flags): the
+// route is an exception inside a shorter one, its prefix not tunnelled here
+// (plan.Route.Underlay); every lookup in routes treats it as a miss.
+const RouteFlagUnderlay uint32 = 1 << 1
+
 // ConfigFlagTransit is CFG_F_TRANSIT of bpf/lib/types.h (a #define, so not in the
 // object's BTF; TestConfigFlagsMatchHeader compares them): the node is a gateway
 // and forwards GENEVE whose inner destination routes to another peer.

@@ -306,21 +306,23 @@ spec: {sites: [a, b], gatewayPools: [gw]}
 	}
 	// The same defaults as the accessor methods apply to objects from files.
 	got := map[string]any{
-		"manageCniPlugin": site["spec"].(map[string]any)["manageCniPlugin"],
-		"returnPath":      site["spec"].(map[string]any)["returnPath"],
-		"meshNodes":       peering["spec"].(map[string]any)["meshNodes"],
-		"tunnelProtocol":  peering["spec"].(map[string]any)["tunnelProtocol"],
-		"routeNodeCidrs":  assignment["spec"].(map[string]any)["routeNodeCidrs"],
+		"manageCniPlugin":      site["spec"].(map[string]any)["manageCniPlugin"],
+		"returnPath":           site["spec"].(map[string]any)["returnPath"],
+		"meshNodes":            peering["spec"].(map[string]any)["meshNodes"],
+		"tunnelProtocol":       peering["spec"].(map[string]any)["tunnelProtocol"],
+		"routeNodeCidrs":       assignment["spec"].(map[string]any)["routeNodeCidrs"],
+		"underlayReachesNodes": assignment["spec"].(map[string]any)["underlayReachesNodes"],
 	}
 	var zero SiteSpec
 	var zp SitePeeringSpec
 	var za SiteGatewayPoolAssignmentSpec
 	want := map[string]any{
-		"manageCniPlugin": zero.ManagesCNIPlugin(),
-		"returnPath":      string(zero.ReturnPathOrDefault()),
-		"meshNodes":       zp.MeshesNodes(),
-		"tunnelProtocol":  string(zp.Protocol()),
-		"routeNodeCidrs":  za.RoutesNodeCIDRs(),
+		"manageCniPlugin":      zero.ManagesCNIPlugin(),
+		"returnPath":           string(zero.ReturnPathOrDefault()),
+		"meshNodes":            zp.MeshesNodes(),
+		"tunnelProtocol":       string(zp.Protocol()),
+		"routeNodeCidrs":       za.RoutesNodeCIDRs(),
+		"underlayReachesNodes": za.ReachesNodesOnUnderlay(),
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("defaults (-accessors +CRD):\n%s", diff)

@@ -5,7 +5,7 @@
 // existing Site or SitePeering carries over with only apiVersion changed. All
 // resources are cluster-scoped. Defaults are declared as kubebuilder markers for
 // CRD generation and applied by the accessor methods (ManagesCNIPlugin,
-// MeshesNodes, Protocol, RoutesNodeCIDRs), because objects read from files
+// MeshesNodes, Protocol, RoutesNodeCIDRs, ReachesNodesOnUnderlay), because objects read from files
 // never pass through an API server that would fill them in.
 //
 // +kubebuilder:object:generate=true

@@ -109,6 +109,25 @@ type SiteGatewayPoolAssignmentSpec struct {
 	// +optional
 	// +kubebuilder:default=true
 	RouteNodeCIDRs *bool `json:"routeNodeCidrs,omitempty"`
+
+	// UnderlayReachesNodes is true (the default) when the sites' underlays
+	// reach each other's node addresses: a node's own traffic to a remote
+	// node's address then stays on the underlay both ways, and only what it
+	// forwards (its pods', a gateway's transit) takes the gateways. False
+	// declares that the underlay reaches only the gateways' tunnel
+	// endpoints: host traffic to the remote sites' nodeCidrs then goes
+	// through the gateways too, in both directions, from the node's tunnel
+	// address. False needs routeNodeCidrs true.
+	//
+	// +optional
+	// +kubebuilder:default=true
+	UnderlayReachesNodes *bool `json:"underlayReachesNodes,omitempty"`
+}
+
+// ReachesNodesOnUnderlay reports spec.underlayReachesNodes with its default
+// (true) applied.
+func (s *SiteGatewayPoolAssignmentSpec) ReachesNodesOnUnderlay() bool {
+	return s.UnderlayReachesNodes == nil || *s.UnderlayReachesNodes
 }
 
 // RoutesNodeCIDRs reports spec.routeNodeCidrs with its default (true) applied.

@@ -25,6 +25,8 @@ func TestDefaults(t *testing.T) {
 		{"tunnelProtocol unset", (&SitePeeringSpec{}).Protocol(), TunnelGENEVE},
 		{"routeNodeCidrs unset", (&SiteGatewayPoolAssignmentSpec{}).RoutesNodeCIDRs(), true},
 		{"routeNodeCidrs false", (&SiteGatewayPoolAssignmentSpec{RouteNodeCIDRs: &no}).RoutesNodeCIDRs(), false},
+		{"underlayReachesNodes unset", (&SiteGatewayPoolAssignmentSpec{}).ReachesNodesOnUnderlay(), true},
+		{"underlayReachesNodes false", (&SiteGatewayPoolAssignmentSpec{UnderlayReachesNodes: &no}).ReachesNodesOnUnderlay(), false},
 		{"assignmentEnabled unset, managed", (&PodCIDRAssignment{}).AssignsIn(&SiteSpec{}), true},
 		{"assignmentEnabled unset, unmanaged", (&PodCIDRAssignment{}).AssignsIn(&SiteSpec{ManageCNIPlugin: &no}), false},
 		{"assignmentEnabled true, unmanaged", (&PodCIDRAssignment{AssignmentEnabled: &yes}).AssignsIn(&SiteSpec{ManageCNIPlugin: &no}), true},
@@ -72,12 +74,12 @@ func TestGatewayDeepCopyIsDeep(t *testing.T) {
 		t.Errorf("changing the copy changed the original pool: %+v", p.Spec)
 	}
 	a := &SiteGatewayPoolAssignment{Spec: SiteGatewayPoolAssignmentSpec{
-		Sites: []string{"a", "b"}, GatewayPools: []string{"p"}, RouteNodeCIDRs: &no,
+		Sites: []string{"a", "b"}, GatewayPools: []string{"p"}, RouteNodeCIDRs: &no, UnderlayReachesNodes: &no,
 	}}
 	d := a.DeepCopy()
 	d.Spec.Sites[0], d.Spec.GatewayPools[0] = "x", "x"
-	*d.Spec.RouteNodeCIDRs = true
-	if a.Spec.Sites[0] != "a" || a.Spec.GatewayPools[0] != "p" || *a.Spec.RouteNodeCIDRs {
+	*d.Spec.RouteNodeCIDRs, *d.Spec.UnderlayReachesNodes = true, true
+	if a.Spec.Sites[0] != "a" || a.Spec.GatewayPools[0] != "p" || *a.Spec.RouteNodeCIDRs || *a.Spec.UnderlayReachesNodes {
 		t.Errorf("changing the copy changed the original assignment: %+v", a.Spec)
 	}
 }

@@ -4,6 +4,7 @@
 
 #include "common.h"
 #include "maps.h"
+#include "route.h"
 #include "metrics.h"
 #include "parse.h"
 #include "csum.h"
@@ -193,7 +194,6 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 {
 	const struct datapath_config *cfg;
 	const struct route_value *rt;
-	struct route_key key = { .prefixlen = 32 };
 	struct cursor c;
 	struct ethhdr *eth;
 	struct iphdr *iph;
@@ -217,8 +217,7 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 			return guard;
 	}
 
-	key.addr = iph->daddr;
-	rt = bpf_map_lookup_elem(&routes, &key);
+	rt = route_lookup(iph->daddr);
 	if (rt) {
 		int nat;
 
@@ -262,7 +261,6 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 static __always_inline int fabric_egress(struct __sk_buff *skb, __u8 hook)
 {
 	const struct datapath_config *cfg = config_get();
-	struct route_key key = { .prefixlen = 32 };
 	const struct route_value *rt;
 	struct ethhdr *eth;
 	struct iphdr *iph;
@@ -276,8 +274,7 @@ static __always_inline int fabric_egress(struct __sk_buff *skb, __u8 hook)
 	c.end = (void *)(long)skb->data_end;
 	if (parse_eth(&c, &eth) != ETH_P_IP || parse_ipv4(&c, &iph) < 0)
 		return TC_ACT_OK;
-	key.addr = iph->daddr;
-	rt = bpf_map_lookup_elem(&routes, &key);
+	rt = route_lookup(iph->daddr);
 	if (!rt || !(rt->flags & ROUTE_F_VIA_FABRIC) || !is_fabric_source(iph->saddr))
 		return TC_ACT_OK;
 	return encap_geneve(skb, cfg, rt, iph, c.pos, 0, hook);

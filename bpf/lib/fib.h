@@ -4,6 +4,7 @@
 
 #include "common.h"
 #include "maps.h"
+#include "route.h"
 #include "metrics.h"
 #include "csum.h"
 #include "nat.h"
@@ -291,7 +292,6 @@ static __always_inline int fabric_ingress(struct __sk_buff *skb,
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct cursor c = { .pos = data, .end = data_end };
-	struct route_key key = { .prefixlen = 32 };
 	const struct route_value *rt;
 	struct bpf_fib_lookup p;
 	struct ethhdr *eth;
@@ -305,8 +305,7 @@ static __always_inline int fabric_ingress(struct __sk_buff *skb,
 	/* Cheapest tests first: most underlay traffic is for this node itself. */
 	if (iph->daddr == cfg->underlay_ip || !is_fabric_dest(iph->daddr))
 		return TC_ACT_OK;
-	key.addr = iph->saddr;
-	rt = bpf_map_lookup_elem(&routes, &key);
+	rt = route_lookup(iph->saddr);
 	if (!rt)
 		return TC_ACT_OK;
 	/* A source this node reaches over the fabric (ROUTE_F_VIA_FABRIC) answers over

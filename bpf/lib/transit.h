@@ -5,6 +5,7 @@
 
 #include "common.h"
 #include "maps.h"
+#include "route.h"
 #include "metrics.h"
 #include "parse.h"
 #include "csum.h"
@@ -15,16 +16,14 @@
 #include "icmp.h"
 
 /* Returns the route a validated GENEVE frame for inner destination daddr transits by:
- * NULL unless this node is a gateway (CFG_F_TRANSIT) and daddr is in routes. On any
+ * NULL unless this node is a gateway (CFG_F_TRANSIT) and route_lookup finds daddr. On any
  * other node this is the flag test only. */
 static __always_inline const struct route_value *
 transit_route(const struct datapath_config *cfg, __be32 daddr)
 {
-	struct route_key key = { .prefixlen = 32, .addr = daddr };
-
 	if (likely(!(cfg->flags & CFG_F_TRANSIT)))
 		return NULL;
-	return bpf_map_lookup_elem(&routes, &key);
+	return route_lookup(daddr);
 }
 
 /* The headers of a GENEVE frame that transit reads or rewrites. */

@@ -26,6 +26,10 @@ struct route_value {
 						 * them by the underlay device, where the
 						 * answer arrives (the agent's fabric table;
 						 * fabric_egress), not by isthmus0 */
+#define ROUTE_F_UNDERLAY	(1 << 1)	/* an exception inside a shorter route: the
+						 * prefix is not tunnelled here (a tunnel
+						 * endpoint, a local prefix); lookups treat it
+						 * as a miss (route_lookup) */
 
 /* Slots of a next-hop group: a power of two, so a flow hash picks one with a mask. */
 #define NHG_SLOTS		64

@@ -131,6 +131,10 @@ func writePlanTable(w io.Writer, p *plan.NodePlan, warnings []objects.Warning) e
 		fmt.Fprintln(tw, "PREFIX\tPEER\tVIA\tORIGIN")
 		for _, r := range p.Routes {
 			origin := r.Origin
+			if r.Underlay {
+				fmt.Fprintf(tw, "%s	(underlay)	-	%s (not tunnelled: an exception to a shorter route)\n", r.Prefix, origin)
+				continue
+			}
 			switch {
 			case r.TransitOnly && r.NotForPods:
 				origin += " (transit only: forwarded traffic, not the host's or its pods')"

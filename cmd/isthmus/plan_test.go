@@ -83,18 +83,19 @@ func TestPlanTable(t *testing.T) {
 			},
 		},
 		{
-			// Seed 000's gateway section: the canary's route to the flex
-			// site's nodeCidrs is cut around the tunnel endpoint.
+			// Seed 000's gateway section: the canary routes the flex site's
+			// nodeCidrs transit only, whole, and the tunnel endpoint inside
+			// to that peer, for what its pods and it forward.
 			golden: "plan-seed000-gateway-aks-1.txt",
 			args:   []string{"--node", "aks-1", "--objects", seed000Gateway},
 			rows: []string{
 				"ROLE            gateway of GatewayPool gateways (transit)\n",
 				"FABRIC          10.0.0.0/27,10.0.2.0/23\n",
 				"flex-1  flex-site  192.168.10.10  192.168.20.1    192.168.10.0/28,192.168.20.0/25",
-				`192.168.10.11/32  group of 1  (see ROUTE GROUPS)  Site "flex-site" spec.nodeCidrs[0]`,
+				`192.168.10.0/28   group of 1  (see ROUTE GROUPS)  Site "flex-site" spec.nodeCidrs[0] (transit only: pods and forwarded traffic, not the host's)`,
+				`192.168.10.10/32  flex-1      192.168.10.10       Node "flex-1" status.addresses[InternalIP] (transit only: pods and forwarded traffic, not the host's)`,
 				`192.168.20.0/25   flex-1      192.168.10.10       Node "flex-1" spec.podCIDRs[0]`,
-				"192.168.10.12/30  flex-site  flex-1 192.168.10.10\n",
-				`192.168.10.0/28  underlay 192.168.10.10  Site "flex-site" spec.nodeCidrs[0]          192.168.10.0/29,192.168.10.8/31,192.168.10.11/32,192.168.10.12/30`,
+				"192.168.10.0/28  flex-site  flex-1 192.168.10.10\n",
 			},
 		},
 		{
@@ -103,8 +104,9 @@ func TestPlanTable(t *testing.T) {
 			rows: []string{
 				"ROLE            member\n",
 				"aks-1  cluster  10.0.0.4  100.64.0.4      10.0.2.0/23,100.64.0.4/32,192.168.10.0/28,192.168.20.0/25",
-				`192.168.20.0/25   group of 1  (see ROUTE GROUPS)  Node "flex-1" spec.podCIDRs[0]`,
-				"192.168.20.0/25   flex-site  aks-1 10.0.0.4\n",
+				`192.168.20.0/25  group of 1  (see ROUTE GROUPS)  Node "flex-1" spec.podCIDRs[0] (via fabric: FABRIC EGRESS sources leave by the underlay device)`,
+				"192.168.20.0/25  flex-site  aks-1 10.0.0.4\n",
+				"FABRIC EGRESS   10.0.2.0/23\n",
 			},
 		},
 		{
@@ -278,7 +280,7 @@ func TestPlanJSONGateway(t *testing.T) {
 	if !got.Equal(want) {
 		t.Errorf("JSON round trip differs:\n%s", out)
 	}
-	for _, field := range []string{`"gateway": true`, "\"gatewayPools\": [\n    \"gateways\"\n  ]", `"endpoint": "192.168.10.10"`} {
+	for _, field := range []string{`"gateway": true`, "\"gatewayPools\": [\n    \"gateways\"\n  ]", `"notForPods": true`, `"transitOnly": true`} {
 		if !strings.Contains(out, field) {
 			t.Errorf("JSON lacks %s:\n%s", field, out)
 		}

@@ -767,23 +767,28 @@ func (a *Agent) podAddrs() []maps.PodAddr {
 
 // routes returns the plan's routes for the main table and for the pods' table
 // (datapath.PodTable): TransitOnly routes are for forwarded traffic only, and
-// the kernel forwards only the pods' (plan.NodePlan.TunnelSources) there.
+// the kernel forwards only the pods' (plan.NodePlan.TunnelSources) there. An
+// Underlay route (an exception inside a TransitOnly one) is a throw route
+// there, so the pods' lookup goes on to main and the underlay.
 func (a *Agent) routes() (main, pods []datapath.Route) {
-	var mainPrefixes, podPrefixes []netip.Prefix
+	var mainPrefixes, podPrefixes, throws []netip.Prefix
 	for _, r := range a.plan.Routes {
-		if r.TransitOnly {
+		switch {
+		case r.Underlay:
+			throws = append(throws, r.Prefix)
+		case r.TransitOnly:
 			if !r.NotForPods {
 				podPrefixes = append(podPrefixes, r.Prefix)
 			}
-		} else {
+		default:
 			mainPrefixes = append(mainPrefixes, r.Prefix)
 		}
 	}
 	if len(a.plan.TunnelSources) == 0 {
-		podPrefixes = nil // no rule leads there
+		return datapath.OverlayRoutes(mainPrefixes, a.overlay.Ifindex, a.plan.TunnelAddr), nil // no rule leads to the pods' table
 	}
 	return datapath.OverlayRoutes(mainPrefixes, a.overlay.Ifindex, a.plan.TunnelAddr),
-		datapath.OverlayRoutes(podPrefixes, a.overlay.Ifindex, a.plan.TunnelAddr)
+		append(datapath.OverlayRoutes(podPrefixes, a.overlay.Ifindex, a.plan.TunnelAddr), datapath.ThrowRoutes(throws)...)
 }
 
 // fabricRoutes returns the plan's ViaFabric routes for datapath.FabricTable:
@@ -791,12 +796,15 @@ func (a *Agent) routes() (main, pods []datapath.Route) {
 // (what leaves there is encapsulated on the way out). The kernel's choice
 // among several gateways only picks a neighbour; the datapath picks the
 // gateway the packet is tunnelled to, by the route's next-hop group, live
-// members only.
+// members only. Every other route inside a ViaFabric one (a peer's own
+// address, an Underlay exception) is a throw route there: the datapath's
+// lookup takes the longest route, so the kernel's must go on to the pods'
+// table and main for it.
 func (a *Agent) fabricRoutes() []datapath.Route {
 	if len(a.plan.FabricEgress) == 0 {
 		return nil
 	}
-	var prefixes []netip.Prefix
+	var prefixes, fabric, throws []netip.Prefix
 	var gateways [][]netip.Addr
 	for _, r := range a.plan.Routes {
 		if !r.ViaFabric {
@@ -807,8 +815,17 @@ func (a *Agent) fabricRoutes() []datapath.Route {
 			via = append(via, m.Via)
 		}
 		prefixes, gateways = append(prefixes, r.Prefix), append(gateways, via)
+		fabric = append(fabric, r.Prefix)
 	}
-	return datapath.FabricRoutes(prefixes, gateways, a.underlay.Attrs().Index, a.overlay.MTU)
+	for _, r := range a.plan.Routes {
+		if r.ViaFabric {
+			continue
+		}
+		if slices.ContainsFunc(fabric, func(f netip.Prefix) bool { return f.Bits() < r.Prefix.Bits() && f.Contains(r.Prefix.Addr()) }) {
+			throws = append(throws, r.Prefix)
+		}
+	}
+	return append(datapath.FabricRoutes(prefixes, gateways, a.underlay.Attrs().Index, a.overlay.MTU), datapath.ThrowRoutes(throws)...)
 }
 
 // ensureHealth runs the health checks from the plan's tunnel address (restarting

@@ -18,9 +18,13 @@ const RouteProtocol = 201
 var errAddrNotAvail = unix.EADDRNOTAVAIL
 
 // Route is one agent route: Prefix dev Ifindex [src Src] proto 201 scope link
-// into isthmus0 (main and PodTable), or, with Via, Prefix through the gateways
-// in Via on the underlay device Ifindex [mtu MTU] proto 201 (FabricTable; one
-// gateway, or a multipath route over several).
+// into isthmus0 (main and PodTable); with Via, Prefix through the gateways in
+// Via on the underlay device Ifindex [mtu MTU] proto 201 (FabricTable; one
+// gateway, or a multipath route over several); or with Throw `throw Prefix
+// proto 201` (no device, no source): a throw route ends the table's lookup
+// without a match, so the kernel goes on to the next rule's table (main),
+// where the prefix reaches the underlay. It is how an exception inside a
+// transit-only route (plan.Route.Underlay) reads in the kernel.
 type Route struct {
 	Prefix  netip.Prefix
 	Ifindex int
@@ -28,10 +32,14 @@ type Route struct {
 	// Via are the next hops, sorted; none for a route straight into a device.
 	Via []netip.Addr
 	// MTU is the route's MTU metric, 0 for none.
-	MTU int
+	MTU   int
+	Throw bool
 }
 
 func (r Route) String() string {
+	if r.Throw {
+		return fmt.Sprintf("throw %v proto 201", r.Prefix)
+	}
 	s := fmt.Sprintf("%v", r.Prefix)
 	for _, v := range r.Via {
 		s += " via " + v.String()
@@ -48,7 +56,7 @@ func (r Route) String() string {
 
 // Equal reports whether two routes are the same.
 func (r Route) Equal(o Route) bool {
-	return r.Prefix == o.Prefix && r.Ifindex == o.Ifindex && r.Src == o.Src && r.MTU == o.MTU &&
+	return r.Prefix == o.Prefix && r.Ifindex == o.Ifindex && r.Src == o.Src && r.MTU == o.MTU && r.Throw == o.Throw &&
 		slices.Equal(r.Via, o.Via)
 }
 
@@ -100,6 +108,17 @@ func OverlayRoutes(prefixes []netip.Prefix, overlayIfindex int, src netip.Addr) 
 			continue
 		}
 		out = append(out, Route{Prefix: netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked(), Ifindex: overlayIfindex, Src: src.Unmap()})
+	}
+	return out
+}
+
+// ThrowRoutes returns a throw route for each IPv4 prefix; others are left out.
+func ThrowRoutes(prefixes []netip.Prefix) []Route {
+	var out []Route
+	for _, p := range prefixes {
+		if p.Addr().Unmap().Is4() {
+			out = append(out, Route{Prefix: netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked(), Throw: true})
+		}
 	}
 	return out
 }
@@ -202,7 +221,7 @@ func (k KernelRoutes) List() ([]Route, error) {
 		if s, ok := netip.AddrFromSlice(r.Src); ok {
 			src = s.Unmap()
 		}
-		rt := Route{Prefix: netip.PrefixFrom(ip.Unmap(), ones), Ifindex: r.LinkIndex, Src: src, MTU: r.MTU}
+		rt := Route{Prefix: netip.PrefixFrom(ip.Unmap(), ones), Ifindex: r.LinkIndex, Src: src, MTU: r.MTU, Throw: r.Type == unix.RTN_THROW}
 		if gw, ok := netip.AddrFromSlice(r.Gw); ok {
 			rt.Via = append(rt.Via, gw.Unmap())
 		}
@@ -219,6 +238,14 @@ func (k KernelRoutes) List() ([]Route, error) {
 }
 
 func (k KernelRoutes) nl(r Route) *netlink.Route {
+	if r.Throw {
+		return &netlink.Route{
+			Type:     unix.RTN_THROW,
+			Dst:      &net.IPNet{IP: r.Prefix.Addr().AsSlice(), Mask: net.CIDRMask(r.Prefix.Bits(), 32)},
+			Protocol: RouteProtocol,
+			Table:    k.table(),
+		}
+	}
 	nr := &netlink.Route{
 		LinkIndex: r.Ifindex,
 		Dst:       &net.IPNet{IP: r.Prefix.Addr().AsSlice(), Mask: net.CIDRMask(r.Prefix.Bits(), 32)},

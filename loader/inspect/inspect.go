@@ -74,7 +74,9 @@ type Route struct {
 	// Members are the slot owners of the group now; empty for a group with no
 	// live member (the datapath drops with no_nexthop).
 	Members []maps.SlotOwner `json:"members,omitempty"`
-	Flags   uint32           `json:"flags"`
+	// Flags are ROUTE_F_*: 0x1 (maps.RouteFlagUnderlay) marks an exception,
+	// a prefix not tunnelled here (no peer, no group).
+	Flags uint32 `json:"flags"`
 }
 
 // Peer is a peers entry with its allowed inner sources (peer_sources).
@@ -160,9 +162,12 @@ func (m *Maps) Routes() ([]Route, error) {
 	var out []Route
 	for p, r := range st.Routes {
 		rt := Route{Prefix: p, Group: r.Group, Flags: r.Flags}
-		if r.Group != 0 {
+		switch {
+		case r.Flags&maps.RouteFlagUnderlay != 0:
+			// An exception: neither peer nor group.
+		case r.Group != 0:
 			rt.Members = st.Groups[r.Group].Owners()
-		} else {
+		default:
 			rt.Peer = r.Peer
 		}
 		out = append(out, rt)

@@ -81,10 +81,13 @@ func routesTable(tw *tabwriter.Writer, rs []Route) {
 	fmt.Fprintln(tw, "PREFIX\tPEER\tGROUP\tLIVE MEMBERS\tFLAGS")
 	for _, r := range rs {
 		peer, group, members := "-", "-", "-"
-		if r.Group != 0 {
+		switch {
+		case r.Flags&maps.RouteFlagUnderlay != 0:
+			peer = "(underlay)" // an exception: not tunnelled, whatever a shorter route says
+		case r.Group != 0:
 			group = fmt.Sprint(r.Group)
 			members = owners(r.Members)
-		} else {
+		default:
 			peer = r.Peer.String()
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t0x%x\n", r.Prefix, peer, group, members, r.Flags)

@@ -52,7 +52,8 @@ type NodeConfig struct {
 // sets (maps.GroupIDs), whose slots are spread by maps.Rendezvous over the members not in
 // node.Down for the route's site. A group
 // whose members are all down has no entry (the zero entry: the datapath drops with
-// DROP_NO_NEXTHOP). config.tunnel_ip is p.SNAT.Addr, the SNAT port range comes from
+// DROP_NO_NEXTHOP). An Underlay route (an exception) is an entry with
+// maps.RouteFlagUnderlay and neither peer nor group. config.tunnel_ip is p.SNAT.Addr, the SNAT port range comes from
 // node, fabric_prefixes from p.FabricPrefixes and snat_exempt from p.SNAT.Exempt.
 // With p.Masquerade.Addr set, CFG_F_MASQUERADE is on and masq_exempt holds
 // p.Masquerade.Exempt.
@@ -182,6 +183,15 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 	ids := maps.GroupIDs(sets, prefer)
 	for i, r := range p.Routes {
 		prefix, ok := maps.Prefix4(r.Prefix)
+		if r.Underlay {
+			// An exception: no peer, no group; lookups read it as a miss.
+			if !ok {
+				warnings = append(warnings, fmt.Sprintf("route %v (not tunnelled): not IPv4, skipped", r.Prefix))
+				continue
+			}
+			s.Routes[prefix] = maps.Route{Flags: maps.RouteFlagUnderlay}
+			continue
+		}
 		if len(r.Group) == 0 {
 			via := r.Via.Unmap()
 			if !ok || !via.Is4() {

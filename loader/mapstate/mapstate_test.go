@@ -161,3 +161,25 @@ func TestFromPlanKeepsGroupIDs(t *testing.T) {
 		t.Errorf("new group got id %d, want a free one (in use: %v)", id, current)
 	}
 }
+
+// TestFromPlanUnderlayException: an Underlay route becomes an entry with
+// ROUTE_F_UNDERLAY and neither peer nor group, so the datapath reads it as
+// a miss; it takes no next-hop group.
+func TestFromPlanUnderlayException(t *testing.T) {
+	gw := netip.MustParseAddr("10.0.0.4")
+	p := &plan.NodePlan{Node: "a", Underlay: netip.MustParseAddr("10.0.0.5"), Routes: []plan.Route{
+		{Prefix: netip.MustParsePrefix("192.168.10.0/28"), Group: []plan.NextHop{{Peer: "g", Via: gw}}, Site: "flex", TransitOnly: true},
+		{Prefix: netip.MustParsePrefix("192.168.10.10/32"), TransitOnly: true, Underlay: true},
+	}}
+	s, warns := mapstate.FromPlan(p, mapstate.NodeConfig{})
+	if len(warns) != 0 {
+		t.Errorf("warnings %v", warns)
+	}
+	got := s.Routes[netip.MustParsePrefix("192.168.10.10/32")]
+	if got != (Route{Flags: RouteFlagUnderlay}) {
+		t.Errorf("exception entry %+v, want flags ROUTE_F_UNDERLAY only", got)
+	}
+	if r := s.Routes[netip.MustParsePrefix("192.168.10.0/28")]; r.Group == 0 || r.Flags != 0 || len(s.Groups) != 1 {
+		t.Errorf("covering route %+v, groups %v: want one group, no flags", r, s.Groups)
+	}
+}

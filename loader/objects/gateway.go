@@ -132,6 +132,36 @@ func (l *loader) validateGateways(siteNames map[string]bool, nodeSite map[string
 	for _, a := range l.assigns {
 		l.validateAssignment(a, siteNames, types, selectors, poolSites)
 	}
+	l.checkUnderlayAgrees()
+}
+
+// checkUnderlayAgrees rejects an assignment that joins two sites another
+// assignment joins too, but says otherwise whether their underlays reach
+// each other's nodes: the sites' nodes could not agree on which way their
+// host traffic goes, and a path would be asymmetric.
+func (l *loader) checkUnderlayAgrees() {
+	type pair struct{ a, b string }
+	first := map[pair]entry[v1alpha1.SiteGatewayPoolAssignment]{}
+	for _, e := range l.assigns {
+		reaches := e.obj.Spec.ReachesNodesOnUnderlay()
+		reported := false
+		for i, a := range e.obj.Spec.Sites {
+			for _, b := range e.obj.Spec.Sites[i+1:] {
+				k := pair{min(a, b), max(a, b)}
+				f, ok := first[k]
+				if !ok {
+					first[k] = e
+					continue
+				}
+				if f.obj.Spec.ReachesNodesOnUnderlay() != reaches && !reported {
+					reported = true
+					l.errorf(e.file, e.label, "spec.underlayReachesNodes",
+						"%v, but SiteGatewayPoolAssignment %q joins Sites %q and %q too and says %v: give both the same value, since the nodes of two sites reach each other one way",
+						reaches, f.obj.Name, k.a, k.b, !reaches)
+				}
+			}
+		}
+	}
 }
 
 func (l *loader) validateAssignment(e entry[v1alpha1.SiteGatewayPoolAssignment], siteNames map[string]bool,
@@ -153,6 +183,10 @@ func (l *loader) validateAssignment(e entry[v1alpha1.SiteGatewayPoolAssignment],
 	}
 	if len(seen) < 2 {
 		l.errorf(e.file, e.label, "spec.sites", "an assignment needs at least two sites, got %d", len(seen))
+	}
+	if !spec.ReachesNodesOnUnderlay() && !spec.RoutesNodeCIDRs() {
+		l.errorf(e.file, e.label, "spec.underlayReachesNodes",
+			"false says host traffic to the other sites' node addresses must go through the gateways, but routeNodeCidrs false routes no nodeCidrs there: set routeNodeCidrs true (or leave it unset), or underlayReachesNodes true if the underlay does reach the nodes")
 	}
 	var pools []string
 	usable := true

@@ -116,6 +116,28 @@ func TestLoadGatewayErrors(t *testing.T) {
 			},
 		},
 		{
+			name: "underlay unreachable without routed nodeCidrs",
+			files: map[string][]byte{"s.yaml": gatewaySites, "g.yaml": docs(
+				pool("gw", "Internal", "{matchLabels: {gw: yes}}", ""),
+				assignment("ab", "a, b", "gw")+"  routeNodeCidrs: false\n  underlayReachesNodes: false\n",
+				assignment("ok", "a, b", "gw")+"  underlayReachesNodes: false\n",
+			)},
+			want: []string{
+				`g.yaml: SiteGatewayPoolAssignment "ab": spec.underlayReachesNodes: false says host traffic to the other sites' node addresses must go through the gateways, but routeNodeCidrs false routes no nodeCidrs there: set routeNodeCidrs true (or leave it unset), or underlayReachesNodes true if the underlay does reach the nodes`,
+			},
+		},
+		{
+			name: "assignments joining the same sites disagree on the underlay",
+			files: map[string][]byte{"s.yaml": gatewaySites, "g.yaml": docs(
+				pool("gw", "Internal", "{matchLabels: {gw: yes}}", ""),
+				assignment("ab", "a, b", "gw"),
+				assignment("ba", "b, a", "gw")+"  underlayReachesNodes: false\n",
+			)},
+			want: []string{
+				`g.yaml: SiteGatewayPoolAssignment "ba": spec.underlayReachesNodes: false, but SiteGatewayPoolAssignment "ab" joins Sites "a" and "b" too and says true: give both the same value, since the nodes of two sites reach each other one way`,
+			},
+		},
+		{
 			name: "site without gateway",
 			files: map[string][]byte{"s.yaml": gatewaySites, "g.yaml": docs(
 				pool("gw", "Internal", "{matchLabels: {gw: yes}}", ""),

@@ -117,16 +117,17 @@ func minimal(ps []netip.Prefix) bool {
 // merge even through the same gateways. Comparable, so the aggregation
 // compares targets without formatting them.
 type target struct {
-	peer    string
-	via     netip.Addr
-	transit bool
-	site    string
-	group   string // the group's members, "peer via" joined by "|"
+	peer     string
+	via      netip.Addr
+	transit  bool
+	underlay bool
+	site     string
+	group    string // the group's members, "peer via" joined by "|"
 }
 
 // routeTarget returns r's target.
 func routeTarget(r Route) target {
-	t := target{peer: r.Peer, via: r.Via, transit: r.TransitOnly, site: r.Site}
+	t := target{peer: r.Peer, via: r.Via, transit: r.TransitOnly, underlay: r.Underlay, site: r.Site}
 	if len(r.Group) > 0 {
 		// One allocation: this runs for every route of a hub node.
 		b := make([]byte, 0, len(r.Group)*32)

@@ -32,7 +32,9 @@ import (
 // each remote gateway's own prefixes straight to it. A route that holds an
 // underlay address (a peer's, this node's, or, on a member, one its gateways
 // tunnel to) or overlaps a LocalPrefix is split around it, and the split is
-// reported in Corrections.
+// reported in Corrections; a TransitOnly route (a remote site's nodeCidrs,
+// which this node's own traffic reaches on the underlay) stays whole, with an
+// Underlay exception for it.
 //
 // Compute fails when the node is unknown, in no site, or belongs to an
 // unmanaged site, has no tunnel address and is no gateway: such a node cannot
@@ -114,7 +116,7 @@ func compute(set *objects.Set, node string, c *Cache) (*NodePlan, error) {
 	p.addGatewayRoutes(gp.routes, false)
 	p.correctRoutes(gp.endpoints)
 	p.splitDirect(gp.direct)
-	p.addPeerAddrRoutes(set, site)
+	p.addPeerAddrRoutes(set, site, gp.overlayPeers)
 	p.addNodeRoutes(gp.nodeRoutes)
 	p.dedupeRoutes()
 	if len(p.Routes) > 0 {
@@ -323,11 +325,14 @@ func (p *NodePlan) addGroupRoutes(u *v1alpha1.Site) {
 	}
 }
 
-// correctRoutes enforces two invariants. No route holds an underlay address
-// (a peer's, this node's own, or one in extra: those its gateways tunnel to):
-// sending a tunnel endpoint into the tunnel would loop the tunnel into
-// itself. No route overlaps a LocalPrefix: those belong to the site's fabric
-// and CNI on this node.
+// correctRoutes enforces two invariants. No route sends an underlay address
+// (a peer's, this node's own, or one in extra: those its gateways tunnel to)
+// into the tunnel: that would loop the tunnel into itself. No route sends a
+// LocalPrefix there: those belong to the site's fabric and CNI on this node.
+// A route the kernel's main table takes is cut around them (Corrections),
+// since that table cannot say "not this longer prefix". A TransitOnly route
+// stays whole and gets an Underlay exception for each (see exceptions);
+// only a LocalPrefix holding all of it removes it.
 func (p *NodePlan) correctRoutes(extra []netip.Addr) {
 	endpoints := append([]netip.Addr{p.Underlay}, extra...)
 	for _, pr := range p.Peers {
@@ -338,6 +343,10 @@ func (p *NodePlan) correctRoutes(extra []netip.Addr) {
 
 	routes := rewriteRoutes(p.Routes)
 	for _, r := range p.Routes {
+		if r.TransitOnly {
+			p.exceptions(routes, r, endpoints)
+			continue
+		}
 		var cuts []Correction
 		var holes []netip.Prefix
 		// endpoints is sorted: those inside the prefix are one run of it.
@@ -381,6 +390,50 @@ func (p *NodePlan) correctRoutes(extra []netip.Addr) {
 	})
 }
 
+// exceptions keeps the TransitOnly route r, with an Underlay exception for
+// each endpoint and LocalPrefix inside it (endpoints sorted), and removes
+// it, reported, when one of them holds all of it. The datapath's lookup is
+// longest prefix first, so one longer route per exception does what cutting
+// r into pieces did, in two routes where a /20 cut around one address took
+// twelve. A later route for the same prefix (a peer's own address) wins
+// over the exception (dedupeRoutes).
+func (p *NodePlan) exceptions(routes *routeRewrite, r Route, endpoints []netip.Addr) {
+	var holes []Route
+	first, _ := slices.BinarySearchFunc(endpoints, r.Prefix.Masked().Addr(), netip.Addr.Compare)
+	for _, e := range endpoints[first:] {
+		if !r.Prefix.Contains(e) {
+			break
+		}
+		if HostPrefix(e) == r.Prefix {
+			p.Corrections = append(p.Corrections, Correction{Removed: r.Prefix, Endpoint: e, Kept: []netip.Prefix{}, Origin: r.Origin})
+			routes.replace(0)
+			return
+		}
+		holes = append(holes, Route{Prefix: HostPrefix(e), Origin: fmt.Sprintf("tunnel endpoint in %s", r.Origin)})
+	}
+	for _, l := range p.LocalPrefixes {
+		if !r.Prefix.Overlaps(l) {
+			continue
+		}
+		if l.Bits() <= r.Prefix.Bits() {
+			p.Corrections = append(p.Corrections, Correction{Removed: r.Prefix, Local: l, Kept: []netip.Prefix{}, Origin: r.Origin})
+			routes.replace(0)
+			return
+		}
+		holes = append(holes, Route{Prefix: l, Origin: fmt.Sprintf("LocalPrefix of Site %q in %s", p.Site, r.Origin)})
+	}
+	if len(holes) == 0 {
+		routes.keep(r)
+		return
+	}
+	routes.replace(len(holes))
+	routes.add(r)
+	for _, h := range holes {
+		h.TransitOnly, h.Underlay = true, true
+		routes.add(h)
+	}
+}
+
 // routeRewrite rebuilds a list of routes, each kept or replaced by pieces
 // (which may be more), in place for as long as every route is kept: a cut is
 // rare, and a copy of a mesh node's 5,000 routes at each step is garbage.
@@ -413,7 +466,8 @@ func (w *routeRewrite) add(r Route) { w.out = append(w.out, r) }
 
 // dedupeRoutes sorts the routes by prefix and keeps one route per prefix: a
 // node's own prefixes (added first) win over a site's pod blocks, since the
-// datapath has one entry per prefix. Only a tie between different next hops
+// datapath has one entry per prefix, and any route wins over an Underlay
+// exception (a peer's own address, routed to that peer, needs none). Only a tie between different next hops
 // earns a warning: a prefix both declared and listed in routedCidrs goes to
 // the same gateways either way.
 func (p *NodePlan) dedupeRoutes() {
@@ -424,7 +478,11 @@ func (p *NodePlan) dedupeRoutes() {
 	kept := p.Routes[:0] // in place: a route is written at or before where it was read
 	for _, r := range p.Routes {
 		if n := len(kept); n > 0 && kept[n-1].Prefix == r.Prefix {
-			if sameTarget(kept[n-1], r) {
+			if kept[n-1].Underlay && !r.Underlay {
+				kept[n-1] = r // a route for the prefix itself needs no exception
+				continue
+			}
+			if r.Underlay || sameTarget(kept[n-1], r) {
 				continue
 			}
 			p.warnf("route %s from %s is also claimed by %s: the first is kept", r.Prefix, kept[n-1].Origin, r.Origin)
@@ -437,7 +495,7 @@ func (p *NodePlan) dedupeRoutes() {
 
 // sameTarget reports whether two routes go to the same peer or group.
 func sameTarget(a, b Route) bool {
-	return a.Peer == b.Peer && a.Via == b.Via && slices.Equal(a.Group, b.Group)
+	return a.Peer == b.Peer && a.Via == b.Via && slices.Equal(a.Group, b.Group) && a.Underlay == b.Underlay
 }
 
 // snatPolicy returns the return-path SNAT policy of self: translate to the

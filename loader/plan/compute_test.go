@@ -82,6 +82,10 @@ func summary(p *NodePlan) []string {
 		lines = append(lines, fmt.Sprintf("peer %s %s %s %v %v", pr.Name, pr.Site, pr.Underlay, pr.TunnelAddr, pr.AllowedSources))
 	}
 	for _, r := range p.Routes {
+		if r.Underlay {
+			lines = append(lines, fmt.Sprintf("route %s -> underlay (%s)", r.Prefix, r.Origin))
+			continue
+		}
 		if r.Group != nil {
 			var g []string
 			for _, h := range r.Group {
@@ -576,18 +580,56 @@ func checkInvariants(t *testing.T, p *NodePlan) {
 	for _, pr := range p.Peers {
 		peers[pr.Name] = pr.Underlay
 	}
-	for _, r := range p.Routes {
-		for _, e := range append([]netip.Addr{p.Underlay}, peerUnderlays(p)...) {
-			if r.Prefix.Contains(e) && !(r.TransitOnly && r.Prefix == HostPrefix(e) && peers[r.Peer] == e) {
+	// longest returns the longest route holding q (a prefix), as the
+	// datapath's LPM lookup finds it.
+	longest := func(q netip.Prefix) (Route, bool) {
+		var best Route
+		found := false
+		for _, r := range p.Routes {
+			if r.Prefix.Bits() <= q.Bits() && r.Prefix.Contains(q.Addr()) && (!found || r.Prefix.Bits() > best.Prefix.Bits()) {
+				best, found = r, true
+			}
+		}
+		return best, found
+	}
+	for _, e := range append([]netip.Addr{p.Underlay}, peerUnderlays(p)...) {
+		// The kernel's main table never holds an endpoint, and the
+		// datapath's lookup of one finds nothing, an Underlay exception, or
+		// the TransitOnly host route to that very peer.
+		for _, r := range p.Routes {
+			if !r.TransitOnly && r.Prefix.Contains(e) {
 				t.Errorf("route %s holds underlay address %s", r.Prefix, e)
 			}
 		}
-		for _, l := range p.LocalPrefixes {
-			// A gateway forwards remote pods' packets for a node of its own
-			// site through the tunnel; its own pods and host never take it.
-			if r.Prefix.Overlaps(l) && !(r.TransitOnly && r.NotForPods && r.Prefix.Bits() == 32) {
-				t.Errorf("route %s overlaps local prefix %s", r.Prefix, l)
+		if r, ok := longest(HostPrefix(e)); ok && !r.Underlay && !(r.TransitOnly && r.Prefix == HostPrefix(e) && peers[r.Peer] == e) {
+			t.Errorf("route %s holds underlay address %s", r.Prefix, e)
+		}
+	}
+	for _, l := range p.LocalPrefixes {
+		for _, r := range p.Routes {
+			// A peer's own address, routed to that peer for what the node
+			// forwards (addPeerAddrRoutes), may lie in a local prefix: the
+			// node's own traffic never takes it.
+			peerAddr := r.TransitOnly && r.Peer != "" && r.Prefix.Bits() == r.Prefix.Addr().BitLen()
+			if !r.Prefix.Overlaps(l) || r.Underlay || peerAddr {
+				continue
 			}
+			if !r.TransitOnly || r.Prefix.Bits() >= l.Bits() {
+				t.Errorf("route %s overlaps local prefix %s", r.Prefix, l)
+			} else if u, _ := longest(l); !u.Underlay {
+				t.Errorf("route %s holds local prefix %s without an Underlay exception for it", r.Prefix, l)
+			}
+		}
+	}
+	for _, r := range p.Routes {
+		if r.Underlay {
+			if r.Peer != "" || r.Via.IsValid() || r.Group != nil || r.Site != "" || !r.TransitOnly {
+				t.Errorf("Underlay route %s has a target (%q %s %v %q) or is not TransitOnly", r.Prefix, r.Peer, r.Via, r.Group, r.Site)
+			}
+			if c, ok := longest(parentOrSelf(r.Prefix)); !ok || c.Prefix == r.Prefix || !c.TransitOnly {
+				t.Errorf("Underlay route %s is no exception inside a TransitOnly route", r.Prefix)
+			}
+			continue
 		}
 		if (r.Peer == "") == (len(r.Group) == 0) {
 			t.Errorf("route %s has peer %q and group %v: want exactly one", r.Prefix, r.Peer, r.Group)
@@ -598,6 +640,14 @@ func checkInvariants(t *testing.T, p *NodePlan) {
 			}
 		}
 	}
+}
+
+// parentOrSelf is the prefix one bit shorter than p, p itself for a /0.
+func parentOrSelf(p netip.Prefix) netip.Prefix {
+	if p.Bits() == 0 {
+		return p
+	}
+	return parent(p)
 }
 
 // firstGroup returns the index of p's first group route.

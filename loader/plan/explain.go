@@ -9,7 +9,8 @@ import (
 
 // The kinds of entry an address can match in a NodePlan (Match.Kind).
 const (
-	MatchRoute        = "route"        // a Route: into the tunnel
+	MatchRoute        = "route"        // a Route: into the tunnel (TransitOnly: not for the host's own traffic)
+	MatchException    = "exception"    // an Underlay Route: not tunnelled, whatever a shorter route says
 	MatchLocal        = "local"        // a LocalPrefix: left to the site's fabric and CNI
 	MatchFabric       = "fabric"       // a FabricPrefix: decapsulated traffic handed to the fabric
 	MatchPodCIDR      = "podCIDR"      // one of the node's own PodCIDRs
@@ -19,7 +20,7 @@ const (
 )
 
 // matchKindsInOrder breaks ties between entries of the same prefix length.
-const matchKindsInOrder = "underlay peerUnderlay tunnelAddr podCIDR local fabric route"
+const matchKindsInOrder = "underlay peerUnderlay tunnelAddr podCIDR local fabric exception route"
 
 const explainNoRouteText = "no route: stays on the underlay (the kernel routes it; the datapath does not touch it)"
 
@@ -96,10 +97,7 @@ func Explain(p *NodePlan, addr netip.Addr) Explanation {
 		e.Match = &m
 	}
 	e.Verdict = verdict(e.Match)
-	if e.Match != nil && e.Match.Kind == MatchRoute && e.Match.TransitOnly {
-		e.Verdict = explainNoRouteText
-	}
-	if r, ok := p.transitOnlyRoute(addr); ok && e.Match != nil && (e.Match.Kind != MatchRoute || e.Match.TransitOnly) {
+	if r, ok := p.transitOnlyRoute(addr); ok && e.Match != nil && e.Match.Kind != MatchRoute {
 		// A peer's or a remote node's InternalIP: the host's traffic stays on
 		// the underlay, the pods' takes the tunnel (architecture.md, "Pods and
 		// node addresses").
@@ -160,6 +158,10 @@ func (p *NodePlan) matches(addr netip.Addr) []Match {
 		add(Match{Kind: MatchFabric, Prefix: f, Origin: o})
 	}
 	for _, r := range p.Routes {
+		if r.Underlay {
+			add(Match{Kind: MatchException, Prefix: r.Prefix, Origin: r.Origin})
+			continue
+		}
 		add(Match{Kind: MatchRoute, Prefix: r.Prefix, Origin: r.Origin, Peer: r.Peer, Via: r.Via, Group: slices.Clone(r.Group), Site: r.Site,
 			TransitOnly: r.TransitOnly, ViaFabric: r.ViaFabric, NotForPods: r.NotForPods})
 	}
@@ -205,19 +207,13 @@ func verdict(m *Match) string {
 	}
 	switch m.Kind {
 	case MatchRoute:
-		if len(m.Group) > 0 {
-			ms := make([]string, len(m.Group))
-			for i, h := range m.Group {
-				ms[i] = fmt.Sprintf("%s %s", h.Peer, h.Via)
-			}
-			up := "among those up"
-			if m.Site != "" {
-				up = "among those that reach site " + m.Site
-			}
-			return fmt.Sprintf("into the tunnel by route %s to a group of %d (one member per flow by consistent hash, %s): %s",
-				m.Prefix, len(m.Group), up, strings.Join(ms, ", "))
+		if m.TransitOnly {
+			return fmt.Sprintf("this node's own traffic stays on the underlay (route %s is transit only); its pods and forwarded traffic go %s",
+				m.Prefix, tunnelVerdict(m))
 		}
-		return fmt.Sprintf("into the tunnel by route %s to peer %s (underlay %s)", m.Prefix, m.Peer, m.Via)
+		return tunnelVerdict(m)
+	case MatchException:
+		return fmt.Sprintf("not tunnelled: %s is an exception to a shorter transit-only route (%s), left to the kernel and the underlay", m.Prefix, m.Origin)
 	case MatchLocal:
 		return fmt.Sprintf("stays in this node's site: %s is local (left to the site's fabric and CNI, never tunneled)", m.Prefix)
 	case MatchFabric:
@@ -232,6 +228,23 @@ func verdict(m *Match) string {
 		return fmt.Sprintf("the underlay address of peer %s: a tunnel endpoint, stays on the underlay", m.Peer)
 	}
 	return explainNoRouteText
+}
+
+// tunnelVerdict says where route m sends a packet into the tunnel.
+func tunnelVerdict(m *Match) string {
+	if len(m.Group) > 0 {
+		ms := make([]string, len(m.Group))
+		for i, h := range m.Group {
+			ms[i] = fmt.Sprintf("%s %s", h.Peer, h.Via)
+		}
+		up := "among those up"
+		if m.Site != "" {
+			up = "among those that reach site " + m.Site
+		}
+		return fmt.Sprintf("into the tunnel by route %s to a group of %d (one member per flow by consistent hash, %s): %s",
+			m.Prefix, len(m.Group), up, strings.Join(ms, ", "))
+	}
+	return fmt.Sprintf("into the tunnel by route %s to peer %s (underlay %s)", m.Prefix, m.Peer, m.Via)
 }
 
 // explainSNAT says whether a packet from addr entering the tunnel is translated.
@@ -255,7 +268,8 @@ func (p *NodePlan) explainSNAT(addr netip.Addr) SNATExplanation {
 		Reason: fmt.Sprintf("translated to %s: no snat_exempt entry contains %s, so replies could not find their way back untranslated", s.Addr, addr)}
 }
 
-// transitOnlyRoute returns the longest TransitOnly route holding addr.
+// transitOnlyRoute returns the longest TransitOnly route holding addr,
+// false when there is none or it is an Underlay exception.
 func (p *NodePlan) transitOnlyRoute(addr netip.Addr) (Route, bool) {
 	var best Route
 	found := false
@@ -264,7 +278,7 @@ func (p *NodePlan) transitOnlyRoute(addr netip.Addr) (Route, bool) {
 			best, found = r, true
 		}
 	}
-	return best, found
+	return best, found && !best.Underlay
 }
 
 // The tables a node's kernel routes a packet by, after its policy rules
@@ -344,7 +358,8 @@ func (p *NodePlan) kernelDirection(src, dst netip.Addr) Direction {
 				best = r
 			}
 		}
-		if best == nil {
+		// An Underlay exception is a throw route: the lookup goes on.
+		if best == nil || best.Underlay {
 			return false
 		}
 		d.Table, d.Device = table, DeviceOverlay
@@ -355,13 +370,18 @@ func (p *NodePlan) kernelDirection(src, dst netip.Addr) Direction {
 			Group: slices.Clone(best.Group), Site: best.Site, TransitOnly: best.TransitOnly, ViaFabric: best.ViaFabric, NotForPods: best.NotForPods}
 		return true
 	}
-	if inPrefixes(p.FabricEgress, src) && pick(TableFabric, func(r Route) bool { return r.ViaFabric }) {
-		return d
+	// The fabric table holds the ViaFabric routes and a throw route for every
+	// other route inside one (the agent's fabricRoutes).
+	if inPrefixes(p.FabricEgress, src) && pick(TableFabric, func(Route) bool { return true }) {
+		if d.Route.ViaFabric {
+			return d
+		}
+		d = Direction{From: src, To: dst, Table: TableMain, Device: DeviceUnderlay}
 	}
 	if inPrefixes(p.TunnelSources, src) && pick(TablePods, func(r Route) bool { return !r.NotForPods }) {
 		return d
 	}
-	pick(TableMain, func(r Route) bool { return !r.TransitOnly })
+	pick(TableMain, func(r Route) bool { return !r.TransitOnly && !r.Underlay })
 	return d
 }
 

@@ -80,20 +80,24 @@ func TestExplain(t *testing.T) {
 		},
 		exempt: "10.0.2.0/23", exemptOrigin: podBlock,
 	}, {
-		name: "remote gateway's underlay cut out of a routed nodeCidrs", set: gw, node: "aks-2", addr: "192.168.10.10",
-		kind: MatchRoute, prefix: "192.168.10.10/32", origin: `Node "flex-1" status.addresses[InternalIP]`, group: 1, matches: 1,
-		verdict: "no route: stays on the underlay (the kernel routes it; the datapath does not touch it); this node's pods and forwarded traffic go into the tunnel by route 192.168.10.10/32 (transit only)", translated: true,
-		why: []string{`192.168.10.0/28 would cover this address but it is a tunnel endpoint (underlay address), which the host never sends into the tunnel (the route came from Site "flex-site" spec.nodeCidrs[0])`},
+		// Its pods reach it through aks-1, which carries it to its peer: the
+		// group route of the node range covers it, no exception.
+		name: "remote gateway's underlay: inside the remote nodeCidrs, for pods through the gateway", set: gw, node: "aks-2", addr: "192.168.10.10",
+		kind: MatchRoute, prefix: "192.168.10.0/28", group: 1, matches: 1,
+		verdict: "own traffic stays on the underlay (route 192.168.10.0/28 is transit only)", translated: true,
 	}, {
-		name: "what is left of the cut nodeCidrs", set: gw, node: "aks-2", addr: "192.168.10.3",
-		kind: MatchRoute, prefix: "192.168.10.0/29", origin: `Site "flex-site" spec.nodeCidrs[0]`, group: 1, matches: 1,
-		verdict: "among those that reach site flex-site): aks-1 10.0.0.4", translated: true,
+		name: "an address of the remote nodeCidrs no Node holds: transit only, as a known node's", set: gw, node: "aks-2", addr: "192.168.10.3",
+		kind: MatchRoute, prefix: "192.168.10.0/28", origin: `Site "flex-site" spec.nodeCidrs[0] and 1 more`, group: 1, matches: 1,
+		verdict: "own traffic stays on the underlay (route 192.168.10.0/28 is transit only); its pods and forwarded traffic go into the tunnel by route 192.168.10.0/28 to a group of 1 (one member per flow by consistent hash, among those that reach site flex-site): aks-1 10.0.0.4", translated: true,
+	}, {
+		name: "a known remote node: the same route", set: gw, node: "flex-1", addr: "10.0.0.5",
+		kind: MatchRoute, prefix: "10.0.0.0/27", group: 1, matches: 1,
+		verdict: "own traffic stays on the underlay (route 10.0.0.0/27 is transit only)", translated: true,
 	}, {
 		name: "gateway: peer gateway underlay", set: gw, node: "flex-1", addr: "10.0.0.4",
-		kind: MatchPeerUnderlay, prefix: "10.0.0.4/32", peer: "aks-1", origin: `Node "aks-1" status.addresses[InternalIP]`, matches: 2,
-		// The pods' way to it is the tunnel (issue 11).
+		kind: MatchPeerUnderlay, prefix: "10.0.0.4/32", peer: "aks-1", origin: `Node "aks-1" status.addresses[InternalIP]`, matches: 3,
+		// The pods' way to it is the tunnel, straight to that peer.
 		verdict: "peer aks-1: a tunnel endpoint, stays on the underlay; this node's pods and forwarded traffic go into the tunnel by route 10.0.0.4/32 (transit only)", translated: true,
-		why: []string{`10.0.0.0/27 would cover this address but it is a tunnel endpoint`},
 	}, {
 		name: "gateway: fabric prefix from nodeCidrs", set: gw, node: "flex-1", addr: "192.168.10.3",
 		kind: MatchFabric, prefix: "192.168.10.0/28", origin: `Site "flex-site" fabric prefixes (its pod blocks, or on a gateway its nodeCidrs)`,

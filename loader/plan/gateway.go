@@ -112,6 +112,9 @@ type sitePrefix struct {
 	// fabric is true for the prefixes only the site's fabric delivers (pools'
 	// routedCidrs and the site's nodeCidrs): a gateway hands them to it.
 	fabric bool
+	// nodeCIDR is true for the site's nodeCidrs: routed TransitOnly when the
+	// underlay reaches the nodes (see addAssignments).
+	nodeCIDR bool
 }
 
 // prefixesOf returns the prefixes of site t in a (docs/gateways.md, "Prefixes
@@ -157,7 +160,7 @@ func (a *assignment) prefixesOf(set *objects.Set, t *v1alpha1.Site) []sitePrefix
 	if a.obj.Spec.RoutesNodeCIDRs() {
 		for i, c := range t.Spec.NodeCIDRs {
 			if pfx, err := netip.ParsePrefix(string(c)); err == nil {
-				add(sitePrefix{prefix: pfx.Masked(), origin: fmt.Sprintf("Site %q spec.nodeCidrs[%d]", t.Name, i), fabric: true})
+				add(sitePrefix{prefix: pfx.Masked(), origin: fmt.Sprintf("Site %q spec.nodeCidrs[%d]", t.Name, i), fabric: true, nodeCIDR: true})
 			}
 		}
 	}
@@ -195,6 +198,8 @@ type groupRoute struct {
 	// reach to it.
 	site    string
 	members []string
+	// transitOnly routes sp for forwarded traffic only (Route.TransitOnly).
+	transitOnly bool
 }
 
 // nodeAddrs returns the InternalIPs of site t's nodes, as host prefixes.
@@ -222,17 +227,28 @@ type gatewayPlan struct {
 	nodeRoutes []groupRoute
 	// fabric are the prefixes the node, a gateway, hands to its site's fabric.
 	fabric []netip.Prefix
+	// overlayPeers are, on a gateway, the remote gateways of sites whose
+	// nodes the underlay does not reach, and the nodes of its own site: it
+	// routes their InternalIPs TransitOnly to them even without
+	// TunnelSources (addPeerAddrRoutes), since host traffic between the
+	// sites' nodes comes through it. It reaches the remote gateways'
+	// InternalIPs on the underlay (cut out as endpoints), as they reach its
+	// own.
+	overlayPeers []string
 	// direct are addresses this node's own traffic reaches on the underlay:
-	// the InternalIPs of the nodes of the sites it reaches through gateways
-	// (see splitDirect).
+	// the InternalIPs of the nodes of the sites it reaches through gateways,
+	// and their nodeCidrs where it routes them (see splitDirect).
 	direct []netip.Prefix
 }
 
-// splitDirect cuts the addresses in direct out of the group routes, after
-// correctRoutes, and routes each of them TransitOnly to the same group: the
-// kernel sends this node's own traffic to them on the underlay, the datapath
-// forwards others' traffic through the tunnel. The split is by design, not
-// a correction to report.
+// splitDirect cuts the addresses in direct out of the group routes the
+// kernel's main table takes, after correctRoutes, and routes each of them
+// TransitOnly to the same group: the kernel sends this node's own traffic to
+// them on the underlay, the datapath forwards others' traffic through the
+// tunnel. A TransitOnly group route (a remote site's nodeCidrs, where the
+// direct addresses usually are) does that for all of them already, known
+// nodes or not, and is left whole. The split is by design, not a correction
+// to report.
 func (p *NodePlan) splitDirect(direct []netip.Prefix) {
 	if len(direct) == 0 {
 		return
@@ -241,14 +257,16 @@ func (p *NodePlan) splitDirect(direct []netip.Prefix) {
 	routes := rewriteRoutes(p.Routes)
 	for _, r := range p.Routes {
 		var inside []netip.Prefix
-		if r.Group != nil {
+		if r.Group != nil && !r.TransitOnly {
 			// direct is sorted: those inside the route are one run of it.
 			first, _ := slices.BinarySearchFunc(direct, r.Prefix.Masked(), comparePrefix)
 			for _, d := range direct[first:] {
 				if !r.Prefix.Contains(d.Addr()) {
 					break
 				}
-				inside = append(inside, d)
+				if d.Bits() >= r.Prefix.Bits() {
+					inside = append(inside, d)
+				}
 			}
 		}
 		if len(inside) == 0 {
@@ -283,6 +301,16 @@ func (p *NodePlan) splitDirect(direct []netip.Prefix) {
 func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *corev1.Node, site *v1alpha1.Site,
 	meshed map[string]string, peers map[string]*candidate) gatewayPlan {
 	var gp gatewayPlan
+	// overlay holds the sites joined to site by an assignment that says
+	// the underlay does not reach their nodes.
+	overlay := map[string]bool{}
+	for i := range all {
+		if spec := &all[i].obj.Spec; !spec.ReachesNodesOnUnderlay() && slices.Contains(spec.Sites, site.Name) {
+			for _, t := range spec.Sites {
+				overlay[t] = true
+			}
+		}
+	}
 	for i := range all {
 		a := &all[i]
 		if !slices.Contains(a.obj.Spec.Sites, site.Name) {
@@ -309,8 +337,17 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 				continue
 			}
 			prefixes := a.prefixesOf(set, t)
+			// Where the underlay reaches t's nodes, t's nodeCidrs are routed
+			// TransitOnly, whole: this node's own traffic to any of their
+			// addresses stays on the underlay, a node that joined t before
+			// its Node object arrived included, and what it forwards takes
+			// the gateways. Where it does not (any assignment joining the
+			// two sites says so), they are routed for all traffic, here and
+			// at t's nodes for this site's nodeCidrs, so both directions
+			// take the tunnel (see overlayPeers).
+			underlay := !overlay[tName]
 			// t's nodes answer pods from their InternalIPs through the
-			// gateways (addPeerAddrRoutes, addEndpointRoutes).
+			// gateways (addPeerAddrRoutes, addNodeRoutes).
 			sources := sortedUnique(append(p.sources(prefixes), nodeAddrs(set, tName)...))
 			// Paths are symmetric: this node's own traffic reaches the
 			// InternalIPs of t's nodes on the underlay, as theirs reaches it,
@@ -326,7 +363,14 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 				gp.direct = make([]netip.Prefix, 0, len(set.Nodes))
 				gp.routes = make([]groupRoute, 0, 2*len(set.Nodes))
 			}
-			gp.direct = append(gp.direct, nodeAddrs(set, tName)...)
+			if underlay {
+				gp.direct = append(gp.direct, nodeAddrs(set, tName)...)
+				for _, sp := range prefixes {
+					if sp.nodeCIDR {
+						gp.direct = append(gp.direct, sp.prefix)
+					}
+				}
+			}
 			if isGateway {
 
 				// Remote gateways are peers, reached at their pool's address;
@@ -348,10 +392,28 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 				}
 				for _, sp := range prefixes {
 					if !slices.Contains(members, sp.node) {
-						gp.routes = append(gp.routes, groupRoute{sp: sp, site: tName, members: members})
+						gp.routes = append(gp.routes, groupRoute{sp: sp, site: tName, members: members, transitOnly: sp.nodeCIDR && underlay})
 					}
 				}
-				gp.nodeRoutes = append(gp.nodeRoutes, nodeRoutes(set, tName, members)...)
+				if underlay {
+					gp.nodeRoutes = append(gp.nodeRoutes, nodeRoutes(set, tName, members)...)
+				} else {
+					for _, g := range a.gateways[tName] {
+						gp.overlayPeers = append(gp.overlayPeers, g.node.Name)
+						if ip, ok := objects.InternalIP(g.node); ok {
+							gp.endpoints = append(gp.endpoints, ip)
+						}
+					}
+					// What t's nodes send to this site's node addresses
+					// arrives here tunnelled and goes on tunnelled, not
+					// handed to the fabric: the receiver routes the
+					// sender's tunnel address back into the tunnel.
+					for _, n := range set.NodesOf(site.Name) {
+						if n.Name != self.Name {
+							gp.overlayPeers = append(gp.overlayPeers, n.Name)
+						}
+					}
+				}
 				continue
 			}
 			// A member sends the remote site's prefixes to its own site's
@@ -365,12 +427,17 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 					members = append(members, g.node.Name)
 				}
 			}
-			for _, g := range a.gateways[tName] {
-				gp.endpoints = append(gp.endpoints, g.addr)
+			if underlay {
+				// Where t's gateways' addresses are reached on the
+				// underlay, this site's gateways cut them out of their
+				// own routes and would not carry them.
+				for _, g := range a.gateways[tName] {
+					gp.endpoints = append(gp.endpoints, g.addr)
+				}
+				gp.nodeRoutes = append(gp.nodeRoutes, nodeRoutes(set, tName, members)...)
 			}
-			gp.nodeRoutes = append(gp.nodeRoutes, nodeRoutes(set, tName, members)...)
 			for _, sp := range prefixes {
-				gp.routes = append(gp.routes, groupRoute{sp: sp, site: tName, members: members})
+				gp.routes = append(gp.routes, groupRoute{sp: sp, site: tName, members: members, transitOnly: sp.nodeCIDR && underlay})
 			}
 		}
 	}
@@ -403,13 +470,16 @@ func nodeRoutes(set *objects.Set, t string, members []string) []groupRoute {
 
 // addNodeRoutes appends, on a node with TunnelSources (addPeerAddrRoutes says
 // why), TransitOnly routes for the InternalIPs of the nodes of the sites it
-// reaches through gateways (but for peers reached there), after correctRoutes and splitDirect, first (so
-// they win a tie with splitDirect's: the first assignment's gateways, as for
-// the sites' pod prefixes): its pods reach those nodes through the gateways, as the nodes
-// answer them, whatever routeNodeCidrs says, remote gateways' endpoints
-// included; its own traffic stays on the underlay. The gateways they go to
-// carry them on (a gateway's peer addresses and node routes), so such a
-// route is no black hole, unlike one the node's own traffic would take.
+// reaches through gateways and whose underlay reaches them (but for peers
+// reached there), after correctRoutes and splitDirect, first (so they win a
+// tie with splitDirect's: the first assignment's gateways, as for the sites'
+// pod prefixes): its pods reach those nodes through the gateways, as the
+// nodes answer them, whatever routeNodeCidrs says, remote gateways'
+// endpoints included (over their exceptions); its own traffic stays on the
+// underlay. Where the site's nodeCidrs are routed TransitOnly to the same
+// gateways, the aggregation folds these into that route. The gateways they
+// go to carry them on (a gateway's peer addresses and node routes), so such
+// a route is no black hole, unlike one the node's own traffic would take.
 func (p *NodePlan) addNodeRoutes(routes []groupRoute) {
 	if len(p.TunnelSources) > 0 {
 		// A peer's own address goes straight to it (addPeerAddrRoutes), as
@@ -425,7 +495,7 @@ func (p *NodePlan) addNodeRoutes(routes []groupRoute) {
 
 // addGatewayRoutes appends the group routes of the assignments, after every
 // peer's own routes (those win a tie in dedupeRoutes), TransitOnly when
-// transitOnly is set. A member that is no peer (skipped by addPeer) is left
+// transitOnly or the group route's own transitOnly is set. A member that is no peer (skipped by addPeer) is left
 // out of the group.
 func (p *NodePlan) addGatewayRoutes(routes []groupRoute, transitOnly bool) {
 	peers := map[string]Peer{}
@@ -451,7 +521,7 @@ func (p *NodePlan) addGatewayRoutes(routes []groupRoute, transitOnly bool) {
 			continue
 		}
 		slices.SortFunc(group, func(a, b NextHop) int { return cmp.Compare(a.Peer, b.Peer) })
-		p.Routes = append(p.Routes, Route{Prefix: gr.sp.prefix, Group: group, Site: gr.site, Origin: gr.sp.origin, TransitOnly: transitOnly})
+		p.Routes = append(p.Routes, Route{Prefix: gr.sp.prefix, Group: group, Site: gr.site, Origin: gr.sp.origin, TransitOnly: transitOnly || gr.transitOnly})
 	}
 }
 
@@ -462,7 +532,7 @@ func (p *NodePlan) addGatewayRoutes(routes []groupRoute, transitOnly bool) {
 func (p *NodePlan) addGatewayFabric(fabric []netip.Prefix) {
 	for _, f := range fabric {
 		routed := slices.ContainsFunc(p.Routes, func(r Route) bool {
-			return r.Prefix.Bits() <= f.Bits() && r.Prefix.Contains(f.Addr())
+			return !r.Underlay && r.Prefix.Bits() <= f.Bits() && r.Prefix.Contains(f.Addr())
 		})
 		if !routed {
 			p.FabricPrefixes = append(p.FabricPrefixes, f)

@@ -111,9 +111,11 @@ func TestComputeGateways(t *testing.T) {
 	}{
 		{
 			// The seed's failure: the gateway routed 192.168.10.0/28, and so
-			// the tunnel endpoint 192.168.10.10, into the tunnel. The cut keeps
-			// aks-1's underlay route to flex-1 out of isthmus0. The pool's
-			// routedCidrs are the cluster's own pod subnet: local here, cut.
+			// the tunnel endpoint 192.168.10.10, into the tunnel. The flex
+			// site's nodeCidrs are transit only (the host reaches them on the
+			// underlay) and whole, with an exception for the endpoint. The
+			// pool's routedCidrs are the cluster's own pod subnet: local here,
+			// cut.
 			name: "seed 000 gateway mode, the AKS canary (gateway)",
 			set:  seed000Gateway(t),
 			node: "aks-1",
@@ -124,11 +126,8 @@ func TestComputeGateways(t *testing.T) {
 				"peer flex-1 flex-site 192.168.10.10 192.168.20.1 [192.168.10.0/28 192.168.20.0/25]",
 				`route 10.0.0.5/32 -> aks-2 10.0.0.5 transit only not for pods (Node "aks-2" status.addresses[InternalIP])`,
 				`route 100.64.0.5/32 -> aks-2 10.0.0.5 (Node "aks-2" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
-				`route 192.168.10.0/29 -> group to flex-site [flex-1 192.168.10.10] (Site "flex-site" spec.nodeCidrs[0])`,
-				`route 192.168.10.8/31 -> group to flex-site [flex-1 192.168.10.10] (Site "flex-site" spec.nodeCidrs[0])`,
+				`route 192.168.10.0/28 -> group to flex-site [flex-1 192.168.10.10] transit only (Site "flex-site" spec.nodeCidrs[0])`,
 				`route 192.168.10.10/32 -> flex-1 192.168.10.10 transit only (Node "flex-1" status.addresses[InternalIP])`,
-				`route 192.168.10.11/32 -> group to flex-site [flex-1 192.168.10.10] (Site "flex-site" spec.nodeCidrs[0])`,
-				`route 192.168.10.12/30 -> group to flex-site [flex-1 192.168.10.10] (Site "flex-site" spec.nodeCidrs[0])`,
 				`route 192.168.20.0/25 -> flex-1 192.168.10.10 (Node "flex-1" spec.podCIDRs[0])`,
 				"tunnel sources [10.0.2.0/23]",
 				"local [10.0.0.0/16 10.0.2.0/23]",
@@ -136,13 +135,11 @@ func TestComputeGateways(t *testing.T) {
 				`snat 100.64.0.4 except 10.0.2.0/23 (Site "cluster" spec.podCidrAssignments[0].cidrBlocks[0]), 100.64.0.4/32 (Node "aks-1" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
 				`correction 10.0.2.0/23 - local 10.0.0.0/16 = [] (GatewayPool "gateways" spec.routedCidrs[0])`,
 				`correction 10.0.2.0/23 - local 10.0.2.0/23 = [] (GatewayPool "gateways" spec.routedCidrs[0])`,
-				`correction 192.168.10.0/28 - 192.168.10.10 = [192.168.10.0/29 192.168.10.8/31 192.168.10.11/32 192.168.10.12/30] (Site "flex-site" spec.nodeCidrs[0])`,
 			},
 		},
 		{
 			// A member reaches the flex site through aks-1 only. It too keeps
-			// 192.168.10.10 out: aks-1 would not carry it (its route is cut),
-			// so the member's underlay route must stay.
+			// 192.168.10.10 out (an exception): aks-1 would not carry it.
 			name: "seed 000 gateway mode, the AKS member",
 			set:  seed000Gateway(t),
 			node: "aks-2",
@@ -151,11 +148,7 @@ func TestComputeGateways(t *testing.T) {
 				`node aks-2 site cluster underlay 10.0.0.5 pods [] tunnel 100.64.0.5 (Node "aks-2" metadata.annotations["isthmus.dev/tunnel-ipv4"]) mtu 0`,
 				"peer aks-1 cluster 10.0.0.4 100.64.0.4 [10.0.2.0/23 100.64.0.4/32 192.168.10.0/28 192.168.20.0/25]",
 				`route 100.64.0.4/32 -> aks-1 10.0.0.4 (Node "aks-1" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
-				`route 192.168.10.0/29 -> group to flex-site [aks-1 10.0.0.4] via fabric (Site "flex-site" spec.nodeCidrs[0])`,
-				`route 192.168.10.8/31 -> group to flex-site [aks-1 10.0.0.4] via fabric (Site "flex-site" spec.nodeCidrs[0])`,
-				`route 192.168.10.10/32 -> group to flex-site [aks-1 10.0.0.4] transit only via fabric (Node "flex-1" status.addresses[InternalIP])`,
-				`route 192.168.10.11/32 -> group to flex-site [aks-1 10.0.0.4] via fabric (Site "flex-site" spec.nodeCidrs[0])`,
-				`route 192.168.10.12/30 -> group to flex-site [aks-1 10.0.0.4] via fabric (Site "flex-site" spec.nodeCidrs[0])`,
+				`route 192.168.10.0/28 -> group to flex-site [aks-1 10.0.0.4] transit only via fabric (Site "flex-site" spec.nodeCidrs[0] and 1 more)`,
 				`route 192.168.20.0/25 -> group to flex-site [aks-1 10.0.0.4] via fabric (Node "flex-1" spec.podCIDRs[0])`,
 				"tunnel sources [10.0.2.0/23]",
 				"fabric egress [10.0.2.0/23]",
@@ -164,16 +157,16 @@ func TestComputeGateways(t *testing.T) {
 				`snat 100.64.0.5 except 10.0.2.0/23 (Site "cluster" spec.podCidrAssignments[0].cidrBlocks[0]), 100.64.0.5/32 (Node "aks-2" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
 				`correction 10.0.2.0/23 - local 10.0.0.0/16 = [] (GatewayPool "gateways" spec.routedCidrs[0])`,
 				`correction 10.0.2.0/23 - local 10.0.2.0/23 = [] (GatewayPool "gateways" spec.routedCidrs[0])`,
-				`correction 192.168.10.0/28 - 192.168.10.10 = [192.168.10.0/29 192.168.10.8/31 192.168.10.11/32 192.168.10.12/30] (Site "flex-site" spec.nodeCidrs[0])`,
 			},
 		},
 		{
 			// 10.0.2.0/23 goes to aks-1 whole: nothing of the flex site cuts
 			// it, although the pool has a gateway here too. The member aks-2
 			// (10.0.0.5) reaches flex-1 on the underlay (flex-1 is a tunnel
-			// endpoint, cut from its routes), so flex-1's own traffic reaches
-			// aks-2 there too (transit only: the kernel gets no route), where
-			// it took the tunnel and broke both directions (issue 12).
+			// endpoint), so flex-1's own traffic reaches aks-2 and every other
+			// address of the cluster's nodeCidrs there too (transit only: the
+			// kernel gets no route; aks-2's own /32 is folded into the /27).
+			// aks-1's address goes straight to aks-1 for the pods.
 			name: "seed 000 gateway mode, the Flex node (gateway)",
 			set:  seed000Gateway(t),
 			node: "flex-1",
@@ -181,19 +174,14 @@ func TestComputeGateways(t *testing.T) {
 			want: []string{
 				`node flex-1 site flex-site underlay 192.168.10.10 pods [192.168.20.0/25] tunnel 192.168.20.1 (Node "flex-1" spec.podCIDRs[0]) mtu 0`,
 				"peer aks-1 cluster 10.0.0.4 100.64.0.4 [10.0.0.0/27 10.0.2.0/23 100.64.0.4/31]",
-				`route 10.0.0.0/30 -> group to cluster [aks-1 10.0.0.4] (Site "cluster" spec.nodeCidrs[0])`,
+				`route 10.0.0.0/27 -> group to cluster [aks-1 10.0.0.4] transit only (Site "cluster" spec.nodeCidrs[0] and 1 more)`,
 				`route 10.0.0.4/32 -> aks-1 10.0.0.4 transit only (Node "aks-1" status.addresses[InternalIP])`,
-				`route 10.0.0.5/32 -> group to cluster [aks-1 10.0.0.4] transit only (Node "aks-2" status.addresses[InternalIP])`,
-				`route 10.0.0.6/31 -> group to cluster [aks-1 10.0.0.4] (Site "cluster" spec.nodeCidrs[0])`,
-				`route 10.0.0.8/29 -> group to cluster [aks-1 10.0.0.4] (Site "cluster" spec.nodeCidrs[0])`,
-				`route 10.0.0.16/28 -> group to cluster [aks-1 10.0.0.4] (Site "cluster" spec.nodeCidrs[0])`,
 				`route 10.0.2.0/23 -> group to cluster [aks-1 10.0.0.4] (Site "cluster" spec.podCidrAssignments[0].cidrBlocks[0])`,
 				`route 100.64.0.4/32 -> aks-1 10.0.0.4 (Node "aks-1" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
 				`route 100.64.0.5/32 -> group to cluster [aks-1 10.0.0.4] (Node "aks-2" metadata.annotations["isthmus.dev/tunnel-ipv4"])`,
 				"tunnel sources [192.168.20.0/25]",
 				"fabric [192.168.10.0/28]",
 				`snat 192.168.20.1 except 192.168.20.0/25 (Node "flex-1" spec.podCIDRs[0])`,
-				`correction 10.0.0.0/27 - 10.0.0.4 = [10.0.0.0/30 10.0.0.5/32 10.0.0.6/31 10.0.0.8/29 10.0.0.16/28] (Site "cluster" spec.nodeCidrs[0])`,
 			},
 		},
 		{
@@ -496,7 +484,8 @@ func readFile(t *testing.T, path string) []byte {
 }
 
 // TestComputeGatewaySplitsEquivalentSpellings: routed prefixes are split
-// around every tunnel endpoint, IPv4 and IPv6, and spelling a prefix another
+// around every tunnel endpoint, IPv4 and IPv6 (transit-only ones get an
+// exception instead), and spelling a prefix another
 // way (host bits set, upper case, zeros written out) changes nothing: not the
 // routes, not the corrections, and a prefix listed twice in two spellings
 // gives one route.
@@ -518,7 +507,7 @@ func TestComputeGatewaySplitsEquivalentSpellings(t *testing.T) {
 		objs("2001:db8:0:0::/64", "10.0.0.1/8", "2001:DB8::/64"),
 		objs("2001:DB8::/64", "10.0.0.0/8", "2001:db8:0:0:0:0:0:0/64"),
 	}
-	pb4, pb6, bNet := `GatewayPool "pb" spec.routedCidrs[0]`, `GatewayPool "pb" spec.routedCidrs[1]`, `Site "b" spec.nodeCidrs[0]`
+	pb4, pb6 := `GatewayPool "pb" spec.routedCidrs[0]`, `GatewayPool "pb" spec.routedCidrs[1]`
 	v6 := netip.MustParsePrefix("2001:db8::/64")
 	want := map[string][]string{
 		// The gateway tunnels to its own site and to b's gateways.
@@ -526,7 +515,6 @@ func TestComputeGatewaySplitsEquivalentSpellings(t *testing.T) {
 			"10.0.0.0/8 - 10.1.0.1 (" + pb4 + ")",
 			"10.0.0.0/8 - 10.1.0.2 (" + pb4 + ")",
 			"10.0.0.0/8 - 10.2.0.10 (" + pb4 + ")",
-			"10.2.0.0/24 - 10.2.0.10 (" + bNet + ")",
 			"2001:db8::/64 - 2001:db8::20 (" + pb6 + ")",
 		},
 		// The member tunnels to its own site only, and keeps out what its
@@ -535,7 +523,6 @@ func TestComputeGatewaySplitsEquivalentSpellings(t *testing.T) {
 			"10.0.0.0/8 - 10.1.0.1 (" + pb4 + ")",
 			"10.0.0.0/8 - 10.1.0.2 (" + pb4 + ")",
 			"10.0.0.0/8 - 10.2.0.10 (" + pb4 + ")",
-			"10.2.0.0/24 - 10.2.0.10 (" + bNet + ")",
 			"2001:db8::/64 - 2001:db8::20 (" + pb6 + ")",
 		},
 	}
@@ -564,16 +551,28 @@ func TestComputeGatewaySplitsEquivalentSpellings(t *testing.T) {
 		}
 		checkInvariants(t, p)
 		// Every address of the cut prefixes but the endpoints is still
-		// routed: the kept IPv6 pieces are exactly the /64 minus b2.
+		// routed: the kept IPv6 pieces are exactly the /64 minus b2. b's
+		// nodeCidrs are transit only, whole, with an exception for b1.
 		var kept6 []netip.Prefix
-		for _, r := range p.Routes {
-			for _, e := range []string{"10.1.0.1", "10.1.0.2", "10.2.0.10", "2001:db8::20"} {
-				// The pods' host routes to endpoints are by design: the
-				// node's own traffic never takes a TransitOnly route.
-				if r.Prefix.Contains(netip.MustParseAddr(e)) && !(r.TransitOnly && r.Prefix == HostPrefix(netip.MustParseAddr(e))) {
+		for _, e := range []string{"10.1.0.1", "10.1.0.2", "10.2.0.10", "2001:db8::20"} {
+			var best Route
+			for _, r := range p.Routes {
+				// The node's own traffic never takes a TransitOnly route.
+				if r.Prefix.Contains(netip.MustParseAddr(e)) && !r.TransitOnly {
 					t.Errorf("%s: route %s holds the endpoint %s", name, r.Prefix, e)
 				}
+				if r.Prefix.Contains(netip.MustParseAddr(e)) && r.Prefix.Bits() > best.Prefix.Bits() {
+					best = r
+				}
 			}
+			// The datapath's lookup finds an exception, or a route only the
+			// pods and forwarded traffic take (a2's pods reach b1 through
+			// a1, which routes its peer b1's address straight to it).
+			if best.Prefix.IsValid() && !best.Underlay && !best.TransitOnly {
+				t.Errorf("%s: the endpoint %s is tunnelled by route %s", name, e, best.Prefix)
+			}
+		}
+		for _, r := range p.Routes {
 			if v6.Contains(r.Prefix.Addr()) {
 				kept6 = append(kept6, r.Prefix)
 			}

@@ -48,36 +48,41 @@ func (p *NodePlan) tunnelSources(site *v1alpha1.Site) []netip.Prefix {
 // rp_filter holds on both. The peer answers from that address, so it becomes
 // one of the sources accepted from it. Only on a node with TunnelSources or
 // a gateway (which forwards remote pods' packets for its peers' addresses):
-// elsewhere no pod source of this node comes back through the tunnel. Runs
-// after correctRoutes, which cuts every endpoint out of the other routes.
+// elsewhere no pod source of this node comes back through the tunnel. Also,
+// for the peers named in also, on a gateway of a site whose underlay does
+// not reach another's nodes (underlayReachesNodes false): the remote
+// gateways, whose InternalIP this node's members reach through it, routed so
+// even when the peer is reached at its ExternalIP (this node's own traffic
+// reaches that InternalIP on the underlay, as the peer's reaches this
+// node's: it is cut out of the other routes as an endpoint), and the nodes
+// of its own site, which the remote nodes reach through it. Runs after
+// correctRoutes, which cuts every endpoint out of the other routes.
 //
 // On a site whose pods another CNI owns, the routes to peers of the node's
 // own site are NotForPods: those pods reach them over the site's fabric, as
 // the answers come, and only what a gateway forwards takes the tunnel.
-func (p *NodePlan) addPeerAddrRoutes(set *objects.Set, site *v1alpha1.Site) {
-	if len(p.TunnelSources) == 0 && !p.Gateway {
-		return
-	}
+func (p *NodePlan) addPeerAddrRoutes(set *objects.Set, site *v1alpha1.Site, also []string) {
 	for i := range p.Peers {
 		pr := &p.Peers[i]
+		overlay := slices.Contains(also, pr.Name)
 		notForPods := pr.Site == site.Name && !site.Spec.ManagesCNIPlugin()
-		if notForPods && !p.Gateway {
+		if (len(p.TunnelSources) == 0 && !p.Gateway && !overlay) || (notForPods && !p.Gateway) {
 			continue
 		}
-		n := set.Node(pr.Name)
-		if internal, ok := objects.InternalIP(n); !ok || internal != pr.Underlay || !internal.Is4() {
+		internal, ok := objects.InternalIP(set.Node(pr.Name))
+		if !ok || (internal != pr.Underlay && !overlay) || !internal.Is4() {
 			continue // reached at its ExternalIP: that address is not its own endpoint
 		}
 		p.Routes = append(p.Routes, Route{
-			Prefix:      HostPrefix(pr.Underlay),
+			Prefix:      HostPrefix(internal),
 			Peer:        pr.Name,
 			Via:         pr.Underlay,
 			TransitOnly: true,
 			NotForPods:  notForPods,
 			Origin:      fmt.Sprintf("Node %q status.addresses[InternalIP]", pr.Name),
 		})
-		if !slices.Contains(pr.AllowedSources, HostPrefix(pr.Underlay)) {
-			pr.AllowedSources = AggregatePrefixes(sortedUnique(append(pr.AllowedSources, HostPrefix(pr.Underlay))))
+		if !slices.Contains(pr.AllowedSources, HostPrefix(internal)) {
+			pr.AllowedSources = AggregatePrefixes(sortedUnique(append(pr.AllowedSources, HostPrefix(internal))))
 		}
 	}
 }

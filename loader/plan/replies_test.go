@@ -192,15 +192,10 @@ func (f *model) connected(a, b string) bool {
 // (the routes but TransitOnly); no route is the underlay.
 func (m *model) kernelRoute(p *NodePlan, src, dst netip.Addr) (string, Route) {
 	if inPrefixes(m.egress(p), src) {
-		var best Route
-		found := false
-		for _, r := range p.Routes {
-			if r.ViaFabric && r.Prefix.Contains(dst) && (!found || r.Prefix.Bits() > best.Prefix.Bits()) {
-				best, found = r, true
-			}
-		}
-		if found {
-			return devFabric, best
+		// Table 202: the ViaFabric routes, and a throw route for every other
+		// route inside one.
+		if r, ok := lookup(p, dst, true); ok && r.ViaFabric {
+			return devFabric, r
 		}
 	}
 	if inPrefixes(p.TunnelSources, src) {

@@ -17,7 +17,7 @@ import (
 // (InternalIPs in 10.<site>.0.0/24, ExternalIPs in 198.18.<site>.0/24, pods
 // in 10.<100+site>.0.0/16), 1-3 GatewayPools of random type selecting random
 // nodes by label, random SiteGatewayPoolAssignments (routeNodeCidrs on or
-// off) and random SitePeerings (meshNodes on or off). Invalid combinations
+// off, or underlayReachesNodes off) and random SitePeerings (meshNodes on or off). Invalid combinations
 // (a site without a gateway, say) are set aside as the agent would.
 func randomTopology(r *rand.Rand) *objects.Set {
 	var docs []string
@@ -65,8 +65,14 @@ status:
 				ps = append(ps, fmt.Sprintf("p%d", p))
 			}
 		}
-		docs = append(docs, assignmentDoc(fmt.Sprintf("a%d", a), pick(), strings.Join(ps, ", "),
-			fmt.Sprintf("  routeNodeCidrs: %v\n", r.IntN(2) == 0)))
+		extra := "  routeNodeCidrs: false\n"
+		switch r.IntN(3) {
+		case 0:
+			extra = "  routeNodeCidrs: true\n"
+		case 1:
+			extra = "  underlayReachesNodes: false\n"
+		}
+		docs = append(docs, assignmentDoc(fmt.Sprintf("a%d", a), pick(), strings.Join(ps, ", "), extra))
 	}
 	for m := range r.IntN(3) {
 		docs = append(docs, peering(fmt.Sprintf("m%d", m), pick(), fmt.Sprintf("  meshNodes: %v\n", r.IntN(3) > 0)))
@@ -76,7 +82,8 @@ status:
 }
 
 // lookup is the longest-prefix match of addr in p's routes; host traffic
-// (transit false) does not see TransitOnly routes, as the kernel does not.
+// (transit false) does not see TransitOnly routes, as the kernel does not,
+// and an Underlay exception is a miss, as in the datapath.
 func lookup(p *NodePlan, addr netip.Addr, transit bool) (Route, bool) {
 	var best Route
 	found := false
@@ -84,6 +91,9 @@ func lookup(p *NodePlan, addr netip.Addr, transit bool) (Route, bool) {
 		if r.Prefix.Contains(addr) && (transit || !r.TransitOnly) && (!found || r.Prefix.Bits() > best.Prefix.Bits()) {
 			best, found = r, true
 		}
+	}
+	if found && best.Underlay {
+		return Route{}, false
 	}
 	return best, found
 }
@@ -219,7 +229,7 @@ func TestPathsSymmetricSeeds(t *testing.T) {
 func describeSet(s *objects.Set) string {
 	var b strings.Builder
 	for _, a := range s.SiteGatewayPoolAssignments {
-		fmt.Fprintf(&b, "\n assignment %s sites %v pools %v routeNodeCidrs %v", a.Name, a.Spec.Sites, a.Spec.GatewayPools, a.Spec.RoutesNodeCIDRs())
+		fmt.Fprintf(&b, "\n assignment %s sites %v pools %v routeNodeCidrs %v underlayReachesNodes %v", a.Name, a.Spec.Sites, a.Spec.GatewayPools, a.Spec.RoutesNodeCIDRs(), a.Spec.ReachesNodesOnUnderlay())
 	}
 	for _, p := range s.SitePeerings {
 		fmt.Fprintf(&b, "\n peering %s sites %v mesh %v", p.Name, p.Spec.Sites, p.Spec.MeshesNodes())

@@ -38,9 +38,11 @@ type NodePlan struct {
 	// Peers are the nodes this node tunnels to, sorted by name.
 	Peers []Peer `json:"peers"`
 	// Routes are the overlay prefixes and the peer each one goes to, sorted by
-	// prefix. No route contains a peer's underlay address, but for the
-	// TransitOnly host route to that very peer (addPeerAddrRoutes), which
-	// the node's own traffic never takes.
+	// prefix. No route the node's own traffic takes (not TransitOnly)
+	// contains a tunnel endpoint or overlaps a LocalPrefix: such a route is
+	// cut (Corrections). A TransitOnly route may hold them, each with a
+	// longer route that sends it elsewhere: an Underlay exception, or the
+	// TransitOnly host route to that very peer (addPeerAddrRoutes).
 	Routes []Route `json:"routes"`
 	// SNAT is this node's return-path SNAT policy.
 	SNAT SNATPolicy `json:"snat"`
@@ -53,7 +55,8 @@ type NodePlan struct {
 	FabricPrefixes []netip.Prefix `json:"fabricPrefixes,omitempty"`
 	// LocalPrefixes are left to the site's own fabric and CNI on this node and never
 	// routed into the tunnel: the site's localCidrs, and its declared pod blocks when
-	// the CNI is unmanaged. Routes overlapping them are split (see Corrections).
+	// the CNI is unmanaged. Routes overlapping them are split (see Corrections),
+	// or, TransitOnly ones, given an Underlay exception for them.
 	// Sorted.
 	LocalPrefixes []netip.Prefix `json:"localPrefixes,omitempty"`
 	// FabricEgress are the sources whose traffic on a ViaFabric route the
@@ -72,6 +75,8 @@ type NodePlan struct {
 	TunnelSources []netip.Prefix `json:"tunnelSources,omitempty"`
 	// Corrections report every route that was split because it contained an
 	// underlay address or overlapped a LocalPrefix, sorted by removed prefix.
+	// A TransitOnly route is not split: it gets Underlay exceptions, reported
+	// as routes. Only a LocalPrefix that holds all of it removes one here.
 	Corrections []Correction `json:"corrections,omitempty"`
 	// Warnings are problems that did not stop the plan (a peer without a
 	// podCIDR, say), one sentence each.
@@ -165,8 +170,9 @@ type Route struct {
 	// kernel's main table: traffic this node forwards for others (from a
 	// tunnel or a pod) takes the route, the node's own host traffic does not.
 	// The kernel reaches them only for sources in TunnelSources (the agent's
-	// policy rule and table). Besides the InternalIPs of nodes reached through
-	// gateways (below), the underlay address of each peer is one, to that peer.
+	// policy rule and table). Besides the nodeCidrs of the sites reached
+	// through gateways (or, where they are not routed, their nodes'
+	// InternalIPs), the underlay address of each peer is one, to that peer.
 	// A gateway reaches a remote member's InternalIP on the underlay, as the
 	// member reaches it, while forwarding its own members' traffic to that
 	// address through the tunnel (paths stay symmetric both ways).
@@ -183,6 +189,16 @@ type Route struct {
 	// site's node addresses through the tunnel, while its own pods reach
 	// those nodes over the site's fabric, as their answers come.
 	NotForPods bool `json:"notForPods,omitempty"`
+	// Underlay routes are exceptions inside a TransitOnly route: Prefix is
+	// not tunnelled by this node, whatever a shorter route says (a tunnel
+	// endpoint, a LocalPrefix). They have no Peer, Via, Group or Site, and
+	// TransitOnly is set too, so they never reach the kernel's main table.
+	// The datapath's route lookup treats one as a miss (ROUTE_F_UNDERLAY:
+	// the packet is left to the kernel and the site's network), and the
+	// pods' table gets a throw route for it, so the kernel's lookup goes on
+	// to the main table. Routes the main table takes are never given one:
+	// they are cut around such prefixes instead (Corrections).
+	Underlay bool `json:"underlay,omitempty"`
 }
 
 // Correction records a route that was cut: it contained a tunnel endpoint

@@ -1,0 +1,20 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Route lookups: the routes map, with its exceptions (ROUTE_F_UNDERLAY) read as misses. */
+#pragma once
+
+#include "common.h"
+#include "maps.h"
+
+/* Returns the route that tunnels daddr, or NULL when none does: no prefix holds it, or
+ * the longest one is an exception (ROUTE_F_UNDERLAY), which leaves daddr to the kernel
+ * and the underlay whatever a shorter route says. Every reader of routes goes through
+ * here, so an exception is never taken for a tunnel route. */
+static __always_inline const struct route_value *route_lookup(__be32 daddr)
+{
+	struct route_key key = { .prefixlen = 32, .addr = daddr };
+	const struct route_value *rt = bpf_map_lookup_elem(&routes, &key);
+
+	if (rt && (rt->flags & ROUTE_F_UNDERLAY))
+		return NULL;
+	return rt;
+}

@@ -1,0 +1,91 @@
+package bpf
+
+import (
+	"bytes"
+	"net/netip"
+	"testing"
+)
+
+// routeFUnderlay is ROUTE_F_UNDERLAY of lib/types.h (maps.RouteFlagUnderlay;
+// maps.TestConfigFlagsMatchHeader checks the Go mirror against the header).
+const routeFUnderlay uint32 = 1 << 1
+
+// putException puts an Underlay exception for addr/32 inside remoteNet, which
+// the lab routes to peerIP.
+func putException(t *testing.T, l *lab, addr netip.Addr) {
+	t.Helper()
+	k := IsthmusRouteKey{Prefixlen: 32, Addr: be32(addr)}
+	if err := l.objs.Routes.Put(k, IsthmusRouteValue{Flags: routeFUnderlay}); err != nil {
+		t.Fatalf("put exception: %v", err)
+	}
+}
+
+// TestUnderlayExceptionIsAMiss: a /32 with ROUTE_F_UNDERLAY inside a tunnelled
+// prefix (a tunnel endpoint inside a remote site's nodeCidrs, plan.Route.Underlay)
+// is not tunnelled by any reader of routes: a pod's packet to it goes to the stack
+// untouched, the host's on isthmus0 is dropped as having no overlay route, and a
+// gateway does not transit GENEVE for it. Its neighbour in the same prefix is
+// tunnelled as before, so the exception is exactly one address wide.
+func TestUnderlayExceptionIsAMiss(t *testing.T) {
+	l := newLab(t)
+	except := remotePodIP
+	neighbour := remotePodIP.Next()
+	putException(t, l, except)
+
+	t.Run("pod_ingress", func(t *testing.T) {
+		in := podFrame(l, except, 4321)
+		before := l.counts(t)
+		ret, out := l.run(t, l.objs.PodIngress, in, l.pod.Attrs().Index)
+		if ret != tcActOK || !bytes.Equal(out, in) {
+			t.Fatalf("verdict %d, changed %v; want TC_ACT_OK, unchanged (left to the stack)", ret, !bytes.Equal(out, in))
+		}
+		if d := delta(before, l.counts(t)); d[metricKey(IsthmusMetricMETRIC_ENCAP, IsthmusHookHOOK_POD_INGRESS)] != 0 {
+			t.Errorf("counters moved %v: encapsulated", d)
+		}
+		ret, out = l.run(t, l.objs.PodIngress, podFrame(l, neighbour, 4321), l.pod.Attrs().Index)
+		if ret != tcActRedirect || len(out) < 34 || netip.AddrFrom4([4]byte(out[30:34])) != peerIP {
+			t.Fatalf("neighbour %s: verdict %d; want TC_ACT_REDIRECT encapsulated to %s", neighbour, ret, peerIP)
+		}
+	})
+	t.Run("overlay_egress", func(t *testing.T) {
+		before := l.counts(t)
+		if ret, _ := l.run(t, l.objs.OverlayEgress, podFrame(l, except, 4321), l.ist.Attrs().Index); ret != tcActShot {
+			t.Fatalf("verdict %d, want TC_ACT_SHOT", ret)
+		}
+		d := delta(before, l.counts(t))
+		if k := dropKey(IsthmusDropReasonDROP_NO_OVERLAY_ROUTE, IsthmusHookHOOK_OVERLAY_EGRESS); d[k] != 1 || len(d) != 1 {
+			t.Errorf("counters moved %v, want only %v +1", d, k)
+		}
+		if ret, _ := l.run(t, l.objs.OverlayEgress, podFrame(l, neighbour, 4321), l.ist.Attrs().Index); ret != tcActRedirect {
+			t.Fatalf("neighbour %s: verdict %d, want TC_ACT_REDIRECT", neighbour, ret)
+		}
+	})
+	t.Run("transit", func(t *testing.T) {
+		addMember(t, l)
+		setTransit(t, l, true)
+		defer setTransit(t, l, false)
+		transit := metricKey(IsthmusMetricMETRIC_TRANSIT, IsthmusHookHOOK_UNDERLAY_TC)
+		// The exception must do exactly what a destination no route holds does.
+		outcome := func(dst netip.Addr) (uint32, map[IsthmusMetricsKey]uint64) {
+			o := transitOpts{outerSrc: memberIP, innerSrc: memberPod, innerDst: dst, innerTTL: 63, sport: 1234}
+			before := l.counts(t)
+			ret, _ := l.run(t, l.objs.UnderlayIngress, transitFrame(l, o), l.und.Attrs().Index)
+			return ret, delta(before, l.counts(t))
+		}
+		missRet, miss := outcome(netip.MustParseAddr("10.77.0.1"))
+		ret, got := outcome(except)
+		if ret != missRet || len(got) != len(miss) || got[transit] != 0 {
+			t.Fatalf("verdict %d, counters moved %v; a destination without a route gives %d, %v", ret, got, missRet, miss)
+		}
+		for k, v := range miss {
+			if got[k] != v {
+				t.Fatalf("counters moved %v; a destination without a route moves %v", got, miss)
+			}
+		}
+		o := transitOpts{outerSrc: memberIP, innerSrc: memberPod, innerDst: neighbour, innerTTL: 63, sport: 1234}
+		before := l.counts(t)
+		if ret, _ := l.run(t, l.objs.UnderlayIngress, transitFrame(l, o), l.und.Attrs().Index); ret != tcActRedirect || delta(before, l.counts(t))[transit] != 1 {
+			t.Fatalf("neighbour %s: verdict %d, want a transit", neighbour, ret)
+		}
+	})
+}
