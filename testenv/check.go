@@ -123,10 +123,28 @@ func (m *Matrix) String() string {
 	if len(translated) > 0 {
 		fmt.Fprintf(&b, "translated sources (return-path SNAT), seen as: %s\n", strings.Join(translated, ", "))
 	}
+	if retried := m.Retried(); len(retried) > 0 {
+		var list []string
+		for _, p := range retried {
+			list = append(list, fmt.Sprintf("%s->%s %s on attempt %d", p.Src, p.Dst, p.Proto, p.Attempts))
+		}
+		fmt.Fprintf(&b, "passed only after a retry: %s\n", strings.Join(list, ", "))
+	}
 	for _, f := range fails {
 		fmt.Fprintf(&b, "FAIL %s -> %s %s after %d attempts: %s\n", f.Src, f.Dst, f.Proto, f.Attempts, f.Err)
 	}
 	return b.String()
+}
+
+// Retried returns the probes that passed, but not on their first attempt.
+func (m *Matrix) Retried() []Probe {
+	var out []Probe
+	for _, p := range m.Probes {
+		if p.OK && p.Attempts > 1 {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // CheckOptions tune a check.
