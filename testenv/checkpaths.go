@@ -7,7 +7,10 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
+
+	"github.com/vishvananda/netlink"
 )
 
 // PathCheck is what CheckPaths found.
@@ -96,11 +99,12 @@ func (c *PathCheck) String() string {
 
 // CheckPaths is the check every scenario's end-to-end test runs. It checks
 // that rp_filter is strict on every node (all, default and every interface,
-// RPFilterNotStrict), reads RPFilterCounter on every node, flushes every
-// node's neighbour entries on the underlay, runs Check (every
-// ordered pod pair that should talk, so each pair both ways, with ICMP, TCP
-// and UDP, and the source each receiver saw, all as Scenario.Expectations
-// derives them from the scenario), and reads the counters again. The error
+// RPFilterNotStrict), reads RPFilterCounter on every node, probes as Check
+// does (every ordered pod pair that should talk, so each pair both ways, with
+// ICMP, TCP and UDP, and the source each receiver saw, all as
+// Scenario.Expectations derives them from the scenario) but one pair at a
+// time, each after every node's neighbour entries on the underlay are
+// flushed, and reads the counters again. The error
 // names every pair that failed and every node whose counter is not 0:
 // isthmus keeps paths symmetric, so strict rp_filter never drops one of its
 // packets. It is nil only when everything passed; the PathCheck is nil only
@@ -115,15 +119,6 @@ func (l *Lab) CheckPaths(ctx context.Context) (*PathCheck, error) {
 	if c.Before, err = l.RPFilterDrops(); err != nil {
 		return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
 	}
-	// Cold neighbour caches, as on a node that has been idle for a while: a
-	// path that holds only while a neighbour entry is fresh (the datapath
-	// cannot check where a packet came from without it) fails every time,
-	// not only on a lab's first packets.
-	for _, n := range l.Scenario.Nodes() {
-		if _, err := l.Exec(ctx, l.NodeNS(n.Name), "ip", "neigh", "flush", "dev", UnderlayDev); err != nil {
-			return nil, fmt.Errorf("check paths of lab %s: node %s: %w", l.Name, n.Name, err)
-		}
-	}
 	want := map[[2]string]bool{}
 	for _, e := range l.Scenario.Expectations() {
 		c.Pairs = append(c.Pairs, [2]string{e.Src, e.Dst})
@@ -136,9 +131,24 @@ func (l *Lab) CheckPaths(ctx context.Context) (*PathCheck, error) {
 			}
 		}
 	}
-	m, cerr := l.CheckPairs(ctx, c.Pairs, CheckOptions{})
-	if m == nil {
-		return nil, cerr
+	// One pair at a time, each from cold underlay neighbour caches, as on
+	// nodes whose entries expired: a path that holds only while a neighbour
+	// entry is fresh (the datapath checks where a fabric packet came from by a
+	// FIB lookup that needs one) then fails every time, not only when no
+	// earlier probe or health check happened to fill the cache.
+	m := &Matrix{}
+	for _, p := range l.Scenario.Pods() {
+		m.Pods = append(m.Pods, p.Name)
+	}
+	for _, pair := range c.Pairs {
+		if err := l.flushUnderlayNeighbours(); err != nil {
+			return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
+		}
+		pm, err := l.CheckPairs(ctx, [][2]string{pair}, CheckOptions{})
+		if pm == nil {
+			return nil, err
+		}
+		m.Probes = append(m.Probes, pm.Probes...) // pairs come in matrix order
 	}
 	c.Matrix = m
 	if c.After, err = l.RPFilterDrops(); err != nil {
@@ -170,4 +180,41 @@ func (l *Lab) CheckPaths(ctx context.Context) (*PathCheck, error) {
 		return c, fmt.Errorf("check paths of lab %s: %w", l.Name, errors.Join(errs...))
 	}
 	return c, nil
+}
+
+// flushUnderlayNeighbours removes every node's dynamic neighbour entries on
+// UnderlayDev (permanent ones stay), as `ip neigh flush dev eth0` does.
+func (l *Lab) flushUnderlayNeighbours() error {
+	for _, n := range l.Scenario.Nodes() {
+		if err := flushNeighbours(l.NodeNS(n.Name), UnderlayDev); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
+func flushNeighbours(nsName, dev string) error {
+	h, ns, err := handleAt(nsName)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	defer h.Close()
+	link, err := h.LinkByName(dev)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", dev, err)
+	}
+	neighs, err := h.NeighList(link.Attrs().Index, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("list neighbours on %s: %w", dev, err)
+	}
+	for _, nb := range neighs {
+		if nb.State&netlink.NUD_PERMANENT != 0 {
+			continue
+		}
+		if err := h.NeighDel(&nb); err != nil && !errors.Is(err, syscall.ENOENT) {
+			return fmt.Errorf("flush neighbour %s on %s: %w", nb.IP, dev, err)
+		}
+	}
+	return nil
 }
