@@ -104,11 +104,11 @@ func (c *PathCheck) String() string {
 // ICMP, TCP and UDP, and the source each receiver saw, all as
 // Scenario.Expectations derives them from the scenario) but one pair at a
 // time, each after every node's neighbour entries on the underlay are
-// flushed, and reads the counters again. The error
-// names every pair that failed and every node whose counter is not 0:
-// isthmus keeps paths symmetric, so strict rp_filter never drops one of its
-// packets. It is nil only when everything passed; the PathCheck is nil only
-// when the check could not run.
+// flushed, and reads the counters again. The error names every pair that
+// failed and every node whose counter is not 0: isthmus keeps paths
+// symmetric, so strict rp_filter never drops one of its packets. The error is
+// nil only when everything passed; the PathCheck is nil only when the check
+// could not run.
 func (l *Lab) CheckPaths(ctx context.Context) (*PathCheck, error) {
 	start := time.Now()
 	c := &PathCheck{}
