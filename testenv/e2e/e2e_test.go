@@ -154,11 +154,12 @@ func assertGone(t *testing.T, lab string) {
 
 // checkPaths runs the lab's CheckPaths (rp_filter strict on every node, every
 // pod pair both ways with ICMP, TCP and UDP and the source each receiver saw,
-// TcpExtIPReversePathFilter 0 on every node) and fails the test, without
-// stopping it, on anything it found, with the agent logs of logNodes. It logs
-// the report: the pairs, the counters, the matrix and the probes that needed
-// more than one attempt. When the test ends it reads the counters again, so
-// the rest of the test must keep them at 0 as well. It returns the matrix.
+// TcpExtIPReversePathFilter 0 on every node before and after) and fails the
+// test, without stopping it, on anything it found, with the agent logs of
+// logNodes. It logs the report: the pairs, the counters, the matrix and the
+// probes that needed more than one attempt. When the test ends it reads the
+// counters again, so the rest of the test must keep them at 0 as well. It
+// returns the matrix.
 func checkPaths(t *testing.T, l *testenv.Lab, logNodes ...string) *testenv.Matrix {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -177,6 +178,11 @@ func checkPaths(t *testing.T, l *testenv.Lab, logNodes ...string) *testenv.Matri
 	}
 	if want := len(l.Scenario.Expectations()) * len(testenv.Protos); len(c.Matrix.Probes) != want {
 		t.Errorf("%d probes, want %d", len(c.Matrix.Probes), want)
+	}
+	for _, n := range l.Scenario.Nodes() {
+		if got := c.Before[n.Name]; got != 0 {
+			t.Errorf("node %s: %s %d before the paths were checked: strict rp_filter dropped packets since the lab came up", n.Name, testenv.RPFilterCounter, got)
+		}
 	}
 	t.Cleanup(func() {
 		after, err := l.RPFilterDrops()
