@@ -47,6 +47,8 @@ type Probe struct {
 	Translated bool
 	// Attempts is how many tries it took (or were made).
 	Attempts int
+	// Errs says why each failed attempt failed, in order.
+	Errs []string
 }
 
 // Matrix is the result of a check: every probe between the pods.
@@ -123,10 +125,28 @@ func (m *Matrix) String() string {
 	if len(translated) > 0 {
 		fmt.Fprintf(&b, "translated sources (return-path SNAT), seen as: %s\n", strings.Join(translated, ", "))
 	}
+	if retried := m.Retried(); len(retried) > 0 {
+		var list []string
+		for _, p := range retried {
+			list = append(list, fmt.Sprintf("%s->%s %s on attempt %d (first: %s)", p.Src, p.Dst, p.Proto, p.Attempts, p.Errs[0]))
+		}
+		fmt.Fprintf(&b, "passed only after a retry: %s\n", strings.Join(list, ", "))
+	}
 	for _, f := range fails {
 		fmt.Fprintf(&b, "FAIL %s -> %s %s after %d attempts: %s\n", f.Src, f.Dst, f.Proto, f.Attempts, f.Err)
 	}
 	return b.String()
+}
+
+// Retried returns the probes that passed, but not on their first attempt.
+func (m *Matrix) Retried() []Probe {
+	var out []Probe
+	for _, p := range m.Probes {
+		if p.OK && p.Attempts > 1 {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // CheckOptions tune a check.
@@ -234,6 +254,7 @@ func (l *Lab) CheckPairs(ctx context.Context, pairs [][2]string, opts CheckOptio
 						break
 					}
 					p.Err = err.Error()
+					p.Errs = append(p.Errs, p.Err)
 				}
 				if ctx.Err() != nil && !p.OK && p.Err == "" {
 					p.Err = ctx.Err().Error()

@@ -612,6 +612,18 @@ func (l *Lab) nodeRules(ctx context.Context, n NodeRef) error {
 			}
 		}
 	}
+	// Another CNI never masquerades its own pods' traffic to each other
+	// (Calico's natOutgoing skips destinations in its pools, Azure CNI's
+	// nonMasqueradeCIDRs hold the VNet). On a node of an unmanaged site that
+	// traffic is the CNI's and the fabric's, never isthmus'
+	// (docs/unmanaged-sites.md), so the lab exempts it as the CNI does.
+	if sem := n.Site.semantics(); sem.unmanaged {
+		for _, s := range sem.blocks {
+			for _, d := range sem.blocks {
+				fmt.Fprintf(&b, "-A POSTROUTING -s %s -d %s -j RETURN\n", s, d)
+			}
+		}
+	}
 	if lo.Masquerade != "" {
 		fmt.Fprintf(&b, "-A POSTROUTING %s\n", lo.Masquerade)
 	} else {

@@ -147,6 +147,8 @@ func TestTopology(t *testing.T) {
 		}
 	}
 
+	checkRPFilter(t, l)
+
 	m, err := l.CheckPairs(ctx, [][2]string{{"a1-p1", "a1-p2"}, {"a1-p1", "b1-p1"}}, CheckOptions{Timeout: 300 * time.Millisecond, Attempts: 1})
 	if err == nil {
 		t.Fatalf("check passed without a datapath:\n%s", m)
@@ -160,6 +162,56 @@ func TestTopology(t *testing.T) {
 	for _, proto := range Protos {
 		if p, _ := m.Get("a1-p1", "b1-p1", proto); p.OK {
 			t.Errorf("cross-site %s passed without a datapath", proto)
+		}
+	}
+}
+
+// checkRPFilter: every node of the lab is strict everywhere, an interface set
+// loose is reported, and RPFilterDrops counts what the kernel drops: the router
+// sends a1 an echo request from the address of a1's pod a1-p1, which a1 routes
+// to the pod's veth, so strict rp_filter on a1's eth0 drops it.
+func checkRPFilter(t *testing.T, l *Lab) {
+	t.Helper()
+	ctx := context.Background()
+	if loose, err := l.RPFilterNotStrict(); err != nil || len(loose) > 0 {
+		t.Errorf("rp_filter not strict: %v (%v)", loose, err)
+	}
+	if err := writeSysctls(l.NodeNS("b2"), map[string]string{"net/ipv4/conf/eth0/rp_filter": "2"}); err != nil {
+		t.Fatal(err)
+	}
+	loose, err := l.RPFilterNotStrict()
+	if err != nil || len(loose) != 1 || !strings.HasPrefix(loose[0], "b2 eth0=2 ") {
+		t.Errorf("with b2's eth0 loose: RPFilterNotStrict = %q (%v), want b2 eth0 alone", loose, err)
+	}
+	if err := writeSysctls(l.NodeNS("b2"), map[string]string{"net/ipv4/conf/eth0/rp_filter": "1"}); err != nil {
+		t.Fatal(err)
+	}
+
+	before, err := l.RPFilterDrops()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1, _ := l.Node("a1")
+	spoofed := l.PodAddr("a1-p1").String()
+	if out, err := l.Exec(ctx, l.RouterNS(), "ip", "addr", "add", spoofed+"/32", "dev", "lo"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	// No reply comes: a1 drops the request.
+	l.Exec(ctx, l.RouterNS(), "ping", "-c", "3", "-i", "0.2", "-W", "1", "-I", spoofed, a1.Address.String())
+	if out, err := l.Exec(ctx, l.RouterNS(), "ip", "addr", "del", spoofed+"/32", "dev", "lo"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	after, err := l.RPFilterDrops()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range l.Scenario.Nodes() {
+		want := before[n.Name]
+		if n.Name == "a1" {
+			want += 3
+		}
+		if after[n.Name] != want {
+			t.Errorf("node %s: %s %d -> %d, want %d", n.Name, RPFilterCounter, before[n.Name], after[n.Name], want)
 		}
 	}
 }

@@ -98,7 +98,7 @@ func newLabCmd() *cobra.Command {
 
 	check := &cobra.Command{
 		Use:   "check [SCENARIO]",
-		Short: "Probe ICMP, TCP and UDP between every pair of pods and print the matrix",
+		Short: "Probe ICMP, TCP and UDP between every pair of pods, print the matrix and each node's rp_filter drops",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sc, lab, err := load(args)
@@ -120,9 +120,9 @@ func newLabCmd() *cobra.Command {
 			for _, c := range conds {
 				fmt.Fprintln(cmd.OutOrStdout(), c)
 			}
-			m, err := l.Check(ctx)
-			if m != nil {
-				fmt.Fprint(cmd.OutOrStdout(), m.String())
+			c, err := l.CheckPaths(ctx)
+			if c != nil {
+				fmt.Fprint(cmd.OutOrStdout(), c.String())
 			}
 			return err
 		},

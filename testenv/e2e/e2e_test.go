@@ -71,9 +71,12 @@ func labName() string {
 }
 
 // upLab brings sc up as a lab with a fresh name, the test's binary and opts, and
-// takes it down when the test ends, checking that nothing is left.
+// takes it down when the test ends, checking that nothing is left. Every
+// bring-up of the package goes through it, except upShared's, whose labs live
+// as long as the package's tests.
 func upLab(ctx context.Context, t *testing.T, sc *testenv.Scenario, opts testenv.Options) *testenv.Lab {
 	t.Helper()
+	requireSetup(t)
 	opts.Name, opts.Binary = labName(), binary
 	l, err := testenv.Up(ctx, sc, opts)
 	if err != nil {
@@ -88,9 +91,23 @@ func upLab(ctx context.Context, t *testing.T, sc *testenv.Scenario, opts testenv
 	return l
 }
 
-// upDefault builds the default scenario with agents and removes it when the
+// upScenario builds a built-in scenario with agents and removes it when the
 // test ends, checking that nothing is left.
-func upDefault(t *testing.T) *testenv.Lab {
+func upScenario(t *testing.T, scenario string) *testenv.Lab {
+	t.Helper()
+	requireSetup(t)
+	sc, err := testenv.LoadScenario(scenario)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	return upLab(ctx, t, sc, testenv.Options{})
+}
+
+// loadDefault returns the default scenario, failing the test unless it has the
+// VNI these tests expect on the wire.
+func loadDefault(t *testing.T) *testenv.Scenario {
 	t.Helper()
 	requireSetup(t)
 	sc, err := testenv.LoadScenario("default")
@@ -100,20 +117,24 @@ func upDefault(t *testing.T) *testenv.Lab {
 	if sc.VNI != vni {
 		t.Fatalf("default scenario VNI %d, these tests expect %d", sc.VNI, vni)
 	}
-	name := labName()
-	t.Cleanup(func() {
-		if err := testenv.Down(name, testenv.DownOptions{Binary: binary}); err != nil {
-			t.Error(err)
-		}
-		assertGone(t, name)
-	})
+	return sc
+}
+
+// upDefault builds the default scenario with agents and removes it when the
+// test ends, checking that nothing is left.
+func upDefault(t *testing.T) *testenv.Lab {
+	t.Helper()
+	return upWith(t)
+}
+
+// upWith builds the default scenario like upDefault, with agentArgs appended to
+// every agent's command line, and removes it when the test ends.
+func upWith(t *testing.T, agentArgs ...string) *testenv.Lab {
+	t.Helper()
+	sc := loadDefault(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	l, err := testenv.Up(ctx, sc, testenv.Options{Name: name, Binary: binary, ReadyTimeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
+	return upLab(ctx, t, sc, testenv.Options{AgentArgs: agentArgs})
 }
 
 func assertGone(t *testing.T, lab string) {
@@ -131,27 +152,77 @@ func assertGone(t *testing.T, lab string) {
 	}
 }
 
-// TestMatrix: every pod reaches every other over ICMP, TCP and UDP, and every
-// server saw the sending pod's own address, so neither the leftover MASQUERADE
-// nor FORWARD DROP touched isthmus traffic.
-func TestMatrix(t *testing.T) {
-	l := upDefault(t)
+// checkPaths runs the lab's CheckPaths (rp_filter strict on every node, every
+// pod pair both ways with ICMP, TCP and UDP and the source each receiver saw,
+// TcpExtIPReversePathFilter 0 on every node before and after) and fails the
+// test, without stopping it, on anything it found, with the agent logs of
+// logNodes. It logs the report: the pairs, the counters, the matrix and the
+// probes that needed more than one attempt. When the test ends it reads the
+// counters again, so the rest of the test must keep them at 0 as well. It
+// returns the matrix.
+func checkPaths(t *testing.T, l *testenv.Lab, logNodes ...string) *testenv.Matrix {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	m, err := l.Check(ctx)
-	t.Logf("matrix:\n%s", m)
-	if err != nil {
+	c, err := l.CheckPaths(ctx)
+	if c == nil {
 		t.Fatal(err)
 	}
-	pods := l.Scenario.Pods()
-	if want := len(pods) * (len(pods) - 1) * len(testenv.Protos); len(m.Probes) != want {
-		t.Fatalf("%d probes, want %d", len(m.Probes), want)
+	t.Logf("paths of scenario %s:\n%s", l.Scenario.Name, c)
+	if err != nil {
+		var logs strings.Builder
+		for _, n := range logNodes {
+			fmt.Fprintf(&logs, "\nagent log of %s:\n%s", n, tailFile(l.AgentLog(n)))
+		}
+		t.Errorf("%v%s", err, logs.String())
 	}
+	if want := len(l.Scenario.Expectations()) * len(testenv.Protos); len(c.Matrix.Probes) != want {
+		t.Errorf("%d probes, want %d", len(c.Matrix.Probes), want)
+	}
+	for _, n := range l.Scenario.Nodes() {
+		if got := c.Before[n.Name]; got != 0 {
+			t.Errorf("node %s: %s %d before the paths were checked: strict rp_filter dropped packets since the lab came up", n.Name, testenv.RPFilterCounter, got)
+		}
+	}
+	t.Cleanup(func() {
+		after, err := l.RPFilterDrops()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		for _, n := range l.Scenario.Nodes() {
+			if got := after[n.Name]; got > c.After[n.Name] {
+				t.Errorf("node %s: %s %d after the paths were checked, %d when the test ended: strict rp_filter dropped packets of what the test did since",
+					n.Name, testenv.RPFilterCounter, c.After[n.Name], got)
+			}
+		}
+	})
+	return c.Matrix
+}
+
+// requireOwnSources fails the test unless every server that answered saw the
+// sending pod's own address: for scenarios where nothing is translated.
+func requireOwnSources(t *testing.T, l *testenv.Lab, m *testenv.Matrix) {
+	t.Helper()
 	for _, p := range m.Probes {
-		if p.Proto != testenv.ICMP && p.Saw != l.PodAddr(p.Src) {
+		if p.Proto != testenv.ICMP && p.OK && p.Saw != l.PodAddr(p.Src) {
 			t.Errorf("%s -> %s %s: server saw %s, want the pod's own %s", p.Src, p.Dst, p.Proto, p.Saw, l.PodAddr(p.Src))
 		}
 	}
+}
+
+// TestMatrix: every pod reaches every other over ICMP, TCP and UDP, every
+// server saw the sending pod's own address, so neither the leftover
+// MASQUERADE nor FORWARD DROP touched isthmus traffic, and strict rp_filter
+// dropped nothing on any node.
+func TestMatrix(t *testing.T) {
+	l := upDefault(t)
+	m := checkPaths(t, l, "a1", "b1")
+	pods := l.Scenario.Pods()
+	if want := len(pods) * (len(pods) - 1) * len(testenv.Protos); len(m.Probes) != want {
+		t.Fatalf("%d probes, want %d: every pod of the default scenario talks to every other", len(m.Probes), want)
+	}
+	requireOwnSources(t, l, m)
 }
 
 // frame is one captured underlay frame as tshark decoded it.

@@ -85,35 +85,6 @@ func downSharedLabs() bool {
 	return ok
 }
 
-// checkAll runs the lab's full check and fails the test on any failed probe, a
-// missing probe, or a server that saw another source than the pod's own.
-func checkAll(t *testing.T, l *testenv.Lab, logNodes ...string) *testenv.Matrix {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	m, err := l.Check(ctx)
-	t.Logf("matrix:\n%s", m)
-	if err != nil {
-		var logs strings.Builder
-		for _, n := range logNodes {
-			fmt.Fprintf(&logs, "\nagent log of %s:\n%s", n, tailFile(l.AgentLog(n)))
-		}
-		t.Errorf("%v%s", err, logs.String())
-	}
-	if m == nil {
-		t.FailNow()
-	}
-	if want := len(l.Scenario.Expectations()) * len(testenv.Protos); len(m.Probes) != want {
-		t.Errorf("%d probes, want %d", len(m.Probes), want)
-	}
-	for _, p := range m.Probes {
-		if p.Proto != testenv.ICMP && p.OK && p.Saw != l.PodAddr(p.Src) {
-			t.Errorf("%s -> %s %s: server saw %s, want the pod's own %s", p.Src, p.Dst, p.Proto, p.Saw, l.PodAddr(p.Src))
-		}
-	}
-	return m
-}
-
 // requirePairs fails unless every protocol passed between each named pair.
 func requirePairs(t *testing.T, m *testenv.Matrix, what string, pairs ...[2]string) {
 	t.Helper()
@@ -130,8 +101,9 @@ func requirePairs(t *testing.T, m *testenv.Matrix, what string, pairs ...[2]stri
 // `-s 10.16.0.0/12 ! -d 224.0.0.0/4 -j MASQUERADE --random-fully`, FORWARD
 // policy DROP and conntrack INVALID drops on every cloud node, members that
 // can reach the edge only through master-gw, and yet every pod pair talks
-// (member to edge, edge to member, gateway to edge, across members) and every
-// server sees the original pod address: forwarded traffic never meets the rule.
+// (member to edge, edge to member, gateway to edge, across members), every
+// server sees the original pod address (forwarded traffic never meets the
+// rule), and strict rp_filter drops nothing on any node (checkPaths).
 func TestSeed003(t *testing.T) {
 	l := upScenario(t, "seed003")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -166,13 +138,12 @@ func TestSeed003(t *testing.T) {
 		}
 	})
 
-	t.Run("matrix", func(t *testing.T) {
-		m := checkAll(t, l, "master-gw", "edge-gw", "master-02")
-		requirePairs(t, m, "member to edge", [2]string{"m02-p1", "e01-p1"}, [2]string{"m03-p1", "egw-p1"})
-		requirePairs(t, m, "edge to member", [2]string{"e01-p1", "m02-p2"}, [2]string{"egw-p1", "m03-p1"})
-		requirePairs(t, m, "gateway to edge", [2]string{"mgw-p1", "e01-p1"}, [2]string{"mgw-p1", "egw-p1"})
-		requirePairs(t, m, "across members", [2]string{"m02-p1", "m03-p1"}, [2]string{"m03-p1", "m02-p2"})
-	})
+	m := checkPaths(t, l, "master-gw", "edge-gw", "master-02")
+	requireOwnSources(t, l, m)
+	requirePairs(t, m, "member to edge", [2]string{"m02-p1", "e01-p1"}, [2]string{"m03-p1", "egw-p1"})
+	requirePairs(t, m, "edge to member", [2]string{"e01-p1", "m02-p2"}, [2]string{"egw-p1", "m03-p1"})
+	requirePairs(t, m, "gateway to edge", [2]string{"mgw-p1", "e01-p1"}, [2]string{"mgw-p1", "egw-p1"})
+	requirePairs(t, m, "across members", [2]string{"m02-p1", "m03-p1"}, [2]string{"m03-p1", "m02-p2"})
 
 	t.Run("members-blocked", func(t *testing.T) {
 		// The reason gateways exist here: a member's own packet to the edge
@@ -187,7 +158,8 @@ func TestSeed003(t *testing.T) {
 // TestSeed000Gateway is seed 000's gateway section: the seed's Sites, no
 // SitePeering, a GatewayPool Internal with routedCidrs [10.0.2.0/23] on aks-1
 // and the flex node, routeNodeCidrs at its default. The AKS pods and the flex
-// pod talk both ways through the gateways, and aks-1 keeps its underlay path to
+// pod talk both ways through the gateways, with strict rp_filter dropping
+// nothing on any node (checkPaths), and aks-1 keeps its underlay path to
 // the flex node's endpoint 192.168.10.10 inside the routed 192.168.10.0/28:
 // the plan reports the split, `ip route get` says eth0 for the endpoint and
 // isthmus0 for its neighbours, and ping works while the tunnel carries traffic.
@@ -196,12 +168,11 @@ func TestSeed000Gateway(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	t.Run("matrix", func(t *testing.T) {
-		m := checkAll(t, l, "aks-1", "aks-2", "flex-1")
-		requirePairs(t, m, "AKS pods <-> flex pod",
-			[2]string{"aks1-p1", "flex-p1"}, [2]string{"flex-p1", "aks1-p1"},
-			[2]string{"aks2-p1", "flex-p1"}, [2]string{"flex-p1", "aks2-p1"})
-	})
+	m := checkPaths(t, l, "aks-1", "aks-2", "flex-1")
+	requireOwnSources(t, l, m)
+	requirePairs(t, m, "AKS pods <-> flex pod",
+		[2]string{"aks1-p1", "flex-p1"}, [2]string{"flex-p1", "aks1-p1"},
+		[2]string{"aks2-p1", "flex-p1"}, [2]string{"flex-p1", "aks2-p1"})
 
 	t.Run("plan", func(t *testing.T) {
 		for _, c := range []struct {
@@ -308,56 +279,31 @@ func TestSeed000Gateway(t *testing.T) {
 	})
 }
 
-// seed001Path checks one path of seed 001's table on the shared seed001 lab:
-// ICMP, TCP and UDP from src to dst pass, and the server sees src's own address.
-func seed001Path(t *testing.T, src, dst string) {
-	l := upShared(t, "seed001")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	m, err := l.CheckPairs(ctx, [][2]string{{src, dst}}, testenv.CheckOptions{})
-	if m == nil {
-		t.Fatal(err)
-	}
-	t.Logf("%s -> %s:\n%s", src, dst, m)
-	if len(m.Probes) != len(testenv.Protos) {
-		t.Fatalf("%d probes, want %d", len(m.Probes), len(testenv.Protos))
-	}
-	for _, p := range m.Probes {
-		if !p.OK {
-			t.Errorf("%s -> %s %s: %s", src, dst, p.Proto, p.Err)
-		}
-		if p.OK && p.Proto != testenv.ICMP && p.Saw != l.PodAddr(src) {
-			t.Errorf("%s -> %s %s: server saw %s, want the pod's own %s", src, dst, p.Proto, p.Saw, l.PodAddr(src))
-		}
-	}
-	if t.Failed() {
-		t.Logf("agent log of u-gw:\n%s\nagent log of r-gw:\n%s", tailFile(l.AgentLog("u-gw")), tailFile(l.AgentLog("r-gw")))
-	}
+// TestSeed001 is seed 001's kind lab: every pod pair through the gateways
+// (checkPaths), and the seed's four paths by name, each with the sending
+// pod's own address seen: the remote managed pod r1-p1 to the Calico pod on
+// the gateway u-gw, which has no podCIDR, and back; the remote pod to the
+// Calico pod on the member u-1, through u-gw, which hands it to the site
+// fabric; and the member's pod to the remote pod, through u-gw (the path
+// kernel conntrack broke in the seed).
+func TestSeed001(t *testing.T) {
+	l := upScenario(t, "seed001")
+	m := checkPaths(t, l, "u-gw", "r-gw", "u-1")
+	requireOwnSources(t, l, m)
+	requirePairs(t, m, "seed 001's paths",
+		[2]string{"r1-p1", "ugw-p1"}, [2]string{"ugw-p1", "r1-p1"},
+		[2]string{"r1-p1", "u1-p1"}, [2]string{"u1-p1", "r1-p1"})
 }
 
-// TestSeed001RemotePodToGatewayPod: remote managed pod r1-p1 to the Calico pod
-// on the gateway u-gw, which has no podCIDR.
-func TestSeed001RemotePodToGatewayPod(t *testing.T) { seed001Path(t, "r1-p1", "ugw-p1") }
-
-// TestSeed001GatewayPodToRemotePod: the Calico pod on the gateway to the
-// remote pod.
-func TestSeed001GatewayPodToRemotePod(t *testing.T) { seed001Path(t, "ugw-p1", "r1-p1") }
-
-// TestSeed001RemotePodToMemberPodViaGateway: the remote pod to the Calico pod
-// on the member u-1, through u-gw, which hands it to the site fabric.
-func TestSeed001RemotePodToMemberPodViaGateway(t *testing.T) { seed001Path(t, "r1-p1", "u1-p1") }
-
-// TestSeed001MemberPodToRemotePod: the Calico pod on the member to the remote
-// pod, through u-gw (the path kernel conntrack broke in the seed).
-func TestSeed001MemberPodToRemotePod(t *testing.T) { seed001Path(t, "u1-p1", "r1-p1") }
-
-// TestGatewayFailover: member w-1's flows to the remote site spread over the
-// gateways gw-w1 and gw-w2 by consistent hash; gw-w2's underlay link goes down
-// under steady traffic. Flows that never used gw-w2 never stop; the others
-// resume through gw-w1 within health interval x multiplier + 1s. The gap is
-// measured per flow and printed.
+// TestGatewayFailover: every pod pair first (checkPaths); then member w-1's
+// flows to the remote site spread over the gateways gw-w1 and gw-w2 by
+// consistent hash; gw-w2's underlay link goes down under steady traffic.
+// Flows that never used gw-w2 never stop; the others resume through gw-w1
+// within health interval x multiplier + 1s. The gap is measured per flow and
+// printed. Strict rp_filter drops nothing meanwhile either.
 func TestGatewayFailover(t *testing.T) {
 	l := upScenario(t, "gwfailover")
+	checkPaths(t, l, "w-1", "gw-w1", "gw-w2", "gw-e1")
 	// 32 flows: the chance that none, or all, of them touch gw-w2 (either
 	// direction) is below 1e-4.
 	measureFailover(t, l, failover{SrcPod: "w1-p1", DstPod: "e1-p1", Flows: 32, FailNode: "gw-w2",
@@ -366,10 +312,11 @@ func TestGatewayFailover(t *testing.T) {
 
 // TestGatewayExternal: the gateways of an External pool sit behind 1:1 NAT
 // and tunnel to each other's ExternalIPs. Every pod pair talks with its own
-// source, each gateway's plan has the other as a peer at its ExternalIP, and
-// the tunnel between the sites runs between the public addresses on the wire
-// (outside the router's NAT: on the remote gateway's port the outer source is
-// the sender's public address).
+// source and strict rp_filter dropping nothing (checkPaths), each gateway's
+// plan has the other as a peer at its ExternalIP, and the tunnel between the
+// sites runs between the public addresses on the wire (outside the router's
+// NAT: on the remote gateway's port the outer source is the sender's public
+// address).
 func TestGatewayExternal(t *testing.T) {
 	l := upScenario(t, "gwexternal")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -395,10 +342,9 @@ func TestGatewayExternal(t *testing.T) {
 		}
 	})
 
-	t.Run("matrix", func(t *testing.T) {
-		m := checkAll(t, l, "dc-gw", "cl-gw", "dc-1")
-		requirePairs(t, m, "member to remote member", [2]string{"dc1-p1", "cl1-p1"}, [2]string{"cl1-p1", "dc1-p1"})
-	})
+	m := checkPaths(t, l, "dc-gw", "cl-gw", "dc-1")
+	requireOwnSources(t, l, m)
+	requirePairs(t, m, "member to remote member", [2]string{"dc1-p1", "cl1-p1"}, [2]string{"cl1-p1", "dc1-p1"})
 
 	t.Run("wire", func(t *testing.T) {
 		// Between the sites the tunnel's outer source, as the receiving

@@ -22,11 +22,7 @@ var fullMTUPods = map[string]bool{"a1-p1": true, "b1-p1": true}
 // it when the test ends.
 func upFullMTU(t *testing.T) *testenv.Lab {
 	t.Helper()
-	requireSetup(t)
-	sc, err := testenv.LoadScenario("default")
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := loadDefault(t)
 	set := 0
 	for i := range sc.Sites {
 		for j := range sc.Sites[i].Nodes {
@@ -41,20 +37,9 @@ func upFullMTU(t *testing.T) *testenv.Lab {
 	if set != len(fullMTUPods) {
 		t.Fatalf("default scenario has %d of the pods %v", set, fullMTUPods)
 	}
-	name := labName()
-	t.Cleanup(func() {
-		if err := testenv.Down(name, testenv.DownOptions{Binary: binary}); err != nil {
-			t.Error(err)
-		}
-		assertGone(t, name)
-	})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	l, err := testenv.Up(ctx, sc, testenv.Options{Name: name, Binary: binary, ReadyTimeout: 30 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
+	return upLab(ctx, t, sc, testenv.Options{})
 }
 
 // fragNeededSent reads node's METRIC_FRAG_NEEDED_SENT count at pod_ingress.

@@ -15,6 +15,9 @@ import (
 // and none may reach one way only. isthmus routes node addresses through the
 // tunnel only where both directions take the same path, so a stateful
 // firewall or strict rp_filter between sites passes what it passed before.
+// Then every pod pair of the scenario (checkPaths), so the pods of a scenario
+// variant that only this test builds, and of any scenario added later, are
+// checked under strict rp_filter too.
 // seed000gw-open is the topology of issue 12: seed 000's gateway setup with a
 // firewall that passes node-to-node traffic, where the member aks-2 and the
 // flex gateway flex-1 lost each other both ways.
@@ -30,19 +33,11 @@ func TestNodeToNodeEveryScenario(t *testing.T) {
 			if open {
 				sc.Underlay.CrossSite = testenv.CrossSiteAll
 			}
-			lab := labName()
-			t.Cleanup(func() {
-				if err := testenv.Down(lab, testenv.DownOptions{Binary: binary}); err != nil {
-					t.Error(err)
-				}
-				assertGone(t, lab)
-			})
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			var log strings.Builder
-			if _, err := testenv.Up(ctx, sc, testenv.Options{Name: lab, Binary: binary, ReadyTimeout: 60 * time.Second, CheckNodes: true, Log: &log}); err != nil {
-				t.Fatal(err)
-			}
+			l := upLab(ctx, t, sc, testenv.Options{ReadyTimeout: 60 * time.Second, CheckNodes: true, Log: &log})
+			checkPaths(t, l)
 			if open {
 				// The pair of issue 12 reaches each other both ways, before
 				// and with the agents.

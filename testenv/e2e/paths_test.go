@@ -26,34 +26,6 @@ import (
 	"github.com/isthmus-dev/isthmus/testenv"
 )
 
-// upWith builds the default scenario like upDefault, with agentArgs appended to
-// every agent's command line, and removes it when the test ends.
-func upWith(t *testing.T, agentArgs ...string) *testenv.Lab {
-	t.Helper()
-	requireSetup(t)
-	sc, err := testenv.LoadScenario("default")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if sc.VNI != vni {
-		t.Fatalf("default scenario VNI %d, these tests expect %d", sc.VNI, vni)
-	}
-	name := labName()
-	t.Cleanup(func() {
-		if err := testenv.Down(name, testenv.DownOptions{Binary: binary}); err != nil {
-			t.Error(err)
-		}
-		assertGone(t, name)
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	l, err := testenv.Up(ctx, sc, testenv.Options{Name: name, Binary: binary, ReadyTimeout: 30 * time.Second, AgentArgs: agentArgs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
 // tunnelAddr returns a node's tunnel address: the first address of its podCIDR.
 func tunnelAddr(t *testing.T, l *testenv.Lab, node string) netip.Addr {
 	t.Helper()

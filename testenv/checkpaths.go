@@ -1,0 +1,218 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+)
+
+// PathCheck is what CheckPaths found.
+type PathCheck struct {
+	// Matrix holds every probe, as Check returns it.
+	Matrix *Matrix
+	// Pairs are the ordered pod pairs probed (Scenario.Expectations).
+	Pairs [][2]string
+	// Unprobed are the ordered pairs of distinct pods the scenario says do not
+	// talk (into an undeclared pool, or between sites joined by nothing).
+	Unprobed [][2]string
+	// NotStrict is RPFilterNotStrict as the check began.
+	NotStrict []string
+	// Before and After are RPFilterDrops around the probes.
+	Before, After map[string]uint64
+	// Took is how long the whole check ran.
+	Took time.Duration
+}
+
+// FailedPairs returns "src -> dst (protocols)" for every pair with a failed
+// probe, in matrix order.
+func (c *PathCheck) FailedPairs() []string {
+	if c.Matrix == nil {
+		return nil
+	}
+	var out []string
+	protos := map[[2]string][]string{}
+	for _, p := range c.Matrix.Failures() {
+		k := [2]string{p.Src, p.Dst}
+		if protos[k] == nil {
+			out = append(out, p.Src+" -> "+p.Dst)
+		}
+		protos[k] = append(protos[k], string(p.Proto))
+	}
+	for i, pair := range out {
+		src, dst, _ := strings.Cut(pair, " -> ")
+		out[i] = fmt.Sprintf("%s (%s)", pair, strings.Join(protos[[2]string{src, dst}], " "))
+	}
+	return out
+}
+
+// RPFilterRose returns the nodes whose RPFilterCounter rose during the
+// probes, with the counts before and after. What it counted before the check
+// (Before) is the caller's to judge: a test that brought the lab up wants 0
+// there too; a check run again on a lab judges its own probes.
+func (c *PathCheck) RPFilterRose() []string {
+	var out []string
+	for _, n := range slices.Sorted(maps.Keys(c.After)) {
+		if before, after := c.Before[n], c.After[n]; after > before {
+			out = append(out, fmt.Sprintf("node %s: %s %d -> %d: strict rp_filter dropped %d packets during the probes", n, RPFilterCounter, before, after, after-before))
+		}
+	}
+	return out
+}
+
+// String reports the check: the pairs, rp_filter's settings and counters
+// per node, then the matrix.
+func (c *PathCheck) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d ordered pod pairs probed with icmp, tcp and udp, %d failed, in %s\n",
+		len(c.Pairs), len(c.FailedPairs()), c.Took.Round(time.Millisecond))
+	if len(c.Unprobed) > 0 {
+		var list []string
+		for _, p := range c.Unprobed {
+			list = append(list, p[0]+"->"+p[1])
+		}
+		fmt.Fprintf(&b, "not probed (no path by design): %s\n", strings.Join(list, ", "))
+	}
+	if len(c.NotStrict) > 0 {
+		fmt.Fprintf(&b, "rp_filter not strict: %s\n", strings.Join(c.NotStrict, ", "))
+	} else {
+		b.WriteString("rp_filter: strict (1) on all, default and every interface of every node\n")
+	}
+	var counts []string
+	for _, n := range slices.Sorted(maps.Keys(c.After)) {
+		counts = append(counts, fmt.Sprintf("%s %d->%d", n, c.Before[n], c.After[n]))
+	}
+	fmt.Fprintf(&b, "%s before->after: %s\n", RPFilterCounter, strings.Join(counts, ", "))
+	if c.Matrix != nil {
+		b.WriteString(c.Matrix.String())
+	}
+	return b.String()
+}
+
+// CheckPaths is the check every scenario's end-to-end test runs. It checks
+// that rp_filter is strict on every node (all, default and every interface,
+// RPFilterNotStrict), reads RPFilterCounter on every node, probes as Check
+// does (every ordered pod pair that should talk, so each pair both ways, with
+// ICMP, TCP and UDP, and the source each receiver saw, all as
+// Scenario.Expectations derives them from the scenario) but one pair at a
+// time, each after every node's neighbour entries on the underlay are
+// flushed, and reads the counters again. The error names every pair that
+// failed and every node whose counter rose: isthmus keeps paths symmetric, so
+// strict rp_filter never drops one of its packets. The error is
+// nil only when everything passed; the PathCheck is nil only when the check
+// could not run.
+func (l *Lab) CheckPaths(ctx context.Context) (*PathCheck, error) {
+	start := time.Now()
+	c := &PathCheck{}
+	var err error
+	if c.NotStrict, err = l.RPFilterNotStrict(); err != nil {
+		return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
+	}
+	if c.Before, err = l.RPFilterDrops(); err != nil {
+		return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
+	}
+	want := map[[2]string]bool{}
+	for _, e := range l.Scenario.Expectations() {
+		c.Pairs = append(c.Pairs, [2]string{e.Src, e.Dst})
+		want[[2]string{e.Src, e.Dst}] = true
+	}
+	for _, s := range l.Scenario.Pods() {
+		for _, d := range l.Scenario.Pods() {
+			if s.Name != d.Name && !want[[2]string{s.Name, d.Name}] {
+				c.Unprobed = append(c.Unprobed, [2]string{s.Name, d.Name})
+			}
+		}
+	}
+	// One pair at a time, each from cold underlay neighbour caches, as on
+	// nodes whose entries expired: a path that holds only while a neighbour
+	// entry is fresh (the datapath checks where a fabric packet came from by a
+	// FIB lookup that needs one) then fails every time, not only when no
+	// earlier probe or health check happened to fill the cache.
+	m := &Matrix{}
+	for _, p := range l.Scenario.Pods() {
+		m.Pods = append(m.Pods, p.Name)
+	}
+	for _, pair := range c.Pairs {
+		if err := l.flushUnderlayNeighbours(); err != nil {
+			return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
+		}
+		pm, err := l.CheckPairs(ctx, [][2]string{pair}, CheckOptions{})
+		if pm == nil {
+			return nil, err
+		}
+		m.Probes = append(m.Probes, pm.Probes...) // pairs come in matrix order
+	}
+	c.Matrix = m
+	if c.After, err = l.RPFilterDrops(); err != nil {
+		return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
+	}
+	c.Took = time.Since(start)
+
+	var errs []error
+	if len(c.NotStrict) > 0 {
+		errs = append(errs, fmt.Errorf("rp_filter not strict: %s", strings.Join(c.NotStrict, ", ")))
+	}
+	if failed := c.FailedPairs(); len(failed) > 0 {
+		errs = append(errs, fmt.Errorf("%d of %d pod pairs failed: %s", len(failed), len(c.Pairs), strings.Join(failed, ", ")))
+	}
+	if rose := c.RPFilterRose(); len(rose) > 0 {
+		for _, r := range rose {
+			errs = append(errs, errors.New(r))
+		}
+		// A dropped packet that a retry made up for shows here only.
+		if retried := m.Retried(); len(retried) > 0 {
+			var list []string
+			for _, p := range retried {
+				list = append(list, fmt.Sprintf("%s -> %s %s (attempt %d)", p.Src, p.Dst, p.Proto, p.Attempts))
+			}
+			errs = append(errs, fmt.Errorf("probes that passed only after a retry meanwhile: %s", strings.Join(list, ", ")))
+		}
+	}
+	if len(errs) > 0 {
+		return c, fmt.Errorf("check paths of lab %s: %w", l.Name, errors.Join(errs...))
+	}
+	return c, nil
+}
+
+// flushUnderlayNeighbours removes every node's dynamic neighbour entries on
+// UnderlayDev (permanent ones stay), as `ip neigh flush dev eth0` does.
+func (l *Lab) flushUnderlayNeighbours() error {
+	for _, n := range l.Scenario.Nodes() {
+		if err := flushNeighbours(l.NodeNS(n.Name), UnderlayDev); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
+func flushNeighbours(nsName, dev string) error {
+	h, ns, err := handleAt(nsName)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	defer h.Close()
+	link, err := h.LinkByName(dev)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", dev, err)
+	}
+	neighs, err := h.NeighList(link.Attrs().Index, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("list neighbours on %s: %w", dev, err)
+	}
+	for _, nb := range neighs {
+		if nb.State&netlink.NUD_PERMANENT != 0 {
+			continue
+		}
+		if err := h.NeighDel(&nb); err != nil && !errors.Is(err, syscall.ENOENT) {
+			return fmt.Errorf("flush neighbour %s on %s: %w", nb.IP, dev, err)
+		}
+	}
+	return nil
+}
