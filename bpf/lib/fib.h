@@ -257,7 +257,8 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
  * fabric every node's frames do). That is strict rp_filter one layer down: any other
  * L2 neighbour on the underlay (another tenant's host, a node of another site sharing
  * the segment) claiming a remote pod's source is refused. For a group route, member 0
- * stands for the group: members are reached the same way. */
+ * stands for the group: members are reached the same way. While that neighbour has
+ * no entry, the device alone decides, as for strict rp_filter. */
 static __always_inline int from_site_router(struct __sk_buff *skb,
 					    const struct datapath_config *cfg,
 					    const struct ethhdr *eth, const struct route_value *rt)
@@ -266,14 +267,23 @@ static __always_inline int from_site_router(struct __sk_buff *skb,
 	struct bpf_fib_lookup p;
 	__be32 peer = nexthop_select(rt, 0);
 	__u16 *mac;
+	int rc;
 
-	if (!peer || fib_lookup_v4(skb, &p, cfg->underlay_ip, peer, 0, IPPROTO_UDP,
-				   skb->ifindex, 0) != BPF_FIB_LKUP_RET_SUCCESS)
+	if (!peer)
 		return 0;
+	rc = fib_lookup_v4(skb, &p, cfg->underlay_ip, peer, 0, IPPROTO_UDP, skb->ifindex, 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return 0;
+	if (p.ifindex != skb->ifindex)
+		return 0;
+	/* No neighbour entry to compare with (expired, or never resolved since the
+	 * node last sent that way): strict rp_filter's own test, the device, is all
+	 * there is. Refusing would drop every first packet after the entry expires. */
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH)
+		return 1;
 	/* In 16-bit words: dmac sits at an offset of 58 in the lookup struct. */
 	mac = (__u16 *)p.dmac;
-	return p.ifindex == skb->ifindex && mac[0] == src[0] && mac[1] == src[1] &&
-	       mac[2] == src[2];
+	return mac[0] == src[0] && mac[1] == src[1] && mac[2] == src[2];
 }
 
 /* Fabric ingress: the site fabric hands this node a plain IPv4 packet on the underlay
