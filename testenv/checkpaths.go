@@ -161,6 +161,20 @@ func (l *Lab) CheckPaths(ctx context.Context) (*PathCheck, error) {
 	if failed := c.FailedPairs(); len(failed) > 0 {
 		errs = append(errs, fmt.Errorf("%d of %d pod pairs failed: %s", len(failed), len(c.Pairs), strings.Join(failed, ", ")))
 	}
+	// A receiver that saw another source on an attempt (a MASQUERADE that met the
+	// first packet, say) is a wrong path even when a retry then passed.
+	var wrongSource []string
+	for _, p := range m.Probes {
+		for _, e := range p.Errs {
+			if strings.Contains(e, "server saw source") {
+				wrongSource = append(wrongSource, fmt.Sprintf("%s -> %s %s (%s)", p.Src, p.Dst, p.Proto, e))
+				break
+			}
+		}
+	}
+	if len(wrongSource) > 0 {
+		errs = append(errs, fmt.Errorf("a receiver saw another source on an attempt: %s", strings.Join(wrongSource, ", ")))
+	}
 	if rose := c.RPFilterRose(); len(rose) > 0 {
 		for _, r := range rose {
 			errs = append(errs, errors.New(r))

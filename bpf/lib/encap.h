@@ -156,7 +156,11 @@ static __always_inline int deliver_local_pod(struct __sk_buff *skb,
 
 	rc = fib_lookup_v4(skb, &p, iph->saddr, iph->daddr, iph->tos, iph->protocol,
 			   skb->ifindex, 0);
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS || !bpf_map_lookup_elem(&pod_ifaces, &p.ifindex))
+	/* NO_NEIGH too: the stack resolves the pod's neighbour, and without the mark the
+	 * first packet to a pod not yet in the neighbour table met another CNI's
+	 * MASQUERADE. */
+	if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) ||
+	    !bpf_map_lookup_elem(&pod_ifaces, &p.ifindex))
 		return TC_ACT_OK;
 	metrics_count(METRIC_DELIVER_POD, hook, skb->len);
 	trace_tc(skb, cfg, METRIC_DELIVER_POD, hook, 0, p.ifindex);
