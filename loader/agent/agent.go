@@ -123,6 +123,11 @@ type Agent struct {
 	// (loaded false before one, or with a source that does not count).
 	loadedGen uint64
 	loaded    bool
+	// changedSince is when the oldest change in the plan not yet in the
+	// maps reached the source (source.ChangeTimes; zero: none, or a source
+	// that does not tell): the sync that writes the plan to the maps records
+	// the time from it (metrics.Sync.EventToMaps).
+	changedSince time.Time
 	// resize is set when the plan outgrew a map (maps.ErrCapacity) and growing
 	// it in place failed: Run returns it, so the agent restarts and sizes the maps again.
 	resize error
@@ -328,6 +333,10 @@ func (a *Agent) load() (*plan.NodePlan, []string, error) {
 	if counted {
 		gen = gens.Generation() // before the snapshot: a change during it reloads next time
 	}
+	var since time.Time
+	if times, ok := a.src.(source.ChangeTimes); ok {
+		since = times.TakeSince() // before the snapshot too: the snapshot holds that change
+	}
 	set, owarns, err := a.src.Snapshot()
 	if err != nil {
 		return nil, nil, err
@@ -356,6 +365,11 @@ func (a *Agent) load() (*plan.NodePlan, []string, error) {
 		return nil, out, err
 	}
 	a.loaded = true
+	// A change that left this node unplannable never reaches the maps and
+	// is not timed; one whose plan was not written yet keeps its time.
+	if a.changedSince.IsZero() {
+		a.changedSince = since
+	}
 	return p, append(out, warns...), nil
 }
 
@@ -613,6 +627,10 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 	written = res.Updated + res.Deleted // what was written before a failure too
 	if err != nil {
 		return err
+	}
+	if !a.changedSince.IsZero() {
+		a.cfg.Metrics.EventToMaps(time.Since(a.changedSince))
+		a.changedSince = time.Time{}
 	}
 	main, pods := a.routes()
 	rres, err := datapath.SyncRoutes(datapath.KernelRoutes{}, main)

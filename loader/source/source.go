@@ -50,6 +50,16 @@ type Generations interface {
 	Generation() uint64
 }
 
+// ChangeTimes is implemented by sources that know when a change reached
+// them (the file watcher's event, the informer's handler call). TakeSince
+// returns when the oldest change not yet taken arrived and forgets it; zero
+// when none arrived since the last call. The agent takes it before each
+// Snapshot and measures from it to its last map write
+// (isthmus_event_to_maps_seconds).
+type ChangeTimes interface {
+	TakeSince() time.Time
+}
+
 // clock is the time the notifier reads and the timers it starts; tests give
 // it a fake one.
 type clock interface {
@@ -85,6 +95,7 @@ type notifier struct {
 	first    time.Time     // of the pending burst; zero when none is pending
 	quiet    time.Duration // of the pending burst
 	lastFire time.Time
+	since    time.Time // arrival of the oldest poke not yet taken (takeSince)
 	stopped  bool
 }
 
@@ -109,6 +120,9 @@ func (n *notifier) poke() {
 		return
 	}
 	now := n.clock.Now()
+	if n.since.IsZero() {
+		n.since = now
+	}
 	if n.first.IsZero() {
 		n.first = now
 		n.quiet = n.debounce
@@ -122,6 +136,16 @@ func (n *notifier) poke() {
 	} else {
 		n.timer.Reset(wait)
 	}
+}
+
+// takeSince returns the arrival of the oldest poke since the last call, or
+// zero, and forgets it (see ChangeTimes).
+func (n *notifier) takeSince() time.Time {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	t := n.since
+	n.since = time.Time{}
+	return t
 }
 
 func (n *notifier) fire() {
