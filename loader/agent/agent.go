@@ -284,6 +284,9 @@ func start(ctx context.Context, cfg Config, wait bool) (*Agent, error) {
 	if err := a.ensureOverlay(); err != nil {
 		return nil, err
 	}
+	if err := a.ensureMasqueradeExemption(); err != nil {
+		return nil, err
+	}
 	// The config entry first: the programs read it for every packet.
 	cur, err := a.dp.Maps.Read()
 	if err != nil {
@@ -564,8 +567,8 @@ func (a *Agent) syncLogged(reason string, reload bool) {
 	}
 }
 
-// sync reads the objects (if reload) and brings isthmus0, the maps and the routes
-// to the plan. A plan that fails to load leaves the last good one in force. It
+// sync reads the objects (if reload) and brings isthmus0, the maps, the routes
+// and the masquerade exemption, in that order, to the plan. A plan that fails to load leaves the last good one in force. It
 // records its result in the Status and the sync metrics.
 func (a *Agent) sync(reason string, reload bool) (err error) {
 	start := time.Now()
@@ -644,6 +647,9 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 		return err
 	}
 	if _, err := datapath.SyncRules(datapath.KernelRules{}, a.plan.TunnelSources); err != nil {
+		return err
+	}
+	if err := a.ensureMasqueradeExemption(); err != nil {
 		return err
 	}
 	rres.Replaced, rres.Deleted = rres.Replaced+pres.Replaced, rres.Deleted+pres.Deleted
@@ -847,8 +853,17 @@ func (a *Agent) ensureOverlay() error {
 		return err
 	}
 	a.overlay = ov
-	// The datapath hands pod traffic to the stack; no other CNI's MASQUERADE may
-	// rewrite it there.
+	return nil
+}
+
+// ensureMasqueradeExemption keeps overlay traffic out of other CNIs'
+// MASQUERADE rules: the datapath hands pod traffic to the stack, and no
+// rule there may rewrite it (datapath.EnsureMasqueradeExemption). Start
+// installs it before any program is attached; every sync then repairs it
+// after the maps and routes, since it runs iptables and nft, tens of
+// milliseconds on a busy node that a change would otherwise wait for before
+// reaching the maps (isthmus_event_to_maps_seconds).
+func (a *Agent) ensureMasqueradeExemption() error {
 	return datapath.EnsureMasqueradeExemption()
 }
 
