@@ -33,9 +33,10 @@ const DefaultDebounce = 100 * time.Millisecond
 
 // Settle is how long Changed waits after a change that comes after a quiet
 // time: long enough for the writes of one edit (a file's create and write
-// events, an informer's add and update) to arrive together, short enough
-// that one Node's change reaches the maps well within 100 ms. Changes that
-// follow within the debounce time are a burst and wait for quiet.
+// events, an informer's add and update) to arrive together, short against
+// the rest of a change's way to the maps (the snapshot, the plan, the map
+// writes: isthmus_event_to_maps_seconds). Changes that follow within the
+// debounce time are a burst and wait for quiet.
 const Settle = 10 * time.Millisecond
 
 // MaxWaitFactor bounds a burst: Changed fires at the latest this many
