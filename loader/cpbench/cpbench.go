@@ -32,8 +32,8 @@ import (
 	"github.com/isthmus-dev/isthmus/maps"
 )
 
-// DefaultShapes are the fleets of issue 12: 500, 5,000 and 20,000 nodes of
-// 100 per site, mesh and hub.
+// DefaultShapes are the fleets Measure reports: 500, 5,000 and 20,000 nodes
+// of 100 per site, mesh and hub.
 var DefaultShapes = []fleet.Shape{
 	{Sites: 5, NodesPerSite: 100, Topology: fleet.Mesh},
 	{Sites: 5, NodesPerSite: 100, Topology: fleet.Hub},

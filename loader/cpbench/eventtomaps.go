@@ -99,15 +99,16 @@ func MeasureEventToMaps(ctx context.Context, sh fleet.Shape, rounds int, log io.
 	if log == nil {
 		log = io.Discard
 	}
-	names := []string{fleet.NodeName(1, fleet.GatewaysPerSite)}
+	// Node indexes in site 1: a member, and a gateway in a hub.
+	nodes := []int{fleet.GatewaysPerSite}
 	if sh.Topology == fleet.Hub {
-		names = append(names, fleet.NodeName(1, 0))
+		nodes = append(nodes, 0)
 	}
 	var out []Latency
-	for _, n := range names {
+	for _, n := range nodes {
 		l, err := measureEventToMaps(ctx, sh, n, rounds, log)
 		if err != nil {
-			return nil, fmt.Errorf("measure event to maps, %s %dx%d, %s: %w", sh.Topology, sh.Sites, sh.NodesPerSite, n, err)
+			return nil, fmt.Errorf("measure event to maps, %s %dx%d, %s: %w", sh.Topology, sh.Sites, sh.NodesPerSite, fleet.NodeName(1, n), err)
 		}
 		out = append(out, l)
 	}
@@ -290,7 +291,9 @@ const quietAfterChange = 2 * source.DefaultDebounce
 // changeTimeout bounds the wait for one change to reach the maps.
 const changeTimeout = 30 * time.Second
 
-func measureEventToMaps(ctx context.Context, sh fleet.Shape, node string, rounds int, log io.Writer) (Latency, error) {
+// measureEventToMaps measures node idx of site 1 (see MeasureEventToMaps).
+func measureEventToMaps(ctx context.Context, sh fleet.Shape, idx, rounds int, log io.Writer) (Latency, error) {
+	node := fleet.NodeName(1, idx)
 	api, err := newFakeAPI(sh)
 	if err != nil {
 		return Latency{}, err
@@ -316,22 +319,15 @@ func measureEventToMaps(ctx context.Context, sh fleet.Shape, node string, rounds
 		// groups in the middle of the measurement, a sync of another cause.
 		HealthInterval: time.Hour,
 	}
-	ipIdx := -1
-	for i := range sh.NodesPerSite {
-		if fleet.NodeName(1, i) == node {
-			ipIdx = i
-		}
-	}
-	if ipIdx < 0 {
-		return Latency{}, fmt.Errorf("node %s is not in site 1", node)
-	}
-	underlay := netip.PrefixFrom(fleet.InternalIP(1, ipIdx), 20)
+	// The Site's nodeCidrs are the /20 of its InternalIPs.
+	underlay := netip.PrefixFrom(fleet.InternalIP(1, idx), 20)
 	started := make(chan error, 1)
 	ran := make(chan error, 1)
 	go func() { ran <- runAgent(ctx, cfg, underlay, started) }()
 	select {
 	case err := <-started:
 		if err != nil {
+			<-ran // its namespace and pins are removed
 			return Latency{}, err
 		}
 	case err := <-ran:
@@ -355,7 +351,7 @@ func measureEventToMaps(ctx context.Context, sh fleet.Shape, node string, rounds
 	}); err != nil {
 		return Latency{}, errors.Join(fmt.Errorf("agent quiet after start: %w", err), stop())
 	}
-	res := Latency{Shape: sh, Node: node, Gateway: sh.Topology == fleet.Hub && node == fleet.NodeName(1, 0)}
+	res := Latency{Shape: sh, Node: node, Gateway: sh.Topology == fleet.Hub && idx < fleet.GatewaysPerSite}
 	count, sum, err := histogramTotals(reg, metricEventToMaps)
 	if err != nil {
 		return Latency{}, errors.Join(err, stop())
