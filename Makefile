@@ -67,7 +67,8 @@ test-unit:
 	$(GO) test -count=1 ./api/... ./loader/objects/... ./loader/plan/...
 
 # Single TCP stream pod to pod: isthmus GENEVE vs kernel VXLAN vs plain routing, one run;
-# then the control plane at fleet scale: plans of 500-20,000 nodes, and on the test API
+# then the control plane at fleet scale: plans of 500-20,000 nodes, event to maps through
+# running agents at 5,000 nodes, and on the test API
 # server 5,000 Nodes bootstrapped by the controller and heartbeating under an agent
 # (about 5 minutes). docs/benchmarks.md.
 bench: deps build kube-binaries

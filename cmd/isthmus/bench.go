@@ -81,23 +81,50 @@ closing connections for --duration) and one iperf3 stream, interleaved.`,
 	f.StringVar((*string)(&opts.KubeProxy), "kube-proxy", string(opts.KubeProxy), `iptables or nftables: kube-proxy in that mode on every node of the labs with rules (needs the kube binaries, make kube-binaries); "" for none`)
 	f.StringVarP(&output, "output", "o", "table", "table or json")
 	f.BoolVar(&snat, "snat", false, "compare BPF return-path SNAT with iptables MASQUERADE over kernel VXLAN (scenario seed000, aks1-ext -> flex-p1, 5s)")
-	f.BoolVar(&controlPlane, "control-plane", false, "measure the control plane instead, without a lab or root: plan time, one-Node change, map entries and heap for fleets of 500, 5,000 and 20,000 nodes, mesh and hub")
+	f.BoolVar(&controlPlane, "control-plane", false, "measure the control plane instead, without a lab: plan CPU, one-Node change CPU and writes, map entries and heap for fleets of 500, 5,000 and 20,000 nodes, mesh and hub; then, as root (real BPF maps in network namespaces), event to maps through a running agent at 5,000 nodes")
 	f.IntVar(&snatOpts.Workers, "workers", snatOpts.Workers, "with --snat: parallel connection loops of the connection-rate test")
 	return cmd
 }
 
-// runControlPlaneBench runs `bench --control-plane` over cpbench.DefaultShapes.
+// controlPlaneReport is what `bench --control-plane` reports: the planning
+// path's CPU per fleet, and event to maps measured through running agents.
+type controlPlaneReport struct {
+	Fleets      []cpbench.Result
+	EventToMaps []cpbench.Latency
+}
+
+// runControlPlaneBench runs `bench --control-plane`: cpbench.Measure over
+// cpbench.DefaultShapes, then cpbench.MeasureEventToMaps over
+// cpbench.EventToMapsShapes (root only; without root the CPU figures are
+// printed and the command fails saying why).
 func runControlPlaneBench(cmd *cobra.Command, output string) error {
-	var all []cpbench.Result
+	var rep controlPlaneReport
 	for _, sh := range cpbench.DefaultShapes {
 		fmt.Fprintf(cmd.ErrOrStderr(), "fleet %s %dx%d\n", sh.Topology, sh.Sites, sh.NodesPerSite)
 		rs, err := cpbench.Measure(sh)
 		if err != nil {
 			return err
 		}
-		all = append(all, rs...)
+		rep.Fleets = append(rep.Fleets, rs...)
 	}
-	return printReport(cmd, output, all, cpbench.Table(all))
+	var failed error
+	for _, sh := range cpbench.EventToMapsShapes {
+		fmt.Fprintf(cmd.ErrOrStderr(), "event to maps, fleet %s %dx%d: running the agent\n", sh.Topology, sh.Sites, sh.NodesPerSite)
+		ls, err := cpbench.MeasureEventToMaps(cmd.Context(), sh, cpbench.EventToMapsRounds, cmd.ErrOrStderr())
+		if err != nil {
+			failed = err
+			break
+		}
+		rep.EventToMaps = append(rep.EventToMaps, ls...)
+	}
+	table := cpbench.Table(rep.Fleets)
+	if len(rep.EventToMaps) > 0 {
+		table += "\n" + cpbench.EventToMapsTable(rep.EventToMaps)
+	}
+	if err := printReport(cmd, output, rep, table); err != nil {
+		return err
+	}
+	return failed
 }
 
 // printReport prints rep as indented JSON with output json, else table.

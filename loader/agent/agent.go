@@ -123,6 +123,11 @@ type Agent struct {
 	// (loaded false before one, or with a source that does not count).
 	loadedGen uint64
 	loaded    bool
+	// changedSince is when the oldest change in the plan not yet in the
+	// maps reached the source (source.ChangeTimes; zero: none, or a source
+	// that does not tell): the sync that writes the plan to the maps records
+	// the time from it (metrics.Sync.EventToMaps).
+	changedSince time.Time
 	// resize is set when the plan outgrew a map (maps.ErrCapacity) and growing
 	// it in place failed: Run returns it, so the agent restarts and sizes the maps again.
 	resize error
@@ -279,6 +284,9 @@ func start(ctx context.Context, cfg Config, wait bool) (*Agent, error) {
 	if err := a.ensureOverlay(); err != nil {
 		return nil, err
 	}
+	if err := a.ensureMasqueradeExemption(); err != nil {
+		return nil, err
+	}
 	// The config entry first: the programs read it for every packet.
 	cur, err := a.dp.Maps.Read()
 	if err != nil {
@@ -328,6 +336,10 @@ func (a *Agent) load() (*plan.NodePlan, []string, error) {
 	if counted {
 		gen = gens.Generation() // before the snapshot: a change during it reloads next time
 	}
+	var since time.Time
+	if times, ok := a.src.(source.ChangeTimes); ok {
+		since = times.TakeSince() // before the snapshot too: the snapshot holds that change
+	}
 	set, owarns, err := a.src.Snapshot()
 	if err != nil {
 		return nil, nil, err
@@ -356,6 +368,11 @@ func (a *Agent) load() (*plan.NodePlan, []string, error) {
 		return nil, out, err
 	}
 	a.loaded = true
+	// A change that left this node unplannable never reaches the maps and
+	// is not timed; one whose plan was not written yet keeps its time.
+	if a.changedSince.IsZero() {
+		a.changedSince = since
+	}
 	return p, append(out, warns...), nil
 }
 
@@ -550,8 +567,8 @@ func (a *Agent) syncLogged(reason string, reload bool) {
 	}
 }
 
-// sync reads the objects (if reload) and brings isthmus0, the maps and the routes
-// to the plan. A plan that fails to load leaves the last good one in force. It
+// sync reads the objects (if reload) and brings isthmus0, the maps, the routes
+// and the masquerade exemption, in that order, to the plan. A plan that fails to load leaves the last good one in force. It
 // records its result in the Status and the sync metrics.
 func (a *Agent) sync(reason string, reload bool) (err error) {
 	start := time.Now()
@@ -614,6 +631,10 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 	if err != nil {
 		return err
 	}
+	if !a.changedSince.IsZero() {
+		a.cfg.Metrics.EventToMaps(time.Since(a.changedSince))
+		a.changedSince = time.Time{}
+	}
 	main, pods := a.routes()
 	rres, err := datapath.SyncRoutes(datapath.KernelRoutes{}, main)
 	if err != nil {
@@ -637,6 +658,9 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 		return err
 	}
 	pres.Replaced, pres.Deleted = pres.Replaced+fres.Replaced, pres.Deleted+fres.Deleted
+	if err := a.ensureMasqueradeExemption(); err != nil {
+		return err
+	}
 	rres.Replaced, rres.Deleted = rres.Replaced+pres.Replaced, rres.Deleted+pres.Deleted
 	a.log.Info("synced", "reason", reason, "entries_written", res.Updated+res.Deleted,
 		"updated", res.Updated, "deleted", res.Deleted,
@@ -882,8 +906,17 @@ func (a *Agent) ensureOverlay() error {
 		return err
 	}
 	a.overlay = ov
-	// The datapath hands pod traffic to the stack; no other CNI's MASQUERADE may
-	// rewrite it there.
+	return nil
+}
+
+// ensureMasqueradeExemption keeps overlay traffic out of other CNIs'
+// MASQUERADE rules: the datapath hands pod traffic to the stack, and no
+// rule there may rewrite it (datapath.EnsureMasqueradeExemption). Start
+// installs it before any program is attached; every sync then repairs it
+// after the maps and routes, since it runs iptables and nft, tens of
+// milliseconds on a busy node that a change would otherwise wait for before
+// reaching the maps (isthmus_event_to_maps_seconds).
+func (a *Agent) ensureMasqueradeExemption() error {
 	return datapath.EnsureMasqueradeExemption()
 }
 

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"errors"
+	"math"
 	"runtime"
 	"strings"
 	"testing"
@@ -180,6 +181,47 @@ isthmus_syncs_total{result="ok"} 1
 				t.Errorf("bucket le=0.008 holds %d, want 1", b.GetCumulativeCount())
 			}
 		}
+	}
+}
+
+// TestEventToMaps: each applied change is one observation of its own
+// duration, in the bucket it belongs to; a nil Sync records nothing.
+func TestEventToMaps(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := NewSync(reg)
+	s.EventToMaps(12 * time.Millisecond)
+	s.EventToMaps(700 * time.Millisecond)
+	var nilSync *Sync
+	nilSync.EventToMaps(time.Second)
+	mf, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, f := range mf {
+		if f.GetName() != "isthmus_event_to_maps_seconds" {
+			continue
+		}
+		found = true
+		h := f.GetMetric()[0].GetHistogram()
+		if h.GetSampleCount() != 2 || math.Abs(h.GetSampleSum()-0.712) > 1e-9 {
+			t.Errorf("count %d, sum %v; want 2, 0.712", h.GetSampleCount(), h.GetSampleSum())
+		}
+		for _, b := range h.GetBucket() {
+			want := uint64(0)
+			switch {
+			case b.GetUpperBound() >= 0.7:
+				want = 2
+			case b.GetUpperBound() >= 0.012:
+				want = 1
+			}
+			if b.GetCumulativeCount() != want {
+				t.Errorf("bucket le=%v holds %d, want %d", b.GetUpperBound(), b.GetCumulativeCount(), want)
+			}
+		}
+	}
+	if !found {
+		t.Error("isthmus_event_to_maps_seconds not registered")
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 // Sync holds the metrics of the agent's syncs. A nil *Sync records nothing.
 type Sync struct {
 	duration    prometheus.Histogram
+	eventToMaps prometheus.Histogram
 	written     prometheus.Counter
 	syncs       *prometheus.CounterVec
 	lastSuccess prometheus.Gauge
@@ -24,6 +25,13 @@ func NewSync(reg prometheus.Registerer) *Sync {
 			// A sync of a small site takes about a millisecond; of a large one, with
 			// the Kubernetes objects re-read, up to seconds.
 			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 9),
+		}),
+		eventToMaps: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "isthmus_event_to_maps_seconds",
+			Help: "Time from the first object change of a read (its file event or informer event reaching the agent's source) to the last map write of the sync that applied it.",
+			// A lone change waits source.Settle (10 ms) and a sync; a change
+			// within a burst up to the burst's maximum wait (1 s) and a sync.
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 11),
 		}),
 		written: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "isthmus_sync_entries_written_total",
@@ -45,7 +53,7 @@ func NewSync(reg prometheus.Registerer) *Sync {
 	// Both results exist from the start, so rate() sees the first error.
 	s.syncs.WithLabelValues("ok")
 	s.syncs.WithLabelValues("error")
-	reg.MustRegister(s.duration, s.written, s.syncs, s.lastSuccess, s.rejected)
+	reg.MustRegister(s.duration, s.eventToMaps, s.written, s.syncs, s.lastSuccess, s.rejected)
 	return s
 }
 
@@ -63,6 +71,15 @@ func (s *Sync) Observe(d time.Duration, written int, end time.Time, err error) {
 	}
 	s.syncs.WithLabelValues("ok").Inc()
 	s.lastSuccess.Set(float64(end.UnixNano()) / 1e9)
+}
+
+// EventToMaps records that the objects changed d before the last map write
+// of the sync that applied the change.
+func (s *Sync) EventToMaps(d time.Duration) {
+	if s == nil {
+		return
+	}
+	s.eventToMaps.Observe(d.Seconds())
 }
 
 // Rejected records the objects set aside at the last read, by kind; kinds

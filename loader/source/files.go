@@ -92,6 +92,10 @@ func (f *Files) Generation() uint64 {
 	return f.n.gen.Load()
 }
 
+// TakeSince returns when the oldest file event not yet taken arrived (see
+// ChangeTimes).
+func (f *Files) TakeSince() time.Time { return f.n.takeSince() }
+
 // Changed fires after files in the directory changed.
 func (f *Files) Changed() <-chan struct{} { return f.n.ch }
 

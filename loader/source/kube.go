@@ -338,6 +338,10 @@ func convertAll[T any](inf cache.SharedIndexInformer, kind string, out *[]T) []e
 // Generations).
 func (k *Kubernetes) Generation() uint64 { return k.n.gen.Load() }
 
+// TakeSince returns when the oldest relevant informer event not yet taken
+// arrived (see ChangeTimes).
+func (k *Kubernetes) TakeSince() time.Time { return k.n.takeSince() }
+
 // Changed fires after an object was added, changed or deleted.
 func (k *Kubernetes) Changed() <-chan struct{} { return k.n.ch }
 

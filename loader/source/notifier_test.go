@@ -140,3 +140,40 @@ func TestNotifierTiming(t *testing.T) {
 		})
 	}
 }
+
+// TestNotifierTakeSince checks on a fake clock that takeSince returns the
+// arrival of the oldest change not yet taken, across a fire, and forgets it.
+func TestNotifierTakeSince(t *testing.T) {
+	const ms = time.Millisecond
+	start := time.Unix(1_000_000, 0)
+	c := &fakeClock{now: start}
+	n := newNotifierClock(DefaultDebounce, c)
+	defer n.stop()
+	if got := n.takeSince(); !got.IsZero() {
+		t.Fatalf("before any change: %v, want zero", got)
+	}
+	n.poke()
+	c.step(2 * ms)
+	n.poke() // the same edit's second event
+	c.step(Settle)
+	select {
+	case <-n.ch:
+	default:
+		t.Fatal("no fire after the burst settled")
+	}
+	c.step(5 * ms)
+	if got := n.takeSince(); !got.Equal(start) {
+		t.Errorf("after a burst: %v, want its first change at %v", got.Sub(start), time.Duration(0))
+	}
+	if got := n.takeSince(); !got.IsZero() {
+		t.Errorf("taken twice: %v, want zero", got.Sub(start))
+	}
+	// A change that arrives before the last one was taken keeps the older time.
+	c.step(300 * ms)
+	n.poke()
+	c.step(Settle)
+	n.poke()
+	if got, want := n.takeSince(), start.Add(2*ms+Settle+5*ms+300*ms); !got.Equal(want) {
+		t.Errorf("two fires, one take: %v, want %v", got.Sub(start), want.Sub(start))
+	}
+}

@@ -33,9 +33,10 @@ const DefaultDebounce = 100 * time.Millisecond
 
 // Settle is how long Changed waits after a change that comes after a quiet
 // time: long enough for the writes of one edit (a file's create and write
-// events, an informer's add and update) to arrive together, short enough
-// that one Node's change reaches the maps well within 100 ms. Changes that
-// follow within the debounce time are a burst and wait for quiet.
+// events, an informer's add and update) to arrive together, short against
+// the rest of a change's way to the maps (the snapshot, the plan, the map
+// writes: isthmus_event_to_maps_seconds). Changes that follow within the
+// debounce time are a burst and wait for quiet.
 const Settle = 10 * time.Millisecond
 
 // MaxWaitFactor bounds a burst: Changed fires at the latest this many
@@ -48,6 +49,16 @@ const MaxWaitFactor = 10
 // periodic resync may reuse the plan it computed then.
 type Generations interface {
 	Generation() uint64
+}
+
+// ChangeTimes is implemented by sources that know when a change reached
+// them (the file watcher's event, the informer's handler call). TakeSince
+// returns when the oldest change not yet taken arrived and forgets it; zero
+// when none arrived since the last call. The agent takes it before each
+// Snapshot and measures from it to its last map write
+// (isthmus_event_to_maps_seconds).
+type ChangeTimes interface {
+	TakeSince() time.Time
 }
 
 // clock is the time the notifier reads and the timers it starts; tests give
@@ -85,6 +96,7 @@ type notifier struct {
 	first    time.Time     // of the pending burst; zero when none is pending
 	quiet    time.Duration // of the pending burst
 	lastFire time.Time
+	since    time.Time // arrival of the oldest poke not yet taken (takeSince)
 	stopped  bool
 }
 
@@ -109,6 +121,9 @@ func (n *notifier) poke() {
 		return
 	}
 	now := n.clock.Now()
+	if n.since.IsZero() {
+		n.since = now
+	}
 	if n.first.IsZero() {
 		n.first = now
 		n.quiet = n.debounce
@@ -122,6 +137,16 @@ func (n *notifier) poke() {
 	} else {
 		n.timer.Reset(wait)
 	}
+}
+
+// takeSince returns the arrival of the oldest poke since the last call, or
+// zero, and forgets it (see ChangeTimes).
+func (n *notifier) takeSince() time.Time {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	t := n.since
+	n.since = time.Time{}
+	return t
 }
 
 func (n *notifier) fire() {
