@@ -50,7 +50,8 @@ func (c Change) String() string {
 // Describe renders a kernel key (and value, unless nil) of map m as text:
 // "routes 10.1.0.0/24 -> 172.16.2.11", "peers 172.16.2.11",
 // "peer_sources 172.16.2.11 10.1.0.0/24", "pod_ifaces 7",
-// "routes 10.0.2.0/23 -> group 1", "nexthop_groups 1 live=2 172.16.2.11:30 172.16.2.12:34"
+// "routes 10.0.2.0/23 -> group 1", "routes 172.16.3.10/32 -> underlay (exception) flags=0x1",
+// "nexthop_groups 1 live=2 172.16.2.11:30 172.16.2.12:34"
 // (slots per member), "fabric_prefixes 10.0.2.0/23", "snat_exempt 10.1.0.0/24",
 // "config vni=1 underlay=172.16.1.10 ...".
 func Describe(m Name, key, value any) string {
@@ -67,6 +68,9 @@ func Describe(m Name, key, value any) string {
 		for p, r := range s.Routes {
 			if keyOnly {
 				return fmt.Sprintf("routes %v", p)
+			}
+			if r.Flags&RouteFlagUnderlay != 0 {
+				return fmt.Sprintf("routes %v -> underlay (exception)%s", p, flags(r.Flags))
 			}
 			if r.Group != 0 {
 				return fmt.Sprintf("routes %v -> group %d%s", p, r.Group, flags(r.Flags))

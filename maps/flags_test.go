@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"net/netip"
 	"os"
 	"regexp"
 	"strconv"
@@ -30,5 +31,14 @@ func TestConfigFlagsMatchHeader(t *testing.T) {
 		if found[name] != v {
 			t.Errorf("%s: types.h %#x, Go %#x", name, found[name], v)
 		}
+	}
+}
+
+// TestDescribeException: a routes entry with ROUTE_F_UNDERLAY reads as the
+// exception it is in a transcript, not as a route to 0.0.0.0.
+func TestDescribeException(t *testing.T) {
+	got := Describe(MapRoutes, RouteKey{Prefixlen: 32, Addr: AddrToBE32(netip.MustParseAddr("172.16.3.10"))}, RouteValue{Flags: RouteFlagUnderlay})
+	if want := "routes 172.16.3.10/32 -> underlay (exception) flags=0x1"; got != want {
+		t.Errorf("Describe = %q, want %q", got, want)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -159,10 +160,13 @@ func TestSeed003(t *testing.T) {
 // SitePeering, a GatewayPool Internal with routedCidrs [10.0.2.0/23] on aks-1
 // and the flex node, routeNodeCidrs at its default. The AKS pods and the flex
 // pod talk both ways through the gateways, with strict rp_filter dropping
-// nothing on any node (checkPaths), and aks-1 keeps its underlay path to
-// the flex node's endpoint 192.168.10.10 inside the routed 192.168.10.0/28:
-// the plan reports the split, `ip route get` says eth0 for the endpoint and
-// isthmus0 for its neighbours, and ping works while the tunnel carries traffic.
+// nothing on any node (checkPaths). The remote site's nodeCidrs are
+// routed transit only and whole (docs/gateways.md, "Node addresses"): in the
+// datapath's routes map, with the flex node's endpoint 192.168.10.10 on aks-1
+// routed to that peer, and in flex-1's pods' table; the host reaches every
+// address of them on the underlay (`ip route get` says eth0 for the endpoint,
+// for a remote node and for an address no Node holds yet), and ping works
+// while the tunnel carries traffic.
 func TestSeed000Gateway(t *testing.T) {
 	l := upScenario(t, "seed000gw")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -176,10 +180,14 @@ func TestSeed000Gateway(t *testing.T) {
 
 	t.Run("plan", func(t *testing.T) {
 		for _, c := range []struct {
-			node, removed, endpoint string
+			node, nodeCidrs, endpoint string
+			exception                bool // else the pods' route to that peer
 		}{
-			{"aks-1", "192.168.10.0/28", "192.168.10.10"},
-			{"flex-1", "10.0.0.0/27", "10.0.0.4"},
+			// aks-1's pods (the declared block) reach flex-1's node address
+			// through the tunnel, as its answer comes: the pods' route to
+			// that peer, no exception.
+			{"aks-1", "192.168.10.0/28", "192.168.10.10", false},
+			{"flex-1", "10.0.0.0/27", "10.0.0.4", false},
 		} {
 			out, err := exec.CommandContext(ctx, binary, "plan", "--node", c.node, "--objects", l.ObjectsDir(), "-o", "json").Output()
 			if err != nil {
@@ -189,14 +197,35 @@ func TestSeed000Gateway(t *testing.T) {
 			if err := json.Unmarshal(out, &p); err != nil {
 				t.Fatalf("plan %s: %v", c.node, err)
 			}
-			if !slices.ContainsFunc(p.Corrections, func(x plan.Correction) bool {
-				return x.Removed == netip.MustParsePrefix(c.removed) && x.Endpoint == netip.MustParseAddr(c.endpoint)
-			}) {
-				t.Errorf("plan of %s reports no split of %s around %s; corrections %+v", c.node, c.removed, c.endpoint, p.Corrections)
+			whole := slices.ContainsFunc(p.Routes, func(r plan.Route) bool {
+				return r.Prefix == netip.MustParsePrefix(c.nodeCidrs) && r.TransitOnly && !r.Underlay && len(r.Group) > 0
+			})
+			if !whole {
+				t.Errorf("plan of %s has no transit-only route for the whole %s; routes %+v", c.node, c.nodeCidrs, p.Routes)
+			}
+			host := netip.PrefixFrom(netip.MustParseAddr(c.endpoint), 32)
+			i := slices.IndexFunc(p.Routes, func(r plan.Route) bool { return r.Prefix == host })
+			switch {
+			case i < 0:
+				t.Errorf("plan of %s has no route for the endpoint %s inside %s", c.node, host, c.nodeCidrs)
+			case c.exception && !p.Routes[i].Underlay:
+				t.Errorf("plan of %s routes the endpoint %s by %+v, want an exception", c.node, host, p.Routes[i])
+			case !c.exception && (p.Routes[i].Underlay || !p.Routes[i].TransitOnly || p.Routes[i].Via != host.Addr()):
+				t.Errorf("plan of %s routes the endpoint %s by %+v, want the pods' route to that peer", c.node, host, p.Routes[i])
 			}
 			if !p.Gateway {
 				t.Errorf("plan of %s: not a gateway", c.node)
 			}
+		}
+		// What the agent wrote: aks-1's routes map holds the prefix and the
+		// endpoint to that peer; flex-1's pods' table the prefix.
+		out, err := exec.CommandContext(ctx, binary, "inspect", "routes", "--pin-dir", l.PinDir("aks-1")).CombinedOutput()
+		if err != nil || !regexp.MustCompile(`(?m)^192\.168\.10\.0/28\s+-\s+\d+\s.*0x0$`).Match(out) ||
+			!regexp.MustCompile(`(?m)^192\.168\.10\.10/32\s+192\.168\.10\.10\s.*0x0$`).Match(out) {
+			t.Errorf("isthmus inspect routes on aks-1 (err %v) lacks 192.168.10.0/28 to a group or 192.168.10.10/32 to that peer:\n%s", err, out)
+		}
+		if out, err := l.Exec(ctx, l.NodeNS("flex-1"), "ip", "route", "show", "table", "201"); err != nil || !strings.Contains(out, "10.0.0.0/27 dev isthmus0") {
+			t.Errorf("flex-1: table 201 = %q (%v), want 10.0.0.0/27 dev isthmus0 (the pods' way to the cluster's node addresses)", out, err)
 		}
 	})
 
@@ -252,14 +281,14 @@ func TestSeed000Gateway(t *testing.T) {
 			if strings.Contains(out, "isthmus0") || !strings.Contains(out, "dev "+testenv.UnderlayDev) {
 				t.Errorf("%s: ip route get %s = %q: the tunnel endpoint must stay on the underlay", c.node, c.endpoint, out)
 			}
-			// Without this the check above could pass with the node CIDR not
-			// routed at all.
+			// An address no Node holds yet goes as a known node's: the
+			// plan subtest shows the prefix routed for pods and transit.
 			out, err = l.Exec(ctx, l.NodeNS(c.node), "ip", "route", "get", c.neighbour)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !strings.Contains(out, "dev isthmus0") {
-				t.Errorf("%s: ip route get %s = %q: want the remote node CIDR routed into isthmus0 (routeNodeCidrs defaults to true)", c.node, c.neighbour, out)
+			if strings.Contains(out, "isthmus0") || !strings.Contains(out, "dev "+testenv.UnderlayDev) {
+				t.Errorf("%s: ip route get %s = %q: an address of the remote node CIDR must stay on the underlay for the host, as a known node's", c.node, c.neighbour, out)
 			}
 			if c.remoteNode == "" {
 				continue
