@@ -423,10 +423,11 @@ func TestFabricEgressPodIngress(t *testing.T) {
 }
 
 // TestFabricEgressIngress: fabric_ingress leaves a plain packet from the site router
-// for a declared pod to the stack, untouched, when its source's route is ViaFabric
-// (the answer to fabric egress: the stack routes that source to the underlay device,
-// so strict rp_filter passes there); the same packet from a source on a route
-// without the flag goes into isthmus0 as before.
+// for a declared pod to the stack, untouched but marked OVERLAY_MARK (no other CNI's
+// MASQUERADE rewrites it), when its source's route is ViaFabric (the answer to fabric
+// egress: the stack routes that source to the underlay device, so strict rp_filter
+// passes there); the same packet from a source on a route without the flag goes into
+// isthmus0 as before.
 func TestFabricEgressIngress(t *testing.T) {
 	l := fabricEgressLab(t)
 	fabricKey := metricKey(IsthmusMetricMETRIC_FABRIC_INGRESS, IsthmusHookHOOK_UNDERLAY_TC)
@@ -444,9 +445,9 @@ func TestFabricEgressIngress(t *testing.T) {
 			in := plainFrame(l, tc.src, declaredIP, 63)
 			before := l.counts(t)
 			ret, out := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
-			if d := delta(before, l.counts(t)); ret != tcActOK || !bytes.Equal(out, in) || l.mark != 0 || len(d) != 0 {
-				t.Fatalf("ViaFabric source: verdict %d, mark %#x, counters %v, frame\n got %x\nwant %x (TC_ACT_OK, untouched, unmarked, nothing counted)",
-					ret, l.mark, d, out, in)
+			if d := delta(before, l.counts(t)); ret != tcActOK || !bytes.Equal(out, in) || l.mark != overlayMark || len(d) != 0 {
+				t.Fatalf("ViaFabric source: verdict %d, mark %#x, counters %v, frame\n got %x\nwant %x (TC_ACT_OK, untouched, marked %#x, nothing counted)",
+					ret, l.mark, d, out, in, overlayMark)
 			}
 			// Without the flag the same packet is fabric ingress: into isthmus0.
 			putRoute(t, l, tc.route, tc.value)
@@ -472,8 +473,8 @@ func TestFabricEgressIngress(t *testing.T) {
 			withCsum(viaFabricDst, declaredIP, 6, tcpSegment(80, 33000, tcpSYNACK, nil))))
 		before := l.counts(t)
 		ret, out := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
-		if d := delta(before, l.counts(t)); ret != tcActOK || !bytes.Equal(out, in) || l.mark != 0 || len(d) != 0 {
-			t.Fatalf("verdict %d, mark %#x, counters %v, changed %v; want TC_ACT_OK, untouched, unmarked, nothing counted",
+		if d := delta(before, l.counts(t)); ret != tcActOK || !bytes.Equal(out, in) || l.mark != overlayMark || len(d) != 0 {
+			t.Fatalf("verdict %d, mark %#x, counters %v, changed %v; want TC_ACT_OK, untouched, marked, nothing counted",
 				ret, l.mark, d, !bytes.Equal(out, in))
 		}
 		putRoute(t, l, viaFabricNet, IsthmusRouteValue{Peer: be32(peerIP)})

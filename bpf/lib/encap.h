@@ -278,6 +278,11 @@ static __always_inline int fabric_egress(struct __sk_buff *skb, __u8 hook)
 	c.end = (void *)(long)skb->data_end;
 	if (parse_eth(&c, &eth) != ETH_P_IP || parse_ipv4(&c, &iph) < 0)
 		return TC_ACT_OK;
+	/* The host's own packets (every GENEVE frame, on its second pass here after
+	 * encap_geneve's redirect) are never a pod's, even where a declared block
+	 * holds the underlay address. */
+	if (iph->saddr == cfg->underlay_ip)
+		return TC_ACT_OK;
 	rt = route_lookup(iph->daddr);
 	if (!rt || !(rt->flags & ROUTE_F_VIA_FABRIC) || !is_fabric_source(iph->saddr))
 		return TC_ACT_OK;
