@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/isthmus-dev/isthmus/api/v1alpha1"
 	"github.com/isthmus-dev/isthmus/loader/fleet"
 	"github.com/isthmus-dev/isthmus/loader/objects"
 )
@@ -140,4 +141,63 @@ func TestUnderlayReachesNodesFalse(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestUnknownNodeAddressesRandom: for random fleets, an address of a remote
+// site's nodeCidrs that no Node holds (a node that joined before its Node
+// object arrived) is routed as the site's known nodes are: the host reaches
+// it on the underlay where the underlay reaches the nodes and through the
+// tunnel where an assignment says it does not, and the datapath forwards
+// to it (pods, transit) through the gateways either way.
+func TestUnknownNodeAddressesRandom(t *testing.T) {
+	checked := 0
+	for seed := range uint64(600) {
+		set, plans := randomPlans(seed, 14)
+		for _, x := range set.Nodes {
+			p := plans[x.Name]
+			if p == nil {
+				continue
+			}
+			for _, tSite := range set.Sites {
+				if tSite.Name == p.Site || meshedPair(set, p.Site, tSite.Name) {
+					continue
+				}
+				routed, underlay, joined := false, true, false
+				for _, a := range set.SiteGatewayPoolAssignments {
+					if slices.Contains(a.Spec.Sites, p.Site) && slices.Contains(a.Spec.Sites, tSite.Name) {
+						joined = true
+						routed = routed || a.Spec.RoutesNodeCIDRs()
+						underlay = underlay && a.Spec.ReachesNodesOnUnderlay()
+					}
+				}
+				if !joined || !routed {
+					continue
+				}
+				// InternalIPs are 10.<site>.0.<n+1> for at most 4 nodes.
+				b := netip.MustParsePrefix(string(tSite.Spec.NodeCIDRs[0])).Addr().As4()
+				b[3] = 200
+				unknown := netip.AddrFrom4(b)
+				if _, host := lookup(p, unknown, false); host == underlay {
+					t.Fatalf("seed %d: %s: host traffic to %s (no Node of site %s) tunnelled %v, want %v\nset: %s",
+						seed, x.Name, unknown, tSite.Name, host, !underlay, describeSet(set))
+				}
+				if _, fwd := lookup(p, unknown, true); !fwd {
+					t.Fatalf("seed %d: %s: forwarded traffic to %s (no Node of site %s) not routed\nset: %s",
+						seed, x.Name, unknown, tSite.Name, describeSet(set))
+				}
+				checked++
+			}
+		}
+	}
+	if checked < 300 {
+		t.Fatalf("checked %d (node, remote site) pairs over 600 fleets, want at least 300", checked)
+	}
+	t.Logf("checked %d (node, remote site) pairs", checked)
+}
+
+// meshedPair reports whether a SitePeering with meshNodes joins sites a and b.
+func meshedPair(set *objects.Set, a, b string) bool {
+	return slices.ContainsFunc(set.SitePeerings, func(sp v1alpha1.SitePeering) bool {
+		return sp.Spec.MeshesNodes() && slices.Contains(sp.Spec.Sites, a) && slices.Contains(sp.Spec.Sites, b)
+	})
 }
