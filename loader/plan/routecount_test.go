@@ -152,7 +152,7 @@ func TestUnderlayReachesNodesFalse(t *testing.T) {
 func TestUnknownNodeAddressesRandom(t *testing.T) {
 	checked := 0
 	for seed := range uint64(600) {
-		set, plans := randomPlans(seed, 14)
+		set, plans := randomPlans(t, seed, 14)
 		for _, x := range set.Nodes {
 			p := plans[x.Name]
 			if p == nil {
