@@ -38,7 +38,7 @@ func TestConfigFlagsMatchHeader(t *testing.T) {
 // exception it is in a transcript, not as a route to 0.0.0.0.
 func TestDescribeException(t *testing.T) {
 	got := Describe(MapRoutes, RouteKey{Prefixlen: 32, Addr: AddrToBE32(netip.MustParseAddr("172.16.3.10"))}, RouteValue{Flags: RouteFlagUnderlay})
-	if want := "routes 172.16.3.10/32 -> underlay (exception) flags=0x1"; got != want {
+	if want := "routes 172.16.3.10/32 -> underlay (exception) flags=0x2"; got != want {
 		t.Errorf("Describe = %q, want %q", got, want)
 	}
 }
