@@ -167,6 +167,19 @@ func lastHost(p netip.Prefix) netip.Addr {
 // connected reports whether pods of sites a and b are meant to reach each
 // other: one site, a SitePeering with meshNodes, or a
 // SiteGatewayPoolAssignment naming both.
+// underlayBlind reports whether an assignment joining sites a and b says
+// their underlays do not reach each other's node addresses
+// (underlayReachesNodes false): a node not in the objects yet has no agent
+// and no tunnel, so nothing across reaches it until it joins.
+func (f *model) underlayBlind(a, b string) bool {
+	for _, as := range f.set.SiteGatewayPoolAssignments {
+		if !as.Spec.ReachesNodesOnUnderlay() && slices.Contains(as.Spec.Sites, a) && slices.Contains(as.Spec.Sites, b) {
+			return true
+		}
+	}
+	return false
+}
+
 func (f *model) connected(a, b string) bool {
 	if a == b {
 		return true
@@ -561,7 +574,8 @@ func (f *model) checkPair(a, b *endpoint) []pairFailure {
 
 // pairs lists the pairs the property covers: every two endpoints on
 // different nodes, pods only between connected sites, a joining node only
-// with nodes' hosts, a pod no remote site routes (dialOnly: another CNI's
+// with nodes' hosts (not across an assignment whose underlays do not reach
+// node addresses: underlayBlind), a pod no remote site routes (dialOnly: another CNI's
 // pod outside the declared blocks, or of a site with returnPath SNAT) only
 // as the one that dials, and only pods: such a pod's packets take the
 // overlay (and its return-path SNAT) only for the overlay's own routes; to
@@ -576,7 +590,7 @@ func (f *model) pairs() [][2]*endpoint {
 			toNode := b.kind == epHost || b.kind == epJoining
 			switch {
 			case a == b, a.node != "" && a.node == b.node, b.dialOnly, a.dialOnly && toNode:
-			case joining && (!hosts || a.kind == b.kind):
+			case joining && (!hosts || a.kind == b.kind || f.underlayBlind(a.site, b.site)):
 			case !hosts && !f.connected(a.site, b.site):
 			default:
 				out = append(out, [2]*endpoint{a, b})
@@ -657,32 +671,7 @@ metadata:
 `, name, strings.Join(labels, ", "), annotations, spec, s, n+1, s, n+1))
 		}
 	}
-	for p := range pools {
-		typ := []string{"Internal", "External"}[r.IntN(2)]
-		docs = append(docs, fmt.Sprintf("apiVersion: isthmus.dev/v1alpha1\nkind: GatewayPool\nmetadata: {name: p%d}\nspec:\n  type: %s\n  nodeSelector: {matchLabels: {gw%d: y}}\n", p, typ, p))
-	}
-	pick := func() string {
-		var in []string
-		for s := range sites {
-			if r.IntN(2) == 0 {
-				in = append(in, fmt.Sprintf("s%d", s))
-			}
-		}
-		return strings.Join(in, ", ")
-	}
-	for a := range r.IntN(3) {
-		var ps []string
-		for p := range pools {
-			if r.IntN(2) == 0 {
-				ps = append(ps, fmt.Sprintf("p%d", p))
-			}
-		}
-		docs = append(docs, assignmentDoc(fmt.Sprintf("a%d", a), pick(), strings.Join(ps, ", "),
-			fmt.Sprintf("  routeNodeCidrs: %v\n", r.IntN(2) == 0)))
-	}
-	for m := range r.IntN(3) {
-		docs = append(docs, peering(fmt.Sprintf("m%d", m), pick(), fmt.Sprintf("  meshNodes: %v\n", r.IntN(3) > 0)))
-	}
+	docs = append(docs, randomJoins(r, sites, pools)...)
 	return docs, nodes, pods
 }
 

@@ -45,6 +45,18 @@ status:
 `, s, n, strings.Join(labels, ", "), 100+s, n, s, n+1, s, n+1))
 		}
 	}
+	docs = append(docs, randomJoins(r, sites, pools)...)
+	set, _ := objects.LoadSettingAside(map[string][]byte{"fleet.yaml": []byte(strings.Join(docs, "---\n"))})
+	return set
+}
+
+// randomJoins returns the documents that join a random fleet's sites s0..:
+// pools p0.. of random type selecting the nodes labelled gw<pool>: y, 0-2
+// SiteGatewayPoolAssignments of random sites and pools (routeNodeCidrs on or
+// off, or underlayReachesNodes off) and 0-2 SitePeerings (meshNodes mostly
+// on).
+func randomJoins(r *rand.Rand, sites, pools int) []string {
+	var docs []string
 	for p := range pools {
 		typ := []string{"Internal", "External"}[r.IntN(2)]
 		docs = append(docs, fmt.Sprintf("apiVersion: isthmus.dev/v1alpha1\nkind: GatewayPool\nmetadata: {name: p%d}\nspec:\n  type: %s\n  nodeSelector: {matchLabels: {gw%d: y}}\n", p, typ, p))
@@ -77,8 +89,7 @@ status:
 	for m := range r.IntN(3) {
 		docs = append(docs, peering(fmt.Sprintf("m%d", m), pick(), fmt.Sprintf("  meshNodes: %v\n", r.IntN(3) > 0)))
 	}
-	set, _ := objects.LoadSettingAside(map[string][]byte{"fleet.yaml": []byte(strings.Join(docs, "---\n"))})
-	return set
+	return docs
 }
 
 // lookup is the longest-prefix match of addr in p's routes; host traffic
