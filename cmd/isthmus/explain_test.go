@@ -38,6 +38,18 @@ func TestPlanExplain(t *testing.T) {
 		golden: "explain-seed000-aks-nodepool1-0-8.8.8.8.txt",
 		args:   []string{"--node", "aks-nodepool1-0", "--objects", seed000, "--explain", "8.8.8.8"},
 		rows:   []string{"MATCH           (none)", "GOES            no route: stays on the underlay"},
+	}, {
+		// docs/inspect.md shows this pair from both ends.
+		golden: "explain-pair-seed000-gateway-aks-2-10.0.2.200-192.168.20.6.txt",
+		args:   []string{"--node", "aks-2", "--objects", seed000Gateway, "--explain", "192.168.20.6", "--from", "10.0.2.200"},
+		rows: []string{
+			"REQUEST  10.0.2.200 -> 192.168.20.6: table fabric, route 192.168.20.0/25 to a group of 1, leaves by underlay",
+			"REPLY    192.168.20.6 -> 10.0.2.200: table fabric, route 192.168.20.0/25 to a group of 1, must arrive on underlay",
+		},
+	}, {
+		golden: "explain-pair-seed000-gateway-flex-1-192.168.20.6-10.0.2.200.txt",
+		args:   []string{"--node", "flex-1", "--objects", seed000Gateway, "--explain", "10.0.2.200", "--from", "192.168.20.6"},
+		rows:   []string{"REQUEST  192.168.20.6 -> 10.0.2.200: table pods, route 10.0.2.0/23 to a group of 1, leaves by isthmus0"},
 	}} {
 		t.Run(tt.golden, func(t *testing.T) {
 			out, _, err := runPlanCmd(t, tt.args...)
@@ -93,5 +105,12 @@ func TestPlanExplainErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("--explain %s: error %v, want %q", tt.addr, err, tt.want)
 		}
+	}
+}
+
+// TestPlanExplainFromNeedsExplain: --from alone is refused with the reason.
+func TestPlanExplainFromNeedsExplain(t *testing.T) {
+	if _, _, err := runPlanCmd(t, "--node", "aks-2", "--objects", seed000Gateway, "--from", "10.0.2.200"); err == nil || !strings.Contains(err.Error(), "--from needs --explain") {
+		t.Errorf("plan --from without --explain: %v, want an error saying --from needs --explain", err)
 	}
 }
