@@ -67,11 +67,13 @@ type NodePlan struct {
 	// pod blocks, whose replies the gateways hand to the site fabric. Empty
 	// when no route is ViaFabric. Sorted.
 	FabricEgress []netip.Prefix `json:"fabricEgress,omitempty"`
-	// TunnelSources are this node's pod prefixes that its peers route back to it
-	// through the tunnel (a managed site's IPv4 podCIDRs outside LocalPrefixes),
+	// TunnelSources are the pod prefixes of this node that other nodes route
+	// back into the tunnel: a managed site's IPv4 podCIDRs outside
+	// LocalPrefixes (to this node), or, on a site whose pods another CNI owns
+	// with returnPath Fabric, its declared IPv4 blocks (to the site's nodes),
 	// sorted. The agent sends traffic from them through the TransitOnly routes
-	// too (a policy rule, docs/agent.md "Routes and rules"), so a pod reaches a
-	// peer's node address the way that peer answers it.
+	// too, but NotForPods (a policy rule, docs/agent.md "Routes and rules"), so
+	// a pod reaches a node address the way that node answers it.
 	TunnelSources []netip.Prefix `json:"tunnelSources,omitempty"`
 	// Corrections report every route that was split because it contained an
 	// underlay address or overlapped a LocalPrefix, sorted by removed prefix.
