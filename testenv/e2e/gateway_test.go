@@ -181,7 +181,7 @@ func TestSeed000Gateway(t *testing.T) {
 	t.Run("plan", func(t *testing.T) {
 		for _, c := range []struct {
 			node, nodeCidrs, endpoint string
-			exception                bool // else the pods' route to that peer
+			exception                 bool // else the pods' route to that peer
 		}{
 			// aks-1's pods (the declared block) reach flex-1's node address
 			// through the tunnel, as its answer comes: the pods' route to

@@ -33,6 +33,9 @@ type serviceCase struct {
 	// a fixed address, or "node:NAME" for any address of that node
 	// (kube-proxy's MASQUERADE picks one).
 	saw string
+	// fragNeeded: an ICMP frag-needed about the flow, sent back from the
+	// backend's side, must reach the client translated (checkServiceFragNeeded).
+	fragNeeded bool
 }
 
 // seed000Services is the Service matrix on seed 000 (mesh): an AKS site of
@@ -40,10 +43,11 @@ type serviceCase struct {
 // flex site of managed pods (flex-1 holds flex-p1).
 var seed000Services = []serviceCase{
 	{name: "ClusterIP same node", client: "aks1-ext", backend: "aks1-p1", saw: "pod:aks1-ext"},
-	{name: "ClusterIP other node of the site", client: "aks2-p1", backend: "aks1-p1", saw: "pod:aks2-p1"},
-	{name: "ClusterIP managed client to remote site", client: "flex-p1", backend: "aks1-p1", saw: "pod:flex-p1"},
+	// The site fabric alone carries this one: the probe's own control.
+	{name: "ClusterIP other node of the site", client: "aks2-p1", backend: "aks1-p1", saw: "pod:aks2-p1", fragNeeded: true},
+	{name: "ClusterIP managed client to remote site", client: "flex-p1", backend: "aks1-p1", saw: "pod:flex-p1", fragNeeded: true},
 	{name: "ClusterIP managed client to remote site, other node", client: "flex-p1", backend: "aks2-p1", saw: "pod:flex-p1"},
-	{name: "ClusterIP unmanaged client to remote site", client: "aks1-p1", backend: "flex-p1", saw: "pod:aks1-p1"},
+	{name: "ClusterIP unmanaged client to remote site", client: "aks1-p1", backend: "flex-p1", saw: "pod:aks1-p1", fragNeeded: true},
 	// 10.0.4.10 is outside every declared pool: return-path SNAT gives it
 	// aks-1's tunnel address on the way into the tunnel.
 	{name: "ClusterIP translated client to remote site", client: "aks1-ext", backend: "flex-p1", saw: "100.64.0.4"},
@@ -72,7 +76,7 @@ func TestKubeProxyServices(t *testing.T) {
 // to member, and flannel's MASQUERADE must not rewrite the client's address on
 // the way.
 var seed003Services = []serviceCase{
-	{name: "ClusterIP member to remote member through both gateways", client: "m02-p1", backend: "e01-p1", saw: "pod:m02-p1"},
+	{name: "ClusterIP member to remote member through both gateways", client: "m02-p1", backend: "e01-p1", saw: "pod:m02-p1", fragNeeded: true},
 	{name: "ClusterIP remote member to member through both gateways", client: "e01-p1", backend: "m03-p1", saw: "pod:e01-p1"},
 	{name: "ClusterIP gateway pod to remote member", client: "mgw-p1", backend: "e01-p1", saw: "pod:mgw-p1"},
 	{name: "ClusterIP member to remote gateway's pod", client: "m03-p1", backend: "egw-p1", saw: "pod:m03-p1"},
@@ -121,6 +125,7 @@ func testServices(t *testing.T, scenario string, cases []serviceCase) {
 func checkServiceMatrix(ctx context.Context, t *testing.T, l *testenv.Lab, cases []serviceCase) {
 	t.Helper()
 	svcs := map[string]testenv.Service{}
+	ports := map[string]uint16{}
 	for _, c := range cases {
 		if _, ok := svcs[c.backend]; ok {
 			continue
@@ -135,6 +140,7 @@ func checkServiceMatrix(ctx context.Context, t *testing.T, l *testenv.Lab, cases
 			t.Fatal(err)
 		}
 		svcs[c.backend] = svc
+		ports[c.backend] = srv.TCPPort
 	}
 	for _, mode := range []testenv.ProxyMode{testenv.ProxyIPTables, testenv.ProxyNFTables} {
 		t.Run(string(mode), func(t *testing.T) {
@@ -163,6 +169,9 @@ func checkServiceMatrix(ctx context.Context, t *testing.T, l *testenv.Lab, cases
 					continue
 				}
 				t.Logf("%s: %s -> %s (%s): backend saw %s", c.name, c.client, to, c.backend, saw)
+				if c.fragNeeded {
+					checkServiceFragNeeded(ctx, t, l, c.client, c.backend, svc, ports[c.backend])
+				}
 			}
 		})
 	}
