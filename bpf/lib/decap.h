@@ -184,14 +184,21 @@ static __always_inline int tc_decap(struct __sk_buff *skb, const struct datapath
 	return deliver_decapped(skb, cfg, hook);
 }
 
-/* Returns 1 if underlay_xdp already popped this frame (its decap_meta is in front). */
+/* Returns 1 if this node's underlay_xdp popped this frame (its decap_meta is in
+ * front), and consumes the metadata. The kernel keeps it in front of the skb wherever
+ * the stack or a redirect takes the frame next: through a veth into another node's
+ * namespace (a lab, a kind cluster), where that node's underlay_ingress would take a
+ * frame another node popped, and handed to the fabric, for its own. */
 static __always_inline int tc_xdp_decapped(struct __sk_buff *skb)
 {
 	struct decap_meta *meta = (void *)(long)skb->data_meta;
 
 	if ((void *)(meta + 1) > (void *)(long)skb->data)
 		return 0;
-	return meta->magic == DECAP_META_MAGIC;
+	if (meta->magic != DECAP_META_MAGIC)
+		return 0;
+	meta->magic = 0;
+	return 1;
 }
 
 /* XDP decapsulation: validate, pop to [outer Ethernet][inner IPv4], leave a decap_meta
