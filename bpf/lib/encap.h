@@ -231,6 +231,8 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 			return pod_to_stack(skb);
 		if (from_pod && pod_egress_via_stack(skb, cfg, rt, iph, c.pos, c.end, hook))
 			return pod_to_stack(skb);
+		if (from_pod && !nexthop_any(rt))
+			return DROP_NO_NEXTHOP;
 		/* Return-path SNAT (lib/nat.h); its rewrite invalidates the pointers. On
 		 * isthmus0 too: a pod of an interface isthmus does not own arrives here
 		 * through the host stack with its own source, which no peer routes back.

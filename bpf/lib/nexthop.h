@@ -24,3 +24,18 @@ static __always_inline __be32 nexthop_select(const struct route_value *rt, __u32
 		return 0;
 	return g->slots[h & (NHG_SLOTS - 1)];
 }
+
+/* Returns 1 if route rt has a next hop now: its peer, or a group with a live member.
+ * A pod's packet is checked before return-path SNAT translates it, so one refused for
+ * lack of a next hop keeps its source (the pod gets the ICMP error) and takes no nat
+ * entry. */
+static __always_inline int nexthop_any(const struct route_value *rt)
+{
+	const struct nexthop_group *g;
+	__u32 id = rt->group;
+
+	if (likely(!id))
+		return rt->peer != 0;
+	g = bpf_map_lookup_elem(&nexthop_groups, &id);
+	return g && g->live;
+}

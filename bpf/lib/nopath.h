@@ -13,10 +13,10 @@
 #include "trace.h"
 
 /* Returns 1 if the IPv4 packet in skb may be answered with an ICMP error (RFC 1122
- * 3.2.2, RFC 1812 4.3.2.7): not an ICMP message other than an echo request (never an
- * error about an error), not a fragment after the first, and not from this node's
- * tunnel address (a flow return-path SNAT translated: the error would not reach the
- * pod). */
+ * 3.2.2, RFC 1812 4.3.2.7), as Linux's icmp_send judges it: not an ICMP error or a type
+ * it does not know (never an error about an error; the informational types 0, 8 and
+ * 13-18 are answered), not a fragment after the first, and not from this node's tunnel
+ * address (a flow return-path SNAT translated: the error would not reach the pod). */
 static __always_inline int no_path_answerable(struct __sk_buff *skb, const struct datapath_config *cfg)
 {
 	struct iphdr ip;
@@ -32,7 +32,8 @@ static __always_inline int no_path_answerable(struct __sk_buff *skb, const struc
 		return 1;
 	if (bpf_skb_load_bytes(skb, ETH_HLEN + (ip.ihl & 0xf) * 4, &type, sizeof(type)))
 		return 0;
-	return type == ICMP_ECHO;
+	return type == ICMP_ECHOREPLY || type == ICMP_ECHO ||
+	       (type >= ICMP_TIMESTAMP && type <= ICMP_ADDRESSREPLY);
 }
 
 /* Drops skb, a pod's packet whose route's next-hop group has no live member, counted
