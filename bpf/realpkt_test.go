@@ -261,7 +261,6 @@ func packetSocket(t *testing.T, ns netns.NsHandle, ifindex int) int {
 	return fd
 }
 
-
 // nsCmd runs name with args in the lab's namespace and returns its output.
 func (r *realLab) nsCmd(t *testing.T, name string, args ...string) string {
 	t.Helper()
@@ -349,6 +348,91 @@ func TestDecapNonlinearHeaders(t *testing.T) {
 			}
 			if d := delta(counts, r.counts(t)); d[dropKey(IsthmusDropReasonDROP_INNER_INVALID, IsthmusHookHOOK_UNDERLAY_TC)] != 0 {
 				t.Errorf("counters moved %v: dropped as DROP_INNER_INVALID", d)
+			}
+		})
+	}
+}
+
+// TestDecapOverPodMTU: a decapsulated packet longer than the pod interface's MTU (here
+// 1400, the tunnel's 1450) goes to the node's stack, which answers a DF packet with ICMP
+// frag needed announcing the pod's MTU to the sender (back toward the tunnel, through
+// isthmus0's stand-in, where it is captured and decoded with gopacket) and fragments
+// one without DF, which the pod reassembles. One that fits reaches the pod whole and
+// draws no ICMP. Before, both long packets were dropped (DROP_NOT_LOCAL) and path MTU
+// discovery toward the pod black-holed.
+func TestDecapOverPodMTU(t *testing.T) {
+	const podMTU = 1400
+	r := newRealLab(t, podMTU)
+	udpRaw := rawSocket(t, r.podNS, unix.IPPROTO_UDP)
+	ist := packetSocket(t, r.ns, r.ist.Attrs().Index)
+	for _, tc := range []struct {
+		name     string
+		len      int // of the inner IPv4 packet
+		df       bool
+		wantPod  int // datagrams the pod receives
+		wantICMP bool
+	}{
+		{"DF, 1450 bytes", 1450, true, 0, true},
+		{"no DF, 1450 bytes", 1450, false, 1, false},
+		{"DF, 1400 bytes", 1400, true, 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := ipOpts{ttl: 64, id: 0x4242}
+			if tc.df {
+				o.fragOff = 0x4000
+			}
+			inner := ipv4Packet(remotePodIP, realPodIP, 17, o, udpDatagram(4000, 5000, bytes.Repeat([]byte{0xab}, tc.len-28)))
+			counts := r.counts(t)
+			r.write(t, r.frame(inner), 0)
+			got := received(udpRaw, remotePodIP)
+			if len(got) != tc.wantPod {
+				t.Errorf("the pod received %d datagrams, want %d", len(got), tc.wantPod)
+			}
+			for _, p := range got {
+				if len(p) != tc.len {
+					t.Errorf("the pod received %d bytes, want %d (reassembled)", len(p), tc.len)
+				}
+			}
+			var icmp []*layers.ICMPv4
+			var quoted []*layers.IPv4
+			buf := make([]byte, 65536)
+			for {
+				n, err := unix.Read(ist, buf)
+				if err != nil {
+					break
+				}
+				pkt := gopacket.NewPacket(append([]byte{}, buf[:n]...), layers.LayerTypeEthernet, gopacket.Default)
+				ip, _ := pkt.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+				ic, _ := pkt.Layer(layers.LayerTypeICMPv4).(*layers.ICMPv4)
+				if ip == nil || ic == nil || !ip.DstIP.Equal(remotePodIP.AsSlice()) {
+					continue
+				}
+				icmp = append(icmp, ic)
+				q := gopacket.NewPacket(ic.Payload, layers.LayerTypeIPv4, gopacket.Default)
+				qip, _ := q.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+				quoted = append(quoted, qip)
+			}
+			if !tc.wantICMP {
+				if len(icmp) != 0 {
+					t.Errorf("the node sent %d ICMP messages to the sender, want none", len(icmp))
+				}
+				if d := delta(counts, r.counts(t)); d[dropKey(IsthmusDropReasonDROP_NOT_LOCAL, IsthmusHookHOOK_UNDERLAY_TC)] != 0 {
+					t.Errorf("counters moved %v: dropped as DROP_NOT_LOCAL", d)
+				}
+				return
+			}
+			if len(icmp) != 1 {
+				t.Fatalf("the node sent %d ICMP messages to the sender, want 1 frag needed (counters moved %v)", len(icmp), delta(counts, r.counts(t)))
+			}
+			ic := icmp[0]
+			if ic.TypeCode != layers.CreateICMPv4TypeCode(layers.ICMPv4TypeDestinationUnreachable, layers.ICMPv4CodeFragmentationNeeded) {
+				t.Errorf("ICMP %v, want destination unreachable / fragmentation needed", ic.TypeCode)
+			}
+			if mtu := ic.Seq; mtu != podMTU { // gopacket reads the next-hop MTU word as Seq
+				t.Errorf("next-hop MTU %d, want the pod's %d", mtu, podMTU)
+			}
+			if q := quoted[0]; q == nil || !q.DstIP.Equal(realPodIP.AsSlice()) || q.Id != 0x4242 || q.Length != uint16(tc.len) {
+				t.Errorf("the ICMP quotes %v, want the refused packet's header (to %v, id 0x4242, length %d)", q, realPodIP, tc.len)
 			}
 		})
 	}
