@@ -44,6 +44,55 @@ func vnetTunnelHdr(gsoSize uint16) []byte {
 	return h
 }
 
+// vnetTap creates, in l's namespace, a tap named name that takes a 24-byte virtio net
+// header in front of each frame written into it, with underlay_ingress attached to
+// its tcx ingress. Returns its file descriptor and the device; both go in Cleanup.
+func vnetTap(t *testing.T, l *lab, name string) (int, netlink.Link) {
+	t.Helper()
+	var (
+		tap      int
+		tapLk    netlink.Link
+		attached link.Link
+	)
+	err := inNS(l.ns, func() error {
+		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open /dev/net/tun: %w", err)
+		}
+		tap = fd
+		ifr, err := unix.NewIfreq(name)
+		if err != nil {
+			return err
+		}
+		ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
+		if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+			return fmt.Errorf("create tap: %w", err)
+		}
+		sz := int32(vnetHdrTunnelLen)
+		if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TUNSETVNETHDRSZ, uintptr(unsafe.Pointer(&sz))); e != 0 {
+			return fmt.Errorf("set vnet header size: %w", e)
+		}
+		if tapLk, err = netlink.LinkByName(name); err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(tapLk); err != nil {
+			return err
+		}
+		attached, err = link.AttachTCX(link.TCXOptions{Interface: tapLk.Attrs().Index, Program: l.objs.UnderlayIngress, Attach: ebpf.AttachTCXIngress})
+		return err
+	})
+	if tap > 0 {
+		t.Cleanup(func() { unix.Close(tap) })
+	}
+	if attached != nil {
+		t.Cleanup(func() { attached.Close() })
+	}
+	if err != nil {
+		t.Fatalf("tap with virtio net header: %v", err)
+	}
+	return tap, tapLk
+}
+
 // TestTransitICMPForGSOFrame: a gateway answers a transiting frame that is too long for
 // its next underlay link with ICMP frag needed written over the frame, shrunk to the
 // ICMP message. The kernel will not shrink a GSO frame it marks encapsulated (one that
@@ -58,55 +107,18 @@ func TestTransitICMPForGSOFrame(t *testing.T) {
 	const wanMTU = 1400
 	l := gatewayLab(t)
 	setTunnelIP(t, l, hostIP)
-	var tap int
-	var tapLk netlink.Link
-	var attached, tracer link.Link // tracer: the kernel's drops of frames the program redirected
-	err := inNS(l.ns, func() error {
-		if err := netlink.LinkSetMTU(l.und, wanMTU); err != nil {
-			return fmt.Errorf("set und0 MTU: %w", err)
-		}
-		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("open /dev/net/tun: %w", err)
-		}
-		tap = fd
-		ifr, err := unix.NewIfreq("tapv0")
-		if err != nil {
-			return err
-		}
-		ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
-		if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
-			return fmt.Errorf("create tap: %w", err)
-		}
-		sz := int32(vnetHdrTunnelLen)
-		if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TUNSETVNETHDRSZ, uintptr(unsafe.Pointer(&sz))); e != 0 {
-			return fmt.Errorf("set vnet header size: %w", e)
-		}
-		if tapLk, err = netlink.LinkByName("tapv0"); err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(tapLk); err != nil {
-			return err
-		}
-		attached, err = link.AttachTCX(link.TCXOptions{Interface: tapLk.Attrs().Index, Program: l.objs.UnderlayIngress, Attach: ebpf.AttachTCXIngress})
-		if err != nil {
-			return err
-		}
+	var tracer link.Link // the kernel's drops of frames the program redirected
+	if err := inNS(l.ns, func() error { return netlink.LinkSetMTU(l.und, wanMTU) }); err != nil {
+		t.Fatalf("set und0 MTU: %v", err)
+	}
+	tap, tapLk := vnetTap(t, l, "tapv0")
+	if err := inNS(l.ns, func() (err error) {
 		tracer, err = link.AttachTracing(link.TracingOptions{Program: l.objs.KfreeSkbAfterRedirect})
 		return err
-	})
-	if tracer != nil {
-		t.Cleanup(func() { tracer.Close() })
+	}); err != nil {
+		t.Fatalf("attach tp_btf/kfree_skb: %v", err)
 	}
-	if tap > 0 {
-		t.Cleanup(func() { unix.Close(tap) })
-	}
-	if attached != nil {
-		t.Cleanup(func() { attached.Close() })
-	}
-	if err != nil {
-		t.Fatalf("tap with virtio net header: %v", err)
-	}
+	t.Cleanup(func() { tracer.Close() })
 	und1, err := func() (netlink.Link, error) {
 		var lk netlink.Link
 		err := inNS(l.ns, func() (err error) { lk, err = netlink.LinkByName("und1"); return })

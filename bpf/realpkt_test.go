@@ -393,25 +393,7 @@ func TestDecapOverPodMTU(t *testing.T) {
 					t.Errorf("the pod received %d bytes, want %d (reassembled)", len(p), tc.len)
 				}
 			}
-			var icmp []*layers.ICMPv4
-			var quoted []*layers.IPv4
-			buf := make([]byte, 65536)
-			for {
-				n, err := unix.Read(ist, buf)
-				if err != nil {
-					break
-				}
-				pkt := gopacket.NewPacket(append([]byte{}, buf[:n]...), layers.LayerTypeEthernet, gopacket.Default)
-				ip, _ := pkt.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
-				ic, _ := pkt.Layer(layers.LayerTypeICMPv4).(*layers.ICMPv4)
-				if ip == nil || ic == nil || !ip.DstIP.Equal(remotePodIP.AsSlice()) {
-					continue
-				}
-				icmp = append(icmp, ic)
-				q := gopacket.NewPacket(ic.Payload, layers.LayerTypeIPv4, gopacket.Default)
-				qip, _ := q.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
-				quoted = append(quoted, qip)
-			}
+			icmp, quoted := icmpTo(ist, remotePodIP)
 			if !tc.wantICMP {
 				if len(icmp) != 0 {
 					t.Errorf("the node sent %d ICMP messages to the sender, want none", len(icmp))
@@ -435,5 +417,58 @@ func TestDecapOverPodMTU(t *testing.T) {
 				t.Errorf("the ICMP quotes %v, want the refused packet's header (to %v, id 0x4242, length %d)", q, realPodIP, tc.len)
 			}
 		})
+	}
+
+	// A GSO packet whose segments (40 bytes of headers and 1400 of payload) are longer
+	// than the pod's MTU, as a veth or a virtio NIC delivers a TCP stream's frames: the
+	// stack answers frag needed, the pod gets nothing over its MTU. Before, it went
+	// around the stack into the pod (a TCP ACK conntrack never saw).
+	t.Run("GSO, segments of 1440 bytes", func(t *testing.T) {
+		tap, _ := vnetTap(t, r.lab, "tapv1")
+		tcpRaw := rawSocket(t, r.podNS, unix.IPPROTO_TCP)
+		// scapy: <GENEVE frame from peerIP>/IP(src="10.2.0.7", dst="10.1.0.6", flags="DF", id=0x4343)/TCP(sport=4000, dport=5000, flags="A")/(b"\x00"*2800)
+		inner := ipv4Packet(remotePodIP, realPodIP, 6, ipOpts{ttl: 64, fragOff: 0x4000, id: 0x4343}, tcpWithOptions(remotePodIP, realPodIP, 4000, 5000, tcpACK, nil))
+		inner = ipv4Packet(remotePodIP, realPodIP, 6, ipOpts{ttl: 64, fragOff: 0x4000, id: 0x4343}, append(inner[20:], make([]byte, 2800)...))
+		counts := r.counts(t)
+		if _, err := unix.Write(tap, append(vnetTunnelHdr(1400), r.frame(inner)...)); err != nil {
+			t.Fatalf("write GSO frame: %v", err)
+		}
+		if got := received(tcpRaw, remotePodIP); len(got) != 0 {
+			t.Errorf("the pod received %d packets (%d bytes) over its MTU", len(got), len(got[0]))
+		}
+		icmp, quoted := icmpTo(ist, remotePodIP)
+		if len(icmp) != 1 {
+			t.Fatalf("the node sent %d ICMP messages to the sender, want 1 frag needed (counters moved %v)", len(icmp), delta(counts, r.counts(t)))
+		}
+		if icmp[0].TypeCode != layers.CreateICMPv4TypeCode(layers.ICMPv4TypeDestinationUnreachable, layers.ICMPv4CodeFragmentationNeeded) || icmp[0].Seq != podMTU {
+			t.Errorf("ICMP %v MTU %d, want frag needed with %d", icmp[0].TypeCode, icmp[0].Seq, podMTU)
+		}
+		if q := quoted[0]; q == nil || !q.DstIP.Equal(realPodIP.AsSlice()) || q.Id != 0x4343 {
+			t.Errorf("the ICMP quotes %v, want the refused packet's header", q)
+		}
+	})
+}
+
+// icmpTo returns the ICMP messages to dst that the packet socket fd sees until it has
+// been quiet for its timeout, decoded with gopacket, and the IPv4 header each quotes.
+func icmpTo(fd int, dst netip.Addr) ([]*layers.ICMPv4, []*layers.IPv4) {
+	var icmp []*layers.ICMPv4
+	var quoted []*layers.IPv4
+	buf := make([]byte, 65536)
+	for {
+		n, err := unix.Read(fd, buf)
+		if err != nil {
+			return icmp, quoted
+		}
+		pkt := gopacket.NewPacket(append([]byte{}, buf[:n]...), layers.LayerTypeEthernet, gopacket.Default)
+		ip, _ := pkt.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+		ic, _ := pkt.Layer(layers.LayerTypeICMPv4).(*layers.ICMPv4)
+		if ip == nil || ic == nil || !ip.DstIP.Equal(dst.AsSlice()) {
+			continue
+		}
+		icmp = append(icmp, ic)
+		q := gopacket.NewPacket(ic.Payload, layers.LayerTypeIPv4, gopacket.Default)
+		qip, _ := q.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+		quoted = append(quoted, qip)
 	}
 }
