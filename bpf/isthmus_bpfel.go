@@ -69,6 +69,8 @@ const (
 	IsthmusDropReasonDROP_ECN_NOT_ECT          IsthmusDropReason = 4294967136
 	IsthmusDropReasonDROP_UNDERLAY_MTU         IsthmusDropReason = 4294967135
 	IsthmusDropReasonDROP_POD_SRC_NOT_RESERVED IsthmusDropReason = 4294967134
+	IsthmusDropReasonDROP_INNER_MARTIAN        IsthmusDropReason = 4294967133
+	IsthmusDropReasonDROP_ICMP_GSO             IsthmusDropReason = 4294967132
 )
 
 type IsthmusFabricPrefixValue struct {
