@@ -49,6 +49,8 @@ var dropReasons = []DropReason{
 	{-160, "DROP_ECN_NOT_ECT", "ecn_not_ect", "Outer header marked CE on an inner packet that is not ECN-capable (RFC 6040)."},
 	{-161, "DROP_UNDERLAY_MTU", "underlay_mtu", "A transiting frame is longer than the MTU toward its next hop and its inner packet lacks DF."},
 	{-162, "DROP_POD_SRC_NOT_RESERVED", "pod_src_not_reserved", "A pod on an interface the CNI plugin made sent from an address the plugin did not reserve for it."},
+	{-163, "DROP_NAT_SOURCE_LIMIT", "nat_source_limit", "A new translated flow of a pod source that already holds its whole share of the nat (or masq_nat) table (--snat-flows-per-source)."},
+	{-164, "DROP_NAT_REPLY_UNKNOWN", "nat_reply_unknown", "A TCP segment to the tunnel (or masquerade) address that no translation, local socket or conntrack entry claims: dropped, not reset by the host."},
 }
 
 // DropReasons returns every drop reason, in code order from -130 down.

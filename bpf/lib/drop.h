@@ -37,4 +37,6 @@ enum drop_reason {
 	DROP_ECN_NOT_ECT	= -160,	/* outer CE on a Not-ECT inner packet (RFC 6040) */
 	DROP_UNDERLAY_MTU	= -161,	/* transiting frame longer than the next underlay link, inner without DF */
 	DROP_POD_SRC_NOT_RESERVED = -162, /* source is no address the CNI reserved for the pod's interface */
+	DROP_NAT_SOURCE_LIMIT	= -163,	/* the pod source holds its whole share of the nat table */
+	DROP_NAT_REPLY_UNKNOWN	= -164,	/* TCP to a translated address: no translation, socket or conntrack entry */
 };
