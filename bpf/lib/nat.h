@@ -138,10 +138,11 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb, const struct nat_l
 }
 
 /* Returns 1 if the node itself holds the TCP or UDP tuple rk (remote -> a translated
- * address and port): a local socket the packet would reach (a listener or a connected
- * socket), or a kernel conntrack entry with rk as its original or reply tuple, such as
- * the binding kube-proxy's NodePort masquerade made on the node's address. 0 for
- * other protocols. */
+ * address and port): a local socket the packet would reach (a listener, a connected
+ * socket, or for TCP a request or TIME_WAIT socket: bpf_skc_lookup_tcp), or a kernel
+ * conntrack entry with rk as its original or reply tuple, such as the binding
+ * kube-proxy's NodePort masquerade made on the node's address. 0 for other
+ * protocols. */
 static __always_inline int nat_node_holds(struct __sk_buff *skb, const struct nat_key *rk)
 {
 	struct bpf_ct_opts opts = { .netns_id = BPF_F_CURRENT_NETNS, .l4proto = rk->proto };
@@ -156,7 +157,7 @@ static __always_inline int nat_node_holds(struct __sk_buff *skb, const struct na
 	st.ipv4.sport = rk->sport;
 	st.ipv4.dport = rk->dport;
 	if (rk->proto == IPPROTO_TCP)
-		sk = bpf_sk_lookup_tcp(skb, &st, sizeof(st.ipv4), BPF_F_CURRENT_NETNS, 0);
+		sk = bpf_skc_lookup_tcp(skb, &st, sizeof(st.ipv4), BPF_F_CURRENT_NETNS, 0);
 	else
 		sk = bpf_sk_lookup_udp(skb, &st, sizeof(st.ipv4), BPF_F_CURRENT_NETNS, 0);
 	if (sk) {

@@ -128,14 +128,31 @@ func TestNATSprayKeepsOtherFlows(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	l := upLab(ctx, t, sc, testenv.Options{})
+	sprayKeepsFlow(t, l, "aks-1", "aks1-tcp", "aks1-spray", l.PodNS("flex-p1"), l.PodAddr("flex-p1"), "100.64.0.4")
+}
 
-	flexAddr := l.PodAddr("flex-p1")
+// TestMasqSprayKeepsOtherFlows is TestNATSprayKeepsOtherFlows through egress
+// masquerade (masq_nat): on the egress scenario's node a1, pod a1-p1 sprays 100,000
+// UDP flows to the world while a1-p2's TCP connection to the world, masqueraded to
+// a1's underlay address, keeps working.
+func TestMasqSprayKeepsOtherFlows(t *testing.T) {
+	l := upScenario(t, "egress")
+	n, _ := l.Node("a1")
+	sprayKeepsFlow(t, l, "a1", "a1-p2", "a1-p1", l.WorldNS(), testenv.WorldAddr, n.Address.String())
+}
+
+// sprayKeepsFlow runs the spray test on node: tcpPod connects to a server in
+// serverNS at serverAddr, which must see it from seen (the translated address),
+// while sprayPod sprays natSprayFlows UDP flows to serverAddr.
+func sprayKeepsFlow(t *testing.T, l *testenv.Lab, node, tcpPod, sprayPod, serverNS string, serverAddr netip.Addr, seen string) {
+	t.Helper()
+	flexAddr := serverAddr
 	var ln net.Listener
-	if err := testenv.Do(l.PodNS("flex-p1"), func() (err error) {
+	if err := testenv.Do(serverNS, func() (err error) {
 		ln, err = net.Listen("tcp4", ":0")
 		return err
 	}); err != nil {
-		t.Fatalf("listen in flex-p1: %v", err)
+		t.Fatalf("listen in %s: %v", serverNS, err)
 	}
 	defer ln.Close()
 	to := netip.AddrPortFrom(flexAddr, uint16(ln.Addr().(*net.TCPAddr).Port))
@@ -148,11 +165,11 @@ func TestNATSprayKeepsOtherFlows(t *testing.T) {
 		close(accepted)
 	}()
 	p := &pingPong{}
-	if err := testenv.Do(l.PodNS("aks1-tcp"), func() (err error) {
+	if err := testenv.Do(l.PodNS(tcpPod), func() (err error) {
 		p.client, err = net.DialTimeout("tcp4", to.String(), 5*time.Second)
 		return err
 	}); err != nil {
-		t.Fatalf("connect aks1-tcp -> %s: %v", to, err)
+		t.Fatalf("connect %s -> %s: %v", tcpPod, to, err)
 	}
 	defer p.client.Close()
 	select {
@@ -160,11 +177,11 @@ func TestNATSprayKeepsOtherFlows(t *testing.T) {
 	case <-time.After(5 * time.Second):
 	}
 	if p.server == nil {
-		t.Fatal("flex-p1 accepted no connection")
+		t.Fatal("the server accepted no connection")
 	}
 	defer p.server.Close()
-	if got := p.server.RemoteAddr().(*net.TCPAddr).IP.String(); got != "100.64.0.4" {
-		t.Fatalf("flex-p1 sees the connection from %s, want aks-1's tunnel address 100.64.0.4 (return-path SNAT)", got)
+	if got := p.server.RemoteAddr().(*net.TCPAddr).IP.String(); got != seen {
+		t.Fatalf("the server sees the connection from %s, want %s's translated address %s", got, node, seen)
 	}
 	if err := p.exchange(); err != nil {
 		t.Fatalf("before the spray: %v", err)
@@ -198,7 +215,7 @@ func TestNATSprayKeepsOtherFlows(t *testing.T) {
 	}()
 
 	var sent int
-	err = testenv.Do(l.PodNS("aks1-spray"), func() error {
+	err := testenv.Do(l.PodNS(sprayPod), func() error {
 		for _, sport := range []int{40001, 40002} {
 			c, err := net.ListenUDP("udp4", &net.UDPAddr{Port: sport})
 			if err != nil {
@@ -216,7 +233,7 @@ func TestNATSprayKeepsOtherFlows(t *testing.T) {
 		return nil
 	})
 	if err != nil {
-		t.Fatalf("spray from aks1-spray: %v", err)
+		t.Fatalf("spray from %s: %v", sprayPod, err)
 	}
 	sprayed := time.Since(started)
 	// Let the exchanges run a while after the spray too.
@@ -224,7 +241,7 @@ func TestNATSprayKeepsOtherFlows(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	if tcpErr != nil {
-		t.Fatalf("the TCP connection of aks1-tcp broke during the spray of %d flows (after %d rounds, %v): %v", sent, rounds, time.Since(started).Round(time.Millisecond), tcpErr)
+		t.Fatalf("the TCP connection of %s broke during the spray of %d flows (after %d rounds, %v): %v", tcpPod, sent, rounds, time.Since(started).Round(time.Millisecond), tcpErr)
 	}
 	if err := p.exchange(); err != nil {
 		t.Fatalf("after the spray: %v", err)
@@ -236,14 +253,14 @@ func TestNATSprayKeepsOtherFlows(t *testing.T) {
 
 	// The spraying pod was held to its share, counted.
 	var limited uint64
-	for k, c := range nodeMetrics(t, l, "aks-1") {
+	for k, c := range nodeMetrics(t, l, node) {
 		if k.IsDrop() && k.Name() == "nat_source_limit" {
 			limited += c.Packets
 		}
 	}
 	share := uint64(65536 / 16) // the agent's default --snat-flows-per-source
 	if want := uint64(sent) - share - 64; limited < want {
-		t.Errorf("aks-1 dropped %d packets as nat_source_limit, want at least %d (%d sent, share %d)", limited, want, sent, share)
+		t.Errorf("%s dropped %d packets as nat_source_limit, want at least %d (%d sent, share %d)", node, limited, want, sent, share)
 	}
 	// And the other pod can still open flows: a new TCP connection is translated.
 	var c2 net.Conn
@@ -252,11 +269,11 @@ func TestNATSprayKeepsOtherFlows(t *testing.T) {
 			c.Close()
 		}
 	}()
-	if err := testenv.Do(l.PodNS("aks1-tcp"), func() (err error) {
+	if err := testenv.Do(l.PodNS(tcpPod), func() (err error) {
 		c2, err = net.DialTimeout("tcp4", to.String(), 5*time.Second)
 		return err
 	}); err != nil {
-		t.Fatalf("a new connection from aks1-tcp after the spray: %v", err)
+		t.Fatalf("a new connection from %s after the spray: %v", tcpPod, err)
 	}
 	c2.Close()
 }
