@@ -155,8 +155,12 @@ func (m *migration) topUp(split *natSplit, coll *ebpf.Collection) int {
 		v maps.NatValue
 	)
 	n := 0
+	now, _ := maps.MonotonicNow()
 	it := m.old.Iterate()
 	for it.Next(&k, &v) {
+		if natExpired(k, v, now) {
+			continue // collected already, or about to be
+		}
 		to := m.new
 		if split.active && split.isMasq(k, v) {
 			to = coll.Maps[string(maps.MapMasqNat)]
@@ -166,6 +170,11 @@ func (m *migration) topUp(split *natSplit, coll *ebpf.Collection) int {
 		}
 	}
 	return n
+}
+
+// natExpired reports whether nat entry k, v is past its timeout at now (0: never).
+func natExpired(k maps.NatKey, v maps.NatValue, now uint64) bool {
+	return now != 0 && now-v.LastSeen > uint64(maps.NatTimeout(k.Proto, v.State))
 }
 
 // natSplit moves egress masquerade's entries out of a nat map pinned by a build from
@@ -212,16 +221,17 @@ func (s *natSplit) isMasq(k maps.NatKey, v maps.NatValue) bool {
 	return v.Addr == s.underlay
 }
 
-// copySNAT is nat's converter while the split is active: every entry but
+// copySNAT is nat's converter while the split is active: every live entry but
 // masquerade's.
 func (s *natSplit) copySNAT(from, to *ebpf.Map) (copied, dropped int, err error) {
 	var (
 		k maps.NatKey
 		v maps.NatValue
 	)
+	now, _ := maps.MonotonicNow()
 	it := from.Iterate()
 	for it.Next(&k, &v) {
-		if s.isMasq(k, v) {
+		if s.isMasq(k, v) || natExpired(k, v, now) {
 			continue
 		}
 		switch err := to.Update(k, v, ebpf.UpdateAny); {
@@ -239,7 +249,7 @@ func (s *natSplit) copySNAT(from, to *ebpf.Map) (copied, dropped int, err error)
 	return copied, dropped, nil
 }
 
-// moveMasq copies masquerade's entries of the old nat (its migration in migs) into
+// moveMasq copies masquerade's live entries of the old nat (its migration in migs) into
 // coll's masq_nat, then counts every source's flows in nat_sources
 // (maps.CollectNat), before any link switches to the new programs.
 func (s *natSplit) moveMasq(coll *ebpf.Collection, migs []*migration, log *slog.Logger) error {
@@ -261,9 +271,13 @@ func (s *natSplit) moveMasq(coll *ebpf.Collection, migs []*migration, log *slog.
 		v      maps.NatValue
 		copied int
 	)
+	now, err := maps.MonotonicNow()
+	if err != nil {
+		return err
+	}
 	it := old.Iterate()
 	for it.Next(&k, &v) {
-		if !s.isMasq(k, v) {
+		if !s.isMasq(k, v) || natExpired(k, v, now) {
 			continue
 		}
 		if err := masq.Update(k, v, ebpf.UpdateAny); err != nil && !errors.Is(err, unix.E2BIG) {
@@ -273,10 +287,6 @@ func (s *natSplit) moveMasq(coll *ebpf.Collection, migs []*migration, log *slog.
 	}
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("move masquerade entries to %s: %w", maps.MapMasqNat, err)
-	}
-	now, err := maps.MonotonicNow()
-	if err != nil {
-		return err
 	}
 	for _, t := range []struct {
 		m     *ebpf.Map

@@ -113,11 +113,12 @@ func (p *pingPong) exchange() error {
 
 // TestNATSprayKeepsOtherFlows: one pod (aks1-spray) sends 100,000 UDP flows (distinct
 // destination ports, two source ports) through return-path SNAT while another pod
-// (aks1-tcp) of the same node holds a TCP connection through it to a remote pod,
-// exchanging data both ways every 250 ms and after the spray, with the remote side
-// sending first, so a lost translation shows as the host's reset. The spraying pod
+// (aks1-tcp) of the same node holds two TCP connections through it to a remote pod,
+// one exchanging data both ways every 250 ms throughout, one before and after the
+// spray only, with the remote side sending first, so a lost translation shows as
+// the host's reset. The spraying pod
 // gets its share of the nat table (--snat-flows-per-source) and no more: its other
-// flows are dropped as nat_source_limit, the TCP connection never breaks, and the
+// flows are dropped as nat_source_limit, neither TCP connection breaks, and the
 // other pod's new flows still get translated.
 func TestNATSprayKeepsOtherFlows(t *testing.T) {
 	requireSetup(t)
@@ -141,6 +142,41 @@ func TestMasqSprayKeepsOtherFlows(t *testing.T) {
 	sprayKeepsFlow(t, l, "a1", "a1-p2", "a1-p1", l.WorldNS(), testenv.WorldAddr, n.Address.String())
 }
 
+// connectPingPong connects from pod to the listener ln at to and checks the server
+// sees the connection from seen (node's translated address). Both ends are closed
+// when the test ends.
+func connectPingPong(t *testing.T, l *testenv.Lab, ln net.Listener, pod string, to netip.AddrPort, node, seen string) *pingPong {
+	t.Helper()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+		close(accepted)
+	}()
+	p := &pingPong{}
+	if err := testenv.Do(l.PodNS(pod), func() (err error) {
+		p.client, err = net.DialTimeout("tcp4", to.String(), 5*time.Second)
+		return err
+	}); err != nil {
+		t.Fatalf("connect %s -> %s: %v", pod, to, err)
+	}
+	t.Cleanup(func() { p.client.Close() })
+	select {
+	case p.server = <-accepted:
+	case <-time.After(5 * time.Second):
+	}
+	if p.server == nil {
+		t.Fatal("the server accepted no connection")
+	}
+	t.Cleanup(func() { p.server.Close() })
+	if got := p.server.RemoteAddr().(*net.TCPAddr).IP.String(); got != seen {
+		t.Fatalf("the server sees the connection from %s, want %s's translated address %s", got, node, seen)
+	}
+	return p
+}
+
 // sprayKeepsFlow runs the spray test on node: tcpPod connects to a server in
 // serverNS at serverAddr, which must see it from seen (the translated address),
 // while sprayPod sprays natSprayFlows UDP flows to serverAddr.
@@ -156,38 +192,18 @@ func sprayKeepsFlow(t *testing.T, l *testenv.Lab, node, tcpPod, sprayPod, server
 	}
 	defer ln.Close()
 	to := netip.AddrPortFrom(flexAddr, uint16(ln.Addr().(*net.TCPAddr).Port))
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			accepted <- c
+	// Two connections: p exchanges every 250 ms throughout, idle only before and
+	// after the spray, as an idle connection of a pool would be: a kernel LRU keeps
+	// a busy flow's entries, not an idle one's.
+	p := connectPingPong(t, l, ln, tcpPod, to, node, seen)
+	idle := connectPingPong(t, l, ln, tcpPod, to, node, seen)
+	for _, c := range []*pingPong{p, idle} {
+		if err := c.exchange(); err != nil {
+			t.Fatalf("before the spray: %v", err)
 		}
-		close(accepted)
-	}()
-	p := &pingPong{}
-	if err := testenv.Do(l.PodNS(tcpPod), func() (err error) {
-		p.client, err = net.DialTimeout("tcp4", to.String(), 5*time.Second)
-		return err
-	}); err != nil {
-		t.Fatalf("connect %s -> %s: %v", tcpPod, to, err)
-	}
-	defer p.client.Close()
-	select {
-	case p.server = <-accepted:
-	case <-time.After(5 * time.Second):
-	}
-	if p.server == nil {
-		t.Fatal("the server accepted no connection")
-	}
-	defer p.server.Close()
-	if got := p.server.RemoteAddr().(*net.TCPAddr).IP.String(); got != seen {
-		t.Fatalf("the server sees the connection from %s, want %s's translated address %s", got, node, seen)
-	}
-	if err := p.exchange(); err != nil {
-		t.Fatalf("before the spray: %v", err)
 	}
 
-	// The exchanges go on every 250 ms during the spray.
+	// p's exchanges go on every 250 ms during the spray.
 	stop := make(chan struct{})
 	var (
 		wg      sync.WaitGroup
@@ -245,6 +261,9 @@ func sprayKeepsFlow(t *testing.T, l *testenv.Lab, node, tcpPod, sprayPod, server
 	}
 	if err := p.exchange(); err != nil {
 		t.Fatalf("after the spray: %v", err)
+	}
+	if err := idle.exchange(); err != nil {
+		t.Fatalf("the connection of %s idle during the spray, after it: %v", tcpPod, err)
 	}
 	t.Logf("%d datagrams sprayed in %v; %d exchanges during and after, all answered", sent, sprayed.Round(time.Millisecond), rounds)
 	if sent < natSprayFlows*9/10 {
