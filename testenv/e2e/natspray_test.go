@@ -271,12 +271,16 @@ func sprayKeepsFlow(t *testing.T, l *testenv.Lab, node, tcpPod, sprayPod, server
 	}
 
 	// The spraying pod was held to its share, counted.
-	var limited uint64
+	var limited, created uint64
 	for k, c := range nodeMetrics(t, l, node) {
-		if k.IsDrop() && k.Name() == "nat_source_limit" {
+		switch {
+		case k.IsDrop() && k.Name() == "nat_source_limit":
 			limited += c.Packets
+		case k.Name() == "snat_new":
+			created += c.Packets
 		}
 	}
+	t.Logf("%s: %d new translations, %d packets dropped as nat_source_limit", node, created, limited)
 	share := uint64(65536 / 16) // the agent's default --snat-flows-per-source
 	if want := uint64(sent) - share - 64; limited < want {
 		t.Errorf("%s dropped %d packets as nat_source_limit, want at least %d (%d sent, share %d)", node, limited, want, sent, share)
