@@ -71,6 +71,8 @@ const (
 	IsthmusDropReasonDROP_POD_SRC_NOT_RESERVED IsthmusDropReason = 4294967134
 	IsthmusDropReasonDROP_INNER_MARTIAN        IsthmusDropReason = 4294967133
 	IsthmusDropReasonDROP_ICMP_GSO             IsthmusDropReason = 4294967132
+	IsthmusDropReasonDROP_NAT_SOURCE_LIMIT     IsthmusDropReason = 4294967131
+	IsthmusDropReasonDROP_NAT_REPLY_UNKNOWN    IsthmusDropReason = 4294967130
 )
 
 type IsthmusFabricPrefixValue struct {
@@ -166,6 +168,18 @@ type IsthmusNatKey struct {
 	Pad   [3]uint8
 }
 
+type IsthmusNatSourceKey struct {
+	_     structs.HostLayout
+	Addr  uint32
+	Table uint32
+}
+
+type IsthmusNatSourceValue struct {
+	_     structs.HostLayout
+	Flows uint32
+	Pad   uint32
+}
+
 type IsthmusNatState uint32
 
 const (
@@ -174,6 +188,9 @@ const (
 	IsthmusNatStateNAT_STATE_CLOSING     IsthmusNatState = 2
 	IsthmusNatStateNAT_STATE_FIN_ORIG    IsthmusNatState = 3
 	IsthmusNatStateNAT_STATE_FIN_REPLY   IsthmusNatState = 4
+	IsthmusNatStateNAT_STATE_RST         IsthmusNatState = 5
+	IsthmusNatStateNAT_STATE_RST_ORIG    IsthmusNatState = 6
+	IsthmusNatStateNAT_STATE_RST_REPLY   IsthmusNatState = 7
 )
 
 type IsthmusNatValue struct {
@@ -295,8 +312,10 @@ const (
 	IsthmusMapHealthProbers          = "health_probers"
 	IsthmusMapHealthReach            = "health_reach"
 	IsthmusMapMasqExempt             = "masq_exempt"
+	IsthmusMapMasqNat                = "masq_nat"
 	IsthmusMapMetrics                = "metrics"
 	IsthmusMapNat                    = "nat"
+	IsthmusMapNatSources             = "nat_sources"
 	IsthmusMapNexthopGroups          = "nexthop_groups"
 	IsthmusMapPeerSources            = "peer_sources"
 	IsthmusMapPeers                  = "peers"
@@ -314,6 +333,7 @@ const (
 	IsthmusProgUnderlayEgress        = "underlay_egress"
 	IsthmusProgUnderlayIngress       = "underlay_ingress"
 	IsthmusProgUnderlayXdp           = "underlay_xdp"
+	IsthmusVarNatSourceFlowsMax      = "nat_source_flows_max"
 )
 
 // LoadIsthmus returns the embedded CollectionSpec for Isthmus.
@@ -375,8 +395,10 @@ type IsthmusMapSpecs struct {
 	HealthProbers  *ebpf.MapSpec `ebpf:"health_probers"`
 	HealthReach    *ebpf.MapSpec `ebpf:"health_reach"`
 	MasqExempt     *ebpf.MapSpec `ebpf:"masq_exempt"`
+	MasqNat        *ebpf.MapSpec `ebpf:"masq_nat"`
 	Metrics        *ebpf.MapSpec `ebpf:"metrics"`
 	Nat            *ebpf.MapSpec `ebpf:"nat"`
+	NatSources     *ebpf.MapSpec `ebpf:"nat_sources"`
 	NexthopGroups  *ebpf.MapSpec `ebpf:"nexthop_groups"`
 	PeerSources    *ebpf.MapSpec `ebpf:"peer_sources"`
 	Peers          *ebpf.MapSpec `ebpf:"peers"`
@@ -394,6 +416,7 @@ type IsthmusMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type IsthmusVariableSpecs struct {
+	NatSourceFlowsMax *ebpf.VariableSpec `ebpf:"nat_source_flows_max"`
 }
 
 // IsthmusObjects contains all objects after they have been loaded into the kernel.
@@ -421,8 +444,10 @@ type IsthmusMaps struct {
 	HealthProbers  *ebpf.Map `ebpf:"health_probers"`
 	HealthReach    *ebpf.Map `ebpf:"health_reach"`
 	MasqExempt     *ebpf.Map `ebpf:"masq_exempt"`
+	MasqNat        *ebpf.Map `ebpf:"masq_nat"`
 	Metrics        *ebpf.Map `ebpf:"metrics"`
 	Nat            *ebpf.Map `ebpf:"nat"`
+	NatSources     *ebpf.Map `ebpf:"nat_sources"`
 	NexthopGroups  *ebpf.Map `ebpf:"nexthop_groups"`
 	PeerSources    *ebpf.Map `ebpf:"peer_sources"`
 	Peers          *ebpf.Map `ebpf:"peers"`
@@ -443,8 +468,10 @@ func (m *IsthmusMaps) Close() error {
 		m.HealthProbers,
 		m.HealthReach,
 		m.MasqExempt,
+		m.MasqNat,
 		m.Metrics,
 		m.Nat,
+		m.NatSources,
 		m.NexthopGroups,
 		m.PeerSources,
 		m.Peers,
@@ -463,6 +490,7 @@ func (m *IsthmusMaps) Close() error {
 //
 // It can be passed to LoadIsthmusObjects or ebpf.CollectionSpec.LoadAndAssign.
 type IsthmusVariables struct {
+	NatSourceFlowsMax *ebpf.Variable `ebpf:"nat_source_flows_max"`
 }
 
 // IsthmusPrograms contains all programs after they have been loaded into the kernel.

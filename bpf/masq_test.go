@@ -77,7 +77,9 @@ func runOK(t *testing.T, l *lab, name string, prog *ebpf.Program, in, want []byt
 // TestMasqueradeTCPUDP: a pod's TCP and UDP flows to the world leave from the
 // underlay address with their own port, the replies come back to the pod, a second
 // pod on the same port and destination gets a port from the range, and the entries
-// are in the nat table return-path SNAT uses.
+// are in masq_nat, none in return-path SNAT's nat. A TCP segment to the underlay
+// address that no flow, socket or conntrack entry claims is dropped, not left to the
+// host's reset; a bare SYN and UDP are the host's.
 func TestMasqueradeTCPUDP(t *testing.T) {
 	const min, max = 40000, 40009
 	l := masqLab(t, min, max)
@@ -93,8 +95,11 @@ func TestMasqueradeTCPUDP(t *testing.T) {
 			leaving(l, ipv4Packet(underlayIP, worldIP, proto, ipOpts{ttl: 63}, seg(underlayIP, worldIP, 33000, 80, 0x02))))
 		wantCounts(t, delta(before, l.counts(t)), map[IsthmusMetricsKey]uint64{
 			metricKey(IsthmusMetricMETRIC_MASQ, underlayOut): 1, metricKey(IsthmusMetricMETRIC_SNAT_NEW, underlayOut): 1})
-		wantEntry(t, l, natKey(exemptIP, worldIP, 33000, 80, proto), underlayIP, 33000, natNew, 0)
-		wantEntry(t, l, natKey(worldIP, underlayIP, 80, 33000, proto), exemptIP, 33000, natNew, natReply)
+		wantTableEntry(t, l.objs.MasqNat, natKey(exemptIP, worldIP, 33000, 80, proto), underlayIP, 33000, natNew, 0)
+		wantTableEntry(t, l.objs.MasqNat, natKey(worldIP, underlayIP, 80, 33000, proto), exemptIP, 33000, natNew, natReply)
+		if _, ok := natEntry(t, l, natKey(exemptIP, worldIP, 33000, 80, proto)); ok {
+			t.Fatalf("masquerade wrote its entry into nat")
+		}
 
 		// Another pod, same port and destination: the next port of the range.
 		p2 := snatPort(exempt2IP, worldIP, 33000, 80, proto, min, max, 0)
@@ -109,13 +114,24 @@ func TestMasqueradeTCPUDP(t *testing.T) {
 			arriving(l, ipv4Packet(worldIP, exempt2IP, proto, ipOpts{ttl: 60}, seg(worldIP, exempt2IP, 80, 33000, 0x12))))
 		wantCounts(t, delta(before, l.counts(t)), map[IsthmusMetricsKey]uint64{
 			metricKey(IsthmusMetricMETRIC_MASQ_REVERSE, underlayTC): 2})
-		wantEntry(t, l, natKey(exemptIP, worldIP, 33000, 80, proto), underlayIP, 33000, natEstablished, 0)
+		wantTableEntry(t, l.objs.MasqNat, natKey(exemptIP, worldIP, 33000, 80, proto), underlayIP, 33000, natEstablished, 0)
 
-		// A packet to the underlay address of no flow is the host's: untouched.
-		other := arriving(l, ipv4Packet(worldIP, underlayIP, proto, ipOpts{ttl: 60}, seg(worldIP, underlayIP, 80, 33999, 0x12)))
+		// A packet to the underlay address of no flow that opens one (bare SYN) or
+		// is UDP is the host's: untouched.
+		other := arriving(l, ipv4Packet(worldIP, underlayIP, proto, ipOpts{ttl: 60}, seg(worldIP, underlayIP, 80, 33999, 0x02)))
 		before = l.counts(t)
 		masqIn(t, l, other, other)
 		wantCounts(t, delta(before, l.counts(t)), map[IsthmusMetricsKey]uint64{})
+		if proto == 6 {
+			// A SYN-ACK of no flow would get the host's reset: dropped instead.
+			other = arriving(l, ipv4Packet(worldIP, underlayIP, proto, ipOpts{ttl: 60}, seg(worldIP, underlayIP, 80, 33999, 0x12)))
+			before = l.counts(t)
+			if ret, _ := l.run(t, l.objs.UnderlayIngress, other, l.und.Attrs().Index); ret != tcActShot {
+				t.Fatalf("SYN-ACK of no flow: verdict %d, want TC_ACT_SHOT", ret)
+			}
+			wantCounts(t, delta(before, l.counts(t)), map[IsthmusMetricsKey]uint64{
+				dropKey(IsthmusDropReasonDROP_NAT_REPLY_UNKNOWN, underlayTC): 1})
+		}
 	}
 }
 
@@ -125,7 +141,7 @@ func TestMasqueradeICMP(t *testing.T) {
 	l := masqLab(t, 40000, 40009)
 	masqOut(t, l, leaving(l, ipv4Packet(exemptIP, worldIP, 1, ipOpts{ttl: 63}, icmpEcho(8, 0x1234, 1, []byte("ping")))),
 		leaving(l, ipv4Packet(underlayIP, worldIP, 1, ipOpts{ttl: 63}, icmpEcho(8, 0x1234, 1, []byte("ping")))))
-	wantEntry(t, l, natKey(worldIP, underlayIP, 0, 0x1234, 1), exemptIP, 0x1234, natNew, natReply)
+	wantTableEntry(t, l.objs.MasqNat, natKey(worldIP, underlayIP, 0, 0x1234, 1), exemptIP, 0x1234, natNew, natReply)
 	masqIn(t, l, arriving(l, ipv4Packet(worldIP, underlayIP, 1, ipOpts{ttl: 60}, icmpEcho(0, 0x1234, 1, []byte("ping")))),
 		arriving(l, ipv4Packet(worldIP, exemptIP, 1, ipOpts{ttl: 60}, icmpEcho(0, 0x1234, 1, []byte("ping")))))
 

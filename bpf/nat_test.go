@@ -233,13 +233,19 @@ func wantCounts(t *testing.T, d map[IsthmusMetricsKey]uint64, want map[IsthmusMe
 
 func natEntry(t *testing.T, l *lab, k IsthmusNatKey) (IsthmusNatValue, bool) {
 	t.Helper()
+	return tableEntry(t, l.objs.Nat, k)
+}
+
+// tableEntry looks k up in the nat table m (nat or masq_nat).
+func tableEntry(t *testing.T, m *ebpf.Map, k IsthmusNatKey) (IsthmusNatValue, bool) {
+	t.Helper()
 	var v IsthmusNatValue
-	err := l.objs.Nat.Lookup(k, &v)
+	err := m.Lookup(k, &v)
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
 		return v, false
 	}
 	if err != nil {
-		t.Fatalf("lookup nat %+v: %v", k, err)
+		t.Fatalf("lookup %s %+v: %v", m, k, err)
 	}
 	return v, true
 }
@@ -247,12 +253,18 @@ func natEntry(t *testing.T, l *lab, k IsthmusNatKey) (IsthmusNatValue, bool) {
 // wantEntry checks the nat entry k: address, port (host order), state and flags.
 func wantEntry(t *testing.T, l *lab, k IsthmusNatKey, addr netip.Addr, port uint16, state, flags uint8) IsthmusNatValue {
 	t.Helper()
-	v, ok := natEntry(t, l, k)
+	return wantTableEntry(t, l.objs.Nat, k, addr, port, state, flags)
+}
+
+// wantTableEntry is wantEntry in the nat table m (nat or masq_nat).
+func wantTableEntry(t *testing.T, m *ebpf.Map, k IsthmusNatKey, addr netip.Addr, port uint16, state, flags uint8) IsthmusNatValue {
+	t.Helper()
+	v, ok := tableEntry(t, m, k)
 	if !ok {
-		t.Fatalf("nat entry %+v missing", k)
+		t.Fatalf("%s entry %+v missing", m, k)
 	}
 	if v.Addr != be32(addr) || v.Port != nport(port) || v.State != state || v.Flags != flags {
-		t.Fatalf("nat entry %+v = %+v, want addr %s port %d state %d flags %d", k, v, addr, port, state, flags)
+		t.Fatalf("%s entry %+v = %+v, want addr %s port %d state %d flags %d", m, k, v, addr, port, state, flags)
 	}
 	return v
 }
@@ -317,8 +329,9 @@ func TestSNATTCP(t *testing.T) {
 	wantEntry(t, l, fk, tunnelIP, 33000, uint8(IsthmusNatStateNAT_STATE_FIN_ORIG), 0)
 	wantEntry(t, l, rk, podIP, 33000, uint8(IsthmusNatStateNAT_STATE_FIN_ORIG), natReply)
 
-	// A packet to the tunnel address that matches no translation goes to the host unchanged.
-	other := ipv4Packet(remotePodIP, tunnelIP, 6, ipOpts{ttl: 64}, tcp(remotePodIP, tunnelIP, 80, 33001, 0x12))
+	// A packet to the tunnel address that matches no translation and opens a
+	// connection (bare SYN) goes to the host unchanged: it is the host's to refuse.
+	other := ipv4Packet(remotePodIP, tunnelIP, 6, ipOpts{ttl: 64}, tcp(remotePodIP, tunnelIP, 80, 33001, 0x02))
 	before = l.counts(t)
 	ret, out := l.run(t, l.objs.UnderlayIngress, fromRemote(l, other), l.und.Attrs().Index)
 	if want := ethFrame(l.istMAC, gwMAC, 0x0800, other); ret != tcActRedirect || !bytes.Equal(out, want) {
@@ -579,18 +592,28 @@ func TestSNATExpired(t *testing.T) {
 	}
 }
 
-// TestSNATTableFull: the nat table is an LRU; with room for 8 flows, 64 new flows are
-// all translated (old ones evicted), none dropped, and the newest reverse.
+// TestSNATTableFull: the nat table is a hash, not an LRU; with room for 8 flows, the
+// 8 first are translated and every later new flow is dropped (DROP_SNAT_INSERT)
+// without evicting one: the first flow's reply still comes back.
 func TestSNATTableFull(t *testing.T) {
 	l := natLab(t, 40000, 40009, func(s *ebpf.CollectionSpec) { s.Maps["nat"].MaxEntries = 16 })
 	for i := uint16(0); i < 64; i++ {
 		sp := 20000 + i
 		before := l.counts(t)
 		in := fromPod(l, podMAC, podIP, remotePodIP, 17, udpDatagram(sp, 53, []byte("x")))
-		sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, 17, ipOpts{ttl: 63}, udpDatagram(sp, 53, []byte("x"))))
+		if i < 8 {
+			sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, 17, ipOpts{ttl: 63}, udpDatagram(sp, 53, []byte("x"))))
+			wantCounts(t, delta(before, l.counts(t)), map[IsthmusMetricsKey]uint64{
+				metricKey(IsthmusMetricMETRIC_SNAT, overlayEgress): 1, metricKey(IsthmusMetricMETRIC_SNAT_NEW, overlayEgress): 1,
+				metricKey(IsthmusMetricMETRIC_ENCAP, overlayEgress): 1})
+			continue
+		}
+		ret, _, _, hook := l.podSend(t, in)
+		if ret != tcActShot {
+			t.Fatalf("flow %d in a full table: verdict %d, want TC_ACT_SHOT", i, ret)
+		}
 		wantCounts(t, delta(before, l.counts(t)), map[IsthmusMetricsKey]uint64{
-			metricKey(IsthmusMetricMETRIC_SNAT, overlayEgress): 1, metricKey(IsthmusMetricMETRIC_SNAT_NEW, overlayEgress): 1,
-			metricKey(IsthmusMetricMETRIC_ENCAP, overlayEgress): 1})
+			dropKey(IsthmusDropReasonDROP_SNAT_INSERT, hook): 1})
 	}
 	n := 0
 	var k IsthmusNatKey
@@ -598,12 +621,9 @@ func TestSNATTableFull(t *testing.T) {
 	for it := l.objs.Nat.Iterate(); it.Next(&k, &v); {
 		n++
 	}
-	if n > 16 {
-		t.Errorf("nat holds %d entries, max 16", n)
+	if n != 16 {
+		t.Errorf("nat holds %d entries, want 16", n)
 	}
-	if _, ok := natEntry(t, l, natKey(podIP, remotePodIP, 20000, 53, 17)); ok {
-		t.Errorf("the oldest flow was not evicted")
-	}
-	sendIn(t, l, fromRemote(l, ipv4Packet(remotePodIP, tunnelIP, 17, ipOpts{ttl: 64}, udpDatagram(53, 20063, []byte("y")))),
-		toStack(l, ipv4Packet(remotePodIP, podIP, 17, ipOpts{ttl: 64}, udpDatagram(53, 20063, []byte("y")))))
+	sendIn(t, l, fromRemote(l, ipv4Packet(remotePodIP, tunnelIP, 17, ipOpts{ttl: 64}, udpDatagram(53, 20000, []byte("y")))),
+		toStack(l, ipv4Packet(remotePodIP, podIP, 17, ipOpts{ttl: 64}, udpDatagram(53, 20000, []byte("y")))))
 }

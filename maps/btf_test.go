@@ -84,6 +84,8 @@ func TestTypesMatchBTF(t *testing.T) {
 		{MapPodAddrs, PodAddrKey{}, PodAddrValue{}},
 		{MapRedirectLast, uint32(0), RedirectSlot{}},
 		{MapRedirectDrops, RedirectDropKey{}, MetricsValue{}},
+		{MapMasqNat, NatKey{}, NatValue{}},
+		{MapNatSources, NatSourceKey{}, NatSourceValue{}},
 	}
 	if len(cases) != len(AllMaps) {
 		t.Errorf("%d maps checked, AllMaps has %d: add the new one here", len(cases), len(AllMaps))

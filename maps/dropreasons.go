@@ -51,6 +51,8 @@ var dropReasons = []DropReason{
 	{-162, "DROP_POD_SRC_NOT_RESERVED", "pod_src_not_reserved", "A pod on an interface the CNI plugin made sent from an address the plugin did not reserve for it."},
 	{-163, "DROP_INNER_MARTIAN", "inner_martian", "Decapsulated inner source is a martian (0/8, 127/8, 224/4, 240/4) or this node's own underlay or tunnel address."},
 	{-164, "DROP_ICMP_GSO", "icmp_gso", "An ICMP error (frag needed, time exceeded) for a transiting GSO frame the kernel would not shrink: sent, it would be segmented as TCP."},
+	{-165, "DROP_NAT_SOURCE_LIMIT", "nat_source_limit", "A new translated flow of a pod source that already holds its whole share of the nat (or masq_nat) table (--snat-flows-per-source)."},
+	{-166, "DROP_NAT_REPLY_UNKNOWN", "nat_reply_unknown", "A TCP segment to the tunnel (or masquerade) address that no translation, local socket or conntrack entry claims: dropped, not reset by the host."},
 }
 
 // DropReasons returns every drop reason, in code order from -130 down.

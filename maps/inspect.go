@@ -22,6 +22,16 @@ const (
 	NatStateClosing     uint8 = 2
 	NatStateFinOrig     uint8 = 3
 	NatStateFinReply    uint8 = 4
+	NatStateRST         uint8 = 5
+	NatStateRSTOrig     uint8 = 6
+	NatStateRSTReply    uint8 = 7
+)
+
+// The NAT_TABLE_* values of enum nat_table in bpf/lib/types.h: the table a
+// nat_sources entry counts flows in.
+const (
+	NatTableSNAT uint32 = 0
+	NatTableMasq uint32 = 1
 )
 
 // The idle timeouts of bpf/lib/conntrack.h (NAT_*_TIMEOUT defaults): an entry
@@ -49,7 +59,7 @@ func NatTimeout(proto, state uint8) time.Duration {
 		switch state {
 		case NatStateEstablished, NatStateFinOrig, NatStateFinReply:
 			return NatTCPEstTimeout
-		case NatStateClosing:
+		case NatStateClosing, NatStateRST, NatStateRSTOrig, NatStateRSTReply:
 			return NatTCPClosingTimeout
 		}
 		return NatTCPSynTimeout
@@ -72,8 +82,8 @@ func ProtoName(p uint8) string {
 	return fmt.Sprint(p)
 }
 
-// NatStateName returns "new", "established", "closing", "fin_orig", "fin_reply" or
-// the number.
+// NatStateName returns "new", "established", "closing", "fin_orig", "fin_reply",
+// "rst", "rst_orig", "rst_reply" or the number.
 func NatStateName(s uint8) string {
 	switch s {
 	case NatStateNew:
@@ -86,6 +96,12 @@ func NatStateName(s uint8) string {
 		return "fin_orig"
 	case NatStateFinReply:
 		return "fin_reply"
+	case NatStateRST:
+		return "rst"
+	case NatStateRSTOrig:
+		return "rst_orig"
+	case NatStateRSTReply:
+		return "rst_reply"
 	}
 	return fmt.Sprintf("state_%d", s)
 }

@@ -17,12 +17,12 @@ import (
 // header changes a map's key, value, type, size or flags, or a map is added to or
 // removed from AllMaps. A restarted agent whose version differs from the pinned
 // layout record migrates the maps (loader/datapath).
-const LayoutVersion uint32 = 3
+const LayoutVersion uint32 = 4
 
 // LayoutSpecHash is SpecHash of the object built for LayoutVersion.
 // TestLayoutVersionCurrent fails when the object's map specs no longer hash to it:
 // the layout changed and LayoutVersion was not bumped.
-const LayoutSpecHash = "b2454e6763a844a1c70c9a628e8372b328496bbe9f3a0a548b6ee82eadd30f0e"
+const LayoutSpecHash = "7df72025fefa94d795913dc4e1be31798cd49bd33394629d6c46a4e079630560"
 
 // MapLayout is the name of the pinned layout record: a one-entry array whose value
 // is a LayoutRecord. It is created from Go, never by the BPF object.

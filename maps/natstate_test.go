@@ -24,7 +24,8 @@ func TestNatStatesMatchBTF(t *testing.T) {
 	want := map[string]uint8{
 		"NAT_STATE_NEW": NatStateNew, "NAT_STATE_ESTABLISHED": NatStateEstablished,
 		"NAT_STATE_CLOSING": NatStateClosing, "NAT_STATE_FIN_ORIG": NatStateFinOrig,
-		"NAT_STATE_FIN_REPLY": NatStateFinReply,
+		"NAT_STATE_FIN_REPLY": NatStateFinReply, "NAT_STATE_RST": NatStateRST,
+		"NAT_STATE_RST_ORIG": NatStateRSTOrig, "NAT_STATE_RST_REPLY": NatStateRSTReply,
 	}
 	if len(enum.Values) != len(want) {
 		t.Errorf("BTF has %d nat states, Go %d", len(enum.Values), len(want))
@@ -42,6 +43,11 @@ func TestNatStatesMatchBTF(t *testing.T) {
 	for _, s := range []uint8{NatStateFinOrig, NatStateFinReply} {
 		if got := NatTimeout(ProtoTCP, s); got != NatTCPEstTimeout {
 			t.Errorf("TCP %s times out after %v, want the established %v", NatStateName(s), got, NatTCPEstTimeout)
+		}
+	}
+	for _, s := range []uint8{NatStateRST, NatStateRSTOrig, NatStateRSTReply} {
+		if got := NatTimeout(ProtoTCP, s); got != NatTCPClosingTimeout {
+			t.Errorf("TCP %s times out after %v, want the closing %v", NatStateName(s), got, NatTCPClosingTimeout)
 		}
 	}
 }

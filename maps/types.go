@@ -39,6 +39,8 @@ type (
 	PodAddrValue      = bpf.IsthmusPodAddrValue
 	NatKey            = bpf.IsthmusNatKey
 	NatValue          = bpf.IsthmusNatValue
+	NatSourceKey      = bpf.IsthmusNatSourceKey
+	NatSourceValue    = bpf.IsthmusNatSourceValue
 )
 
 // Name is the name of a pinned map, as in the C source and under the pin directory.
@@ -93,14 +95,21 @@ const (
 	MapPodAddrs Name = "pod_addrs"
 	// MapNat is the return-path SNAT connection table. The datapath owns its
 	// entries: it is pinned but never part of a State, and its size is set at load
-	// time (loader/datapath).
+	// time (loader/datapath). A hash, not an LRU: the agent removes expired entries
+	// (CollectNat).
 	MapNat Name = "nat"
+	// MapMasqNat is egress masquerade's connection table, as MapNat.
+	MapMasqNat Name = "masq_nat"
+	// MapNatSources counts the flows of each pod source in MapNat and MapMasqNat
+	// (the share --snat-flows-per-source bounds). Datapath-owned, recounted by
+	// CollectNat.
+	MapNatSources Name = "nat_sources"
 )
 
 // AllMaps lists every map the datapath pins, in a stable order.
 var AllMaps = []Name{MapRoutes, MapPeers, MapPeerSources, MapConfig, MapPodIfaces, MapMetrics,
 	MapNexthopGroups, MapFabricPrefixes, MapSNATExempt, MapNat, MapHealthReach, MapHealthProbers,
-	MapMasqExempt, MapPodAddrs, MapRedirectLast, MapRedirectDrops}
+	MapMasqExempt, MapPodAddrs, MapRedirectLast, MapRedirectDrops, MapMasqNat, MapNatSources}
 
 // AddrToBE32 returns the __be32 form of an IPv4 address: a uint32 whose in-memory
 // bytes are the address in network order. An invalid or IPv6 address gives 0.

@@ -41,6 +41,12 @@ struct ct_tuple {
 	__u8 tcp_flags;		/* TCP header byte 13; 0 for other protocols */
 };
 
+/* Returns 1 if TCP state state is one of the states after an RST. */
+static __always_inline int ct_after_rst(__u8 state)
+{
+	return state == NAT_STATE_RST || state == NAT_STATE_RST_ORIG || state == NAT_STATE_RST_REPLY;
+}
+
 /* Returns the idle timeout (ns) of an entry of protocol proto in state state. */
 static __always_inline __u64 ct_timeout(__u8 proto, __u8 state)
 {
@@ -50,7 +56,7 @@ static __always_inline __u64 ct_timeout(__u8 proto, __u8 state)
 		if (state == NAT_STATE_ESTABLISHED || state == NAT_STATE_FIN_ORIG ||
 		    state == NAT_STATE_FIN_REPLY)
 			return NAT_TCP_EST_TIMEOUT;
-		if (state == NAT_STATE_CLOSING)
+		if (state == NAT_STATE_CLOSING || ct_after_rst(state))
 			return NAT_TCP_CLOSING_TIMEOUT;
 		return NAT_TCP_SYN_TIMEOUT;
 	}
@@ -67,16 +73,21 @@ static __always_inline int ct_live(const struct nat_value *v, __u8 proto, __u64 
 }
 
 /* Returns the state of a flow of protocol proto in state state after a packet with
- * TCP flags flags, in the reply direction or not: RST, or a FIN after the other
- * side's, closes; a first FIN half-closes (the other side may go on sending, RFC 9293
- * 3.6); a bare SYN from the pod (a new connection on the tuple) starts over; the
- * first reply establishes. UDP and ICMP only record that a reply came. */
+ * TCP flags flags, in the reply direction or not: an RST starts the states after an
+ * RST (NAT_STATE_RST, the closing timeout); a FIN after the other side's closes; a
+ * first FIN half-closes (the other side may go on sending, RFC 9293 3.6); a bare SYN
+ * from the pod (a new connection on the tuple) starts over; the first reply
+ * establishes. After an RST, a packet that is not an RST shows its side still has the
+ * connection (a side whose socket the RST closed answers with RSTs, which start over):
+ * once both sides have sent one, the flow is ESTABLISHED again, so an RST its receiver
+ * did not accept (outside the window, RFC 5961) does not expire a live flow's
+ * translation after the closing timeout. UDP and ICMP only record that a reply came. */
 static __always_inline __u8 ct_next_state(__u8 proto, __u8 state, __u8 flags, int reply)
 {
 	if (proto != IPPROTO_TCP)
 		return reply ? NAT_STATE_ESTABLISHED : state;
 	if (flags & TCP_FLAG_RST)
-		return NAT_STATE_CLOSING;
+		return NAT_STATE_RST;
 	if (flags & TCP_FLAG_FIN) {
 		if (state == NAT_STATE_CLOSING ||
 		    state == (reply ? NAT_STATE_FIN_ORIG : NAT_STATE_FIN_REPLY))
@@ -87,6 +98,11 @@ static __always_inline __u8 ct_next_state(__u8 proto, __u8 state, __u8 flags, in
 		return NAT_STATE_NEW;
 	if (reply && state == NAT_STATE_NEW)
 		return NAT_STATE_ESTABLISHED;
+	if (ct_after_rst(state)) {
+		if (state == (reply ? NAT_STATE_RST_ORIG : NAT_STATE_RST_REPLY))
+			return NAT_STATE_ESTABLISHED;
+		return reply ? NAT_STATE_RST_REPLY : NAT_STATE_RST_ORIG;
+	}
 	return state;
 }
 

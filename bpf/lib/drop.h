@@ -39,4 +39,6 @@ enum drop_reason {
 	DROP_POD_SRC_NOT_RESERVED = -162, /* source is no address the CNI reserved for the pod's interface */
 	DROP_INNER_MARTIAN	= -163,	/* inner source 0/8, 127/8, 224/4, 240/4 or this node's own */
 	DROP_ICMP_GSO		= -164,	/* ICMP error for a GSO frame the kernel would not shrink */
+	DROP_NAT_SOURCE_LIMIT	= -165,	/* the pod source holds its whole share of the nat table */
+	DROP_NAT_REPLY_UNKNOWN	= -166,	/* TCP to a translated address: no translation, socket or conntrack entry */
 };

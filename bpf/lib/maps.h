@@ -50,9 +50,14 @@
 #ifndef REDIRECT_DROPS_MAX
 #define REDIRECT_DROPS_MAX	1024
 #endif
-/* Default size of the nat table; the agent sets it at load time (--snat-table-size). */
+/* Default size of the nat and masq_nat tables; the agent sets it at load time
+ * (--snat-table-size). */
 #ifndef NAT_MAX
 #define NAT_MAX			65536
+#endif
+/* Pod sources whose flows nat_sources counts at once (LRU beyond that). */
+#ifndef NAT_SOURCES_MAX
+#define NAT_SOURCES_MAX		16384
 #endif
 
 /* Inner destination prefix -> peer underlay address. */
@@ -159,15 +164,35 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } masq_exempt SEC(".maps");
 
-/* Both directions of every translated flow (return-path SNAT and egress
- * masquerade), LRU-bounded. */
+/* Both directions of every flow return-path SNAT translated. Not an LRU: a new flow
+ * never evicts a live one; each pod source's share is bounded (nat_sources), and
+ * expired entries are removed on reuse and by the agent (docs/architecture.md,
+ * "The NAT tables"). */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, struct nat_key);
 	__type(value, struct nat_value);
 	__uint(max_entries, NAT_MAX);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } nat SEC(".maps");
+
+/* Both directions of every flow egress masquerade translated, as nat. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct nat_key);
+	__type(value, struct nat_value);
+	__uint(max_entries, NAT_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} masq_nat SEC(".maps");
+
+/* Flows per (pod source, table) in nat and masq_nat. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct nat_source_key);
+	__type(value, struct nat_source_value);
+	__uint(max_entries, NAT_SOURCES_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} nat_sources SEC(".maps");
 
 /* Prefixes whose packets emit trace events while CFG_F_TRACE is set. */
 struct {

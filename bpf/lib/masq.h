@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Egress masquerade: a managed pod's packet leaving by the underlay device for a
- * destination outside masq_exempt gets the node's underlay address, in the nat table
- * that return-path SNAT uses; replies arriving on the underlay are translated back. */
+ * destination outside masq_exempt gets the node's underlay address, by the
+ * translation steps of return-path SNAT (lib/nat.h) on a table of its own, masq_nat;
+ * replies arriving on the underlay are translated back. */
 #pragma once
 
 #include "common.h"
@@ -51,15 +52,18 @@ static __always_inline int masq_egress(struct __sk_buff *skb, __u8 hook)
 		return TC_ACT_OK;
 	if (!masq_wanted(cfg, iph))
 		return TC_ACT_OK;
-	ret = nat_translate_source(skb, cfg, iph, cfg->underlay_ip, METRIC_MASQ, hook);
+	ret = nat_translate_source(skb, cfg, &masq_nat, NAT_TABLE_MASQ, iph, cfg->underlay_ip,
+				   METRIC_MASQ, hook);
 	return ret < 0 ? ret : TC_ACT_OK;
 }
 
 /* TC ingress on the underlay device, for a packet that is not GENEVE: a reply to the
  * underlay address of a masqueraded flow (or an ICMP error about one) gets the pod's
  * address and port back, then the stack forwards it to the pod, where conntrack finds
- * the flow it saw leave. Returns 1 if rewritten, 0 if untouched, or a negative
- * DROP_*. Counts METRIC_MASQ_REVERSE. */
+ * the flow it saw leave. A TCP segment to the underlay address that no translation,
+ * socket or conntrack entry claims is dropped rather than reset by the host
+ * (nat_reply_missed). Returns 1 if rewritten, 0 if untouched, or a negative DROP_*.
+ * Counts METRIC_MASQ_REVERSE. */
 static __always_inline int masq_reverse(struct __sk_buff *skb, const struct datapath_config *cfg,
 					__u8 hook)
 {
@@ -67,5 +71,5 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct data
 		return 0;
 	if (pull_ipv4_headers(skb, 0))
 		return 0;
-	return nat_reverse(skb, cfg, cfg->underlay_ip, METRIC_MASQ_REVERSE, hook);
+	return nat_reverse(skb, cfg, &masq_nat, cfg->underlay_ip, METRIC_MASQ_REVERSE, hook);
 }

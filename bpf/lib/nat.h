@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Return-path SNAT: a pod source the peers cannot route back is translated to the
  * tunnel address on its way into the tunnel (pod_ingress), and replies, and ICMP
- * errors about translated flows, are translated back after decapsulation. */
+ * errors about translated flows, are translated back after decapsulation. The
+ * translation steps here serve egress masquerade (lib/masq.h) too, on its own table:
+ * every helper takes the table (nat or masq_nat) and its NAT_TABLE_* number. */
 #pragma once
 
 #include <linux/icmp.h>
@@ -13,6 +15,7 @@
 #include "csum.h"
 #include "hash.h"
 #include "conntrack.h"
+#include "ct.h"
 
 /* Ports of the SNAT range tried for a new flow whose own port is taken. */
 #ifndef SNAT_PORT_TRIES
@@ -23,6 +26,14 @@
 #ifndef SNAT_HASH_SEED
 #define SNAT_HASH_SEED		0x5a7c0de1
 #endif
+
+/* Flows one pod source may hold in one table (nat or masq_nat) at once; the agent sets
+ * it at load time (--snat-flows-per-source). A new flow beyond it is dropped with
+ * DROP_NAT_SOURCE_LIMIT, so one pod cannot fill a table the others share. */
+#ifndef NAT_SOURCE_FLOWS_MAX
+#define NAT_SOURCE_FLOWS_MAX	4096
+#endif
+volatile const __u32 nat_source_flows_max = NAT_SOURCE_FLOWS_MAX;
 
 /* The vendored linux/icmp.h is trimmed to what the datapath used before. */
 #ifndef ICMP_PARAMETERPROB
@@ -126,47 +137,107 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb, const struct nat_l
 	return 0;
 }
 
-/* Port states for allocation. */
-#define SNAT_PORT_TAKEN		0
-#define SNAT_PORT_FREE		1	/* no live entry, no local socket */
-#define SNAT_PORT_OURS		2	/* a live reply entry already leads back to this flow */
-
-/* Returns SNAT_PORT_* for the reply key rk of flow k (pod's tuple) at now. A live
- * entry for rk belongs to another flow unless it leads back to k (the orphaned half
- * of k's own translation); an expired one is deleted. A local TCP or UDP socket that
- * the reply would match (a listener or a connected socket on the tunnel address)
- * takes the port too. */
-static __always_inline int snat_port_state(struct __sk_buff *skb, const struct nat_key *rk,
-					   const struct nat_key *k, __u64 now)
+/* Returns 1 if the node itself holds the TCP or UDP tuple rk (remote -> a translated
+ * address and port): a local socket the packet would reach (a listener, a connected
+ * socket, or for TCP a request or TIME_WAIT socket: bpf_skc_lookup_tcp), or a kernel
+ * conntrack entry with rk as its original or reply tuple, such as the binding
+ * kube-proxy's NodePort masquerade made on the node's address. 0 for other
+ * protocols. */
+static __always_inline int nat_node_holds(struct __sk_buff *skb, const struct nat_key *rk)
 {
+	struct bpf_ct_opts opts = { .netns_id = BPF_F_CURRENT_NETNS, .l4proto = rk->proto };
 	struct bpf_sock_tuple st = {};
-	struct nat_value *v;
+	struct nf_conn *ct;
 	struct bpf_sock *sk;
 
-	v = bpf_map_lookup_elem(&nat, rk);
+	if (rk->proto != IPPROTO_TCP && rk->proto != IPPROTO_UDP)
+		return 0;
+	st.ipv4.saddr = rk->saddr;
+	st.ipv4.daddr = rk->daddr;
+	st.ipv4.sport = rk->sport;
+	st.ipv4.dport = rk->dport;
+	if (rk->proto == IPPROTO_TCP)
+		sk = bpf_skc_lookup_tcp(skb, &st, sizeof(st.ipv4), BPF_F_CURRENT_NETNS, 0);
+	else
+		sk = bpf_sk_lookup_udp(skb, &st, sizeof(st.ipv4), BPF_F_CURRENT_NETNS, 0);
+	if (sk) {
+		bpf_sk_release(sk);
+		return 1;
+	}
+	ct = bpf_skb_ct_lookup(skb, &st, sizeof(st.ipv4), &opts, sizeof(opts));
+	if (ct) {
+		bpf_ct_release(ct);
+		return 1;
+	}
+	return 0;
+}
+
+/* Port states for allocation. */
+#define SNAT_PORT_TAKEN		0
+#define SNAT_PORT_FREE		1	/* no live entry, no local socket or conntrack entry */
+#define SNAT_PORT_OURS		2	/* a live reply entry already leads back to this flow */
+
+/* Returns SNAT_PORT_* for the reply key rk of flow k (pod's tuple) in table tbl at now.
+ * A live entry for rk belongs to another flow unless it leads back to k (the orphaned
+ * half of k's own translation); an expired one is deleted. A tuple the node holds
+ * (nat_node_holds: a local socket, or a netfilter NAT binding of the same tuple) takes
+ * the port too. */
+static __always_inline int snat_port_state(struct __sk_buff *skb, void *tbl,
+					   const struct nat_key *rk, const struct nat_key *k,
+					   __u64 now)
+{
+	struct nat_value *v;
+
+	v = bpf_map_lookup_elem(tbl, rk);
 	if (v) {
 		if (ct_live(v, rk->proto, now)) {
 			if ((v->flags & NAT_F_REPLY) && v->addr == k->saddr && v->port == k->sport)
 				return SNAT_PORT_OURS;
 			return SNAT_PORT_TAKEN;
 		}
-		bpf_map_delete_elem(&nat, rk);
+		bpf_map_delete_elem(tbl, rk);
 	}
-	if (rk->proto == IPPROTO_ICMP)
-		return SNAT_PORT_FREE;
-	st.ipv4.saddr = rk->saddr;
-	st.ipv4.daddr = rk->daddr;
-	st.ipv4.sport = rk->sport;
-	st.ipv4.dport = rk->dport;
-	if (rk->proto == IPPROTO_TCP)
-		sk = bpf_sk_lookup_tcp(skb, &st, sizeof(st.ipv4), BPF_F_CURRENT_NETNS, 0);
-	else
-		sk = bpf_sk_lookup_udp(skb, &st, sizeof(st.ipv4), BPF_F_CURRENT_NETNS, 0);
-	if (sk) {
-		bpf_sk_release(sk);
-		return SNAT_PORT_TAKEN;
+	return nat_node_holds(skb, rk) ? SNAT_PORT_TAKEN : SNAT_PORT_FREE;
+}
+
+/* Counts a new flow of pod source addr in table (NAT_TABLE_*) against
+ * nat_source_flows_max. Returns 0, DROP_NAT_SOURCE_LIMIT if the source holds its whole
+ * share, or DROP_SNAT_INSERT if nat_sources refused the source. */
+static __always_inline int nat_source_take(__be32 addr, __u32 table)
+{
+	struct nat_source_key k = { .addr = addr, .table = table };
+	struct nat_source_value zero = {}, *v;
+
+	v = bpf_map_lookup_elem(&nat_sources, &k);
+	if (!v) {
+		bpf_map_update_elem(&nat_sources, &k, &zero, BPF_NOEXIST);
+		v = bpf_map_lookup_elem(&nat_sources, &k);
+		if (!v)
+			return DROP_SNAT_INSERT;
 	}
-	return SNAT_PORT_FREE;
+	/* CPUs racing past the test together overshoot by at most one flow each. */
+	if (v->flows >= nat_source_flows_max)
+		return DROP_NAT_SOURCE_LIMIT;
+	__sync_fetch_and_add(&v->flows, 1);
+	return 0;
+}
+
+/* Uncounts a flow of pod source addr in table (its original entry is gone). */
+static __always_inline void nat_source_put(__be32 addr, __u32 table)
+{
+	struct nat_source_key k = { .addr = addr, .table = table };
+	struct nat_source_value *v = bpf_map_lookup_elem(&nat_sources, &k);
+
+	if (v && v->flows > 0)
+		__sync_fetch_and_add(&v->flows, -1);
+}
+
+/* Deletes the original entry k (a pod's tuple) of table tbl and uncounts its flow if
+ * this call removed it. */
+static __always_inline void nat_delete_flow(void *tbl, __u32 table, const struct nat_key *k)
+{
+	if (bpf_map_delete_elem(tbl, k) == 0)
+		nat_source_put(k->saddr, table);
 }
 
 /* Returns the hash (SNAT_HASH_SEED) of flow k that picks where in the port range its
@@ -179,17 +250,19 @@ static __always_inline __u32 snat_hash(const struct nat_key *k)
 	return jhash_3words(k->saddr, k->daddr, ports + k->proto, SNAT_HASH_SEED);
 }
 
-/* Creates the translation of the new flow t to address to: port want if its reply
- * tuple is free,
+/* Creates the translation of the new flow t to address to in table tbl (number
+ * table): port want if its reply tuple is free,
  * else up to SNAT_PORT_TRIES ports of [snat_port_min, snat_port_max] from the flow's
- * hash on. Inserts the reply entry, then the original one, both BPF_NOEXIST. A failed
+ * hash on. The flow counts against its source's share first (nat_source_take).
+ * Inserts the reply entry, then the original one, both BPF_NOEXIST. A failed
  * second insert means another CPU translated the same flow in between: if its entry
  * leads to the same port it relies on our reply entry, and so does this packet; else
  * the reply entry is removed. Returns 0 with *port set (network order), or
- * DROP_SNAT_NO_PORT / DROP_SNAT_INSERT. Counts METRIC_SNAT_NEW. */
+ * DROP_NAT_SOURCE_LIMIT / DROP_SNAT_NO_PORT / DROP_SNAT_INSERT (a full table). Counts
+ * METRIC_SNAT_NEW. */
 static __always_inline int snat_new(struct __sk_buff *skb, const struct datapath_config *cfg,
-				    const struct ct_tuple *t, __be32 to, __be16 want, __u64 now,
-				    __be16 *port, __u8 hook)
+				    void *tbl, __u32 table, const struct ct_tuple *t, __be32 to,
+				    __be16 want, __u64 now, __be16 *port, __u8 hook)
 {
 	__u32 min = cfg->snat_port_min, max = cfg->snat_port_max;
 	struct nat_value fv = {}, rv = {};
@@ -197,8 +270,11 @@ static __always_inline int snat_new(struct __sk_buff *skb, const struct datapath
 	__u32 span = 0, h, i;
 	int st;
 
+	st = nat_source_take(t->key.saddr, table);
+	if (st < 0)
+		return st;
 	nat_reply_key(&rk, &t->key, to, want);
-	st = snat_port_state(skb, &rk, &t->key, now);
+	st = snat_port_state(skb, tbl, &rk, &t->key, now);
 	if (st == SNAT_PORT_TAKEN) {
 		if (min && max >= min)
 			span = max - min + 1;
@@ -207,12 +283,14 @@ static __always_inline int snat_new(struct __sk_buff *skb, const struct datapath
 			if (i >= span)
 				break;
 			rk.dport = bpf_htons((__u16)(min + (h + i) % span));
-			st = snat_port_state(skb, &rk, &t->key, now);
+			st = snat_port_state(skb, tbl, &rk, &t->key, now);
 			if (st != SNAT_PORT_TAKEN)
 				break;
 		}
-		if (st == SNAT_PORT_TAKEN)
+		if (st == SNAT_PORT_TAKEN) {
+			nat_source_put(t->key.saddr, table);
 			return DROP_SNAT_NO_PORT;
+		}
 	}
 
 	rv.addr = t->key.saddr;
@@ -226,18 +304,22 @@ static __always_inline int snat_new(struct __sk_buff *skb, const struct datapath
 	fv.last_seen = now;
 	/* The reply entry claims the port; a concurrent first packet of another flow that
 	 * claimed it in between makes this insert fail. */
-	if (st == SNAT_PORT_FREE && bpf_map_update_elem(&nat, &rk, &rv, BPF_NOEXIST))
+	if (st == SNAT_PORT_FREE && bpf_map_update_elem(tbl, &rk, &rv, BPF_NOEXIST)) {
+		nat_source_put(t->key.saddr, table);
 		return DROP_SNAT_INSERT;
-	if (bpf_map_update_elem(&nat, &t->key, &fv, BPF_NOEXIST)) {
-		const struct nat_value *won = bpf_map_lookup_elem(&nat, &t->key);
+	}
+	if (bpf_map_update_elem(tbl, &t->key, &fv, BPF_NOEXIST)) {
+		const struct nat_value *won = bpf_map_lookup_elem(tbl, &t->key);
 
+		/* The other CPU's insert counted the flow. */
+		nat_source_put(t->key.saddr, table);
 		if (won && !(won->flags & NAT_F_REPLY) && won->addr == fv.addr &&
 		    won->port == fv.port) {
 			*port = fv.port;
 			return 0;
 		}
 		if (st == SNAT_PORT_FREE)
-			bpf_map_delete_elem(&nat, &rk);
+			bpf_map_delete_elem(tbl, &rk);
 		return DROP_SNAT_INSERT;
 	}
 	metrics_count(METRIC_SNAT_NEW, hook, skb->len);
@@ -245,24 +327,25 @@ static __always_inline int snat_new(struct __sk_buff *skb, const struct datapath
 	return 0;
 }
 
-/* Finds the live translation of flow t to address to (both halves present and
- * pointing at each other) and records the packet on it, or creates one: on the flow's own port for an
- * expired flow, on its old port for one that lost its reply half (LRU eviction).
+/* Finds the live translation of flow t to address to in table tbl (both halves
+ * present and pointing at each other) and records the packet on it, or creates one:
+ * on the flow's own port for an expired flow, on its old port for one that lost its
+ * reply half (the agent's collection, or an entry deleted by hand).
  * Returns 0 with *port set (network order), or a negative DROP_*. */
 static __always_inline int snat_flow(struct __sk_buff *skb, const struct datapath_config *cfg,
-				     const struct ct_tuple *t, __be32 to, __u64 now, __be16 *port,
-				     __u8 hook)
+				     void *tbl, __u32 table, const struct ct_tuple *t, __be32 to,
+				     __u64 now, __be16 *port, __u8 hook)
 {
 	struct nat_value *fwd, *rev;
 	__be16 want = t->key.sport;
 	struct nat_key rk;
 
-	fwd = bpf_map_lookup_elem(&nat, &t->key);
+	fwd = bpf_map_lookup_elem(tbl, &t->key);
 	if (fwd) {
 		if (fwd->addr == to && !(fwd->flags & NAT_F_REPLY) &&
 		    ct_live(fwd, t->key.proto, now)) {
 			nat_reply_key(&rk, &t->key, fwd->addr, fwd->port);
-			rev = bpf_map_lookup_elem(&nat, &rk);
+			rev = bpf_map_lookup_elem(tbl, &rk);
 			if (rev && (rev->flags & NAT_F_REPLY) && rev->addr == t->key.saddr &&
 			    rev->port == t->key.sport) {
 				ct_refresh(fwd, rev, ct_next_state(t->key.proto, fwd->state,
@@ -272,24 +355,23 @@ static __always_inline int snat_flow(struct __sk_buff *skb, const struct datapat
 			}
 			want = fwd->port;
 		}
-		bpf_map_delete_elem(&nat, &t->key);
+		nat_delete_flow(tbl, table, &t->key);
 	}
-	return snat_new(skb, cfg, t, to, want, now, port, hook);
+	return snat_new(skb, cfg, tbl, table, t, to, want, now, port, hook);
 }
 
 /* Translates the source of iph (linear, at ETH_HLEN) to address to, by the flow's
- * entry in nat or a new one (snat_flow): TCP and UDP by source port, ICMP echo
- * request by identifier. The one translation step of return-path SNAT and of egress
- * masquerade (lib/masq.h), which share the nat table: their reply keys differ in
- * the translated address. Returns 1 (rewritten: packet pointers are invalid) or a
+ * entry in table tbl (number table) or a new one (snat_flow): TCP and UDP by source
+ * port, ICMP echo request by identifier. The one translation step of return-path SNAT
+ * (nat) and of egress masquerade (masq_nat, lib/masq.h). Returns 1 (rewritten: packet pointers are invalid) or a
  * negative DROP_*: DROP_SNAT_UNSUPPORTED for fragments (a non-first fragment carries
  * no ports, so nothing tells its flow; translating only the first would not deliver
  * the datagram either; there is no fragment tracking), other protocols and other
  * ICMP. Counts metric per translated packet. */
 static __always_inline int nat_translate_source(struct __sk_buff *skb,
 						const struct datapath_config *cfg,
-						struct iphdr *iph, __be32 to, __u16 metric,
-						__u8 hook)
+						void *tbl, __u32 table, struct iphdr *iph,
+						__be32 to, __u16 metric, __u8 hook)
 {
 	struct ct_tuple t;
 	struct nat_l4 l = {};
@@ -303,7 +385,7 @@ static __always_inline int nat_translate_source(struct __sk_buff *skb,
 		return ret;
 	if (ret > 0)
 		return DROP_SNAT_UNSUPPORTED;
-	ret = snat_flow(skb, cfg, &t, to, bpf_ktime_get_ns(), &port, hook);
+	ret = snat_flow(skb, cfg, tbl, table, &t, to, bpf_ktime_get_ns(), &port, hook);
 	if (ret < 0)
 		return ret;
 	ret = nat_rewrite(skb, &l, IPV4_SADDR_OFF, t.key.saddr, to, t.key.sport, port);
@@ -344,7 +426,8 @@ static __always_inline int snat_egress(struct __sk_buff *skb, const struct datap
 		return 0;
 	if (tunnel_refuses(skb, cfg, iph, forward))
 		return 0;
-	return nat_translate_source(skb, cfg, iph, cfg->tunnel_ip, METRIC_SNAT, hook);
+	return nat_translate_source(skb, cfg, &nat, NAT_TABLE_SNAT, iph, cfg->tunnel_ip,
+				    METRIC_SNAT, hook);
 }
 
 /* Translates back an ICMP error (its header at icmp_off) to addr (the tunnel
@@ -356,8 +439,8 @@ static __always_inline int snat_egress(struct __sk_buff *skb, const struct datap
  * hold; the quoted echo's ICMP checksum), the ICMP checksum and the outer IPv4 one.
  * All by incremental update, so the sum over the packet is unchanged. Returns 1 if
  * rewritten, 0 if the error quotes no live translation, or DROP_SNAT_REWRITE. */
-static __always_inline int snat_reverse_icmp_error(struct __sk_buff *skb, __be32 addr,
-						   __u32 icmp_off, __u64 now)
+static __always_inline int snat_reverse_icmp_error(struct __sk_buff *skb, void *tbl,
+						   __be32 addr, __u32 icmp_off, __u64 now)
 {
 	__u32 qoff = icmp_off + sizeof(struct icmphdr), ql4, poff, coff = 0;
 	__sum16 icheck, qcheck, l4check, nl4check;
@@ -400,7 +483,7 @@ static __always_inline int snat_reverse_icmp_error(struct __sk_buff *skb, __be32
 	default:
 		return 0;
 	}
-	rev = bpf_map_lookup_elem(&nat, &rk);
+	rev = bpf_map_lookup_elem(tbl, &rk);
 	if (!rev || !(rev->flags & NAT_F_REPLY) || !ct_live(rev, rk.proto, now))
 		return 0;
 	from = q.saddr;
@@ -442,15 +525,30 @@ static __always_inline int snat_reverse_icmp_error(struct __sk_buff *skb, __be32
 	return 1;
 }
 
+/* Returns DROP_NAT_REPLY_UNKNOWN for a TCP segment t (to a translated address) that
+ * has no live translation, when the host would answer it with a reset although the
+ * flow may be live (its translation expired or was removed while the remote side
+ * still talks): neither an RST nor a bare SYN (a new connection, the host's to refuse),
+ * and the node holds no socket or conntrack entry for it (nat_node_holds: then the
+ * stack's conntrack and sockets judge it). 0 if the stack may have it. */
+static __always_inline int nat_reply_missed(struct __sk_buff *skb, const struct ct_tuple *t)
+{
+	if (t->key.proto != IPPROTO_TCP || (t->tcp_flags & TCP_FLAG_RST) ||
+	    (t->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN)
+		return 0;
+	return nat_node_holds(skb, &t->key) ? 0 : DROP_NAT_REPLY_UNKNOWN;
+}
+
 /* Reverse translation of a frame [eth][IPv4] at the start of skb addressed to addr
- * (the tunnel address after decapsulation; the underlay address for masquerade): a
- * reply whose reply tuple has a live nat entry gets the pod's address and port
- * (identifier) back, both entries record it; an ICMP error quoting a translated flow
- * is translated as snat_reverse_icmp_error says. Returns 1 if rewritten (packet
+ * (the tunnel address after decapsulation; the underlay address for masquerade), by
+ * table tbl: a reply whose reply tuple has a live entry gets the pod's address and
+ * port (identifier) back, both entries record it; an ICMP error quoting a translated
+ * flow is translated as snat_reverse_icmp_error says. Returns 1 if rewritten (packet
  * pointers are then invalid), 0 if untouched (no address, another destination, a
- * fragment, no live entry), or DROP_SNAT_REWRITE. Counts metric. */
+ * fragment, no live entry), DROP_NAT_REPLY_UNKNOWN for a TCP segment nat_reply_missed
+ * refuses, or DROP_SNAT_REWRITE. Counts metric. */
 static __always_inline int nat_reverse(struct __sk_buff *skb, const struct datapath_config *cfg,
-				       __be32 addr, __u16 metric, __u8 hook)
+				       void *tbl, __be32 addr, __u16 metric, __u8 hook)
 {
 	struct cursor c = { .pos = (void *)(long)skb->data, .end = (void *)(long)skb->data_end };
 	struct nat_value *rev, *fwd;
@@ -480,7 +578,7 @@ static __always_inline int nat_reverse(struct __sk_buff *skb, const struct datap
 		if (type != ICMP_DEST_UNREACH && type != ICMP_TIME_EXCEEDED &&
 		    type != ICMP_PARAMETERPROB)
 			return 0;
-		ret = snat_reverse_icmp_error(skb, addr, l4off, now);
+		ret = snat_reverse_icmp_error(skb, tbl, addr, l4off, now);
 		if (ret > 0) {
 			metrics_count(metric, hook, skb->len);
 			trace_tc(skb, cfg, metric, hook, 0, 0);
@@ -490,9 +588,9 @@ static __always_inline int nat_reverse(struct __sk_buff *skb, const struct datap
 	if (ret)
 		return 0;
 
-	rev = bpf_map_lookup_elem(&nat, &t.key);
+	rev = bpf_map_lookup_elem(tbl, &t.key);
 	if (!rev || !(rev->flags & NAT_F_REPLY) || !ct_live(rev, t.key.proto, now))
-		return 0;
+		return nat_reply_missed(skb, &t);
 	/* The original direction's key: pod -> remote. */
 	__builtin_memset(&fk, 0, sizeof(fk));
 	fk.saddr = rev->addr;
@@ -500,7 +598,7 @@ static __always_inline int nat_reverse(struct __sk_buff *skb, const struct datap
 	fk.sport = rev->port;
 	fk.dport = t.key.sport;
 	fk.proto = t.key.proto;
-	fwd = bpf_map_lookup_elem(&nat, &fk);
+	fwd = bpf_map_lookup_elem(tbl, &fk);
 	ct_refresh(rev, fwd, ct_next_state(t.key.proto, rev->state, t.tcp_flags, 1), now);
 	ret = nat_rewrite(skb, &l, IPV4_DADDR_OFF, t.key.daddr, rev->addr, t.key.dport,
 			  rev->port);
@@ -512,10 +610,11 @@ static __always_inline int nat_reverse(struct __sk_buff *skb, const struct datap
 }
 
 /* Reverse SNAT of a decapsulated frame [eth][IPv4] at the start of skb, before
- * delivery: nat_reverse to the tunnel address, so the FIB lookup that follows finds
- * the pod; untouched frames go to the host as before. Counts METRIC_SNAT_REVERSE. */
+ * delivery: nat_reverse to the tunnel address by nat, so the FIB lookup that follows
+ * finds the pod; untouched frames go to the host as before. Counts
+ * METRIC_SNAT_REVERSE. */
 static __always_inline int snat_reverse(struct __sk_buff *skb, const struct datapath_config *cfg,
 					__u8 hook)
 {
-	return nat_reverse(skb, cfg, cfg->tunnel_ip, METRIC_SNAT_REVERSE, hook);
+	return nat_reverse(skb, cfg, &nat, cfg->tunnel_ip, METRIC_SNAT_REVERSE, hook);
 }

@@ -69,7 +69,8 @@ struct masq_exempt_value {
 	__u32 flags;		/* none defined yet */
 };
 
-/* nat (LRU hash): both directions of every translated flow. The original direction is
+/* nat and masq_nat (hashes, no LRU): both directions of every translated flow, return-path
+ * SNAT's in nat and egress masquerade's in masq_nat. The original direction is
  * keyed by the pod's tuple and maps to the translated source; the reply direction is
  * keyed by the reply's tuple (remote -> tunnel address, translated port) and maps back
  * to the pod. For ICMP echo the identifier is the port: sport = id, dport = 0 in the
@@ -99,6 +100,30 @@ enum nat_state {
 	NAT_STATE_CLOSING	= 2,	/* TCP: FIN both ways, or RST */
 	NAT_STATE_FIN_ORIG	= 3,	/* TCP: the pod sent FIN, the remote side may still send */
 	NAT_STATE_FIN_REPLY	= 4,	/* TCP: the remote side sent FIN, the pod may still send */
+	NAT_STATE_RST		= 5,	/* TCP: an RST seen; a flow whose both sides send again
+					 * (not an RST) is ESTABLISHED again */
+	NAT_STATE_RST_ORIG	= 6,	/* TCP: after an RST the pod sent again, the remote not yet */
+	NAT_STATE_RST_REPLY	= 7,	/* TCP: after an RST the remote sent again, the pod not yet */
+};
+
+/* Which table a nat_sources entry counts flows in. */
+enum nat_table {
+	NAT_TABLE_SNAT		= 0,	/* nat: return-path SNAT */
+	NAT_TABLE_MASQ		= 1,	/* masq_nat: egress masquerade */
+};
+
+/* nat_sources (LRU hash): the flows one pod source holds in one table, the share
+ * nat_source_flows_max bounds. The datapath counts a flow when it inserts its original
+ * entry and uncounts it when it deletes that entry; the agent's collection of expired
+ * entries recounts every source (maps.CollectNat), so a lost count heals. */
+struct nat_source_key {
+	__be32 addr;		/* the pod's address: the original source of its flows */
+	__u32 table;		/* NAT_TABLE_* */
+};
+
+struct nat_source_value {
+	__u32 flows;		/* original-direction entries of addr in table */
+	__u32 pad;
 };
 
 /* peers (hash): underlay IPv4 of a peer -> what we know about it. Decapsulation drops

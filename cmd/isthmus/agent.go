@@ -120,6 +120,9 @@ func newAgentCmd() *cobra.Command {
 			if cfg.NatEntries < 64 {
 				return fmt.Errorf("parse --snat-table-size %d: want at least 64", cfg.NatEntries)
 			}
+			if cfg.NatSourceFlows == 0 {
+				cfg.NatSourceFlows = datapath.DefaultNatSourceFlows(cfg.NatEntries)
+			}
 			if cfg.HealthPort < 1 || cfg.HealthPort > 65535 {
 				return fmt.Errorf("parse --health-port %d: want 1..65535", cfg.HealthPort)
 			}
@@ -189,7 +192,9 @@ func newAgentCmd() *cobra.Command {
 	f.StringVar(&snat, "snat-ports", fmt.Sprintf("%d-%d", agent.DefaultSNATPortMin, agent.DefaultSNATPortMax),
 		"MIN-MAX: ports return-path SNAT picks when a flow's own port is taken (keep it clear of net.ipv4.ip_local_port_range)")
 	f.Uint32Var(&cfg.NatEntries, "snat-table-size", datapath.DefaultNatEntries,
-		"entries of the SNAT connection table (two per flow); changing it needs isthmus uninstall")
+		"entries of the SNAT connection table and of the masquerade one (two per flow); a new size migrates them")
+	f.Uint32Var(&cfg.NatSourceFlows, "snat-flows-per-source", 0,
+		"flows one pod source may hold in each of those tables; beyond it new flows are dropped (nat_source_limit) (0: an eighth of a table's flows)")
 	f.IntVar(&cfg.HealthPort, "health-port", health.DefaultPort, "UDP port of the health-check responder on the tunnel address")
 	f.DurationVar(&cfg.HealthInterval, "health-interval", health.DefaultInterval, "interval between health probes to each next-hop group member")
 	f.IntVar(&cfg.HealthMultiplier, "health-multiplier", health.DefaultMultiplier, "unanswered probes in a row that mark a member down")

@@ -64,9 +64,12 @@ type Config struct {
 	VNI uint32
 	// ReadyFile, if set, is written after the first full sync.
 	ReadyFile string
-	// NatEntries is the size of the SNAT connection table (0: the default,
-	// datapath.DefaultNatEntries).
+	// NatEntries is the size of the SNAT connection table and of the
+	// masquerade one (0: the default, datapath.DefaultNatEntries).
 	NatEntries uint32
+	// NatSourceFlows is how many flows one pod source may hold in each of them
+	// (0: datapath.DefaultNatSourceFlows(NatEntries)).
+	NatSourceFlows uint32
 	// SNATPortMin and SNATPortMax bound the ports return-path SNAT picks when a
 	// flow's own port is taken (0, 0: DefaultSNATPortMin..DefaultSNATPortMax).
 	SNATPortMin, SNATPortMax uint16
@@ -270,7 +273,7 @@ func start(ctx context.Context, cfg Config, wait bool) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	if a.dp, err = datapath.Load(cfg.PinDir, datapath.Options{NatEntries: cfg.NatEntries, Tables: tables, Log: a.log}); err != nil {
+	if a.dp, err = datapath.Load(cfg.PinDir, datapath.Options{NatEntries: cfg.NatEntries, NatSourceFlows: cfg.NatSourceFlows, Tables: tables, Log: a.log}); err != nil {
 		return nil, err
 	}
 	// Drops after a redirect are counted only with the tracer; the datapath runs
@@ -508,6 +511,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer resync.Stop()
 	beat := time.NewTicker(heartbeat)
 	defer beat.Stop()
+	collect := time.NewTicker(natCollectInterval)
+	defer collect.Stop()
 	for {
 		if a.resize != nil {
 			return a.resize
@@ -547,6 +552,37 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-resync.C:
 			a.scanPodsLogged()
 			a.syncLogged("resync", true)
+		case <-collect.C:
+			a.collectNat()
+		}
+	}
+}
+
+// natCollectInterval is how often the agent removes expired entries from the nat
+// tables: well under their shortest timeout (10 s for a closed TCP flow), so a pod's
+// share frees within seconds of its flows' expiry.
+const natCollectInterval = 5 * time.Second
+
+// collectNat removes the expired entries of nat and masq_nat and recounts each pod
+// source's flows (maps.CollectNat); a failure is logged and retried next time.
+func (a *Agent) collectNat() {
+	now, err := maps.MonotonicNow()
+	if err != nil {
+		a.log.Error("collect nat tables", "err", err)
+		return
+	}
+	sources := a.dp.Maps.Map(maps.MapNatSources)
+	for _, t := range []struct {
+		name  maps.Name
+		table uint32
+	}{{maps.MapNat, maps.NatTableSNAT}, {maps.MapMasqNat, maps.NatTableMasq}} {
+		res, err := maps.CollectNat(a.dp.Maps.Map(t.name), sources, t.table, now)
+		if err != nil {
+			a.log.Error("collect nat table", "map", t.name, "err", err)
+			continue
+		}
+		if res.Deleted > 0 {
+			a.log.Debug("nat table collected", "map", t.name, "expired", res.Deleted, "sources", len(res.Live))
 		}
 	}
 }
@@ -689,7 +725,7 @@ func (a *Agent) growMaps(desired maps.State, why error) error {
 	}
 	a.log.Warn("the fleet outgrew the maps: growing them in place", "why", why,
 		"routes", tables.Routes, "peers", tables.Peers, "peer_sources", tables.PeerSources)
-	dp, err := datapath.Load(a.cfg.PinDir, datapath.Options{NatEntries: a.cfg.NatEntries, Tables: tables, Log: a.log})
+	dp, err := datapath.Load(a.cfg.PinDir, datapath.Options{NatEntries: a.cfg.NatEntries, NatSourceFlows: a.cfg.NatSourceFlows, Tables: tables, Log: a.log})
 	if err != nil {
 		return err
 	}

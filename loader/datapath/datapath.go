@@ -72,8 +72,16 @@ func CheckBPFFS(dir string) error {
 	}
 }
 
-// DefaultNatEntries is the default size of the nat map (--snat-table-size).
+// DefaultNatEntries is the default size of the nat and masq_nat maps
+// (--snat-table-size).
 const DefaultNatEntries = 65536
+
+// DefaultNatSourceFlows returns the default share of one pod source in a nat table
+// of entries entries (--snat-flows-per-source): an eighth of the flows it holds
+// (each flow takes two entries), at least one.
+func DefaultNatSourceFlows(entries uint32) uint32 {
+	return max(entries/16, 1)
+}
 
 // Tables are the sizes of the maps whose entries grow with the fleet: a
 // mesh of 20,000 nodes needs 20,000 routes, peers and allowed sources on each
@@ -111,9 +119,13 @@ func TablesFor(s maps.State) (Tables, error) {
 
 // Options are the load-time settings of the collection.
 type Options struct {
-	// NatEntries is the size of the nat map (both directions of every translated
-	// flow take one entry each); 0 means DefaultNatEntries.
+	// NatEntries is the size of the nat and masq_nat maps (both directions of
+	// every translated flow take one entry each); 0 means DefaultNatEntries.
 	NatEntries uint32
+	// NatSourceFlows is how many flows one pod source may hold in each of them
+	// (nat_source_flows_max in bpf/lib/nat.h); 0 means
+	// DefaultNatSourceFlows(NatEntries).
+	NatSourceFlows uint32
 	// Tables sizes the maps that grow with the fleet (TablesFor); zero
 	// fields keep the object's sizes.
 	Tables Tables
@@ -163,11 +175,26 @@ func Load(pinDir string, opts Options) (*Datapath, error) {
 	if opts.NatEntries == 0 {
 		opts.NatEntries = DefaultNatEntries
 	}
-	nat, ok := spec.Maps[string(maps.MapNat)]
-	if !ok {
-		return nil, fmt.Errorf("load bpf spec: no map %s", maps.MapNat)
+	for _, n := range []maps.Name{maps.MapNat, maps.MapMasqNat} {
+		ms, ok := spec.Maps[string(n)]
+		if !ok {
+			return nil, fmt.Errorf("load bpf spec: no map %s", n)
+		}
+		ms.MaxEntries = opts.NatEntries
 	}
-	nat.MaxEntries = opts.NatEntries
+	if opts.NatSourceFlows == 0 {
+		opts.NatSourceFlows = DefaultNatSourceFlows(opts.NatEntries)
+	}
+	share, ok := spec.Variables["nat_source_flows_max"]
+	if !ok {
+		return nil, fmt.Errorf("load bpf spec: no variable nat_source_flows_max")
+	}
+	if err := share.Set(opts.NatSourceFlows); err != nil {
+		return nil, fmt.Errorf("set nat_source_flows_max: %w", err)
+	}
+	// A pin dir from before masq_nat: its nat holds masquerade's entries too, which
+	// the migration of nat moves there (natSplit).
+	split := newNatSplit(pinDir)
 	for n, size := range opts.Tables.sizes() {
 		if ms := spec.Maps[string(n)]; ms != nil && size > 0 {
 			ms.MaxEntries = size
@@ -212,7 +239,7 @@ func Load(pinDir string, opts Options) (*Datapath, error) {
 	repl := map[string]*ebpf.Map{}
 	for _, m := range migs {
 		ms := spec.Maps[string(m.name)]
-		if err := m.prepare(pinDir, ms, old, log); err != nil {
+		if err := m.prepare(pinDir, ms, old, split, log); err != nil {
 			removeTemp(pinDir, migs)
 			return nil, err
 		}
@@ -231,6 +258,9 @@ func Load(pinDir string, opts Options) (*Datapath, error) {
 		removeTemp(pinDir, migs)
 		return nil, err
 	}
+	if err := split.moveMasq(coll, migs, log); err != nil {
+		return fail(err)
+	}
 	if opts.Fill != nil {
 		set, err := maps.FromCollection(coll)
 		if err != nil {
@@ -247,7 +277,7 @@ func Load(pinDir string, opts Options) (*Datapath, error) {
 		return fail(err)
 	}
 	for _, m := range migs {
-		late := m.topUp()
+		late := m.topUp(split, coll)
 		path := filepath.Join(pinDir, string(m.name))
 		if err := os.Rename(path+tempSuffix, path); err != nil {
 			return fail(fmt.Errorf("swap pinned map %s: %w", path, err))

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -109,7 +110,7 @@ func (m *migration) close() {
 
 // prepare creates the new map, copies what converts and pins it at its temporary
 // path.
-func (m *migration) prepare(pinDir string, ms *ebpf.MapSpec, from maps.LayoutRecord, log *slog.Logger) error {
+func (m *migration) prepare(pinDir string, ms *ebpf.MapSpec, from maps.LayoutRecord, split *natSplit, log *slog.Logger) error {
 	spec := ms.Copy()
 	spec.Pinning = ebpf.PinNone
 	nm, err := ebpf.NewMap(spec)
@@ -119,6 +120,8 @@ func (m *migration) prepare(pinDir string, ms *ebpf.MapSpec, from maps.LayoutRec
 	m.new = nm
 	var copied, dropped int
 	switch conv, ok := converters[m.name]; {
+	case m.name == maps.MapNat && split.active:
+		copied, dropped, err = split.copySNAT(m.old, nm)
 	case ok:
 		copied, dropped, err = conv(m.old, nm, from.Version)
 	case m.old.KeySize() == nm.KeySize() && m.old.ValueSize() == nm.ValueSize():
@@ -141,21 +144,160 @@ func (m *migration) prepare(pinDir string, ms *ebpf.MapSpec, from maps.LayoutRec
 }
 
 // topUp copies into the new map the entries the old programs created after the
-// first copy (nat only: a translation made during the swap); existing entries of
-// the new map win.
-func (m *migration) topUp() int {
+// first copy (nat only: a translation made during the swap; masquerade's go to
+// coll's masq_nat while split is active); existing entries of the new map win.
+func (m *migration) topUp(split *natSplit, coll *ebpf.Collection) int {
 	if m.name != maps.MapNat || m.old.KeySize() != m.new.KeySize() || m.old.ValueSize() != m.new.ValueSize() {
 		return 0
 	}
-	var key, val []byte
+	var (
+		k maps.NatKey
+		v maps.NatValue
+	)
 	n := 0
+	now, _ := maps.MonotonicNow()
 	it := m.old.Iterate()
-	for it.Next(&key, &val) {
-		if m.new.Update(key, val, ebpf.UpdateNoExist) == nil {
+	for it.Next(&k, &v) {
+		if natExpired(k, v, now) {
+			continue // collected already, or about to be
+		}
+		to := m.new
+		if split.active && split.isMasq(k, v) {
+			to = coll.Maps[string(maps.MapMasqNat)]
+		}
+		if to.Update(k, v, ebpf.UpdateNoExist) == nil {
 			n++
 		}
 	}
 	return n
+}
+
+// natExpired reports whether nat entry k, v is past its timeout at now (0: never).
+func natExpired(k maps.NatKey, v maps.NatValue, now uint64) bool {
+	return now != 0 && now-v.LastSeen > uint64(maps.NatTimeout(k.Proto, v.State))
+}
+
+// natSplit moves egress masquerade's entries out of a nat map pinned by a build from
+// before masq_nat (layout 3 and older), where both kinds shared nat: an entry is
+// masquerade's when it translates to the node's underlay address (read from the
+// pinned config), every other one stays in nat.
+type natSplit struct {
+	// active: masq_nat is not pinned yet and nat is.
+	active   bool
+	underlay uint32 // __be32; 0: no config, nothing is masquerade's
+}
+
+// newNatSplit inspects pinDir before a load.
+func newNatSplit(pinDir string) *natSplit {
+	s := &natSplit{}
+	if _, err := os.Stat(filepath.Join(pinDir, string(maps.MapMasqNat))); !errors.Is(err, os.ErrNotExist) {
+		return s
+	}
+	if _, err := os.Stat(filepath.Join(pinDir, string(maps.MapNat))); err != nil {
+		return s
+	}
+	s.active = true
+	cfg, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, string(maps.MapConfig)), nil)
+	if err != nil {
+		return s
+	}
+	defer cfg.Close()
+	// struct datapath_config starts with vni, then underlay_ip, in every layout.
+	val := make([]byte, cfg.ValueSize())
+	if len(val) >= 8 && cfg.Lookup(uint32(0), &val) == nil {
+		s.underlay = binary.NativeEndian.Uint32(val[4:8])
+	}
+	return s
+}
+
+// isMasq reports whether nat entry k, v translates to the underlay address.
+func (s *natSplit) isMasq(k maps.NatKey, v maps.NatValue) bool {
+	if s.underlay == 0 {
+		return false
+	}
+	if v.Flags&maps.NatFlagReply != 0 {
+		return k.Daddr == s.underlay
+	}
+	return v.Addr == s.underlay
+}
+
+// copySNAT is nat's converter while the split is active: every live entry but
+// masquerade's.
+func (s *natSplit) copySNAT(from, to *ebpf.Map) (copied, dropped int, err error) {
+	var (
+		k maps.NatKey
+		v maps.NatValue
+	)
+	now, _ := maps.MonotonicNow()
+	it := from.Iterate()
+	for it.Next(&k, &v) {
+		if s.isMasq(k, v) || natExpired(k, v, now) {
+			continue
+		}
+		switch err := to.Update(k, v, ebpf.UpdateAny); {
+		case err == nil:
+			copied++
+		case errors.Is(err, unix.E2BIG):
+			dropped++
+		default:
+			return copied, dropped, fmt.Errorf("copy nat entries: %w", err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return copied, dropped, fmt.Errorf("copy nat entries: %w", err)
+	}
+	return copied, dropped, nil
+}
+
+// moveMasq copies masquerade's live entries of the old nat (its migration in migs) into
+// coll's masq_nat, then counts every source's flows in nat_sources
+// (maps.CollectNat), before any link switches to the new programs.
+func (s *natSplit) moveMasq(coll *ebpf.Collection, migs []*migration, log *slog.Logger) error {
+	if !s.active {
+		return nil
+	}
+	var old *ebpf.Map
+	for _, m := range migs {
+		if m.name == maps.MapNat {
+			old = m.old
+		}
+	}
+	masq, nat, sources := coll.Maps[string(maps.MapMasqNat)], coll.Maps[string(maps.MapNat)], coll.Maps[string(maps.MapNatSources)]
+	if old == nil || masq == nil || nat == nil || sources == nil {
+		return nil
+	}
+	var (
+		k      maps.NatKey
+		v      maps.NatValue
+		copied int
+	)
+	now, err := maps.MonotonicNow()
+	if err != nil {
+		return err
+	}
+	it := old.Iterate()
+	for it.Next(&k, &v) {
+		if !s.isMasq(k, v) || natExpired(k, v, now) {
+			continue
+		}
+		if err := masq.Update(k, v, ebpf.UpdateAny); err != nil && !errors.Is(err, unix.E2BIG) {
+			return fmt.Errorf("move masquerade entries to %s: %w", maps.MapMasqNat, err)
+		}
+		copied++
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("move masquerade entries to %s: %w", maps.MapMasqNat, err)
+	}
+	for _, t := range []struct {
+		m     *ebpf.Map
+		table uint32
+	}{{nat, maps.NatTableSNAT}, {masq, maps.NatTableMasq}} {
+		if _, err := maps.CollectNat(t.m, sources, t.table, now); err != nil {
+			return err
+		}
+	}
+	log.Info("masquerade entries moved out of nat", "map", maps.MapMasqNat, "copied", copied)
+	return nil
 }
 
 // switchLinks updates every pinned link under pinDir to the program of its hook in

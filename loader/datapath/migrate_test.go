@@ -397,3 +397,114 @@ func TestLoadSizesTables(t *testing.T) {
 		t.Errorf("CheckCapacity of 8,193 peers in 16,384: %v", err)
 	}
 }
+
+// TestLoadSplitsNatOfLayout3: a pin dir of layout 3, where return-path SNAT and
+// masquerade shared one LRU nat map, is migrated with nothing lost: the
+// masquerade flow's entries (translated to the underlay address the pinned config
+// names) move to masq_nat, the SNAT flow's stay in nat (now a hash), nat_sources
+// counts one flow of each pod in its table, and an expired entry is collected.
+func TestLoadSplitsNatOfLayout3(t *testing.T) {
+	dir := migrationEnv(t)
+	spec, err := bpf.LoadIsthmus()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	be := func(s string) uint32 { return maps.AddrToBE32(netip.MustParseAddr(s)) }
+	now, err := maps.MonotonicNow()
+	if err != nil {
+		t.Fatal(err)
+	}
+	underlay, tunnel := be("192.168.1.1"), be("100.64.0.4")
+	snatPod, masqPod, remote, world := be("10.0.4.10"), be("10.1.0.5"), be("10.2.0.7"), be("1.1.1.1")
+	port := maps.HostToBE16
+	entries := []struct {
+		k    maps.NatKey
+		v    maps.NatValue
+		masq bool
+		live bool
+	}{
+		{maps.NatKey{Saddr: snatPod, Daddr: remote, Sport: port(33000), Dport: port(80), Proto: 6},
+			maps.NatValue{Addr: tunnel, Port: port(33000), State: maps.NatStateEstablished, LastSeen: now}, false, true},
+		{maps.NatKey{Saddr: remote, Daddr: tunnel, Sport: port(80), Dport: port(33000), Proto: 6},
+			maps.NatValue{Addr: snatPod, Port: port(33000), State: maps.NatStateEstablished, Flags: maps.NatFlagReply, LastSeen: now}, false, true},
+		{maps.NatKey{Saddr: masqPod, Daddr: world, Sport: port(34000), Dport: port(443), Proto: 6},
+			maps.NatValue{Addr: underlay, Port: port(34000), State: maps.NatStateEstablished, LastSeen: now}, true, true},
+		{maps.NatKey{Saddr: world, Daddr: underlay, Sport: port(443), Dport: port(34000), Proto: 6},
+			maps.NatValue{Addr: masqPod, Port: port(34000), State: maps.NatStateEstablished, Flags: maps.NatFlagReply, LastSeen: now}, true, true},
+		// A UDP flow idle for two minutes: expired.
+		{maps.NatKey{Saddr: masqPod, Daddr: world, Sport: port(5353), Dport: port(53), Proto: 17},
+			maps.NatValue{Addr: underlay, Port: port(5353), LastSeen: now - uint64(120e9)}, true, false},
+	}
+	for _, n := range maps.AllMaps {
+		if n == maps.MapMasqNat || n == maps.MapNatSources {
+			continue // not in layout 3
+		}
+		ms := spec.Maps[string(n)].Copy()
+		ms.Pinning = ebpf.PinNone
+		if n == maps.MapNat {
+			ms.Type = ebpf.LRUHash // layout 3's nat
+		}
+		m, err := ebpf.NewMap(ms)
+		if err != nil {
+			t.Fatalf("create old %s: %v", n, err)
+		}
+		switch n {
+		case maps.MapNat:
+			for _, e := range entries {
+				if err := m.Update(e.k, e.v, ebpf.UpdateAny); err != nil {
+					t.Fatal(err)
+				}
+			}
+		case maps.MapConfig:
+			if err := m.Update(uint32(0), maps.DatapathConfig{UnderlayIp: underlay, TunnelIp: tunnel}, ebpf.UpdateAny); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := m.Pin(filepath.Join(dir, string(n))); err != nil {
+			t.Fatal(err)
+		}
+		m.Close()
+	}
+	if err := writeLayout(dir, maps.LayoutRecord{Version: 3}); err != nil {
+		t.Fatal(err)
+	}
+	dp, err := Load(dir, Options{NatEntries: 1024})
+	if err != nil {
+		t.Fatalf("load over layout 3: %v", err)
+	}
+	defer dp.Close()
+	noTempPins(t, dir)
+	pinned, err := maps.OpenPinned(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pinned.Close()
+	if typ := pinned.Map(maps.MapNat).Type(); typ != ebpf.Hash {
+		t.Errorf("pinned nat is a %s after the migration, want a hash", typ)
+	}
+	for _, e := range entries {
+		for _, tbl := range []maps.Name{maps.MapNat, maps.MapMasqNat} {
+			var v maps.NatValue
+			err := pinned.Map(tbl).Lookup(e.k, &v)
+			want := e.live && e.masq == (tbl == maps.MapMasqNat)
+			if want && (err != nil || v != e.v) {
+				t.Errorf("%s entry %+v after the migration = %+v, %v; want %+v", tbl, e.k, v, err, e.v)
+			}
+			if !want && err == nil {
+				t.Errorf("%s holds %+v after the migration, want it %s", tbl, e.k, map[bool]string{true: "in the other table", false: "collected"}[e.live])
+			}
+		}
+	}
+	for _, c := range []struct {
+		addr  uint32
+		table uint32
+	}{{snatPod, maps.NatTableSNAT}, {masqPod, maps.NatTableMasq}} {
+		var v maps.NatSourceValue
+		if err := pinned.Map(maps.MapNatSources).Lookup(maps.NatSourceKey{Addr: c.addr, Table: c.table}, &v); err != nil || v.Flows != 1 {
+			t.Errorf("nat_sources of %s in table %d = %+v, %v; want 1 flow", maps.BE32ToAddr(c.addr), c.table, v, err)
+		}
+	}
+}

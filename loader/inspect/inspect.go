@@ -205,18 +205,24 @@ func (m *Maps) Peers() ([]Peer, error) {
 	return out, nil
 }
 
-// Nat returns the nat table as flows, aged against m.Now.
+// Nat returns the nat table (return-path SNAT) and then the masq_nat table
+// (egress masquerade, translated to the underlay address) as flows, aged against
+// m.Now.
 func (m *Maps) Nat() ([]NatFlow, error) {
-	entries, err := maps.ReadNat(m.set.Map(maps.MapNat))
-	if err != nil {
-		return nil, err
+	var flows []maps.NatFlow
+	for _, n := range []maps.Name{maps.MapNat, maps.MapMasqNat} {
+		entries, err := maps.ReadNat(m.set.Map(n))
+		if err != nil {
+			return nil, err
+		}
+		flows = append(flows, maps.PairNat(entries)...)
 	}
 	now, err := m.Now()
 	if err != nil {
 		return nil, err
 	}
 	var out []NatFlow
-	for _, f := range maps.PairNat(entries) {
+	for _, f := range flows {
 		nf := NatFlow{
 			Proto: maps.ProtoName(f.Proto), Pod: f.Pod, Dst: f.Dst, Translated: f.Translated,
 			IdleSeconds: f.Idle(now).Seconds(), Live: f.Live(now), Halves: "both",

@@ -13,7 +13,7 @@ import (
 
 // LevelMaps are the maps whose fill level isthmus_map_entries reports.
 var LevelMaps = []maps.Name{maps.MapRoutes, maps.MapPeers, maps.MapPeerSources, maps.MapNexthopGroups,
-	maps.MapFabricPrefixes, maps.MapSNATExempt, maps.MapNat, maps.MapPodIfaces, maps.MapMasqExempt, maps.MapPodAddrs,
+	maps.MapFabricPrefixes, maps.MapSNATExempt, maps.MapNat, maps.MapMasqNat, maps.MapNatSources, maps.MapPodIfaces, maps.MapMasqExempt, maps.MapPodAddrs,
 	maps.MapHealthReach, maps.MapHealthProbers, maps.MapTracePrefixes}
 
 // Pinned is a Source reading the maps pinned in Dir. It opens them at every
@@ -101,8 +101,10 @@ func countEntries(n maps.Name, m *ebpf.Map) (int, error) {
 		return count[maps.PodAddrKey, maps.PodAddrValue](n, m, nil)
 	case maps.MapMasqExempt:
 		return count[maps.RouteKey, maps.MasqExemptValue](n, m, nil)
-	case maps.MapNat:
+	case maps.MapNat, maps.MapMasqNat:
 		return count[maps.NatKey, maps.NatValue](n, m, nil)
+	case maps.MapNatSources:
+		return count[maps.NatSourceKey, maps.NatSourceValue](n, m, nil)
 	case maps.MapPodIfaces:
 		return count[uint32, maps.PodIfaceValue](n, m, nil)
 	case maps.MapHealthReach:

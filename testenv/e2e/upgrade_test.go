@@ -17,9 +17,15 @@ import (
 // pinnedNat returns the id and size of a node's pinned nat map.
 func pinnedNat(t *testing.T, l *testenv.Lab, node string) (ebpf.MapID, uint32) {
 	t.Helper()
-	m, err := ebpf.LoadPinnedMap(filepath.Join(l.PinDir(node), string(maps.MapNat)), nil)
+	return pinnedMap(t, l, node, maps.MapNat)
+}
+
+// pinnedMap returns the id and size of a node's pinned map n.
+func pinnedMap(t *testing.T, l *testenv.Lab, node string, n maps.Name) (ebpf.MapID, uint32) {
+	t.Helper()
+	m, err := ebpf.LoadPinnedMap(filepath.Join(l.PinDir(node), string(n)), nil)
 	if err != nil {
-		t.Fatalf("node %s: open pinned nat: %v", node, err)
+		t.Fatalf("node %s: open pinned %s: %v", node, n, err)
 	}
 	defer m.Close()
 	info, err := m.Info()
@@ -35,7 +41,8 @@ func pinnedNat(t *testing.T, l *testenv.Lab, node string) (ebpf.MapID, uint32) {
 // --snat-table-size: a new max_entries, the migration path a new build with a
 // changed map takes): steady UDP both ways between a1-p1 and b1-p1 loses nothing
 // across three upgrades, the pod links keep their ids and run new programs, the
-// pinned nat map is a new one of the new size, and no counter goes back.
+// pinned nat and masq_nat maps are new ones of the new size, nat_sources (whose
+// layout the size does not change) is kept, and no counter goes back.
 func TestUpgradeWithoutLoss(t *testing.T) {
 	l := upDefault(t)
 	upgraded := []string{"a1", "b1"}
@@ -46,9 +53,13 @@ func TestUpgradeWithoutLoss(t *testing.T) {
 	}
 	beforeLinks := map[string]map[string][2]uint32{}
 	beforeNat := map[string]ebpf.MapID{}
+	beforeMasq := map[string]ebpf.MapID{}
+	sources := map[string]ebpf.MapID{}
 	for _, n := range upgraded {
 		beforeLinks[n] = podLinks(t, l, n)
 		beforeNat[n], _ = pinnedNat(t, l, n)
+		beforeMasq[n], _ = pinnedMap(t, l, n, maps.MapMasqNat)
+		sources[n], _ = pinnedMap(t, l, n, maps.MapNatSources)
 	}
 
 	const interval = 2 * time.Millisecond
@@ -99,6 +110,14 @@ func TestUpgradeWithoutLoss(t *testing.T) {
 				t.Errorf("round %d: %s: nat map %d kept: no migration happened", round, n, id)
 			}
 			beforeNat[n] = id
+			if id, got := pinnedMap(t, l, n, maps.MapMasqNat); got != size || id == beforeMasq[n] {
+				t.Errorf("round %d: %s: pinned masq_nat %d has %d entries, want a new map (was %d) of %d", round, n, id, got, beforeMasq[n], size)
+			} else {
+				beforeMasq[n] = id
+			}
+			if id, _ := pinnedMap(t, l, n, maps.MapNatSources); id != sources[n] {
+				t.Errorf("round %d: %s: nat_sources replaced (%d, was %d): its layout did not change", round, n, id, sources[n])
+			}
 			after := nodeMetrics(t, l, n)
 			for k, c := range counters[n] {
 				if a := after[k]; a.Packets < c.Packets || a.Bytes < c.Bytes {
