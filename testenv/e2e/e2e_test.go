@@ -71,9 +71,10 @@ func labName() string {
 }
 
 // upLab brings sc up as a lab with a fresh name, the test's binary and opts, and
-// takes it down when the test ends, checking that nothing is left. Every
-// bring-up of the package goes through it, except upShared's, whose labs live
-// as long as the package's tests.
+// takes it down when the test ends, checking that nothing is left; when sc
+// names a decapsulation mode (tc or xdp) it first checks that the mode was in
+// effect (checkDecapMode). Every bring-up of the package goes through it,
+// except upShared's, whose labs live as long as the package's tests.
 func upLab(ctx context.Context, t *testing.T, sc *testenv.Scenario, opts testenv.Options) *testenv.Lab {
 	t.Helper()
 	requireSetup(t)
@@ -88,6 +89,10 @@ func upLab(ctx context.Context, t *testing.T, sc *testenv.Scenario, opts testenv
 		}
 		assertGone(t, opts.Name)
 	})
+	if sc.Decap == "tc" || sc.Decap == "xdp" {
+		// Cleanups run last first: this one while the lab is still up.
+		t.Cleanup(func() { checkDecapMode(t, l) })
+	}
 	return l
 }
 
@@ -95,11 +100,20 @@ func upLab(ctx context.Context, t *testing.T, sc *testenv.Scenario, opts testenv
 // test ends, checking that nothing is left.
 func upScenario(t *testing.T, scenario string) *testenv.Lab {
 	t.Helper()
+	return upScenarioDecap(t, scenario, "")
+}
+
+// upScenarioDecap is upScenario with every agent started with --decap decap
+// (the agent's default when empty); with tc or xdp, upLab checks the mode was in
+// effect when the test ends (checkDecapMode).
+func upScenarioDecap(t *testing.T, scenario, decap string) *testenv.Lab {
+	t.Helper()
 	requireSetup(t)
 	sc, err := testenv.LoadScenario(scenario)
 	if err != nil {
 		t.Fatal(err)
 	}
+	sc.Decap = decap
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	return upLab(ctx, t, sc, testenv.Options{})

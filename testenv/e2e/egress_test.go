@@ -49,8 +49,11 @@ func captureSourcesOn(t *testing.T, nsName, dev, filter string, count int, traff
 // and capture see the node's underlay address (socat's report of its peer, tshark);
 // a world address in site-a's nonMasqueradeCIDRs and a peered site's node see the
 // pod's own address; a1 counts the translations.
-func TestEgressMasquerade(t *testing.T) {
-	l := upScenario(t, "egress")
+func TestEgressMasquerade(t *testing.T) { eachDecap(t, testEgressMasquerade) }
+
+// testEgressMasquerade is TestEgressMasquerade with every agent started with --decap decap.
+func testEgressMasquerade(t *testing.T, decap string) {
+	l := upScenarioDecap(t, "egress", decap)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	const pod, node = "a1-p1", "a1"
