@@ -196,8 +196,11 @@ func checkRPFilter(t *testing.T, l *Lab) {
 	if out, err := l.Exec(ctx, l.RouterNS(), "ip", "addr", "add", spoofed+"/32", "dev", "lo"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	// No reply comes: a1 drops the request.
-	l.Exec(ctx, l.RouterNS(), "ping", "-c", "3", "-i", "0.2", "-W", "1", "-I", spoofed, a1.Address.String())
+	// No reply comes: a1 drops the request (ping exits 1 when none of its
+	// requests is answered).
+	if out, err := l.Exec(ctx, l.RouterNS(), "ping", "-c", "3", "-i", "0.2", "-W", "1", "-I", spoofed, a1.Address.String()); err == nil || !strings.Contains(out, " 0 received") {
+		t.Errorf("ping from the spoofed %s to a1: err %v, want no reply:\n%s", spoofed, err, out)
+	}
 	if out, err := l.Exec(ctx, l.RouterNS(), "ip", "addr", "del", spoofed+"/32", "dev", "lo"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}

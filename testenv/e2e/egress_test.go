@@ -145,7 +145,11 @@ func testEgressMasquerade(t *testing.T, decap string) {
 
 	t.Run("nonMasqueradeCIDRs", func(t *testing.T) {
 		srcs := captureSources(t, world, "icmp[icmptype] == icmp-echo", 1, func() {
-			testenv.Ping(l.PodNS(pod), testenv.WorldNoMasqAddr, 200*time.Millisecond) // no route back: no reply
+			// No route back: the echo request leaves with the pod's address
+			// and no reply comes.
+			if err := testenv.Ping(l.PodNS(pod), testenv.WorldNoMasqAddr, 200*time.Millisecond); err == nil {
+				t.Errorf("%s answered %s: it has no route back to the pod's own address, so the request was masqueraded", testenv.WorldNoMasqAddr, pod)
+			}
 		})
 		if len(srcs) != 1 || srcs[0] != podAddr.String() {
 			t.Errorf("%s (nonMasqueradeCIDRs) saw echo requests from %v, want the pod's %s", testenv.WorldNoMasqAddr, srcs, podAddr)
@@ -157,7 +161,9 @@ func testEgressMasquerade(t *testing.T, decap string) {
 	t.Run("peered site's node", func(t *testing.T) {
 		b1, _ := l.Node("b1")
 		srcs := captureSourcesOn(t, l.NodeNS("b1"), "isthmus0", "icmp[icmptype] == icmp-echo and dst host "+b1.Address.String(), 1, func() {
-			testenv.Ping(l.PodNS(pod), b1.Address, 200*time.Millisecond)
+			if err := testenv.Ping(l.PodNS(pod), b1.Address, 2*time.Second); err != nil {
+				t.Errorf("ping b1's node address from %s (captured): %v", pod, err)
+			}
 		})
 		if len(srcs) != 1 || srcs[0] != podAddr.String() {
 			t.Errorf("b1 saw echo requests from %v, want the pod's %s", srcs, podAddr)

@@ -394,8 +394,10 @@ func testGatewayExternal(t *testing.T, decap string) {
 		// Between the sites the tunnel's outer source, as the receiving
 		// gateway sees it, is the sender's public address.
 		wait := capture(t, l.RouterNS(), testenv.RouterPort("cl-gw"), 4*time.Second)
-		for range 5 {
-			testenv.Ping(l.PodNS("dc1-p1"), l.PodAddr("cl1-p1"), 500*time.Millisecond)
+		for i := range 5 {
+			if err := testenv.Ping(l.PodNS("dc1-p1"), l.PodAddr("cl1-p1"), 500*time.Millisecond); err != nil {
+				t.Errorf("ping %d of 5 dc1-p1 -> cl1-p1: %v", i+1, err)
+			}
 		}
 		frames := wait()
 		var fromDC int
