@@ -430,12 +430,16 @@ frame = (Ether(src=get_if_hwaddr("eth0"), dst=gw_mac)
          / IP(src=inner_src, dst=inner_dst, ttl=64)
          / ICMP(type=8, id=int(ident), seq=1)
          / Raw(b"isthmus scapy probe"))
-sendp(frame, iface="eth0", count=3, inter=0.2, verbose=False)
+sendp(frame, iface="eth0", count=int(sys.argv[8]), inter=0.2, verbose=False)
 `
 
-// TestScapyFrameDelivered: a GENEVE frame from a peer node, built by scapy
-// rather than by our datapath, is accepted and delivered: the local pod answers
-// and the reply goes back encapsulated.
+// injected is how many frames TestScapyFrameDelivered injects: each must be
+// seen on the wire and answered.
+const injected = 3
+
+// TestScapyFrameDelivered: GENEVE frames from a peer node, built by scapy
+// rather than by our datapath, are accepted and delivered: the local pod answers
+// every one of them and each reply goes back encapsulated.
 func TestScapyFrameDelivered(t *testing.T) {
 	l := upDefault(t)
 	a1, _ := l.Node("a1")
@@ -449,7 +453,7 @@ func TestScapyFrameDelivered(t *testing.T) {
 	defer cancel()
 	if out, err := l.Exec(ctx, l.NodeNS("b1"), "/usr/bin/python3", "-c", injectScript,
 		gwMAC, b1.Address.String(), a1.Address.String(), strconv.Itoa(vni),
-		l.PodAddr(remote).String(), l.PodAddr(local).String(), strconv.Itoa(ident)); err != nil {
+		l.PodAddr(remote).String(), l.PodAddr(local).String(), strconv.Itoa(ident), strconv.Itoa(injected)); err != nil {
 		t.Fatalf("inject with scapy: %v\n%s", err, out)
 	}
 	frames := wait()
@@ -471,12 +475,14 @@ func TestScapyFrameDelivered(t *testing.T) {
 		}
 	}
 	t.Logf("ident %#x: %d injected requests seen, %d encapsulated replies", ident, requests, replies)
-	if requests == 0 {
-		t.Fatalf("the injected frames never reached a1's underlay port; frames: %+v", frames)
+	if requests != injected {
+		t.Fatalf("%d of the %d injected frames reached a1's underlay port; frames: %+v", requests, injected, frames)
 	}
-	if replies == 0 {
-		t.Errorf("pod %s never answered the scapy-built GENEVE echo request (no encapsulated reply %s -> %s); agent log of a1:\n%s",
-			local, a1.Address, b1.Address, tailFile(l.AgentLog("a1")))
+	// Every request is answered: one reply of three would hide a datapath
+	// that drops the others.
+	if replies != injected {
+		t.Errorf("pod %s answered %d of the %d scapy-built GENEVE echo requests (encapsulated replies %s -> %s); agent log of a1:\n%s",
+			local, replies, injected, a1.Address, b1.Address, tailFile(l.AgentLog("a1")))
 	}
 }
 
