@@ -33,11 +33,12 @@ func eachDecap(t *testing.T, body func(t *testing.T, decap string)) {
 // what the kernel has attached:
 //
 //   - xdp: every node's eth0 has underlay_xdp attached in driver mode through
-//     the agent's pinned link (bpftool net show and the link agree); the lab's
-//     METRIC_DECAP on the XDP hook is not 0; and every node that decapsulated
-//     anything did some of it in XDP (underlay_xdp leaves transit, expiring TTLs
-//     and UDP to the tunnel address, which may be a health probe, to TC, so TC
-//     decapsulations alone do not fail it).
+//     the agent's pinned link (bpftool net show and the link agree), and the
+//     lab's METRIC_DECAP on the XDP hook is larger than on the TC hook.
+//     underlay_xdp leaves transit, expiring TTLs and UDP to the tunnel address
+//     (a health probe or its answer) to TC, so a node that receives only
+//     health answers (a member behind its site's gateways) decapsulates at TC
+//     alone; but pod traffic outweighs them in every scenario.
 //   - tc: no node has an XDP program on eth0, METRIC_DECAP on the XDP hook is 0
 //     everywhere, and the lab's METRIC_DECAP on the TC hook is not 0.
 //
@@ -78,9 +79,6 @@ func checkDecapMode(t *testing.T, l *testenv.Lab) {
 				t.Errorf("decap xdp: %s: pinned XDP link is type %v with program %d, bpftool shows program %d on %s",
 					node, info.Type, info.Program, xdpID, testenv.UnderlayDev)
 			}
-			if tc > 0 && xdp == 0 {
-				t.Errorf("decap xdp: %s decapsulated %d packets at TC and none in XDP: XDP popped nothing", node, tc)
-			}
 		case "tc":
 			if xdpID != 0 {
 				t.Errorf("decap tc: %s: XDP program %d (mode %s) attached to %s", node, xdpID, xdpMode, testenv.UnderlayDev)
@@ -92,8 +90,8 @@ func checkDecapMode(t *testing.T, l *testenv.Lab) {
 	}
 	t.Logf("decap %s: METRIC_DECAP per node: %s", mode, strings.Join(report, ", "))
 	switch {
-	case mode == "xdp" && labXDP == 0:
-		t.Errorf("decap xdp: no node decapsulated anything in XDP (TC: %d)", labTC)
+	case mode == "xdp" && labXDP <= labTC:
+		t.Errorf("decap xdp: the nodes decapsulated %d packets in XDP and %d at TC: XDP popped less than TC", labXDP, labTC)
 	case mode == "tc" && labTC == 0:
 		t.Errorf("decap tc: no node decapsulated anything at TC: the test sent nothing through a tunnel")
 	}
