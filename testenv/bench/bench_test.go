@@ -141,11 +141,33 @@ func TestParseIperf(t *testing.T) {
 	}
 }
 
+// Bounds of TestRunShort, from docs/benchmarks.md's claims and runs of it
+// under the kernel lock on this project's 2 shared cores.
+const (
+	// shortRounds of 2 s (1 s measured) per datapath.
+	shortRounds = 3
+	// shortFloorGbps: every datapath's median stream, so that a stalled
+	// baseline cannot pass the ratio below. docs/benchmarks.md's lowest
+	// median of a datapath is 5.37 Gbit/s, measured under the heaviest load
+	// recorded here (single rounds fell to 0.03); the floor is half of it.
+	// A run of this test under the kernel lock: medians 11.35 (VXLAN) to
+	// 13.50 Gbit/s.
+	shortFloorGbps = 2.5
+	// shortMinRatio: the median per-round ratio of isthmus to VXLAN. The
+	// claim is at or above 1.0x; docs/benchmarks.md's runs with the fast path
+	// had medians of per-round ratios from 1.06x to 1.58x (single rounds from
+	// 0.60x under heavy load, so no single round is judged); 0.9x leaves
+	// 15% below the lowest median for 1 s measurements. A run of this test
+	// under the kernel lock: rounds 1.09x, 1.26x, 1.17x, median 1.17x.
+	shortMinRatio = 0.9
+)
+
 // TestRunShort runs the real benchmark briefly on the default lab, with a real
 // kube-proxy (iptables mode) on every node as `isthmus bench` runs by default:
 // every datapath must carry the stream with kube-proxy's rules written (Run
 // waits for them), so a broken baseline or a broken isthmus fails here rather
-// than in a benchmark nobody runs.
+// than in a benchmark nobody runs; and isthmus must keep its claimed margin
+// over VXLAN (shortMinRatio).
 func TestRunShort(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("TestRunShort needs root: it builds network namespaces and loads BPF programs")
@@ -156,7 +178,7 @@ func TestRunShort(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	rep, err := Run(ctx, Options{Scenario: "default", Binary: bin, Src: "a1-p1", Dst: "b1-p1", Duration: 2 * time.Second, Rounds: 1, KubeProxy: testenv.ProxyIPTables})
+	rep, err := Run(ctx, Options{Scenario: "default", Binary: bin, Src: "a1-p1", Dst: "b1-p1", Duration: 2 * time.Second, Rounds: shortRounds, KubeProxy: testenv.ProxyIPTables})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,10 +190,19 @@ func TestRunShort(t *testing.T) {
 		t.Fatalf("got %d results, want 3", len(rep.Results))
 	}
 	for _, r := range rep.Results {
-		// Far below any sane figure on this kind of machine, far above a stalled stream.
-		if len(r.Samples) != 1 || r.Median() < 0.5 {
-			t.Errorf("%s: samples %+v, want one above 0.5 Gbit/s", r.Config, r.Samples)
+		if len(r.Samples) != shortRounds || r.Median() < shortFloorGbps {
+			t.Errorf("%s: samples %+v, want %d with a median of at least %v Gbit/s", r.Config, r.Samples, shortRounds, shortFloorGbps)
 		}
+	}
+	// The claim (docs/benchmarks.md): one TCP stream with the CNI leftovers
+	// and kube-proxy runs at or above kernel VXLAN. The median of the
+	// per-round ratios (each round met one load on the machine) must reach
+	// shortMinRatio.
+	isth, vx := Config{testenv.DatapathIsthmus, true}, Config{testenv.DatapathVXLAN, true}
+	ratios := rep.RoundRatios(isth, vx, Gbps)
+	t.Logf("isthmus vs VXLAN round by round: %.2f (median %.2fx, want at least %.2fx)", ratios, median(ratios), shortMinRatio)
+	if len(ratios) != shortRounds || median(ratios) < shortMinRatio {
+		t.Errorf("isthmus vs VXLAN, round by round: %.2f, want %d rounds with a median of at least %.2fx", ratios, shortRounds, shortMinRatio)
 	}
 	for _, c := range Configs(Options{}) {
 		if left, _ := filepath.Glob("/run/netns/isl-" + labName(c) + "-*"); len(left) > 0 {
