@@ -234,7 +234,8 @@ func TestSNATReport(t *testing.T) {
 
 // TestRunSNATShort runs the SNAT benchmark briefly on seed000: both source NATs
 // must carry connections and a stream with the translated address, so a broken
-// BPF SNAT or a broken MASQUERADE baseline fails here.
+// BPF SNAT or a broken MASQUERADE baseline fails here, and BPF SNAT must not
+// fall far behind MASQUERADE (snatMinRatio).
 func TestRunSNATShort(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("TestRunSNATShort needs root: it builds network namespaces and loads BPF programs")
@@ -246,7 +247,7 @@ func TestRunSNATShort(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	rep, err := RunSNAT(ctx, SNATOptions{Scenario: "seed000", Binary: bin, Src: "aks1-ext", Dst: "flex-p1",
-		Duration: 2 * time.Second, Rounds: 1, Workers: 2})
+		Duration: 2 * time.Second, Rounds: shortRounds, Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,10 +259,27 @@ func TestRunSNATShort(t *testing.T) {
 		t.Fatalf("got %d results, want 2", len(rep.Results))
 	}
 	for _, r := range rep.Results {
-		// Far below any sane figure here, far above a path that stalls.
-		if len(r.Samples) != 1 || r.MedianConns() < 100 || r.MedianGbps() < 0.3 {
-			t.Errorf("%s: samples %+v, want one above 100 conn/s and 0.3 Gbit/s", r.Config, r.Samples)
+		// Every source NAT working, so that a stalled baseline cannot pass
+		// the ratios below: docs/benchmarks.md measured medians of 4738 and
+		// 6416 conn/s, 10.76 and 13.65 Gbit/s; a quarter of the lower
+		// connection rate, and shortFloorGbps.
+		if len(r.Samples) != shortRounds || r.MedianConns() < 1000 || r.MedianGbps() < shortFloorGbps {
+			t.Errorf("%s: samples %+v, want %d with medians of at least 1000 conn/s and %v Gbit/s", r.Config, r.Samples, shortRounds, shortFloorGbps)
 		}
+	}
+	// docs/benchmarks.md claims BPF SNAT opens 1.35x MASQUERADE's
+	// connections per second and carries 1.27x its throughput (one run of
+	// 2026-11-29). Two runs of this test on this release's tree, under the
+	// kernel lock, measured 0.83x and 1.07x connection rate, 0.87x and 1.03x
+	// throughput (rounds 0.77x to 1.14x): the claim is not met, and a bound at
+	// it would fail every run. Both ratios of the medians must reach
+	// snatMinRatio, below the lower run by the spread of its rounds: a BPF
+	// SNAT that falls to three quarters of MASQUERADE fails.
+	const snatMinRatio = 0.75
+	conns, gbps := rep.Ratios()
+	t.Logf("BPF SNAT vs MASQUERADE: %.2fx connection rate, %.2fx throughput (want at least %.2fx each)", conns, gbps, snatMinRatio)
+	if conns < snatMinRatio || gbps < snatMinRatio {
+		t.Errorf("BPF SNAT vs MASQUERADE: %.2fx connection rate, %.2fx throughput, want at least %.2fx each", conns, gbps, snatMinRatio)
 	}
 	for _, c := range SNATConfigs {
 		if left, _ := filepath.Glob("/run/netns/isl-" + c.labName() + "-*"); len(left) > 0 {
