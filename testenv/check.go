@@ -165,8 +165,8 @@ type CheckOptions struct {
 // servers in the destination pod report the source address they saw, which
 // must be the one the expectation names: the source pod's own, or its node's
 // tunnel address for a source that return-path SNAT translates. The error is
-// non-nil when any probe failed (the matrix says which) or the check could not
-// run.
+// non-nil when any probe failed or passed only after a retry (the matrix says
+// which, and after how many attempts) or the check could not run.
 func (l *Lab) Check(ctx context.Context) (*Matrix, error) {
 	var pairs [][2]string
 	for _, e := range l.Scenario.Expectations() {
@@ -283,6 +283,10 @@ func (l *Lab) CheckPairs(ctx context.Context, pairs [][2]string, opts CheckOptio
 	})
 	if n := len(m.Failures()); n > 0 {
 		return m, fmt.Errorf("check lab %s: %d of %d probes failed", l.Name, n, len(m.Probes))
+	}
+	// A path that loses its first packets is broken even when a retry hides it.
+	if r := m.Retried(); len(r) > 0 {
+		return m, fmt.Errorf("check lab %s: %d of %d probes passed only after a retry (the matrix names them and their attempts)", l.Name, len(r), len(m.Probes))
 	}
 	return m, nil
 }

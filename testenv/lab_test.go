@@ -87,6 +87,49 @@ func TestPlainLab(t *testing.T) {
 	}
 }
 
+// TestCheckFailsRetriedProbe: on the plain lab, the destination pod drops
+// every UDP datagram for the first 300 ms; the check's UDP probe, sent at once,
+// loses its first datagram and passes on its second attempt a second later.
+// The check fails that pair anyway, and the matrix names the probe with its
+// attempts and its first error, while ICMP and TCP pass on the first.
+func TestCheckFailsRetriedProbe(t *testing.T) {
+	l := upLab(t, DatapathPlain)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	src, dst := "a1-p1", "b1-p1"
+	drop := []string{"INPUT", "-p", "udp", "-m", "comment", "--comment", "test: lose the first datagram", "-j", "DROP"}
+	if out, err := l.Exec(ctx, l.PodNS(dst), append([]string{"iptables", "-I"}, drop...)...); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	lift := time.AfterFunc(300*time.Millisecond, func() {
+		if out, err := l.Exec(ctx, l.PodNS(dst), append([]string{"iptables", "-D"}, drop...)...); err != nil {
+			t.Errorf("lift the drop: %v: %s", err, out)
+		}
+	})
+	defer lift.Stop()
+	m, err := l.CheckPairs(ctx, [][2]string{{src, dst}}, CheckOptions{})
+	if m == nil {
+		t.Fatal(err)
+	}
+	t.Logf("matrix:\n%s", m)
+	if err == nil || !strings.Contains(err.Error(), "1 of 3 probes passed only after a retry") {
+		t.Errorf("check error %v, want 1 of 3 probes passed only after a retry", err)
+	}
+	for _, proto := range Protos {
+		p, ok := m.Get(src, dst, proto)
+		want := 1
+		if proto == UDP {
+			want = 2
+		}
+		if !ok || !p.OK || p.Attempts != want {
+			t.Errorf("%s: probed %v, passed %v after %d attempts (%v), want passed after %d", proto, ok, p.OK, p.Attempts, p.Errs, want)
+		}
+	}
+	if !strings.Contains(m.String(), "passed only after a retry: a1-p1->b1-p1 udp on attempt 2 (first: read reply:") {
+		t.Errorf("the matrix does not name the retried probe with its attempt and first error:\n%s", m)
+	}
+}
+
 // TestVXLANLab checks the kernel VXLAN baseline the benchmark compares with.
 func TestVXLANLab(t *testing.T) {
 	l := upLab(t, DatapathVXLAN)
@@ -196,8 +239,11 @@ func checkRPFilter(t *testing.T, l *Lab) {
 	if out, err := l.Exec(ctx, l.RouterNS(), "ip", "addr", "add", spoofed+"/32", "dev", "lo"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	// No reply comes: a1 drops the request.
-	l.Exec(ctx, l.RouterNS(), "ping", "-c", "3", "-i", "0.2", "-W", "1", "-I", spoofed, a1.Address.String())
+	// No reply comes: a1 drops the request (ping exits 1 when none of its
+	// requests is answered).
+	if out, err := l.Exec(ctx, l.RouterNS(), "ping", "-c", "3", "-i", "0.2", "-W", "1", "-I", spoofed, a1.Address.String()); err == nil || !strings.Contains(out, " 0 received") {
+		t.Errorf("ping from the spoofed %s to a1: err %v, want no reply:\n%s", spoofed, err, out)
+	}
 	if out, err := l.Exec(ctx, l.RouterNS(), "ip", "addr", "del", spoofed+"/32", "dev", "lo"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}

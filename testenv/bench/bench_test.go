@@ -141,11 +141,34 @@ func TestParseIperf(t *testing.T) {
 	}
 }
 
+// Bounds of TestRunShort, from docs/benchmarks.md's claims and runs of it
+// under the kernel lock on this project's 2 shared cores.
+const (
+	// shortRounds of 2 s (1 s measured) per datapath.
+	shortRounds = 3
+	// shortFloorGbps: every datapath's median stream, so that a stalled
+	// baseline cannot pass the ratio below. docs/benchmarks.md's lowest
+	// median of a datapath is 5.37 Gbit/s, measured under the heaviest load
+	// recorded here (single rounds fell to 0.03); the floor is half of it.
+	// A run of this test under the kernel lock: medians 11.35 (VXLAN) to
+	// 13.50 Gbit/s.
+	shortFloorGbps = 2.5
+	// shortMinRatio: the median per-round ratio of isthmus to VXLAN. The
+	// claim is at or above 1.0x; docs/benchmarks.md's runs with the fast path
+	// had medians of per-round ratios from 1.06x to 1.58x (single rounds from
+	// 0.60x under heavy load, so no single round is judged); 0.9x leaves
+	// 15% below the lowest median for 1 s measurements. Two runs of this test
+	// under the kernel lock: rounds 1.09x, 1.26x, 1.17x (median 1.17x) and
+	// 1.08x, 1.01x, 1.16x (median 1.08x).
+	shortMinRatio = 0.9
+)
+
 // TestRunShort runs the real benchmark briefly on the default lab, with a real
 // kube-proxy (iptables mode) on every node as `isthmus bench` runs by default:
 // every datapath must carry the stream with kube-proxy's rules written (Run
 // waits for them), so a broken baseline or a broken isthmus fails here rather
-// than in a benchmark nobody runs.
+// than in a benchmark nobody runs; and isthmus must keep its claimed margin
+// over VXLAN (shortMinRatio).
 func TestRunShort(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("TestRunShort needs root: it builds network namespaces and loads BPF programs")
@@ -156,7 +179,7 @@ func TestRunShort(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	rep, err := Run(ctx, Options{Scenario: "default", Binary: bin, Src: "a1-p1", Dst: "b1-p1", Duration: 2 * time.Second, Rounds: 1, KubeProxy: testenv.ProxyIPTables})
+	rep, err := Run(ctx, Options{Scenario: "default", Binary: bin, Src: "a1-p1", Dst: "b1-p1", Duration: 2 * time.Second, Rounds: shortRounds, KubeProxy: testenv.ProxyIPTables})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,10 +191,19 @@ func TestRunShort(t *testing.T) {
 		t.Fatalf("got %d results, want 3", len(rep.Results))
 	}
 	for _, r := range rep.Results {
-		// Far below any sane figure on this kind of machine, far above a stalled stream.
-		if len(r.Samples) != 1 || r.Median() < 0.5 {
-			t.Errorf("%s: samples %+v, want one above 0.5 Gbit/s", r.Config, r.Samples)
+		if len(r.Samples) != shortRounds || r.Median() < shortFloorGbps {
+			t.Errorf("%s: samples %+v, want %d with a median of at least %v Gbit/s", r.Config, r.Samples, shortRounds, shortFloorGbps)
 		}
+	}
+	// The claim (docs/benchmarks.md): one TCP stream with the CNI leftovers
+	// and kube-proxy runs at or above kernel VXLAN. The median of the
+	// per-round ratios (each round met one load on the machine) must reach
+	// shortMinRatio.
+	isth, vx := Config{testenv.DatapathIsthmus, true}, Config{testenv.DatapathVXLAN, true}
+	ratios := rep.RoundRatios(isth, vx, Gbps)
+	t.Logf("isthmus vs VXLAN round by round: %.2f (median %.2fx, want at least %.2fx)", ratios, median(ratios), shortMinRatio)
+	if len(ratios) != shortRounds || median(ratios) < shortMinRatio {
+		t.Errorf("isthmus vs VXLAN, round by round: %.2f, want %d rounds with a median of at least %.2fx", ratios, shortRounds, shortMinRatio)
 	}
 	for _, c := range Configs(Options{}) {
 		if left, _ := filepath.Glob("/run/netns/isl-" + labName(c) + "-*"); len(left) > 0 {
@@ -203,7 +235,8 @@ func TestSNATReport(t *testing.T) {
 
 // TestRunSNATShort runs the SNAT benchmark briefly on seed000: both source NATs
 // must carry connections and a stream with the translated address, so a broken
-// BPF SNAT or a broken MASQUERADE baseline fails here.
+// BPF SNAT or a broken MASQUERADE baseline fails here, and BPF SNAT must not
+// fall far behind MASQUERADE (snatMinRatio).
 func TestRunSNATShort(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("TestRunSNATShort needs root: it builds network namespaces and loads BPF programs")
@@ -215,7 +248,7 @@ func TestRunSNATShort(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	rep, err := RunSNAT(ctx, SNATOptions{Scenario: "seed000", Binary: bin, Src: "aks1-ext", Dst: "flex-p1",
-		Duration: 2 * time.Second, Rounds: 1, Workers: 2})
+		Duration: 2 * time.Second, Rounds: shortRounds, Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,10 +260,27 @@ func TestRunSNATShort(t *testing.T) {
 		t.Fatalf("got %d results, want 2", len(rep.Results))
 	}
 	for _, r := range rep.Results {
-		// Far below any sane figure here, far above a path that stalls.
-		if len(r.Samples) != 1 || r.MedianConns() < 100 || r.MedianGbps() < 0.3 {
-			t.Errorf("%s: samples %+v, want one above 100 conn/s and 0.3 Gbit/s", r.Config, r.Samples)
+		// Every source NAT working, so that a stalled baseline cannot pass
+		// the ratios below: docs/benchmarks.md measured medians of 4738 and
+		// 6416 conn/s, 10.76 and 13.65 Gbit/s; a quarter of the lower
+		// connection rate, and shortFloorGbps.
+		if len(r.Samples) != shortRounds || r.MedianConns() < 1000 || r.MedianGbps() < shortFloorGbps {
+			t.Errorf("%s: samples %+v, want %d with medians of at least 1000 conn/s and %v Gbit/s", r.Config, r.Samples, shortRounds, shortFloorGbps)
 		}
+	}
+	// docs/benchmarks.md claims BPF SNAT opens 1.35x MASQUERADE's
+	// connections per second and carries 1.27x its throughput (one run of
+	// 2026-11-29). Three runs of this test on this release's tree, under the
+	// kernel lock, measured 0.83x, 1.07x and 0.98x connection rate, 0.87x,
+	// 1.03x and 1.24x throughput (rounds from 0.77x): the claim is not met,
+	// and a bound at it would fail most runs. Both ratios of the medians must reach
+	// snatMinRatio, below the lower run by the spread of its rounds: a BPF
+	// SNAT that falls to three quarters of MASQUERADE fails.
+	const snatMinRatio = 0.75
+	conns, gbps := rep.Ratios()
+	t.Logf("BPF SNAT vs MASQUERADE: %.2fx connection rate, %.2fx throughput (want at least %.2fx each)", conns, gbps, snatMinRatio)
+	if conns < snatMinRatio || gbps < snatMinRatio {
+		t.Errorf("BPF SNAT vs MASQUERADE: %.2fx connection rate, %.2fx throughput, want at least %.2fx each", conns, gbps, snatMinRatio)
 	}
 	for _, c := range SNATConfigs {
 		if left, _ := filepath.Glob("/run/netns/isl-" + c.labName() + "-*"); len(left) > 0 {

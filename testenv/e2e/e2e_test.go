@@ -71,9 +71,10 @@ func labName() string {
 }
 
 // upLab brings sc up as a lab with a fresh name, the test's binary and opts, and
-// takes it down when the test ends, checking that nothing is left. Every
-// bring-up of the package goes through it, except upShared's, whose labs live
-// as long as the package's tests.
+// takes it down when the test ends, checking that nothing is left; when sc
+// names a decapsulation mode (tc or xdp) it first checks that the mode was in
+// effect (checkDecapMode). Every bring-up of the package goes through it,
+// except upShared's, whose labs live as long as the package's tests.
 func upLab(ctx context.Context, t *testing.T, sc *testenv.Scenario, opts testenv.Options) *testenv.Lab {
 	t.Helper()
 	requireSetup(t)
@@ -88,6 +89,10 @@ func upLab(ctx context.Context, t *testing.T, sc *testenv.Scenario, opts testenv
 		}
 		assertGone(t, opts.Name)
 	})
+	if sc.Decap == "tc" || sc.Decap == "xdp" {
+		// Cleanups run last first: this one while the lab is still up.
+		t.Cleanup(func() { checkDecapMode(t, l) })
+	}
 	return l
 }
 
@@ -95,11 +100,20 @@ func upLab(ctx context.Context, t *testing.T, sc *testenv.Scenario, opts testenv
 // test ends, checking that nothing is left.
 func upScenario(t *testing.T, scenario string) *testenv.Lab {
 	t.Helper()
+	return upScenarioDecap(t, scenario, "")
+}
+
+// upScenarioDecap is upScenario with every agent started with --decap decap
+// (the agent's default when empty); with tc or xdp, upLab checks the mode was in
+// effect when the test ends (checkDecapMode).
+func upScenarioDecap(t *testing.T, scenario, decap string) *testenv.Lab {
+	t.Helper()
 	requireSetup(t)
 	sc, err := testenv.LoadScenario(scenario)
 	if err != nil {
 		t.Fatal(err)
 	}
+	sc.Decap = decap
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	return upLab(ctx, t, sc, testenv.Options{})
@@ -416,12 +430,16 @@ frame = (Ether(src=get_if_hwaddr("eth0"), dst=gw_mac)
          / IP(src=inner_src, dst=inner_dst, ttl=64)
          / ICMP(type=8, id=int(ident), seq=1)
          / Raw(b"isthmus scapy probe"))
-sendp(frame, iface="eth0", count=3, inter=0.2, verbose=False)
+sendp(frame, iface="eth0", count=int(sys.argv[8]), inter=0.2, verbose=False)
 `
 
-// TestScapyFrameDelivered: a GENEVE frame from a peer node, built by scapy
-// rather than by our datapath, is accepted and delivered: the local pod answers
-// and the reply goes back encapsulated.
+// injected is how many frames TestScapyFrameDelivered injects: each must be
+// seen on the wire and answered.
+const injected = 3
+
+// TestScapyFrameDelivered: GENEVE frames from a peer node, built by scapy
+// rather than by our datapath, are accepted and delivered: the local pod answers
+// every one of them and each reply goes back encapsulated.
 func TestScapyFrameDelivered(t *testing.T) {
 	l := upDefault(t)
 	a1, _ := l.Node("a1")
@@ -435,7 +453,7 @@ func TestScapyFrameDelivered(t *testing.T) {
 	defer cancel()
 	if out, err := l.Exec(ctx, l.NodeNS("b1"), "/usr/bin/python3", "-c", injectScript,
 		gwMAC, b1.Address.String(), a1.Address.String(), strconv.Itoa(vni),
-		l.PodAddr(remote).String(), l.PodAddr(local).String(), strconv.Itoa(ident)); err != nil {
+		l.PodAddr(remote).String(), l.PodAddr(local).String(), strconv.Itoa(ident), strconv.Itoa(injected)); err != nil {
 		t.Fatalf("inject with scapy: %v\n%s", err, out)
 	}
 	frames := wait()
@@ -457,12 +475,14 @@ func TestScapyFrameDelivered(t *testing.T) {
 		}
 	}
 	t.Logf("ident %#x: %d injected requests seen, %d encapsulated replies", ident, requests, replies)
-	if requests == 0 {
-		t.Fatalf("the injected frames never reached a1's underlay port; frames: %+v", frames)
+	if requests != injected {
+		t.Fatalf("%d of the %d injected frames reached a1's underlay port; frames: %+v", requests, injected, frames)
 	}
-	if replies == 0 {
-		t.Errorf("pod %s never answered the scapy-built GENEVE echo request (no encapsulated reply %s -> %s); agent log of a1:\n%s",
-			local, a1.Address, b1.Address, tailFile(l.AgentLog("a1")))
+	// Every request is answered: one reply of three would hide a datapath
+	// that drops the others.
+	if replies != injected {
+		t.Errorf("pod %s answered %d of the %d scapy-built GENEVE echo requests (encapsulated replies %s -> %s); agent log of a1:\n%s",
+			local, replies, injected, a1.Address, b1.Address, tailFile(l.AgentLog("a1")))
 	}
 }
 

@@ -49,8 +49,11 @@ func captureSourcesOn(t *testing.T, nsName, dev, filter string, count int, traff
 // and capture see the node's underlay address (socat's report of its peer, tshark);
 // a world address in site-a's nonMasqueradeCIDRs and a peered site's node see the
 // pod's own address; a1 counts the translations.
-func TestEgressMasquerade(t *testing.T) {
-	l := upScenario(t, "egress")
+func TestEgressMasquerade(t *testing.T) { eachDecap(t, testEgressMasquerade) }
+
+// testEgressMasquerade is TestEgressMasquerade with every agent started with --decap decap.
+func testEgressMasquerade(t *testing.T, decap string) {
+	l := upScenarioDecap(t, "egress", decap)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	const pod, node = "a1-p1", "a1"
@@ -142,7 +145,11 @@ func TestEgressMasquerade(t *testing.T) {
 
 	t.Run("nonMasqueradeCIDRs", func(t *testing.T) {
 		srcs := captureSources(t, world, "icmp[icmptype] == icmp-echo", 1, func() {
-			testenv.Ping(l.PodNS(pod), testenv.WorldNoMasqAddr, 200*time.Millisecond) // no route back: no reply
+			// No route back: the echo request leaves with the pod's address
+			// and no reply comes.
+			if err := testenv.Ping(l.PodNS(pod), testenv.WorldNoMasqAddr, 200*time.Millisecond); err == nil {
+				t.Errorf("%s answered %s: it has no route back to the pod's own address, so the request was masqueraded", testenv.WorldNoMasqAddr, pod)
+			}
 		})
 		if len(srcs) != 1 || srcs[0] != podAddr.String() {
 			t.Errorf("%s (nonMasqueradeCIDRs) saw echo requests from %v, want the pod's %s", testenv.WorldNoMasqAddr, srcs, podAddr)
@@ -154,7 +161,9 @@ func TestEgressMasquerade(t *testing.T) {
 	t.Run("peered site's node", func(t *testing.T) {
 		b1, _ := l.Node("b1")
 		srcs := captureSourcesOn(t, l.NodeNS("b1"), "isthmus0", "icmp[icmptype] == icmp-echo and dst host "+b1.Address.String(), 1, func() {
-			testenv.Ping(l.PodNS(pod), b1.Address, 200*time.Millisecond)
+			if err := testenv.Ping(l.PodNS(pod), b1.Address, 2*time.Second); err != nil {
+				t.Errorf("ping b1's node address from %s (captured): %v", pod, err)
+			}
 		})
 		if len(srcs) != 1 || srcs[0] != podAddr.String() {
 			t.Errorf("b1 saw echo requests from %v, want the pod's %s", srcs, podAddr)

@@ -105,8 +105,11 @@ func requirePairs(t *testing.T, m *testenv.Matrix, what string, pairs ...[2]stri
 // (member to edge, edge to member, gateway to edge, across members), every
 // server sees the original pod address (forwarded traffic never meets the
 // rule), and strict rp_filter drops nothing on any node (checkPaths).
-func TestSeed003(t *testing.T) {
-	l := upScenario(t, "seed003")
+func TestSeed003(t *testing.T) { eachDecap(t, testSeed003) }
+
+// testSeed003 is TestSeed003 with every agent started with --decap decap.
+func testSeed003(t *testing.T, decap string) {
+	l := upScenarioDecap(t, "seed003", decap)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -167,8 +170,11 @@ func TestSeed003(t *testing.T) {
 // address of them on the underlay (`ip route get` says eth0 for the endpoint,
 // for a remote node and for an address no Node holds yet), and ping works
 // while the tunnel carries traffic.
-func TestSeed000Gateway(t *testing.T) {
-	l := upScenario(t, "seed000gw")
+func TestSeed000Gateway(t *testing.T) { eachDecap(t, testSeed000Gateway) }
+
+// testSeed000Gateway is TestSeed000Gateway with every agent started with --decap decap.
+func testSeed000Gateway(t *testing.T, decap string) {
+	l := upScenarioDecap(t, "seed000gw", decap)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
@@ -315,8 +321,11 @@ func TestSeed000Gateway(t *testing.T) {
 // Calico pod on the member u-1, through u-gw, which hands it to the site
 // fabric; and the member's pod to the remote pod, through u-gw (the path
 // kernel conntrack broke in the seed).
-func TestSeed001(t *testing.T) {
-	l := upScenario(t, "seed001")
+func TestSeed001(t *testing.T) { eachDecap(t, testSeed001) }
+
+// testSeed001 is TestSeed001 with every agent started with --decap decap.
+func testSeed001(t *testing.T, decap string) {
+	l := upScenarioDecap(t, "seed001", decap)
 	m := checkPaths(t, l, "u-gw", "r-gw", "u-1")
 	requireOwnSources(t, l, m)
 	requirePairs(t, m, "seed 001's paths",
@@ -330,8 +339,11 @@ func TestSeed001(t *testing.T) {
 // Flows that never used gw-w2 never stop; the others resume through gw-w1
 // within health interval x multiplier + 1s. The gap is measured per flow and
 // printed. Strict rp_filter drops nothing meanwhile either.
-func TestGatewayFailover(t *testing.T) {
-	l := upScenario(t, "gwfailover")
+func TestGatewayFailover(t *testing.T) { eachDecap(t, testGatewayFailover) }
+
+// testGatewayFailover is TestGatewayFailover with every agent started with --decap decap.
+func testGatewayFailover(t *testing.T, decap string) {
+	l := upScenarioDecap(t, "gwfailover", decap)
 	checkPaths(t, l, "w-1", "gw-w1", "gw-w2", "gw-e1")
 	// 32 flows: the chance that none, or all, of them touch gw-w2 (either
 	// direction) is below 1e-4.
@@ -346,8 +358,11 @@ func TestGatewayFailover(t *testing.T) {
 // sites runs between the public addresses on the wire (outside the router's
 // NAT: on the remote gateway's port the outer source is the sender's public
 // address).
-func TestGatewayExternal(t *testing.T) {
-	l := upScenario(t, "gwexternal")
+func TestGatewayExternal(t *testing.T) { eachDecap(t, testGatewayExternal) }
+
+// testGatewayExternal is TestGatewayExternal with every agent started with --decap decap.
+func testGatewayExternal(t *testing.T, decap string) {
+	l := upScenarioDecap(t, "gwexternal", decap)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -379,8 +394,10 @@ func TestGatewayExternal(t *testing.T) {
 		// Between the sites the tunnel's outer source, as the receiving
 		// gateway sees it, is the sender's public address.
 		wait := capture(t, l.RouterNS(), testenv.RouterPort("cl-gw"), 4*time.Second)
-		for range 5 {
-			testenv.Ping(l.PodNS("dc1-p1"), l.PodAddr("cl1-p1"), 500*time.Millisecond)
+		for i := range 5 {
+			if err := testenv.Ping(l.PodNS("dc1-p1"), l.PodAddr("cl1-p1"), 500*time.Millisecond); err != nil {
+				t.Errorf("ping %d of 5 dc1-p1 -> cl1-p1: %v", i+1, err)
+			}
 		}
 		frames := wait()
 		var fromDC int

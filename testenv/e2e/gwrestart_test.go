@@ -140,20 +140,29 @@ func TestGatewayAgentRestart(t *testing.T) {
 		}
 
 		// Back: its agent's claims are fresh, the probers take it back after
-		// rise answers, and it forwards again.
+		// rise answers, and it forwards again. docs/gateways.md measured 2.94
+		// to 3.32 s from the start, and a run under the kernel lock with seven
+		// other engineers' tests queued 3.11 s, the agent ready after 0.5 s:
+		// the agent's start, then rise answers an interval apart, the first up
+		// to an interval after its claims. The bound is (rise + 1) intervals
+		// plus 2 s, four times the start measured, for a start slowed by load;
+		// it was 30 s + failoverLimit (34 s), which no regression could reach.
+		limit := (healthRise+1)*healthInterval + 2*time.Second
 		back := time.Now()
 		startGW()
+		ready := time.Since(back)
 		for {
 			time.Sleep(100 * time.Millisecond)
 			up, _ := peerState()
 			if !slices.Contains(up, false) {
 				break
 			}
-			if time.Since(back) > 30*time.Second+failoverLimit {
-				t.Fatalf("gw-w2 not back at every prober (%v for %v) %s after its agent started\n%s", up, views, time.Since(back).Round(time.Millisecond), agentLogs(l, logs))
+			if time.Since(back) > limit {
+				t.Fatalf("gw-w2 not back at every prober (%v for %v) %s after its agent started, want within %s\n%s", up, views, time.Since(back).Round(time.Millisecond), limit, agentLogs(l, logs))
 			}
 		}
-		t.Logf("agent of gw-w2 back: every prober took it back %s after the start (agent start and ready included)", time.Since(back).Round(10*time.Millisecond))
+		t.Logf("agent of gw-w2 back: every prober took it back %s after the start (the agent was ready after %s; limit %s)",
+			time.Since(back).Round(10*time.Millisecond), ready.Round(10*time.Millisecond), limit)
 		time.Sleep(time.Second)
 		transit = counterPackets(t, l, "gw-w2", "transit", false)
 		time.Sleep(time.Second)

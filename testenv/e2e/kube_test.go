@@ -133,17 +133,20 @@ func TestKubeNodeRemoval(t *testing.T) {
 	eventuallyPing(t, l, "a1-p1", "b2-p1")
 }
 
-// eventuallyPing waits up to 30s until src reaches dst over ICMP.
+// eventuallyPing waits up to 30s until src reaches dst over ICMP (the
+// control plane converging), and logs how many attempts and how long it took.
 func eventuallyPing(t *testing.T, l *testenv.Lab, src, dst string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	start := time.Now()
+	deadline := start.Add(30 * time.Second)
+	for attempt := 1; ; attempt++ {
 		err := testenv.Ping(l.PodNS(src), l.PodAddr(dst), 2*time.Second)
 		if err == nil {
+			t.Logf("%s -> %s answered on attempt %d, %s after the first", src, dst, attempt, time.Since(start).Round(time.Millisecond))
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s -> %s: %v", src, dst, err)
+			t.Fatalf("%s -> %s: %d attempts in %s, the last: %v", src, dst, attempt, time.Since(start).Round(time.Millisecond), err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -132,8 +132,11 @@ func TestMTUFullSizePods(t *testing.T) {
 		}
 		before := fragNeededSent(t, l, "a1")
 		// ping exits non-zero here: no echo comes back.
-		out, _ := l.Exec(ctx, l.PodNS(a), "ping", "-n", "-c", "2", "-i", "0.3", "-W", "1", "-M", "do", "-s", "1472", dst.String())
+		out, err := l.Exec(ctx, l.PodNS(a), "ping", "-n", "-c", "2", "-i", "0.3", "-W", "1", "-M", "do", "-s", "1472", dst.String())
 		t.Logf("ping -M do -s 1472 %s:\n%s", dst, out)
+		if err == nil {
+			t.Errorf("ping -M do -s 1472 %s succeeded: a 1500-byte packet crossed a 1450-byte tunnel", dst)
+		}
 		if !strings.Contains(out, "Frag needed and DF set (mtu = 1450)") {
 			t.Errorf("ping did not report ICMP frag needed with mtu 1450")
 		}

@@ -26,12 +26,17 @@ import (
 // agent's rules counted the packets; and the CNI's rule is live: a pod reaching
 // the router, which has no route to pod addresses, is answered only because the
 // rule masqueraded it to its node's address.
-func TestNFTMasqueradeKeptAway(t *testing.T) {
+func TestNFTMasqueradeKeptAway(t *testing.T) { eachDecap(t, testNFTMasqueradeKeptAway) }
+
+// testNFTMasqueradeKeptAway is TestNFTMasqueradeKeptAway with every agent
+// started with --decap decap.
+func testNFTMasqueradeKeptAway(t *testing.T, decap string) {
 	requireSetup(t)
 	sc, err := testenv.LoadScenario("default")
 	if err != nil {
 		t.Fatal(err)
 	}
+	sc.Decap = decap
 	sc.Defaults.CNILeftovers = testenv.Leftovers{}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

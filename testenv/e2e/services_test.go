@@ -105,14 +105,21 @@ func TestKubeProxyServicesGateways(t *testing.T) {
 }
 
 // testServices brings scenario up in Kubernetes mode and runs cases through
-// checkServiceMatrix.
+// checkServiceMatrix, once per decapsulation mode (eachDecap).
 func testServices(t *testing.T, scenario string, cases []serviceCase) {
+	t.Helper()
+	eachDecap(t, func(t *testing.T, decap string) { testServicesDecap(t, scenario, cases, decap) })
+}
+
+// testServicesDecap is testServices with every agent started with --decap decap.
+func testServicesDecap(t *testing.T, scenario string, cases []serviceCase, decap string) {
 	t.Helper()
 	requireSetup(t)
 	sc, err := testenv.LoadScenario(scenario)
 	if err != nil {
 		t.Fatal(err)
 	}
+	sc.Decap = decap
 	// The first run on a machine builds kube-apiserver, etcd and kube-proxy.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()

@@ -26,8 +26,11 @@ const (
 // 10.0.4.10 as aks-1's tunnel address 100.64.0.4 (return-path SNAT); node to
 // node underlay traffic still passes; and a pod packet sent across without the
 // tunnel is still dropped by the firewall.
-func TestSeed000(t *testing.T) {
-	l := upScenario(t, "seed000")
+func TestSeed000(t *testing.T) { eachDecap(t, testSeed000) }
+
+// testSeed000 is TestSeed000 with every agent started with --decap decap.
+func testSeed000(t *testing.T, decap string) {
+	l := upScenarioDecap(t, "seed000", decap)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
@@ -99,8 +102,11 @@ func TestSeed000(t *testing.T) {
 // 10.0.2.128 spread over both cluster nodes by the route group, aks-2's
 // underlay link goes down. Flows through aks-1 never stop; flows through aks-2
 // resume through aks-1 within health interval x multiplier + 1s.
-func TestSeed000Failover(t *testing.T) {
-	l := upScenario(t, "seed000")
+func TestSeed000Failover(t *testing.T) { eachDecap(t, testSeed000Failover) }
+
+// testSeed000Failover is TestSeed000Failover with every agent started with --decap decap.
+func testSeed000Failover(t *testing.T, decap string) {
+	l := upScenarioDecap(t, "seed000", decap)
 	measureFailover(t, l, failover{SrcPod: "flex-p1", DstPod: "aks1-p1", Flows: 16, FailNode: "aks-2",
 		Logs: []string{"flex-1"}})
 }
