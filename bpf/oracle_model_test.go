@@ -1674,6 +1674,42 @@ func TestOracleModel(t *testing.T) {
 		t.Errorf("peer sources are not per peer")
 	}
 
+	// The fail-closed rule, each condition on its own: only the first packet goes
+	// around the stack.
+	seg := func(src, dst netip.Addr, sport, dport uint16, flags byte, frag uint16, cut int) []byte {
+		b := ipv4Packet(src, dst, 6, ipOpts{ttl: 63, fragOff: frag}, tcpWith(src, dst, sport, dport, flags, nil))
+		if cut > 0 {
+			b = b[:cut]
+		}
+		return b
+	}
+	for _, tc := range []struct {
+		name string
+		ip   []byte
+		want bool
+	}{
+		{"an ACK of an assured, untranslated flow", seg(remotePodIP, podIP, 80, 33002, 0x10, 0, 0), true},
+		{"the same from the other end (reply tuple)", seg(podIP, remotePodIP, 33002, 80, 0x10, 0, 0), true},
+		{"a RST of it", seg(remotePodIP, podIP, 80, 33002, 0x04, 0, 0), true},
+		{"a first fragment of it", seg(remotePodIP, podIP, 80, 33002, 0x10, 0x2000, 0), false},
+		{"a SYN-ACK on its tuple", seg(remotePodIP, podIP, 80, 33002, 0x12, 0, 0), false},
+		{"its TCP header cut at 19 bytes", seg(remotePodIP, podIP, 80, 33002, 0x10, 0, 20+19), false},
+		{"no entry", seg(remotePodIP, podIP, 80, 33003, 0x10, 0, 0), false},
+		{"an unassured entry", seg(remotePodIP, podIP, 80, 33000, 0x10, 0, 0), false},
+		{"IPVS's reply (translated, no NAT bit)", seg(remotePodIP, podIP, 8080, 40005, 0x10, 0, 0), false},
+		{"the pod's packet to the Service address", seg(podIP, ipvsVIP, 40005, 80, 0x10, 0, 0), false},
+		{"a UDP datagram of a UDP entry", ipv4Packet(podIP, netip.MustParseAddr("10.2.0.70"), 17, ipOpts{ttl: 63}, udpDatagram(4002, 5000, nil)), false},
+		{"ICMP", ipv4Packet(remotePodIP, podIP, 1, ipOpts{ttl: 63}, icmpEcho(0, 9, 1, nil)), false},
+	} {
+		v, err := decodeIPv4(tc.ip, 0)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got, why := w.direct(v, v.src(), v.dst(), 0); got != tc.want {
+			t.Errorf("%s: direct %v, want %v (%s)", tc.name, got, tc.want, why)
+		}
+	}
+
 	// Decapsulation to the pod of a datagram (it opens a flow): through the stack, the
 	// inner packet as sent, to isthmus0's MAC from the outer source MAC.
 	inner := ipkt{src: remotePodIP, dst: podIP}.build()
