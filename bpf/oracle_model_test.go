@@ -520,11 +520,12 @@ func geneveFixed(b []byte) (*layers.Geneve, int, error) {
 	return g, int(b[0]&0x3f) * 4, nil
 }
 
-// mssClamp returns ip (an IPv4 packet) with the MSS option of a TCP SYN above
+// mssClamp returns ip (an IPv4 packet) with every MSS option of a TCP SYN above
 // mtu - 40 lowered to it, and whether it changed anything. The options are walked as
-// RFC 9293 3.2 lays them out; a header or option that does not fit leaves the packet
-// alone. mtu 0 means no clamp (a path that does not clamp: an MSS of 65535 is above
-// every bound).
+// RFC 9293 3.2 lays them out and Linux's tcp_parse_options reads them: it keeps the
+// last MSS option, so every one counts; an MSS option of another length is skipped by
+// its length; an option that does not fit ends the walk. mtu 0 means no clamp (a path
+// that does not clamp: an MSS of 65535 is above every bound).
 func mssClamp(ip []byte, mtu int) ([]byte, bool) {
 	v, err := decodeIPv4(ip, 0)
 	if err != nil || mtu <= 0 || v.ip.Protocol != layers.IPProtocolTCP || v.fragment() {
@@ -539,36 +540,33 @@ func mssClamp(ip []byte, mtu int) ([]byte, bool) {
 		return ip, false
 	}
 	opts := seg[20:doff]
+	out, changed := ip, false
+	max := uint16(mtu - 40)
 	for i := 0; i < len(opts); {
 		switch opts[i] {
 		case 0: // end of option list
-			return ip, false
+			return out, changed
 		case 1: // no-operation
 			i++
 			continue
 		}
 		if i+1 >= len(opts) {
-			return ip, false
+			return out, changed
 		}
 		l := int(opts[i+1])
-		if opts[i] == 2 {
-			if l != 4 || i+4 > len(opts) {
-				return ip, false
-			}
-			max := uint16(mtu - 40)
-			if binary.BigEndian.Uint16(opts[i+2:]) <= max {
-				return ip, false
-			}
-			out := append([]byte{}, ip...)
-			binary.BigEndian.PutUint16(out[v.hlen+20+i+2:], max)
-			return out, true
+		if l < 2 || i+l > len(opts) {
+			return out, changed
 		}
-		if l < 2 {
-			return ip, false
+		if opts[i] == 2 && l == 4 && binary.BigEndian.Uint16(opts[i+2:]) > max {
+			if !changed {
+				out = append([]byte{}, ip...)
+			}
+			binary.BigEndian.PutUint16(out[v.hlen+20+i+2:], max)
+			changed = true
 		}
 		i += l
 	}
-	return ip, false
+	return out, changed
 }
 
 // l4SumOK reports whether the TCP or UDP checksum of IPv4 packet ip verifies (a zero UDP

@@ -248,6 +248,10 @@ func underlaySeeds(l *lab) [][]byte {
 		{proto: 6, mssOpts: []byte{2, 4, 0x03, 0xe8}},
 		{proto: 6, flags: 0x12, mssOpts: []byte{1, 1, 1, 2, 4, 0x23, 0x28, 0}},
 		{proto: 6, flags: 0x10, mssOpts: []byte{2, 4, 0x05, 0xb4}},
+		// Two MSS options, the large one last (Linux keeps the last); one of another
+		// length before one to clamp.
+		{proto: 6, mssOpts: []byte{2, 4, 0x02, 0x00, 2, 4, 0x05, 0xb4}},
+		{proto: 6, flags: 0x12, mssOpts: []byte{2, 3, 0x05, 1, 2, 4, 0x05, 0xb4, 0, 0, 0, 0}},
 		{proto: 1}, {fragOff: 0x2000}, {fragOff: 0x0010}, {tos: 0x02}, {tos: 0x03},
 		{size: 1400},
 	} {
@@ -607,6 +611,7 @@ func encapSeeds(l *lab, fromPod bool) [][]byte {
 		{proto: 6, mssOpts: []byte{1, 1, 1, 2, 4, 0x23, 0x28, 0}},
 		{proto: 6, mssOpts: []byte{3, 3, 7, 2, 4, 0x05, 0xb4, 0}},
 		{proto: 6, mssOpts: []byte{2, 4, 0x01, 0x00}},
+		{proto: 6, mssOpts: []byte{2, 4, 0x02, 0x00, 2, 4, 0x05, 0xb4}}, // the large MSS last
 		{proto: 6, flags: 0x10, mssOpts: []byte{2, 4, 0x05, 0xb4}},
 		{size: 1450}, {size: 1451}, {size: 1480, fragOff: 0x4000}, {size: 1480},
 	} {
