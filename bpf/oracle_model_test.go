@@ -1376,9 +1376,19 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 		return e
 	}
 	e.because("route %v via %v", rt.prefix, rt.peers)
-	// What the tunnel refuses comes first, and keeps its source (the pod's ICMP
-	// error quotes its own header): no live member, then (a pod's packet, this hop
-	// forwards it) TTL, then the size (architecture.md, encapsulation).
+	translated := src != w.tunnelIP && src != w.underlay && !w.snatExempted(src)
+	if !fromPod && translated && len(in)-14 <= w.tunnelMTU {
+		// On isthmus0 the host stack's packet is translated before the next hop is
+		// chosen; no ICMP error is sent from here, so only the drop's name tells.
+		if r, ok := snatFault(v); ok {
+			e.because("source %v is translated to %v, but SNAT cannot translate it", src, w.tunnelIP)
+			e.allowDrop(r)
+			return e
+		}
+	}
+	// What the tunnel refuses comes first, and a pod's packet keeps its source (its
+	// ICMP error quotes what it sent, architecture.md, encapsulation step 2): no live
+	// member, then (a pod's packet, this hop forwards it) TTL, then the size.
 	if len(rt.peers) == 0 {
 		e.because("no live member")
 		if fromPod && noPathAnswer(v) {
@@ -1418,7 +1428,7 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 	// Return-path SNAT (docs/architecture.md): every source that is neither the
 	// host's own (tunnel or underlay address) nor exempt leaves as the tunnel address
 	// (a pod's packet here is of a direct flow).
-	if src == w.tunnelIP || src == w.underlay || w.snatExempted(src) {
+	if !translated {
 		e.forms = append(e.forms, encapForm(w, in, rt.peers, fromPod))
 		return e
 	}
