@@ -64,8 +64,11 @@ int underlay_ingress(struct __sk_buff *skb)
 	if (!cfg)
 		return redirect_note(skb, TC_ACT_OK, HOOK_UNDERLAY_TC);
 	if (tc_xdp_decapped(skb)) {
-		tcp_clamp_mss(skb, cfg->tunnel_mtu);
-		ret = deliver_decapped(skb, cfg, HOOK_UNDERLAY_TC);
+		ret = DROP_DECAP_FAILED;	/* passed on, it would reach the underlay's stack */
+		if (!pull_xdp_popped_headers(skb)) {
+			tcp_clamp_mss(skb, cfg->tunnel_mtu);
+			ret = deliver_decapped(skb, cfg, HOOK_UNDERLAY_TC);
+		}
 	} else {
 		ret = tc_decap(skb, cfg, HOOK_UNDERLAY_TC);
 		/* Not GENEVE for us: a reply to a masqueraded flow (the stack takes it to

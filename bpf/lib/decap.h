@@ -13,14 +13,26 @@
 #include "csum.h"
 #include "health.h"
 
-/* Makes linear what decapsulation reads: outer Ethernet, IPv4 with options, UDP, GENEVE
- * with its options, inner Ethernet and inner IPv4 (without options), with the lengths read
- * from the packet so a frame whose headers are linear already (the common case) pulls
- * nothing. Returns 0, or -1 if the pull failed. */
+/* Bytes of an inner L4 header of protocol proto that delivery reads (stack_sees,
+ * reverse SNAT, the MSS clamp): all 20 of a TCP header without options, else 8 (UDP, an
+ * ICMP header). A packet shorter than that pulls what it has. */
+static __always_inline __u32 inner_l4_pull_len(__u8 proto)
+{
+	return proto == IPPROTO_TCP ? sizeof(struct tcphdr) : 8;
+}
+
+/* Makes linear what decapsulation and delivery read: outer Ethernet, IPv4 with options,
+ * UDP, GENEVE with its options, inner Ethernet, inner IPv4 with its options and the
+ * first bytes of the inner L4 header (inner_l4_pull_len), with the lengths read from the
+ * packet so a frame whose headers are linear already (the common case) pulls nothing.
+ * A driver that leaves only the headers GRO parsed (outer Ethernet, IPv4 and UDP: no
+ * GRO handler knows GENEVE without a geneve device) in the linear part would otherwise
+ * hand delivery an inner packet whose IPv4 options or TCP flags it cannot read.
+ * Returns 0, or -1 if the pull failed. */
 static __always_inline int pull_geneve_headers(struct __sk_buff *skb)
 {
 	__u32 off = ETH_HLEN;
-	__u8 b;
+	__u8 b, inner[10];	/* the inner IPv4 header up to its protocol */
 
 	if (bpf_skb_load_bytes(skb, off, &b, 1))
 		return 0;	/* shorter than that: the parsers reject it */
@@ -28,7 +40,25 @@ static __always_inline int pull_geneve_headers(struct __sk_buff *skb)
 	/* The first GENEVE byte is version (2 bits) and option length (6 bits, words). */
 	if (!bpf_skb_load_bytes(skb, off, &b, 1))
 		off += (b & 0x3f) * 4;
-	return pull_headers(skb, off + GENEVE_HLEN + ETH_HLEN + sizeof(struct iphdr));
+	off += GENEVE_HLEN + ETH_HLEN;
+	if (bpf_skb_load_bytes(skb, off, inner, sizeof(inner)))
+		return pull_headers(skb, off + sizeof(struct iphdr));
+	return pull_headers(skb, off + (inner[0] & 0xf) * 4 + inner_l4_pull_len(inner[9]));
+}
+
+/* Makes the IPv4 header (with options) and the first inner_l4_pull_len bytes of the L4
+ * header of a frame underlay_xdp popped linear, as pull_geneve_headers does for one
+ * TC pops. An XDP program without frags support sees the whole frame linear, and the
+ * skb built from it after XDP_PASS keeps it so (GRO only appends later segments), so
+ * this pulls nothing in practice: one load and a compare guard against a driver that
+ * does otherwise. Returns 0, or -1 if the pull failed. */
+static __always_inline int pull_xdp_popped_headers(struct __sk_buff *skb)
+{
+	__u8 inner[10];
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, inner, sizeof(inner)))
+		return 0;	/* shorter than that: the parsers reject it */
+	return pull_headers(skb, ETH_HLEN + (inner[0] & 0xf) * 4 + inner_l4_pull_len(inner[9]));
 }
 
 #define DECAP_FLAGS	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_DECAP_L3_IPV4)

@@ -195,8 +195,24 @@ static __always_inline int deliver_host(struct __sk_buff *skb, const struct data
 	return deliver_to_stack(skb, cfg, eth, 0, METRIC_DELIVER_HOST, hook);
 }
 
+/* Returns 1 if the IPv4 packet iph at the start of skb's frame, or one segment of it
+ * if skb is GSO (ipv4_wire_len), is longer than the MTU of device ifindex. */
+static __always_inline int longer_than_mtu(struct __sk_buff *skb, const struct iphdr *iph,
+					   __u32 ifindex)
+{
+	/* A length every device takes: only the MTU bpf_check_mtu reports back is wanted
+	 * (it does not check a GSO packet's segments against a given length). */
+	__u32 mtu = sizeof(struct iphdr);
+
+	if (bpf_check_mtu(skb, ifindex, &mtu, 0, 0) < 0)
+		return 0;
+	return ipv4_wire_len(skb, iph) > mtu;
+}
+
 /* Delivers a decapsulated frame [eth][IPv4] arriving on the underlay: to a local pod
- * (pod_ifaces) through the stack when stack_sees says so, else with
+ * (pod_ifaces) through the stack when stack_sees says so, or when the packet (a GSO
+ * packet's segment) is longer than the pod interface's MTU (the stack's forwarding
+ * answers ICMP frag needed to a DF packet, fragments any other), else with
  * bpf_redirect_peer; to this host through isthmus0 ingress; or, for a destination in
  * fabric_prefixes whose next hop is elsewhere, to the site fabric.
  * Returns TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_DELIVER_*. */
@@ -231,9 +247,15 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 			return DROP_NOT_LOCAL;
 		return deliver_host(skb, cfg, eth, hook);
 	}
-	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+	/* FRAG_NEEDED (a plain packet longer than the device's MTU, lookup without
+	 * tot_len) comes with the device: the pod's is handled below, where the
+	 * redirect would have lost the packet without a word. */
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH &&
+	    rc != BPF_FIB_LKUP_RET_FRAG_NEEDED)
 		return DROP_NOT_LOCAL;
 	if (!bpf_map_lookup_elem(&pod_ifaces, &p.ifindex)) {
+		if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED)
+			return DROP_NOT_LOCAL;
 		/* Never back into the tunnel through isthmus0: that would loop. */
 		if (p.ifindex != cfg->overlay_ifindex && is_fabric_dest(iph->daddr))
 			return forward_to_fabric(skb, cfg, eth, iph, &p, rc, hook);
@@ -244,6 +266,11 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 			return deliver_host(skb, cfg, eth, hook);
 		return DROP_NOT_LOCAL;
 	}
+	/* Too long for the pod: the stack's forwarding says so to the sender (ICMP frag
+	 * needed with the pod's MTU, so path MTU discovery converges) or fragments it. A
+	 * redirect would drop it unseen, or hand the pod segments over its MTU. */
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED || longer_than_mtu(skb, iph, p.ifindex))
+		return deliver_to_stack(skb, cfg, eth, OVERLAY_MARK, METRIC_DELIVER_POD, hook);
 	if (stack_sees(skb, iph, c.pos, data_end, hook))
 		return deliver_to_stack(skb, cfg, eth, OVERLAY_MARK, METRIC_DELIVER_POD, hook);
 	if (iph->ttl <= 1)

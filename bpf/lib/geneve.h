@@ -36,9 +36,24 @@ struct decap_info {
 	struct iphdr *inner;	/* inner IPv4 header, valid until the packet changes */
 };
 
+/* Returns 1 if saddr may never be the source of a packet out of the tunnel, whatever
+ * peer_sources allows (a gateway's peer may send from 0.0.0.0/0): "this network"
+ * 0/8, loopback 127/8, multicast 224/4, reserved 240/4 with the limited broadcast, and
+ * this node's own underlay and tunnel addresses (the stack would take them for its own
+ * packets: a martian, or a reply to a connection it never made). */
+static __always_inline int inner_src_martian(const struct datapath_config *cfg, __be32 saddr)
+{
+	__u8 first = bpf_ntohl(saddr) >> 24;
+
+	if (first == 0 || first == 127 || first >= 224)
+		return 1;
+	return saddr == cfg->underlay_ip || (cfg->tunnel_ip && saddr == cfg->tunnel_ip);
+}
+
 /* Validates the GENEVE header and the inner Ethernet and IPv4 headers at c, for a
  * frame from outer source info->peer. Returns 0 and fills the rest of *info, or a
- * negative DROP_*. The order of checks fixes which reason a frame with several faults
+ * negative DROP_* (DROP_INNER_MARTIAN for a source no peer may send from,
+ * inner_src_martian, before DROP_INNER_SRC_DENIED). The order of checks fixes which reason a frame with several faults
  * gets. */
 static __always_inline int geneve_validate(struct cursor *c, const struct datapath_config *cfg,
 					   struct decap_info *info)
@@ -82,6 +97,8 @@ static __always_inline int geneve_validate(struct cursor *c, const struct datapa
 	}
 	if (parse_ipv4(c, &iiph) < 0)
 		return DROP_INNER_INVALID;
+	if (inner_src_martian(cfg, iiph->saddr))
+		return DROP_INNER_MARTIAN;
 
 	skey.src = iiph->saddr;
 	if (!bpf_map_lookup_elem(&peer_sources, &skey))

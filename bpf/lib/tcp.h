@@ -24,18 +24,28 @@
 static long (*bpf_loop)(__u32 nr_loops, void *callback_fn, void *callback_ctx,
 			__u64 flags) = (void *)181;
 
+/* Most MSS options a TCP header has room for (4 bytes each in TCP_OPT_MAX). */
+#define TCP_MSS_MAX		(TCP_OPT_MAX / TCPOLEN_MSS)
+/* Size of the array of their offsets: a power of two above TCP_MSS_MAX. */
+#define TCP_MSS_BUF		16
+
 /* The state of a walk over a SYN's options, shared with the bpf_loop callback. */
 struct tcp_opt_walk {
 	__u8 opt[TCP_OPT_BUF];	/* the option bytes; zero past optlen */
 	__u32 optlen;		/* 4..TCP_OPT_MAX */
 	__u32 pos;		/* start of the next option */
-	int mss;		/* offset of the MSS value in opt, or -1 */
+	__u32 nmss;		/* MSS options found, 0..TCP_MSS_MAX */
+	__u8 mss[TCP_MSS_BUF];	/* offset in opt of each one's value */
 };
 
-/* bpf_loop callback: looks at the option that starts at w->pos. Returns 0 to go on to
- * the next option, 1 to stop (MSS found, end of options, or malformed). A callback, not
- * inline: the verifier checks its body once instead of once per possible path through
- * 40 option positions, which a plain bounded loop blew past a million instructions. */
+/* bpf_loop callback: looks at the option that starts at w->pos and records it in
+ * w->mss if it is a well-formed MSS option. Returns 0 to go on to the next option, 1
+ * to stop (end of options, or malformed). Every MSS option counts, not only the first:
+ * Linux's tcp_parse_options reads them all and keeps the last, so a SYN whose second
+ * MSS option is the large one would otherwise pass the clamp. An MSS option of another
+ * length is skipped by its length, as Linux skips it. A callback, not inline: the
+ * verifier checks its body once instead of once per possible path through 40 option
+ * positions, which a plain bounded loop blew past a million instructions. */
 static long tcp_opt_step(__u64 index, void *ctx)
 {
 	struct tcp_opt_walk *w = ctx;
@@ -54,23 +64,50 @@ static long tcp_opt_step(__u64 index, void *ctx)
 	if (i + 1 >= w->optlen)
 		return 1;
 	len = w->opt[(i + 1) & (TCP_OPT_BUF - 1)];
-	if (kind == TCPOPT_MSS) {
-		if (len == TCPOLEN_MSS && i + TCPOLEN_MSS <= w->optlen)
-			w->mss = i + 2;
+	if (len < 2 || i + len > w->optlen)
 		return 1;
+	if (kind == TCPOPT_MSS && len == TCPOLEN_MSS && w->nmss < TCP_MSS_MAX) {
+		w->mss[w->nmss & (TCP_MSS_BUF - 1)] = i + 2;
+		w->nmss++;
 	}
-	if (len < 2)
-		return 1;
 	w->pos = i + len;
 	return 0;
 }
 
-/* Lowers the MSS option of a TCP SYN or SYN-ACK in the IPv4 frame at the start of skb
- * to tunnel_mtu - 40 if it is larger, and fixes the TCP checksum incrementally (the sum
- * over the segment is unchanged, so a CHECKSUM_COMPLETE skb stays valid; for
- * CHECKSUM_PARTIAL only the payload changes, as it should). Anything else leaves
- * after a few loads from the linear headers. Returns 1 if it rewrote the option, 0 if
- * not (also when a helper refused: the packet is then unchanged). Invalidates packet
+/* Sets the MSS value at offset i of the options w holds (TCP header at l4off of skb)
+ * to new_mss, fixing the TCP checksum incrementally. Returns 1 if it did, 0 if a
+ * helper refused (the packet is then unchanged). */
+static __always_inline int tcp_mss_rewrite(struct __sk_buff *skb, __u32 l4off,
+					   const struct tcp_opt_walk *w, __u32 i, __u16 new_mss)
+{
+	__u16 mss = (w->opt[i & (TCP_OPT_BUF - 1)] << 8) | w->opt[(i + 1) & (TCP_OPT_BUF - 1)];
+	__be16 old_be = bpf_htons(mss), new_be = bpf_htons(new_mss), old_cs, new_cs;
+
+	/* The checksum sums 16-bit words from the start of the segment. A value at an odd
+	 * offset (a lone NOP before the MSS) straddles two words, each byte in the other
+	 * half: its contribution is the byte-swapped value. */
+	old_cs = i & 1 ? __builtin_bswap16(old_be) : old_be;
+	new_cs = i & 1 ? __builtin_bswap16(new_be) : new_be;
+	/* Checksum first: if it fails nothing has changed. If the store then fails, put
+	 * the checksum back (that region is writable by now). */
+	if (bpf_l4_csum_replace(skb, l4off + offsetof(struct tcphdr, check), old_cs, new_cs,
+				sizeof(__u16)))
+		return 0;
+	if (bpf_skb_store_bytes(skb, l4off + sizeof(struct tcphdr) + i, &new_be,
+				sizeof(new_be), 0)) {
+		bpf_l4_csum_replace(skb, l4off + offsetof(struct tcphdr, check), new_cs, old_cs,
+				    sizeof(__u16));
+		return 0;
+	}
+	return 1;
+}
+
+/* Lowers every MSS option of a TCP SYN or SYN-ACK in the IPv4 frame at the start of
+ * skb to tunnel_mtu - 40 where it is larger, and fixes the TCP checksum incrementally
+ * (the sum over the segment is unchanged, so a CHECKSUM_COMPLETE skb stays valid; for
+ * CHECKSUM_PARTIAL only the payload changes, as it should). Anything else leaves after
+ * a few loads from the linear headers. Returns 1 if it rewrote an option, 0 if not
+ * (also when a helper refused: that option is then unchanged). Invalidates packet
  * pointers. */
 static __always_inline int tcp_clamp_mss(struct __sk_buff *skb, __u16 tunnel_mtu)
 {
@@ -81,10 +118,9 @@ static __always_inline int tcp_clamp_mss(struct __sk_buff *skb, __u16 tunnel_mtu
 	struct ethhdr *eth;
 	struct iphdr *iph;
 	__u8 hdr[2];		/* TCP bytes 12 and 13: data offset, flags */
-	__be16 old_be, new_be, old_cs, new_cs;
-	__u32 l4off, thlen;
+	__u32 l4off, thlen, k, i;
 	__u16 max_mss, mss;
-	int i;
+	int done = 0;
 
 	if (tunnel_mtu <= TCP_IPV4_HLEN)
 		return 0;
@@ -106,36 +142,19 @@ static __always_inline int tcp_clamp_mss(struct __sk_buff *skb, __u16 tunnel_mtu
 		return 0;
 	__builtin_memset(&w, 0, sizeof(w));
 	w.optlen = thlen - sizeof(struct tcphdr);
-	w.mss = -1;
 	if (bpf_skb_load_bytes(skb, l4off + sizeof(struct tcphdr), w.opt,
 			       thlen - sizeof(struct tcphdr)))
 		return 0;
 	/* Each step consumes at least one byte: TCP_OPT_MAX steps cover every layout. */
 	bpf_loop(TCP_OPT_MAX, tcp_opt_step, &w, 0);
-	i = w.mss;
-	if (i < 0)
-		return 0;
-	mss = (w.opt[i & (TCP_OPT_BUF - 1)] << 8) | w.opt[(i + 1) & (TCP_OPT_BUF - 1)];
 	max_mss = tunnel_mtu - TCP_IPV4_HLEN;
-	if (mss <= max_mss)
-		return 0;
-	old_be = bpf_htons(mss);
-	new_be = bpf_htons(max_mss);
-	/* The checksum sums 16-bit words from the start of the segment. A value at an odd
-	 * offset (a lone NOP before the MSS) straddles two words, each byte in the other
-	 * half: its contribution is the byte-swapped value. */
-	old_cs = i & 1 ? __builtin_bswap16(old_be) : old_be;
-	new_cs = i & 1 ? __builtin_bswap16(new_be) : new_be;
-	/* Checksum first: if it fails nothing has changed. If the store then fails, put
-	 * the checksum back (that region is writable by now). */
-	if (bpf_l4_csum_replace(skb, l4off + offsetof(struct tcphdr, check), old_cs, new_cs,
-				sizeof(__u16)))
-		return 0;
-	if (bpf_skb_store_bytes(skb, l4off + sizeof(struct tcphdr) + i, &new_be,
-				sizeof(new_be), 0)) {
-		bpf_l4_csum_replace(skb, l4off + offsetof(struct tcphdr, check), new_cs, old_cs,
-				    sizeof(__u16));
-		return 0;
+	for (k = 0; k < TCP_MSS_MAX; k++) {
+		if (k >= w.nmss)
+			break;
+		i = w.mss[k & (TCP_MSS_BUF - 1)];
+		mss = (w.opt[i & (TCP_OPT_BUF - 1)] << 8) | w.opt[(i + 1) & (TCP_OPT_BUF - 1)];
+		if (mss > max_mss)
+			done |= tcp_mss_rewrite(skb, l4off, &w, i, max_mss);
 	}
-	return 1;
+	return done;
 }
