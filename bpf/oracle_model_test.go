@@ -81,8 +81,11 @@ type oracleWorld struct {
 
 // directOK is direct, with its reasoning added to e.
 func (w *oracleWorld) directOK(e *expectation, v *ipv4View, src, dst netip.Addr, dport uint16) bool {
-	ok, why := w.direct(v, src, dst, dport)
+	ok, why, reopened := w.directReopens(v, src, dst, dport)
 	e.because("%s", why)
+	if reopened != nil {
+		e.reopens = append(e.reopens, *reopened)
+	}
 	return ok
 }
 
@@ -233,6 +236,14 @@ func (w *oracleWorld) route(a netip.Addr) (oracleRoute, bool) {
 	return best, found
 }
 
+// martian reports whether a is an inner source no peer may send from: "this network"
+// 0/8, loopback 127/8, multicast 224/4, reserved 240/4 with the limited broadcast, and
+// this node's own underlay and tunnel addresses.
+func (w *oracleWorld) martian(a netip.Addr) bool {
+	b := a.As4()
+	return b[0] == 0 || b[0] == 127 || b[0] >= 224 || a == w.underlay || a == w.tunnelIP
+}
+
 // mayUse reports whether peer may send inner source src: some prefix of its own holds it.
 func (w *oracleWorld) mayUse(peer, src netip.Addr) bool {
 	for _, p := range w.peerSources[peer] {
@@ -308,35 +319,47 @@ func (w *oracleWorld) ctEntry(proto uint8, t oracleTuple) (oracleCT, bool) {
 // Everything else passes the stack: fragments, UDP, ICMP of every type, every other
 // protocol, a cut L4 header, SYNs, no entry, a translated or unassured entry.
 func (w *oracleWorld) direct(v *ipv4View, src, dst netip.Addr, dport uint16) (bool, string) {
+	ok, why, _ := w.directReopens(v, src, dst, dport)
+	return ok, why
+}
+
+// directReopens is direct, and also returns the closed entry a bare SYN (without ACK)
+// on its tuple reopens: the fast path closed that flow, so the SYN starts a new one,
+// which conntrack must see as NEW (the datapath expires the entry; the test puts the
+// world's entry back after the input).
+func (w *oracleWorld) directReopens(v *ipv4View, src, dst netip.Addr, dport uint16) (bool, string, *oracleCT) {
 	if v.fragment() {
-		return false, "a fragment: the stack"
+		return false, "a fragment: the stack", nil
 	}
 	if v.ip.Protocol != layers.IPProtocolTCP {
-		return false, fmt.Sprintf("protocol %v, not TCP: the stack", v.ip.Protocol)
+		return false, fmt.Sprintf("protocol %v, not TCP: the stack", v.ip.Protocol), nil
 	}
 	l4 := v.l4()
 	if len(l4) < 20 {
-		return false, fmt.Sprintf("TCP header cut at %d bytes: the stack", len(l4))
-	}
-	if l4[13]&0x02 != 0 {
-		return false, "a SYN: the stack"
+		return false, fmt.Sprintf("TCP header cut at %d bytes: the stack", len(l4)), nil
 	}
 	t := oracleTuple{src: src, dst: dst, sport: binary.BigEndian.Uint16(l4), dport: binary.BigEndian.Uint16(l4[2:])}
 	if dport != 0 {
 		t.dport = dport
 	}
 	c, ok := w.ctEntry(6, t)
+	if l4[13]&0x02 != 0 {
+		if ok && c.closed && l4[13]&0x10 == 0 {
+			return false, "a SYN on the tuple of a closed flow: the stack, as a new flow", &c
+		}
+		return false, "a SYN: the stack", nil
+	}
 	switch {
 	case !ok:
-		return false, fmt.Sprintf("no conntrack entry for %v:%d -> %v:%d: the stack", t.src, t.sport, t.dst, t.dport)
+		return false, fmt.Sprintf("no conntrack entry for %v:%d -> %v:%d: the stack", t.src, t.sport, t.dst, t.dport), nil
 	case !c.assured:
-		return false, "conntrack entry not assured: the stack"
+		return false, "conntrack entry not assured: the stack", nil
 	case !c.untranslated():
-		return false, "conntrack entry translated (original != inverse of reply): the stack"
+		return false, "conntrack entry translated (original != inverse of reply): the stack", nil
 	case c.closed:
-		return false, "flow closed on the fast path: the stack"
+		return false, "flow closed on the fast path: the stack", nil
 	}
-	return true, "established, assured, untranslated TCP flow: around the stack"
+	return true, "established, assured, untranslated TCP flow: around the stack", nil
 }
 
 // expectation is what the model allows for one frame on one program. Anything not
@@ -359,6 +382,9 @@ type expectation struct {
 	// sender is forwarded to another member or DROP_TRANSIT_LOOP. The one input class
 	// with two outcomes.
 	hashed bool
+	// reopens: the closed conntrack entries the input expires (a bare SYN on a closed
+	// flow's tuple), which the test puts back for the next input.
+	reopens []oracleCT
 	// formDrop, if not 0, is the drop a redirect to one of forms must have counted
 	// (exactly once, at the hook): a dropped packet answered in its place, as a pod's
 	// packet to a group without a live member is with ICMP net unreachable.
@@ -788,6 +814,11 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		return fault(IsthmusDropReasonDROP_INNER_INVALID, "inner IPv4 malformed: %v", err)
 	}
 	src, dst := inner.src(), inner.dst()
+	if w.martian(src) {
+		// No peer may send from these, whatever peer_sources allows (a gateway's peer
+		// may have 0.0.0.0/0): the stack would trust them as its own or as local.
+		return fault(IsthmusDropReasonDROP_INNER_MARTIAN, "inner source %v is a martian", src)
+	}
 	if !w.mayUse(peer, src) {
 		return fault(IsthmusDropReasonDROP_INNER_SRC_DENIED, "peer %v may not send from %v", peer, src)
 	}

@@ -498,6 +498,15 @@ func natSeeds(l *lab) [][]byte {
 		gnv(peerIP, ip)
 		plain(gwMAC, ip)
 	}
+	// Flows closed on the fast path: what still comes passes the stack; a bare SYN
+	// starts a new flow (through the stack, the entry expired).
+	for _, flags := range []byte{0x10, 0x11, 0x04, 0x02, 0x12} {
+		gnv(peerIP, tcp(remotePodIP, podIP, 80, 33004, flags, nil, 63))
+	}
+	// Martian inner sources: no peer may send from them.
+	for _, src := range []netip.Addr{a("127.0.0.1"), a("0.1.2.3"), a("224.0.0.1"), a("255.255.255.255"), a("240.0.0.1"), hostIP, underlayIP} {
+		gnv(peerIP, udp(src, podIP, 4000, 5000, 63))
+	}
 	// The pod outside snat_exempt: replies to its translated flows (direct ACK,
 	// SYN-ACK, FIN, RST; a datagram) and an ICMP error about its flow.
 	for _, flags := range []byte{0x10, 0x12, 0x11, 0x04} {
@@ -586,6 +595,10 @@ func encapSeeds(l *lab, fromPod bool) [][]byte {
 			add(p)
 		}
 		add(ipkt{src: natPodIP, dst: a("10.6.0.1")})
+		// A flow closed on the fast path: the stack; a bare SYN reopens it.
+		for _, flags := range []byte{0x10, 0x02} {
+			add(ipkt{dst: remotePodIP, proto: 6, sport: 40006, flags: flags})
+		}
 		add(ipkt{src: natPodIP, dst: podIP})
 	} else {
 		// The pod outside snat_exempt, forwarded by the stack into isthmus0.

@@ -55,6 +55,9 @@ var (
 	ipvsVIP = netip.MustParseAddr("10.2.0.200")
 )
 
+// closedFlow is c closed on the fast path.
+func closedFlow(c oracleCT) oracleCT { c.closed = true; return c }
+
 // ctFlow is an untranslated conntrack entry of the world: its reply tuple the inverse
 // of its original.
 func ctFlow(proto uint8, src, dst netip.Addr, sport, dport uint16, assured bool) oracleCT {
@@ -113,6 +116,11 @@ func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 			ctFlow(6, remotePodIP, podIP, 80, 33002, true),
 			ctFlow(6, podIP, remotePodIP, 40004, 80, true),
 			ctFlow(6, natPodIP, remotePodIP, 40010, 80, true),
+			// Closed on the fast path (a RST its receiver accepted, or both FINs
+			// acknowledged: ct_close says so): the stack judges what still comes, and
+			// a bare SYN on the tuple starts a new flow.
+			closedFlow(ctFlow(6, remotePodIP, podIP, 80, 33004, true)),
+			closedFlow(ctFlow(6, podIP, remotePodIP, 40006, 80, true)),
 			// IPVS's shape: the pod dialled the Service address, the backend answers;
 			// established and assured, no NAT bit, but translated: the stack.
 			{proto: 6, orig: oracleTuple{src: podIP, dst: ipvsVIP, sport: 40005, dport: 80},
@@ -143,6 +151,45 @@ func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 		cniRoutes:      []netip.Prefix{cniNet},
 		undMAC:         undMAC, podHMAC: podHMAC, istMAC: istMAC, gwMAC: gwMAC, fabricMAC: fabricMAC,
 	}
+}
+
+// resetWorld puts the maps an input changes back as w has them: nat (putNat) and
+// ct_close, the fast path's record of closed flows (a FIN or RST of an input adds to
+// it).
+func resetWorld(t testing.TB, l *lab, w *oracleWorld) {
+	t.Helper()
+	putNat(t, l, w)
+	var k IsthmusCtCloseKey
+	var keys []IsthmusCtCloseKey
+	for it := l.objs.CtClose.Iterate(); it.Next(&k, new(IsthmusCtCloseValue)); {
+		keys = append(keys, k)
+	}
+	for _, k := range keys {
+		if err := l.objs.CtClose.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			t.Fatalf("delete ct_close %+v: %v", k, err)
+		}
+	}
+	for _, c := range w.conntrack {
+		if !c.closed {
+			continue
+		}
+		k := IsthmusCtCloseKey{Saddr: be32(c.orig.src), Daddr: be32(c.orig.dst), Sport: nport(c.orig.sport), Dport: nport(c.orig.dport)}
+		if err := l.objs.CtClose.Put(k, IsthmusCtCloseValue{Closed: 1}); err != nil {
+			t.Fatalf("put ct_close %+v: %v", k, err)
+		}
+	}
+}
+
+// judgeWorld judges in from w's tables (resetWorld) and puts back the conntrack
+// entries it expired (e.reopens: a bare SYN on a closed flow's tuple).
+func (l *lab) judgeWorld(t testing.TB, p oracleProg, names map[uint16]string, w *oracleWorld, in []byte, e expectation) error {
+	t.Helper()
+	resetWorld(t, l, w)
+	err := l.judge(t, p, names, in, e)
+	for _, c := range e.reopens {
+		ctAssured(t, l, c, true)
+	}
+	return err
 }
 
 // putNat writes w's translated flows into nat, both halves of each, seen just now (or
@@ -347,22 +394,36 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 		return nil
 	}))
 	for _, c := range w.conntrack {
-		if !c.assured {
-			continue
-		}
-		if c.proto != 6 {
-			t.Fatalf("conntrack flow %+v: only TCP entries are assured in the world", c)
-		}
-		out, err := exec.Command("nsenter", fmt.Sprintf("--net=/proc/%d/fd/%d", os.Getpid(), int(l.ns)), "conntrack", "-I",
-			"-p", "tcp", "-s", c.orig.src.String(), "-d", c.orig.dst.String(), "--sport", strconv.Itoa(int(c.orig.sport)), "--dport", strconv.Itoa(int(c.orig.dport)),
-			"-r", c.reply.src.String(), "-q", c.reply.dst.String(), "--reply-port-src", strconv.Itoa(int(c.reply.sport)), "--reply-port-dst", strconv.Itoa(int(c.reply.dport)),
-			"--state", "ESTABLISHED", "--status", "ASSURED", "--timeout", strconv.Itoa(oracleCTTimeout)).CombinedOutput()
-		if err != nil {
-			t.Fatalf("create assured conntrack flow %+v: %v: %s", c, err, out)
+		if c.assured {
+			ctAssured(t, l, c, false)
 		}
 	}
 	putNat(t, l, w)
 	return l, w
+}
+
+// ctAssured creates c in the lab's conntrack, ESTABLISHED and ASSURED, with
+// conntrack -I (netlink's ConntrackFlow cannot set the status), replacing the entry of
+// its tuple if replace.
+func ctAssured(t testing.TB, l *lab, c oracleCT, replace bool) {
+	t.Helper()
+	if c.proto != 6 {
+		t.Fatalf("conntrack flow %+v: only TCP entries are assured in the world", c)
+	}
+	ns := fmt.Sprintf("--net=/proc/%d/fd/%d", os.Getpid(), int(l.ns))
+	orig := []string{"-p", "tcp", "-s", c.orig.src.String(), "-d", c.orig.dst.String(),
+		"--sport", strconv.Itoa(int(c.orig.sport)), "--dport", strconv.Itoa(int(c.orig.dport))}
+	if replace {
+		// Gone already (expired) is as good as deleted.
+		exec.Command("nsenter", append([]string{ns, "conntrack", "-D"}, orig...)...).Run()
+	}
+	args := append([]string{ns, "conntrack", "-I"}, orig...)
+	args = append(args, "-r", c.reply.src.String(), "-q", c.reply.dst.String(),
+		"--reply-port-src", strconv.Itoa(int(c.reply.sport)), "--reply-port-dst", strconv.Itoa(int(c.reply.dport)),
+		"--state", "ESTABLISHED", "--status", "ASSURED", "--timeout", strconv.Itoa(oracleCTTimeout))
+	if out, err := exec.Command("nsenter", args...).CombinedOutput(); err != nil {
+		t.Fatalf("create assured conntrack flow %+v: %v: %s", c, err, out)
+	}
 }
 
 // oracleCTTimeout is the life, in seconds, of the oracle lab's conntrack entries:
@@ -594,10 +655,9 @@ func fuzzUnderlay(f *testing.F, xdp bool) {
 	p = newOracleProg(f, l, p)
 	seeds := oracleSeeds(f, underlaySeeds(l), func(in []byte) error {
 		for _, transit := range []bool{false, true} {
-			putNat(f, l, w)
 			setTransit(f, l, transit)
 			w.transit = transit
-			if err := l.judge(f, p, names, in, modelUnderlay(w, in, xdp)); err != nil {
+			if err := l.judgeWorld(f, p, names, w, in, modelUnderlay(w, in, xdp)); err != nil {
 				return err
 			}
 		}
@@ -614,14 +674,15 @@ func fuzzUnderlay(f *testing.F, xdp bool) {
 		for _, transit := range []bool{false, true} {
 			// Every input starts from the world's nat table: a reply refreshes its
 			// entries and a FIN or RST changes their state.
-			putNat(t, l, w)
 			setTransit(t, l, transit)
 			w.transit = transit
 			q := p
 			if transit {
 				q.name += " (gateway)"
 			}
-			l.check(t, q, names, in, modelUnderlay(w, in, xdp))
+			if err := l.judgeWorld(t, q, names, w, in, modelUnderlay(w, in, xdp)); err != nil {
+				t.Fatal(err)
+			}
 		}
 	})
 }
@@ -639,8 +700,7 @@ func fuzzEncap(f *testing.F, fromPod bool) {
 	}
 	p = newOracleProg(f, l, p)
 	for _, in := range oracleSeeds(f, encapSeeds(l, fromPod), func(in []byte) error {
-		putNat(f, l, w)
-		return l.judge(f, p, names, in, modelEncap(w, in, fromPod))
+		return l.judgeWorld(f, p, names, w, in, modelEncap(w, in, fromPod))
 	}) {
 		f.Add(in)
 	}
@@ -650,8 +710,9 @@ func fuzzEncap(f *testing.F, fromPod bool) {
 			return
 		}
 		// Every input starts from the world's nat table (a translation takes a port).
-		putNat(t, l, w)
-		l.check(t, p, names, in, modelEncap(w, in, fromPod))
+		if err := l.judgeWorld(t, p, names, w, in, modelEncap(w, in, fromPod)); err != nil {
+			t.Fatal(err)
+		}
 	})
 }
 
@@ -665,8 +726,7 @@ func FuzzOracleUnderlayEgress(f *testing.F) {
 	names := dropNames(f)
 	p := newOracleProg(f, l, oracleProg{name: "underlay_egress", prog: l.objs.UnderlayEgress, ifindex: l.und.Attrs().Index, hook: IsthmusHookHOOK_UNDERLAY_EGRESS})
 	for _, in := range oracleSeeds(f, masqSeeds(l), func(in []byte) error {
-		putNat(f, l, w)
-		return l.judge(f, p, names, in, modelMasq(w, in))
+		return l.judgeWorld(f, p, names, w, in, modelMasq(w, in))
 	}) {
 		f.Add(in)
 	}
@@ -675,7 +735,8 @@ func FuzzOracleUnderlayEgress(f *testing.F) {
 		if !ok {
 			return
 		}
-		putNat(t, l, w)
-		l.check(t, p, names, in, modelMasq(w, in))
+		if err := l.judgeWorld(t, p, names, w, in, modelMasq(w, in)); err != nil {
+			t.Fatal(err)
+		}
 	})
 }
