@@ -494,9 +494,11 @@ func (v *ipv4View) l4() []byte { return v.raw[v.hlen:] }
 // errorAllowed says whether an ICMP error may be sent about v, as the kernel's
 // icmp_send decides (RFC 1122 3.2.2, RFC 1812 4.3.2.7): never about a fragment after
 // the first, an ICMP error message (destination unreachable, source quench, redirect,
-// time exceeded, parameter problem) or an ICMP type past 18 (NR_ICMP_TYPES).
+// time exceeded, parameter problem) or an ICMP type past 18 (NR_ICMP_TYPES); and, as
+// the datapath builds every error (architecture.md, encapsulation step 3), only with
+// the header and the 8 bytes after it present to quote.
 func (v *ipv4View) errorAllowed() bool {
-	if v.ip.FragOffset != 0 {
+	if v.ip.FragOffset != 0 || len(v.raw) < v.hlen+8 {
 		return false
 	}
 	if v.ip.Protocol != layers.IPProtocolICMPv4 {
@@ -1546,7 +1548,7 @@ func modelMasq(w *oracleWorld, in []byte) expectation {
 // (errorAllowed: not an ICMP error, not a fragment after the first), and with the
 // header and the 8 bytes after it present to quote (RFC 792).
 func noPathAnswer(v *ipv4View) bool {
-	return len(v.raw) >= v.hlen+8 && v.errorAllowed()
+	return v.errorAllowed()
 }
 
 // snatAfter is inIP (an IPv4 packet as received) translated to source to: the port
