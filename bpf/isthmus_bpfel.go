@@ -96,6 +96,7 @@ const (
 	IsthmusDropReasonDROP_UNDERLAY_MTU         IsthmusDropReason = 4294967135
 	IsthmusDropReasonDROP_POD_SRC_NOT_RESERVED IsthmusDropReason = 4294967134
 	IsthmusDropReasonDROP_INNER_MARTIAN        IsthmusDropReason = 4294967133
+	IsthmusDropReasonDROP_ICMP_GSO             IsthmusDropReason = 4294967132
 )
 
 type IsthmusFabricPrefixValue struct {

@@ -50,6 +50,7 @@ var dropReasons = []DropReason{
 	{-161, "DROP_UNDERLAY_MTU", "underlay_mtu", "A transiting frame is longer than the MTU toward its next hop and its inner packet lacks DF."},
 	{-162, "DROP_POD_SRC_NOT_RESERVED", "pod_src_not_reserved", "A pod on an interface the CNI plugin made sent from an address the plugin did not reserve for it."},
 	{-163, "DROP_INNER_MARTIAN", "inner_martian", "Decapsulated inner source is a martian (0/8, 127/8, 224/4, 240/4) or this node's own underlay or tunnel address."},
+	{-164, "DROP_ICMP_GSO", "icmp_gso", "An ICMP error (frag needed, time exceeded) for a transiting GSO frame the kernel would not shrink: sent, it would be segmented as TCP."},
 }
 
 // DropReasons returns every drop reason, in code order from -130 down.

@@ -38,4 +38,5 @@ enum drop_reason {
 	DROP_UNDERLAY_MTU	= -161,	/* transiting frame longer than the next underlay link, inner without DF */
 	DROP_POD_SRC_NOT_RESERVED = -162, /* source is no address the CNI reserved for the pod's interface */
 	DROP_INNER_MARTIAN	= -163,	/* inner source 0/8, 127/8, 224/4, 240/4 or this node's own */
+	DROP_ICMP_GSO		= -164,	/* ICMP error for a GSO frame the kernel would not shrink */
 };

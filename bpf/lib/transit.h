@@ -88,7 +88,8 @@ static __always_inline __u32 transit_flow_hash(struct __sk_buff *skb,
  * goes back as GENEVE to the hop that sent it (outer source this node, destination
  * that hop, TTL 64, UDP checksum 0; GENEVE and the inner Ethernet header as they
  * came). h is from transit_parse. Returns TC_ACT_REDIRECT or a negative DROP_* (fail
- * if the frame could not be rewritten). Counts metric. */
+ * if the frame could not be rewritten, DROP_ICMP_GSO for a GSO frame the kernel would
+ * not shrink). Counts metric. */
 static __always_inline int transit_icmp_error(struct __sk_buff *skb,
 					      const struct datapath_config *cfg,
 					      const struct transit_hdrs *h, __u8 type, __u8 code,
@@ -134,9 +135,14 @@ static __always_inline int transit_icmp_error(struct __sk_buff *skb,
 	 * it (-ENOTSUPP) for an skb it marks encapsulated, which a GENEVE frame that came
 	 * over a veth from the node that encapsulated it is: then the bytes past the new
 	 * lengths stay, as Ethernet padding would, and every IPv4 receiver (the next
-	 * router, the pod) trims them to tot_len. In this order: the 60 bytes of ohdr reach
-	 * past the outer header, over bytes the later stores set. */
-	bpf_skb_change_tail(skb, iip_off + elen, 0);
+	 * router, the pod) trims them to tot_len. Not so for a GSO frame, which keeps its
+	 * GSO state: segmentation (in software, or a NIC's) would cut the rewritten frame
+	 * into "TCP segments", its ICMP message and quote rewritten as sequence numbers
+	 * and checksums, and the trailing bytes sent as more of them. Such a frame is
+	 * DROP_ICMP_GSO, before anything is written. In this order: the 60 bytes of ohdr
+	 * reach past the outer header, over bytes the later stores set. */
+	if (bpf_skb_change_tail(skb, iip_off + elen, 0) && skb->gso_size)
+		return DROP_ICMP_GSO;
 	if (bpf_skb_store_bytes(skb, ETH_HLEN, ohdr, sizeof(ohdr), 0) ||
 	    bpf_skb_store_bytes(skb, ETH_HLEN + ohl, &udp, sizeof(udp), 0) ||
 	    bpf_skb_store_bytes(skb, iip_off, &e, elen, 0))
