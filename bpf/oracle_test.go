@@ -497,14 +497,6 @@ func (p oracleProg) targets(t testing.TB) []int {
 	}
 }
 
-// check runs p on in and fails t unless what it did is the outcome e names.
-func (l *lab) check(t *testing.T, p oracleProg, names map[uint16]string, in []byte, e expectation) {
-	t.Helper()
-	if err := l.judge(t, p, names, in, e); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // judge runs p on in and returns why what it did is not the outcome e names (nil if
 // it is).
 func (l *lab) judge(t testing.TB, p oracleProg, names map[uint16]string, in []byte, e expectation) error {
