@@ -38,8 +38,9 @@ type ipkt struct {
 	ttl0     bool // TTL 0 (ttl 0 means the default, 64)
 	opts     []byte
 	fragOff  uint16
-	proto    byte // 17 (default), 6: a SYN, 1: an echo request
-	dport    uint16
+	proto    byte   // 17 (default), 6: a SYN, 1: an echo request
+	sport    uint16 // TCP only (default 40000)
+	dport    uint16 // UDP default 5000, TCP 80
 	mssOpts  []byte // TCP options of the SYN
 	flags    byte   // TCP flags (default SYN)
 	size     int    // pad the payload to make the IPv4 packet this long
@@ -63,7 +64,14 @@ func (p ipkt) build() []byte {
 		if flags == 0 {
 			flags = 0x02
 		}
-		seg := tcpSegment(40000, 80, flags, payload)
+		sport, dport := p.sport, p.dport
+		if sport == 0 {
+			sport = 40000
+		}
+		if dport == 0 {
+			dport = 80
+		}
+		seg := tcpSegment(sport, dport, flags, payload)
 		if len(p.mssOpts) > 0 {
 			seg = append(append(append([]byte{}, seg[:20]...), p.mssOpts...), seg[20:]...)
 			seg[12] = byte((20+len(p.mssOpts))/4) << 4
@@ -240,6 +248,10 @@ func underlaySeeds(l *lab) [][]byte {
 		{proto: 6, mssOpts: []byte{2, 4, 0x03, 0xe8}},
 		{proto: 6, flags: 0x12, mssOpts: []byte{1, 1, 1, 2, 4, 0x23, 0x28, 0}},
 		{proto: 6, flags: 0x10, mssOpts: []byte{2, 4, 0x05, 0xb4}},
+		// Two MSS options, the large one last (Linux keeps the last); one of another
+		// length before one to clamp.
+		{proto: 6, mssOpts: []byte{2, 4, 0x02, 0x00, 2, 4, 0x05, 0xb4}},
+		{proto: 6, flags: 0x12, mssOpts: []byte{2, 3, 0x05, 1, 2, 4, 0x05, 0xb4, 0, 0, 0, 0}},
 		{proto: 1}, {fragOff: 0x2000}, {fragOff: 0x0010}, {tos: 0x02}, {tos: 0x03},
 		{size: 1400},
 	} {
@@ -460,7 +472,50 @@ func natSeeds(l *lab) [][]byte {
 		plain(gwMAC, tcp(remotePodIP, podIP, 80, 33002, flags, nil, 63))
 	}
 	gnv(peerIP, tcp(remotePodIP, podIP, 80, 33002, 0x10, nil, 63)[:24])
-	gnv(peerIP, tcp(remotePodIP, podIP, 80, 33002, 0x02, nil, 63)) // a SYN opens a flow: the stack
+	// The fail-closed rule (DESIGN.md, "Invariants"): only an unfragmented TCP packet
+	// without SYN, its whole header present, of an established, assured, untranslated
+	// entry goes around the stack. Each of these passes it instead.
+	icmp := func(typ byte, src, dst netip.Addr) []byte {
+		return ipv4Packet(src, dst, 1, ipOpts{ttl: 63}, icmpEcho(typ, 9, 1, []byte("timestamp-ish")))
+	}
+	for _, ip := range [][]byte{
+		tcp(remotePodIP, podIP, 80, 33003, 0x10, nil, 63),                                                                      // no entry (deleted, expired)
+		tcp(remotePodIP, podIP, 80, 33002, 0x12, nil, 63),                                                                      // a SYN-ACK on a direct flow's tuple
+		tcp(remotePodIP, podIP, 80, 33002, 0x02, nil, 63),                                                                      // a new SYN on it
+		tcp(remotePodIP, podIP, 8080, 40005, 0x10, nil, 63),                                                                    // IPVS's shape: the backend's reply
+		ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 63, fragOff: 0x2000}, tcpWith(remotePodIP, podIP, 80, 33002, 0x10, nil)), // a first fragment
+		ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 63, fragOff: 0x0003}, tcpWith(remotePodIP, podIP, 80, 33002, 0x10, nil)), // a later one
+		ipv4Packet(remotePodIP, podIP, 17, ipOpts{ttl: 63, fragOff: 0x2000}, withCsum(remotePodIP, podIP, 17, udpDatagram(4000, 5000, make([]byte, 64)))),
+		ipv4Packet(remotePodIP, podIP, 17, ipOpts{ttl: 63, fragOff: 0x00b9}, make([]byte, 64)),
+		ipv4Packet(remotePodIP, podIP, 47, ipOpts{ttl: 63}, make([]byte, 24)),  // GRE
+		ipv4Packet(remotePodIP, podIP, 132, ipOpts{ttl: 63}, make([]byte, 24)), // SCTP
+		icmp(13, remotePodIP, podIP), // timestamp
+		icmp(0, remotePodIP, podIP),  // echo reply
+		icmpError(3, 4, remotePodIP, ipv4Packet(podIP, remotePodIP, 6, ipOpts{ttl: 63}, tcpWith(podIP, remotePodIP, 40004, 80, 0x10, nil)), 28), // frag needed about a direct flow
+		icmpError(11, 0, remotePodIP, ipv4Packet(podIP, a("10.2.0.70"), 17, ipOpts{ttl: 1}, udpDatagram(4002, 5000, nil)), 28),
+		tcp(remotePodIP, podIP, 80, 33002, 0x10, nil, 63)[:20+14], // the TCP header cut after the flags' byte
+	} {
+		gnv(peerIP, ip)
+		plain(gwMAC, ip)
+	}
+	// Flows closed on the fast path: what still comes passes the stack; a bare SYN
+	// starts a new flow (through the stack, the entry expired).
+	for _, flags := range []byte{0x10, 0x11, 0x04, 0x02, 0x12} {
+		gnv(peerIP, tcp(remotePodIP, podIP, 80, 33004, flags, nil, 63))
+	}
+	// Martian inner sources: no peer may send from them.
+	for _, src := range []netip.Addr{a("127.0.0.1"), a("0.1.2.3"), a("224.0.0.1"), a("255.255.255.255"), a("240.0.0.1"), hostIP, underlayIP} {
+		gnv(peerIP, udp(src, podIP, 4000, 5000, 63))
+	}
+	// The pod outside snat_exempt: replies to its translated flows (direct ACK,
+	// SYN-ACK, FIN, RST; a datagram) and an ICMP error about its flow.
+	for _, flags := range []byte{0x10, 0x12, 0x11, 0x04} {
+		gnv(peerIP, tcp(remotePodIP, hostIP, 80, 61010, flags, nil, 60))
+	}
+	gnv(peerIP, udp(remotePodIP, hostIP, 5000, 61011, 60))
+	gnv(peerIP, icmpError(3, 4, remotePodIP, ipv4Packet(hostIP, remotePodIP, 6, ipOpts{ttl: 63}, tcpWith(hostIP, remotePodIP, 61010, 80, 0x10, nil)), 28))
+	gnv(peerIP, tcp(remotePodIP, natPodIP, 80, 40010, 0x10, nil, 63)) // untranslated to it: its conntrack tuple
+	gnv(peerIP, tcp(remotePodIP, podIP, 80, 33002, 0x02, nil, 63))    // a SYN opens a flow: the stack
 	// Fabric delivery: GENEVE for this site's fabric.
 	gnv(peerIP, udp(remotePodIP, fabricPod, 4000, 5000, 63))
 	gnv(peerIP, tcp(remotePodIP, fabricPod, 80, 33000, 0x12, mss, 63))
@@ -512,13 +567,44 @@ func encapSeeds(l *lab, fromPod bool) [][]byte {
 			dst          netip.Addr
 			sport, dport uint16
 		}{{6, remotePodIP, 40001, 80}, {6, a("10.6.0.1"), 40002, 80}, {17, a("10.2.0.70"), 4002, 5000}, {6, remotePodIP, 33000, 80},
-			{6, remotePodIP, 40009, 80}, {17, a("10.2.0.70"), 4009, 5000}, {6, remotePodIP, 40004, 80}} {
+			{6, remotePodIP, 40009, 80}, {17, a("10.2.0.70"), 4009, 5000}, {6, remotePodIP, 40004, 80}, {6, ipvsVIP, 40005, 80}} {
 			l4 := withCsum(own, c.dst, 17, udpDatagram(c.sport, c.dport, []byte("known?")))
 			if c.proto == 6 {
 				l4 = tcpWith(own, c.dst, c.sport, c.dport, 0x10, nil)
 			}
 			ip := ipv4Packet(own, c.dst, c.proto, ipOpts{ttl: 64}, l4)
 			s = append(s, ethFrame(dmac, smac, 0x0800, ip), ethFrame(dmac, smac, 0x0800, ip[:24]))
+		}
+	}
+	if fromPod {
+		// The fail-closed rule on the way out: a direct flow's ACK, FIN, RST and a
+		// SYN on its tuple; fragments, other protocols, ICMP types.
+		for _, flags := range []byte{0x10, 0x11, 0x04, 0x02, 0x12} {
+			add(ipkt{dst: remotePodIP, proto: 6, sport: 40004, flags: flags})
+		}
+		add(ipkt{dst: remotePodIP, proto: 6, sport: 40004, flags: 0x10, fragOff: 0x2000})
+		add(ipkt{dst: remotePodIP, fragOff: 0x2000, size: 200})
+		add(ipkt{dst: remotePodIP, fragOff: 0x0010, size: 200})
+		s = append(s, ethFrame(dmac, smac, 0x0800, ipv4Packet(own, remotePodIP, 47, ipOpts{ttl: 64}, make([]byte, 24))))
+		s = append(s, ethFrame(dmac, smac, 0x0800, ipv4Packet(own, remotePodIP, 1, ipOpts{ttl: 64}, icmpEcho(13, 9, 1, []byte("ts")))))
+		// The pod outside snat_exempt: its direct flow (translated here), its UDP
+		// (through the stack), a flow without an entry, and a route without a live
+		// member (answered, untranslated).
+		for _, p := range []ipkt{{proto: 6, sport: 40010, flags: 0x10}, {proto: 6, sport: 40010, flags: 0x11}, {proto: 6, sport: 40011, flags: 0x10}, {}, {proto: 1}} {
+			p.src, p.dst = natPodIP, remotePodIP
+			add(p)
+		}
+		add(ipkt{src: natPodIP, dst: a("10.6.0.1")})
+		// A flow closed on the fast path: the stack; a bare SYN reopens it.
+		for _, flags := range []byte{0x10, 0x02} {
+			add(ipkt{dst: remotePodIP, proto: 6, sport: 40006, flags: flags})
+		}
+		add(ipkt{src: natPodIP, dst: podIP})
+	} else {
+		// The pod outside snat_exempt, forwarded by the stack into isthmus0.
+		for _, p := range []ipkt{{}, {proto: 6, sport: 40011, flags: 0x10}, {proto: 1}, {fragOff: 0x2000}} {
+			p.src, p.dst = natPodIP, remotePodIP
+			add(p)
 		}
 	}
 	// GENEVE from the pod to peers' underlay addresses.
@@ -538,6 +624,7 @@ func encapSeeds(l *lab, fromPod bool) [][]byte {
 		{proto: 6, mssOpts: []byte{1, 1, 1, 2, 4, 0x23, 0x28, 0}},
 		{proto: 6, mssOpts: []byte{3, 3, 7, 2, 4, 0x05, 0xb4, 0}},
 		{proto: 6, mssOpts: []byte{2, 4, 0x01, 0x00}},
+		{proto: 6, mssOpts: []byte{2, 4, 0x02, 0x00, 2, 4, 0x05, 0xb4}}, // the large MSS last
 		{proto: 6, flags: 0x10, mssOpts: []byte{2, 4, 0x05, 0xb4}},
 		{size: 1450}, {size: 1451}, {size: 1480, fragOff: 0x4000}, {size: 1480},
 	} {
