@@ -3,6 +3,7 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"github.com/gopacket/gopacket/layers"
+
+	"github.com/isthmus-dev/isthmus/loader/inspect"
 )
 
 // Kinds of PolicyProbe.
@@ -284,6 +287,12 @@ func (l *Lab) probeDatagrams(ctx context.Context, pair [2]string, delivered bool
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
+		if delivered {
+			// The capture reads on its own: let it catch up with the socket,
+			// so that this probe's last packets are not counted in the next.
+			time.Sleep(300 * time.Millisecond)
+			frames = capt.Frames(func(f Frame) bool { return from(f) && f.Proto == layers.IPProtocolUDP })
+		}
 		frags := 0
 		for _, f := range frames {
 			if f.Fragment {
@@ -485,12 +494,24 @@ func (l *Lab) probeRevoke(ctx context.Context, pc PolicyCase) []PolicyProbe {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
+	fastBefore, ferr := l.fastPackets(pc.Node)
 	if n, err := phase("established", 3*time.Second, true); err != nil || n != policyProbeCount {
 		return fail(ProbeRevoked, WantCut, fmt.Sprintf("the flow carried %d of %d lines before it was touched (%v): nothing to revoke", n, policyProbeCount, err))
 	}
 	// Let the last ACKs settle: the entry is ESTABLISHED and ASSURED on both
 	// nodes, the flow on the fast path.
 	time.Sleep(200 * time.Millisecond)
+	if l.Datapath == DatapathIsthmus {
+		// The revocation must meet a flow on the conntrack fast path of the
+		// judging node, the case where the stack no longer sees its packets.
+		fastAfter, err := l.fastPackets(pc.Node)
+		if err = errors.Join(ferr, err); err != nil {
+			return fail(ProbeRevoked, WantCut, err.Error())
+		}
+		if fastAfter == fastBefore {
+			return fail(ProbeRevoked, WantCut, fmt.Sprintf("ct_fast on %s did not move while the established flow carried data: it is not on the conntrack fast path, and revoking it tests nothing of the fast path", pc.Node))
+		}
+	}
 	var out []PolicyProbe
 	if !pc.RevokeReverse {
 		p := PolicyProbe{Case: name, Src: sender, Dst: receiver, Kind: ProbeEntryDeleted, Want: WantCarries}
@@ -554,4 +575,25 @@ func (l *Lab) deleteEntry(ctx context.Context, node string, to netip.AddrPort) (
 		total += n
 	}
 	return total, nil
+}
+
+// fastPackets returns the node's ct_fast packet count (docs/metrics.md): packets
+// of TCP flows that took the conntrack fast path.
+func (l *Lab) fastPackets(node string) (uint64, error) {
+	m, err := inspect.Open(l.PinDir(node))
+	if err != nil {
+		return 0, fmt.Errorf("read counters of %s: %w", node, err)
+	}
+	defer m.Close()
+	cs, err := m.Counters()
+	if err != nil {
+		return 0, fmt.Errorf("read counters of %s: %w", node, err)
+	}
+	var n uint64
+	for _, c := range cs {
+		if !c.Drop && c.Name == "ct_fast" {
+			n += c.Packets
+		}
+	}
+	return n, nil
 }
