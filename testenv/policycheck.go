@@ -154,30 +154,46 @@ func pairText(p [2]string) string {
 func (l *Lab) CheckPolicy(ctx context.Context) (*PolicyCheck, error) {
 	start := time.Now()
 	c := &PolicyCheck{Cases: l.Scenario.PolicyCases()}
+	// Denied probes first, every case's, then the controls, then the TCP
+	// flows: conntrack tracks a protocol without ports (253) by addresses
+	// alone, so a control's packets from B to A would make a later denied
+	// packet from A to B a reply that the chain's ESTABLISHED accept lets
+	// through, without isthmus or anything else failing open. (probeDatagrams
+	// also deletes such entries left by an earlier check.)
+	for _, pc := range c.Cases {
+		if pc.Denied == [2]string{} {
+			continue
+		}
+		name := pc.Pod + " " + pc.Dir
+		ps, err := l.probeDatagrams(ctx, pc.Denied, false)
+		if err != nil {
+			return nil, fmt.Errorf("check policy of lab %s: %s: %w", l.Name, name, err)
+		}
+		for i := range ps {
+			ps[i].Case = name
+		}
+		c.Probes = append(c.Probes, ps...)
+	}
 	done := map[[2]string]bool{}
 	for _, pc := range c.Cases {
+		if pc.Denied == [2]string{} {
+			continue
+		}
 		name := pc.Pod + " " + pc.Dir
-		if pc.Denied != [2]string{} {
-			ps, err := l.probeDatagrams(ctx, pc.Denied, false)
+		switch {
+		case pc.Control == [2]string{}:
+			c.Probes = append(c.Probes, PolicyProbe{Case: name, Src: pc.Denied[0], Dst: pc.Denied[1], Kind: "control",
+				Want: WantDelivered, Got: "nothing", Err: "no pair that no policy denies shares an end with the denied one: the denied probes have no positive control"})
+		case !done[pc.Control]:
+			done[pc.Control] = true
+			ps, err := l.probeDatagrams(ctx, pc.Control, true)
 			if err != nil {
-				return nil, fmt.Errorf("check policy of lab %s: %s: %w", l.Name, name, err)
-			}
-			for i := range ps {
-				ps[i].Case = name
+				return nil, fmt.Errorf("check policy of lab %s: %s: control: %w", l.Name, name, err)
 			}
 			c.Probes = append(c.Probes, ps...)
-			if pc.Control == [2]string{} {
-				c.Probes = append(c.Probes, PolicyProbe{Case: name, Src: pc.Denied[0], Dst: pc.Denied[1], Kind: "control",
-					Want: WantDelivered, Got: "nothing", Err: "no pair that no policy denies shares an end with the denied one: the denied probes have no positive control"})
-			} else if !done[pc.Control] {
-				done[pc.Control] = true
-				ps, err := l.probeDatagrams(ctx, pc.Control, true)
-				if err != nil {
-					return nil, fmt.Errorf("check policy of lab %s: %s: control: %w", l.Name, name, err)
-				}
-				c.Probes = append(c.Probes, ps...)
-			}
 		}
+	}
+	for _, pc := range c.Cases {
 		if pc.Revoke != [2]string{} {
 			c.Probes = append(c.Probes, l.probeRevoke(ctx, pc)...)
 		}
@@ -226,6 +242,12 @@ func (l *Lab) probeDatagrams(ctx context.Context, pair [2]string, delivered bool
 	// How long to wait: until everything arrived, for a control; a denied probe
 	// waits the full settle time for anything that might leak.
 	const settle = 1500 * time.Millisecond
+
+	if !delivered {
+		if err := l.forgetPortless(ctx, []string{src.Node, dst.Node}, sources, dst.Address); err != nil {
+			return nil, err
+		}
+	}
 
 	capt, err := StartPodCapture(l.PodNS(dst.Name))
 	if err != nil {
@@ -596,4 +618,21 @@ func (l *Lab) fastPackets(node string) (uint64, error) {
 		}
 	}
 	return n, nil
+}
+
+// forgetPortless deletes, on each node, conntrack's entries of IP protocol 253
+// between any of the addresses as and b, both ways: left by an earlier probe
+// from b, such an entry would make a denied packet from as a reply.
+func (l *Lab) forgetPortless(ctx context.Context, nodes []string, as []netip.Addr, b netip.Addr) error {
+	for _, n := range slices.Compact(slices.Sorted(slices.Values(nodes))) {
+		for _, a := range as {
+			for _, dir := range [][2]netip.Addr{{a, b}, {b, a}} {
+				out, err := l.Exec(ctx, l.NodeNS(n), "conntrack", "-D", "-p", "253", "-s", dir[0].String(), "-d", dir[1].String())
+				if !ctDeleted.MatchString(out) {
+					return fmt.Errorf("conntrack -D of protocol 253 entries on %s: %w", n, err)
+				}
+			}
+		}
+	}
+	return nil
 }
