@@ -56,6 +56,17 @@ func TestPolicyCases(t *testing.T) {
 	if diff := cmp.Diff(want, sc.PolicyCases()); diff != "" {
 		t.Errorf("PolicyCases (-want +got):\n%s", diff)
 	}
+	var denied []string
+	for _, e := range sc.Expectations() {
+		if sc.PolicyDenies(e) {
+			denied = append(denied, e.Src+"->"+e.Dst)
+		}
+	}
+	// aks1-ext -> flex-p1 is seen as aks-1's tunnel address, outside every
+	// policy; aks2-p1 -> aks1-p1 crosses no policy of the flex block.
+	if diff := cmp.Diff([]string{"aks2-p1->flex-p1", "flex-p1->aks1-p1"}, denied); diff != "" {
+		t.Errorf("pairs PolicyDenies denies (-want +got):\n%s", diff)
+	}
 
 	// The opening table's shape: aks1-p1 accepts nothing from the remote site
 	// and has no egress policy; a flow it opens is the one revoked.
