@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -14,9 +15,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/gopacket/gopacket/layers"
 
-	"github.com/isthmus-dev/isthmus/loader/inspect"
+	"github.com/isthmus-dev/isthmus/maps"
 )
 
 // Kinds of PolicyProbe.
@@ -600,20 +602,22 @@ func (l *Lab) deleteEntry(ctx context.Context, node string, to netip.AddrPort) (
 }
 
 // fastPackets returns the node's ct_fast packet count (docs/metrics.md): packets
-// of TCP flows that took the conntrack fast path.
+// of TCP flows that took the conntrack fast path. It reads the pinned metrics
+// map itself: loader/inspect would make testenv import the plan, whose tests
+// import testenv.
 func (l *Lab) fastPackets(node string) (uint64, error) {
-	m, err := inspect.Open(l.PinDir(node))
+	m, err := ebpf.LoadPinnedMap(filepath.Join(l.PinDir(node), string(maps.MapMetrics)), nil)
 	if err != nil {
 		return 0, fmt.Errorf("read counters of %s: %w", node, err)
 	}
 	defer m.Close()
-	cs, err := m.Counters()
+	all, err := maps.ReadMetrics(m)
 	if err != nil {
 		return 0, fmt.Errorf("read counters of %s: %w", node, err)
 	}
 	var n uint64
-	for _, c := range cs {
-		if !c.Drop && c.Name == "ct_fast" {
+	for k, c := range all {
+		if !k.IsDrop() && k.Name() == "ct_fast" {
 			n += c.Packets
 		}
 	}
