@@ -22,6 +22,13 @@ type PathCheck struct {
 	// Unprobed are the ordered pairs of distinct pods the scenario says do not
 	// talk (into an undeclared pool, or between sites joined by nothing).
 	Unprobed [][2]string
+	// PolicyDenied are the pairs that should talk but a pod policy of the
+	// scenario denies (Scenario.PolicyDenies): the matrix leaves them out, and
+	// Policy probes them.
+	PolicyDenied [][2]string
+	// Policy is CheckPolicy's outcome, for a scenario with pod policies; nil
+	// without.
+	Policy *PolicyCheck
 	// NotStrict is RPFilterNotStrict as the check began.
 	NotStrict []string
 	// Before and After are RPFilterDrops around the probes.
@@ -79,6 +86,13 @@ func (c *PathCheck) String() string {
 		}
 		fmt.Fprintf(&b, "not probed (no path by design): %s\n", strings.Join(list, ", "))
 	}
+	if len(c.PolicyDenied) > 0 {
+		var list []string
+		for _, p := range c.PolicyDenied {
+			list = append(list, p[0]+"->"+p[1])
+		}
+		fmt.Fprintf(&b, "not in the matrix (a pod policy denies them; policy probes below): %s\n", strings.Join(list, ", "))
+	}
 	if len(c.NotStrict) > 0 {
 		fmt.Fprintf(&b, "rp_filter not strict: %s\n", strings.Join(c.NotStrict, ", "))
 	} else {
@@ -91,6 +105,9 @@ func (c *PathCheck) String() string {
 	fmt.Fprintf(&b, "%s before->after: %s\n", RPFilterCounter, strings.Join(counts, ", "))
 	if c.Matrix != nil {
 		b.WriteString(c.Matrix.String())
+	}
+	if c.Policy != nil {
+		b.WriteString(c.Policy.String())
 	}
 	return b.String()
 }
@@ -105,9 +122,11 @@ func (c *PathCheck) String() string {
 // flushed, and reads the counters again. The error names every pair that
 // failed or passed only after a retry, and every node whose counter rose:
 // isthmus keeps paths symmetric, so strict rp_filter never drops one of its
-// packets. The error is
-// nil only when everything passed; the PathCheck is nil only when the check
-// could not run.
+// packets. In a scenario with pod policies, the pairs a policy denies stay out
+// of the matrix, and CheckPolicy probes every policy after it (fragments, ICMP
+// timestamp, an unknown protocol from the denied source; a revoked TCP flow).
+// The error is nil only when everything passed; the PathCheck is nil only when
+// the check could not run.
 func (l *Lab) CheckPaths(ctx context.Context) (*PathCheck, error) {
 	start := time.Now()
 	c := &PathCheck{}
@@ -120,8 +139,12 @@ func (l *Lab) CheckPaths(ctx context.Context) (*PathCheck, error) {
 	}
 	want := map[[2]string]bool{}
 	for _, e := range l.Scenario.Expectations() {
-		c.Pairs = append(c.Pairs, [2]string{e.Src, e.Dst})
 		want[[2]string{e.Src, e.Dst}] = true
+		if l.Scenario.PolicyDenies(e) {
+			c.PolicyDenied = append(c.PolicyDenied, [2]string{e.Src, e.Dst})
+			continue
+		}
+		c.Pairs = append(c.Pairs, [2]string{e.Src, e.Dst})
 	}
 	for _, s := range l.Scenario.Pods() {
 		for _, d := range l.Scenario.Pods() {
@@ -153,9 +176,18 @@ func (l *Lab) CheckPaths(ctx context.Context) (*PathCheck, error) {
 	if c.After, err = l.RPFilterDrops(); err != nil {
 		return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
 	}
+	var errs []error
+	if len(l.Scenario.PolicyCases()) > 0 {
+		var perr error
+		if c.Policy, perr = l.CheckPolicy(ctx); c.Policy == nil {
+			return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, perr)
+		}
+		if perr != nil {
+			errs = append(errs, perr)
+		}
+	}
 	c.Took = time.Since(start)
 
-	var errs []error
 	if len(c.NotStrict) > 0 {
 		errs = append(errs, fmt.Errorf("rp_filter not strict: %s", strings.Join(c.NotStrict, ", ")))
 	}

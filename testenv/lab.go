@@ -655,8 +655,8 @@ func (l *Lab) nodeRules(ctx context.Context, n NodeRef) error {
 func (l *Lab) policyRules(ctx context.Context, n NodeRef) error {
 	var b strings.Builder
 	for _, p := range n.Pods {
-		writePolicyChain(&b, "isl-tw-"+p.Name, "-o", l.HostVeth(p.Name), "-s", p.Ingress)
-		writePolicyChain(&b, "isl-fw-"+p.Name, "-i", l.HostVeth(p.Name), "-d", p.Egress)
+		writePolicyChain(&b, policyChain(PolicyIngress, p.Name), "-o", l.HostVeth(p.Name), "-s", p.Ingress)
+		writePolicyChain(&b, policyChain(PolicyEgress, p.Name), "-i", l.HostVeth(p.Name), "-d", p.Egress)
 	}
 	if b.Len() == 0 {
 		return nil
@@ -670,15 +670,12 @@ func (l *Lab) policyRules(ctx context.Context, n NodeRef) error {
 }
 
 // writePolicyChain writes, in iptables-restore form, the filter chain of one pod
-// policy direction: FORWARD jumps to it for packets with ifFlag (-o or -i) of the
+// policy direction (named by policyChain): FORWARD jumps to it for packets with ifFlag (-o or -i) of the
 // pod's interface, and it matches peers with peerFlag (-s or -d). Nothing for a nil
 // policy.
 func writePolicyChain(b *strings.Builder, chain, ifFlag, ifname, peerFlag string, pol *Policy) {
 	if pol == nil {
 		return
-	}
-	if len(chain) > 28 {
-		chain = chain[:28]
 	}
 	fmt.Fprintf(b, ":%s - [0:0]\n-I FORWARD %s %s -j %s\n", chain, ifFlag, ifname, chain)
 	// Calico's workload chains accept what conntrack ties to a flow first.

@@ -125,11 +125,12 @@ static __always_inline int ct_fast_eligible(const struct nf_conn *ct)
  * and CLOCK_MONOTONIC (ct_clock) and, once 200 ms have passed since it, divides the
  * two differences and rounds to the nearest rate Linux builds with (100, 250, 300 or
  * 1000). Nothing is written to a conntrack entry to find it, so no other packet can
- * observe a value set only to measure. */
+ * observe a value set only to measure. ct_close_track calls it for every fast-path
+ * packet, so the measure is taken while a flow runs, not when an expiry is due. */
 static __always_inline __u32 ct_hz(void)
 {
-	__u64 ns = bpf_ktime_get_ns(), j = bpf_jiffies64(), dns, hz;
 	struct ct_clock *c;
+	__u64 ns, j, dns, hz;
 	__u32 zero = 0;
 
 	c = bpf_map_lookup_elem(&ct_clock, &zero);
@@ -137,6 +138,8 @@ static __always_inline __u32 ct_hz(void)
 		return 0;
 	if (likely(c->hz))
 		return c->hz;
+	ns = bpf_ktime_get_ns();
+	j = bpf_jiffies64();
 	if (!c->ns) {
 		c->ns = ns;
 		c->jiffies = j;
@@ -244,6 +247,8 @@ static __always_inline int ct_close_track(struct nf_conn *ct, __u8 dir, const st
 
 	dir &= 1;
 	odir = dir ^ 1;
+	/* Every fast-path packet until this CPU knows HZ, then one array read. */
+	ct_hz();
 	cv = bpf_map_lookup_elem(&ct_close, &k);
 	if (cv) {
 		if (cv->closed)

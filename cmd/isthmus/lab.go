@@ -98,7 +98,7 @@ func newLabCmd() *cobra.Command {
 
 	check := &cobra.Command{
 		Use:   "check [SCENARIO]",
-		Short: "Probe ICMP, TCP and UDP between every pair of pods, print the matrix and each node's rp_filter drops",
+		Short: "Probe ICMP, TCP and UDP between every pair of pods, print the matrix and each node's rp_filter drops, then probe every pod policy (docs/lab.md)",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sc, lab, err := load(args)

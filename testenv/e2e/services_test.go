@@ -243,6 +243,19 @@ func waitProxyRules(ctx context.Context, t *testing.T, l *testenv.Lab, mode test
 // conntrack saw the request first). Before the pod's flow-opening packets went
 // through its node's stack, egress rules saw none of them and those UDP replies
 // were dropped as new flows.
+//
+// Then CheckPaths, whose matrix leaves out the pairs a policy denies, and the
+// probes it runs for every policy scenario (testenv.CheckPolicy), with the
+// conntrack fast path on (the datapath's default; each revoked flow must have moved
+// ct_fast on the judging node before it is revoked): from each policy's denied
+// source a 100-byte UDP datagram, a 3,000-byte one that flex-p1's kernel fragments
+// at its MTU of 1450, an ICMP timestamp and a packet of IP protocol 253 reach
+// nothing of the destination pod, while the same packets from an allowed pair all
+// arrive; a TCP flow through each policy survives the deletion of its conntrack
+// entry while the policy allows it, and is cut by a DROP rule for its sender and
+// `conntrack -D` of its entry. Among them, row by row, the table of what the
+// remote site sends to aks1-p1, which accepts nothing from it: the small datagram
+// denied, the fragmented one denied, the established flow cut.
 func TestSitePolicy(t *testing.T) {
 	requireSetup(t)
 	sc, err := testenv.LoadScenario("seed000")
@@ -283,6 +296,39 @@ func TestSitePolicy(t *testing.T) {
 		}
 		if after := ruleCount(ctx, t, l, d.node, d.chain, "DROP", "policy deny"); after < before+3 {
 			t.Errorf("%s's deny rule on %s counted %d packets before the denied probes and %d after, want one each for ICMP, TCP and UDP at least: the site's filter never saw them", d.chain, d.node, before, after)
+		}
+	}
+
+	if mtu := linkAt(t, l.PodNS("flex-p1"), testenv.UnderlayDev).Attrs().MTU; mtu != 1450 {
+		t.Fatalf("flex-p1's eth0 has MTU %d, want the 1450 its CNI gives it", mtu)
+	}
+	// CheckPaths, the check of every scenario: the matrix of the pairs no policy
+	// denies, then CheckPolicy.
+	c, err := l.CheckPaths(ctx)
+	if c == nil {
+		t.Fatal(err)
+	}
+	t.Logf("paths and policy probes:\n%s", c)
+	if err != nil {
+		t.Error(err)
+	}
+	pc := c.Policy
+	if pc == nil {
+		t.Fatal("CheckPaths ran no policy probes on a scenario with pod policies")
+	}
+	for _, row := range []struct{ kind, want string }{
+		{testenv.ProbeUDP, testenv.WantDenied},
+		{testenv.ProbeUDPFragmented, testenv.WantDenied},
+		{testenv.ProbeRevoked, testenv.WantCut},
+	} {
+		p, ok := pc.Get("flex-p1", "aks1-p1", row.kind)
+		switch {
+		case !ok:
+			t.Errorf("flex-p1 -> aks1-p1 %s: not probed", row.kind)
+		case p.Want != row.want:
+			t.Errorf("flex-p1 -> aks1-p1 %s: probed for %s, want %s", row.kind, p.Want, row.want)
+		default:
+			t.Logf("flex-p1 -> aks1-p1 %s: want %s, got %s, ok %v", row.kind, p.Want, p.Got, p.OK)
 		}
 	}
 }
