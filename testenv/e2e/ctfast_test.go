@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -162,6 +163,48 @@ func TestConntrackFastPath(t *testing.T) {
 		}
 	})
 
+	t.Run("revoked with conntrack -D", func(t *testing.T) {
+		// An operator cuts an established fast-path flow: a FORWARD rule on the
+		// receiving node, then conntrack -D of the flow there. With no entry the next
+		// packet goes through the stack, where the rule judges it.
+		addr := netip.AddrPortFrom(dst.Addr(), 5305)
+		cs, ss, port := connPair(ctx, t, l.PodNS(client), l.PodNS(server), addr)
+		fastBefore := fast("b1")
+		chunk := bytes.Repeat([]byte("before the cut "), 1<<14)
+		for _, dir := range []struct{ w, r net.Conn }{{cs, ss}, {ss, cs}} {
+			if _, err := dir.w.Write(chunk); err != nil {
+				t.Fatal(err)
+			}
+			if err := readExactly(dir.r, chunk); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if fast("b1") == fastBefore {
+			t.Fatal("b1: the flow never took the fast path")
+		}
+		rule := []string{"FORWARD", "-s", l.PodAddr(client).String(), "-d", dst.Addr().String(), "-j", "DROP"}
+		if _, err := l.Exec(ctx, l.NodeNS("b1"), append([]string{"iptables", "-w", "-I"}, rule...)...); err != nil {
+			t.Fatal(err)
+		}
+		defer l.Exec(context.Background(), l.NodeNS("b1"), append([]string{"iptables", "-w", "-D"}, rule...)...)
+		if _, err := l.Exec(ctx, l.NodeNS("b1"), "conntrack", "-D", "-p", "tcp", "--orig-src", l.PodAddr(client).String(),
+			"--orig-dst", dst.Addr().String(), "--orig-port-src", strconv.Itoa(int(port)), "--orig-port-dst", strconv.Itoa(int(addr.Port()))); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs.Write([]byte("after the cut")); err != nil {
+			t.Fatal(err)
+		}
+		ss.SetReadDeadline(time.Now().Add(3 * time.Second))
+		buf := make([]byte, 64)
+		n, err := ss.Read(buf)
+		if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("after the DROP rule and conntrack -D the server read %d bytes (%q), %v; want nothing within 3 s", n, buf[:n], err)
+		}
+		if d := ruleCount(ctx, t, l, "b1", "FORWARD", "DROP", l.PodAddr(client).String()); d == 0 {
+			t.Error("the DROP rule counted no packet: the flow was not cut by it")
+		}
+	})
+
 	t.Run("translated flows keep the stack", func(t *testing.T) {
 		// kube-proxy's shape of a ClusterIP rule on the client's node, and a SNAT of
 		// the client's ports (its address stays, so replies still reach it) in an nft
@@ -208,6 +251,40 @@ func TestConntrackFastPath(t *testing.T) {
 			t.Errorf("the INVALID drop rules counted %d packets", n-invalidBefore)
 		}
 	})
+}
+
+// connPair connects from srcNS to addr, where it listens in dstNS, and returns the
+// client's and the server's ends (closed when the test ends) and the client's port.
+func connPair(ctx context.Context, t *testing.T, srcNS, dstNS string, addr netip.AddrPort) (net.Conn, net.Conn, uint16) {
+	t.Helper()
+	ln, err := listenIn(dstNS, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			c = nil
+		}
+		acc <- c
+	}()
+	c, err := dialFrom(ctx, srcNS, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s := <-acc
+	if s == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { s.Close() })
+	for _, x := range []net.Conn{c, s} {
+		stop := context.AfterFunc(ctx, func() { x.SetDeadline(time.Now()) })
+		t.Cleanup(func() { stop() })
+	}
+	return c, s, uint16(c.LocalAddr().(*net.TCPAddr).Port)
 }
 
 // checkShortLived fails the test unless conntrack on every node, right after a
