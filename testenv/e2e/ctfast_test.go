@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -202,6 +203,97 @@ func TestConntrackFastPath(t *testing.T) {
 		}
 		if d := ruleCount(ctx, t, l, "b1", "FORWARD", "DROP", l.PodAddr(client).String()); d == 0 {
 			t.Error("the DROP rule counted no packet: the flow was not cut by it")
+		}
+	})
+
+	t.Run("new flow on a closed tuple", func(t *testing.T) {
+		// Three connections from the same client port to the same server port, each
+		// closed cleanly by the server first (so the client's port is free at once and
+		// the server's TIME_WAIT socket takes the next SYN). The second, with no rule,
+		// shows the tuple can be reused; before the third, b1 drops ctstate NEW from the
+		// client: within TIME_WAIT of the second's close, the third's SYN must be a NEW
+		// flow for b1's conntrack (the fast path closed the flow and expires its entry),
+		// not one ignored as ESTABLISHED, so it must fail.
+		addr := netip.AddrPortFrom(dst.Addr(), 5306)
+		local := netip.AddrPortFrom(l.PodAddr(client), 47006)
+		ln, err := listenIn(l.PodNS(server), addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					c.SetDeadline(time.Now().Add(10 * time.Second))
+					buf := make([]byte, 5)
+					if _, err := io.ReadFull(c, buf); err == nil {
+						c.Write(bytes.Repeat([]byte("reply "), 1<<14))
+					}
+					c.Close() // the server closes first
+				}()
+			}
+		}()
+		flow := func() error {
+			var c net.Conn
+			if err := testenv.Do(l.PodNS(client), func() error {
+				d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(local),
+					Control: func(_, _ string, rc syscall.RawConn) error {
+						var serr error
+						err := rc.Control(func(fd uintptr) {
+							serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+						})
+						return errors.Join(err, serr)
+					}}
+				var err error
+				c, err = d.DialContext(ctx, "tcp4", addr.String())
+				return err
+			}); err != nil {
+				return err
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := c.Write([]byte("hello")); err != nil {
+				return err
+			}
+			got, err := io.ReadAll(c)
+			if err != nil {
+				return fmt.Errorf("read to EOF: %w", err)
+			}
+			if len(got) != 6<<14 {
+				return fmt.Errorf("read %d bytes, want %d", len(got), 6<<14)
+			}
+			return nil
+		}
+		before := fast("b1")
+		for i := 1; i <= 2; i++ {
+			if err := flow(); err != nil {
+				t.Fatalf("connection %d from %s: %v", i, local, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if fast("b1") == before {
+			t.Fatal("b1: the flows never took the fast path")
+		}
+		rule := []string{"FORWARD", "-s", l.PodAddr(client).String(), "-d", dst.Addr().String(),
+			"-m", "conntrack", "--ctstate", "NEW", "-j", "DROP"}
+		if _, err := l.Exec(ctx, l.NodeNS("b1"), append([]string{"iptables", "-w", "-I"}, rule...)...); err != nil {
+			t.Fatal(err)
+		}
+		defer l.Exec(context.Background(), l.NodeNS("b1"), append([]string{"iptables", "-w", "-D"}, rule...)...)
+		if left, ok := ctTimeout(ctx, t, l, "b1", local.Port(), addr); ok {
+			t.Logf("b1 holds the closed flow for %d s more", left)
+		}
+		err = flow()
+		if err == nil {
+			t.Fatal("a third connection on the closed tuple got through b1's rule dropping NEW flows: conntrack took its SYN for ESTABLISHED")
+		}
+		t.Logf("the third connection failed as it should: %v", err)
+		if n := ruleCount(ctx, t, l, "b1", "FORWARD", "DROP", "ctstate NEW"); n == 0 {
+			t.Error("the NEW drop rule counted no packet")
 		}
 	})
 
