@@ -306,10 +306,11 @@ func (l *lab) wantLeft(t *testing.T, what string, orig tuple, lo, hi int) {
 }
 
 // TestCtSetExpiry: ct_set_expiry gives the entry the timeout asked, as the kernel
-// counts it (conntrack -L), in one write. Before a CPU knows HZ (its first 200 ms)
-// the expiry is never shorter than asked; after, within a second of it. The old
-// measure (set 1 s, read back, set again) could leave a 1 s expiry to a packet on
-// another CPU between its two writes.
+// counts it (conntrack -L), in one write. The first write of a fresh object (HZ from
+// the boot offset, or as if 100 where that is ambiguous) is never shorter than asked;
+// once every CPU has measured HZ, within a second of it. The old measure (set 1 s,
+// read back, set again) could leave a 1 s expiry to a packet on another CPU between
+// its two writes.
 func TestCtSetExpiry(t *testing.T) {
 	l := ctLab(t)
 	u := tuple{podIP, remotePodIP, 40010, 80}
@@ -317,8 +318,8 @@ func TestCtSetExpiry(t *testing.T) {
 	l.ctInsert(t, u, u.inverse(), "ESTABLISHED", "ASSURED,SEEN_REPLY")
 	l.ctInsert(t, w, w.inverse(), "ESTABLISHED", "ASSURED,SEEN_REPLY")
 
-	// The first fast-path packet of this object, HZ unknown: a RST shortens the
-	// entry to at least the CLOSE timeout, at most ten times it (HZ 1000 taken for 100).
+	// The first fast-path packet of this object: a RST shortens the entry to at
+	// least the CLOSE timeout, at most ten times it (HZ 1000 taken for 100).
 	onCPU(t, 0, func() {
 		if !l.fastOut(t, l.podTCP(u, 5000, 6000, tcpRST, nil)) {
 			t.Fatal("the RST did not take the fast path")

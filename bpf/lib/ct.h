@@ -118,13 +118,40 @@ static __always_inline int ct_fast_eligible(const struct nf_conn *ct)
 	       o->src.u.all == r->dst.u.all && o->dst.u.all == r->src.u.all;
 }
 
+/* Returns the tick rate that explains one reading of jiffies j at CLOCK_MONOTONIC ns,
+ * or 0 if none does alone. Linux starts jiffies at INITIAL_JIFFIES, (u32)(-300 * HZ),
+ * when the monotonic clock starts at 0, and ticks HZ times a second of it; only the
+ * right rate predicts j within half a second. Close to 300 s of uptime the rates
+ * predict nearly the same count and none is taken. */
+static __always_inline __u32 ct_hz_from_boot(__u64 j, __u64 ns)
+{
+	static const __u32 rates[] = { 100, 250, 300, 1000 };
+	__u32 found = 0;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < 4; i++) {
+		__u64 c = rates[i];
+		__s64 err = (__s64)(j - ((1ULL << 32) - 300 * c + ns * c / 1000000000ULL));
+
+		if (err < 0)
+			err = -err;
+		if (err < (__s64)(c / 2)) {
+			if (found)
+				return 0;
+			found = c;
+		}
+	}
+	return found;
+}
+
 /* Returns the kernel's tick rate as this CPU measured it, or 0 while it does not know
  * it yet. The kfunc that sets an expiry takes milliseconds, the sysctls are in jiffies,
  * and HZ is in no header a BPF program can rely on (a kconfig extern needs a config
- * file the agent's container may not have). So each CPU keeps a reading of jiffies
- * and CLOCK_MONOTONIC (ct_clock) and, once 200 ms have passed since it, divides the
- * two differences and rounds to the nearest rate Linux builds with (100, 250, 300 or
- * 1000). Nothing is written to a conntrack entry to find it, so no other packet can
+ * file the agent's container may not have). So each CPU takes a reading of jiffies
+ * and CLOCK_MONOTONIC (ct_clock): from its offset since boot (ct_hz_from_boot) at once
+ * where that is unambiguous, else once 200 ms have passed since it, from the two
+ * differences, rounded to the nearest rate Linux builds with (100, 250, 300 or 1000). Nothing is written to a conntrack entry to find it, so no other packet can
  * observe a value set only to measure. ct_close_track calls it for every fast-path
  * packet, so the measure is taken while a flow runs, not when an expiry is due. */
 static __always_inline __u32 ct_hz(void)
@@ -143,7 +170,8 @@ static __always_inline __u32 ct_hz(void)
 	if (!c->ns) {
 		c->ns = ns;
 		c->jiffies = j;
-		return 0;
+		c->hz = ct_hz_from_boot(j, ns);
+		return c->hz;
 	}
 	dns = ns - c->ns;
 	if (dns < CT_CLOCK_MIN_NS)

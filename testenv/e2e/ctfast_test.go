@@ -8,8 +8,10 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -37,6 +39,10 @@ const (
 //   - a flow reset (RST) keeps its entry at most the CLOSE timeout;
 //   - a flow left idle past the ESTABLISHED timeout (its entry expires) still
 //     carries data both ways and closes cleanly;
+//   - a fast-path flow is cut by a FORWARD DROP rule plus conntrack -D of its entry
+//     on the receiving node: no entry sends the next packet through the stack;
+//   - within TIME_WAIT of a clean close, a new connection on the same 4-tuple is a
+//     NEW flow for the receiving node's FORWARD (a rule dropping NEW stops it);
 //   - a flow through a DNAT rule of kube-proxy's shape (a Service) and one through
 //     a SNAT rule never take the fast path on the node that translates them.
 func TestConntrackFastPath(t *testing.T) {
@@ -162,6 +168,148 @@ func TestConntrackFastPath(t *testing.T) {
 		}
 	})
 
+	t.Run("revoked with conntrack -D", func(t *testing.T) {
+		// An operator cuts an established fast-path flow: a FORWARD rule on the
+		// receiving node, then conntrack -D of the flow there. With no entry the next
+		// packet goes through the stack, where the rule judges it.
+		addr := netip.AddrPortFrom(dst.Addr(), 5305)
+		cs, ss, port := connPair(ctx, t, l.PodNS(client), l.PodNS(server), addr)
+		fastBefore := fast("b1")
+		chunk := bytes.Repeat([]byte("before the cut "), 1<<14)
+		for _, dir := range []struct{ w, r net.Conn }{{cs, ss}, {ss, cs}} {
+			if _, err := dir.w.Write(chunk); err != nil {
+				t.Fatal(err)
+			}
+			if err := readExactly(dir.r, chunk); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if fast("b1") == fastBefore {
+			t.Fatal("b1: the flow never took the fast path")
+		}
+		rule := []string{"FORWARD", "-s", l.PodAddr(client).String(), "-d", dst.Addr().String(), "-j", "DROP"}
+		if _, err := l.Exec(ctx, l.NodeNS("b1"), append([]string{"iptables", "-w", "-I"}, rule...)...); err != nil {
+			t.Fatal(err)
+		}
+		defer l.Exec(context.Background(), l.NodeNS("b1"), append([]string{"iptables", "-w", "-D"}, rule...)...)
+		if _, err := l.Exec(ctx, l.NodeNS("b1"), "conntrack", "-D", "-p", "tcp", "--orig-src", l.PodAddr(client).String(),
+			"--orig-dst", dst.Addr().String(), "--orig-port-src", strconv.Itoa(int(port)), "--orig-port-dst", strconv.Itoa(int(addr.Port()))); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs.Write([]byte("after the cut")); err != nil {
+			t.Fatal(err)
+		}
+		ss.SetReadDeadline(time.Now().Add(3 * time.Second))
+		buf := make([]byte, 64)
+		n, err := ss.Read(buf)
+		if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("after the DROP rule and conntrack -D the server read %d bytes (%q), %v; want nothing within 3 s", n, buf[:n], err)
+		}
+		if d := ruleCount(ctx, t, l, "b1", "FORWARD", "DROP", l.PodAddr(client).String()); d == 0 {
+			t.Error("the DROP rule counted no packet: the flow was not cut by it")
+		}
+		// The cut flow's last packets meet b1's stack with no entry: INVALID, by
+		// design. Both ends reset at once, so that no FIN retransmit runs on into the
+		// next subtest, whose INVALID count starts after them.
+		cs.(*net.TCPConn).SetLinger(0)
+		ss.(*net.TCPConn).SetLinger(0)
+		cs.Close()
+		ss.Close()
+		time.Sleep(500 * time.Millisecond)
+		invalidBefore = invalid()
+	})
+
+	t.Run("new flow on a closed tuple", func(t *testing.T) {
+		// Three connections from the same client port to the same server port, each
+		// closed cleanly by the server first (so the client's port is free at once and
+		// the server's TIME_WAIT socket takes the next SYN). The second, with no rule,
+		// shows the tuple can be reused; before the third, b1 drops ctstate NEW from the
+		// client: within TIME_WAIT of the second's close, the third's SYN must be a NEW
+		// flow for b1's conntrack (the fast path closed the flow and expires its entry),
+		// not one ignored as ESTABLISHED, so it must fail.
+		addr := netip.AddrPortFrom(dst.Addr(), 5306)
+		local := netip.AddrPortFrom(l.PodAddr(client), 47006)
+		ln, err := listenIn(l.PodNS(server), addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					c.SetDeadline(time.Now().Add(10 * time.Second))
+					buf := make([]byte, 5)
+					if _, err := io.ReadFull(c, buf); err == nil {
+						c.Write(bytes.Repeat([]byte("reply "), 1<<14))
+					}
+					c.Close() // the server closes first
+				}()
+			}
+		}()
+		flow := func() error {
+			var c net.Conn
+			if err := testenv.Do(l.PodNS(client), func() error {
+				d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: net.TCPAddrFromAddrPort(local),
+					Control: func(_, _ string, rc syscall.RawConn) error {
+						var serr error
+						err := rc.Control(func(fd uintptr) {
+							serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+						})
+						return errors.Join(err, serr)
+					}}
+				var err error
+				c, err = d.DialContext(ctx, "tcp4", addr.String())
+				return err
+			}); err != nil {
+				return err
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := c.Write([]byte("hello")); err != nil {
+				return err
+			}
+			got, err := io.ReadAll(c)
+			if err != nil {
+				return fmt.Errorf("read to EOF: %w", err)
+			}
+			if len(got) != 6<<14 {
+				return fmt.Errorf("read %d bytes, want %d", len(got), 6<<14)
+			}
+			return nil
+		}
+		before := fast("b1")
+		for i := 1; i <= 2; i++ {
+			if err := flow(); err != nil {
+				t.Fatalf("connection %d from %s: %v", i, local, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if fast("b1") == before {
+			t.Fatal("b1: the flows never took the fast path")
+		}
+		rule := []string{"FORWARD", "-s", l.PodAddr(client).String(), "-d", dst.Addr().String(),
+			"-m", "conntrack", "--ctstate", "NEW", "-j", "DROP"}
+		if _, err := l.Exec(ctx, l.NodeNS("b1"), append([]string{"iptables", "-w", "-I"}, rule...)...); err != nil {
+			t.Fatal(err)
+		}
+		defer l.Exec(context.Background(), l.NodeNS("b1"), append([]string{"iptables", "-w", "-D"}, rule...)...)
+		if left, ok := ctTimeout(ctx, t, l, "b1", local.Port(), addr); ok {
+			t.Logf("b1 holds the closed flow for %d s more", left)
+		}
+		err = flow()
+		if err == nil {
+			t.Fatal("a third connection on the closed tuple got through b1's rule dropping NEW flows: conntrack took its SYN for ESTABLISHED")
+		}
+		t.Logf("the third connection failed as it should: %v", err)
+		if n := ruleCount(ctx, t, l, "b1", "FORWARD", "DROP", "ctstate NEW"); n == 0 {
+			t.Error("the NEW drop rule counted no packet")
+		}
+	})
+
 	t.Run("translated flows keep the stack", func(t *testing.T) {
 		// kube-proxy's shape of a ClusterIP rule on the client's node, and a SNAT of
 		// the client's ports (its address stays, so replies still reach it) in an nft
@@ -208,6 +356,40 @@ func TestConntrackFastPath(t *testing.T) {
 			t.Errorf("the INVALID drop rules counted %d packets", n-invalidBefore)
 		}
 	})
+}
+
+// connPair connects from srcNS to addr, where it listens in dstNS, and returns the
+// client's and the server's ends (closed when the test ends) and the client's port.
+func connPair(ctx context.Context, t *testing.T, srcNS, dstNS string, addr netip.AddrPort) (net.Conn, net.Conn, uint16) {
+	t.Helper()
+	ln, err := listenIn(dstNS, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			c = nil
+		}
+		acc <- c
+	}()
+	c, err := dialFrom(ctx, srcNS, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s := <-acc
+	if s == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { s.Close() })
+	for _, x := range []net.Conn{c, s} {
+		stop := context.AfterFunc(ctx, func() { x.SetDeadline(time.Now()) })
+		t.Cleanup(func() { stop() })
+	}
+	return c, s, uint16(c.LocalAddr().(*net.TCPAddr).Port)
 }
 
 // checkShortLived fails the test unless conntrack on every node, right after a
