@@ -13,6 +13,32 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type IsthmusCtClock struct {
+	_        structs.HostLayout
+	Jiffies  uint64
+	Ns       uint64
+	Hz       uint32
+	Reserved uint32
+}
+
+type IsthmusCtCloseKey struct {
+	_     structs.HostLayout
+	Saddr uint32
+	Daddr uint32
+	Sport uint16
+	Dport uint16
+}
+
+type IsthmusCtCloseValue struct {
+	_        structs.HostLayout
+	FinEnd   [2]uint32
+	Fin      [2]uint8
+	Acked    [2]uint8
+	Rst      [2]uint8
+	Closed   uint8
+	Reserved uint8
+}
+
 type IsthmusDatapathConfig struct {
 	_               structs.HostLayout
 	Vni             uint32
@@ -289,6 +315,8 @@ type IsthmusTracePrefixValue struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	IsthmusMapConfig                 = "config"
+	IsthmusMapCtClock                = "ct_clock"
+	IsthmusMapCtClose                = "ct_close"
 	IsthmusMapFabricPrefixes         = "fabric_prefixes"
 	IsthmusMapHealthProbers          = "health_probers"
 	IsthmusMapHealthReach            = "health_reach"
@@ -369,6 +397,8 @@ type IsthmusProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type IsthmusMapSpecs struct {
 	Config         *ebpf.MapSpec `ebpf:"config"`
+	CtClock        *ebpf.MapSpec `ebpf:"ct_clock"`
+	CtClose        *ebpf.MapSpec `ebpf:"ct_close"`
 	FabricPrefixes *ebpf.MapSpec `ebpf:"fabric_prefixes"`
 	HealthProbers  *ebpf.MapSpec `ebpf:"health_probers"`
 	HealthReach    *ebpf.MapSpec `ebpf:"health_reach"`
@@ -415,6 +445,8 @@ func (o *IsthmusObjects) Close() error {
 // It can be passed to LoadIsthmusObjects or ebpf.CollectionSpec.LoadAndAssign.
 type IsthmusMaps struct {
 	Config         *ebpf.Map `ebpf:"config"`
+	CtClock        *ebpf.Map `ebpf:"ct_clock"`
+	CtClose        *ebpf.Map `ebpf:"ct_close"`
 	FabricPrefixes *ebpf.Map `ebpf:"fabric_prefixes"`
 	HealthProbers  *ebpf.Map `ebpf:"health_probers"`
 	HealthReach    *ebpf.Map `ebpf:"health_reach"`
@@ -437,6 +469,8 @@ type IsthmusMaps struct {
 func (m *IsthmusMaps) Close() error {
 	return _IsthmusClose(
 		m.Config,
+		m.CtClock,
+		m.CtClose,
 		m.FabricPrefixes,
 		m.HealthProbers,
 		m.HealthReach,

@@ -6,6 +6,7 @@
 
 #include "common.h"
 #include "parse.h"
+#include "maps.h"
 
 #ifndef BPF_F_CURRENT_NETNS
 #define BPF_F_CURRENT_NETNS	(-1)
@@ -32,8 +33,34 @@ struct ip_ct_tcp___isthmus {
 union nf_conntrack_proto___isthmus {
 	struct ip_ct_tcp___isthmus tcp;
 } __attribute__((preserve_access_index));
+union nf_inet_addr___isthmus {
+	__be32 ip;
+} __attribute__((preserve_access_index));
+union nf_conntrack_man_proto___isthmus {
+	__be16 all;			/* the port, for TCP */
+} __attribute__((preserve_access_index));
+struct nf_conntrack_man___isthmus {
+	union nf_inet_addr___isthmus u3;
+	union nf_conntrack_man_proto___isthmus u;
+} __attribute__((preserve_access_index));
+/* One direction's tuple as conntrack holds it: the addresses and ports a packet of
+ * that direction carries (after translation for the reply direction). */
+struct nf_conntrack_tuple___isthmus {
+	struct nf_conntrack_man___isthmus src;
+	struct {
+		union nf_inet_addr___isthmus u3;
+		union {
+			__be16 all;
+		} u;
+	} dst;
+} __attribute__((preserve_access_index));
+struct nf_conntrack_tuple_hash___isthmus {
+	struct nf_conntrack_tuple___isthmus tuple;
+} __attribute__((preserve_access_index));
 struct nf_conn {
 	__u32 timeout;			/* expiry, in jiffies (32 bits of them) */
+	/* [IP_CT_DIR_ORIGINAL], [IP_CT_DIR_REPLY] */
+	struct nf_conntrack_tuple_hash___isthmus tuplehash[2];
 	unsigned long status;		/* IPS_* */
 	struct {
 		struct net___isthmus *net;
@@ -61,6 +88,8 @@ extern int bpf_ct_change_timeout(struct nf_conn *nfct, __u32 timeout) __ksym;
 #define TCP_CONNTRACK_ESTABLISHED	3
 #define TCP_CONNTRACK_TIME_WAIT		7
 #define TCP_CONNTRACK_CLOSE		8
+#define IP_CT_DIR_ORIGINAL		0
+#define IP_CT_DIR_REPLY			1
 #define IPS_ASSURED			(1 << 2)
 #define IPS_CONFIRMED			(1 << 3)
 #define IPS_SRC_NAT			(1 << 4)
@@ -69,96 +98,241 @@ extern int bpf_ct_change_timeout(struct nf_conn *nfct, __u32 timeout) __ksym;
 #define IPS_DYING			(1 << 9)
 #define IPS_OFFLOAD			(1 << 14)
 
-/* What conntrack says about a packet's flow. */
-enum ct_verdict {
-	CT_NONE = 0,	/* no entry: a flow this node's stack never saw */
-	CT_STACK,	/* an entry: the packet goes through the stack, which keeps it */
-	CT_FAST,	/* an established, untranslated TCP entry: the packet skips the stack */
-};
-
 /* Returns 1 if conntrack entry ct may take the fast path: TCP, established, confirmed
- * and assured (conntrack saw the handshake both ways), no address or port translation
- * (kube-proxy's DNAT, a SNAT or MASQUERADE: only the stack reverses those), no
- * sequence adjustment (a NAT helper), not dying, not offloaded to a flowtable. */
+ * and assured (conntrack saw the handshake both ways), not dying, not offloaded to a
+ * flowtable, no sequence adjustment (a NAT helper), and untranslated: no SRC_NAT or
+ * DST_NAT status bit, and the original tuple is the inverse of the reply tuple
+ * (addresses and ports). The bits alone do not say it: IPVS rewrites the reply tuple
+ * without setting either, and only the stack reverses any translation. */
 static __always_inline int ct_fast_eligible(const struct nf_conn *ct)
 {
+	const struct nf_conntrack_tuple___isthmus *o = &ct->tuplehash[IP_CT_DIR_ORIGINAL].tuple;
+	const struct nf_conntrack_tuple___isthmus *r = &ct->tuplehash[IP_CT_DIR_REPLY].tuple;
 	unsigned long status = ct->status;
 
-	return ct->proto.tcp.state == TCP_CONNTRACK_ESTABLISHED &&
-	       (status & (IPS_CONFIRMED | IPS_ASSURED)) == (IPS_CONFIRMED | IPS_ASSURED) &&
-	       !(status & (IPS_SRC_NAT | IPS_DST_NAT | IPS_SEQ_ADJUST | IPS_DYING | IPS_OFFLOAD));
+	if (ct->proto.tcp.state != TCP_CONNTRACK_ESTABLISHED ||
+	    (status & (IPS_CONFIRMED | IPS_ASSURED)) != (IPS_CONFIRMED | IPS_ASSURED) ||
+	    (status & (IPS_SRC_NAT | IPS_DST_NAT | IPS_SEQ_ADJUST | IPS_DYING | IPS_OFFLOAD)))
+		return 0;
+	return o->src.u3.ip == r->dst.u3.ip && o->dst.u3.ip == r->src.u3.ip &&
+	       o->src.u.all == r->dst.u.all && o->dst.u.all == r->src.u.all;
 }
 
-/* Sets entry ct to expire j jiffies from now. The kfunc takes milliseconds and the
- * kernel's tick rate is in no header a BPF program can rely on (a kconfig extern needs
- * a config file the agent's container may not have), so it is measured on the entry:
- * one second set, the jiffies it came to read back. Within a tick of j. */
+/* Returns the kernel's tick rate as this CPU measured it, or 0 while it does not know
+ * it yet. The kfunc that sets an expiry takes milliseconds, the sysctls are in jiffies,
+ * and HZ is in no header a BPF program can rely on (a kconfig extern needs a config
+ * file the agent's container may not have). So each CPU keeps a reading of jiffies
+ * and CLOCK_MONOTONIC (ct_clock) and, once 200 ms have passed since it, divides the
+ * two differences and rounds to the nearest rate Linux builds with (100, 250, 300 or
+ * 1000). Nothing is written to a conntrack entry to find it, so no other packet can
+ * observe a value set only to measure. ct_close_track calls it for every fast-path
+ * packet, so the measure is taken while a flow runs, not when an expiry is due. */
+static __always_inline __u32 ct_hz(void)
+{
+	struct ct_clock *c;
+	__u64 ns, j, dns, hz;
+	__u32 zero = 0;
+
+	c = bpf_map_lookup_elem(&ct_clock, &zero);
+	if (!c)
+		return 0;
+	if (likely(c->hz))
+		return c->hz;
+	ns = bpf_ktime_get_ns();
+	j = bpf_jiffies64();
+	if (!c->ns) {
+		c->ns = ns;
+		c->jiffies = j;
+		return 0;
+	}
+	dns = ns - c->ns;
+	if (dns < CT_CLOCK_MIN_NS)
+		return 0;
+	hz = (j - c->jiffies) * 1000000000ULL / dns;
+	if (hz >= 90 && hz <= 110)
+		c->hz = 100;
+	else if (hz >= 235 && hz <= 265)
+		c->hz = 250;
+	else if (hz >= 285 && hz <= 315)
+		c->hz = 300;
+	else if (hz >= 950 && hz <= 1050)
+		c->hz = 1000;
+	else {
+		c->ns = ns;	/* a reading across a stall: start again */
+		c->jiffies = j;
+	}
+	return c->hz;
+}
+
+/* Sets entry ct to expire j jiffies from now, with one write. While this CPU does not
+ * know HZ yet (ct_hz, the first 200 ms it runs the fast path) it converts as if HZ
+ * were 100, the lowest rate: the expiry is then at least j jiffies, never shorter
+ * than asked, and the next renewal corrects it. */
 static __always_inline void ct_set_expiry(struct nf_conn *ct, unsigned int j)
 {
-	__s32 hz;
+	__u32 hz = ct_hz();
+	__u64 ms = (__u64)j * 1000 / (hz ? hz : 100);
 
-	bpf_ct_change_timeout(ct, 1000);
-	hz = (__s32)(ct->timeout - (__u32)bpf_jiffies64());
-	if (hz > 0)
-		bpf_ct_change_timeout(ct, (__u64)j * 1000 / hz);
+	bpf_ct_change_timeout(ct, ms > 0xffffffffULL ? 0xffffffff : (__u32)ms);
 }
 
-/* Keeps entry ct alive as conntrack would for a fast-path packet th, in this netns's
- * own timeouts (the nf_conntrack_tcp_timeout_* sysctls, in jiffies): a FIN or RST
- * shortens what is left to the TIME_WAIT timeout (a FIN) or the CLOSE timeout (a RST),
- * never lengthens it; any other packet renews the ESTABLISHED timeout, unless a FIN or
- * RST has shortened the entry (what is left is at most the TIME_WAIT timeout) or less
- * than 1/64 of it has passed since the last renewal (a write now and then, not one a
- * packet: with the default 5 days, one every 112 minutes). */
-static __always_inline void ct_fast_refresh(struct nf_conn *ct, const struct tcphdr *th)
+/* Returns the timeouts of ct's netns, in jiffies, by TCP_CONNTRACK_* state (the
+ * nf_conntrack_tcp_timeout_* sysctls). */
+static __always_inline const unsigned int *ct_timeouts(const struct nf_conn *ct)
 {
-	const unsigned int *timeouts = ct->ct_net.net->ct.nf_ct_proto.tcp.timeouts;
-	__s64 left = (__s32)(ct->timeout - (__u32)bpf_jiffies64());
-	unsigned int est = timeouts[TCP_CONNTRACK_ESTABLISHED];
-	unsigned int tw = timeouts[TCP_CONNTRACK_TIME_WAIT];
-	unsigned int want;
+	return ct->ct_net.net->ct.nf_ct_proto.tcp.timeouts;
+}
 
-	if (th->rst || th->fin) {
-		want = th->rst ? timeouts[TCP_CONNTRACK_CLOSE] : tw;
+/* Returns the key of ct in ct_close: its original tuple. */
+static __always_inline struct ct_close_key ct_close_key_of(const struct nf_conn *ct)
+{
+	const struct nf_conntrack_tuple___isthmus *o = &ct->tuplehash[IP_CT_DIR_ORIGINAL].tuple;
+	struct ct_close_key k = {
+		.saddr = o->src.u3.ip,
+		.daddr = o->dst.u3.ip,
+		.sport = o->src.u.all,
+		.dport = o->dst.u.all,
+	};
+
+	return k;
+}
+
+/* A bare SYN (SYN without ACK) on the tuple of entry ct, which the stack will judge.
+ * If the fast path closed the flow (FINs both ways acknowledged, or a RST its receiver
+ * has not refused), the entry is expired now (timeout 0: the stack's lookup treats it
+ * as gone and conntrack starts a NEW flow, which the site's filters judge). Without
+ * this the entry, still ESTABLISHED for conntrack because the fast path carried the
+ * close, would make conntrack ignore the SYN and call it ESTABLISHED. */
+static __always_inline void ct_close_reopen(struct nf_conn *ct)
+{
+	struct ct_close_key k = ct_close_key_of(ct);
+	struct ct_close_value *cv = bpf_map_lookup_elem(&ct_close, &k);
+
+	if (!cv || !(cv->closed || cv->rst[0] || cv->rst[1]))
+		return;
+	bpf_ct_change_timeout(ct, 0);
+	bpf_map_delete_elem(&ct_close, &k);
+}
+
+/* Tracks the close of the fast-path flow of entry ct (ct_fast_eligible) for a packet
+ * th (not a SYN) sent in direction dir (IP_CT_DIR_*) with payload bytes of TCP
+ * payload, and keeps the entry alive as conntrack would, in this netns's timeouts.
+ * Returns 1 if the packet takes the fast path, 0 if the flow was closed on the fast
+ * path (the stack judges what still comes).
+ *
+ * A packet outside the window must not be able to shorten or end a flow, so nothing is
+ * taken on a segment's word alone. Only FIN and RST segments create an entry of
+ * ct_close, keyed by the original tuple; every other packet only reads it (and writes
+ * it once, for the ACK that finishes a direction or refuses a RST). A RST shortens the
+ * entry to the CLOSE timeout and records its direction; a later non-RST packet from its
+ * receiver shows the receiver refused it (Linux drops an out-of-window RST and answers
+ * an in-window inexact one with a challenge ACK, RFC 5961), clears it and renews the
+ * entry; a RST accepted leaves the receiver silent and the entry expires. A FIN records
+ * its end sequence (seq + payload + 1); only an ACK of exactly that from the other side
+ * (which a receiver that did not accept the FIN never sends) marks that direction
+ * finished and caps the entry at the TIME_WAIT timeout; with both finished the flow is
+ * closed. Renewal otherwise: to the ESTABLISHED timeout (TIME_WAIT once a direction has
+ * finished) when less than 63/64 of it is left, so an established flow writes its entry
+ * about once in 1/64 of the timeout, never once a packet; a pending RST renews nothing. */
+static __always_inline int ct_close_track(struct nf_conn *ct, __u8 dir, const struct tcphdr *th,
+					  __s32 payload)
+{
+	const unsigned int *timeouts = ct_timeouts(ct);
+	__s64 left = (__s32)(ct->timeout - (__u32)bpf_jiffies64());
+	struct ct_close_key k = ct_close_key_of(ct);
+	struct ct_close_value *cv, nv = {};
+	int rst = 0, finished = 0;
+	__u8 odir;
+	__u32 want;
+
+	dir &= 1;
+	odir = dir ^ 1;
+	/* Every fast-path packet until this CPU knows HZ, then one array read. */
+	ct_hz();
+	cv = bpf_map_lookup_elem(&ct_close, &k);
+	if (cv) {
+		if (cv->closed)
+			return 0;
+		if (!th->rst) {
+			/* An ACK of exactly the other side's FIN: that side has finished. */
+			if (cv->fin[odir] && !cv->acked[odir] && th->ack &&
+			    bpf_ntohl(th->ack_seq) == cv->fin_end[odir]) {
+				cv->acked[odir] = 1;
+				if (cv->acked[dir])
+					cv->closed = 1;
+			}
+			/* The receiver of a RST speaks on: it refused the RST. */
+			if (cv->rst[odir])
+				cv->rst[odir] = 0;
+		}
+	}
+	if (th->rst || (th->fin && !(cv && cv->acked[dir]))) {
+		if (!cv) {
+			/* Constant indices: the stack slot's address may not be computed. */
+			__u32 end = bpf_ntohl(th->seq) + payload + 1;
+
+			cv = &nv;
+			if (th->rst && dir)
+				nv.rst[1] = 1;
+			else if (th->rst)
+				nv.rst[0] = 1;
+			else if (dir)
+				nv.fin[1] = 1, nv.fin_end[1] = end;
+			else
+				nv.fin[0] = 1, nv.fin_end[0] = end;
+			bpf_map_update_elem(&ct_close, &k, &nv, BPF_NOEXIST);
+		} else if (th->rst) {
+			cv->rst[dir] = 1;
+		} else {
+			cv->fin_end[dir] = bpf_ntohl(th->seq) + payload + 1;
+			cv->fin[dir] = 1;
+		}
+	}
+	if (cv) {
+		rst = cv->rst[0] || cv->rst[1];
+		finished = cv->acked[0] || cv->acked[1];
+	}
+
+	if (rst) {
+		want = timeouts[TCP_CONNTRACK_CLOSE];
 		if (left > want)
 			ct_set_expiry(ct, want);
-		return;
+		return 1;
 	}
-	if (left <= tw || left > est - est / 64)
-		return;
-	ct_set_expiry(ct, est);
+	want = timeouts[finished ? TCP_CONNTRACK_TIME_WAIT : TCP_CONNTRACK_ESTABLISHED];
+	if (left > want || left < want - want / 64)
+		ct_set_expiry(ct, want);
+	return 1;
 }
 
-/* Returns what conntrack holds for the TCP or UDP flow of iph (l4 its transport
- * header), in either direction: CT_NONE for no entry (also another protocol, a fragment,
- * or ports past data_end), CT_FAST for an entry ct_fast_eligible accepts (renewed by
- * ct_fast_refresh), else CT_STACK. */
-static __always_inline enum ct_verdict ct_lookup(struct __sk_buff *skb, const struct iphdr *iph,
-						 void *l4, void *data_end)
+/* Returns 1 if TCP segment th of IPv4 packet iph (not a fragment, its whole TCP header
+ * read; payload its bytes of TCP payload, all GSO segments' together) belongs to a
+ * flow kernel conntrack holds, in either direction, as established and untranslated
+ * (ct_fast_eligible) and not closed on the fast path (ct_close_track, which also
+ * renews the entry): the packet may skip the stack. 0 for everything else: no entry,
+ * a translated or not yet established one, a SYN (for which ct_close_reopen expires
+ * the entry of a flow the fast path closed). */
+static __always_inline int ct_fast_path(struct __sk_buff *skb, const struct iphdr *iph,
+					const struct tcphdr *th, __s32 payload)
 {
-	struct bpf_ct_opts opts = { .netns_id = BPF_F_CURRENT_NETNS, .l4proto = iph->protocol };
+	struct bpf_ct_opts opts = { .netns_id = BPF_F_CURRENT_NETNS, .l4proto = IPPROTO_TCP };
 	struct bpf_sock_tuple t = {};
-	enum ct_verdict v = CT_STACK;
-	struct tcphdr *th = l4;
 	struct nf_conn *ct;
-	__be16 *ports = l4;
+	int fast = 0;
 
-	if ((iph->protocol != IPPROTO_TCP && iph->protocol != IPPROTO_UDP) ||
-	    ipv4_is_fragment(iph))
-		return CT_NONE;
-	if ((void *)(ports + 2) > data_end)
-		return CT_NONE;
 	t.ipv4.saddr = iph->saddr;
 	t.ipv4.daddr = iph->daddr;
-	t.ipv4.sport = ports[0];
-	t.ipv4.dport = ports[1];
+	t.ipv4.sport = th->source;
+	t.ipv4.dport = th->dest;
 	ct = bpf_skb_ct_lookup(skb, &t, sizeof(t.ipv4), &opts, sizeof(opts));
 	if (!ct)
-		return CT_NONE;
-	if (iph->protocol == IPPROTO_TCP && (void *)(th + 1) <= data_end && ct_fast_eligible(ct)) {
-		ct_fast_refresh(ct, th);
-		v = CT_FAST;
+		return 0;
+	if (th->syn) {
+		if (!th->ack)
+			ct_close_reopen(ct);
+	} else if (ct_fast_eligible(ct)) {
+		fast = ct_close_track(ct, opts.dir, th, payload);
 	}
 	bpf_ct_release(ct);
-	return v;
+	return fast;
 }

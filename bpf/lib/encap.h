@@ -42,8 +42,10 @@ static __always_inline int encap_room(struct __sk_buff *skb)
 	return ret;
 }
 
-/* Bytes after the IPv4 header the encap and local-delivery paths read: the ports. */
-#define ENCAP_PULL_L4	4
+/* Bytes after the IPv4 header the encap and local-delivery paths read: a whole TCP
+ * header without options (stack_sees reads its flags, sequence and acknowledgement
+ * numbers; flow_hash and the pod guard, the ports). */
+#define ENCAP_PULL_L4	20
 
 /* Pushes outer IPv4/UDP/GENEVE/inner Ethernet in front of the inner IPv4 packet and
  * redirects to the underlay next hop of the route's peer: rt->peer, or the member of

@@ -230,3 +230,29 @@ struct {
 	__uint(max_entries, REDIRECT_DROPS_MAX);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } redirect_drops SEC(".maps");
+
+#ifndef CT_CLOSE_MAX
+#define CT_CLOSE_MAX		65536
+#endif
+/* How long a CPU reads the clocks before it trusts its measure of HZ (lib/ct.h). */
+#ifndef CT_CLOCK_MIN_NS
+#define CT_CLOCK_MIN_NS		200000000ULL
+#endif
+
+/* The close of conntrack fast-path flows (lib/ct.h ct_close_track), LRU-bounded. Not
+ * pinned: a restarted agent starts with none recorded, and the flows closing across
+ * the restart keep their entries until conntrack's own timeouts end them. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_close_key);
+	__type(value, struct ct_close_value);
+	__uint(max_entries, CT_CLOSE_MAX);
+} ct_close SEC(".maps");
+
+/* Each CPU's measure of the kernel's tick rate (lib/ct.h ct_hz). Scratch, unpinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct ct_clock);
+	__uint(max_entries, 1);
+} ct_clock SEC(".maps");

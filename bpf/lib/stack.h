@@ -17,57 +17,34 @@
 #define OVERLAY_MARK		0x1000
 #endif
 
-/* Returns 1 if the packet starts a flow as conntrack sees one: a TCP SYN without ACK,
- * a UDP datagram, an ICMP echo request (the caller has found no entry for it). */
-static __always_inline int opens_flow(const struct iphdr *iph, void *l4, void *data_end)
-{
-	if (ipv4_is_fragment(iph))
-		return 0;
-	switch (iph->protocol) {
-	case IPPROTO_TCP: {
-		struct tcphdr *th = l4;
-
-		if ((void *)(th + 1) > data_end)
-			return 0;
-		return th->syn && !th->ack;
-	}
-	case IPPROTO_UDP:
-		return 1;
-	case IPPROTO_ICMP: {
-		__u8 *type = l4;
-
-		if ((void *)(type + 1) > data_end)
-			return 0;
-		return *type == 8;	/* echo request */
-	}
-	}
-	return 0;
-}
-
 /* Returns 1 if a pod packet isthmus carries must go through the stack, on the node
- * that delivers it to a pod and on the node whose pod sends it: it opens a flow,
- * which the site's filters must judge (and after which conntrack holds the flow), or
- * conntrack knows its flow (its other half went through the stack: a Service's DNAT
- * to reverse, a flow the pod accepted or opened). A packet of a flow conntrack never
- * saw on this node keeps the direct path: the stack would call it INVALID. So does a
- * packet of a TCP flow conntrack holds as established and untranslated (ct_lookup's
- * CT_FAST, counted as METRIC_CT_FAST under hook): every later packet of that flow on
- * this node, both ways, FIN and RST included, takes the direct path too, so the stack
- * never sees a segment past the window it last saw (which it would call INVALID). */
+ * that delivers it to a pod and on the node whose pod sends it; 0 if it takes the
+ * direct path (counted as METRIC_CT_FAST under hook). Fail closed: the direct path only
+ * for what the datapath has positively established the stack would do nothing else
+ * with: a TCP segment, not a fragment, whose whole 20-byte header lies before data_end,
+ * not a SYN, of a flow kernel conntrack holds (either direction) as established,
+ * assured and untranslated, and that has not been closed on the fast path
+ * (ct_fast_path). Everything else is the stack's to judge: fragments (the first one
+ * too), UDP, ICMP of every type, other protocols, unreadable headers, SYNs, packets of
+ * flows conntrack does not hold (never seen, expired, or deleted by an operator: the
+ * way to cut a flow), translated or not yet established ones. docs/architecture.md,
+ * "The conntrack fast path". */
 static __always_inline int stack_sees(struct __sk_buff *skb, const struct iphdr *iph, void *l4,
 				      void *data_end, __u8 hook)
 {
-	if (opens_flow(iph, l4, data_end))
+	struct tcphdr *th = l4;
+	__s32 payload;
+
+	if (iph->protocol != IPPROTO_TCP || ipv4_is_fragment(iph))
 		return 1;
-	switch (ct_lookup(skb, iph, l4, data_end)) {
-	case CT_STACK:
+	if ((void *)(th + 1) > data_end)
 		return 1;
-	case CT_FAST:
-		metrics_count(METRIC_CT_FAST, hook, skb->len);
-		return 0;
-	default:
-		return 0;
-	}
+	/* All GSO segments' payload together: the FIN, if any, ends the last one. */
+	payload = (__s32)skb->len - (__s32)((void *)th - (void *)(long)skb->data) - th->doff * 4;
+	if (!ct_fast_path(skb, iph, th, payload < 0 ? 0 : payload))
+		return 1;
+	metrics_count(METRIC_CT_FAST, hook, skb->len);
+	return 0;
 }
 
 /* Leaves a pod's packet to the stack, marked so that no other CNI's MASQUERADE

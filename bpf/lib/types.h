@@ -313,3 +313,32 @@ struct health_prober_key {
 struct health_prober_value {
 	__u64 seen;		/* bpf_ktime_get_ns() of its last probe */
 };
+
+/* ct_close (LRU hash, lib/ct.h): the close of a conntrack fast-path flow, keyed by the
+ * original tuple of its conntrack entry. Written only by FIN and RST segments and by
+ * the ACK that finishes a direction; read by every fast-path packet. */
+struct ct_close_key {
+	__be32 saddr;
+	__be32 daddr;
+	__be16 sport;
+	__be16 dport;
+};
+
+/* Each field by direction d of the sender: [IP_CT_DIR_ORIGINAL], [IP_CT_DIR_REPLY]. One
+ * byte a fact, each written whole, so that packets on two CPUs never lose each other's. */
+struct ct_close_value {
+	__u32 fin_end[2];	/* host order: the sequence number after d's FIN */
+	__u8 fin[2];		/* d sent a FIN */
+	__u8 acked[2];		/* the other side acknowledged exactly d's FIN */
+	__u8 rst[2];		/* d sent a RST its receiver has not refused (yet) */
+	__u8 closed;		/* both directions finished: the flow is closed */
+	__u8 reserved;
+};
+
+/* ct_clock (per-CPU array, one entry, lib/ct.h): this CPU's measure of HZ. */
+struct ct_clock {
+	__u64 jiffies;		/* bpf_jiffies64() at ns */
+	__u64 ns;		/* bpf_ktime_get_ns() of the first reading, 0 = none yet */
+	__u32 hz;		/* the tick rate found, 0 = not yet */
+	__u32 reserved;
+};
