@@ -66,8 +66,11 @@ func (l *Lab) cniAgentArgs(node string) []string {
 }
 
 // usesPlugin reports whether the pod is created through the CNI plugin: a
-// managed pod, in a lab whose agents serve IPAM.
-func (l *Lab) usesPlugin(p Pod) bool { return l.Datapath == DatapathIsthmus && !p.Unmanaged }
+// managed pod, in a lab whose agents serve IPAM, unless another CNI's wiring
+// (PodWiringProxyARP) makes every pod.
+func (l *Lab) usesPlugin(p Pod) bool {
+	return l.Datapath == DatapathIsthmus && !p.Unmanaged && l.Scenario.PodWiring != PodWiringProxyARP
+}
 
 // CNIToolContainerID is the container ID cnitool gives an attachment: it
 // hashes the network namespace path (cnitool/cmd/root.go), so DEL finds what

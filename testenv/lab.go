@@ -288,6 +288,11 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 		return err
 	}
 	l.logf("lab %s: managed pods added through the CNI plugin in %s", l.Name, time.Since(start).Round(time.Millisecond))
+	if sc.PodWiring == PodWiringProxyARP {
+		if err := l.waitHandMadeAttached(ctx, l.readyTimeout(opts)); err != nil {
+			return err
+		}
+	}
 	if opts.CheckNodes {
 		after := l.NodeReach()
 		l.logf("lab %s: node to node with the agents:\n%s", l.Name, reachString(after))
@@ -303,6 +308,23 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 		}
 		if err := symmetric(after); err != nil {
 			return fmt.Errorf("with the agents: %w", err)
+		}
+	}
+	return nil
+}
+
+// waitHandMadeAttached waits until every node's agent has taken in the pods
+// another CNI wired (PodWiringProxyARP): no plugin tells the lab when, and a
+// flow that starts before pod_ifaces holds the interface meets the stack as a
+// stranger's (waitPodAttached).
+func (l *Lab) waitHandMadeAttached(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for _, n := range l.Scenario.Nodes() {
+		for _, p := range n.Pods {
+			if err := l.waitPodAttached(ctx, n.Name, p.Name); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -534,6 +556,19 @@ func (l *Lab) buildPod(n NodeRef, p Pod) error {
 	if err != nil {
 		return fmt.Errorf("find %s: %w", host, err)
 	}
+	proxyARP := l.Scenario.PodWiring == PodWiringProxyARP
+	if proxyARP {
+		mac, _ := net.ParseMAC(ProxyARPMAC)
+		if err := node.LinkSetHardwareAddr(hostLink, mac); err != nil {
+			return fmt.Errorf("set MAC of %s: %w", host, err)
+		}
+		if err := writeSysctls(l.NodeNS(n.Name), map[string]string{
+			"net/ipv4/conf/" + host + "/proxy_arp":    "1",
+			"net/ipv4/neigh/" + host + "/proxy_delay": "0",
+		}); err != nil {
+			return err
+		}
+	}
 	if err := linkUp(node, host); err != nil {
 		return err
 	}
@@ -561,6 +596,9 @@ func (l *Lab) buildPod(n NodeRef, p Pod) error {
 	}
 	if err := h.RouteAdd(&netlink.Route{LinkIndex: idx, Gw: gw.AsSlice()}); err != nil {
 		return fmt.Errorf("add default route: %w", err)
+	}
+	if proxyARP {
+		return nil // the pod asks for the gateway, the host side answers by proxy
 	}
 	if err := h.NeighAdd(&netlink.Neigh{LinkIndex: idx, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
 		IP: gw.AsSlice(), HardwareAddr: hostLink.Attrs().HardwareAddr}); err != nil {

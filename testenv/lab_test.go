@@ -209,6 +209,73 @@ func TestTopology(t *testing.T) {
 	}
 }
 
+// TestProxyARPWiring builds the plain-routing lab with its pods wired as Calico
+// wires them (PodWiringProxyARP) and asks the kernels: before any traffic the pod
+// has no entry for its gateway (nothing permanent), the host veth has Calico's MAC
+// and answers by proxy ARP; then every pod pair talks with its own address, and the
+// pod's gateway entry is one its own ARP learnt, pointing at the host veth.
+func TestProxyARPWiring(t *testing.T) {
+	requireRoot(t)
+	sc, err := LoadScenario("default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.PodWiring = PodWiringProxyARP
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	l, err := Up(ctx, sc, Options{Name: uniqueLab(t), Datapath: DatapathPlain, Binary: "/nonexistent/isthmus"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Down(); err != nil {
+			t.Error(err)
+		}
+		assertGone(t, l.Name)
+	})
+	host := l.HostVeth("a1-p1")
+	if out, err := l.Exec(ctx, l.PodNS("a1-p1"), "ip", "neigh", "show", PodGateway); err != nil || strings.TrimSpace(out) != "" {
+		t.Errorf("a1-p1: neighbour %s before any traffic = %q (%v), want none", PodGateway, out, err)
+	}
+	for _, cmd := range []struct {
+		ns, want string
+		argv     []string
+	}{
+		{l.NodeNS("a1"), "net.ipv4.conf." + host + ".proxy_arp = 1", []string{"sysctl", "net.ipv4.conf." + host + ".proxy_arp"}},
+		{l.NodeNS("a1"), "net.ipv4.neigh." + host + ".proxy_delay = 0", []string{"sysctl", "net.ipv4.neigh." + host + ".proxy_delay"}},
+		{l.NodeNS("a1"), "link/ether " + ProxyARPMAC, []string{"ip", "link", "show", host}},
+		{l.PodNS("a1-p1"), "default via 169.254.1.1 dev eth0", []string{"ip", "route"}},
+	} {
+		out, err := l.Exec(ctx, cmd.ns, cmd.argv...)
+		if err != nil {
+			t.Errorf("%v", err)
+			continue
+		}
+		if !strings.Contains(out, cmd.want) {
+			t.Errorf("%s: %s: want %q in:\n%s", cmd.ns, strings.Join(cmd.argv, " "), cmd.want, out)
+		}
+	}
+	if out, err := l.Exec(ctx, l.NodeNS("a1"), "ip", "-br", "addr", "show", host); err != nil || strings.Contains(out, "inet ") {
+		t.Errorf("a1 %s has an address (%v): %s", host, err, out)
+	}
+	m, err := l.Check(ctx)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, m)
+	}
+	for _, p := range m.Probes {
+		if p.Proto != ICMP && p.Saw != l.PodAddr(p.Src) {
+			t.Errorf("%s -> %s %s: server saw %s, want %s", p.Src, p.Dst, p.Proto, p.Saw, l.PodAddr(p.Src))
+		}
+	}
+	out, err := l.Exec(ctx, l.PodNS("a1-p1"), "ip", "neigh", "show", PodGateway)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "lladdr "+ProxyARPMAC) || strings.Contains(out, "PERMANENT") {
+		t.Errorf("a1-p1: neighbour %s after traffic = %q, want one learnt by ARP with lladdr %s", PodGateway, out, ProxyARPMAC)
+	}
+}
+
 // checkRPFilter: every node of the lab is strict everywhere, an interface set
 // loose is reported, and RPFilterDrops counts what the kernel drops: the router
 // sends a1 an echo request from the address of a1's pod a1-p1, which a1 routes

@@ -45,10 +45,34 @@ type Scenario struct {
 	Sites []Site `json:"sites"`
 	// Peerings become SitePeering objects.
 	Peerings []Peering `json:"peerings,omitempty"`
+	// PodWiring says how every pod's veth is wired to its node: PodWiringNeighbour
+	// (the default, "") or PodWiringProxyARP.
+	PodWiring PodWiring `json:"podWiring,omitempty"`
 	// Objects are further manifests (multi-document YAML), written verbatim into
 	// the objects directory.
 	Objects string `json:"objects,omitempty"`
 }
+
+// PodWiring is how a pod reaches its gateway, PodGateway, through its veth.
+type PodWiring string
+
+const (
+	// PodWiringNeighbour (the default) gives each pod a permanent neighbour entry
+	// for PodGateway with the host side's MAC, as Cilium does; managed pods of the
+	// isthmus datapath are made by the CNI plugin, which wires them the same way.
+	PodWiringNeighbour PodWiring = ""
+	// PodWiringProxyARP wires every pod as Calico (and Azure CNI in transparent
+	// mode) does: the pod resolves PodGateway by ARP, and the host side of its
+	// veth, with no address of its own and Calico's MAC ProxyARPMAC, answers by
+	// proxy ARP (proxy_arp on, proxy_delay 0). Every pod is made by hand, also with
+	// the isthmus datapath: another CNI owns the pods, isthmus only carries them
+	// (its agents attach to the host veths by name, as to any pod interface).
+	PodWiringProxyARP PodWiring = "proxyArp"
+)
+
+// ProxyARPMAC is the MAC of every host-side pod veth with PodWiringProxyARP:
+// Calico gives all of them ee:ee:ee:ee:ee:ee.
+const ProxyARPMAC = "ee:ee:ee:ee:ee:ee"
 
 // Underlay is the routed network joining the sites: one router namespace with a
 // port per node, holding every site's gateway address and answering ARP for each
@@ -385,6 +409,11 @@ func (s *Scenario) validate() error {
 	}
 	if s.VNI >= 1<<24 {
 		return fmt.Errorf("vni %d: does not fit 24 bits", s.VNI)
+	}
+	switch s.PodWiring {
+	case PodWiringNeighbour, PodWiringProxyARP:
+	default:
+		return fmt.Errorf("podWiring %q: want %s or none", s.PodWiring, PodWiringProxyARP)
 	}
 	if len(s.Sites) == 0 {
 		return fmt.Errorf("sites: none")

@@ -107,6 +107,7 @@ func TestParseScenarioErrors(t *testing.T) {
 		{"site without object", "    spec: {nodeCidrs: [192.168.1.0/24], podCidrAssignments: [{cidrBlocks: [10.1.0.0/16]}]}\n", "", "want spec or objects"},
 		{"bad pod block", "cidrBlocks: [10.0.2.0/23]", "cidrBlocks: [10.0.2.0/33]", "cidrBlocks"},
 		{"bad decap", "name: t\n", "name: t\ndecap: ebpf\n", `decap "ebpf"`},
+		{"bad pod wiring", "name: t\n", "name: t\npodWiring: calico\n", `podWiring "calico"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -18,17 +18,19 @@ func newBenchCmd() *cobra.Command {
 	snatOpts := bench.SNATOptions{Scenario: "seed000", Src: "aks1-ext", Dst: "flex-p1", Duration: 5 * time.Second, Rounds: 3, Workers: 4}
 	var output string
 	var snat, controlPlane bool
+	withRules := true
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure one TCP stream pod to pod: isthmus vs kernel VXLAN vs plain routing, in one run",
 		Long: `bench builds the scenario once per datapath (isthmus, kernel VXLAN as flannel
 sets it up, plain routing), with and without the CNI leftover iptables rules (and,
 with --kube-proxy, a real kube-proxy with a Service per pod, each lab with rules
-running its own kube-apiserver), then
+running its own kube-apiserver), and with --proxy-arp once more with no rules and
+the pods wired as Calico and Azure CNI wire them (proxy ARP on the host veth), then
 measures a single iperf3 TCP stream between two pods in every lab, round after round
 so drift spreads over all of them alike, and prints medians and ratios, and the
 min / median / max of the per-round ratios to VXLAN (the margin: how far one round
-fell, not only where the median sits). The labs are removed afterwards. Needs root and iperf3. See docs/benchmarks.md.
+fell, not only where the median sits; for isthmus also to plain routing). The labs are removed afterwards. Needs root and iperf3. See docs/benchmarks.md.
 
 With --snat it compares return-path source NAT instead: the seed000 scenario with
 isthmus (BPF SNAT translates the undeclared pod aks1-ext to aks-1's tunnel
@@ -53,6 +55,7 @@ closing connections for --duration) and one iperf3 stream, interleaved.`,
 			if opts.KubeProxy != "" && opts.KubeProxy != testenv.ProxyIPTables && opts.KubeProxy != testenv.ProxyNFTables {
 				return fmt.Errorf("bench: --kube-proxy %q: want iptables, nftables or \"\"", opts.KubeProxy)
 			}
+			opts.SkipRules = !withRules
 			opts.Binary = exe
 			opts.Log = cmd.ErrOrStderr()
 			rep, err := bench.Run(cmd.Context(), opts)
@@ -78,6 +81,8 @@ closing connections for --duration) and one iperf3 stream, interleaved.`,
 	f.DurationVar(&opts.Duration, "duration", opts.Duration, "length of each measurement (the first second is omitted)")
 	f.IntVar(&opts.Rounds, "rounds", opts.Rounds, "measurements per configuration, interleaved; medians and the spread of the per-round ratios are reported")
 	f.BoolVar(&opts.WithoutRules, "without-rules", opts.WithoutRules, "also measure every datapath with the CNI leftover rules removed")
+	f.BoolVar(&opts.ProxyARP, "proxy-arp", opts.ProxyARP, "also measure every datapath with no rules and the pods wired as Calico and Azure CNI wire them (the pod's gateway answered by proxy ARP on the host veth)")
+	f.BoolVar(&withRules, "with-rules", withRules, "measure every datapath with the CNI leftover rules (and kube-proxy); false leaves that variant out")
 	f.StringVar((*string)(&opts.KubeProxy), "kube-proxy", string(opts.KubeProxy), `iptables or nftables: kube-proxy in that mode on every node of the labs with rules (needs the kube binaries, make kube-binaries); "" for none`)
 	f.StringVarP(&output, "output", "o", "table", "table or json")
 	f.BoolVar(&snat, "snat", false, "compare BPF return-path SNAT with iptables MASQUERADE over kernel VXLAN (scenario seed000, aks1-ext -> flex-p1, 5s)")

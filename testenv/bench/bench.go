@@ -42,6 +42,14 @@ type Options struct {
 	// leftover iptables rules removed, which shows how much of the difference is
 	// the datapath itself and how much is netfilter that isthmus bypasses.
 	WithoutRules bool
+	// ProxyARP adds a variant of each datapath with no rules and every pod wired
+	// as Calico and Azure CNI wire them (testenv.PodWiringProxyARP: a /32 behind a
+	// host veth that answers the pod's gateway by proxy ARP), made by hand for
+	// isthmus too, so all three datapaths carry the same pods.
+	ProxyARP bool
+	// SkipRules leaves out the variant with the scenario's rules (and kube-proxy),
+	// which every run measures otherwise.
+	SkipRules bool
 	// KubeProxy, when set, runs a real kube-proxy in that mode on every node of
 	// the labs with rules, next to the CNI leftovers: each such lab gets its own
 	// kube-apiserver (Kubernetes mode, testenv.SourceKube) and a NodePort Service
@@ -58,6 +66,9 @@ type Config struct {
 	Datapath testenv.Datapath `json:"datapath"`
 	// Rules says whether the nodes carry the scenario's CNI leftover rules.
 	Rules bool `json:"rules"`
+	// Wiring is how the pods are wired to their nodes: the scenario's own, or
+	// testenv.PodWiringProxyARP (with no rules).
+	Wiring testenv.PodWiring `json:"wiring,omitempty"`
 }
 
 func (c Config) String() string {
@@ -65,7 +76,29 @@ func (c Config) String() string {
 	if !c.Rules {
 		rules = "no iptables rules"
 	}
+	if c.Wiring == testenv.PodWiringProxyARP {
+		rules += ", proxy-ARP pods"
+	}
 	return string(c.Datapath) + " (" + rules + ")"
+}
+
+// on returns the configuration of the same variant (rules, wiring) on datapath
+// dp: what c is compared with.
+func (c Config) on(dp testenv.Datapath) Config {
+	c.Datapath = dp
+	return c
+}
+
+// variant names c's rules and wiring in the report's RULES column; leftovers is
+// what the rules are.
+func (c Config) variant(leftovers string) string {
+	switch {
+	case c.Wiring == testenv.PodWiringProxyARP:
+		return "none, proxy-ARP pods"
+	case c.Rules:
+		return leftovers
+	}
+	return "none"
 }
 
 // Sample is one measurement: an iperf3 stream and a sockperf ping-pong.
@@ -193,33 +226,39 @@ func Gbps(s Sample) float64 { return s.Gbps }
 func TPS(s Sample) float64  { return s.TPS }
 
 // Margins returns, for every datapath but VXLAN, the min, median and max of its
-// per-round stream and TPS ratios to VXLAN of the same rules variant.
+// per-round stream and TPS ratios to VXLAN of the same variant, and for isthmus
+// also to plain routing of the same variant.
 func (r *Report) Margins() []Margin {
 	var ms []Margin
 	for _, res := range r.Results {
-		if res.Config.Datapath == testenv.DatapathVXLAN {
+		against := []Config{res.Config.on(testenv.DatapathVXLAN)}
+		switch res.Config.Datapath {
+		case testenv.DatapathVXLAN:
 			continue
+		case testenv.DatapathIsthmus:
+			against = append(against, res.Config.on(testenv.DatapathPlain))
 		}
-		vx := Config{testenv.DatapathVXLAN, res.Config.Rules}
-		for _, m := range []struct {
-			name string
-			f    func(Sample) float64
-		}{{"stream", Gbps}, {"tps", TPS}} {
-			v := r.RoundRatios(res.Config, vx, m.f)
-			if len(v) == 0 {
-				continue
+		for _, base := range against {
+			for _, m := range []struct {
+				name string
+				f    func(Sample) float64
+			}{{"stream", Gbps}, {"tps", TPS}} {
+				v := r.RoundRatios(res.Config, base, m.f)
+				if len(v) == 0 {
+					continue
+				}
+				ms = append(ms, Margin{Config: res.Config, Against: base, Metric: m.name,
+					Min: slices.Min(v), Median: median(v), Max: slices.Max(v)})
 			}
-			ms = append(ms, Margin{Config: res.Config, Against: vx, Metric: m.name,
-				Min: slices.Min(v), Median: median(v), Max: slices.Max(v)})
 		}
 	}
 	return ms
 }
 
-// margin returns the spread of c's ratios to VXLAN for metric, or false.
-func (r *Report) margin(c Config, metric string) (Margin, bool) {
+// margin returns the spread of c's ratios to against for metric, or false.
+func (r *Report) margin(c, against Config, metric string) (Margin, bool) {
 	for _, m := range r.Margins() {
-		if m.Config == c && m.Metric == metric {
+		if m.Config == c && m.Against == against && m.Metric == metric {
 			return m, true
 		}
 	}
@@ -245,39 +284,38 @@ func (r *Report) String() string {
 			samples = append(samples, strconv.FormatFloat(s.Gbps, 'f', 2, 64))
 			retr = append(retr, strconv.Itoa(s.Retransmits))
 		}
-		rules := leftovers
-		if !res.Config.Rules {
-			rules = "none"
-		}
-		vx := Config{testenv.DatapathVXLAN, res.Config.Rules}
+		rules := res.Config.variant(leftovers)
+		vx := res.Config.on(testenv.DatapathVXLAN)
 		tpsRatio := 0.0
 		if v, ok := r.Result(vx); ok && v.MedianTPS() > 0 {
 			tpsRatio = res.MedianTPS() / v.MedianTPS()
 		}
 		fmt.Fprintf(w, "%s\t%s\t%.2f\t%s\t%s\t%.2fx\t%.2fx\t%.1f\t%.0f\t%.2fx\n", res.Config.Datapath, rules, res.Median(),
 			strings.Join(samples, " "), strings.Join(retr, " "),
-			r.Ratio(res.Config, vx), r.Ratio(res.Config, Config{testenv.DatapathPlain, res.Config.Rules}),
+			r.Ratio(res.Config, vx), r.Ratio(res.Config, res.Config.on(testenv.DatapathPlain)),
 			res.MedianRTT(), res.MedianTPS(), tpsRatio)
 	}
 	w.Flush()
-	fmt.Fprintf(&b, "\nround by round against VXLAN (each round measures every datapath once, in turn): min / median / max of the %d per-round ratios\n\n", r.Rounds)
+	fmt.Fprintf(&b, "\nround by round (each round measures every datapath once, in turn): min / median / max of the %d per-round ratios\n\n", r.Rounds)
 	w = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "DATAPATH\tRULES\tSTREAM vs VXLAN min/median/max\tTPS vs VXLAN min/median/max")
+	fmt.Fprintln(w, "DATAPATH\tRULES\tAGAINST\tSTREAM min/median/max\tTPS min/median/max")
 	for _, res := range r.Results {
 		if res.Config.Datapath == testenv.DatapathVXLAN {
 			continue
 		}
-		rules := leftovers
-		if !res.Config.Rules {
-			rules = "none"
+		against := []testenv.Datapath{testenv.DatapathVXLAN}
+		if res.Config.Datapath == testenv.DatapathIsthmus {
+			against = append(against, testenv.DatapathPlain)
 		}
-		cells := []string{"-", "-"}
-		for i, metric := range []string{"stream", "tps"} {
-			if m, ok := r.margin(res.Config, metric); ok {
-				cells[i] = fmt.Sprintf("%.2fx / %.2fx / %.2fx", m.Min, m.Median, m.Max)
+		for _, dp := range against {
+			cells := []string{"-", "-"}
+			for i, metric := range []string{"stream", "tps"} {
+				if m, ok := r.margin(res.Config, res.Config.on(dp), metric); ok {
+					cells[i] = fmt.Sprintf("%.2fx / %.2fx / %.2fx", m.Min, m.Median, m.Max)
+				}
 			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", res.Config.Datapath, res.Config.variant(leftovers), dp, cells[0], cells[1])
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", res.Config.Datapath, rules, cells[0], cells[1])
 	}
 	w.Flush()
 	return b.String()
@@ -294,7 +332,10 @@ func (r *Report) JSON() ([]byte, error) {
 // labName names the lab of a configuration: short, [a-z0-9], no dash.
 func labName(c Config) string {
 	n := map[testenv.Datapath]string{testenv.DatapathIsthmus: "bisth", testenv.DatapathVXLAN: "bvxlan", testenv.DatapathPlain: "bplain"}[c.Datapath]
-	if !c.Rules {
+	switch {
+	case c.Wiring == testenv.PodWiringProxyARP:
+		n += "pa"
+	case !c.Rules:
 		n += "nr"
 	}
 	return n
@@ -302,14 +343,19 @@ func labName(c Config) string {
 
 // Configs returns the configurations Run measures for opts, in measuring order.
 func Configs(opts Options) []Config {
-	var cs []Config
-	variants := []bool{true}
-	if opts.WithoutRules {
-		variants = append(variants, false)
+	var cs, variants []Config
+	if !opts.SkipRules {
+		variants = append(variants, Config{Rules: true})
 	}
-	for _, rules := range variants {
+	if opts.WithoutRules {
+		variants = append(variants, Config{})
+	}
+	if opts.ProxyARP {
+		variants = append(variants, Config{Wiring: testenv.PodWiringProxyARP})
+	}
+	for _, v := range variants {
 		for _, dp := range []testenv.Datapath{testenv.DatapathIsthmus, testenv.DatapathVXLAN, testenv.DatapathPlain} {
-			cs = append(cs, Config{Datapath: dp, Rules: rules})
+			cs = append(cs, v.on(dp))
 		}
 	}
 	return cs
@@ -324,6 +370,9 @@ func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 	}
 	if opts.Rounds < 1 {
 		return nil, fmt.Errorf("bench: rounds %d: want at least 1", opts.Rounds)
+	}
+	if len(Configs(opts)) == 0 {
+		return nil, errors.New("bench: no variant to measure: the one with rules is skipped and neither the one without rules nor the proxy-ARP one is asked for")
 	}
 	for _, tool := range []string{"iperf3", "sockperf"} {
 		if err := programs.Require(tool); err != nil {
@@ -359,6 +408,9 @@ func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 					sc.Sites[si].Nodes[ni].CNILeftovers = nil
 				}
 			}
+		}
+		if c.Wiring != "" {
+			sc.PodWiring = c.Wiring
 		}
 		name := labName(c)
 		// A lab left by an interrupted earlier run would block Up.

@@ -33,9 +33,9 @@ func TestMedian(t *testing.T) {
 }
 
 func TestRatioAndTable(t *testing.T) {
-	isth := Config{testenv.DatapathIsthmus, true}
-	vx := Config{testenv.DatapathVXLAN, true}
-	plain := Config{testenv.DatapathPlain, true}
+	isth := Config{Datapath: testenv.DatapathIsthmus, Rules: true}
+	vx := Config{Datapath: testenv.DatapathVXLAN, Rules: true}
+	plain := Config{Datapath: testenv.DatapathPlain, Rules: true}
 	rep := &Report{Scenario: "default", Src: "a", Dst: "b", Duration: 8 * time.Second, Rounds: 3, Kernel: "6.18", Results: []Result{
 		{Config: isth, Samples: []Sample{{Gbps: 14}, {Gbps: 15}, {Gbps: 13}}},
 		{Config: vx, Samples: []Sample{{Gbps: 10}, {Gbps: 12}, {Gbps: 11}}},
@@ -44,7 +44,7 @@ func TestRatioAndTable(t *testing.T) {
 	if got, want := rep.Ratio(isth, vx), 14.0/11.0; math.Abs(got-want) > 1e-9 {
 		t.Errorf("Ratio(isthmus, vxlan) = %v, want %v", got, want)
 	}
-	if got := rep.Ratio(isth, Config{testenv.DatapathVXLAN, false}); got != 0 {
+	if got := rep.Ratio(isth, Config{Datapath: testenv.DatapathVXLAN, Rules: false}); got != 0 {
 		t.Errorf("Ratio against a missing config = %v, want 0", got)
 	}
 	table := rep.String()
@@ -59,20 +59,47 @@ func TestRatioAndTable(t *testing.T) {
 	}
 }
 
+// TestProxyARPRows: the proxy-ARP variant's rows are compared with VXLAN and
+// plain routing of the same variant, never with the rules variant's.
+func TestProxyARPRows(t *testing.T) {
+	pa := Config{Wiring: testenv.PodWiringProxyARP}
+	rep := &Report{Rounds: 1, Results: []Result{
+		{Config: Config{Datapath: testenv.DatapathVXLAN, Rules: true}, Samples: []Sample{{Gbps: 1, TPS: 1}}},
+		{Config: pa.on(testenv.DatapathIsthmus), Samples: []Sample{{Gbps: 9, TPS: 300}}},
+		{Config: pa.on(testenv.DatapathVXLAN), Samples: []Sample{{Gbps: 10, TPS: 200}}},
+		{Config: pa.on(testenv.DatapathPlain), Samples: []Sample{{Gbps: 12, TPS: 400}}},
+	}}
+	table := rep.String()
+	for _, row := range []string{
+		"isthmus   none, proxy-ARP pods  9.00           9.00     0            0.90x     0.75x     0.0    300     1.50x",
+		"isthmus   none, proxy-ARP pods  vxlan    0.90x / 0.90x / 0.90x  1.50x / 1.50x / 1.50x",
+		"isthmus   none, proxy-ARP pods  plain    0.75x / 0.75x / 0.75x  0.75x / 0.75x / 0.75x",
+	} {
+		if !strings.Contains(table, row) {
+			t.Errorf("table lacks %q:\n%s", row, table)
+		}
+	}
+	if got := pa.on(testenv.DatapathIsthmus).String(); got != "isthmus (no iptables rules, proxy-ARP pods)" {
+		t.Errorf("String() = %q", got)
+	}
+}
+
 func TestMargins(t *testing.T) {
-	isth := Config{testenv.DatapathIsthmus, true}
-	vx := Config{testenv.DatapathVXLAN, true}
-	plain := Config{testenv.DatapathPlain, true}
+	isth := Config{Datapath: testenv.DatapathIsthmus, Rules: true}
+	vx := Config{Datapath: testenv.DatapathVXLAN, Rules: true}
+	plain := Config{Datapath: testenv.DatapathPlain, Rules: true}
 	rep := &Report{Rounds: 3, Results: []Result{
 		{Config: isth, Samples: []Sample{{Gbps: 14, TPS: 300}, {Gbps: 15, TPS: 200}, {Gbps: 13, TPS: 100}}},
 		{Config: vx, Samples: []Sample{{Gbps: 10, TPS: 100}, {Gbps: 12, TPS: 200}, {Gbps: 11, TPS: 400}}},
 		{Config: plain, Samples: []Sample{{Gbps: 5}, {Gbps: 24}, {Gbps: 11}}},
 	}}
-	// Round by round: isthmus 14/10, 15/12, 13/11 and TPS 3, 1, 0.25; plain 0.5, 2, 1 and
-	// no TPS (sockperf missing: no margin).
+	// Round by round: isthmus 14/10, 15/12, 13/11 and TPS 3, 1, 0.25 against VXLAN,
+	// 14/5, 15/24, 13/11 against plain; plain 0.5, 2, 1 and no TPS (sockperf
+	// missing: no margin).
 	want := []Margin{
 		{Config: isth, Against: vx, Metric: "stream", Min: 13.0 / 11, Median: 1.25, Max: 1.4},
 		{Config: isth, Against: vx, Metric: "tps", Min: 0.25, Median: 1, Max: 3},
+		{Config: isth, Against: plain, Metric: "stream", Min: 0.625, Median: 13.0 / 11, Max: 2.8},
 		{Config: plain, Against: vx, Metric: "stream", Min: 0.5, Median: 1, Max: 2},
 	}
 	if d := cmp.Diff(want, rep.Margins(), cmpopts.EquateApprox(0, 1e-9)); d != "" {
@@ -80,9 +107,9 @@ func TestMargins(t *testing.T) {
 	}
 	table := rep.String()
 	for _, row := range []string{
-		"isthmus   CNI leftovers  1.18x / 1.25x / 1.40x",
-		"0.25x / 1.00x / 3.00x",
-		"plain     CNI leftovers  0.50x / 1.00x / 2.00x           -\n",
+		"isthmus   CNI leftovers  vxlan    1.18x / 1.25x / 1.40x  0.25x / 1.00x / 3.00x\n",
+		"isthmus   CNI leftovers  plain    0.62x / 1.18x / 2.80x  -\n",
+		"plain     CNI leftovers  vxlan    0.50x / 1.00x / 2.00x  -\n",
 	} {
 		if !strings.Contains(table, row) {
 			t.Errorf("table lacks %q:\n%s", row, table)
@@ -105,13 +132,21 @@ func TestMargins(t *testing.T) {
 }
 
 func TestConfigsAndLabNames(t *testing.T) {
-	got := Configs(Options{WithoutRules: true})
+	pa := testenv.PodWiringProxyARP
+	got := Configs(Options{WithoutRules: true, ProxyARP: true})
 	want := []Config{
-		{testenv.DatapathIsthmus, true}, {testenv.DatapathVXLAN, true}, {testenv.DatapathPlain, true},
-		{testenv.DatapathIsthmus, false}, {testenv.DatapathVXLAN, false}, {testenv.DatapathPlain, false},
+		{testenv.DatapathIsthmus, true, ""}, {testenv.DatapathVXLAN, true, ""}, {testenv.DatapathPlain, true, ""},
+		{testenv.DatapathIsthmus, false, ""}, {testenv.DatapathVXLAN, false, ""}, {testenv.DatapathPlain, false, ""},
+		{testenv.DatapathIsthmus, false, pa}, {testenv.DatapathVXLAN, false, pa}, {testenv.DatapathPlain, false, pa},
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("Configs (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff(want[6:], Configs(Options{SkipRules: true, ProxyARP: true})); d != "" {
+		t.Errorf("Configs of the proxy-ARP variant alone (-want +got):\n%s", d)
+	}
+	if got := Configs(Options{SkipRules: true}); len(got) != 0 {
+		t.Errorf("Configs with every variant left out = %v, want none", got)
 	}
 	seen := map[string]bool{}
 	for _, c := range got {
