@@ -234,7 +234,7 @@ func TestRunShort(t *testing.T) {
 	// and kube-proxy runs at or above kernel VXLAN. The median of the
 	// per-round ratios (each round met one load on the machine) must reach
 	// shortMinRatio.
-	isth, vx := Config{testenv.DatapathIsthmus, true}, Config{testenv.DatapathVXLAN, true}
+	isth, vx := Config{Datapath: testenv.DatapathIsthmus, Rules: true}, Config{Datapath: testenv.DatapathVXLAN, Rules: true}
 	ratios := rep.RoundRatios(isth, vx, Gbps)
 	t.Logf("isthmus vs VXLAN round by round: %.2f (median %.2fx, want at least %.2fx)", ratios, median(ratios), shortMinRatio)
 	if len(ratios) != shortRounds || median(ratios) < shortMinRatio {
