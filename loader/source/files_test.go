@@ -73,25 +73,52 @@ func TestFilesMissingDir(t *testing.T) {
 
 // TestNotifierMaxWait: pokes that never leave the debounce time quiet still
 // fire within MaxWaitFactor debounce times of the first, and every poke
-// counts one generation.
+// counts one generation. A fire before the maximum wait is a failure only if
+// the pokes really were constant: on a loaded machine the poking loop itself
+// can stall past the debounce time, and then the notifier is right to fire;
+// such a round is measured again (at most five times).
 func TestNotifierMaxWait(t *testing.T) {
-	n := newNotifier(20 * time.Millisecond)
+	const debounce = 20 * time.Millisecond
+	for round := 1; ; round++ {
+		early, stalled := notifierRound(t, debounce)
+		if !early {
+			return
+		}
+		if stalled < debounce {
+			t.Fatalf("fired before the maximum wait although no two pokes were %v apart (largest gap %v)", debounce, stalled)
+		}
+		if round == 5 {
+			t.Fatalf("the poking loop stalled past the debounce time in %d rounds (largest gap %v): the machine is too loaded to measure", round, stalled)
+		}
+		t.Logf("round %d: the poking loop stalled %v (debounce %v): the early fire was right; measuring again", round, stalled, debounce)
+	}
+}
+
+// notifierRound pokes a new notifier every few milliseconds until it fires and
+// reports whether it fired before the maximum wait, and the largest gap between
+// two pokes before it did.
+func notifierRound(t *testing.T, debounce time.Duration) (early bool, largestGap time.Duration) {
+	t.Helper()
+	n := newNotifier(debounce)
 	defer n.stop()
 	start := time.Now()
-	deadline := start.Add(MaxWaitFactor*20*time.Millisecond + 150*time.Millisecond)
+	deadline := start.Add(MaxWaitFactor*debounce + 150*time.Millisecond)
 	pokes := 0
+	last := start
 	for {
+		now := time.Now()
+		if gap := now.Sub(last); gap > largestGap {
+			largestGap = gap
+		}
+		last = now
 		n.poke()
 		pokes++
 		select {
 		case <-n.ch:
-			if waited := time.Since(start); waited < MaxWaitFactor*20*time.Millisecond-5*time.Millisecond {
-				t.Errorf("fired after %v of constant pokes, before the maximum wait", waited)
-			}
 			if got := n.gen.Load(); got != uint64(pokes) {
 				t.Errorf("generation %d after %d pokes", got, pokes)
 			}
-			return
+			return time.Since(start) < MaxWaitFactor*debounce-5*time.Millisecond, largestGap
 		case <-time.After(5 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
