@@ -62,10 +62,16 @@ type oracleWorld struct {
 	health []oracleHealth // health_reach
 	// conntrack is the lab's conntrack table (a flow the stack saw, in its original
 	// direction), which bpf_skb_ct_lookup reads.
-	conntrack  []oracleCT
-	nat        []oracleNat
-	masquerade bool
-	masqExempt []netip.Prefix // masq_exempt
+	conntrack []oracleCT
+	// nat holds the translated flows of both tables: return-path SNAT's (addr the
+	// tunnel address) in nat, masquerade's (addr the underlay address) in masq_nat,
+	// each source's flows per table counted in nat_sources; natSourceFlowsMax is
+	// nat_source_flows_max, a source's share of a table. The lab's namespace holds no
+	// socket, so only conntrack and these tables claim a translated tuple.
+	nat               []oracleNat
+	natSourceFlowsMax int
+	masquerade        bool
+	masqExempt        []netip.Prefix // masq_exempt
 	// fabricPrefixes is fabric_prefixes (this site's own blocks); the FIB routes
 	// fabricRoutes of them to the fabric router on the underlay (fabricMAC) and
 	// cniRoutes to an interface of another CNI (not a pod interface of isthmus).
@@ -209,6 +215,87 @@ func healthForm(in []byte, ohlen, ieOff int, kind byte) outputForm {
 		}
 		return nil
 	}}
+}
+
+// snatKey returns the original tuple (pod source, ports; ICMP echo request: the
+// identifier as source port, 0) of IPv4 packet v, which snatFault lets through apart
+// from DROP_SNAT_REWRITE.
+func snatKey(v *ipv4View) (proto uint8, sport, dport uint16) {
+	l4 := v.l4()
+	if v.ip.Protocol == layers.IPProtocolICMPv4 {
+		return 1, binary.BigEndian.Uint16(l4[4:]), 0
+	}
+	return uint8(v.ip.Protocol), binary.BigEndian.Uint16(l4), binary.BigEndian.Uint16(l4[2:])
+}
+
+// natFlow returns the flow of w.nat (live or expired) translated to addr whose
+// original tuple is pod:sport -> remote:dport.
+func (w *oracleWorld) natFlow(proto uint8, pod, remote, addr netip.Addr, sport, dport uint16) (oracleNat, bool) {
+	i := slices.IndexFunc(w.nat, func(f oracleNat) bool {
+		return f.proto == proto && f.pod == pod && f.remote == remote && f.addr == addr && f.podPort == sport && f.remotePort == dport
+	})
+	if i < 0 {
+		return oracleNat{}, false
+	}
+	return w.nat[i], true
+}
+
+// snatRefuses returns the drop of IPv4 packet v translated to addr (the tunnel
+// address: nat; the underlay address: masq_nat), if it has one (architecture.md,
+// "Return-path SNAT" steps 1 to 4, "The NAT tables"): what snatFault refuses by the
+// packet alone, then, for a new flow (no live flow of its tuple in the table), its
+// source's share: a source already holding natSourceFlowsMax flows of the table (an
+// expired flow counts until the datapath deletes it, which it does when the flow's own
+// tuple comes again) gets DROP_NAT_SOURCE_LIMIT before any port is looked for, and
+// only then a TCP checksum field past the frame (DROP_SNAT_REWRITE), which stops the
+// rewrite.
+func (w *oracleWorld) snatRefuses(v *ipv4View, addr netip.Addr) (IsthmusDropReason, string, bool) {
+	r, fault := snatFault(v)
+	if fault && r != IsthmusDropReasonDROP_SNAT_REWRITE {
+		return r, "the translation cannot carry it", true
+	}
+	proto, sport, dport := snatKey(v)
+	f, ok := w.natFlow(proto, v.src(), v.dst(), addr, sport, dport)
+	if !ok || f.expired {
+		held := 0
+		for _, g := range w.nat {
+			if g.pod == v.src() && g.addr == addr {
+				held++
+			}
+		}
+		if ok {
+			held-- // the expired flow of the same tuple, deleted first
+		}
+		if held >= w.natSourceFlowsMax {
+			return IsthmusDropReasonDROP_NAT_SOURCE_LIMIT, fmt.Sprintf("a new flow of %v, which holds %d flows of its table (share %d): DROP_NAT_SOURCE_LIMIT", v.src(), held, w.natSourceFlowsMax), true
+		}
+	}
+	if fault {
+		return r, "the TCP checksum field is past the frame", true
+	}
+	return 0, "", false
+}
+
+// replyUnknown reports whether IPv4 packet v, addressed to addr (the tunnel address:
+// nat; the underlay address: masq_nat), is a TCP segment that nothing claims
+// (architecture.md, "Return-path SNAT" step 5): not a fragment, its flags readable,
+// neither an RST nor a bare SYN (SYN without ACK), no live flow whose reply it is
+// (reverseNAT found none), no socket (the lab has none) and no conntrack entry for its
+// tuple in either direction. The host would reset it: DROP_NAT_REPLY_UNKNOWN.
+func (w *oracleWorld) replyUnknown(v *ipv4View, addr netip.Addr) bool {
+	l4 := v.l4()
+	if v.dst() != addr || v.fragment() || v.ip.Protocol != layers.IPProtocolTCP || len(l4) < 14 {
+		return false
+	}
+	if flags := l4[13]; flags&0x04 != 0 || flags&0x12 == 0x02 {
+		return false
+	}
+	t := oracleTuple{src: v.src(), dst: addr, sport: binary.BigEndian.Uint16(l4), dport: binary.BigEndian.Uint16(l4[2:])}
+	if _, ok := w.natReply(6, t.src, addr, t.sport, t.dport); ok {
+		return false
+	}
+	_, ok := w.ctEntry(6, t)
+	return !ok
 }
 
 // natReply returns the live flow whose reply is remote:rport -> addr:port (proto).
@@ -944,6 +1031,11 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		}
 		return e
 	}
+	if w.replyUnknown(inner, w.tunnelIP) {
+		e.because("TCP to the tunnel address that no translation, socket or conntrack entry claims: DROP_NAT_REPLY_UNKNOWN")
+		e.allowDrop(IsthmusDropReasonDROP_NAT_REPLY_UNKNOWN)
+		return e
+	}
 	switch {
 	case inPrefixes(w.fabricPrefixes, dst) && inPrefixes(w.fabricRoutes, dst) && w.ownPods[dst] == nil:
 		// Fabric delivery: this site's block, routed to the fabric router.
@@ -994,6 +1086,12 @@ func plainUnderlay(w *oracleWorld, in []byte, v *ipv4View, xdp bool, e *expectat
 		f := reverseForm("masquerade reversed", in[0:6], in[6:12], r, in[14:], false, false, 0)
 		f.toStack = true
 		e.forms = append(e.forms, f)
+		return
+	}
+	if w.masquerade && w.replyUnknown(v, w.underlay) {
+		e.pass = false
+		e.because("TCP to the underlay address that no translation, socket or conntrack entry claims: DROP_NAT_REPLY_UNKNOWN")
+		e.allowDrop(IsthmusDropReasonDROP_NAT_REPLY_UNKNOWN)
 		return
 	}
 	// Fabric ingress (issue 10 item 3): only for a local pod in this site's fabric
@@ -1413,8 +1511,8 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 	if !fromPod && translated && len(in)-14 <= w.tunnelMTU {
 		// On isthmus0 the host stack's packet is translated before the next hop is
 		// chosen; no ICMP error is sent from here, so only the drop's name tells.
-		if r, ok := snatFault(v); ok {
-			e.because("source %v is translated to %v, but SNAT cannot translate it", src, w.tunnelIP)
+		if r, why, ok := w.snatRefuses(v, w.tunnelIP); ok {
+			e.because("source %v is translated to %v, but SNAT refuses it: %s", src, w.tunnelIP, why)
 			e.allowDrop(r)
 			return e
 		}
@@ -1466,8 +1564,8 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 		return e
 	}
 	e.because("source %v is translated to %v", src, w.tunnelIP)
-	if r, ok := snatFault(v); ok {
-		e.because("SNAT cannot translate it")
+	if r, why, ok := w.snatRefuses(v, w.tunnelIP); ok {
+		e.because("SNAT refuses it: %s", why)
 		e.allowDrop(r)
 		return e
 	}
@@ -1521,8 +1619,8 @@ func modelMasq(w *oracleWorld, in []byte) expectation {
 		return e
 	}
 	e.pass = false
-	if r, ok := snatFault(v); ok {
-		e.because("masquerade cannot translate it")
+	if r, why, ok := w.snatRefuses(v, w.underlay); ok {
+		e.because("masquerade refuses it: %s", why)
 		e.allowDrop(r)
 		return e
 	}
@@ -1573,10 +1671,9 @@ func snatAfter(w *oracleWorld, inIP, got []byte, to netip.Addr) ([]byte, error) 
 	if len(want) < sumOff+2 {
 		return nil, fmt.Errorf("no room for the %d-byte L4 checksum field at %d", len(want), sumOff)
 	}
-	orig := binary.BigEndian.Uint16(inIP[portOff:])
 	port := binary.BigEndian.Uint16(got[portOff:])
-	if port != orig && (port < w.snatPortMin || port > w.snatPortMax) {
-		return nil, fmt.Errorf("translated port %d: neither the flow's %d nor in %d-%d", port, orig, w.snatPortMin, w.snatPortMax)
+	if err := w.snatPort(inIP, to, port); err != nil {
+		return nil, err
 	}
 	binary.BigEndian.PutUint16(want[portOff:], port)
 	if csum16(inIP[:hlen]) == 0 {
@@ -1606,6 +1703,48 @@ func snatAfter(w *oracleWorld, inIP, got []byte, to netip.Addr) ([]byte, error) 
 		copy(want[sumOff:sumOff+2], got[sumOff:sumOff+2])
 	}
 	return want, nil
+}
+
+// snatPort returns why port is not the one the translation of IPv4 packet inIP to to
+// may use (architecture.md, "Return-path SNAT" step 3): a live flow of its tuple keeps
+// its port; a new flow takes its own port if that port is free, else one of
+// [snatPortMin, snatPortMax] that is free (which one the flow hash picks is not
+// modelled). Free: no live flow of the table replies on that tuple (remote, to,
+// remote port, port) and, for TCP and UDP, conntrack holds no entry with it in either
+// direction (the lab holds no socket).
+func (w *oracleWorld) snatPort(inIP []byte, to netip.Addr, port uint16) error {
+	v, err := decodeIPv4(inIP, 0)
+	if err != nil {
+		return err
+	}
+	proto, sport, dport := snatKey(v)
+	if f, ok := w.natFlow(proto, v.src(), v.dst(), to, sport, dport); ok && !f.expired {
+		if port != f.port {
+			return fmt.Errorf("translated port %d: the live flow's is %d", port, f.port)
+		}
+		return nil
+	}
+	free := func(p uint16) bool {
+		if _, ok := w.natReply(proto, v.dst(), to, dport, p); ok {
+			return false
+		}
+		if proto == 1 {
+			return true
+		}
+		_, ok := w.ctEntry(proto, oracleTuple{src: v.dst(), dst: to, sport: dport, dport: p})
+		return !ok
+	}
+	switch {
+	case free(sport) && port != sport:
+		return fmt.Errorf("translated port %d: the flow's own %d is free", port, sport)
+	case port == sport && !free(sport):
+		return fmt.Errorf("translated port %d: the flow's own, but another flow or conntrack holds its reply tuple", port)
+	case port != sport && (port < w.snatPortMin || port > w.snatPortMax):
+		return fmt.Errorf("translated port %d: neither the flow's %d nor in %d-%d", port, sport, w.snatPortMin, w.snatPortMax)
+	case port != sport && !free(port):
+		return fmt.Errorf("translated port %d: another flow or conntrack holds its reply tuple", port)
+	}
+	return nil
 }
 
 // encapForm accepts frame in encapsulated toward one of peers: outer Ethernet to the
@@ -1861,20 +2000,37 @@ func TestOracleModel(t *testing.T) {
 		t.Errorf("no live member, ICMP error: %+v", e)
 	}
 	// Return-path SNAT on isthmus0: another CNI's pod leaves as the tunnel address,
-	// on its own port or one of the range, never another.
-	other := netip.MustParseAddr("10.200.0.9")
-	of := ethFrame(fl.podHMAC, podMAC, 0x0800, ipv4Packet(other, remotePodIP, 17, ipOpts{ttl: 64}, withCsum(other, remotePodIP, 17, udpDatagram(1234, 80, []byte("hello")))))
-	e = modelEncap(w, of, false)
-	for _, tc := range []struct {
-		port uint16
-		ok   bool
-	}{{1234, true}, {61000, true}, {65535, true}, {1235, false}, {60999, false}} {
-		ip := ipv4Packet(hostIP, remotePodIP, 17, ipOpts{ttl: 64}, withCsum(hostIP, remotePodIP, 17, udpDatagram(tc.port, 80, []byte("hello"))))
+	// on its own port while that is free, else on one of the range whose reply tuple
+	// is free, never another; a pod at its share of nat gets no new flow.
+	snatCase := func(src netip.Addr, sport, dport uint16) ([]byte, expectation) {
+		of := ethFrame(fl.podHMAC, podMAC, 0x0800, ipv4Packet(src, remotePodIP, 17, ipOpts{ttl: 64}, withCsum(src, remotePodIP, 17, udpDatagram(sport, dport, []byte("hello")))))
+		return of, modelEncap(w, of, false)
+	}
+	snatOut := func(of []byte, port, dport uint16) []byte {
+		ip := ipv4Packet(hostIP, remotePodIP, 17, ipOpts{ttl: 64}, withCsum(hostIP, remotePodIP, 17, udpDatagram(port, dport, []byte("hello"))))
 		gnv := geneveHeader(geneveOpts{proto: 0x6558, vni: testVNI, optWords: -1}, append(append([]byte{}, of[:14]...), ip...))
-		enc := ethFrame(gwMAC, fl.undMAC, 0x0800, ipv4Packet(underlayIP, peerIP, 17, ipOpts{ttl: 64, fragOff: 0x4000}, udpDatagram(50000, 6081, gnv)))
-		if err := accepts(e, enc); (err == nil) != tc.ok {
-			t.Errorf("SNAT to port %d: accepted %v, want %v (%v)", tc.port, err == nil, tc.ok, err)
+		return ethFrame(gwMAC, fl.undMAC, 0x0800, ipv4Packet(underlayIP, peerIP, 17, ipOpts{ttl: 64, fragOff: 0x4000}, udpDatagram(50000, 6081, gnv)))
+	}
+	other := netip.MustParseAddr("10.200.0.10")
+	for _, tc := range []struct {
+		sport, dport, port uint16
+		ok                 bool
+	}{
+		{1234, 80, 1234, true}, {1234, 80, 61000, false}, {1234, 80, 1235, false},
+		// 61001 replies on cniPod's flow from remotePodIP:5000.
+		{61001, 5000, 61001, false}, {61001, 5000, 61000, true}, {61001, 5000, 65535, true},
+		{61001, 5000, 61005, true}, {61001, 5000, 60999, false},
+	} {
+		of, e := snatCase(other, tc.sport, tc.dport)
+		if err := accepts(e, snatOut(of, tc.port, tc.dport)); (err == nil) != tc.ok {
+			t.Errorf("SNAT of port %d to %d: accepted %v, want %v (%v)", tc.sport, tc.port, err == nil, tc.ok, err)
 		}
+	}
+	if _, e := snatCase(cniPod, 1234, 80); !e.allows(IsthmusDropReasonDROP_NAT_SOURCE_LIMIT) || e.outcomes() != 1 {
+		t.Errorf("a new flow of a source at its share: %+v, want DROP_NAT_SOURCE_LIMIT", e)
+	}
+	if of, e := snatCase(cniPod, 4000, 5000); accepts(e, snatOut(of, 61001, 5000)) != nil || accepts(e, snatOut(of, 4000, 5000)) == nil {
+		t.Errorf("a live flow of a source at its share: %+v, want its port 61001", e)
 	}
 	// A spoofed pod source and GENEVE to a peer are drops.
 	if e := modelEncap(w, ethFrame(fl.podHMAC, podMAC, 0x0800, ipkt{src: netip.MustParseAddr("10.1.0.6"), dst: remotePodIP}.build()), true); e.pass || len(e.forms) > 0 {
