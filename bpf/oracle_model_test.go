@@ -580,8 +580,11 @@ func (v *ipv4View) l4() []byte { return v.raw[v.hlen:] }
 
 // errorAllowed says whether an ICMP error may be sent about v, as the kernel's
 // icmp_send decides (RFC 1122 3.2.2, RFC 1812 4.3.2.7): never about a fragment after
-// the first, an ICMP error message (destination unreachable, source quench, redirect,
-// time exceeded, parameter problem) or an ICMP type past 18 (NR_ICMP_TYPES); and, as
+// the first, an ICMP type past 18 (NR_ICMP_TYPES) or one net/ipv4/icmp.c's
+// icmp_pointers marks as an error: destination unreachable, source quench, redirect,
+// time exceeded, parameter problem, and the unassigned or retired 1, 2, 6, 7 and the
+// router advertisement and solicitation 9, 10 (only the informational 0, 8 and 13 to
+// 18 are answered); and, as
 // the datapath builds every error (architecture.md, encapsulation step 3), only with
 // the header and the 8 bytes after it present to quote.
 func (v *ipv4View) errorAllowed() bool {
@@ -595,11 +598,8 @@ func (v *ipv4View) errorAllowed() bool {
 	if len(l4) == 0 {
 		return false
 	}
-	switch l4[0] {
-	case 3, 4, 5, 11, 12:
-		return false
-	}
-	return l4[0] <= 18
+	t := l4[0]
+	return t == 0 || t == 8 || (t >= 13 && t <= 18)
 }
 
 // udpPorts decodes a UDP header with gopacket. Like the IPv4 total length, the UDP length
