@@ -110,6 +110,10 @@ func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 			ctFlow(6, podIP, netip.MustParseAddr("10.6.0.1"), 40002, 80, false),
 			ctFlow(17, podIP, netip.MustParseAddr("10.2.0.70"), 4002, 5000, false),
 			ctFlow(6, podIP, remotePodIP, 40003, 80, false),
+			// The host's own connections from the tunnel and the underlay address,
+			// on ports a translation would otherwise take.
+			ctFlow(6, hostIP, remotePodIP, 61013, 80, false),
+			ctFlow(6, underlayIP, worldIP, 33021, 80, false),
 			// Established, assured, untranslated: direct, to the pod and from it, and
 			// from the pod outside snat_exempt (translated by the datapath, which
 			// conntrack never sees).
