@@ -68,10 +68,12 @@ type oracleWorld struct {
 	// each source's flows per table counted in nat_sources; natSourceFlowsMax is
 	// nat_source_flows_max, a source's share of a table. The lab's namespace holds no
 	// socket, so only conntrack and these tables claim a translated tuple.
-	nat               []oracleNat
-	natSourceFlowsMax int
-	masquerade        bool
-	masqExempt        []netip.Prefix // masq_exempt
+	// snatNatMax and masqNatMax are the sizes (entries) of nat and masq_nat.
+	nat                    []oracleNat
+	natSourceFlowsMax      int
+	snatNatMax, masqNatMax int
+	masquerade             bool
+	masqExempt             []netip.Prefix // masq_exempt
 	// fabricPrefixes is fabric_prefixes (this site's own blocks); the FIB routes
 	// fabricRoutes of them to the fabric router on the underlay (fabricMAC) and
 	// cniRoutes to an interface of another CNI (not a pod interface of isthmus).
@@ -240,40 +242,105 @@ func (w *oracleWorld) natFlow(proto uint8, pod, remote, addr netip.Addr, sport, 
 	return w.nat[i], true
 }
 
-// snatRefuses returns the drop of IPv4 packet v translated to addr (the tunnel
+// snatRefuses adds to e the drop of IPv4 packet v translated to addr (the tunnel
 // address: nat; the underlay address: masq_nat), if it has one (architecture.md,
-// "Return-path SNAT" steps 1 to 4, "The NAT tables"): what snatFault refuses by the
-// packet alone, then, for a new flow (no live flow of its tuple in the table), its
-// source's share: a source already holding natSourceFlowsMax flows of the table (an
-// expired flow counts until the datapath deletes it, which it does when the flow's own
-// tuple comes again) gets DROP_NAT_SOURCE_LIMIT before any port is looked for, and
-// only then a TCP checksum field past the frame (DROP_SNAT_REWRITE), which stops the
-// rewrite.
-func (w *oracleWorld) snatRefuses(v *ipv4View, addr netip.Addr) (IsthmusDropReason, string, bool) {
+// "Return-path SNAT" steps 1 to 4, "The NAT tables"), and reports whether that drop
+// is the only outcome. First what snatFault refuses by the packet alone; then, for a
+// new flow (no live flow of its tuple in the table), its source's share: a source
+// already holding natSourceFlowsMax flows of the table (an expired flow counts until
+// the datapath deletes it, which it does when the flow's own tuple comes again) gets
+// DROP_NAT_SOURCE_LIMIT before any port is looked for; then the table's room: the
+// new flow's two entries go in without evicting anything, so a table with fewer than
+// two free slots refuses it (DROP_SNAT_INSERT), counting the slots of the expired
+// entries the flow deletes on its way (its own tuple's, the reply entry of its own
+// port); and only then a TCP checksum field past the frame (DROP_SNAT_REWRITE), which
+// stops the rewrite. Where the room depends on a port of the range the flow hash
+// picks (an expired reply entry it may land on), e is hashed and the drop one of two
+// outcomes.
+func (w *oracleWorld) snatRefuses(e *expectation, v *ipv4View, addr netip.Addr) bool {
+	refuse := func(r IsthmusDropReason, format string, a ...any) bool {
+		e.because(format, a...)
+		e.allowDrop(r)
+		return true
+	}
 	r, fault := snatFault(v)
 	if fault && r != IsthmusDropReasonDROP_SNAT_REWRITE {
-		return r, "the translation cannot carry it", true
+		return refuse(r, "the translation cannot carry it")
 	}
 	proto, sport, dport := snatKey(v)
-	f, ok := w.natFlow(proto, v.src(), v.dst(), addr, sport, dport)
+	src, dst := v.src(), v.dst()
+	f, ok := w.natFlow(proto, src, dst, addr, sport, dport)
 	if !ok || f.expired {
-		held := 0
+		held, entries := 0, 0
 		for _, g := range w.nat {
-			if g.pod == v.src() && g.addr == addr {
-				held++
+			if g.addr == addr {
+				entries += 2
+				if g.pod == src {
+					held++
+				}
 			}
 		}
+		free := w.natMax(addr) - entries
 		if ok {
 			held-- // the expired flow of the same tuple, deleted first
+			free++
 		}
 		if held >= w.natSourceFlowsMax {
-			return IsthmusDropReasonDROP_NAT_SOURCE_LIMIT, fmt.Sprintf("a new flow of %v, which holds %d flows of its table (share %d): DROP_NAT_SOURCE_LIMIT", v.src(), held, w.natSourceFlowsMax), true
+			return refuse(IsthmusDropReasonDROP_NAT_SOURCE_LIMIT, "a new flow of %v, which holds %d flows of its table (share %d): DROP_NAT_SOURCE_LIMIT", src, held, w.natSourceFlowsMax)
+		}
+		// The reply entry of the flow's own port: an expired one is deleted; a live
+		// one (or conntrack's) sends the search into the range, where an expired
+		// reply entry of the same remote end may be the port the hash picks.
+		ownExpired, ownFree, rangeExpired := false, w.portFree(proto, dst, addr, dport, sport), false
+		for _, g := range w.nat {
+			if g.expired && g.addr == addr && g.proto == proto && g.remote == dst && g.remotePort == dport {
+				if g.port == sport {
+					ownExpired = true
+				} else if g.port >= w.snatPortMin && g.port <= w.snatPortMax {
+					rangeExpired = true
+				}
+			}
+		}
+		if ownFree && ownExpired {
+			free++
+		}
+		if free < 2 {
+			if !ownFree && rangeExpired && free == 1 {
+				e.hashed = true
+				e.allowDrop(IsthmusDropReasonDROP_SNAT_INSERT)
+				e.because("a new flow in a table with %d free slot: DROP_SNAT_INSERT, unless the port the hash picks is an expired reply entry's", free)
+				return false
+			}
+			return refuse(IsthmusDropReasonDROP_SNAT_INSERT, "a new flow in a table with %d free slots: DROP_SNAT_INSERT", free)
 		}
 	}
 	if fault {
-		return r, "the TCP checksum field is past the frame", true
+		return refuse(r, "the TCP checksum field is past the frame")
 	}
-	return 0, "", false
+	return false
+}
+
+// natMax is the size (entries) of the table of flows translated to addr.
+func (w *oracleWorld) natMax(addr netip.Addr) int {
+	if addr == w.underlay {
+		return w.masqNatMax
+	}
+	return w.snatNatMax
+}
+
+// portFree reports whether a new flow to remote:rport may take port of addr: no live
+// flow of the table replies on remote:rport -> addr:port and, for TCP and UDP,
+// conntrack holds no entry with that tuple in either direction (the lab holds no
+// socket).
+func (w *oracleWorld) portFree(proto uint8, remote, addr netip.Addr, rport, port uint16) bool {
+	if _, ok := w.natReply(proto, remote, addr, rport, port); ok {
+		return false
+	}
+	if proto == 1 {
+		return true
+	}
+	_, ok := w.ctEntry(proto, oracleTuple{src: remote, dst: addr, sport: rport, dport: port})
+	return !ok
 }
 
 // replyUnknown reports whether IPv4 packet v, addressed to addr (the tunnel address:
@@ -464,10 +531,11 @@ type expectation struct {
 	// forms: the output a redirect (or an XDP pop) must produce; check returns nil if
 	// out is that output. Empty: no redirect and no rewrite is right.
 	forms []outputForm
-	// hashed: the outcome depends on which member of a next-hop group the flow hash
-	// picks, which the model does not compute: a transit frame whose group holds its
-	// sender is forwarded to another member or DROP_TRANSIT_LOOP. The one input class
-	// with two outcomes.
+	// hashed: the outcome depends on what the flow hash picks, which the model does
+	// not compute: a transit frame whose group holds its sender is forwarded to
+	// another member or DROP_TRANSIT_LOOP; a new flow in a table one slot short is
+	// translated if the port of the range the hash picks is an expired reply entry's,
+	// else DROP_SNAT_INSERT. The input classes with two outcomes.
 	hashed bool
 	// reopens: the closed conntrack entries the input expires (a bare SYN on a closed
 	// flow's tuple), which the test puts back for the next input.
@@ -1511,9 +1579,8 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 	if !fromPod && translated && len(in)-14 <= w.tunnelMTU {
 		// On isthmus0 the host stack's packet is translated before the next hop is
 		// chosen; no ICMP error is sent from here, so only the drop's name tells.
-		if r, why, ok := w.snatRefuses(v, w.tunnelIP); ok {
-			e.because("source %v is translated to %v, but SNAT refuses it: %s", src, w.tunnelIP, why)
-			e.allowDrop(r)
+		e.because("source %v is translated to %v", src, w.tunnelIP)
+		if w.snatRefuses(&e, v, w.tunnelIP) {
 			return e
 		}
 	}
@@ -1563,10 +1630,10 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 		e.forms = append(e.forms, encapForm(w, in, rt.peers, fromPod))
 		return e
 	}
-	e.because("source %v is translated to %v", src, w.tunnelIP)
-	if r, why, ok := w.snatRefuses(v, w.tunnelIP); ok {
-		e.because("SNAT refuses it: %s", why)
-		e.allowDrop(r)
+	if fromPod {
+		e.because("source %v is translated to %v", src, w.tunnelIP)
+	}
+	if fromPod && w.snatRefuses(&e, v, w.tunnelIP) { // on isthmus0 judged above
 		return e
 	}
 	e.forms = append(e.forms, encapFormSNAT(w, in, rt.peers, fromPod, w.tunnelIP))
@@ -1619,9 +1686,7 @@ func modelMasq(w *oracleWorld, in []byte) expectation {
 		return e
 	}
 	e.pass = false
-	if r, why, ok := w.snatRefuses(v, w.underlay); ok {
-		e.because("masquerade refuses it: %s", why)
-		e.allowDrop(r)
+	if w.snatRefuses(&e, v, w.underlay) {
 		return e
 	}
 	e.because("masqueraded to %v", w.underlay)
@@ -1724,16 +1789,7 @@ func (w *oracleWorld) snatPort(inIP []byte, to netip.Addr, port uint16) error {
 		}
 		return nil
 	}
-	free := func(p uint16) bool {
-		if _, ok := w.natReply(proto, v.dst(), to, dport, p); ok {
-			return false
-		}
-		if proto == 1 {
-			return true
-		}
-		_, ok := w.ctEntry(proto, oracleTuple{src: v.dst(), dst: to, sport: dport, dport: p})
-		return !ok
-	}
+	free := func(p uint16) bool { return w.portFree(proto, v.dst(), to, dport, p) }
 	switch {
 	case free(sport) && port != sport:
 		return fmt.Errorf("translated port %d: the flow's own %d is free", port, sport)
@@ -2031,6 +2087,28 @@ func TestOracleModel(t *testing.T) {
 	}
 	if of, e := snatCase(cniPod, 4000, 5000); accepts(e, snatOut(of, 61001, 5000)) != nil || accepts(e, snatOut(of, 4000, 5000)) == nil {
 		t.Errorf("a live flow of a source at its share: %+v, want its port 61001", e)
+	}
+	// Masquerade in a masq_nat one slot short: a new flow finds no room unless it
+	// deletes an expired entry on its way; a source at its share is refused first.
+	masqOut := func(src netip.Addr, sport uint16) expectation {
+		return modelMasq(w, ethFrame(gwMAC, fl.undMAC, 0x0800, ipv4Packet(src, worldIP, 17, ipOpts{ttl: 63},
+			withCsum(src, worldIP, 17, udpDatagram(sport, 53, []byte("q"))))))
+	}
+	for _, tc := range []struct {
+		src   netip.Addr
+		sport uint16
+		want  IsthmusDropReason // 0: translated
+	}{
+		{pod2IP, 1234, IsthmusDropReasonDROP_SNAT_INSERT},
+		{pod2IP, 61007, 0}, // the expired flow's port: its reply entry goes
+		{podIP, 35001, 0},  // the expired flow's own tuple: both its share and its slot come back
+		{podIP, 35000, 0},  // a live flow
+		{podIP, 1234, IsthmusDropReasonDROP_NAT_SOURCE_LIMIT},
+	} {
+		e := masqOut(tc.src, tc.sport)
+		if got := e.outcomes(); got != 1 || (tc.want != 0 && !e.allows(tc.want)) || (tc.want == 0 && len(e.forms) != 1) {
+			t.Errorf("masquerade of %v port %d: %+v, want drop %d (0: translated)", tc.src, tc.sport, e, tc.want)
+		}
 	}
 	// A spoofed pod source and GENEVE to a peer are drops.
 	if e := modelEncap(w, ethFrame(fl.podHMAC, podMAC, 0x0800, ipkt{src: netip.MustParseAddr("10.1.0.6"), dst: remotePodIP}.build()), true); e.pass || len(e.forms) > 0 {

@@ -702,11 +702,13 @@ func masqSeeds(l *lab) [][]byte {
 	add(ipv4Packet(podIP, worldIP, 17, ipOpts{ttl: 63, fragOff: 0x2000}, udpDatagram(35004, 53, []byte("first"))))
 	add(ipv4Packet(podIP, worldIP, 17, ipOpts{ttl: 63, fragOff: 0x0003}, []byte("a later fragment")))
 	add(ipv4Packet(podIP, worldIP, 6, ipOpts{ttl: 1}, tcpWith(podIP, worldIP, 33004, 80, 0x02, nil)))
-	// podIP holds its whole share of masq_nat, its expired flow included: that flow's
-	// own tuple deletes it and starts over; another pod's new flow whose own port's
-	// reply tuple conntrack holds (the host's connection from port 33021) takes
-	// another port.
+	// masq_nat is one slot short of a new flow, and podIP holds its whole share of it,
+	// its expired flow included. That flow's own tuple deletes it and starts over
+	// (translated); another pod's flow on the expired flow's port deletes its reply
+	// entry and takes the port (translated); one whose own port's reply tuple
+	// conntrack holds (the host's connection from port 33021) finds no room.
 	add(ipv4Packet(podIP, worldIP, 17, ipOpts{ttl: 63}, withCsum(podIP, worldIP, 17, udpDatagram(35001, 53, []byte("q")))))
+	add(ipv4Packet(pod2IP, worldIP, 17, ipOpts{ttl: 63}, withCsum(pod2IP, worldIP, 17, udpDatagram(61007, 53, []byte("q")))))
 	add(ipv4Packet(pod2IP, worldIP, 6, ipOpts{ttl: 63}, tcpWith(pod2IP, worldIP, 33021, 80, 0x10, nil)))
 	// The node's own GENEVE leaves from the underlay address: never masqueraded.
 	add(uframe{outerSrc: underlayIP, outerDst: peerIP}.build(l)[14:])

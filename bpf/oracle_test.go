@@ -135,6 +135,8 @@ func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 		// masq_nat's (its expired flow included: the datapath counts a flow until it
 		// deletes its entry).
 		natSourceFlowsMax: oracleNatSourceFlowsMax,
+		// nat has room; masq_nat is one slot short of a new flow's two entries.
+		snatNatMax: oracleNatMax, masqNatMax: oracleMasqNatMax,
 		nat: []oracleNat{
 			{proto: 17, pod: cniPod, podPort: 4000, remote: remotePodIP, remotePort: 5000, addr: hostIP, port: 61001},
 			{proto: 6, pod: cniPod, podPort: 40000, remote: remotePodIP, remotePort: 80, addr: hostIP, port: 61002},
@@ -212,6 +214,15 @@ const (
 // nat, this node's pod its whole share of masq_nat (docs/architecture.md, "The NAT
 // tables").
 const oracleNatSourceFlowsMax = 4
+
+// oracleNatMax and oracleMasqNatMax are the sizes of nat and masq_nat in the oracle's
+// lab: nat the default, masq_nat one entry more than the world's masquerade flows
+// take (oracleLab checks), so a new flow's two entries fit only where the flow
+// deletes an expired entry on its way.
+const (
+	oracleNatMax     = 65536
+	oracleMasqNatMax = 9
+)
 
 // putNat writes w's translated flows, both halves of each, seen just now (or two
 // minutes ago: an expired one), in the state a reply leaves them in: return-path
@@ -295,8 +306,13 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 		if err := v.Set(uint32(oracleNatSourceFlowsMax)); err != nil {
 			t.Fatalf("set nat_source_flows_max: %v", err)
 		}
+		s.Maps["nat"].MaxEntries = oracleNatMax
+		s.Maps["masq_nat"].MaxEntries = oracleMasqNatMax
 	})
 	w := newOracleWorld(l.undMAC, l.podHMAC, l.istMAC)
+	if n := 2 * len(slices.DeleteFunc(slices.Clone(w.nat), func(f oracleNat) bool { return f.addr != w.underlay })); n != w.masqNatMax-1 {
+		t.Fatalf("the world's masquerade flows take %d entries of masq_nat, not %d", n, w.masqNatMax-1)
+	}
 	w.undIfindex, w.podIfindex, w.istIfindex = l.und.Attrs().Index, l.pod.Attrs().Index, l.ist.Attrs().Index
 	if mtu := l.und.Attrs().MTU; mtu != w.underlayMTU {
 		t.Fatalf("lab's und0 has MTU %d, the oracle's world %d", mtu, w.underlayMTU)
