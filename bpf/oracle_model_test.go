@@ -62,10 +62,18 @@ type oracleWorld struct {
 	health []oracleHealth // health_reach
 	// conntrack is the lab's conntrack table (a flow the stack saw, in its original
 	// direction), which bpf_skb_ct_lookup reads.
-	conntrack  []oracleCT
-	nat        []oracleNat
-	masquerade bool
-	masqExempt []netip.Prefix // masq_exempt
+	conntrack []oracleCT
+	// nat holds the translated flows of both tables: return-path SNAT's (addr the
+	// tunnel address) in nat, masquerade's (addr the underlay address) in masq_nat,
+	// each source's flows per table counted in nat_sources; natSourceFlowsMax is
+	// nat_source_flows_max, a source's share of a table. The lab's namespace holds no
+	// socket, so only conntrack and these tables claim a translated tuple.
+	// snatNatMax and masqNatMax are the sizes (entries) of nat and masq_nat.
+	nat                    []oracleNat
+	natSourceFlowsMax      int
+	snatNatMax, masqNatMax int
+	masquerade             bool
+	masqExempt             []netip.Prefix // masq_exempt
 	// fabricPrefixes is fabric_prefixes (this site's own blocks); the FIB routes
 	// fabricRoutes of them to the fabric router on the underlay (fabricMAC) and
 	// cniRoutes to an interface of another CNI (not a pod interface of isthmus).
@@ -209,6 +217,152 @@ func healthForm(in []byte, ohlen, ieOff int, kind byte) outputForm {
 		}
 		return nil
 	}}
+}
+
+// snatKey returns the original tuple (pod source, ports; ICMP echo request: the
+// identifier as source port, 0) of IPv4 packet v, which snatFault lets through apart
+// from DROP_SNAT_REWRITE.
+func snatKey(v *ipv4View) (proto uint8, sport, dport uint16) {
+	l4 := v.l4()
+	if v.ip.Protocol == layers.IPProtocolICMPv4 {
+		return 1, binary.BigEndian.Uint16(l4[4:]), 0
+	}
+	return uint8(v.ip.Protocol), binary.BigEndian.Uint16(l4), binary.BigEndian.Uint16(l4[2:])
+}
+
+// natFlow returns the flow of w.nat (live or expired) translated to addr whose
+// original tuple is pod:sport -> remote:dport.
+func (w *oracleWorld) natFlow(proto uint8, pod, remote, addr netip.Addr, sport, dport uint16) (oracleNat, bool) {
+	i := slices.IndexFunc(w.nat, func(f oracleNat) bool {
+		return f.proto == proto && f.pod == pod && f.remote == remote && f.addr == addr && f.podPort == sport && f.remotePort == dport
+	})
+	if i < 0 {
+		return oracleNat{}, false
+	}
+	return w.nat[i], true
+}
+
+// snatRefuses adds to e the drop of IPv4 packet v translated to addr (the tunnel
+// address: nat; the underlay address: masq_nat), if it has one (architecture.md,
+// "Return-path SNAT" steps 1 to 4, "The NAT tables"), and reports whether that drop
+// is the only outcome. First what snatFault refuses by the packet alone; then, for a
+// new flow (no live flow of its tuple in the table), its source's share: a source
+// already holding natSourceFlowsMax flows of the table (an expired flow counts until
+// the datapath deletes it, which it does when the flow's own tuple comes again) gets
+// DROP_NAT_SOURCE_LIMIT before any port is looked for; then the table's room: the
+// new flow's two entries go in without evicting anything, so a table with fewer than
+// two free slots refuses it (DROP_SNAT_INSERT), counting the slots of the expired
+// entries the flow deletes on its way (its own tuple's, the reply entry of its own
+// port); and only then a TCP checksum field past the frame (DROP_SNAT_REWRITE), which
+// stops the rewrite. Where the room depends on a port of the range the flow hash
+// picks (an expired reply entry it may land on), e is hashed and the drop one of two
+// outcomes.
+func (w *oracleWorld) snatRefuses(e *expectation, v *ipv4View, addr netip.Addr) bool {
+	refuse := func(r IsthmusDropReason, format string, a ...any) bool {
+		e.because(format, a...)
+		e.allowDrop(r)
+		return true
+	}
+	r, fault := snatFault(v)
+	if fault && r != IsthmusDropReasonDROP_SNAT_REWRITE {
+		return refuse(r, "the translation cannot carry it")
+	}
+	proto, sport, dport := snatKey(v)
+	src, dst := v.src(), v.dst()
+	f, ok := w.natFlow(proto, src, dst, addr, sport, dport)
+	if !ok || f.expired {
+		held, entries := 0, 0
+		for _, g := range w.nat {
+			if g.addr == addr {
+				entries += 2
+				if g.pod == src {
+					held++
+				}
+			}
+		}
+		free := w.natMax(addr) - entries
+		if ok {
+			held-- // the expired flow of the same tuple, deleted first
+			free++
+		}
+		if held >= w.natSourceFlowsMax {
+			return refuse(IsthmusDropReasonDROP_NAT_SOURCE_LIMIT, "a new flow of %v, which holds %d flows of its table (share %d): DROP_NAT_SOURCE_LIMIT", src, held, w.natSourceFlowsMax)
+		}
+		// The reply entry of the flow's own port: an expired one is deleted; a live
+		// one (or conntrack's) sends the search into the range, where an expired
+		// reply entry of the same remote end may be the port the hash picks.
+		ownExpired, ownFree, rangeExpired := false, w.portFree(proto, dst, addr, dport, sport), false
+		for _, g := range w.nat {
+			if g.expired && g.addr == addr && g.proto == proto && g.remote == dst && g.remotePort == dport {
+				if g.port == sport {
+					ownExpired = true
+				} else if g.port >= w.snatPortMin && g.port <= w.snatPortMax {
+					rangeExpired = true
+				}
+			}
+		}
+		if ownFree && ownExpired {
+			free++
+		}
+		if free < 2 {
+			if !ownFree && rangeExpired && free == 1 {
+				e.hashed = true
+				e.allowDrop(IsthmusDropReasonDROP_SNAT_INSERT)
+				e.because("a new flow in a table with %d free slot: DROP_SNAT_INSERT, unless the port the hash picks is an expired reply entry's", free)
+				return false
+			}
+			return refuse(IsthmusDropReasonDROP_SNAT_INSERT, "a new flow in a table with %d free slots: DROP_SNAT_INSERT", free)
+		}
+	}
+	if fault {
+		return refuse(r, "the TCP checksum field is past the frame")
+	}
+	return false
+}
+
+// natMax is the size (entries) of the table of flows translated to addr.
+func (w *oracleWorld) natMax(addr netip.Addr) int {
+	if addr == w.underlay {
+		return w.masqNatMax
+	}
+	return w.snatNatMax
+}
+
+// portFree reports whether a new flow to remote:rport may take port of addr: no live
+// flow of the table replies on remote:rport -> addr:port and, for TCP and UDP,
+// conntrack holds no entry with that tuple in either direction (the lab holds no
+// socket).
+func (w *oracleWorld) portFree(proto uint8, remote, addr netip.Addr, rport, port uint16) bool {
+	if _, ok := w.natReply(proto, remote, addr, rport, port); ok {
+		return false
+	}
+	if proto == 1 {
+		return true
+	}
+	_, ok := w.ctEntry(proto, oracleTuple{src: remote, dst: addr, sport: rport, dport: port})
+	return !ok
+}
+
+// replyUnknown reports whether IPv4 packet v, addressed to addr (the tunnel address:
+// nat; the underlay address: masq_nat), is a TCP segment that nothing claims
+// (architecture.md, "Return-path SNAT" step 5): not a fragment, its flags readable,
+// neither an RST nor a bare SYN (SYN without ACK), no live flow whose reply it is
+// (reverseNAT found none), no socket (the lab has none) and no conntrack entry for its
+// tuple in either direction. The host would reset it: DROP_NAT_REPLY_UNKNOWN.
+func (w *oracleWorld) replyUnknown(v *ipv4View, addr netip.Addr) bool {
+	l4 := v.l4()
+	if v.dst() != addr || v.fragment() || v.ip.Protocol != layers.IPProtocolTCP || len(l4) < 14 {
+		return false
+	}
+	if flags := l4[13]; flags&0x04 != 0 || flags&0x12 == 0x02 {
+		return false
+	}
+	t := oracleTuple{src: v.src(), dst: addr, sport: binary.BigEndian.Uint16(l4), dport: binary.BigEndian.Uint16(l4[2:])}
+	if _, ok := w.natReply(6, t.src, addr, t.sport, t.dport); ok {
+		return false
+	}
+	_, ok := w.ctEntry(6, t)
+	return !ok
 }
 
 // natReply returns the live flow whose reply is remote:rport -> addr:port (proto).
@@ -377,10 +531,11 @@ type expectation struct {
 	// forms: the output a redirect (or an XDP pop) must produce; check returns nil if
 	// out is that output. Empty: no redirect and no rewrite is right.
 	forms []outputForm
-	// hashed: the outcome depends on which member of a next-hop group the flow hash
-	// picks, which the model does not compute: a transit frame whose group holds its
-	// sender is forwarded to another member or DROP_TRANSIT_LOOP. The one input class
-	// with two outcomes.
+	// hashed: the outcome depends on what the flow hash picks, which the model does
+	// not compute: a transit frame whose group holds its sender is forwarded to
+	// another member or DROP_TRANSIT_LOOP; a new flow in a table one slot short is
+	// translated if the port of the range the hash picks is an expired reply entry's,
+	// else DROP_SNAT_INSERT. The input classes with two outcomes.
 	hashed bool
 	// reopens: the closed conntrack entries the input expires (a bare SYN on a closed
 	// flow's tuple), which the test puts back for the next input.
@@ -493,8 +648,11 @@ func (v *ipv4View) l4() []byte { return v.raw[v.hlen:] }
 
 // errorAllowed says whether an ICMP error may be sent about v, as the kernel's
 // icmp_send decides (RFC 1122 3.2.2, RFC 1812 4.3.2.7): never about a fragment after
-// the first, an ICMP error message (destination unreachable, source quench, redirect,
-// time exceeded, parameter problem) or an ICMP type past 18 (NR_ICMP_TYPES); and, as
+// the first, an ICMP type past 18 (NR_ICMP_TYPES) or one net/ipv4/icmp.c's
+// icmp_pointers marks as an error: destination unreachable, source quench, redirect,
+// time exceeded, parameter problem, and the unassigned or retired 1, 2, 6, 7 and the
+// router advertisement and solicitation 9, 10 (only the informational 0, 8 and 13 to
+// 18 are answered); and, as
 // the datapath builds every error (architecture.md, encapsulation step 3), only with
 // the header and the 8 bytes after it present to quote.
 func (v *ipv4View) errorAllowed() bool {
@@ -508,11 +666,8 @@ func (v *ipv4View) errorAllowed() bool {
 	if len(l4) == 0 {
 		return false
 	}
-	switch l4[0] {
-	case 3, 4, 5, 11, 12:
-		return false
-	}
-	return l4[0] <= 18
+	t := l4[0]
+	return t == 0 || t == 8 || (t >= 13 && t <= 18)
 }
 
 // udpPorts decodes a UDP header with gopacket. Like the IPv4 total length, the UDP length
@@ -944,6 +1099,11 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		}
 		return e
 	}
+	if w.replyUnknown(inner, w.tunnelIP) {
+		e.because("TCP to the tunnel address that no translation, socket or conntrack entry claims: DROP_NAT_REPLY_UNKNOWN")
+		e.allowDrop(IsthmusDropReasonDROP_NAT_REPLY_UNKNOWN)
+		return e
+	}
 	switch {
 	case inPrefixes(w.fabricPrefixes, dst) && inPrefixes(w.fabricRoutes, dst) && w.ownPods[dst] == nil:
 		// Fabric delivery: this site's block, routed to the fabric router.
@@ -994,6 +1154,12 @@ func plainUnderlay(w *oracleWorld, in []byte, v *ipv4View, xdp bool, e *expectat
 		f := reverseForm("masquerade reversed", in[0:6], in[6:12], r, in[14:], false, false, 0)
 		f.toStack = true
 		e.forms = append(e.forms, f)
+		return
+	}
+	if w.masquerade && w.replyUnknown(v, w.underlay) {
+		e.pass = false
+		e.because("TCP to the underlay address that no translation, socket or conntrack entry claims: DROP_NAT_REPLY_UNKNOWN")
+		e.allowDrop(IsthmusDropReasonDROP_NAT_REPLY_UNKNOWN)
 		return
 	}
 	// Fabric ingress (issue 10 item 3): only for a local pod in this site's fabric
@@ -1413,9 +1579,8 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 	if !fromPod && translated && len(in)-14 <= w.tunnelMTU {
 		// On isthmus0 the host stack's packet is translated before the next hop is
 		// chosen; no ICMP error is sent from here, so only the drop's name tells.
-		if r, ok := snatFault(v); ok {
-			e.because("source %v is translated to %v, but SNAT cannot translate it", src, w.tunnelIP)
-			e.allowDrop(r)
+		e.because("source %v is translated to %v", src, w.tunnelIP)
+		if w.snatRefuses(&e, v, w.tunnelIP) {
 			return e
 		}
 	}
@@ -1465,10 +1630,10 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 		e.forms = append(e.forms, encapForm(w, in, rt.peers, fromPod))
 		return e
 	}
-	e.because("source %v is translated to %v", src, w.tunnelIP)
-	if r, ok := snatFault(v); ok {
-		e.because("SNAT cannot translate it")
-		e.allowDrop(r)
+	if fromPod {
+		e.because("source %v is translated to %v", src, w.tunnelIP)
+	}
+	if fromPod && w.snatRefuses(&e, v, w.tunnelIP) { // on isthmus0 judged above
 		return e
 	}
 	e.forms = append(e.forms, encapFormSNAT(w, in, rt.peers, fromPod, w.tunnelIP))
@@ -1521,9 +1686,7 @@ func modelMasq(w *oracleWorld, in []byte) expectation {
 		return e
 	}
 	e.pass = false
-	if r, ok := snatFault(v); ok {
-		e.because("masquerade cannot translate it")
-		e.allowDrop(r)
+	if w.snatRefuses(&e, v, w.underlay) {
 		return e
 	}
 	e.because("masqueraded to %v", w.underlay)
@@ -1573,10 +1736,9 @@ func snatAfter(w *oracleWorld, inIP, got []byte, to netip.Addr) ([]byte, error) 
 	if len(want) < sumOff+2 {
 		return nil, fmt.Errorf("no room for the %d-byte L4 checksum field at %d", len(want), sumOff)
 	}
-	orig := binary.BigEndian.Uint16(inIP[portOff:])
 	port := binary.BigEndian.Uint16(got[portOff:])
-	if port != orig && (port < w.snatPortMin || port > w.snatPortMax) {
-		return nil, fmt.Errorf("translated port %d: neither the flow's %d nor in %d-%d", port, orig, w.snatPortMin, w.snatPortMax)
+	if err := w.snatPort(inIP, to, port); err != nil {
+		return nil, err
 	}
 	binary.BigEndian.PutUint16(want[portOff:], port)
 	if csum16(inIP[:hlen]) == 0 {
@@ -1606,6 +1768,39 @@ func snatAfter(w *oracleWorld, inIP, got []byte, to netip.Addr) ([]byte, error) 
 		copy(want[sumOff:sumOff+2], got[sumOff:sumOff+2])
 	}
 	return want, nil
+}
+
+// snatPort returns why port is not the one the translation of IPv4 packet inIP to to
+// may use (architecture.md, "Return-path SNAT" step 3): a live flow of its tuple keeps
+// its port; a new flow takes its own port if that port is free, else one of
+// [snatPortMin, snatPortMax] that is free (which one the flow hash picks is not
+// modelled). Free: no live flow of the table replies on that tuple (remote, to,
+// remote port, port) and, for TCP and UDP, conntrack holds no entry with it in either
+// direction (the lab holds no socket).
+func (w *oracleWorld) snatPort(inIP []byte, to netip.Addr, port uint16) error {
+	v, err := decodeIPv4(inIP, 0)
+	if err != nil {
+		return err
+	}
+	proto, sport, dport := snatKey(v)
+	if f, ok := w.natFlow(proto, v.src(), v.dst(), to, sport, dport); ok && !f.expired {
+		if port != f.port {
+			return fmt.Errorf("translated port %d: the live flow's is %d", port, f.port)
+		}
+		return nil
+	}
+	free := func(p uint16) bool { return w.portFree(proto, v.dst(), to, dport, p) }
+	switch {
+	case free(sport) && port != sport:
+		return fmt.Errorf("translated port %d: the flow's own %d is free", port, sport)
+	case port == sport && !free(sport):
+		return fmt.Errorf("translated port %d: the flow's own, but another flow or conntrack holds its reply tuple", port)
+	case port != sport && (port < w.snatPortMin || port > w.snatPortMax):
+		return fmt.Errorf("translated port %d: neither the flow's %d nor in %d-%d", port, sport, w.snatPortMin, w.snatPortMax)
+	case port != sport && !free(port):
+		return fmt.Errorf("translated port %d: another flow or conntrack holds its reply tuple", port)
+	}
+	return nil
 }
 
 // encapForm accepts frame in encapsulated toward one of peers: outer Ethernet to the
@@ -1861,19 +2056,58 @@ func TestOracleModel(t *testing.T) {
 		t.Errorf("no live member, ICMP error: %+v", e)
 	}
 	// Return-path SNAT on isthmus0: another CNI's pod leaves as the tunnel address,
-	// on its own port or one of the range, never another.
-	other := netip.MustParseAddr("10.200.0.9")
-	of := ethFrame(fl.podHMAC, podMAC, 0x0800, ipv4Packet(other, remotePodIP, 17, ipOpts{ttl: 64}, withCsum(other, remotePodIP, 17, udpDatagram(1234, 80, []byte("hello")))))
-	e = modelEncap(w, of, false)
-	for _, tc := range []struct {
-		port uint16
-		ok   bool
-	}{{1234, true}, {61000, true}, {65535, true}, {1235, false}, {60999, false}} {
-		ip := ipv4Packet(hostIP, remotePodIP, 17, ipOpts{ttl: 64}, withCsum(hostIP, remotePodIP, 17, udpDatagram(tc.port, 80, []byte("hello"))))
+	// on its own port while that is free, else on one of the range whose reply tuple
+	// is free, never another; a pod at its share of nat gets no new flow.
+	snatCase := func(src netip.Addr, sport, dport uint16) ([]byte, expectation) {
+		of := ethFrame(fl.podHMAC, podMAC, 0x0800, ipv4Packet(src, remotePodIP, 17, ipOpts{ttl: 64}, withCsum(src, remotePodIP, 17, udpDatagram(sport, dport, []byte("hello")))))
+		return of, modelEncap(w, of, false)
+	}
+	snatOut := func(of []byte, port, dport uint16) []byte {
+		ip := ipv4Packet(hostIP, remotePodIP, 17, ipOpts{ttl: 64}, withCsum(hostIP, remotePodIP, 17, udpDatagram(port, dport, []byte("hello"))))
 		gnv := geneveHeader(geneveOpts{proto: 0x6558, vni: testVNI, optWords: -1}, append(append([]byte{}, of[:14]...), ip...))
-		enc := ethFrame(gwMAC, fl.undMAC, 0x0800, ipv4Packet(underlayIP, peerIP, 17, ipOpts{ttl: 64, fragOff: 0x4000}, udpDatagram(50000, 6081, gnv)))
-		if err := accepts(e, enc); (err == nil) != tc.ok {
-			t.Errorf("SNAT to port %d: accepted %v, want %v (%v)", tc.port, err == nil, tc.ok, err)
+		return ethFrame(gwMAC, fl.undMAC, 0x0800, ipv4Packet(underlayIP, peerIP, 17, ipOpts{ttl: 64, fragOff: 0x4000}, udpDatagram(50000, 6081, gnv)))
+	}
+	other := netip.MustParseAddr("10.200.0.10")
+	for _, tc := range []struct {
+		sport, dport, port uint16
+		ok                 bool
+	}{
+		{1234, 80, 1234, true}, {1234, 80, 61000, false}, {1234, 80, 1235, false},
+		// 61001 replies on cniPod's flow from remotePodIP:5000.
+		{61001, 5000, 61001, false}, {61001, 5000, 61000, true}, {61001, 5000, 65535, true},
+		{61001, 5000, 61005, true}, {61001, 5000, 60999, false},
+	} {
+		of, e := snatCase(other, tc.sport, tc.dport)
+		if err := accepts(e, snatOut(of, tc.port, tc.dport)); (err == nil) != tc.ok {
+			t.Errorf("SNAT of port %d to %d: accepted %v, want %v (%v)", tc.sport, tc.port, err == nil, tc.ok, err)
+		}
+	}
+	if _, e := snatCase(cniPod, 1234, 80); !e.allows(IsthmusDropReasonDROP_NAT_SOURCE_LIMIT) || e.outcomes() != 1 {
+		t.Errorf("a new flow of a source at its share: %+v, want DROP_NAT_SOURCE_LIMIT", e)
+	}
+	if of, e := snatCase(cniPod, 4000, 5000); accepts(e, snatOut(of, 61001, 5000)) != nil || accepts(e, snatOut(of, 4000, 5000)) == nil {
+		t.Errorf("a live flow of a source at its share: %+v, want its port 61001", e)
+	}
+	// Masquerade in a masq_nat one slot short: a new flow finds no room unless it
+	// deletes an expired entry on its way; a source at its share is refused first.
+	masqOut := func(src netip.Addr, sport uint16) expectation {
+		return modelMasq(w, ethFrame(gwMAC, fl.undMAC, 0x0800, ipv4Packet(src, worldIP, 17, ipOpts{ttl: 63},
+			withCsum(src, worldIP, 17, udpDatagram(sport, 53, []byte("q"))))))
+	}
+	for _, tc := range []struct {
+		src   netip.Addr
+		sport uint16
+		want  IsthmusDropReason // 0: translated
+	}{
+		{pod2IP, 1234, IsthmusDropReasonDROP_SNAT_INSERT},
+		{pod2IP, 61007, 0}, // the expired flow's port: its reply entry goes
+		{podIP, 35001, 0},  // the expired flow's own tuple: both its share and its slot come back
+		{podIP, 35000, 0},  // a live flow
+		{podIP, 1234, IsthmusDropReasonDROP_NAT_SOURCE_LIMIT},
+	} {
+		e := masqOut(tc.src, tc.sport)
+		if got := e.outcomes(); got != 1 || (tc.want != 0 && !e.allows(tc.want)) || (tc.want == 0 && len(e.forms) != 1) {
+			t.Errorf("masquerade of %v port %d: %+v, want drop %d (0: translated)", tc.src, tc.sport, e, tc.want)
 		}
 	}
 	// A spoofed pod source and GENEVE to a peer are drops.

@@ -362,6 +362,13 @@ func natSeeds(l *lab) [][]byte {
 	gnv(peerIP, withIPOptions(udp(remotePodIP, hostIP, 5000, 61001, 60), ipOptionBytes(8)))
 	s = append(s, uframe{outerTOS: 0x03, inner: ipv4Packet(remotePodIP, hostIP, 6, ipOpts{ttl: 60, tos: 0x02},
 		tcpWith(remotePodIP, hostIP, 80, 40000, 0x10, nil))}.build(l)) // outer CE, inner ECT(0)
+	// TCP to the tunnel address that no flow claims: dropped (the host would reset
+	// it), unless an RST, a bare SYN, or a tuple conntrack holds (the host's own
+	// connection from port 61013).
+	gnv(peerIP, tcp(remotePodIP, hostIP, 80, 61020, 0x10, nil, 60))
+	gnv(peerIP, tcp(remotePodIP, hostIP, 80, 61020, 0x04, nil, 60))
+	gnv(peerIP, tcp(remotePodIP, hostIP, 80, 61020, 0x02, nil, 60))
+	gnv(peerIP, tcp(remotePodIP, hostIP, 80, 61013, 0x10, nil, 60))
 	frag := udp(remotePodIP, hostIP, 5000, 61001, 60)
 	frag[6] = 0x20 // MF: a fragment is never translated
 	gnv(peerIP, frag)
@@ -429,6 +436,12 @@ func natSeeds(l *lab) [][]byte {
 	plain(gwMAC, icmpError(11, 0, worldIP, sent(6, 33000, 80, worldIP, underlayIP), 20))
 	plain(gwMAC, icmpError(3, 1, worldIP, sent(1, 0x1234, 0, worldIP, underlayIP), 8))
 	plain(gwMAC, udp(worldIP, underlayIP, 53, 6081, 60))
+	// TCP to the underlay address that no flow claims, as to the tunnel address (the
+	// host's own connection from port 33021 is in conntrack).
+	plain(gwMAC, tcp(worldIP, underlayIP, 80, 33020, 0x18, nil, 60))
+	plain(gwMAC, tcp(worldIP, underlayIP, 80, 33020, 0x14, nil, 60))
+	plain(gwMAC, tcp(worldIP, underlayIP, 80, 33020, 0x02, nil, 60))
+	plain(gwMAC, tcp(worldIP, underlayIP, 80, 33021, 0x10, nil, 60))
 	// The tunnel's translations are not the underlay's, nor the other way round.
 	plain(gwMAC, udp(remotePodIP, hostIP, 5000, 61001, 60))
 	gnv(peerIP, udp(remotePodIP, underlayIP, 5000, 61001, 60))
@@ -611,6 +624,9 @@ func encapSeeds(l *lab, fromPod bool) [][]byte {
 	for _, dst := range []netip.Addr{peerIP, memberIP, groupPeerA, strangerIP} {
 		add(ipkt{dst: dst, dport: 6081})
 	}
+	// A new flow of the pod outside snat_exempt whose own port's reply tuple the host's
+	// connection holds in conntrack: on isthmus0 it takes another port of the range.
+	add(ipkt{src: natPodIP, dst: remotePodIP, proto: 6, flags: 0x10, sport: 61013})
 	// Outside snat_exempt with TTL 1: on isthmus0 still translated (nothing refuses it there).
 	add(ipkt{src: spoofedIP, dst: remotePodIP, ttl: 1})
 	add(ipkt{src: spoofedIP, dst: remotePodIP, ttl: 2})
@@ -686,6 +702,14 @@ func masqSeeds(l *lab) [][]byte {
 	add(ipv4Packet(podIP, worldIP, 17, ipOpts{ttl: 63, fragOff: 0x2000}, udpDatagram(35004, 53, []byte("first"))))
 	add(ipv4Packet(podIP, worldIP, 17, ipOpts{ttl: 63, fragOff: 0x0003}, []byte("a later fragment")))
 	add(ipv4Packet(podIP, worldIP, 6, ipOpts{ttl: 1}, tcpWith(podIP, worldIP, 33004, 80, 0x02, nil)))
+	// masq_nat is one slot short of a new flow, and podIP holds its whole share of it,
+	// its expired flow included. That flow's own tuple deletes it and starts over
+	// (translated); another pod's flow on the expired flow's port deletes its reply
+	// entry and takes the port (translated); one whose own port's reply tuple
+	// conntrack holds (the host's connection from port 33021) finds no room.
+	add(ipv4Packet(podIP, worldIP, 17, ipOpts{ttl: 63}, withCsum(podIP, worldIP, 17, udpDatagram(35001, 53, []byte("q")))))
+	add(ipv4Packet(pod2IP, worldIP, 17, ipOpts{ttl: 63}, withCsum(pod2IP, worldIP, 17, udpDatagram(61007, 53, []byte("q")))))
+	add(ipv4Packet(pod2IP, worldIP, 6, ipOpts{ttl: 63}, tcpWith(pod2IP, worldIP, 33021, 80, 0x10, nil)))
 	// The node's own GENEVE leaves from the underlay address: never masqueraded.
 	add(uframe{outerSrc: underlayIP, outerDst: peerIP}.build(l)[14:])
 	// Truncations of a TCP SYN with options.

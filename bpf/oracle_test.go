@@ -110,6 +110,10 @@ func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 			ctFlow(6, podIP, netip.MustParseAddr("10.6.0.1"), 40002, 80, false),
 			ctFlow(17, podIP, netip.MustParseAddr("10.2.0.70"), 4002, 5000, false),
 			ctFlow(6, podIP, remotePodIP, 40003, 80, false),
+			// The host's own connections from the tunnel and the underlay address,
+			// on ports a translation would otherwise take.
+			ctFlow(6, hostIP, remotePodIP, 61013, 80, false),
+			ctFlow(6, underlayIP, worldIP, 33021, 80, false),
 			// Established, assured, untranslated: direct, to the pod and from it, and
 			// from the pod outside snat_exempt (translated by the datapath, which
 			// conntrack never sees).
@@ -127,10 +131,17 @@ func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 				reply: oracleTuple{src: remotePodIP, dst: podIP, sport: 8080, dport: 40005}, assured: true},
 		},
 		masquerade: true,
+		// Each source's share of each table: cniPod holds all of nat's, podIP all of
+		// masq_nat's (its expired flow included: the datapath counts a flow until it
+		// deletes its entry).
+		natSourceFlowsMax: oracleNatSourceFlowsMax,
+		// nat has room; masq_nat is one slot short of a new flow's two entries.
+		snatNatMax: oracleNatMax, masqNatMax: oracleMasqNatMax,
 		nat: []oracleNat{
 			{proto: 17, pod: cniPod, podPort: 4000, remote: remotePodIP, remotePort: 5000, addr: hostIP, port: 61001},
 			{proto: 6, pod: cniPod, podPort: 40000, remote: remotePodIP, remotePort: 80, addr: hostIP, port: 61002},
 			{proto: 1, pod: cniPod, podPort: 0x77, remote: remotePodIP, addr: hostIP, port: 61003},
+			{proto: 17, pod: cniPod, podPort: 4002, remote: remotePodIP, remotePort: 5000, addr: hostIP, port: 61012},
 			{proto: 6, pod: podIP, podPort: 40000, remote: remotePodIP, remotePort: 80, addr: hostIP, port: 40000},
 			{proto: 17, pod: podIP, podPort: 4000, remote: netip.MustParseAddr("10.5.0.1"), remotePort: 5000, addr: hostIP, port: 61004},
 			{proto: 1, pod: podIP, podPort: 0x78, remote: remotePodIP, addr: hostIP, port: 0x78},
@@ -192,23 +203,42 @@ func (l *lab) judgeWorld(t testing.TB, p oracleProg, names map[uint16]string, w 
 	return err
 }
 
-// putNat writes w's translated flows into nat, both halves of each, seen just now (or
-// two minutes ago: an expired one), in the state a reply leaves them in.
+// The tables a nat_sources entry counts flows in (enum nat_table, lib/types.h).
+const (
+	natTableSNAT = uint32(0) // nat: return-path SNAT
+	natTableMasq = uint32(1) // masq_nat: egress masquerade
+)
+
+// oracleNatSourceFlowsMax is nat_source_flows_max in the oracle's lab: each pod
+// source's share of each table. The world's other CNI's pod holds its whole share of
+// nat, this node's pod its whole share of masq_nat (docs/architecture.md, "The NAT
+// tables").
+const oracleNatSourceFlowsMax = 4
+
+// oracleNatMax and oracleMasqNatMax are the sizes of nat and masq_nat in the oracle's
+// lab: nat the default, masq_nat one entry more than the world's masquerade flows
+// take (oracleLab checks), so a new flow's two entries fit only where the flow
+// deletes an expired entry on its way.
+const (
+	oracleNatMax     = 65536
+	oracleMasqNatMax = 9
+)
+
+// putNat writes w's translated flows, both halves of each, seen just now (or two
+// minutes ago: an expired one), in the state a reply leaves them in: return-path
+// SNAT's (to the tunnel address) in nat, masquerade's (to the underlay address) in
+// masq_nat; and in nat_sources each pod source's flows per table, as the datapath
+// counts them (one per original entry it inserted and has not deleted, expired ones
+// included) and the agent's collection recounts them (maps.CollectNat).
 func putNat(t testing.TB, l *lab, w *oracleWorld) {
 	t.Helper()
 	// Only the world's flows: a translation an earlier input made would take a port
 	// and change the next input's outcome.
-	var k IsthmusNatKey
-	var keys []IsthmusNatKey
-	for it := l.objs.Nat.Iterate(); it.Next(&k, new(IsthmusNatValue)); {
-		keys = append(keys, k)
-	}
-	for _, k := range keys {
-		if err := l.objs.Nat.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			t.Fatalf("delete nat %+v: %v", k, err)
-		}
-	}
+	clearMap(t, l.objs.Nat, new(IsthmusNatKey), new(IsthmusNatValue))
+	clearMap(t, l.objs.MasqNat, new(IsthmusNatKey), new(IsthmusNatValue))
+	clearMap(t, l.objs.NatSources, new(IsthmusNatSourceKey), new(IsthmusNatSourceValue))
 	now := monoNow(t)
+	counts := map[IsthmusNatSourceKey]uint32{}
 	for _, f := range w.nat {
 		seen := now
 		if f.expired && f.proto != 17 {
@@ -216,6 +246,14 @@ func putNat(t testing.TB, l *lab, w *oracleWorld) {
 		}
 		if f.expired {
 			seen -= uint64(120 * time.Second) // past every UDP timeout (60 s)
+		}
+		tbl, table := l.objs.Nat, natTableSNAT
+		switch f.addr {
+		case w.tunnelIP:
+		case w.underlay:
+			tbl, table = l.objs.MasqNat, natTableMasq
+		default:
+			t.Fatalf("nat flow %+v: translated to neither the tunnel nor the underlay address", f)
 		}
 		fk := natKey(f.pod, f.remote, f.podPort, f.remotePort, f.proto)
 		rk := natKey(f.remote, f.addr, f.remotePort, f.port, f.proto)
@@ -225,11 +263,31 @@ func putNat(t testing.TB, l *lab, w *oracleWorld) {
 		}
 		fv := IsthmusNatValue{Addr: be32(f.addr), Port: nport(f.port), State: natEstablished, LastSeen: seen}
 		rv := IsthmusNatValue{Addr: be32(f.pod), Port: nport(f.podPort), State: natEstablished, Flags: natReply, LastSeen: seen}
-		if err := l.objs.Nat.Put(fk, fv); err != nil {
-			t.Fatalf("put nat %+v: %v", fk, err)
+		if err := tbl.Put(fk, fv); err != nil {
+			t.Fatalf("put %v %+v: %v", tbl, fk, err)
 		}
-		if err := l.objs.Nat.Put(rk, rv); err != nil {
-			t.Fatalf("put nat %+v: %v", rk, err)
+		if err := tbl.Put(rk, rv); err != nil {
+			t.Fatalf("put %v %+v: %v", tbl, rk, err)
+		}
+		counts[IsthmusNatSourceKey{Addr: be32(f.pod), Table: table}]++
+	}
+	for k, n := range counts {
+		if err := l.objs.NatSources.Put(k, IsthmusNatSourceValue{Flows: n}); err != nil {
+			t.Fatalf("put nat_sources %+v: %v", k, err)
+		}
+	}
+}
+
+// clearMap deletes every entry of m (k and v: pointers to its key and value types).
+func clearMap[K, V any](t testing.TB, m *ebpf.Map, k *K, v *V) {
+	t.Helper()
+	var keys []K
+	for it := m.Iterate(); it.Next(k, v); {
+		keys = append(keys, *k)
+	}
+	for _, k := range keys {
+		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			t.Fatalf("delete %v %+v: %v", m, k, err)
 		}
 	}
 }
@@ -240,8 +298,21 @@ func putNat(t testing.TB, l *lab, w *oracleWorld) {
 // overlay destination from a local one).
 func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 	t.Helper()
-	l := newLab(t)
+	l := newLabSpec(t, func(s *ebpf.CollectionSpec) {
+		v, ok := s.Variables["nat_source_flows_max"]
+		if !ok {
+			t.Fatalf("no variable nat_source_flows_max")
+		}
+		if err := v.Set(uint32(oracleNatSourceFlowsMax)); err != nil {
+			t.Fatalf("set nat_source_flows_max: %v", err)
+		}
+		s.Maps["nat"].MaxEntries = oracleNatMax
+		s.Maps["masq_nat"].MaxEntries = oracleMasqNatMax
+	})
 	w := newOracleWorld(l.undMAC, l.podHMAC, l.istMAC)
+	if n := 2 * len(slices.DeleteFunc(slices.Clone(w.nat), func(f oracleNat) bool { return f.addr != w.underlay })); n != w.masqNatMax-1 {
+		t.Fatalf("the world's masquerade flows take %d entries of masq_nat, not %d", n, w.masqNatMax-1)
+	}
 	w.undIfindex, w.podIfindex, w.istIfindex = l.und.Attrs().Index, l.pod.Attrs().Index, l.ist.Attrs().Index
 	if mtu := l.und.Attrs().MTU; mtu != w.underlayMTU {
 		t.Fatalf("lab's und0 has MTU %d, the oracle's world %d", mtu, w.underlayMTU)
