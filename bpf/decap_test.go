@@ -49,7 +49,7 @@ func innerEth(payload []byte) []byte { return ethFrame(innerMAC, innerMAC, 0x080
 
 func TestDecapTC(t *testing.T) {
 	l := newLab(t)
-	setTunnelIP(t, l, hostIP) // host delivery is for the node's tunnel address only
+	setTunnelIP(t, l, hostIP)                                     // host delivery is for the node's tunnel address only
 	opt := []byte{0x01, 0x02, 0x03, 0x01, 0xaa, 0xbb, 0xcc, 0xdd} // one non-critical option, 4 data bytes
 	for _, tc := range []struct {
 		name    string
