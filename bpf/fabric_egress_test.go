@@ -359,11 +359,14 @@ func TestFabricEgressUntouched(t *testing.T) {
 
 // TestFabricEgressPodIngress: pod_ingress leaves a declared pod's packet on a
 // ViaFabric route to the stack, untouched and marked OVERLAY_MARK, even one it
-// would otherwise encapsulate itself (a segment of a flow conntrack does not hold);
-// without the flag on the route, or from a source outside fabric_prefixes, it is
-// encapsulated as before.
+// would otherwise encapsulate itself (a segment of a flow conntrack holds as
+// established); without the flag on the route, or from a source outside
+// fabric_prefixes, it is encapsulated as before.
 func TestFabricEgressPodIngress(t *testing.T) {
 	l := fabricEgressLab(t)
+	for _, u := range []tuple{{declaredIP, viaFabricDst, 40000, 80}, {declaredIP, groupDst, 40000, 80}, {podIP, viaFabricDst, 40000, 80}} {
+		l.ctEstablished(t, u)
+	}
 	// scapy: Ether(dst=<pod0h MAC>, src="02:00:00:00:0a:07")/IP(src="10.0.2.7", dst=dst, tos=0x10, ttl=64)/TCP(sport=40000, dport=80, flags="A", window=65535)/b"hello"
 	ack := func(src, dst netip.Addr, ttl byte) []byte {
 		return ipv4Packet(src, dst, 6, ipOpts{tos: 0x10, ttl: ttl}, withCsum(src, dst, 6, tcpSegment(40000, 80, tcpACK, []byte("hello"))))
@@ -394,6 +397,7 @@ func TestFabricEgressPodIngress(t *testing.T) {
 	}
 
 	encapKey := metricKey(IsthmusMetricMETRIC_ENCAP, IsthmusHookHOOK_POD_INGRESS)
+	fastKey := metricKey(IsthmusMetricMETRIC_CT_FAST, IsthmusHookHOOK_POD_INGRESS)
 	wantEncap := func(t *testing.T, in []byte) {
 		t.Helper()
 		before := l.counts(t)
@@ -408,7 +412,10 @@ func TestFabricEgressPodIngress(t *testing.T) {
 		if want := encapsulated(l, in, ip); !bytes.Equal(out, want) {
 			t.Fatalf("encapsulated frame differs\n got %x\nwant %x", out, want)
 		}
-		wantCounted(t, "encapsulated", delta(before, l.counts(t)), encapKey)
+		d := delta(before, l.counts(t))
+		if d[encapKey] != 1 || d[fastKey] != 1 || len(d) != 2 {
+			t.Errorf("encapsulated: counters moved %v, want only %v and %v +1", d, encapKey, fastKey)
+		}
 	}
 	// Same route, a source outside fabric_prefixes: encapsulated here.
 	t.Run("source not in fabric_prefixes", func(t *testing.T) {
