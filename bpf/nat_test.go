@@ -205,6 +205,7 @@ func sendOut(t *testing.T, l *lab, in, ip []byte) {
 }
 
 // sendIn runs underlay_ingress on in and wants the delivered frame want (byte-exact).
+// want is a pod's packet: handed to the stack (toStack) it must carry OVERLAY_MARK.
 func sendIn(t *testing.T, l *lab, in, want []byte) {
 	t.Helper()
 	ret, out := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
@@ -213,6 +214,9 @@ func sendIn(t *testing.T, l *lab, in, want []byte) {
 	}
 	if !bytes.Equal(out, want) {
 		t.Fatalf("delivered frame differs\n got %x\nwant %x", out, want)
+	}
+	if bytes.Equal(want[:6], l.istMAC) && l.mark&overlayMark == 0 {
+		t.Fatalf("delivered to the stack with mark %#x, want %#x", l.mark, overlayMark)
 	}
 	checkSums(t, "delivered packet", out[14:])
 }
