@@ -472,12 +472,13 @@ func TestFabricEgressIngress(t *testing.T) {
 		})
 	}
 
-	// A segment conntrack does not hold (bpf_redirect_peer without the flag): left
-	// to the stack too.
-	t.Run("TCP SYN-ACK", func(t *testing.T) {
-		// scapy: Ether(dst=<und0 MAC>, src="02:00:00:00:01:fe")/IP(src="10.6.0.9", dst="10.0.2.7", ttl=63)/TCP(sport=80, dport=33000, flags="SA")
+	// A segment of a flow conntrack holds as established (bpf_redirect_peer without
+	// the flag): left to the stack too.
+	t.Run("TCP ACK of an established flow", func(t *testing.T) {
+		l.ctEstablished(t, tuple{declaredIP, viaFabricDst, 33000, 80})
+		// scapy: Ether(dst=<und0 MAC>, src="02:00:00:00:01:fe")/IP(src="10.6.0.9", dst="10.0.2.7", ttl=63)/TCP(sport=80, dport=33000, flags="A")
 		in := ethFrame(l.undMAC, gwMAC, 0x0800, ipv4Packet(viaFabricDst, declaredIP, 6, ipOpts{ttl: 63},
-			withCsum(viaFabricDst, declaredIP, 6, tcpSegment(80, 33000, tcpSYNACK, nil))))
+			withCsum(viaFabricDst, declaredIP, 6, tcpSegment(80, 33000, tcpACK, nil))))
 		before := l.counts(t)
 		ret, out := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
 		if d := delta(before, l.counts(t)); ret != tcActOK || !bytes.Equal(out, in) || l.mark != overlayMark || len(d) != 0 {
@@ -486,8 +487,11 @@ func TestFabricEgressIngress(t *testing.T) {
 		}
 		putRoute(t, l, viaFabricNet, IsthmusRouteValue{Peer: be32(peerIP)})
 		defer putRoute(t, l, viaFabricNet, IsthmusRouteValue{Peer: be32(peerIP), Flags: routeViaFabric})
-		if ret, _ := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index); ret != tcActRedirect {
-			t.Fatalf("route without the flag: verdict %d, want TC_ACT_REDIRECT (to the pod)", ret)
+		before = l.counts(t)
+		ret, _ = l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
+		fast := delta(before, l.counts(t))[metricKey(IsthmusMetricMETRIC_CT_FAST, IsthmusHookHOOK_UNDERLAY_TC)]
+		if ret != tcActRedirect || l.mark&overlayMark != 0 || fast != 1 {
+			t.Fatalf("route without the flag: verdict %d, mark %#x, ct_fast +%d; want TC_ACT_REDIRECT to the pod, unmarked, ct_fast +1", ret, l.mark, fast)
 		}
 	})
 }
