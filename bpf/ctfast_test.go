@@ -91,6 +91,14 @@ func (l *lab) ctInsert(t *testing.T, orig, reply tuple, state, status string) {
 	}
 }
 
+// ctEstablished makes conntrack hold the TCP flow u as established, assured and
+// untranslated: the entry that lets u's non-SYN segments, either way, take the direct
+// path (lib/stack.h stack_sees). Tests of what the direct path does use it.
+func (l *lab) ctEstablished(t *testing.T, u tuple) {
+	t.Helper()
+	l.ctInsert(t, u, u.inverse(), "ESTABLISHED", "ASSURED,SEEN_REPLY")
+}
+
 // ctEntry returns conntrack -L's line for the TCP flow whose original tuple is orig,
 // and the seconds it has left; ok is false if conntrack holds no such entry.
 func (l *lab) ctEntry(t *testing.T, orig tuple) (line string, left int, ok bool) {

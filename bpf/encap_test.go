@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/hex"
+	"maps"
 	"net"
 	"net/netip"
 	"testing"
@@ -62,21 +63,28 @@ func jhash3(a, b, c, initval uint32) uint32 {
 	return c
 }
 
-// podFrame is a pod's TCP segment (ACK, in a flow the test's conntrack does not
-// hold, so pod_ingress encapsulates it itself; what opens a flow goes through the
-// stack: TestPodEgressThroughStack) as it arrives on the host veth.
+// podFrame is a pod's TCP segment (ACK) as it arrives on the host veth. pod_ingress
+// encapsulates it itself only if conntrack holds its flow as established
+// (podFlow, lab.ctEstablished); otherwise it goes through the stack
+// (TestPodEgressThroughStack).
 // scapy: Ether(dst=<pod0h MAC>, src="02:00:00:00:0a:05")/IP(src="10.1.0.5", dst=dst, tos=0x10, ttl=64)/TCP(sport=sport, dport=80, flags="A", window=65535, chksum=0)/b"hello"
 func podFrame(l *lab, dst netip.Addr, sport uint16) []byte {
 	return ethFrame(l.podHMAC, podMAC, 0x0800, podPacket(dst, sport, 64))
 }
+
+// podFlow is the TCP flow of podFrame(l, dst, sport).
+func podFlow(dst netip.Addr, sport uint16) tuple { return tuple{podIP, dst, sport, 80} }
 
 // podPacket is podFrame's IPv4 packet with TTL ttl.
 func podPacket(dst netip.Addr, sport uint16, ttl byte) []byte {
 	return ipv4Packet(podIP, dst, 6, ipOpts{tos: 0x10, ttl: ttl}, tcpSegment(sport, 80, 0x10, []byte("hello")))
 }
 
+// TestEncapByteExact: the GENEVE frame built at pod_ingress (the direct path of an
+// established flow) and at overlay_egress (after the stack), byte for byte.
 func TestEncapByteExact(t *testing.T) {
 	l := newLab(t)
+	l.ctEstablished(t, podFlow(remotePodIP, 1234))
 	for _, tc := range []struct {
 		name      string
 		hook      IsthmusHook
@@ -122,14 +130,22 @@ func TestEncapByteExact(t *testing.T) {
 			if out[22] != 64 || binary.BigEndian.Uint16(out[20:])&0x4000 == 0 {
 				t.Errorf("outer TTL %d / DF unset", out[22])
 			}
+			// pod_ingress took the direct path (counted as ct_fast); overlay_egress
+			// runs after the stack and consults no conntrack.
 			d := delta(before, l.counts(t))
-			if d[metricKey(IsthmusMetricMETRIC_ENCAP, tc.hook)] != 1 || len(d) != 1 {
-				t.Errorf("counters moved %v, want only METRIC_ENCAP +1", d)
+			counted := map[IsthmusMetricsKey]uint64{metricKey(IsthmusMetricMETRIC_ENCAP, tc.hook): 1}
+			if tc.hook == IsthmusHookHOOK_POD_INGRESS {
+				counted[metricKey(IsthmusMetricMETRIC_CT_FAST, tc.hook)] = 1
+			}
+			if !maps.Equal(d, counted) {
+				t.Errorf("counters moved %v, want %v", d, counted)
 			}
 		})
 	}
 }
 
+// TestEncapSourcePort: the outer UDP source port is the flow hash, stable per flow,
+// spread over flows, and the same for every fragment of a datagram.
 func TestEncapSourcePort(t *testing.T) {
 	l := newLab(t)
 	sportOf := func(in []byte) uint16 {
@@ -141,6 +157,7 @@ func TestEncapSourcePort(t *testing.T) {
 	}
 	seen := map[uint16]bool{}
 	for i := uint16(0); i < 64; i++ {
+		l.ctEstablished(t, podFlow(remotePodIP, 20000+i))
 		in := podFrame(l, remotePodIP, 20000+i)
 		p1, p2 := sportOf(in), sportOf(podFrame(l, remotePodIP, 20000+i))
 		if p1 != p2 {
@@ -157,10 +174,19 @@ func TestEncapSourcePort(t *testing.T) {
 	if len(seen) < 48 {
 		t.Errorf("64 flows used only %d source ports: the hash does not spread", len(seen))
 	}
-	// A fragment has no ports: its port depends on addresses and protocol only.
+	// A fragment has no ports: its port depends on addresses and protocol only. It
+	// passes the stack (podSend fails the test otherwise) and is encapsulated at
+	// overlay_egress.
+	fragSport := func(in []byte) uint16 {
+		ret, out, _, hook := l.podSend(t, in)
+		if ret != tcActRedirect || hook != IsthmusHookHOOK_OVERLAY_EGRESS || len(out) < 36 {
+			t.Fatalf("fragment: hook %d, verdict %d, %d bytes; want encapsulated at overlay_egress", hook, ret, len(out))
+		}
+		return binary.BigEndian.Uint16(out[34:])
+	}
 	frag := ethFrame(l.podHMAC, podMAC, 0x0800, ipv4Packet(podIP, remotePodIP, 17, ipOpts{ttl: 64, fragOff: 0x2000}, udpDatagram(1, 2, []byte("x"))))
 	frag2 := ethFrame(l.podHMAC, podMAC, 0x0800, ipv4Packet(podIP, remotePodIP, 17, ipOpts{ttl: 64, fragOff: 0x2000}, udpDatagram(3, 4, []byte("x"))))
-	if a, b := sportOf(frag), sportOf(frag2); a != b || a != flowSport(frag[14:]) {
+	if a, b := fragSport(frag), fragSport(frag2); a != b || a != flowSport(frag[14:]) {
 		t.Errorf("fragments of one datagram got ports %d and %d (twin %d)", a, b, flowSport(frag[14:]))
 	}
 }
@@ -236,14 +262,15 @@ func TestPodIngressLocalDelivery(t *testing.T) {
 	}
 }
 
-// TestPodEgressThroughStack: a pod's packet that opens a flow as conntrack sees one (a
-// TCP SYN, a UDP datagram, an ICMP echo request) for a remote pod is left to the
-// stack, untouched and marked, so that the site's egress filters judge it and
-// conntrack holds the flow after it; the stack forwards it into isthmus0, whose
-// overlay_egress encapsulates it. A segment of a flow conntrack does not hold is
-// encapsulated at pod_ingress.
+// TestPodEgressThroughStack: a pod's packet for a remote pod that is not a non-SYN
+// segment of a TCP flow conntrack holds as established (a SYN, even of such a flow; a
+// segment of a flow conntrack does not hold; UDP; ICMP of either kind) is left to the
+// stack, untouched and marked, so that the site's filters judge it and conntrack
+// holds the flow after it; the stack forwards it into isthmus0, whose overlay_egress
+// encapsulates it. A segment of an established flow is encapsulated at pod_ingress.
 func TestPodEgressThroughStack(t *testing.T) {
 	l := newLab(t)
+	l.ctEstablished(t, podFlow(remotePodIP, 40000))
 	for _, tc := range []struct {
 		name  string
 		proto byte
@@ -253,8 +280,9 @@ func TestPodEgressThroughStack(t *testing.T) {
 		{"TCP SYN", 6, tcpSegment(40000, 80, 0x02, nil), true},
 		{"UDP", 17, udpDatagram(40000, 53, []byte("q")), true},
 		{"ICMP echo request", 1, icmpEcho(8, 0x1234, 1, []byte("ping")), true},
-		{"TCP ACK", 6, tcpSegment(40000, 80, 0x10, nil), false},
-		{"ICMP echo reply", 1, icmpEcho(0, 0x1234, 1, []byte("ping")), false},
+		{"ICMP echo reply", 1, icmpEcho(0, 0x1234, 1, []byte("ping")), true},
+		{"TCP ACK, no conntrack entry", 6, tcpSegment(40001, 80, 0x10, nil), true},
+		{"TCP ACK, established", 6, tcpSegment(40000, 80, 0x10, nil), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := ethFrame(l.podHMAC, podMAC, 0x0800, ipv4Packet(podIP, remotePodIP, tc.proto, ipOpts{ttl: 64}, tc.l4))

@@ -359,11 +359,14 @@ func TestFabricEgressUntouched(t *testing.T) {
 
 // TestFabricEgressPodIngress: pod_ingress leaves a declared pod's packet on a
 // ViaFabric route to the stack, untouched and marked OVERLAY_MARK, even one it
-// would otherwise encapsulate itself (a segment of a flow conntrack does not hold);
-// without the flag on the route, or from a source outside fabric_prefixes, it is
-// encapsulated as before.
+// would otherwise encapsulate itself (a segment of a flow conntrack holds as
+// established); without the flag on the route, or from a source outside
+// fabric_prefixes, it is encapsulated as before.
 func TestFabricEgressPodIngress(t *testing.T) {
 	l := fabricEgressLab(t)
+	for _, u := range []tuple{{declaredIP, viaFabricDst, 40000, 80}, {declaredIP, groupDst, 40000, 80}, {podIP, viaFabricDst, 40000, 80}} {
+		l.ctEstablished(t, u)
+	}
 	// scapy: Ether(dst=<pod0h MAC>, src="02:00:00:00:0a:07")/IP(src="10.0.2.7", dst=dst, tos=0x10, ttl=64)/TCP(sport=40000, dport=80, flags="A", window=65535)/b"hello"
 	ack := func(src, dst netip.Addr, ttl byte) []byte {
 		return ipv4Packet(src, dst, 6, ipOpts{tos: 0x10, ttl: ttl}, withCsum(src, dst, 6, tcpSegment(40000, 80, tcpACK, []byte("hello"))))
@@ -394,6 +397,7 @@ func TestFabricEgressPodIngress(t *testing.T) {
 	}
 
 	encapKey := metricKey(IsthmusMetricMETRIC_ENCAP, IsthmusHookHOOK_POD_INGRESS)
+	fastKey := metricKey(IsthmusMetricMETRIC_CT_FAST, IsthmusHookHOOK_POD_INGRESS)
 	wantEncap := func(t *testing.T, in []byte) {
 		t.Helper()
 		before := l.counts(t)
@@ -408,7 +412,10 @@ func TestFabricEgressPodIngress(t *testing.T) {
 		if want := encapsulated(l, in, ip); !bytes.Equal(out, want) {
 			t.Fatalf("encapsulated frame differs\n got %x\nwant %x", out, want)
 		}
-		wantCounted(t, "encapsulated", delta(before, l.counts(t)), encapKey)
+		d := delta(before, l.counts(t))
+		if d[encapKey] != 1 || d[fastKey] != 1 || len(d) != 2 {
+			t.Errorf("encapsulated: counters moved %v, want only %v and %v +1", d, encapKey, fastKey)
+		}
 	}
 	// Same route, a source outside fabric_prefixes: encapsulated here.
 	t.Run("source not in fabric_prefixes", func(t *testing.T) {
@@ -465,12 +472,13 @@ func TestFabricEgressIngress(t *testing.T) {
 		})
 	}
 
-	// A segment conntrack does not hold (bpf_redirect_peer without the flag): left
-	// to the stack too.
-	t.Run("TCP SYN-ACK", func(t *testing.T) {
-		// scapy: Ether(dst=<und0 MAC>, src="02:00:00:00:01:fe")/IP(src="10.6.0.9", dst="10.0.2.7", ttl=63)/TCP(sport=80, dport=33000, flags="SA")
+	// A segment of a flow conntrack holds as established (bpf_redirect_peer without
+	// the flag): left to the stack too.
+	t.Run("TCP ACK of an established flow", func(t *testing.T) {
+		l.ctEstablished(t, tuple{declaredIP, viaFabricDst, 33000, 80})
+		// scapy: Ether(dst=<und0 MAC>, src="02:00:00:00:01:fe")/IP(src="10.6.0.9", dst="10.0.2.7", ttl=63)/TCP(sport=80, dport=33000, flags="A")
 		in := ethFrame(l.undMAC, gwMAC, 0x0800, ipv4Packet(viaFabricDst, declaredIP, 6, ipOpts{ttl: 63},
-			withCsum(viaFabricDst, declaredIP, 6, tcpSegment(80, 33000, tcpSYNACK, nil))))
+			withCsum(viaFabricDst, declaredIP, 6, tcpSegment(80, 33000, tcpACK, nil))))
 		before := l.counts(t)
 		ret, out := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
 		if d := delta(before, l.counts(t)); ret != tcActOK || !bytes.Equal(out, in) || l.mark != overlayMark || len(d) != 0 {
@@ -479,8 +487,11 @@ func TestFabricEgressIngress(t *testing.T) {
 		}
 		putRoute(t, l, viaFabricNet, IsthmusRouteValue{Peer: be32(peerIP)})
 		defer putRoute(t, l, viaFabricNet, IsthmusRouteValue{Peer: be32(peerIP), Flags: routeViaFabric})
-		if ret, _ := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index); ret != tcActRedirect {
-			t.Fatalf("route without the flag: verdict %d, want TC_ACT_REDIRECT (to the pod)", ret)
+		before = l.counts(t)
+		ret, _ = l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
+		fast := delta(before, l.counts(t))[metricKey(IsthmusMetricMETRIC_CT_FAST, IsthmusHookHOOK_UNDERLAY_TC)]
+		if ret != tcActRedirect || l.mark&overlayMark != 0 || fast != 1 {
+			t.Fatalf("route without the flag: verdict %d, mark %#x, ct_fast +%d; want TC_ACT_REDIRECT to the pod, unmarked, ct_fast +1", ret, l.mark, fast)
 		}
 	})
 }

@@ -3,6 +3,7 @@ package bpf
 import (
 	"bytes"
 	"encoding/binary"
+	"maps"
 	"net"
 	"net/netip"
 	"testing"
@@ -47,7 +48,8 @@ func withGroup(t *testing.T, l *lab, g IsthmusNexthopGroup) {
 }
 
 // outerDst runs pod_ingress on a pod's TCP segment (podFrame) from sport to groupDst and returns
-// the outer destination it was sent to.
+// the outer destination it was sent to. The flow must be established in conntrack
+// (lab.ctEstablished), for pod_ingress to encapsulate it.
 func outerDst(t *testing.T, l *lab, sport uint16) netip.Addr {
 	t.Helper()
 	ret, out := l.run(t, l.objs.PodIngress, podFrame(l, groupDst, sport), l.pod.Attrs().Index)
@@ -57,10 +59,18 @@ func outerDst(t *testing.T, l *lab, sport uint16) netip.Addr {
 	return netip.AddrFrom4([4]byte(out[30:34]))
 }
 
+// TestNexthopGroupSelection: pod_ingress sends a flow of a grouped route to the
+// member of its slot, spreads flows over members, moves only the flows of a slot
+// that changes owner, and answers net unreachable when no member is live.
 func TestNexthopGroupSelection(t *testing.T) {
 	l := newLab(t)
 	g := groupOf(members)
 	withGroup(t, l, g)
+	const flows = 256
+	l.ctEstablished(t, podFlow(groupDst, 1234))
+	for i := range uint16(flows) {
+		l.ctEstablished(t, podFlow(groupDst, 20000+i))
+	}
 
 	// One flow, byte-exact: the member of its slot, the usual GENEVE frame.
 	in := podFrame(l, groupDst, 1234)
@@ -78,12 +88,12 @@ func TestNexthopGroupSelection(t *testing.T) {
 	if !bytes.Equal(out, want) {
 		t.Fatalf("grouped flow (slot %d, member %v): frame differs\n got %x\nwant %x", slot, want0, out, want)
 	}
-	if d := delta(before, l.counts(t)); d[metricKey(IsthmusMetricMETRIC_ENCAP, IsthmusHookHOOK_POD_INGRESS)] != 1 || len(d) != 1 {
-		t.Errorf("counters moved %v, want only METRIC_ENCAP +1", d)
+	if d := delta(before, l.counts(t)); d[metricKey(IsthmusMetricMETRIC_ENCAP, IsthmusHookHOOK_POD_INGRESS)] != 1 ||
+		d[metricKey(IsthmusMetricMETRIC_CT_FAST, IsthmusHookHOOK_POD_INGRESS)] != 1 || len(d) != 2 {
+		t.Errorf("counters moved %v, want only METRIC_ENCAP and METRIC_CT_FAST +1", d)
 	}
 
 	// Many flows: each stays on the member of its slot, and every member gets some.
-	const flows = 256
 	first := map[uint16]netip.Addr{}
 	per := map[netip.Addr]int{}
 	for i := range uint16(flows) {
@@ -288,22 +298,39 @@ func TestFabricIngress(t *testing.T) {
 		t.Errorf("counters moved %v, want only METRIC_FABRIC_INGRESS +1", d)
 	}
 
-	// A TCP segment of a flow conntrack never saw (the pod opened it straight into
-	// the tunnel), from the site router too: bpf_redirect_peer to the pod, TTL
-	// decremented, no mark.
-	// scapy: Ether(dst=<und0 MAC>, src="02:00:00:00:01:fe")/IP(src="10.2.0.7", dst="10.1.0.5", ttl=63)/TCP(sport=80, dport=33000, flags="SA")
-	seg := ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 63}, withCsum(remotePodIP, podIP, 6, tcpSegment(80, 33000, 0x12, nil)))
-	before = l.counts(t)
-	ret, out = l.run(t, l.objs.UnderlayIngress, ethFrame(l.undMAC, gwMAC, 0x0800, seg), l.und.Attrs().Index)
-	if ret != tcActRedirect {
-		t.Fatalf("SYN-ACK: verdict %d, want TC_ACT_REDIRECT (bpf_redirect_peer to the pod)", ret)
-	}
-	want = ethFrame(podMAC, l.podHMAC, 0x0800, ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 62}, withCsum(remotePodIP, podIP, 6, tcpSegment(80, 33000, 0x12, nil))))
-	if !bytes.Equal(out, want) || l.mark != 0 {
-		t.Fatalf("SYN-ACK: delivered frame differs or mark %#x\n got %x\nwant %x", l.mark, out, want)
-	}
-	if d := delta(before, l.counts(t)); d[metricKey(IsthmusMetricMETRIC_FABRIC_INGRESS, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || len(d) != 1 {
-		t.Errorf("SYN-ACK: counters moved %v, want only METRIC_FABRIC_INGRESS +1", d)
+	// A TCP segment from the site router: a SYN-ACK passes the stack like the
+	// datagram, even of a flow conntrack holds as established; an ACK of that flow
+	// goes by bpf_redirect_peer to the pod, TTL decremented, no mark.
+	// scapy: Ether(dst=<und0 MAC>, src="02:00:00:00:01:fe")/IP(src="10.2.0.7", dst="10.1.0.5", ttl=63)/TCP(sport=80, dport=33000, flags=flags)
+	l.ctEstablished(t, tuple{podIP, remotePodIP, 33000, 80})
+	for _, seg := range []struct {
+		name   string
+		flags  byte
+		direct bool
+	}{
+		{"SYN-ACK", tcpSYNACK, false},
+		{"ACK", tcpACK, true},
+	} {
+		ip := func(ttl byte) []byte {
+			return ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: ttl}, withCsum(remotePodIP, podIP, 6, tcpSegment(80, 33000, seg.flags, nil)))
+		}
+		before = l.counts(t)
+		ret, out = l.run(t, l.objs.UnderlayIngress, ethFrame(l.undMAC, gwMAC, 0x0800, ip(63)), l.und.Attrs().Index)
+		if ret != tcActRedirect {
+			t.Fatalf("%s: verdict %d, want TC_ACT_REDIRECT", seg.name, ret)
+		}
+		counted := map[IsthmusMetricsKey]uint64{metricKey(IsthmusMetricMETRIC_FABRIC_INGRESS, IsthmusHookHOOK_UNDERLAY_TC): 1}
+		want, mark := ethFrame(l.istMAC, gwMAC, 0x0800, ip(63)), uint32(overlayMark)
+		if seg.direct {
+			want, mark = ethFrame(podMAC, l.podHMAC, 0x0800, ip(62)), 0
+			counted[metricKey(IsthmusMetricMETRIC_CT_FAST, IsthmusHookHOOK_UNDERLAY_TC)] = 1
+		}
+		if !bytes.Equal(out, want) || l.mark != mark {
+			t.Fatalf("%s: delivered frame differs or mark %#x (want %#x)\n got %x\nwant %x", seg.name, l.mark, mark, out, want)
+		}
+		if d := delta(before, l.counts(t)); !maps.Equal(d, counted) {
+			t.Errorf("%s: counters moved %v, want %v", seg.name, d, counted)
+		}
 	}
 
 	// Everything else passes untouched and counts nothing.

@@ -120,7 +120,9 @@ func TestPodSourceSpoofed(t *testing.T) {
 			wantDrop(t, l, l.objs.PodIngress, l.pod.Attrs().Index, in, IsthmusDropReasonDROP_POD_SRC_SPOOFED, IsthmusHookHOOK_POD_INGRESS)
 		})
 	}
-	// The pod's own source still goes into the tunnel.
+	// The pod's own source still goes into the tunnel (a segment of an established
+	// flow: encapsulated at pod_ingress).
+	l.ctEstablished(t, podFlow(remotePodIP, 1234))
 	if ret, _ := l.run(t, l.objs.PodIngress, podFrame(l, remotePodIP, 1234), l.pod.Attrs().Index); ret != tcActRedirect {
 		t.Fatalf("own source: verdict %d, want TC_ACT_REDIRECT", ret)
 	}
@@ -316,9 +318,11 @@ func (l *lab) runGSO(t *testing.T, prog *ebpf.Program, in []byte, ifindex int, g
 
 // TestGSOTunnelMTU: a pod's TCP GSO packet whose segments (40 bytes of headers plus
 // gso_size) would not fit the tunnel gets ICMP frag needed, like a plain packet of
-// that size; one whose segments fit is encapsulated.
+// that size; one whose segments fit is encapsulated (its flow is established: the
+// direct path).
 func TestGSOTunnelMTU(t *testing.T) {
 	l := newLab(t)
+	l.ctEstablished(t, tuple{podIP, remotePodIP, 40000, 80})
 	// scapy: Ether(dst=<pod0h MAC>, src="02:00:00:00:0a:05")/IP(src="10.1.0.5", dst="10.2.0.7", ttl=64, flags="DF")/TCP(sport=40000, dport=80, flags="A")/(b"\x00"*2896)
 	seg := tcpSegment(40000, 80, tcpACK, make([]byte, 2896))
 	in := ethFrame(l.podHMAC, podMAC, 0x0800, ipv4Packet(podIP, remotePodIP, 6, ipOpts{ttl: 64, fragOff: 0x4000}, seg))
@@ -362,15 +366,22 @@ func TestSNATHalfClosed(t *testing.T) {
 		in := fromPod(l, podMAC, podIP, remotePodIP, 6, tcp(podIP, remotePodIP, 33000, 80, flags))
 		sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, 6, ipOpts{ttl: 63}, tcp(tunnelIP, remotePodIP, 33000, 80, flags)))
 	}
+	// back delivers the remote side's segment, translated back: a SYN-ACK through the
+	// stack, the segments of the established flow straight to the pod.
 	back := func(flags byte) {
-		sendIn(t, l, fromRemote(l, ipv4Packet(remotePodIP, tunnelIP, 6, ipOpts{ttl: 64}, tcp(remotePodIP, tunnelIP, 80, 33000, flags))),
-			toPod(l, podMAC, ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 63}, tcp(remotePodIP, podIP, 80, 33000, flags))))
+		want := toPod(l, podMAC, ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 63}, tcp(remotePodIP, podIP, 80, 33000, flags)))
+		if flags&tcpSYN != 0 {
+			want = toStack(l, ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 64}, tcp(remotePodIP, podIP, 80, 33000, flags)))
+		}
+		sendIn(t, l, fromRemote(l, ipv4Packet(remotePodIP, tunnelIP, 6, ipOpts{ttl: 64}, tcp(remotePodIP, tunnelIP, 80, 33000, flags))), want)
 	}
 	fk := natKey(podIP, remotePodIP, 33000, 80, 6)
 	rk := natKey(remotePodIP, tunnelIP, 80, 33000, 6)
 	out(0x02)  // SYN
 	back(0x12) // SYN-ACK
-	out(0x11)  // FIN-ACK: the pod is done sending
+	// The kernel's conntrack holds the flow (untranslated) as established.
+	l.ctEstablished(t, tuple{podIP, remotePodIP, 33000, 80})
+	out(0x11) // FIN-ACK: the pod is done sending
 	// A minute of silence from the remote side (longer than the 10 s of a closed flow).
 	aged := monoNow(t) - uint64(time.Minute)
 	for _, k := range []IsthmusNatKey{fk, rk} {

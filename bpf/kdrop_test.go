@@ -222,8 +222,9 @@ func TestRedirectDropsAfterReturn(t *testing.T) {
 
 	const n = 7
 	o := goodOpts(podIP)
-	// A TCP ACK of a flow conntrack never saw: delivered straight to the pod with
-	// bpf_redirect_peer (lib/fib.h forward_to_pod).
+	// A TCP ACK of a flow conntrack holds as established: delivered straight to the
+	// pod with bpf_redirect_peer (lib/fib.h forward_to_pod), counted as ct_fast.
+	l.ctEstablished(t, tuple{podIP, remotePodIP, 5000, 4000})
 	ack := geneveFrame(l, o, innerEth(ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 64},
 		tcpWithOptions(remotePodIP, podIP, 4000, 5000, 0x10, nil))))
 	// A UDP datagram opens a flow: handed to the stack through isthmus0, which forwards
@@ -240,9 +241,11 @@ func TestRedirectDropsAfterReturn(t *testing.T) {
 		time.Sleep(200 * time.Millisecond) // the backlog and softirqs run
 	}
 	deliverPod := metricKey(IsthmusMetricMETRIC_DELIVER_POD, IsthmusHookHOOK_UNDERLAY_TC)
+	ctFast := metricKey(IsthmusMetricMETRIC_CT_FAST, IsthmusHookHOOK_UNDERLAY_TC)
 	type step struct {
 		name      string
 		frame     []byte
+		peer      bool // bpf_redirect_peer, not the stack
 		podUp     bool
 		wantDrops uint64
 		// txDropped: the pod's host veth counts the drops itself (the stack's
@@ -251,10 +254,10 @@ func TestRedirectDropsAfterReturn(t *testing.T) {
 		txDropped bool
 	}
 	for _, s := range []step{
-		{"peer delivery, pod up", ack, true, 0, false},
-		{"stack delivery, pod up", udp, true, 0, false},
-		{"peer delivery, pod down", ack, false, n, false},
-		{"stack delivery, pod down", udp, false, n, true},
+		{"peer delivery, pod up", ack, true, true, 0, false},
+		{"stack delivery, pod up", udp, false, true, 0, false},
+		{"peer delivery, pod down", ack, true, false, n, false},
+		{"stack delivery, pod down", udp, false, false, n, true},
 	} {
 		setLink(t, podNS, "pod0c", s.podUp)
 		time.Sleep(50 * time.Millisecond)
@@ -279,6 +282,14 @@ func TestRedirectDropsAfterReturn(t *testing.T) {
 		// The program believed it delivered every frame.
 		if d[deliverPod] != n {
 			t.Fatalf("%s: deliver_pod +%d, want %d (counters %v)", s.name, d[deliverPod], n, d)
+		}
+		// By the path the step names.
+		want := uint64(0)
+		if s.peer {
+			want = n
+		}
+		if d[ctFast] != want {
+			t.Fatalf("%s: ct_fast +%d, want %d (counters %v)", s.name, d[ctFast], want, d)
 		}
 		if got := sum(drops); got != s.wantDrops {
 			t.Errorf("%s: redirect_drops +%d (%v), want %d", s.name, got, named, s.wantDrops)

@@ -205,6 +205,7 @@ func sendOut(t *testing.T, l *lab, in, ip []byte) {
 }
 
 // sendIn runs underlay_ingress on in and wants the delivered frame want (byte-exact).
+// want is a pod's packet: handed to the stack (toStack) it must carry OVERLAY_MARK.
 func sendIn(t *testing.T, l *lab, in, want []byte) {
 	t.Helper()
 	ret, out := l.run(t, l.objs.UnderlayIngress, in, l.und.Attrs().Index)
@@ -213,6 +214,9 @@ func sendIn(t *testing.T, l *lab, in, want []byte) {
 	}
 	if !bytes.Equal(out, want) {
 		t.Fatalf("delivered frame differs\n got %x\nwant %x", out, want)
+	}
+	if bytes.Equal(want[:6], l.istMAC) && l.mark&overlayMark == 0 {
+		t.Fatalf("delivered to the stack with mark %#x, want %#x", l.mark, overlayMark)
 	}
 	checkSums(t, "delivered packet", out[14:])
 }
@@ -307,10 +311,11 @@ func TestSNATTCP(t *testing.T) {
 		t.Errorf("last_seen %d / %d, want both equal and in [%d, %d]", fv.LastSeen, rv.LastSeen, t0, t1)
 	}
 
-	// The SYN-ACK comes back encapsulated: destination -> the pod, both entries established.
+	// The SYN-ACK comes back encapsulated: destination -> the pod, both entries
+	// established; a SYN-ACK passes the stack (into isthmus0, TTL as received).
 	before = l.counts(t)
 	sendIn(t, l, fromRemote(l, ipv4Packet(remotePodIP, tunnelIP, 6, ipOpts{ttl: 64}, tcp(remotePodIP, tunnelIP, 80, 33000, 0x12))),
-		toPod(l, podMAC, ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 63}, tcp(remotePodIP, podIP, 80, 33000, 0x12))))
+		toStack(l, ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 64}, tcp(remotePodIP, podIP, 80, 33000, 0x12))))
 	wantCounts(t, delta(before, l.counts(t)), map[IsthmusMetricsKey]uint64{
 		metricKey(IsthmusMetricMETRIC_DECAP, underlayTC): 1, metricKey(IsthmusMetricMETRIC_SNAT_REVERSE, underlayTC): 1,
 		metricKey(IsthmusMetricMETRIC_DELIVER_POD, underlayTC): 1})
@@ -318,12 +323,15 @@ func TestSNATTCP(t *testing.T) {
 	wantEntry(t, l, rk, podIP, 33000, natEstablished, natReply)
 
 	// The ACK reuses the entry (no new flow); a FIN half-closes it in both entries.
-	// The test's conntrack holds no flow, so pod_ingress translates these itself.
+	// The kernel's conntrack holds the flow (untranslated: isthmus translates after
+	// it) as established, so pod_ingress translates these itself.
+	l.ctEstablished(t, tuple{podIP, remotePodIP, 33000, 80})
 	before = l.counts(t)
 	in = fromPod(l, podMAC, podIP, remotePodIP, 6, tcp(podIP, remotePodIP, 33000, 80, 0x10))
 	sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, 6, ipOpts{ttl: 63}, tcp(tunnelIP, remotePodIP, 33000, 80, 0x10)))
 	wantCounts(t, delta(before, l.counts(t)), map[IsthmusMetricsKey]uint64{
-		metricKey(IsthmusMetricMETRIC_SNAT, podIngress): 1, metricKey(IsthmusMetricMETRIC_ENCAP, podIngress): 1})
+		metricKey(IsthmusMetricMETRIC_SNAT, podIngress): 1, metricKey(IsthmusMetricMETRIC_ENCAP, podIngress): 1,
+		metricKey(IsthmusMetricMETRIC_CT_FAST, podIngress): 1})
 	in = fromPod(l, podMAC, podIP, remotePodIP, 6, tcp(podIP, remotePodIP, 33000, 80, 0x11))
 	sendOut(t, l, in, ipv4Packet(tunnelIP, remotePodIP, 6, ipOpts{ttl: 63}, tcp(tunnelIP, remotePodIP, 33000, 80, 0x11)))
 	wantEntry(t, l, fk, tunnelIP, 33000, uint8(IsthmusNatStateNAT_STATE_FIN_ORIG), 0)
@@ -388,20 +396,28 @@ func TestSNATICMPEcho(t *testing.T) {
 		metricKey(IsthmusMetricMETRIC_SNAT, overlayEgress): 1, metricKey(IsthmusMetricMETRIC_SNAT_NEW, overlayEgress): 1,
 		metricKey(IsthmusMetricMETRIC_ENCAP, overlayEgress): 1})
 
-	// Both replies find their pod.
+	// Both replies find their pod, translated back, through the stack (ICMP never
+	// takes the direct path).
 	sendIn(t, l, fromRemote(l, ipv4Packet(remotePodIP, tunnelIP, 1, ipOpts{ttl: 64}, icmpEcho(0, 0x1234, 1, payload))),
-		toPod(l, podMAC, ipv4Packet(remotePodIP, podIP, 1, ipOpts{ttl: 63}, icmpEcho(0, 0x1234, 1, payload))))
+		toStack(l, ipv4Packet(remotePodIP, podIP, 1, ipOpts{ttl: 64}, icmpEcho(0, 0x1234, 1, payload))))
 	sendIn(t, l, fromRemote(l, ipv4Packet(remotePodIP, tunnelIP, 1, ipOpts{ttl: 64}, icmpEcho(0, id2, 7, payload))),
-		toPod(l, pod2MAC, ipv4Packet(remotePodIP, pod2IP, 1, ipOpts{ttl: 63}, icmpEcho(0, 0x1234, 7, payload))))
+		toStack(l, ipv4Packet(remotePodIP, pod2IP, 1, ipOpts{ttl: 64}, icmpEcho(0, 0x1234, 7, payload))))
 
 	// ICMP other than echo request from a translated source cannot be translated.
-	before = l.counts(t)
-	ts := fromPod(l, podMAC, podIP, remotePodIP, 1, icmpEcho(13, 1, 1, make([]byte, 12)))
-	if ret, _ := l.run(t, l.objs.PodIngress, ts, l.pod.Attrs().Index); ret != tcActShot {
-		t.Fatalf("timestamp request: verdict %d, want TC_ACT_SHOT", ret)
+	wantSNATUnsupported(t, l, "timestamp request", fromPod(l, podMAC, podIP, remotePodIP, 1, icmpEcho(13, 1, 1, make([]byte, 12))))
+}
+
+// wantSNATUnsupported sends the pod's frame in as the node does (podSend): it must
+// pass the stack untouched and be dropped at overlay_egress as DROP_SNAT_UNSUPPORTED,
+// nothing else counted.
+func wantSNATUnsupported(t *testing.T, l *lab, what string, in []byte) {
+	t.Helper()
+	before := l.counts(t)
+	if ret, _, _, hook := l.podSend(t, in); ret != tcActShot || hook != overlayEgress {
+		t.Fatalf("%s: verdict %d at hook %d, want TC_ACT_SHOT at overlay_egress", what, ret, hook)
 	}
 	wantCounts(t, delta(before, l.counts(t)), map[IsthmusMetricsKey]uint64{
-		dropKey(IsthmusDropReasonDROP_SNAT_UNSUPPORTED, podIngress): 1})
+		dropKey(IsthmusDropReasonDROP_SNAT_UNSUPPORTED, overlayEgress): 1})
 }
 
 func TestSNATPortCollision(t *testing.T) {
@@ -510,17 +526,13 @@ func TestSNATExemptAndUnsupported(t *testing.T) {
 		{"first fragment", ethFrame(l.podHMAC, podMAC, 0x0800, ipv4Packet(podIP, remotePodIP, 17, ipOpts{ttl: 64, fragOff: 0x2000}, udpDatagram(1, 2, []byte("x"))))},
 		{"later fragment", ethFrame(l.podHMAC, podMAC, 0x0800, ipv4Packet(podIP, remotePodIP, 17, ipOpts{ttl: 64, fragOff: 0x0010}, []byte("datadata")))},
 	} {
-		before := l.counts(t)
-		if ret, _ := l.run(t, l.objs.PodIngress, tc.in, l.pod.Attrs().Index); ret != tcActShot {
-			t.Fatalf("%s: verdict %d, want TC_ACT_SHOT", tc.name, ret)
-		}
-		wantCounts(t, delta(before, l.counts(t)), map[IsthmusMetricsKey]uint64{
-			dropKey(IsthmusDropReasonDROP_SNAT_UNSUPPORTED, podIngress): 1})
+		wantSNATUnsupported(t, l, tc.name, tc.in)
 	}
 }
 
 // TestSNATICMPError: frag needed from a router for a translated UDP flow reaches the
-// pod quoting the pod's own packet, every checksum right.
+// pod (through the stack, as every ICMP does) quoting the pod's own packet, every
+// checksum right.
 func TestSNATICMPError(t *testing.T) {
 	l := natLab(t, 40000, 40009, nil)
 	router := netip.MustParseAddr("10.2.0.1")
@@ -543,7 +555,7 @@ func TestSNATICMPError(t *testing.T) {
 	mine := ipv4Packet(podIP, remotePodIP, 17, ipOpts{ttl: 62, id: 0x4242, fragOff: 0x4000}, orig)[:28]
 	before := l.counts(t)
 	sendIn(t, l, fromRemote(l, ipv4Packet(router, tunnelIP, 1, ipOpts{ttl: 64}, fragNeeded(seen))),
-		toPod(l, podMAC, ipv4Packet(router, podIP, 1, ipOpts{ttl: 63}, fragNeeded(mine))))
+		toStack(l, ipv4Packet(router, podIP, 1, ipOpts{ttl: 64}, fragNeeded(mine))))
 	wantCounts(t, delta(before, l.counts(t)), map[IsthmusMetricsKey]uint64{
 		metricKey(IsthmusMetricMETRIC_DECAP, underlayTC): 1, metricKey(IsthmusMetricMETRIC_SNAT_REVERSE, underlayTC): 1,
 		metricKey(IsthmusMetricMETRIC_DELIVER_POD, underlayTC): 1})

@@ -33,6 +33,10 @@ func TestUnderlayExceptionIsAMiss(t *testing.T) {
 	putException(t, l, except)
 
 	t.Run("pod_ingress", func(t *testing.T) {
+		// Both flows are established in conntrack, so that only the route decides:
+		// the neighbour's takes the direct path, the exception's does not.
+		l.ctEstablished(t, podFlow(except, 4321))
+		l.ctEstablished(t, podFlow(neighbour, 4321))
 		in := podFrame(l, except, 4321)
 		before := l.counts(t)
 		ret, out := l.run(t, l.objs.PodIngress, in, l.pod.Attrs().Index)

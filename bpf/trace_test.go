@@ -82,8 +82,12 @@ func ntohs(v uint16) uint16 {
 	return binary.BigEndian.Uint16(b[:])
 }
 
+// TestTraceEncap: an encapsulation at pod_ingress (the direct path of an established
+// flow) to a traced prefix emits one event naming the flow, the peer and the tunnel
+// source port on the wire.
 func TestTraceEncap(t *testing.T) {
 	l := newLab(t)
+	l.ctEstablished(t, podFlow(remotePodIP, 1234))
 	l.setTrace(t, true, netip.PrefixFrom(remotePodIP, 32))
 	t.Cleanup(func() { l.setTrace(t, false) })
 	l.traceEvents(t)
@@ -173,9 +177,11 @@ func TestTraceDropUnknownPeer(t *testing.T) {
 }
 
 // TestTraceSilent: a packet outside trace_prefixes, or any packet with CFG_F_TRACE
-// clear, emits nothing, and is handled as without tracing.
+// clear, emits nothing, and is handled as without tracing (an established flow's
+// segment encapsulated at pod_ingress, a frame from a stranger dropped).
 func TestTraceSilent(t *testing.T) {
 	l := newLab(t)
+	l.ctEstablished(t, podFlow(remotePodIP, 1234))
 	for _, tc := range []struct {
 		name     string
 		on       bool

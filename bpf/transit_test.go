@@ -246,8 +246,9 @@ func TestTransitGroup(t *testing.T) {
 	for i := range uint16(64) {
 		sport := 30000 + i
 		// The member's encapsulation of its pod's packet, from this lab's pod_ingress.
-		// A TCP segment of a flow the test's conntrack does not hold: pod_ingress
+		// A TCP segment of a flow conntrack holds as established: pod_ingress
 		// encapsulates it itself.
+		l.ctEstablished(t, tuple{memberPod, groupDst, sport, 80})
 		pod := ethFrame(l.podHMAC, podMAC, 0x0800, ipv4Packet(memberPod, groupDst, 6, ipOpts{ttl: 64}, tcpSegment(sport, 80, 0x10, []byte("hello"))))
 		ret, sent := l.run(t, l.objs.PodIngress, pod, l.pod.Attrs().Index)
 		if ret != tcActRedirect {
