@@ -421,8 +421,8 @@ func TestDecapOverPodMTU(t *testing.T) {
 
 	// A GSO packet whose segments (40 bytes of headers and 1400 of payload) are longer
 	// than the pod's MTU, as a veth or a virtio NIC delivers a TCP stream's frames: the
-	// stack answers frag needed, the pod gets nothing over its MTU. Before, it went
-	// around the stack into the pod (a TCP ACK conntrack never saw).
+	// stack answers frag needed, the pod gets nothing over its MTU, even for a TCP
+	// ACK that could otherwise take the direct path.
 	t.Run("GSO, segments of 1440 bytes", func(t *testing.T) {
 		tap, _ := vnetTap(t, r.lab, "tapv1")
 		tcpRaw := rawSocket(t, r.podNS, unix.IPPROTO_TCP)
