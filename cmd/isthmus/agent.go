@@ -194,7 +194,7 @@ func newAgentCmd() *cobra.Command {
 	f.Uint32Var(&cfg.NatEntries, "snat-table-size", datapath.DefaultNatEntries,
 		"entries of the SNAT connection table and of the masquerade one (two per flow); a new size migrates them")
 	f.Uint32Var(&cfg.NatSourceFlows, "snat-flows-per-source", 0,
-		"flows one pod source may hold in each of those tables; beyond it new flows are dropped (nat_source_limit) (0: an eighth of a table's flows)")
+		"flows one pod source may hold in each of those tables; beyond it new flows are dropped (nat_source_limit) (0: half a table's flows)")
 	f.IntVar(&cfg.HealthPort, "health-port", health.DefaultPort, "UDP port of the health-check responder on the tunnel address")
 	f.DurationVar(&cfg.HealthInterval, "health-interval", health.DefaultInterval, "interval between health probes to each next-hop group member")
 	f.IntVar(&cfg.HealthMultiplier, "health-multiplier", health.DefaultMultiplier, "unanswered probes in a row that mark a member down")

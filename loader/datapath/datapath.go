@@ -77,10 +77,13 @@ func CheckBPFFS(dir string) error {
 const DefaultNatEntries = 65536
 
 // DefaultNatSourceFlows returns the default share of one pod source in a nat table
-// of entries entries (--snat-flows-per-source): an eighth of the flows it holds
-// (each flow takes two entries), at least one.
+// of entries entries (--snat-flows-per-source): half the flows it holds (each flow
+// takes two entries), at least one. Half, not less: a closed TCP flow keeps its place
+// for the closing timeout, so the share bounds a client's rate of short connections
+// (about share / 10 s sustained); half the default table keeps one such client at
+// MASQUERADE's rate in TestRunSNATShort, and never lets one pod take the whole table.
 func DefaultNatSourceFlows(entries uint32) uint32 {
-	return max(entries/16, 1)
+	return max(entries/4, 1)
 }
 
 // Tables are the sizes of the maps whose entries grow with the fleet: a
