@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/isthmus-dev/isthmus/loader/datapath"
 	"github.com/isthmus-dev/isthmus/testenv"
 )
 
@@ -281,7 +282,7 @@ func sprayKeepsFlow(t *testing.T, l *testenv.Lab, node, tcpPod, sprayPod, server
 		}
 	}
 	t.Logf("%s: %d new translations, %d packets dropped as nat_source_limit", node, created, limited)
-	share := uint64(65536 / 16) // the agent's default --snat-flows-per-source
+	share := uint64(datapath.DefaultNatSourceFlows(datapath.DefaultNatEntries)) // the agent's default --snat-flows-per-source
 	if want := uint64(sent) - share - 64; limited < want {
 		t.Errorf("%s dropped %d packets as nat_source_limit, want at least %d (%d sent, share %d)", node, limited, want, sent, share)
 	}
