@@ -27,8 +27,10 @@ struct icmp4_error {
 /* Returns 1 if an ICMP error may be sent about the IPv4 header ip, whose ICMP type (if
  * it is ICMP) is at offset l4 of skb, as the kernel's icmp_send decides (RFC 1122
  * 3.2.2, RFC 1812 4.3.2.7): never about a fragment after the first (it has no
- * transport header to quote), nor about an ICMP error message or an ICMP type the
- * kernel does not know (errors about errors could loop between two nodes). */
+ * transport header to quote), nor about an ICMP message its icmp_pointers table marks
+ * an error (3, 4, 5, 11, 12, and the unassigned 1, 2, 6, 7, 9, 10) or a type it does
+ * not know (errors about errors could loop between two nodes). The informational
+ * types 0, 8 and 13-18 are answered. */
 static __always_inline int icmp4_error_allowed(struct __sk_buff *skb, const struct iphdr *ip,
 					       __u32 l4)
 {
@@ -40,15 +42,8 @@ static __always_inline int icmp4_error_allowed(struct __sk_buff *skb, const stru
 		return 1;
 	if (bpf_skb_load_bytes(skb, l4, &type, sizeof(type)))
 		return 0;
-	switch (type) {
-	case ICMP_DEST_UNREACH:
-	case ICMP_SOURCE_QUENCH:
-	case ICMP_REDIRECT:
-	case ICMP_TIME_EXCEEDED:
-	case ICMP_PARAMETERPROB:
-		return 0;
-	}
-	return type <= NR_ICMP_TYPES;
+	return type == ICMP_ECHOREPLY || type == ICMP_ECHO ||
+	       (type >= ICMP_TIMESTAMP && type <= NR_ICMP_TYPES);
 }
 
 /* Builds in *e the ICMP error type/code, whose second word is rest (the next-hop MTU

@@ -12,28 +12,18 @@
 #include "metrics.h"
 #include "trace.h"
 
-/* Returns 1 if the IPv4 packet in skb may be answered with an ICMP error (RFC 1122
- * 3.2.2, RFC 1812 4.3.2.7), as Linux's icmp_send judges it: not an ICMP error or a type
- * it does not know (never an error about an error; the informational types 0, 8 and
- * 13-18 are answered), not a fragment after the first, and not from this node's tunnel
- * address (a flow return-path SNAT translated: the error would not reach the pod). */
+/* Returns 1 if the IPv4 packet in skb may be answered with an ICMP error: as
+ * icmp4_error_allowed judges it, and not from this node's tunnel address (a flow
+ * return-path SNAT translated: the error would not reach the pod). */
 static __always_inline int no_path_answerable(struct __sk_buff *skb, const struct datapath_config *cfg)
 {
 	struct iphdr ip;
-	__u8 type;
 
 	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)))
 		return 0;
-	if (ip.frag_off & bpf_htons(IP_OFFSET))
-		return 0;
 	if (cfg->tunnel_ip && ip.saddr == cfg->tunnel_ip)
 		return 0;
-	if (ip.protocol != IPPROTO_ICMP)
-		return 1;
-	if (bpf_skb_load_bytes(skb, ETH_HLEN + (ip.ihl & 0xf) * 4, &type, sizeof(type)))
-		return 0;
-	return type == ICMP_ECHOREPLY || type == ICMP_ECHO ||
-	       (type >= ICMP_TIMESTAMP && type <= ICMP_ADDRESSREPLY);
+	return icmp4_error_allowed(skb, &ip, ETH_HLEN + (ip.ihl & 0xf) * 4);
 }
 
 /* Drops skb, a pod's packet whose route's next-hop group has no live member, counted
