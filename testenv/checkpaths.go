@@ -35,6 +35,11 @@ type PathCheck struct {
 	Before, After map[string]uint64
 	// Took is how long the whole check ran.
 	Took time.Duration
+	// Lost holds, for every pair with a failed or retried probe, the counters
+	// that rose on any node or on either pod while that pair was probed
+	// (kernel SNMP and extended counters, datapath verdicts and drop reasons):
+	// where its packet went.
+	Lost map[[2]string][]string
 }
 
 // FailedPairs returns "src -> dst (protocols)" for every pair with a failed
@@ -106,6 +111,14 @@ func (c *PathCheck) String() string {
 	if c.Matrix != nil {
 		b.WriteString(c.Matrix.String())
 	}
+	for _, pair := range c.Pairs {
+		if lost, ok := c.Lost[pair]; ok {
+			fmt.Fprintf(&b, "counters that rose while %s -> %s was probed (it failed or needed a retry):\n", pair[0], pair[1])
+			for _, l := range lost {
+				fmt.Fprintf(&b, "  %s\n", l)
+			}
+		}
+	}
 	if c.Policy != nil {
 		b.WriteString(c.Policy.String())
 	}
@@ -166,11 +179,25 @@ func (l *Lab) CheckPaths(ctx context.Context) (*PathCheck, error) {
 		if err := l.flushUnderlayNeighbours(); err != nil {
 			return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
 		}
+		before, err := l.snapshotCounters(pair[0], pair[1])
+		if err != nil {
+			return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
+		}
 		pm, err := l.CheckPairs(ctx, [][2]string{pair}, CheckOptions{})
 		if pm == nil {
 			return nil, err
 		}
 		m.Probes = append(m.Probes, pm.Probes...) // pairs come in matrix order
+		if len(pm.Failures()) > 0 || len(pm.Retried()) > 0 {
+			after, err := l.snapshotCounters(pair[0], pair[1])
+			if err != nil {
+				return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
+			}
+			if c.Lost == nil {
+				c.Lost = map[[2]string][]string{}
+			}
+			c.Lost[pair] = after.diff(before)
+		}
 	}
 	c.Matrix = m
 	if c.After, err = l.RPFilterDrops(); err != nil {
