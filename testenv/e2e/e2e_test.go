@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -185,6 +186,14 @@ func checkPaths(t *testing.T, l *testenv.Lab, logNodes ...string) *testenv.Matri
 	t.Logf("paths of scenario %s:\n%s", l.Scenario.Name, c)
 	if err != nil {
 		var logs strings.Builder
+		// The nodes of every pair that lost a packet too: their agents saw it.
+		for pair := range c.Lost {
+			for _, pod := range pair {
+				if p, ok := l.Pod(pod); ok && !slices.Contains(logNodes, p.Node) {
+					logNodes = append(logNodes, p.Node)
+				}
+			}
+		}
 		for _, n := range logNodes {
 			fmt.Fprintf(&logs, "\nagent log of %s:\n%s", n, tailFile(l.AgentLog(n)))
 		}
