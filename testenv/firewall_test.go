@@ -13,28 +13,18 @@ import (
 // upSeed000 builds the seed000 scenario with datapath dp and no agents.
 func upSeed000(t *testing.T, dp Datapath) *Lab {
 	t.Helper()
-	requireRoot(t)
-	sc, err := LoadScenario("seed000")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	l, err := Up(ctx, sc, Options{Name: uniqueLab(t), Datapath: dp, Binary: "/nonexistent/isthmus"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Error(err)
-		}
-		assertGone(t, l.Name)
-	})
-	return l
+	return upNamed(t, "seed000", dp)
 }
 
 // udpEchoAt answers every datagram on port of the namespace with its payload.
 func udpEchoAt(t *testing.T, ns string, port int) {
+	t.Helper()
+	udpServerAt(t, ns, port, func(payload []byte, _ net.Addr) []byte { return payload })
+}
+
+// udpServerAt answers every datagram on port of the namespace with what reply
+// makes of it, until the test ends.
+func udpServerAt(t *testing.T, ns string, port int, reply func(payload []byte, from net.Addr) []byte) {
 	t.Helper()
 	var pc net.PacketConn
 	if err := Do(ns, func() error {
@@ -52,7 +42,7 @@ func udpEchoAt(t *testing.T, ns string, port int) {
 			if err != nil {
 				return
 			}
-			pc.WriteTo(buf[:n], from)
+			pc.WriteTo(reply(buf[:n], from), from)
 		}
 	}()
 }

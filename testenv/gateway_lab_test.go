@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"net/netip"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,25 +13,9 @@ import (
 // address it came from.
 func udpSourceAt(t *testing.T, ns string, port int) {
 	t.Helper()
-	var pc net.PacketConn
-	if err := Do(ns, func() error {
-		var err error
-		pc, err = net.ListenPacket("udp4", net.JoinHostPort("0.0.0.0", strconv.Itoa(port)))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pc.Close() })
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			_, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			pc.WriteTo([]byte(from.(*net.UDPAddr).AddrPort().Addr().Unmap().String()+"\n"), from)
-		}
-	}()
+	udpServerAt(t, ns, port, func(_ []byte, from net.Addr) []byte {
+		return []byte(from.(*net.UDPAddr).AddrPort().Addr().Unmap().String() + "\n")
+	})
 }
 
 // TestGatewayTopology builds gwBase without any datapath and checks the lab's
@@ -47,18 +30,9 @@ func TestGatewayTopology(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	l := upScenario(t, sc, DatapathNone, time.Minute)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	l, err := Up(ctx, sc, Options{Name: uniqueLab(t), Datapath: DatapathNone, Binary: "/nonexistent/isthmus"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Error(err)
-		}
-		assertGone(t, l.Name)
-	})
 	addr := netip.MustParseAddr
 
 	// Gateways reach each other, by internal and by external address.

@@ -33,14 +33,30 @@ func uniqueLab(t *testing.T) string {
 	return string(b)
 }
 
+// upLab builds the default scenario with datapath dp and no agents.
 func upLab(t *testing.T, dp Datapath) *Lab {
 	t.Helper()
+	return upNamed(t, "default", dp)
+}
+
+// upNamed builds the built-in scenario name with datapath dp and no agents.
+func upNamed(t *testing.T, name string, dp Datapath) *Lab {
+	t.Helper()
 	requireRoot(t)
-	sc, err := LoadScenario("default")
+	sc, err := LoadScenario(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	return upScenario(t, sc, dp, time.Minute)
+}
+
+// upScenario builds sc with datapath dp and no agents (the binary does not
+// exist, so nothing can start one), and takes it down, checking nothing is
+// left, when the test ends.
+func upScenario(t *testing.T, sc *Scenario, dp Datapath, timeout time.Duration) *Lab {
+	t.Helper()
+	requireRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	l, err := Up(ctx, sc, Options{Name: uniqueLab(t), Datapath: dp, Binary: "/nonexistent/isthmus"})
 	if err != nil {
@@ -221,18 +237,9 @@ func TestProxyARPWiring(t *testing.T) {
 		t.Fatal(err)
 	}
 	sc.PodWiring = PodWiringProxyARP
+	l := upScenario(t, sc, DatapathPlain, 2*time.Minute)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	l, err := Up(ctx, sc, Options{Name: uniqueLab(t), Datapath: DatapathPlain, Binary: "/nonexistent/isthmus"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := l.Down(); err != nil {
-			t.Error(err)
-		}
-		assertGone(t, l.Name)
-	})
 	host := l.HostVeth("a1-p1")
 	if out, err := l.Exec(ctx, l.PodNS("a1-p1"), "ip", "neigh", "show", PodGateway); err != nil || strings.TrimSpace(out) != "" {
 		t.Errorf("a1-p1: neighbour %s before any traffic = %q (%v), want none", PodGateway, out, err)
