@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"runtime"
 	"testing"
 	"time"
 
@@ -15,27 +14,6 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
-
-// newNetNS returns a new network namespace, closed (and so removed) in Cleanup.
-func newNetNS(t *testing.T) netns.NsHandle {
-	t.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatalf("get netns: %v", err)
-	}
-	defer orig.Close()
-	ns, err := netns.New()
-	if err != nil {
-		t.Fatalf("create netns: %v", err)
-	}
-	if err := netns.Set(orig); err != nil {
-		panic(fmt.Sprintf("restore netns: %v", err))
-	}
-	t.Cleanup(func() { ns.Close() })
-	return ns
-}
 
 // kernelDropReasons reads enum skb_drop_reason from the running kernel's BTF: the
 // test's own decoder of the tracer's reason codes, independent of maps/.
@@ -132,8 +110,8 @@ func setLink(t *testing.T, ns netns.NsHandle, name string, up bool) {
 func TestRedirectDropsAfterReturn(t *testing.T) {
 	l := newLab(t)
 	reasons := kernelDropReasons(t)
-	podNS := newNetNS(t)
-	other := newNetNS(t)
+	podNS := newNetns(t)
+	other := newNetns(t)
 
 	// No IPv6: its neighbour discovery and MLD would add frames of their own to the
 	// interface counters the test compares.

@@ -48,7 +48,7 @@ type realLab struct {
 	podH  netlink.Link // the pod's host-side veth, in pod_ifaces
 }
 
-// newNetns returns a new network namespace, closed in Cleanup.
+// newNetns returns a new network namespace, closed (and so removed) in Cleanup.
 func newNetns(t *testing.T) netns.NsHandle {
 	t.Helper()
 	runtime.LockOSThread()
