@@ -18,11 +18,11 @@ type docCommand struct {
 }
 
 // docCommands returns every `isthmus plan` command line of a fenced block in
-// README.md and docs/*.md whose --objects directory is in the repository (a
-// line may start with "$ "; a "# ..." comment ends it). In a block of "$ "
-// lines, the lines after a command up to the next "$ " line or the block's end
-// are its output. Commands on placeholders (N, objs) are not returned: they
-// take no file of the repository.
+// README.md, examples/README.md and docs/*.md whose --objects directory is in
+// the repository (a line may start with "$ "; a " #" comment ends it). In a
+// block of "$ " lines, the lines after a command up to the next "$ " line or
+// the block's end are its output. Commands on placeholders (N, objs) are not
+// returned: they take no file of the repository.
 func docCommands(t *testing.T) []docCommand {
 	t.Helper()
 	files, err := filepath.Glob("docs/*.md")
@@ -30,7 +30,7 @@ func docCommands(t *testing.T) []docCommand {
 		t.Fatal(err)
 	}
 	var out []docCommand
-	for _, f := range append([]string{"README.md"}, files...) {
+	for _, f := range append([]string{"README.md", "examples/README.md"}, files...) {
 		fh, err := os.Open(f)
 		if err != nil {
 			t.Fatal(err)
