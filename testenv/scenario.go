@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"os"
 	"path"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -51,6 +52,14 @@ type Scenario struct {
 	// Objects are further manifests (multi-document YAML), written verbatim into
 	// the objects directory.
 	Objects string `json:"objects,omitempty"`
+	// Manifests names a directory of manifests an operator would apply (such as
+	// one of examples/), relative to the scenario file. Its *.yaml and *.yml
+	// files give the lab its objects verbatim: each Site becomes the Objects of
+	// the scenario site of that name, each Node gives the scenario node of that
+	// name its address, external address, podCIDRs, labels and annotations, and
+	// every other object is appended to Objects. The scenario then says only
+	// what a cluster has and the manifests do not: subnets, pods, firewall.
+	Manifests string `json:"manifests,omitempty"`
 }
 
 // PodWiring is how a pod reaches its gateway, PodGateway, through its veth.
@@ -307,11 +316,27 @@ func (s *Scenario) Nodes() []NodeRef {
 	return out
 }
 
-// ParseScenario parses and validates a scenario.
+// ParseScenario parses and validates a scenario. A Manifests directory is
+// read relative to the working directory.
 func ParseScenario(data []byte) (*Scenario, error) {
+	return parseScenario(data, ".")
+}
+
+// parseScenario parses and validates a scenario whose Manifests directory is
+// relative to dir.
+func parseScenario(data []byte, dir string) (*Scenario, error) {
 	var s Scenario
 	if err := yaml.UnmarshalStrict(data, &s); err != nil {
 		return nil, fmt.Errorf("parse scenario: %w", err)
+	}
+	if s.Manifests != "" {
+		mdir := s.Manifests
+		if !filepath.IsAbs(mdir) {
+			mdir = filepath.Join(dir, mdir)
+		}
+		if err := s.mergeManifests(mdir); err != nil {
+			return nil, fmt.Errorf("scenario %q: manifests %s: %w", s.Name, s.Manifests, err)
+		}
 	}
 	for i := range s.Sites {
 		site := &s.Sites[i]
@@ -336,14 +361,15 @@ func ParseScenario(data []byte) (*Scenario, error) {
 // file and has no slash, the built-in scenario of that name.
 func LoadScenario(nameOrPath string) (*Scenario, error) {
 	data, err := os.ReadFile(nameOrPath)
+	if err == nil {
+		return parseScenario(data, filepath.Dir(nameOrPath))
+	}
+	if !os.IsNotExist(err) || strings.ContainsRune(nameOrPath, '/') {
+		return nil, fmt.Errorf("read scenario: %w", err)
+	}
+	data, err = builtin.ReadFile(path.Join("scenarios", strings.TrimSuffix(nameOrPath, ".yaml")+".yaml"))
 	if err != nil {
-		if !os.IsNotExist(err) || strings.ContainsRune(nameOrPath, '/') {
-			return nil, fmt.Errorf("read scenario: %w", err)
-		}
-		data, err = builtin.ReadFile(path.Join("scenarios", strings.TrimSuffix(nameOrPath, ".yaml")+".yaml"))
-		if err != nil {
-			return nil, fmt.Errorf("load scenario %q: no such file and no built-in (have %s)", nameOrPath, strings.Join(Builtins(), ", "))
-		}
+		return nil, fmt.Errorf("load scenario %q: no such file and no built-in (have %s)", nameOrPath, strings.Join(Builtins(), ", "))
 	}
 	return ParseScenario(data)
 }

@@ -180,10 +180,20 @@ func planned(node string) func(p *plan.NodePlan, err error) (*plan.NodePlan, []s
 		}
 		out := slices.Clone(p.Warnings)
 		for _, c := range p.Corrections {
-			out = append(out, fmt.Sprintf("route %v (%s) contained peer endpoint %v: replaced by %v", c.Removed, c.Origin, c.Endpoint, c.Kept))
+			out = append(out, correctionText(c))
 		}
 		return p, out, nil
 	}
+}
+
+// correctionText says what cut a route: a tunnel endpoint inside it, or one of
+// the node's local prefixes overlapping it (plan.Correction sets one of the two).
+func correctionText(c plan.Correction) string {
+	what := fmt.Sprintf("contained tunnel endpoint %v", c.Endpoint)
+	if c.Local.IsValid() {
+		what = fmt.Sprintf("overlapped local prefix %v", c.Local)
+	}
+	return fmt.Sprintf("route %v (%s) %s: replaced by %v", c.Removed, c.Origin, what, c.Kept)
 }
 
 // Start loads and attaches the datapath and does the first full sync: plan, the
