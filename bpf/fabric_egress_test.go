@@ -417,6 +417,33 @@ func TestFabricEgressPodIngress(t *testing.T) {
 			t.Errorf("encapsulated: counters moved %v, want only %v and %v +1", d, encapKey, fastKey)
 		}
 	}
+	// The group route with no live member (no gateway reaches the site): as for
+	// any pod, dropped as no_nexthop and answered with ICMP net unreachable here,
+	// not handed to the stack for underlay_egress to drop without a word.
+	t.Run("group without a live member", func(t *testing.T) {
+		if err := l.objs.NexthopGroups.Put(uint32(1), IsthmusNexthopGroup{}); err != nil {
+			t.Fatalf("put group: %v", err)
+		}
+		defer func() {
+			if err := l.objs.NexthopGroups.Put(uint32(1), groupOf(members)); err != nil {
+				t.Fatalf("put group: %v", err)
+			}
+		}()
+		in := fromPodIf(declaredMAC, ack(declaredIP, groupDst, 64))
+		before := l.counts(t)
+		ret, out := l.run(t, l.objs.PodIngress, in, l.pod.Attrs().Index)
+		if ret != tcActRedirect {
+			t.Fatalf("verdict %d (mark %#x), want TC_ACT_REDIRECT (ICMP net unreachable to the pod)", ret, l.mark)
+		}
+		if want := ethFrame(declaredMAC, l.podHMAC, 0x0800, icmpUnreachable(in[14:], 0, 0)); !bytes.Equal(out, want) {
+			t.Fatalf("reply differs\n got %x\nwant %x", out, want)
+		}
+		drop := dropKey(IsthmusDropReasonDROP_NO_NEXTHOP, IsthmusHookHOOK_POD_INGRESS)
+		sent := metricKey(IsthmusMetricMETRIC_NO_PATH_UNREACH_SENT, IsthmusHookHOOK_POD_INGRESS)
+		if d := delta(before, l.counts(t)); d[drop] != 1 || d[sent] != 1 || len(d) != 2 {
+			t.Errorf("counters moved %v, want %v and %v +1", d, drop, sent)
+		}
+	})
 	// Same route, a source outside fabric_prefixes: encapsulated here.
 	t.Run("source not in fabric_prefixes", func(t *testing.T) {
 		wantEncap(t, fromPodIf(podMAC, ack(podIP, viaFabricDst, 64)))

@@ -227,14 +227,16 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 	if (rt) {
 		int nat;
 
+		/* No live next hop: refused here, where the pod can be answered
+		 * (tc_drop_no_path); past the stack, fabric_egress could only drop it. */
+		if (from_pod && !nexthop_any(rt))
+			return DROP_NO_NEXTHOP;
 		/* A declared pod's packet for the gateways of its own site: through the
 		 * stack to the underlay, where its answer arrives (fabric_egress). */
 		if (from_pod && (rt->flags & ROUTE_F_VIA_FABRIC) && is_fabric_source(iph->saddr))
 			return pod_to_stack(skb);
 		if (from_pod && pod_egress_via_stack(skb, cfg, rt, iph, c.pos, c.end, hook))
 			return pod_to_stack(skb);
-		if (from_pod && !nexthop_any(rt))
-			return DROP_NO_NEXTHOP;
 		/* Return-path SNAT (lib/nat.h); its rewrite invalidates the pointers. On
 		 * isthmus0 too: a pod of an interface isthmus does not own arrives here
 		 * through the host stack with its own source, which no peer routes back.
