@@ -510,6 +510,18 @@ func TestCNIToolRepeatedAdd(t *testing.T) {
 		}
 	}
 	f.mustCNI("check", "a")
+	// Asking for another address than the attachment holds is refused, and
+	// a keeps its own.
+	f.startServer()
+	if out, err := f.cnitool("add", "a", `CAP_ARGS={"ips":["10.10.1.30"]}`); err == nil || !strings.Contains(out, "nothing was changed") {
+		t.Fatalf("ADD of a asking for 10.10.1.30: %v\n%s\nwant refused, nothing changed", err, out)
+	}
+	if err := f.ping("a", b); err != nil {
+		t.Fatal(err)
+	}
+	if again := f.mustCNIEnv("add", "a", `CAP_ARGS={"ips":["`+a.String()+`/32"]}`); !sameJSON(t, first, again) {
+		t.Errorf("ADD of a asking for its own %s answered\n%s\nwant the first result", a, again)
+	}
 }
 
 // sameJSON reports whether two JSON documents hold the same values.

@@ -129,7 +129,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		return err
 	}
 	if exists {
-		result, err := existingResult(netns, args.IfName, host, held)
+		result, err := existingResult(netns, args.IfName, host, held, want)
 		if err != nil {
 			return types.NewError(types.ErrInternal, "add "+args.IfName, err.Error()+"; nothing was changed")
 		}
@@ -195,12 +195,17 @@ func attachmentExists(netns ns.NetNS, ifname, host string) (bool, error) {
 
 // existingResult is the result of an ADD that wired this attachment before:
 // the host side and the pod's interface are the two ends of one veth, and the
-// pod's interface holds every address reserved for the attachment. It reads
-// the kernel and the store and changes nothing; an error says what does not
-// match.
-func existingResult(netns ns.NetNS, ifname, host string, held []netip.Addr) (*current.Result, error) {
+// pod's interface holds every address reserved for the attachment, among
+// them every address the runtime asks for (want). It reads the kernel and the
+// store and changes nothing; an error says what does not match.
+func existingResult(netns ns.NetNS, ifname, host string, held, want []netip.Addr) (*current.Result, error) {
 	if len(held) == 0 {
 		return nil, fmt.Errorf("%s or %s exists already but no address is reserved for this attachment (another pod's interface, or a name collision)", host, ifname)
+	}
+	for _, w := range want {
+		if !slices.Contains(held, w) {
+			return nil, fmt.Errorf("the attachment exists with %v, the runtime asks for %s", held, w)
+		}
 	}
 	hostLink, err := netlink.LinkByName(host)
 	if err != nil {
