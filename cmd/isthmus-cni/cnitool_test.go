@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"strings"
 	"sync"
@@ -129,14 +130,20 @@ func resultAddr(t *testing.T, out string) netip.Addr {
 			Address string `json:"address"`
 		} `json:"ips"`
 	}
-	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.IPs) != 1 {
+	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.IPs) == 0 {
 		t.Fatalf("ADD result %s: %v", out, err)
 	}
-	p, err := netip.ParsePrefix(res.IPs[0].Address)
-	if err != nil || p.Bits() != 32 {
-		t.Fatalf("ADD result address %q: %v", res.IPs[0].Address, err)
+	for _, ip := range res.IPs {
+		p, err := netip.ParsePrefix(ip.Address)
+		if err != nil || p.Addr().Is4() && p.Bits() != 32 || p.Addr().Is6() && p.Bits() != 128 {
+			t.Fatalf("ADD result address %q: %v, want a host prefix", ip.Address, err)
+		}
+		if p.Addr().Is4() {
+			return p.Addr()
+		}
 	}
-	return p.Addr()
+	t.Fatalf("ADD result %s: no IPv4 address", out)
+	return netip.Addr{}
 }
 
 // writeObjects gives the node (and its Site) a podCIDR; "" means none yet.
@@ -463,5 +470,164 @@ func TestCNIToolConcurrentExhaustionGC(t *testing.T) {
 	f.mustCNI("gc", "p4")
 	if n := len(f.reservations()); n != 0 {
 		t.Fatalf("%d reservations after cnitool gc, want 0", n)
+	}
+}
+
+// TestCNIToolRepeatedAdd: runtimes retry ADD after their own restarts; a
+// second ADD of a wired attachment returns the first result again, with the
+// agent up or down, and the pod keeps its interface, address and traffic.
+func TestCNIToolRepeatedAdd(t *testing.T) {
+	f := newFixture(t)
+	f.writeObjects("10.10.1.0/26")
+	f.startServer()
+	f.addPodNS("a")
+	first := f.mustCNI("add", "a")
+	a := resultAddr(t, first)
+	b := f.addPod("b")
+
+	for _, agent := range []string{"up", "down"} {
+		if agent == "down" {
+			f.stopServer()
+		}
+		again, err := f.cnitool("add", "a")
+		if err != nil {
+			t.Fatalf("second ADD of a (agent %s): %v\n%s", agent, err, again)
+		}
+		if !sameJSON(t, first, again) {
+			t.Errorf("second ADD of a (agent %s) answered\n%s\nwant the first result\n%s", agent, again, first)
+		}
+		if got := run(t, "nsenter", "--net=/run/netns/"+f.prefix+"a", "ip", "-o", "addr", "show", "dev", "eth0"); !strings.Contains(got, " "+a.String()+"/32 ") {
+			t.Fatalf("a's eth0 after the second ADD (agent %s): %q, want %s/32", agent, got, a)
+		}
+		if err := f.ping("a", b); err != nil {
+			t.Fatalf("after the second ADD (agent %s): %v", agent, err)
+		}
+		if err := f.ping("b", a); err != nil {
+			t.Fatalf("after the second ADD (agent %s): %v", agent, err)
+		}
+		if got := f.reservations(); len(got) != 2 || got[0].Addr != a || got[1].Addr != b {
+			t.Fatalf("reservations after the second ADD (agent %s): %v, want %v and %v", agent, got, a, b)
+		}
+	}
+	f.mustCNI("check", "a")
+	// Asking for another address than the attachment holds is refused, and
+	// a keeps its own.
+	f.startServer()
+	if out, err := f.cnitool("add", "a", `CAP_ARGS={"ips":["10.10.1.30"]}`); err == nil || !strings.Contains(out, "nothing was changed") {
+		t.Fatalf("ADD of a asking for 10.10.1.30: %v\n%s\nwant refused, nothing changed", err, out)
+	}
+	if err := f.ping("a", b); err != nil {
+		t.Fatal(err)
+	}
+	if again := f.mustCNIEnv("add", "a", `CAP_ARGS={"ips":["`+a.String()+`/32"]}`); !sameJSON(t, first, again) {
+		t.Errorf("ADD of a asking for its own %s answered\n%s\nwant the first result", a, again)
+	}
+}
+
+// sameJSON reports whether two JSON documents hold the same values.
+func sameJSON(t *testing.T, x, y string) bool {
+	t.Helper()
+	var a, b any
+	if err := json.Unmarshal([]byte(x), &a); err != nil {
+		t.Fatalf("decode %s: %v", x, err)
+	}
+	if err := json.Unmarshal([]byte(y), &b); err != nil {
+		t.Fatalf("decode %s: %v", y, err)
+	}
+	return reflect.DeepEqual(a, b)
+}
+
+// TestCNIToolFailedAddTouchesNothingElse: an ADD that cannot complete removes
+// what it made and nothing else. A new container whose host veth name is
+// taken by a running pod (a hash collision, made here by renaming that pod's
+// host side) is refused and the running pod keeps its interface, route,
+// reservation and traffic; an ADD that fails after creating the veth (a pod
+// namespace with IPv6 disabled, on a dual-stack node) leaves no veth, host
+// route or reservation behind.
+func TestCNIToolFailedAddTouchesNothingElse(t *testing.T) {
+	f := newFixture(t)
+	write := func(y string) {
+		if err := os.WriteFile(f.objectsFile, []byte(y), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(ipamdtest.Objects(`["10.10.0.0/16", "fd00:10::/48"]`, true, 0, `"10.10.1.0/26", "fd00:10:0:1::/64"`))
+	f.startServer()
+	a, c := f.addPod("a"), f.addPod("c")
+	if err := f.ping("a", c); err != nil {
+		t.Fatal(err)
+	}
+	before := f.reservations()
+	if len(before) != 4 {
+		t.Fatalf("reservations %v, want an IPv4 and an IPv6 address for each of a and c", before)
+	}
+	podRoutes := func() string {
+		return f.inNode("ip", "-4", "route", "show") + f.inNode("ip", "-6", "route", "show")
+	}
+
+	// The collision: a's host side now bears the name b's ADD will choose.
+	f.addPodNS("b")
+	hostA := ipam.HostIface(cnitoolContainerID(f.prefix+"a"), "eth0")
+	hostB := ipam.HostIface(cnitoolContainerID(f.prefix+"b"), "eth0")
+	f.inNode("ip", "link", "set", hostA, "down")
+	f.inNode("ip", "link", "set", hostA, "name", hostB)
+	f.inNode("ip", "link", "set", hostB, "up")
+	f.inNode("ip", "route", "replace", a.String()+"/32", "dev", hostB)
+	for _, r := range before {
+		if r.Addr.Is6() && r.ContainerID == cnitoolContainerID(f.prefix+"a") {
+			f.inNode("ip", "-6", "route", "replace", r.Addr.String()+"/128", "dev", hostB)
+		}
+	}
+	if err := f.ping("a", c); err != nil {
+		t.Fatalf("a after the rename, before b's ADD: %v", err)
+	}
+	routes := podRoutes()
+	out, err := f.cnitool("add", "b")
+	if err == nil {
+		t.Fatalf("ADD of b with its host veth name taken succeeded:\n%s", out)
+	}
+	if !strings.Contains(out, "nothing was changed") {
+		t.Errorf("ADD of b with its host veth name taken: %v\n%s\nwant the error to say nothing was changed", err, out)
+	}
+	if !f.nodeLinkExists(hostB) {
+		t.Fatalf("a's host side %s is gone after b's failed ADD", hostB)
+	}
+	if err := f.ping("a", c); err != nil {
+		t.Fatalf("a after b's failed ADD: %v", err)
+	}
+	if err := f.ping("c", a); err != nil {
+		t.Fatalf("a after b's failed ADD: %v", err)
+	}
+	if got := run(t, "nsenter", "--net=/run/netns/"+f.prefix+"b", "ip", "-o", "link", "show"); strings.Contains(got, "eth0") {
+		t.Errorf("b's namespace after its failed ADD:\n%s", got)
+	}
+	if got := podRoutes(); got != routes {
+		t.Errorf("node routes after b's failed ADD:\n%s\nwant as before:\n%s", got, routes)
+	}
+	if got := f.reservations(); !reflect.DeepEqual(got, before) {
+		t.Errorf("reservations after b's failed ADD: %v, want %v", got, before)
+	}
+
+	// A failure after the veth exists: the pod's namespace refuses IPv6
+	// addresses, so the plugin fails adding the second one.
+	f.addPodNS("v4only")
+	run(t, "nsenter", "--net=/run/netns/"+f.prefix+"v4only", "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
+	if out, err := f.cnitool("add", "v4only"); err == nil || !strings.Contains(out, "add address fd00:10:0:1:") {
+		t.Fatalf("ADD into a namespace without IPv6: %v\n%s\nwant a failure adding the IPv6 address", err, out)
+	}
+	if host := ipam.HostIface(cnitoolContainerID(f.prefix+"v4only"), "eth0"); f.nodeLinkExists(host) {
+		t.Errorf("host side %s left after the failed ADD", host)
+	}
+	if got := run(t, "nsenter", "--net=/run/netns/"+f.prefix+"v4only", "ip", "-o", "link", "show"); strings.Contains(got, "eth0") {
+		t.Errorf("pod interface left after the failed ADD:\n%s", got)
+	}
+	if got := podRoutes(); got != routes {
+		t.Errorf("node routes after the failed ADD:\n%s\nwant as before:\n%s", got, routes)
+	}
+	if got := f.reservations(); !reflect.DeepEqual(got, before) {
+		t.Errorf("reservations after the failed ADD: %v, want %v", got, before)
+	}
+	if err := f.ping("c", a); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -5,8 +5,10 @@
 // named pod-<hash> (the agent's default pod pattern), host addresses (/32,
 // /128) in the pod, a default route through a link-local gateway answered by
 // a permanent neighbour entry for the host side's MAC, a host route to each
-// address, and the tunnel MTU. DEL and GC release reservations straight from
-// the node's reservation directory, so they work with the agent down.
+// address, and the tunnel MTU. An ADD of an attachment that is wired already
+// (a runtime's retry) returns the same result and changes nothing; a failed
+// ADD removes only what it made. DEL and GC release reservations straight
+// from the node's reservation directory, so they work with the agent down.
 package main
 
 import (
@@ -17,6 +19,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -111,25 +114,163 @@ func cmdAdd(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	att := ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName}
 	host := ipam.HostIface(args.ContainerID, args.IfName)
+	store := ipam.Store{Dir: conf.DataDir}
+	held, err := heldBy(store, att)
+	if err != nil {
+		return types.NewError(types.ErrIOFailure, "read reservations", err.Error())
+	}
+	// A runtime retries ADD (after its own restart, or when it lost the
+	// result): an attachment that is wired already gets the same result
+	// again, and anything else in the way is refused before it is touched.
+	exists, err := attachmentExists(netns, args.IfName, host)
+	if err != nil {
+		return err
+	}
+	if exists {
+		result, err := existingResult(netns, args.IfName, host, held, want)
+		if err != nil {
+			return types.NewError(types.ErrInternal, "add "+args.IfName, err.Error()+"; nothing was changed")
+		}
+		result.CNIVersion = conf.CNIVersion
+		return types.PrintResult(result, conf.CNIVersion)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	got, err := ipam.NewClient(conf.Socket).Add(ctx, ipam.AddRequest{
-		Attachment: ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName},
-		NetNS:      args.Netns, HostIface: host, IPs: want,
+		Attachment: att, NetNS: args.Netns, HostIface: host, IPs: want,
 	})
 	if err != nil {
 		return asCNIError("isthmus ipam add", err)
 	}
 	result, err := wire(netns, args.IfName, host, got)
 	if err != nil {
-		// Leave nothing behind: the runtime will retry, and DEL may never come.
-		unwire(args.Netns, args.IfName, host)
-		ipam.Store{Dir: conf.DataDir}.Release(ipam.Attachment{ContainerID: args.ContainerID, IfName: args.IfName})
+		// Leave nothing behind that this ADD made (the runtime will retry,
+		// and DEL may never come), and nothing else.
+		undoAdd(netns, args.IfName, store, att, held)
 		return err
 	}
 	result.CNIVersion = conf.CNIVersion
 	return types.PrintResult(result, conf.CNIVersion)
+}
+
+// heldBy returns the addresses the store holds for att.
+func heldBy(store ipam.Store, att ipam.Attachment) ([]netip.Addr, error) {
+	have, err := store.List()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, r := range have {
+		if r.Attachment == att {
+			out = append(out, r.Addr)
+		}
+	}
+	return out, nil
+}
+
+// attachmentExists reports whether the pod's interface or the host side of
+// its veth is there already.
+func attachmentExists(netns ns.NetNS, ifname, host string) (bool, error) {
+	if _, err := netlink.LinkByName(host); err == nil {
+		return true, nil
+	} else if !errors.As(err, &netlink.LinkNotFoundError{}) {
+		return false, fmt.Errorf("look up %s: %w", host, err)
+	}
+	found := false
+	err := netns.Do(func(ns.NetNS) error {
+		_, err := netlink.LinkByName(ifname)
+		if err == nil {
+			found = true
+			return nil
+		}
+		if errors.As(err, &netlink.LinkNotFoundError{}) {
+			return nil
+		}
+		return fmt.Errorf("look up %s in %s: %w", ifname, netns.Path(), err)
+	})
+	return found, err
+}
+
+// existingResult is the result of an ADD that wired this attachment before:
+// the host side and the pod's interface are the two ends of one veth, and the
+// pod's interface holds every address reserved for the attachment, among
+// them every address the runtime asks for (want). It reads the kernel and the
+// store and changes nothing; an error says what does not match.
+func existingResult(netns ns.NetNS, ifname, host string, held, want []netip.Addr) (*current.Result, error) {
+	if len(held) == 0 {
+		return nil, fmt.Errorf("%s or %s exists already but no address is reserved for this attachment (another pod's interface, or a name collision)", host, ifname)
+	}
+	for _, w := range want {
+		if !slices.Contains(held, w) {
+			return nil, fmt.Errorf("the attachment exists with %v, the runtime asks for %s", held, w)
+		}
+	}
+	hostLink, err := netlink.LinkByName(host)
+	if err != nil {
+		return nil, fmt.Errorf("the attachment holds %v but its host side %s is missing: %w", held, host, err)
+	}
+	if _, ok := hostLink.(*netlink.Veth); !ok {
+		return nil, fmt.Errorf("%s exists and is a %s, not the host side of a veth", host, hostLink.Type())
+	}
+	var cont netlink.Link
+	var addrs []netlink.Addr
+	if err := netns.Do(func(ns.NetNS) error {
+		var err error
+		if cont, err = netlink.LinkByName(ifname); err != nil {
+			return fmt.Errorf("find %s in %s: %w", ifname, netns.Path(), err)
+		}
+		addrs, err = netlink.AddrList(cont, netlink.FAMILY_ALL)
+		if err != nil {
+			return fmt.Errorf("list addresses of %s: %w", ifname, err)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if _, ok := cont.(*netlink.Veth); !ok || cont.Attrs().ParentIndex != hostLink.Attrs().Index || hostLink.Attrs().ParentIndex != cont.Attrs().Index {
+		return nil, fmt.Errorf("%s in %s is not the peer of %s", ifname, netns.Path(), host)
+	}
+	result := &current.Result{Interfaces: []*current.Interface{
+		{Name: host, Mac: hostLink.Attrs().HardwareAddr.String()},
+		{Name: ifname, Mac: cont.Attrs().HardwareAddr.String(), Mtu: cont.Attrs().MTU, Sandbox: netns.Path()},
+	}}
+	contIdx := 1
+	for _, a := range held {
+		p := netip.PrefixFrom(a, a.BitLen())
+		if !slices.ContainsFunc(addrs, func(x netlink.Addr) bool { return x.IPNet.String() == ipNet(p).String() }) {
+			return nil, fmt.Errorf("%s in %s lacks its reserved address %s", ifname, netns.Path(), p)
+		}
+		result.IPs, result.Routes = appendAddr(result.IPs, result.Routes, p, &contIdx)
+	}
+	return result, nil
+}
+
+// appendAddr adds a pod address and its default route to a result.
+func appendAddr(ips []*current.IPConfig, routes []*types.Route, a netip.Prefix, contIdx *int) ([]*current.IPConfig, []*types.Route) {
+	gw := gatewayFor(a.Addr())
+	def := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+	if a.Addr().Is6() {
+		def = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+	}
+	return append(ips, &current.IPConfig{Interface: contIdx, Address: *ipNet(a), Gateway: gw.AsSlice()}),
+		append(routes, &types.Route{Dst: *ipNet(def), GW: gw.AsSlice()})
+}
+
+// undoAdd removes what a failed ADD made: the pod's interface, which takes
+// the host side and its host routes with it (neither existed before the ADD:
+// cmdAdd checked), and the reservations that were not the attachment's
+// before (held). The host side is never deleted by name: that name may be
+// another pod's.
+func undoAdd(netns ns.NetNS, ifname string, store ipam.Store, att ipam.Attachment, held []netip.Addr) {
+	netns.Do(func(ns.NetNS) error {
+		if err := ip.DelLinkByName(ifname); err != nil && !errors.Is(err, ip.ErrLinkNotFound) {
+			fmt.Fprintf(os.Stderr, "isthmus-cni: undo add: delete %s: %v\n", ifname, err)
+		}
+		return nil
+	})
+	store.ReleaseIf(func(r ipam.Reservation) bool { return r.Attachment == att && !slices.Contains(held, r.Addr) })
 }
 
 // wire makes the veth and gives the pod its addresses and routes.
@@ -156,13 +297,7 @@ func wire(netns ns.NetNS, ifname, host string, got ipam.AddResponse) (*current.R
 	}}
 	contIdx := 1
 	for _, a := range got.Addrs {
-		gw := gatewayFor(a.Addr())
-		result.IPs = append(result.IPs, &current.IPConfig{Interface: &contIdx, Address: *ipNet(a), Gateway: gw.AsSlice()})
-		def := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
-		if a.Addr().Is6() {
-			def = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
-		}
-		result.Routes = append(result.Routes, &types.Route{Dst: *ipNet(def), GW: gw.AsSlice()})
+		result.IPs, result.Routes = appendAddr(result.IPs, result.Routes, a, &contIdx)
 		if err := netlink.RouteReplace(&netlink.Route{LinkIndex: hostLink.Attrs().Index, Scope: netlink.SCOPE_LINK, Dst: ipNet(a)}); err != nil {
 			return nil, fmt.Errorf("add host route to %s: %w", a, err)
 		}

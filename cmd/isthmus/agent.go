@@ -147,6 +147,9 @@ func newAgentCmd() *cobra.Command {
 			if metricsAddr != "" {
 				reg, syncs := metrics.NewRegistry(metrics.Pinned{Dir: cfg.PinDir}, cfg.Status.Peers)
 				cfg.Metrics = syncs
+				if cni.socket != "" {
+					cni.metrics = metrics.NewCNI(reg)
+				}
 				served, err := metrics.Serve(ctx, metricsAddr, metrics.Handler(reg, cfg.Status, cfg.Log))
 				if err != nil {
 					return err

@@ -15,6 +15,7 @@ import (
 	"github.com/isthmus-dev/isthmus/loader/cniinstall"
 	"github.com/isthmus-dev/isthmus/loader/ipam"
 	"github.com/isthmus-dev/isthmus/loader/ipamd"
+	"github.com/isthmus-dev/isthmus/loader/metrics"
 	"github.com/isthmus-dev/isthmus/loader/objects"
 )
 
@@ -22,28 +23,34 @@ import (
 // the plugin and its conflist (docs/cni.md). An empty socket turns it off.
 type cniFlags struct {
 	socket, dataDir, binDir, confDir, plugin string
+	takeOver                                 bool
 	leakInterval, leakGrace                  time.Duration
+	// metrics, if set, records where the install stands.
+	metrics *metrics.CNI
 }
 
 func (c *cniFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.socket, "ipam-socket", "", "serve the CNI plugin's IPAM on this Unix socket (e.g. "+ipam.DefaultSocket+"); empty: isthmus is not the node's CNI")
 	f.StringVar(&c.dataDir, "ipam-dir", ipam.DefaultDir, "directory of the node's address reservations")
-	f.StringVar(&c.binDir, "cni-bin-dir", cniinstall.DefaultBinDir, "where the runtime finds CNI plugins; the agent installs isthmus-cni there (empty: do not install)")
-	f.StringVar(&c.confDir, "cni-conf-dir", cniinstall.DefaultConfDir, "where the runtime reads network configurations; the agent writes "+cniinstall.ConflistName+" there once the podCIDRs verify (empty: do not write)")
+	f.StringVar(&c.binDir, "cni-bin-dir", cniinstall.DefaultBinDir, "where the runtime finds CNI plugins; on a node whose Site manages the CNI the agent installs isthmus-cni there (empty: do not install)")
+	f.StringVar(&c.confDir, "cni-conf-dir", cniinstall.DefaultConfDir, "where the runtime reads network configurations; on a node whose Site manages the CNI the agent writes "+cniinstall.ConflistName+" there once the podCIDRs verify, unless another plugin's configuration is there (empty: do not write)")
+	f.BoolVar(&c.takeOver, "cni-take-over", false, "write "+cniinstall.ConflistName+" even when --cni-conf-dir holds another plugin's configuration: isthmus's sorts first and becomes the node's CNI for new pods")
 	f.StringVar(&c.plugin, "cni-plugin", "", "the isthmus-cni binary to install (default: isthmus-cni beside this executable)")
 	f.DurationVar(&c.leakInterval, "ipam-leak-interval", ipamd.DefaultLeakInterval, "how often the agent looks for reservations of pods the runtime lost without DEL")
 	f.DurationVar(&c.leakGrace, "ipam-leak-grace", ipamd.DefaultLeakGrace, "a reservation younger than this is never a leak (its ADD may still be wiring the pod)")
 }
 
-// start installs the plugin, reports conflists that would bypass the verified
-// IPAM, and serves IPAM until ctx is done. The conflist is written only once
-// the node's podCIDRs verify.
+// start reports conflists that would bypass the verified IPAM and serves IPAM
+// until ctx is done. At every verification it keeps the plugin and the
+// conflist where isthmus is the node's CNI, and only there (a Site that
+// manages the CNI, podCIDRs verified, no other plugin's configuration unless
+// --cni-take-over); see cniinstall.Installer.
 func (c *cniFlags) start(ctx context.Context, node, underlayDev string, snapshot func() (*objects.Set, []objects.Warning, error), log *slog.Logger) error {
 	if c.socket == "" {
 		return nil
 	}
+	src := c.plugin
 	if c.binDir != "" {
-		src := c.plugin
 		if src == "" {
 			exe, err := os.Executable()
 			if err != nil {
@@ -51,10 +58,9 @@ func (c *cniFlags) start(ctx context.Context, node, underlayDev string, snapshot
 			}
 			src = filepath.Join(filepath.Dir(exe), cniinstall.PluginName)
 		}
-		if err := cniinstall.InstallPlugin(src, c.binDir); err != nil {
-			return err
+		if _, err := os.Stat(src); err != nil {
+			return fmt.Errorf("find the plugin to install: %w", err)
 		}
-		log.Info("installed the CNI plugin", "dir", c.binDir)
 	}
 	if c.confDir != "" {
 		found, err := cniinstall.FindEmbeddedRanges(c.confDir)
@@ -66,19 +72,31 @@ func (c *cniFlags) start(ctx context.Context, node, underlayDev string, snapshot
 				"dir", c.confDir, "finding", f.String())
 		}
 	}
+	store := ipam.Store{Dir: c.dataDir}
+	in := &cniinstall.Installer{
+		BinDir: c.binDir, ConfDir: c.confDir, Plugin: src, Socket: c.socket, DataDir: c.dataDir,
+		TakeOver: c.takeOver, Log: log,
+		InUse: func() (bool, error) { have, err := store.List(); return len(have) > 0, err },
+	}
+	var lastErr string
 	_, done, err := ipamd.Start(ctx, ipamd.Config{
-		Node: node, Socket: c.socket, Store: ipam.Store{Dir: c.dataDir}, Snapshot: snapshot,
+		Node: node, Socket: c.socket, Store: store, Snapshot: snapshot,
 		UnderlayMTU: underlayMTU(underlayDev, node, snapshot), Log: log,
 		LeakInterval: c.leakInterval, LeakGrace: c.leakGrace,
-		OnReady: func(ipamd.Verdict) {
-			if c.confDir == "" {
-				return
+		OnVerify: func(v ipamd.Verdict) {
+			want := cniinstall.Undecided
+			switch {
+			case v.Ready():
+				want = cniinstall.Manage
+			case v.Unmanaged:
+				want = cniinstall.Leave
 			}
-			if err := cniinstall.WriteConflist(c.confDir, c.socket, c.dataDir); err != nil {
-				log.Error("write the CNI conflist", "err", err)
-				return
+			st, err := in.Reconcile(want)
+			c.metrics.Set(st.Phase, st.Foreign)
+			if msg := fmt.Sprint(err); err != nil && msg != lastErr {
+				log.Error("install the CNI plugin and conflist", "err", err)
 			}
-			log.Info("wrote the CNI conflist", "file", filepath.Join(c.confDir, cniinstall.ConflistName))
+			lastErr = fmt.Sprint(err)
 		},
 	})
 	if err != nil {

@@ -46,9 +46,13 @@ type Config struct {
 	LinkExists func(name string) bool
 	// OnReady, if set, runs each time the verdict turns ready (the first
 	// verification, and after every time it failed), on the verifying
-	// goroutine: the agent writes the conflist there.
+	// goroutine.
 	OnReady func(Verdict)
-	Log     *slog.Logger
+	// OnVerify, if set, runs after every verification that read the objects
+	// (every VerifyInterval), with its verdict, on the verifying goroutine:
+	// the agent keeps the plugin and the conflist where they belong there.
+	OnVerify func(Verdict)
+	Log      *slog.Logger
 }
 
 // Server serves IPAM on a Unix socket. Its methods are safe for concurrent use.
@@ -187,10 +191,13 @@ func (s *Server) Verify() {
 	if v.Ready() && !prev.Ready() && s.cfg.OnReady != nil {
 		s.cfg.OnReady(v)
 	}
+	if s.cfg.OnVerify != nil {
+		s.cfg.OnVerify(v)
+	}
 }
 
 func sameVerdict(a, b Verdict) bool {
-	return a.Reason == b.Reason && a.MTU == b.MTU && fmt.Sprint(a.Ranges) == fmt.Sprint(b.Ranges)
+	return a.Reason == b.Reason && a.Unmanaged == b.Unmanaged && a.MTU == b.MTU && fmt.Sprint(a.Ranges) == fmt.Sprint(b.Ranges)
 }
 
 // Status is what STATUS answers.

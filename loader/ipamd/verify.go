@@ -22,6 +22,9 @@ type Verdict struct {
 	MTU    int
 	// Reason is empty when Ranges may be used.
 	Reason string
+	// Unmanaged is set when the node's Site has manageCniPlugin: false:
+	// another CNI owns its pods, and isthmus is not the node's CNI.
+	Unmanaged bool
 }
 
 // Ready reports whether addresses may be handed out.
@@ -43,7 +46,7 @@ func Verify(set *objects.Set, node string, underlayMTU int) Verdict {
 		return Verdict{Reason: fmt.Sprintf("node %q belongs to no Site (no Site's nodeCidrs hold its InternalIP)", node)}
 	}
 	if m := site.Spec.ManageCNIPlugin; m != nil && !*m {
-		return Verdict{Reason: fmt.Sprintf("Site %q has manageCniPlugin: false: another CNI owns its pods", site.Name)}
+		return Verdict{Reason: fmt.Sprintf("Site %q has manageCniPlugin: false: another CNI owns its pods", site.Name), Unmanaged: true}
 	}
 	cidrs := objects.PodCIDRs(n)
 	if len(cidrs) == 0 {

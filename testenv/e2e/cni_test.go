@@ -272,3 +272,83 @@ func TestLabSiteEditMovesPools(t *testing.T) {
 	pingBoth(t, l, "a1-p3", "b1-p1")
 	pingBoth(t, l, "a1-p3", "a2-p3")
 }
+
+// flannelConflist is flannel's cni-conf.json (kube-flannel.yml), which its
+// DaemonSet writes as /etc/cni/net.d/10-flannel.conflist.
+const flannelConflist = `{
+  "name": "cbr0",
+  "cniVersion": "0.3.1",
+  "plugins": [
+    {"type": "flannel", "delegate": {"hairpinMode": true, "isDefaultGateway": true}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+`
+
+// TestLabAnotherCNIKeepsNode: another plugin's conflist appears on a1 (a node
+// of a managed Site) and a1's agent restarts without --cni-take-over. The
+// agent takes its own conflist away, leaves flannel's as it is, keeps the
+// plugin (a1's pods hold reservations and their DEL runs it), says so in its
+// log and metrics, is Ready, and a1's pods keep talking across the sites.
+func TestLabAnotherCNIKeepsNode(t *testing.T) {
+	l := upDefault(t)
+	conf, bin := l.CNIConfDir("a1"), l.CNIBinDir("a1")
+	flannel := filepath.Join(conf, "10-flannel.conflist")
+	if err := l.StopAgent("a1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(flannel, []byte(flannelConflist), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.StartAgent("a1"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := l.WaitReady(ctx, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(conf, "00-isthmus.conflist")); !os.IsNotExist(err) {
+		t.Errorf("a1 still has 00-isthmus.conflist beside flannel's (%v)", err)
+	}
+	if b, err := os.ReadFile(flannel); err != nil || string(b) != flannelConflist {
+		t.Errorf("flannel's conflist changed: %q %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(bin, "isthmus-cni")); err != nil {
+		t.Errorf("the plugin is gone while a1's pods hold reservations: %v", err)
+	}
+	m := scrapeMetrics(t, l, "a1")
+	if m[`isthmus_cni_state{state="foreign_config"}`] != 1 || m[`isthmus_cni_foreign_config{file="10-flannel.conflist"}`] != 1 {
+		t.Errorf("a1's metrics: isthmus_cni_state foreign_config %v, isthmus_cni_foreign_config 10-flannel.conflist %v, want 1 and 1",
+			m[`isthmus_cni_state{state="foreign_config"}`], m[`isthmus_cni_foreign_config{file="10-flannel.conflist"}`])
+	}
+	if log, _ := os.ReadFile(l.AgentLog("a1")); !strings.Contains(string(log), "isthmus is not this node's CNI") || !strings.Contains(string(log), "10-flannel.conflist") {
+		t.Errorf("a1's log does not say flannel's conflist keeps isthmus off:\n%s", log)
+	}
+	pingBoth(t, l, "a1-p1", "b1-p1")
+	// b1 has no other CNI: its conflist stays.
+	if _, err := os.Stat(filepath.Join(l.CNIConfDir("b1"), "00-isthmus.conflist")); err != nil {
+		t.Errorf("b1 lost its conflist: %v", err)
+	}
+
+	// flannel's conflist goes: the running agent makes isthmus a1's CNI again
+	// at a following verification (so the lab's DEL finds its network).
+	if err := os.Remove(flannel); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(conf, "00-isthmus.conflist")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no 00-isthmus.conflist on a1 10s after flannel's went")
+		}
+	}
+	if m := scrapeMetrics(t, l, "a1"); m[`isthmus_cni_state{state="installed"}`] != 1 {
+		t.Errorf("a1's isthmus_cni_state installed = %v, want 1", m[`isthmus_cni_state{state="installed"}`])
+	}
+	if _, err := l.AddPod(ctx, "a1", "a1-p3"); err != nil {
+		t.Fatal(err)
+	}
+	pingBoth(t, l, "a1-p3", "b1-p1")
+}

@@ -1,0 +1,68 @@
+package cniinstall
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+// ForeignConfigs names every file a runtime would read as a network
+// configuration, except isthmus' own, and nothing else.
+func TestForeignConfigs(t *testing.T) {
+	conf := t.TempDir()
+	for _, f := range []string{ConflistName, "10-flannel.conflist", "87-podman.conflist", "99-loopback.conf", "calico-kubeconfig",
+		".isthmus.tmp-123", "broken.json", "README"} {
+		os.WriteFile(filepath.Join(conf, f), []byte("{}"), 0o644)
+	}
+	os.Mkdir(filepath.Join(conf, "multus.d"), 0o755)
+	got, err := ForeignConfigs(conf)
+	if want := []string{"10-flannel.conflist", "87-podman.conflist", "99-loopback.conf", "broken.json"}; err != nil || !slices.Equal(got, want) {
+		t.Fatalf("ForeignConfigs = %v, %v; want %v", got, err, want)
+	}
+	if got, err := ForeignConfigs(filepath.Join(conf, "missing")); err != nil || got != nil {
+		t.Fatalf("ForeignConfigs of a missing directory = %v, %v; want none", got, err)
+	}
+}
+
+// The installer's walk through a node's life: undecided, managed (installs),
+// another CNI appears (its conflist goes, the plugin stays while pods hold
+// reservations, then goes), the other CNI goes (installs again), the Site
+// stops managing (everything goes), --cni-take-over.
+func TestInstallerWalk(t *testing.T) {
+	bin, conf, src := t.TempDir(), t.TempDir(), filepath.Join(t.TempDir(), PluginName)
+	os.WriteFile(src, []byte("plugin"), 0o755)
+	busy := false
+	in := &Installer{BinDir: bin, ConfDir: conf, Plugin: src, Socket: "/s", DataDir: "/d", InUse: func() (bool, error) { return busy, nil }}
+	has := func(dir, f string) bool { _, err := os.Stat(filepath.Join(dir, f)); return err == nil }
+	step := func(w Want, phase string, plugin, conflist bool) {
+		t.Helper()
+		st, err := in.Reconcile(w)
+		if err != nil || st.Phase != phase || has(bin, PluginName) != plugin || has(conf, ConflistName) != conflist {
+			t.Fatalf("Reconcile(%v) = %+v, %v; plugin %v conflist %v; want %s, plugin %v conflist %v",
+				w, st, err, has(bin, PluginName), has(conf, ConflistName), phase, plugin, conflist)
+		}
+	}
+	step(Undecided, PhasePending, false, false)
+	step(Manage, PhaseInstalled, true, true)
+	os.Remove(filepath.Join(conf, ConflistName))
+	step(Manage, PhaseInstalled, true, true) // written again
+	os.WriteFile(filepath.Join(conf, "10-calico.conflist"), []byte("{}"), 0o644)
+	busy = true
+	step(Manage, PhaseForeign, true, false)
+	step(Undecided, PhaseForeign, true, false)
+	busy = false
+	step(Manage, PhaseForeign, false, false)
+	os.Remove(filepath.Join(conf, "10-calico.conflist"))
+	step(Manage, PhaseInstalled, true, true)
+	step(Leave, PhaseNotManaged, false, false)
+	// --cni-take-over: over another CNI where the Site manages, never where
+	// it does not.
+	in.TakeOver = true
+	os.WriteFile(filepath.Join(conf, "10-calico.conflist"), []byte("{}"), 0o644)
+	step(Leave, PhaseNotManaged, false, false)
+	step(Manage, PhaseInstalled, true, true)
+	if st, _ := in.Reconcile(Manage); !slices.Equal(st.Foreign, []string{"10-calico.conflist"}) {
+		t.Fatalf("state %+v does not list calico's conflist", st)
+	}
+}
