@@ -19,11 +19,12 @@ build:
 # The image the Dockerfile describes, built without a registry or Docker engine: Debian
 # trixie from Debian's mirrors by mmdebstrap (cached in /var/cache/isthmus), the static
 # binaries, written as an OCI archive for `ctr -n k8s.io images import` (docs/install.md).
-# Needs root. IMAGE_VERSION is its tag and version label.
+# Needs root. IMAGE_VERSION is its tag (isthmus:IMAGE_VERSION) and version label.
 IMAGE_VERSION ?= dev
 IMAGE_LDFLAGS ?=
+IMAGE_ARCHIVE ?= bin/isthmus-image.oci.tar
 image: deps
-	$(GO) run ./testenv/image/cmd/isthmus-image -version $(IMAGE_VERSION) -ldflags "$(IMAGE_LDFLAGS)"
+	$(GO) run ./testenv/image/cmd/isthmus-image -version $(IMAGE_VERSION) -ldflags "$(IMAGE_LDFLAGS)" -o $(IMAGE_ARCHIVE)
 
 # bpf2go (BPF objects and their Go bindings) and controller-gen (deep-copy, deploy/crds).
 generate: deps
