@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 )
 
@@ -56,6 +57,9 @@ func Labels(version string) map[string]string {
 		"org.opencontainers.image.version":     version,
 	}
 }
+
+// tagRe is what the OCI distribution spec allows as a tag.
+var tagRe = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
 
 // DefaultMirrors are the apt sources of the root filesystem: those of
 // debian:trixie-slim, so security updates are in.
@@ -109,6 +113,9 @@ type Archive struct {
 // same source give the same archive.
 func Build(ctx context.Context, o Options) (Archive, error) {
 	o = o.withDefaults()
+	if !tagRe.MatchString(o.Version) {
+		return Archive{}, fmt.Errorf("build image: version %q is not an image tag ([A-Za-z0-9_][A-Za-z0-9_.-]{0,127})", o.Version)
+	}
 	root, err := moduleRoot(ctx)
 	if err != nil {
 		return Archive{}, err

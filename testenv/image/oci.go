@@ -151,11 +151,13 @@ func writeArchive(path, ref string, cfg imageConfig, layers []layer) error {
 		return fmt.Errorf("write image index: %w", err)
 	}
 
-	tmp := path + ".tmp"
-	out, err := os.Create(tmp)
+	// A temporary file of its own: two builds of the same archive at once
+	// (two tests) each rename a complete one into place.
+	out, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp-")
 	if err != nil {
 		return fmt.Errorf("write image archive: %w", err)
 	}
+	tmp := out.Name()
 	defer os.Remove(tmp)
 	defer out.Close()
 	tw := tar.NewWriter(out)
@@ -194,6 +196,9 @@ func writeArchive(path, ref string, cfg imageConfig, layers []layer) error {
 		return fmt.Errorf("write image archive: %w", err)
 	}
 	if err := out.Close(); err != nil {
+		return fmt.Errorf("write image archive: %w", err)
+	}
+	if err := os.Chmod(tmp, 0o644); err != nil {
 		return fmt.Errorf("write image archive: %w", err)
 	}
 	if err := os.Rename(tmp, path); err != nil {

@@ -37,6 +37,12 @@ func mmdebstrapArgs() []string {
 	}
 }
 
+// Trust: mmdebstrap checks the mirrors' Release signatures with the host's
+// keyrings. Debian bookworm's debian-archive-keyring carries trixie's keys
+// (debian-archive-trixie-*.gpg) since 2023.3+deb12u2, a stable update, so an
+// up-to-date bookworm host needs nothing more; an older keyring fails here
+// with apt's NO_PUBKEY in the error (apt-get install debian-archive-keyring).
+
 // cacheKey names the cached Debian layer by everything that shapes it.
 func cacheKey(mirrors []string) string {
 	h := sha256.New()
