@@ -19,8 +19,9 @@ build:
 # The image the Dockerfile describes, built without a registry or Docker engine: Debian
 # trixie from Debian's mirrors by mmdebstrap (cached in /var/cache/isthmus), the static
 # binaries, written as an OCI archive for `ctr -n k8s.io images import` (docs/install.md).
-# Needs root. IMAGE_VERSION is its tag (isthmus:IMAGE_VERSION) and version label.
-IMAGE_VERSION ?= dev
+# Needs root. IMAGE_VERSION is its tag (isthmus:IMAGE_VERSION), its version label and
+# the release its binaries report (the build's VERSION where the Makefile has one).
+IMAGE_VERSION ?= $(or $(VERSION),dev)
 IMAGE_LDFLAGS ?=
 IMAGE_ARCHIVE ?= bin/isthmus-image.oci.tar
 image: deps

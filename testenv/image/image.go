@@ -15,6 +15,7 @@
 package image
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -81,8 +82,12 @@ type Options struct {
 	Version string
 	// Name is the image's repository name; "" is "isthmus".
 	Name string
-	// LDFlags are extra go build -ldflags after "-s -w" (the version
-	// variables: the Makefile's).
+	// Commit is the commit the binaries report (loader/buildinfo); "" is
+	// `git rev-parse HEAD` of the module, with "-dirty" for a changed tree,
+	// as the Makefile computes it.
+	Commit string
+	// LDFlags are extra go build -ldflags, after "-s -w" and the -X of
+	// loader/buildinfo's Release (Version) and Commit.
 	LDFlags string
 	// Out is the archive's path; "" is bin/isthmus-image.oci.tar, or
 	// bin/isthmus-image-<version>.oci.tar for a version other than dev, in
@@ -136,11 +141,15 @@ func Build(ctx context.Context, o Options) (Archive, error) {
 		return Archive{}, fmt.Errorf("build image: %w", err)
 	}
 	defer os.RemoveAll(tmp)
+	if o.Commit == "" {
+		o.Commit = gitCommit(ctx, root)
+	}
+	ldflags := fmt.Sprintf("-s -w -X %s.Release=%s -X %s.Commit=%s %s", buildinfoPkg, o.Version, buildinfoPkg, o.Commit, o.LDFlags)
 	files := map[string]string{}
 	for _, b := range Binaries {
 		o.Log("build %s", b.Main)
 		out := filepath.Join(tmp, filepath.Base(b.Path))
-		if err := goBuild(ctx, root, b.Main, out, o.LDFlags); err != nil {
+		if err := goBuild(ctx, root, b.Main, out, ldflags); err != nil {
 			return Archive{}, err
 		}
 		files[strings.TrimPrefix(b.Path, "/")] = out
@@ -210,9 +219,28 @@ func Import(ctx context.Context, containerdAddress string, a Archive) error {
 	return nil
 }
 
-// goBuild builds the static binary of main into out, as the Dockerfile does.
+// buildinfoPkg holds the release and commit the binaries report (isthmus
+// version, the CNI plugin's VERSION, isthmus_build_info).
+const buildinfoPkg = "github.com/isthmus-dev/isthmus/loader/buildinfo"
+
+// gitCommit is HEAD of the checkout at root, "-dirty" when its tree has
+// changes, or "unknown" outside a git checkout.
+func gitCommit(ctx context.Context, root string) string {
+	out, err := exec.CommandContext(ctx, "git", "-C", root, "rev-parse", "HEAD").Output()
+	if err != nil {
+		return "unknown"
+	}
+	c := strings.TrimSpace(string(out))
+	if st, err := exec.CommandContext(ctx, "git", "-C", root, "status", "--porcelain").Output(); err == nil && len(bytes.TrimSpace(st)) > 0 {
+		c += "-dirty"
+	}
+	return c
+}
+
+// goBuild builds the static binary of main into out, as the Dockerfile does
+// (-buildvcs=false there, as here: the commit comes in ldflags).
 func goBuild(ctx context.Context, root, main, out, ldflags string) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", strings.TrimSpace("-s -w "+ldflags), "-o", out, main)
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false", "-ldflags", strings.TrimSpace(ldflags), "-o", out, main)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
 	if b, err := cmd.CombinedOutput(); err != nil {

@@ -21,7 +21,8 @@ func main() {
 	var o image.Options
 	flag.StringVar(&o.Version, "version", "dev", "the image's tag and version label")
 	flag.StringVar(&o.Name, "name", "isthmus", "the image's name")
-	flag.StringVar(&o.LDFlags, "ldflags", "", "extra go build -ldflags for the binaries (after -s -w)")
+	flag.StringVar(&o.Commit, "commit", "", "the commit the binaries report (default git rev-parse HEAD, -dirty for a changed tree)")
+	flag.StringVar(&o.LDFlags, "ldflags", "", "extra go build -ldflags for the binaries")
 	flag.StringVar(&o.Out, "o", "", "the archive to write (default bin/isthmus-image.oci.tar, or bin/isthmus-image-<version>.oci.tar)")
 	flag.StringVar(&o.CacheDir, "cache", image.DefaultCacheDir, "where the Debian layer is cached")
 	flag.Parse()
