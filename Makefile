@@ -1,6 +1,9 @@
 # isthmus: every target a newcomer or CI needs. `make demo` and `make test` do their own set-up.
 GO      ?= go
 BIN     := bin/isthmus
+# The lab and the benchmarks: a command of their own, so the image's binaries
+# link none of it (TestImageLinksNoLab). Its agents run $(BIN), beside it.
+LAB     := bin/isthmus-lab
 # Generated files that must match what `make generate` produces.
 GENERATED := bpf api deploy/crds
 
@@ -14,6 +17,7 @@ deps:
 build:
 	$(GO) build -o $(BIN) ./cmd/isthmus
 	$(GO) build -o bin/isthmus-cni ./cmd/isthmus-cni
+	$(GO) build -o $(LAB) ./cmd/isthmus-lab
 	$(GO) build -o bin/cnitool github.com/containernetworking/cni/cnitool
 
 # bpf2go (BPF objects and their Go bindings) and controller-gen (deep-copy, deploy/crds).
@@ -72,20 +76,20 @@ test-unit:
 # server 5,000 Nodes bootstrapped by the controller and heartbeating under an agent
 # (about 5 minutes). docs/benchmarks.md.
 bench: deps build kube-binaries
-	$(BIN) bench
-	$(BIN) bench --control-plane
+	$(LAB) bench
+	$(LAB) bench --control-plane
 	$(GO) test ./testenv/kube -run '^$$' -bench NodeChurn -benchtime 1x -timeout 30m
 
 # Brings up the default lab, shows the connectivity matrix and a GENEVE frame on the wire.
 demo: deps build
-	-@$(BIN) lab down default >/dev/null 2>&1
-	$(BIN) lab up default
-	$(BIN) lab check default
-	$(BIN) lab capture default
+	-@$(LAB) lab down default >/dev/null 2>&1
+	$(LAB) lab up default
+	$(LAB) lab check default
+	$(LAB) lab capture default
 	@echo "lab is up: 'make lab-down' removes it"
 
 lab-down: build
-	$(BIN) lab down default
+	$(LAB) lab down default
 
 clean:
 	rm -rf bin
