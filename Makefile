@@ -4,6 +4,13 @@ BIN     := bin/isthmus
 # The lab and the benchmarks: a command of their own, so the image's binaries
 # link none of it (TestImageLinksNoLab). Its agents run $(BIN), beside it.
 LAB     := bin/isthmus-lab
+# Which build this is (isthmus version, the CNI plugin's VERSION, isthmus_build_info):
+# the release from the newest v* tag (dev when there is none) and the commit, with
+# -dirty for uncommitted changes. Outside a git checkout COMMIT is empty and the
+# binaries fall back to what the Go toolchain recorded (loader/buildinfo).
+VERSION ?= $(shell git describe --tags --match 'v*' --dirty 2>/dev/null || echo dev)
+COMMIT  ?= $(shell c=$$(git rev-parse HEAD 2>/dev/null) && { [ -z "$$(git status --porcelain 2>/dev/null)" ] || c=$$c-dirty; echo $$c; })
+LDFLAGS := -X github.com/isthmus-dev/isthmus/loader/buildinfo.Release=$(VERSION) -X github.com/isthmus-dev/isthmus/loader/buildinfo.Commit=$(COMMIT)
 # Generated files that must match what `make generate` produces.
 GENERATED := bpf api deploy/crds
 
@@ -15,9 +22,9 @@ deps:
 	@./hack/install-deps.sh
 
 build:
-	$(GO) build -o $(BIN) ./cmd/isthmus
-	$(GO) build -o bin/isthmus-cni ./cmd/isthmus-cni
-	$(GO) build -o $(LAB) ./cmd/isthmus-lab
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/isthmus
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/isthmus-cni ./cmd/isthmus-cni
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(LAB) ./cmd/isthmus-lab
 	$(GO) build -o bin/cnitool github.com/containernetworking/cni/cnitool
 
 # bpf2go (BPF objects and their Go bindings) and controller-gen (deep-copy, deploy/crds).
