@@ -796,9 +796,11 @@ func Attach(sc *Scenario, name string) (*Lab, error) {
 	return l, nil
 }
 
-// AgentBinary returns the isthmus binary beside the running executable (bin/isthmus
-// beside bin/isthmus-lab, as `make build` puts them), or the executable itself
-// when it is isthmus: what a lab's agents run when Options.Binary is empty.
+// AgentBinary returns the isthmus binary beside the running executable
+// (bin/isthmus beside bin/isthmus-lab, as `make build` puts them), or the
+// executable itself when it is isthmus: what a lab's agents run when
+// Options.Binary is empty. The path may not exist (no `make build`, or a test
+// binary): starting an agent then fails naming it.
 func AgentBinary() (string, error) {
 	exe, err := os.Executable()
 	if err != nil {
@@ -807,9 +809,5 @@ func AgentBinary() (string, error) {
 	if filepath.Base(exe) == "isthmus" {
 		return exe, nil
 	}
-	beside := filepath.Join(filepath.Dir(exe), "isthmus")
-	if _, err := os.Stat(beside); err != nil {
-		return "", fmt.Errorf("find isthmus binary beside %s (`make build` builds bin/isthmus; or pass its path): %w", exe, err)
-	}
-	return beside, nil
+	return filepath.Join(filepath.Dir(exe), "isthmus"), nil
 }
