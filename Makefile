@@ -41,8 +41,9 @@ vet:
 	$(GO) vet ./...
 
 # The kube-apiserver, etcd and kube-proxy the Kubernetes tests run, the container
-# runtime tests' crictl and the Pod tests' kubelet, built once into /var/cache/isthmus
-# with a progress line every few seconds (go test would hide it).
+# runtime tests' crictl, the Pod tests' kubelet and deploy/'s kubectl (kustomize),
+# built once into /var/cache/isthmus with a progress line every few seconds (go test
+# would hide it).
 kube-binaries:
 	$(GO) run ./testenv/kube/cmd/prebuild
 
