@@ -126,7 +126,7 @@ func (in planInput) strictErr(aside []plan.SetAside) error {
 	if !in.strict || len(aside) == 0 {
 		return nil
 	}
-	return fmt.Errorf("--strict: %d objects set aside (listed above)", len(aside))
+	return fmt.Errorf("--strict: %d objects set aside (see SET ASIDE, or setAside in JSON)", len(aside))
 }
 
 // planJSON is plan -o json: the NodePlan's fields and the objects set aside.
