@@ -446,7 +446,7 @@ func TestLabUpKubernetes(t *testing.T) {
 	// check` shows them above a passing matrix.
 	var out []byte
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Second) {
-		out, err = exec.CommandContext(ctx, binary, "lab", "check", "seed000", "--name", name).CombinedOutput()
+		out, err = exec.CommandContext(ctx, testenv.LabBinary(binary), "lab", "check", "seed000", "--name", name).CombinedOutput()
 		if err == nil && strings.Contains(string(out), "site cluster: Ready True") && strings.Contains(string(out), "site flex-site: Ready True") {
 			break
 		}
@@ -462,7 +462,7 @@ func TestLabUpKubernetes(t *testing.T) {
 	}
 	// `lab down` from another process stops the one serving the lab, which
 	// takes it all down: API server, controller, kube-proxy, agents.
-	if out, err := exec.CommandContext(ctx, binary, "lab", "down", "--name", name).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, testenv.LabBinary(binary), "lab", "down", "--name", name).CombinedOutput(); err != nil {
 		t.Fatalf("lab down: %v\n%s", err, out)
 	}
 	if err := cmd.Wait(); err != nil {
