@@ -2,7 +2,8 @@
 # The isthmus image: one static binary (agent, controller, uninstall, plan) plus
 # the tools an operator reaches for on a node: bpftool and iproute2.
 #
-#   docker build -t isthmus:dev .
+#   docker build --build-arg VERSION=... --build-arg COMMIT=... -t isthmus:dev .
+#   (see the build stage for the values `make` uses)
 #
 # The BPF objects and their Go bindings are committed (bpf2go output), so the
 # build needs neither clang nor kernel headers.
@@ -12,13 +13,22 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
+# Which build this is: `isthmus version`, the CNI plugin's VERSION answer and the
+# isthmus_build_info metric print them. .git is not in the build context
+# (.dockerignore), so the toolchain cannot stamp the commit (hence -buildvcs=false):
+# pass both, as `make` computes them:
+#   docker build --build-arg VERSION=$(git describe --tags --match 'v*' --dirty || echo dev) \
+#                --build-arg COMMIT=$(git rev-parse HEAD) -t isthmus:dev .
+ARG VERSION=dev
+ARG COMMIT=unknown
 # Static: CGO_ENABLED=0 (cilium/ebpf and vishvananda/netlink are pure Go), so the
 # binary runs on any base and carries no libc dependency.
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 GOOS=linux go build -trimpath -buildvcs=false \
-      -ldflags "-s -w" -o /out/isthmus ./cmd/isthmus \
+    LDFLAGS="-s -w -X github.com/isthmus-dev/isthmus/loader/buildinfo.Release=${VERSION} -X github.com/isthmus-dev/isthmus/loader/buildinfo.Commit=${COMMIT}" \
  && CGO_ENABLED=0 GOOS=linux go build -trimpath -buildvcs=false \
-      -ldflags "-s -w" -o /out/isthmus-cni ./cmd/isthmus-cni
+      -ldflags "$LDFLAGS" -o /out/isthmus ./cmd/isthmus \
+ && CGO_ENABLED=0 GOOS=linux go build -trimpath -buildvcs=false \
+      -ldflags "$LDFLAGS" -o /out/isthmus-cni ./cmd/isthmus-cni
 
 # Debian, not distroless: the agent pod is where an operator debugs the datapath
 # (kubectl exec ... bpftool map dump pinned /sys/fs/bpf/isthmus/routes, bpftool

@@ -1,6 +1,16 @@
 # isthmus: every target a newcomer or CI needs. `make demo` and `make test` do their own set-up.
 GO      ?= go
 BIN     := bin/isthmus
+# The lab and the benchmarks: a command of their own, so the image's binaries
+# link none of it (TestImageLinksNoLab). Its agents run $(BIN), beside it.
+LAB     := bin/isthmus-lab
+# Which build this is (isthmus version, the CNI plugin's VERSION, isthmus_build_info):
+# the release from the newest v* tag (dev when there is none) and the commit, with
+# -dirty for uncommitted changes. Outside a git checkout COMMIT is empty and the
+# binaries fall back to what the Go toolchain recorded (loader/buildinfo).
+VERSION ?= $(shell git describe --tags --match 'v*' --dirty 2>/dev/null || echo dev)
+COMMIT  ?= $(shell c=$$(git rev-parse HEAD 2>/dev/null) && { [ -z "$$(git status --porcelain 2>/dev/null)" ] || c=$$c-dirty; echo $$c; })
+LDFLAGS := -X github.com/isthmus-dev/isthmus/loader/buildinfo.Release=$(VERSION) -X github.com/isthmus-dev/isthmus/loader/buildinfo.Commit=$(COMMIT)
 # Generated files that must match what `make generate` produces.
 GENERATED := bpf api deploy/crds
 
@@ -12,8 +22,9 @@ deps:
 	@./hack/install-deps.sh
 
 build:
-	$(GO) build -o $(BIN) ./cmd/isthmus
-	$(GO) build -o bin/isthmus-cni ./cmd/isthmus-cni
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/isthmus
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/isthmus-cni ./cmd/isthmus-cni
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(LAB) ./cmd/isthmus-lab
 	$(GO) build -o bin/cnitool github.com/containernetworking/cni/cnitool
 
 # The image the Dockerfile describes, built without a registry or Docker engine: Debian
@@ -41,8 +52,9 @@ vet:
 	$(GO) vet ./...
 
 # The kube-apiserver, etcd and kube-proxy the Kubernetes tests run, the container
-# runtime tests' crictl and the Pod tests' kubelet, built once into /var/cache/isthmus
-# with a progress line every few seconds (go test would hide it).
+# runtime tests' crictl, the Pod tests' kubelet and deploy/'s kubectl (kustomize),
+# built once into /var/cache/isthmus with a progress line every few seconds (go test
+# would hide it).
 kube-binaries:
 	$(GO) run ./testenv/kube/cmd/prebuild
 
@@ -83,20 +95,20 @@ test-unit:
 # server 5,000 Nodes bootstrapped by the controller and heartbeating under an agent
 # (about 5 minutes). docs/benchmarks.md.
 bench: deps build kube-binaries
-	$(BIN) bench
-	$(BIN) bench --control-plane
+	$(LAB) bench
+	$(LAB) bench --control-plane
 	$(GO) test ./testenv/kube -run '^$$' -bench NodeChurn -benchtime 1x -timeout 30m
 
 # Brings up the default lab, shows the connectivity matrix and a GENEVE frame on the wire.
 demo: deps build
-	-@$(BIN) lab down default >/dev/null 2>&1
-	$(BIN) lab up default
-	$(BIN) lab check default
-	$(BIN) lab capture default
+	-@$(LAB) lab down default >/dev/null 2>&1
+	$(LAB) lab up default
+	$(LAB) lab check default
+	$(LAB) lab capture default
 	@echo "lab is up: 'make lab-down' removes it"
 
 lab-down: build
-	$(BIN) lab down default
+	$(LAB) lab down default
 
 clean:
 	rm -rf bin

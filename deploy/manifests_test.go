@@ -3,6 +3,7 @@ package deploy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
@@ -22,6 +24,8 @@ import (
 	"k8s.io/apimachinery/pkg/selection"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/isthmus-dev/isthmus/testenv/kube/kubebin"
 )
 
 // The kustomization directories this package owns. crds/ is generated and
@@ -735,11 +739,16 @@ func TestRBACIsWhatTheCodeUses(t *testing.T) {
 }
 
 // TestKustomizeBuilds renders each kustomization with kubectl's built-in
-// kustomize, when kubectl is installed, and checks the image was rewritten.
+// kustomize, as `kubectl apply -k` does, and checks the image was rewritten.
+// The kubectl is the one `make kube-binaries` builds (testenv/kube/kubebin:
+// the API server's release, from the Go module proxy), built here if the
+// cache lacks it; a kubectl that cannot be had fails the test.
 func TestKustomizeBuilds(t *testing.T) {
-	kubectl, err := exec.LookPath("kubectl")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	kubectl, err := kubebin.Kubectl(ctx)
 	if err != nil {
-		t.Skip("kubectl not installed")
+		t.Fatalf("kubectl for kustomize: %v", err)
 	}
 	for _, dir := range kustomizations {
 		b := loadBundle(t, dir)

@@ -90,7 +90,7 @@ func (l *Lab) StartAgent(node string, extra ...string) error {
 	fmt.Fprintf(logf, "--- %s lab: starting agent\n", time.Now().Format(time.RFC3339))
 	cmd := Command(context.Background(), l.NodeNS(node), l.AgentArgs(node, extra)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	// Own session: the agent outlives `isthmus lab up` and no terminal signal
+	// Own session: the agent outlives `isthmus-lab lab up` and no terminal signal
 	// reaches it; Down signals the whole group.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {

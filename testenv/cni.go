@@ -430,11 +430,13 @@ func cniDown(lab, binary string, logf func(string, ...any)) error {
 
 // BuildBinaries builds what a lab with agents runs into dir, side by side as
 // `make build` puts them in bin/: isthmus, the plugin the agents install
-// (isthmus-cni) and cnitool. It returns the isthmus binary's path. It must run
-// inside the module (go test does).
+// (isthmus-cni), cnitool, and isthmus-lab (LabBinary), the lab's own command.
+// It returns the isthmus binary's path. It must run inside the module (go
+// test does).
 func BuildBinaries(ctx context.Context, dir string) (string, error) {
 	for _, b := range [][2]string{
 		{"isthmus", "github.com/isthmus-dev/isthmus/cmd/isthmus"},
+		{LabCommand, "github.com/isthmus-dev/isthmus/cmd/isthmus-lab"},
 		{cniinstall.PluginName, "github.com/isthmus-dev/isthmus/cmd/isthmus-cni"},
 		{CNIToolName, "github.com/containernetworking/cni/cnitool"},
 	} {
@@ -445,3 +447,10 @@ func BuildBinaries(ctx context.Context, dir string) (string, error) {
 	}
 	return filepath.Join(dir, "isthmus"), nil
 }
+
+// LabCommand is the name of the lab's command (cmd/isthmus-lab), which
+// BuildBinaries and `make build` put beside isthmus.
+const LabCommand = "isthmus-lab"
+
+// LabBinary returns the isthmus-lab binary BuildBinaries built beside binary.
+func LabBinary(binary string) string { return filepath.Join(filepath.Dir(binary), LabCommand) }

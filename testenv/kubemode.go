@@ -36,7 +36,7 @@ const (
 	// through UpdateStatus), and forwards 127.0.0.1:<port> in every node's
 	// namespace to the API server on the host's loopback. The lab must stay in
 	// the process that built it (the forwarders and, unless Options.Kube is
-	// given, the API server live there), so `isthmus lab up` does not offer it.
+	// given, the API server live there), so `isthmus-lab lab up` does not offer it.
 	SourceKube Source = "kube"
 )
 
@@ -275,13 +275,13 @@ func forward(ln net.Listener, target string) {
 }
 
 // servingFile is the state file that names the process serving a lab in
-// Kubernetes mode (`isthmus lab up --kubernetes`): its pid, then its command
+// Kubernetes mode (`isthmus-lab lab up --kubernetes`): its pid, then its command
 // line, so Down from another process stops that one and not a process that
 // reused the pid.
 const servingFile = "serving"
 
 // RecordServing records this process as the one serving the lab, so that
-// `isthmus lab down` from another shell stops it (and with it the API server,
+// `isthmus-lab lab down` from another shell stops it (and with it the API server,
 // the controller and kube-proxy it holds) before removing the rest.
 func (l *Lab) RecordServing() error {
 	cmdline, err := os.ReadFile("/proc/self/cmdline")

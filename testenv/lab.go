@@ -172,14 +172,14 @@ func Up(ctx context.Context, sc *Scenario, opts Options) (*Lab, error) {
 		l.Datapath = DatapathIsthmus
 	}
 	if l.Binary == "" {
-		exe, err := os.Executable()
+		exe, err := AgentBinary()
 		if err != nil {
-			return nil, fmt.Errorf("find isthmus binary: %w", err)
+			return nil, fmt.Errorf("build lab %q: %w", l.Name, err)
 		}
 		l.Binary = exe
 	}
 	if existing, _ := listNS(NSPrefix + l.Name + "-"); len(existing) > 0 {
-		return nil, fmt.Errorf("build lab %q: namespaces %v exist; run `isthmus lab down` first", l.Name, existing)
+		return nil, fmt.Errorf("build lab %q: namespaces %v exist; run `isthmus-lab lab down` first", l.Name, existing)
 	}
 	if err := l.build(ctx, opts); err != nil {
 		if kerr := l.stopKube(); kerr != nil {
@@ -794,4 +794,20 @@ func Attach(sc *Scenario, name string) (*Lab, error) {
 		l.Binary = strings.TrimSpace(string(data))
 	}
 	return l, nil
+}
+
+// AgentBinary returns the isthmus binary beside the running executable
+// (bin/isthmus beside bin/isthmus-lab, as `make build` puts them), or the
+// executable itself when it is isthmus: what a lab's agents run when
+// Options.Binary is empty. The path may not exist (no `make build`, or a test
+// binary): starting an agent then fails naming it.
+func AgentBinary() (string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("find isthmus binary: %w", err)
+	}
+	if filepath.Base(exe) == "isthmus" {
+		return exe, nil
+	}
+	return filepath.Join(filepath.Dir(exe), "isthmus"), nil
 }

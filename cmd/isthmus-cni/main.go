@@ -12,10 +12,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -30,6 +32,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
+	"github.com/isthmus-dev/isthmus/loader/buildinfo"
 	"github.com/isthmus-dev/isthmus/loader/ipam"
 )
 
@@ -97,7 +100,30 @@ func loadConf(b []byte) (*NetConf, error) {
 
 func main() {
 	skel.PluginMainFuncs(skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck, GC: cmdGC, Status: cmdStatus},
-		version.PluginSupports("0.4.0", "1.0.0", "1.1.0"), "isthmus CNI plugin")
+		pluginInfo{version.PluginSupports("0.4.0", "1.0.0", "1.1.0"), buildinfo.Get()}, "isthmus CNI plugin "+buildinfo.Get().String())
+}
+
+// pluginInfo is the plugin's answer to VERSION: the CNI versions it supports
+// and, beside them, which build it is (the "isthmus" object: release,
+// commit, goVersion, as `isthmus version -o json` prints them). Runtimes
+// read only the CNI fields and ignore the rest.
+type pluginInfo struct {
+	version.PluginInfo
+	build buildinfo.Info
+}
+
+// Encode writes the CNI fields and the build as one JSON object.
+func (p pluginInfo) Encode(w io.Writer) error {
+	var cni bytes.Buffer
+	if err := p.PluginInfo.Encode(&cni); err != nil {
+		return err
+	}
+	var fields map[string]any
+	if err := json.Unmarshal(cni.Bytes(), &fields); err != nil {
+		return fmt.Errorf("encode version: %w", err)
+	}
+	fields["isthmus"] = p.build
+	return json.NewEncoder(w).Encode(fields)
 }
 
 func cmdAdd(args *skel.CmdArgs) error {

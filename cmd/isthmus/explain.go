@@ -7,13 +7,12 @@ import (
 	"net/netip"
 	"text/tabwriter"
 
-	"github.com/isthmus-dev/isthmus/loader/objects"
 	"github.com/isthmus-dev/isthmus/loader/plan"
 )
 
 // runExplain prints plan.Explain of addr on node: a summary, every entry that
 // contains the address, the corrections and the SNAT verdict.
-func runExplain(stdout, stderr io.Writer, node, dir, address, from, output string) error {
+func runExplain(stdout, stderr io.Writer, in planInput, address, from, output string) error {
 	if output != "table" && output != "json" {
 		return fmt.Errorf("parse --output: unknown format %q (want table or json)", output)
 	}
@@ -24,15 +23,22 @@ func runExplain(stdout, stderr io.Writer, node, dir, address, from, output strin
 	if addr = addr.Unmap(); !addr.Is4() {
 		return fmt.Errorf("parse --explain: %s is not IPv4 (the datapath is IPv4 only)", addr)
 	}
-	set, warnings, err := objects.LoadDir(dir)
-	printLoadWarnings(stderr, warnings)
-	if err != nil {
-		return fmt.Errorf("load objects from %s:\n%w", dir, err)
-	}
-	p, err := plan.Compute(set, node)
+	p, warnings, aside, err := in.load(stderr)
 	if err != nil {
 		return err
 	}
+	// The explanation is of the plan without the objects set aside: say
+	// which, where the warnings go.
+	printLoadWarnings(stderr, warnings)
+	printSetAside(stderr, aside)
+	if err := explain(stdout, p, addr, from, output); err != nil {
+		return err
+	}
+	return in.strictErr(aside)
+}
+
+// explain prints plan.Explain of addr in p, or with from plan.ExplainPair.
+func explain(stdout io.Writer, p *plan.NodePlan, addr netip.Addr, from, output string) error {
 	if from != "" {
 		src, err := netip.ParseAddr(from)
 		if err != nil {

@@ -1,4 +1,6 @@
-// Command isthmus is the isthmus agent, planner and lab in one binary.
+// Command isthmus is the isthmus agent, controller, planner and node tools in
+// one binary, the one the image carries. The lab and the benchmarks are
+// cmd/isthmus-lab.
 package main
 
 import (
@@ -15,7 +17,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newPlanCmd(), newAgentCmd(), newControllerCmd(), newUninstallCmd(), newLabCmd(), newBenchCmd(), newTraceCmd(), newInspectCmd())
+	root.AddCommand(newPlanCmd(), newAgentCmd(), newControllerCmd(), newUninstallCmd(), newTraceCmd(), newInspectCmd(), newVersionCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "isthmus:", err)
 		os.Exit(1)

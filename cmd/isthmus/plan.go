@@ -11,14 +11,16 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/isthmus-dev/isthmus/loader/agent"
 	"github.com/isthmus-dev/isthmus/loader/objects"
 	"github.com/isthmus-dev/isthmus/loader/plan"
 )
 
 func newPlanCmd() *cobra.Command {
-	var node, dir, output, explain, from string
+	var node, dir, output, explain, from, tunnelCIDR string
+	var strict bool
 	cmd := &cobra.Command{
-		Use:   "plan --node NAME --objects DIR [--explain ADDRESS [--from SOURCE]] [-o table|json]",
+		Use:   "plan --node NAME --objects DIR [--explain ADDRESS [--from SOURCE]] [-o table|json] [--strict]",
 		Short: "Print the datapath state a node's agent would install",
 		Long: `plan loads the Site, SitePeering, GatewayPool, SiteGatewayPoolAssignment and
 Node objects in DIR (every *.yaml and *.yml file), computes the plan of one
@@ -29,6 +31,14 @@ route to an unmanaged site, or through gateways, goes to a group of nodes,
 listed under ROUTE GROUPS), the sources return-path SNAT translates, the
 corrections made to keep tunnel endpoints and local prefixes out of the
 overlay, and warnings. Nothing on the machine is changed.
+
+Objects the agent would set aside are set aside here too, by the same code:
+a Node in no Site (a control-plane node, say), a Node whose podCIDR
+overlaps another's, any object that breaks a rule. They are listed under SET
+ASIDE (in JSON, "setAside") with every reason, and the node is planned
+without them, as its agent would plan it; the exit status is 0. With
+--strict it is 1 when anything was set aside. A node that is itself set
+aside gets no plan: the error says why.
 
 With --explain ADDRESS it prints instead what the node does with one address:
 the entry it matches (longest prefix among routes, local and fabric prefixes,
@@ -43,14 +53,25 @@ policy rules pick for SOURCE, the route and the device a packet from SOURCE to
 ADDRESS leaves by, and the device the answer must arrive on for strict
 rp_filter to accept it (the same one), with how the answer gets there.`,
 		Args: cobra.NoArgs,
+		// A plan printed and then refused by --strict must not be
+		// followed by the usage: nothing was wrong with the command line.
+		SilenceUsage: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if from != "" && explain == "" {
 				return fmt.Errorf("--from needs --explain: the pair is SOURCE and the explained ADDRESS")
 			}
-			if explain != "" {
-				return runExplain(cmd.OutOrStdout(), cmd.ErrOrStderr(), node, dir, explain, from, output)
+			in := planInput{node: node, dir: dir, strict: strict}
+			if tunnelCIDR != "" {
+				p, err := netip.ParsePrefix(tunnelCIDR)
+				if err != nil || !p.Addr().Is4() {
+					return fmt.Errorf("parse --tunnel-cidr %q: want an IPv4 prefix, the controller's --tunnel-cidr (such as 100.64.0.0/16)", tunnelCIDR)
+				}
+				in.rules.TunnelCIDR = p.Masked()
 			}
-			return runPlan(cmd.OutOrStdout(), cmd.ErrOrStderr(), node, dir, output)
+			if explain != "" {
+				return runExplain(cmd.OutOrStdout(), cmd.ErrOrStderr(), in, explain, from, output)
+			}
+			return runPlan(cmd.OutOrStdout(), cmd.ErrOrStderr(), in, output)
 		},
 	}
 	cmd.Flags().StringVar(&node, "node", "", "name of the Node to plan for")
@@ -58,34 +79,85 @@ rp_filter to accept it (the same one), with how the answer gets there.`,
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
 	cmd.Flags().StringVar(&explain, "explain", "", "explain what the node does with this IPv4 address instead of printing the plan")
 	cmd.Flags().StringVar(&from, "from", "", "with --explain: a source on or behind the node; print both directions of the pair")
+	cmd.Flags().BoolVar(&strict, "strict", false, "exit with status 1 when any object was set aside (the plan is printed all the same)")
+	cmd.Flags().StringVar(&tunnelCIDR, "tunnel-cidr", "", "the controller's --tunnel-cidr, as the agent is given it: a Node whose isthmus.dev/tunnel-ipv4 annotation is outside it is set aside (empty: not checked)")
 	_ = cmd.MarkFlagRequired("node")
 	_ = cmd.MarkFlagRequired("objects")
 	return cmd
 }
 
-func runPlan(stdout, stderr io.Writer, node, dir, output string) error {
+// planInput is what plan and plan --explain read: the objects in dir, set
+// aside by rules as the agent sets them aside, planned for node.
+type planInput struct {
+	node, dir string
+	rules     objects.Rules
+	strict    bool
+}
+
+// load reads the objects and computes the plan the way the agent does in
+// file mode (source.Files): invalid objects are set aside with their
+// reasons (objects.Rules.LoadDirSettingAside), the node is checked with
+// agent.Plannable, and the rest is planned. Warnings of the objects go to
+// stderr when the plan fails, with the objects set aside, so the reason
+// shows.
+func (in planInput) load(stderr io.Writer) (*plan.NodePlan, []objects.Warning, []plan.SetAside, error) {
+	set, warnings, err := in.rules.LoadDirSettingAside(in.dir)
+	if err != nil {
+		return nil, warnings, nil, fmt.Errorf("load objects from %s: %w", in.dir, err)
+	}
+	aside := plan.SetAsideOf(set.Rejected)
+	fail := func(err error) (*plan.NodePlan, []objects.Warning, []plan.SetAside, error) {
+		printLoadWarnings(stderr, warnings)
+		printSetAside(stderr, aside)
+		return nil, warnings, aside, err
+	}
+	if err := agent.Plannable(set, warnings, in.node); err != nil {
+		return fail(fmt.Errorf("plan node %q: %w", in.node, err))
+	}
+	p, err := plan.Compute(set, in.node)
+	if err != nil {
+		return fail(err)
+	}
+	return p, warnings, aside, nil
+}
+
+// strictErr is the error --strict returns when anything was set aside.
+func (in planInput) strictErr(aside []plan.SetAside) error {
+	if !in.strict || len(aside) == 0 {
+		return nil
+	}
+	return fmt.Errorf("--strict: %d objects set aside (see SET ASIDE, or setAside in JSON)", len(aside))
+}
+
+// planJSON is plan -o json: the NodePlan's fields and the objects set aside.
+type planJSON struct {
+	*plan.NodePlan
+	SetAside []plan.SetAside `json:"setAside"`
+}
+
+func runPlan(stdout, stderr io.Writer, in planInput, output string) error {
 	if output != "table" && output != "json" {
 		return fmt.Errorf("parse --output: unknown format %q (want table or json)", output)
 	}
-	set, warnings, err := objects.LoadDir(dir)
+	p, warnings, aside, err := in.load(stderr)
 	if err != nil {
-		printLoadWarnings(stderr, warnings)
-		return fmt.Errorf("load objects from %s:\n%w", dir, err)
-	}
-	p, err := plan.Compute(set, node)
-	if err != nil {
-		printLoadWarnings(stderr, warnings)
 		return err
 	}
 	if output == "json" {
-		// The JSON is the NodePlan alone, for tools; loader warnings go to
-		// stderr so they are still seen.
+		// The JSON is the NodePlan and the objects set aside, for tools;
+		// loader warnings go to stderr so they are still seen.
 		printLoadWarnings(stderr, warnings)
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(p)
+		if err := enc.Encode(planJSON{NodePlan: p, SetAside: aside}); err != nil {
+			return fmt.Errorf("write plan: %w", err)
+		}
+		return in.strictErr(aside)
 	}
-	return writePlanTable(stdout, p, warnings)
+	if err := writePlanTable(stdout, p, warnings, aside); err != nil {
+		return err
+	}
+	return in.strictErr(aside)
 }
 
 func printLoadWarnings(w io.Writer, warnings []objects.Warning) {
@@ -94,8 +166,23 @@ func printLoadWarnings(w io.Writer, warnings []objects.Warning) {
 	}
 }
 
+// printSetAside prints one line per object set aside, with its reasons.
+func printSetAside(w io.Writer, aside []plan.SetAside) {
+	for _, a := range aside {
+		fmt.Fprintf(w, "set aside: %s: %s\n", setAsideObject(a), strings.Join(a.Reasons, "; "))
+	}
+}
+
+// setAsideObject names an object set aside and the file it came from.
+func setAsideObject(a plan.SetAside) string {
+	if a.File == "" {
+		return a.Object
+	}
+	return a.File + ": " + a.Object
+}
+
 // writePlanTable prints p as a summary followed by one table per section.
-func writePlanTable(w io.Writer, p *plan.NodePlan, warnings []objects.Warning) error {
+func writePlanTable(w io.Writer, p *plan.NodePlan, warnings []objects.Warning, aside []plan.SetAside) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	mtu := "auto (underlay MTU - 50)"
 	if p.TunnelMTU != 0 {
@@ -179,6 +266,19 @@ func writePlanTable(w io.Writer, p *plan.NodePlan, warnings []objects.Warning) e
 				cut = "local " + c.Local.String()
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", c.Removed, cut, c.Origin, orNone(joinPrefixes(c.Kept)))
+		}
+	})
+	section(w, "SET ASIDE", len(aside), func(tw *tabwriter.Writer) {
+		// What the agent plans without, as it does: one row per reason.
+		fmt.Fprintln(tw, "OBJECT\tFILE\tREASON")
+		for _, a := range aside {
+			for i, r := range a.Reasons {
+				obj, file := a.Object, cmp.Or(a.File, "-")
+				if i > 0 {
+					obj, file = "", ""
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", obj, file, r)
+			}
 		}
 	})
 	var all []string

@@ -244,7 +244,8 @@ func TestPlanErrors(t *testing.T) {
 	}{
 		{[]string{"--node", "nope", "--objects", seed000}, `"nope"`},
 		{[]string{"--node", "flex-1", "--objects", seed000, "-o", "yaml"}, `unknown format "yaml"`},
-		{[]string{"--node", "flex-1", "--objects", bad}, `sites.yaml: Site "s": spec.nodeCidrs[0]: invalid CIDR "10.0.0.0/33"`},
+		// The invalid Site is set aside (on stderr, see below); flex-1 is not there.
+		{[]string{"--node", "flex-1", "--objects", bad}, `plan node "flex-1": no Node of that name`},
 		{[]string{"--node", "flex-1", "--objects", filepath.Join(bad, "missing")}, "read objects directory"},
 		{[]string{"--objects", seed000}, `"node" not set`},
 		{[]string{"--node", "aks-nodepool1-2", "--objects", noTunnel}, `plan node "aks-nodepool1-2": the node has no tunnel address`},
@@ -257,6 +258,11 @@ func TestPlanErrors(t *testing.T) {
 				t.Errorf("error = %v, want one containing %q", err, tt.want)
 			}
 		})
+	}
+	// A plan that fails still lists what was set aside, with the reasons.
+	_, stderr, _ := runPlanCmd(t, "--node", "flex-1", "--objects", bad)
+	if want := `set aside: sites.yaml: Site "s": spec.nodeCidrs[0]: invalid CIDR "10.0.0.0/33"`; !strings.Contains(stderr, want) {
+		t.Errorf("stderr lacks %q:\n%s", want, stderr)
 	}
 }
 

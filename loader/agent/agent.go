@@ -363,18 +363,8 @@ func (a *Agent) load() (*plan.NodePlan, []string, error) {
 	for _, w := range owarns {
 		out = append(out, w.String())
 	}
-	self := objects.Label("Node", a.cfg.Node)
-	if r := set.Rejection(self); r != nil {
-		return nil, out, fmt.Errorf("this node's Node is set aside: %s", r)
-	}
-	if set.Node(a.cfg.Node) == nil {
-		// The Kubernetes source leaves out nodes in no Site with a warning
-		// that says why; say it again here, where it stops this node.
-		for _, w := range owarns {
-			if w.Object == self {
-				return nil, out, fmt.Errorf("this node is not planned: %s", w)
-			}
-		}
+	if err := Plannable(set, owarns, a.cfg.Node); err != nil {
+		return nil, out, err
 	}
 	p, warns, err := a.cfg.Planner(set, a.cfg.Node)
 	if err != nil {
@@ -387,6 +377,28 @@ func (a *Agent) load() (*plan.NodePlan, []string, error) {
 		a.changedSince = since
 	}
 	return p, append(out, warns...), nil
+}
+
+// Plannable returns why node cannot be planned from set (read with warns
+// from a Source: objects set aside in set.Rejected, Nodes left out named in
+// warns), or nil. Objects of other nodes set aside do not stop this one. It
+// is the check the agent makes before planning, and what `isthmus plan`
+// makes too, so both stop on the same objects for the same reasons.
+func Plannable(set *objects.Set, warns []objects.Warning, node string) error {
+	self := objects.Label("Node", node)
+	if r := set.Rejection(self); r != nil {
+		return fmt.Errorf("this node's Node is set aside: %s", r)
+	}
+	if set.Node(node) == nil {
+		// The Kubernetes source leaves out nodes in no Site with a warning
+		// that says why; say it again here, where it stops this node.
+		for _, w := range warns {
+			if w.Object == self {
+				return fmt.Errorf("this node is not planned: %s", w)
+			}
+		}
+	}
+	return nil
 }
 
 // unchanged reports whether the source saw no change since the last

@@ -7,7 +7,7 @@
 // one Node, and the heap an agent holds for it. MeasureEventToMaps runs the
 // agent itself, with real BPF maps, fed by its Kubernetes source, and reads
 // how long changes took from the object event to the last map write (the
-// agent's isthmus_event_to_maps_seconds). `isthmus bench --control-plane`
+// agent's isthmus_event_to_maps_seconds). `isthmus-lab bench --control-plane`
 // prints both; docs/benchmarks.md records them.
 package cpbench
 

@@ -34,7 +34,7 @@ import (
 	"github.com/isthmus-dev/isthmus/loader/source"
 )
 
-// EventToMapsShapes are the fleets whose event to maps `isthmus bench
+// EventToMapsShapes are the fleets whose event to maps `isthmus-lab bench
 // --control-plane` measures through a running agent: 5,000 nodes, mesh and hub.
 var EventToMapsShapes = []fleet.Shape{
 	{Sites: 50, NodesPerSite: 100, Topology: fleet.Mesh},

@@ -11,13 +11,12 @@ package metrics
 import (
 	"cmp"
 	stdmaps "maps"
-	"runtime"
-	"runtime/debug"
 	"slices"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/isthmus-dev/isthmus/loader/buildinfo"
 	"github.com/isthmus-dev/isthmus/loader/health"
 	"github.com/isthmus-dev/isthmus/maps"
 )
@@ -46,21 +45,6 @@ type RedirectDropSource interface {
 	RedirectDrops() (counts map[maps.RedirectDrop]maps.Counter, attached bool, err error)
 }
 
-// Version is the agent's version in isthmus_build_info; the build may set it with
-// -ldflags "-X github.com/isthmus-dev/isthmus/loader/metrics.Version=v1.2.3". When
-// empty, the main module's version from the build info is used.
-var Version = ""
-
-func version() string {
-	if Version != "" {
-		return Version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "unknown"
-}
-
 var (
 	descPackets = prometheus.NewDesc("isthmus_datapath_packets_total",
 		"Packets the datapath handled, by event (what it did) and hook (where).", []string{"event", "hook"}, nil)
@@ -85,7 +69,7 @@ var (
 	descPeerTransitions = prometheus.NewDesc("isthmus_peer_transitions_total",
 		"Health state changes of a peer for a remote site since the agent started (state: the state entered).", []string{"peer", "site", "state"}, nil)
 	descBuildInfo = prometheus.NewDesc("isthmus_build_info",
-		"Always 1; the labels say which build runs.", []string{"version", "go_version"}, nil)
+		"Always 1; the labels say which build runs: its release, its git commit and its Go version (buildinfo.Get).", []string{"version", "commit", "go_version"}, nil)
 )
 
 // Collector is a prometheus.Collector that reads a Source and the peer states at
@@ -118,7 +102,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector. A map that cannot be read becomes an
 // invalid metric: the scrape reports the error and still serves the rest.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	ch <- prometheus.MustNewConstMetric(descBuildInfo, prometheus.GaugeValue, 1, version(), runtime.Version())
+	bi := buildinfo.Get()
+	ch <- prometheus.MustNewConstMetric(descBuildInfo, prometheus.GaugeValue, 1, bi.Release, bi.Commit, bi.GoVersion)
 
 	if cs, err := c.src.Counters(); err != nil {
 		ch <- prometheus.NewInvalidMetric(descPackets, err)

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/isthmus-dev/isthmus/loader/buildinfo"
 	"github.com/isthmus-dev/isthmus/loader/health"
 	"github.com/isthmus-dev/isthmus/maps"
 )
@@ -29,8 +30,8 @@ func (f fakeSource) Counters() (map[maps.MetricKey]maps.Counter, error) {
 func (f fakeSource) MapLevels() ([]MapLevel, error) { return f.levels, f.levelErr }
 
 func TestCollectorExposition(t *testing.T) {
-	Version = "v0.0.0-test"
-	t.Cleanup(func() { Version = "" })
+	buildinfo.Release, buildinfo.Commit = "v0.0.0-test", "1a2b3c4d"
+	t.Cleanup(func() { buildinfo.Release, buildinfo.Commit = "", "" })
 	src := fakeSource{
 		counters: map[maps.MetricKey]maps.Counter{
 			{Code: 1, Hook: maps.HookPodIngress}:      {Packets: 5, Bytes: 490},
@@ -54,9 +55,9 @@ func TestCollectorExposition(t *testing.T) {
 		}
 	}
 	want := `
-# HELP isthmus_build_info Always 1; the labels say which build runs.
+# HELP isthmus_build_info Always 1; the labels say which build runs: its release, its git commit and its Go version (buildinfo.Get).
 # TYPE isthmus_build_info gauge
-isthmus_build_info{go_version="` + runtime.Version() + `",version="v0.0.0-test"} 1
+isthmus_build_info{commit="1a2b3c4d",go_version="` + runtime.Version() + `",version="v0.0.0-test"} 1
 # HELP isthmus_datapath_bytes_total Bytes of the packets counted in isthmus_datapath_packets_total, as the hook saw them.
 # TYPE isthmus_datapath_bytes_total counter
 isthmus_datapath_bytes_total{event="decap",hook="underlay_tc"} 450

@@ -199,7 +199,7 @@ const (
 )
 
 // TestRunShort runs the real benchmark briefly on the default lab, with a real
-// kube-proxy (iptables mode) on every node as `isthmus bench` runs by default:
+// kube-proxy (iptables mode) on every node as `isthmus-lab bench` runs by default:
 // every datapath must carry the stream with kube-proxy's rules written (Run
 // waits for them), so a broken baseline or a broken isthmus fails here rather
 // than in a benchmark nobody runs; and isthmus must keep its claimed margin

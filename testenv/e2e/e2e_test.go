@@ -552,15 +552,15 @@ func TestBulkTCP(t *testing.T) {
 	}
 }
 
-// TestDownAfterFailedUp: `isthmus lab up` with an agent binary that does not
-// exist fails, and `isthmus lab down` then leaves no namespace and no pin.
+// TestDownAfterFailedUp: `isthmus-lab lab up` with an agent binary that does not
+// exist fails, and `isthmus-lab lab down` then leaves no namespace and no pin.
 func TestDownAfterFailedUp(t *testing.T) {
 	requireSetup(t)
 	name := labName()
 	t.Cleanup(func() { testenv.Down(name, testenv.DownOptions{}) })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, binary, "lab", "up", "default", "--name", name,
+	out, err := exec.CommandContext(ctx, testenv.LabBinary(binary), "lab", "up", "default", "--name", name,
 		"--binary", "/nonexistent/isthmus", "--ready-timeout", "10s").CombinedOutput()
 	if err == nil {
 		t.Fatalf("lab up with a missing agent binary succeeded:\n%s", out)
@@ -568,11 +568,11 @@ func TestDownAfterFailedUp(t *testing.T) {
 	if !strings.Contains(string(out), "agent on") {
 		t.Errorf("lab up error does not name the agent:\n%s", out)
 	}
-	if out, err := exec.CommandContext(ctx, binary, "lab", "down", "--name", name).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, testenv.LabBinary(binary), "lab", "down", "--name", name).CombinedOutput(); err != nil {
 		t.Fatalf("lab down: %v\n%s", err, out)
 	}
 	assertGone(t, name)
-	if out, err := exec.CommandContext(ctx, binary, "lab", "down", "--name", name).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, testenv.LabBinary(binary), "lab", "down", "--name", name).CombinedOutput(); err != nil {
 		t.Fatalf("second lab down: %v\n%s", err, out)
 	}
 }

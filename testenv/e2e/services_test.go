@@ -382,7 +382,7 @@ func ruleCount(ctx context.Context, t *testing.T, l *testenv.Lab, node, chain, t
 	return 0
 }
 
-// TestLabUpKubernetes: `isthmus lab up --kubernetes iptables` brings seed 000 up
+// TestLabUpKubernetes: `isthmus-lab lab up --kubernetes iptables` brings seed 000 up
 // with a real API server, the isthmus controller, agents fed from the API and
 // kube-proxy on every node; `lab check` shows the Sites the controller made
 // Ready and a passing matrix; `lab down` from another process stops the serving
@@ -392,7 +392,7 @@ func TestLabUpKubernetes(t *testing.T) {
 	name := labName()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, "lab", "up", "seed000", "--name", name, "--kubernetes", "iptables", "--ready-timeout", "1m")
+	cmd := exec.CommandContext(ctx, testenv.LabBinary(binary), "lab", "up", "seed000", "--name", name, "--kubernetes", "iptables", "--ready-timeout", "1m")
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -446,7 +446,7 @@ func TestLabUpKubernetes(t *testing.T) {
 	// check` shows them above a passing matrix.
 	var out []byte
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Second) {
-		out, err = exec.CommandContext(ctx, binary, "lab", "check", "seed000", "--name", name).CombinedOutput()
+		out, err = exec.CommandContext(ctx, testenv.LabBinary(binary), "lab", "check", "seed000", "--name", name).CombinedOutput()
 		if err == nil && strings.Contains(string(out), "site cluster: Ready True") && strings.Contains(string(out), "site flex-site: Ready True") {
 			break
 		}
@@ -462,7 +462,7 @@ func TestLabUpKubernetes(t *testing.T) {
 	}
 	// `lab down` from another process stops the one serving the lab, which
 	// takes it all down: API server, controller, kube-proxy, agents.
-	if out, err := exec.CommandContext(ctx, binary, "lab", "down", "--name", name).CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, testenv.LabBinary(binary), "lab", "down", "--name", name).CombinedOutput(); err != nil {
 		t.Fatalf("lab down: %v\n%s", err, out)
 	}
 	if err := cmd.Wait(); err != nil {

@@ -1,6 +1,7 @@
 // Package kubebin builds the kube-apiserver, etcd and kube-proxy that
 // testenv/kube and the lab run, the crictl of the container runtime tests
-// (testenv/cri) and the kubelet of the Pod tests (testenv/e2e), once, into a
+// (testenv/cri), the kubelet of the Pod tests (testenv/e2e) and the kubectl
+// of deploy/'s tests, once, into a
 // cache shared by every later run, reporting its progress. It depends on the standard library alone, so that `go run` of
 // testenv/kube/cmd/prebuild starts at once on a machine with an empty build
 // cache, before anything else has compiled client-go.
@@ -112,6 +113,19 @@ var kubeletSet = binarySet{
 	steps: []setStep{{"kubelet", "k8s.io/kubernetes/cmd/kubelet", apiserverLDFlags}},
 }
 
+// kubectlSet is kubectl, from the kubectltools module: the same
+// k8s.io/kubernetes release as kubeSet's kube-apiserver, in a cache of its
+// own for the same reason as kubeletSet.
+var kubectlSet = binarySet{
+	module:   "kubectltools",
+	names:    "kubectl",
+	estimate: "about 3 minutes on 2 idle cores",
+	key: func(gomod []byte, gover string) string {
+		return fmt.Sprintf("kubectl-%s-%s", moduleVersion(gomod, "k8s.io/kubernetes"), gover)
+	},
+	steps: []setStep{{"kubectl", "k8s.io/kubernetes/cmd/kubectl", apiserverLDFlags}},
+}
+
 // KubeProxy returns the path of a kube-proxy built from the same
 // k8s.io/kubernetes release as Binaries' kube-apiserver, in the same cache
 // (Build builds all three). Progress goes to standard error.
@@ -138,6 +152,17 @@ func Kubelet(ctx context.Context) (string, error) { return BuildKubelet(ctx, os.
 // BuildKubelet is Kubelet reporting to progress, as Build does.
 func BuildKubelet(ctx context.Context, progress io.Writer) (string, error) {
 	return kubeletSet.binary(ctx, progress, "kubelet")
+}
+
+// Kubectl returns the path of a kubectl built from the same
+// k8s.io/kubernetes release as Binaries' kube-apiserver (the kubectltools
+// module), built once into the same cache root: what deploy/'s tests render
+// the kustomizations with. Progress goes to standard error.
+func Kubectl(ctx context.Context) (string, error) { return BuildKubectl(ctx, os.Stderr) }
+
+// BuildKubectl is Kubectl reporting to progress, as Build does.
+func BuildKubectl(ctx context.Context, progress io.Writer) (string, error) {
+	return kubectlSet.binary(ctx, progress, "kubectl")
 }
 
 // binarySet is a group of binaries built from one module beside this
@@ -225,7 +250,7 @@ func (s binarySet) build(ctx context.Context, progress io.Writer) (string, error
 }
 
 // moduleDir finds a module beside this package (tools, critools,
-// kubelettools) from this source file.
+// kubelettools, kubectltools) from this source file.
 func moduleDir(name string) (string, error) {
 	_, file, _, ok := runtime.Caller(0)
 	if !ok {

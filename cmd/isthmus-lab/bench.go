@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -42,12 +41,12 @@ closing connections for --duration) and one iperf3 stream, interleaved.`,
 			if output != "table" && output != "json" {
 				return fmt.Errorf("bench: output %q: want table or json", output)
 			}
-			exe, err := os.Executable()
-			if err != nil {
-				return fmt.Errorf("find isthmus binary: %w", err)
-			}
 			if controlPlane {
 				return runControlPlaneBench(cmd, output)
+			}
+			exe, err := testenv.AgentBinary()
+			if err != nil {
+				return err
 			}
 			if snat {
 				return runSNATBench(cmd, snatOpts, opts, exe, output)

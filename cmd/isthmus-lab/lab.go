@@ -15,7 +15,7 @@ import (
 	"github.com/isthmus-dev/isthmus/testenv"
 )
 
-// newLabCmd is `isthmus lab up|check|down [SCENARIO]`: the network-namespace lab.
+// newLabCmd is `isthmus-lab lab up|check|down [SCENARIO]`: the network-namespace lab.
 func newLabCmd() *cobra.Command {
 	var (
 		name     string
@@ -91,7 +91,7 @@ func newLabCmd() *cobra.Command {
 			return nil
 		},
 	}
-	up.Flags().StringVar(&binary, "binary", "", "isthmus binary the agents run (default: this executable)")
+	up.Flags().StringVar(&binary, "binary", "", "isthmus binary the agents run (default: the isthmus beside this executable)")
 	up.Flags().StringVar(&datapath, "datapath", string(testenv.DatapathIsthmus), "isthmus (one agent per node), plain (native routes) or vxlan (kernel VXLAN, as flannel), both baselines, or none (topology only)")
 	up.Flags().DurationVar(&timeout, "ready-timeout", 30*time.Second, "how long to wait for every agent's ready file")
 	up.Flags().StringVar(&kubernetes, "kubernetes", "", "iptables or nftables: run a real kube-apiserver, feed the agents from it, and run kube-proxy in that mode on every node; the lab lives until Ctrl-C")
@@ -216,7 +216,7 @@ func serveKubeLab(ctx context.Context, cmd *cobra.Command, l *testenv.Lab, mode 
 	if err := l.StartKubeProxy(ctx, mode); err != nil {
 		return err
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "lab %s is up in Kubernetes mode: KUBECONFIG=%s, isthmus controller (log %s), kube-proxy (%s) on every node; Ctrl-C or `isthmus lab down` takes it down\n",
+	fmt.Fprintf(cmd.OutOrStdout(), "lab %s is up in Kubernetes mode: KUBECONFIG=%s, isthmus controller (log %s), kube-proxy (%s) on every node; Ctrl-C or `isthmus-lab lab down` takes it down\n",
 		l.Name, l.Kubeconfig(), l.ControllerLog(), mode)
 	<-ctx.Done()
 	return nil
