@@ -86,6 +86,7 @@ func TestTypesMatchBTF(t *testing.T) {
 		{MapRedirectDrops, RedirectDropKey{}, MetricsValue{}},
 		{MapMasqNat, NatKey{}, NatValue{}},
 		{MapNatSources, NatSourceKey{}, NatSourceValue{}},
+		{MapCtClose, CtCloseKey{}, CtCloseValue{}},
 	}
 	if len(cases) != len(AllMaps) {
 		t.Errorf("%d maps checked, AllMaps has %d: add the new one here", len(cases), len(AllMaps))

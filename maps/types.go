@@ -41,6 +41,8 @@ type (
 	NatValue          = bpf.IsthmusNatValue
 	NatSourceKey      = bpf.IsthmusNatSourceKey
 	NatSourceValue    = bpf.IsthmusNatSourceValue
+	CtCloseKey        = bpf.IsthmusCtCloseKey
+	CtCloseValue      = bpf.IsthmusCtCloseValue
 )
 
 // Name is the name of a pinned map, as in the C source and under the pin directory.
@@ -104,12 +106,18 @@ const (
 	// (the share --snat-flows-per-source bounds). Datapath-owned, recounted by
 	// CollectNat.
 	MapNatSources Name = "nat_sources"
+	// MapCtClose records the close of conntrack fast-path flows (bpf/lib/ct.h
+	// ct_close_track), keyed by the conntrack entry's original tuple.
+	// Datapath-owned; pinned so that a restarted agent still knows which flows the
+	// fast path closed (conntrack itself holds them ESTABLISHED).
+	MapCtClose Name = "ct_close"
 )
 
 // AllMaps lists every map the datapath pins, in a stable order.
 var AllMaps = []Name{MapRoutes, MapPeers, MapPeerSources, MapConfig, MapPodIfaces, MapMetrics,
 	MapNexthopGroups, MapFabricPrefixes, MapSNATExempt, MapNat, MapHealthReach, MapHealthProbers,
-	MapMasqExempt, MapPodAddrs, MapRedirectLast, MapRedirectDrops, MapMasqNat, MapNatSources}
+	MapMasqExempt, MapPodAddrs, MapRedirectLast, MapRedirectDrops, MapMasqNat, MapNatSources,
+	MapCtClose}
 
 // AddrToBE32 returns the __be32 form of an IPv4 address: a uint32 whose in-memory
 // bytes are the address in network order. An invalid or IPv6 address gives 0.

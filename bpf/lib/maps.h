@@ -264,14 +264,16 @@ struct {
 #define CT_CLOCK_MIN_NS		200000000ULL
 #endif
 
-/* The close of conntrack fast-path flows (lib/ct.h ct_close_track), LRU-bounded. Not
- * pinned: a restarted agent starts with none recorded, and the flows closing across
- * the restart keep their entries until conntrack's own timeouts end them. */
+/* The close of conntrack fast-path flows (lib/ct.h ct_close_track), LRU-bounded.
+ * Pinned: conntrack still holds a flow the fast path closed as ESTABLISHED, so a
+ * restarted agent that forgot the close would carry its late packets around the
+ * stack again and renew its entry to the ESTABLISHED timeout. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__type(key, struct ct_close_key);
 	__type(value, struct ct_close_value);
 	__uint(max_entries, CT_CLOSE_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ct_close SEC(".maps");
 
 /* Each CPU's measure of the kernel's tick rate (lib/ct.h ct_hz). Scratch, unpinned. */

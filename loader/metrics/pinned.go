@@ -14,7 +14,7 @@ import (
 // LevelMaps are the maps whose fill level isthmus_map_entries reports.
 var LevelMaps = []maps.Name{maps.MapRoutes, maps.MapPeers, maps.MapPeerSources, maps.MapNexthopGroups,
 	maps.MapFabricPrefixes, maps.MapSNATExempt, maps.MapNat, maps.MapMasqNat, maps.MapNatSources, maps.MapPodIfaces, maps.MapMasqExempt, maps.MapPodAddrs,
-	maps.MapHealthReach, maps.MapHealthProbers, maps.MapTracePrefixes}
+	maps.MapHealthReach, maps.MapHealthProbers, maps.MapTracePrefixes, maps.MapCtClose}
 
 // Pinned is a Source reading the maps pinned in Dir. It opens them at every
 // scrape and closes them after, so it follows an agent that replaced them and
@@ -113,6 +113,8 @@ func countEntries(n maps.Name, m *ebpf.Map) (int, error) {
 		return count[maps.HealthProberKey, maps.HealthProberValue](n, m, nil)
 	case maps.MapTracePrefixes:
 		return count[maps.RouteKey, maps.TracePrefixValue](n, m, nil)
+	case maps.MapCtClose:
+		return count[maps.CtCloseKey, maps.CtCloseValue](n, m, nil)
 	}
 	return 0, fmt.Errorf("count map %s: unknown map", n)
 }
