@@ -210,13 +210,18 @@ func TestConntrackFastPathWindow(t *testing.T) {
 		if d := fast()["a1"] - fastBefore["a1"]; d == 0 {
 			t.Errorf("a1: ct_fast counted nothing of the flow's last segment and the RST: not on the fast path")
 		}
-		// The server's socket is reset (after the bytes that came before the RST).
+		// The server's socket is reset: its reads end in ECONNRESET (after the bytes
+		// that came before the RST, if the kernel still hands them over).
 		s.SetDeadline(time.Now().Add(3 * time.Second))
-		if err := readExactly(s, msg); err != nil {
-			t.Fatalf("server: the data before the RST: %v", err)
+		var read int
+		var err error
+		for err == nil {
+			var n int
+			n, err = s.Read(make([]byte, 4096))
+			read += n
 		}
-		if _, err := s.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
-			t.Fatalf("server: after the RST read returned %v, want a reset", err)
+		if !errors.Is(err, syscall.ECONNRESET) || read > len(msg) {
+			t.Fatalf("server: after the RST, read %d bytes and then %v; want at most the %d sent and a reset", read, err, len(msg))
 		}
 		// The server's node forgets the flow within the CLOSE timeout.
 		deadline := time.Now().Add(time.Duration(ctClose+3) * time.Second)
@@ -230,7 +235,7 @@ func TestConntrackFastPathWindow(t *testing.T) {
 		}
 		// The client's next data meets no socket: a reset ends its side too.
 		c.SetDeadline(time.Now().Add(3 * time.Second))
-		var err error
+		err = nil
 		for i := 0; i < 3 && err == nil; i++ {
 			if _, err = c.Write(msg); err == nil {
 				_, err = c.Read(make([]byte, 1))
