@@ -4,7 +4,7 @@ BIN     := bin/isthmus
 # Generated files that must match what `make generate` produces.
 GENERATED := bpf api deploy/crds
 
-.PHONY: all deps build generate check-generated vet kube-binaries test test-unit fuzz bench demo lab-down clean
+.PHONY: all deps build image generate check-generated vet kube-binaries test test-unit fuzz bench demo lab-down clean
 
 all: build
 
@@ -15,6 +15,15 @@ build:
 	$(GO) build -o $(BIN) ./cmd/isthmus
 	$(GO) build -o bin/isthmus-cni ./cmd/isthmus-cni
 	$(GO) build -o bin/cnitool github.com/containernetworking/cni/cnitool
+
+# The image the Dockerfile describes, built without a registry or Docker engine: Debian
+# trixie from Debian's mirrors by mmdebstrap (cached in /var/cache/isthmus), the static
+# binaries, written as an OCI archive for `ctr -n k8s.io images import` (docs/install.md).
+# Needs root. IMAGE_VERSION is its tag and version label.
+IMAGE_VERSION ?= dev
+IMAGE_LDFLAGS ?=
+image: deps
+	$(GO) run ./testenv/image/cmd/isthmus-image -version $(IMAGE_VERSION) -ldflags "$(IMAGE_LDFLAGS)"
 
 # bpf2go (BPF objects and their Go bindings) and controller-gen (deep-copy, deploy/crds).
 generate: deps

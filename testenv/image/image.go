@@ -1,0 +1,224 @@
+// Package image builds the isthmus image without a registry: the image the
+// repository's Dockerfile describes (Debian trixie with bpftool, iproute2,
+// iptables and nftables, plus the static isthmus and isthmus-cni binaries,
+// ENTRYPOINT isthmus), written as an OCI image archive that
+// `ctr images import` loads.
+//
+// The Debian root filesystem comes from mmdebstrap (Debian's package mirrors,
+// not a registry) and is cached under /var/cache/isthmus, keyed by the suite,
+// the package list and the mirrors, since it costs a download of about 40 MB
+// and four minutes. The binaries are built from this source tree on every
+// Build; the archive is written in Go.
+//
+// The Dockerfile stays the recipe for users with a registry; TestDockerfileMatches
+// keeps the two lists of packages and binaries the same.
+package image
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+// Suite is the Debian release of the image (the Dockerfile's debian:trixie-slim).
+const Suite = "trixie"
+
+// Packages are the Debian packages the image installs over the suite's
+// minimal base: the Dockerfile's `apt-get install` line, in its order.
+var Packages = []string{"bpftool", "iproute2", "iptables", "nftables"}
+
+// Binary is one program of this repository in the image.
+type Binary struct {
+	// Path is where it lies in the image.
+	Path string
+	// Main is its main package, relative to the module root.
+	Main string
+}
+
+// Binaries are the image's programs: the Dockerfile's COPY lines.
+var Binaries = []Binary{
+	{Path: "/usr/local/bin/isthmus", Main: "./cmd/isthmus"},
+	{Path: "/usr/local/bin/isthmus-cni", Main: "./cmd/isthmus-cni"},
+}
+
+// Entrypoint is the image's entrypoint (the Dockerfile's ENTRYPOINT).
+var Entrypoint = []string{"isthmus"}
+
+// Labels are the image's labels (the Dockerfile's LABEL) for version.
+func Labels(version string) map[string]string {
+	return map[string]string{
+		"org.opencontainers.image.title":       "isthmus",
+		"org.opencontainers.image.description": "eBPF GENEVE datapath joining the pod networks of several Kubernetes sites: agent, controller and tools",
+		"org.opencontainers.image.source":      "https://github.com/isthmus-dev/isthmus",
+		"org.opencontainers.image.version":     version,
+	}
+}
+
+// DefaultMirrors are the apt sources of the root filesystem: those of
+// debian:trixie-slim, so security updates are in.
+var DefaultMirrors = []string{
+	"deb http://deb.debian.org/debian trixie main",
+	"deb http://deb.debian.org/debian trixie-updates main",
+	"deb http://deb.debian.org/debian-security trixie-security main",
+}
+
+// DefaultCacheDir holds the cached root filesystems (shared with the
+// Kubernetes binaries of testenv/kube/kubebin).
+const DefaultCacheDir = "/var/cache/isthmus"
+
+// Options say what Build builds. The zero value builds isthmus:dev into
+// bin/isthmus-image.oci.tar of the module.
+type Options struct {
+	// Version is the image's tag and its org.opencontainers.image.version
+	// label; "" is "dev".
+	Version string
+	// Name is the image's repository name; "" is "isthmus".
+	Name string
+	// LDFlags are extra go build -ldflags after "-s -w" (the version
+	// variables: the Makefile's).
+	LDFlags string
+	// Out is the archive's path; "" is bin/isthmus-image.oci.tar, or
+	// bin/isthmus-image-<version>.oci.tar for a version other than dev, in
+	// the module root.
+	Out string
+	// CacheDir holds the cached Debian layer; "" is DefaultCacheDir.
+	CacheDir string
+	// Mirrors are apt sources lines; nil is DefaultMirrors.
+	Mirrors []string
+	// Log, when set, receives a line for each step that takes a while.
+	Log func(format string, args ...any)
+}
+
+// Archive is a built OCI image archive.
+type Archive struct {
+	// Path is the archive (an OCI image layout in a tar).
+	Path string
+	// Ref is the name containerd gives the image on import, e.g.
+	// "docker.io/library/isthmus:dev" for isthmus:dev: containerd and the
+	// kubelet normalise a short name so, and a pod spec's image "isthmus:dev"
+	// finds it.
+	Ref string
+}
+
+// Build builds the image with o (cached Debian layer, fresh binaries) and
+// writes its archive. It needs root (mmdebstrap), the first time network
+// access to Debian's mirrors. Repeated calls with the same options and the
+// same source give the same archive.
+func Build(ctx context.Context, o Options) (Archive, error) {
+	o = o.withDefaults()
+	root, err := moduleRoot(ctx)
+	if err != nil {
+		return Archive{}, err
+	}
+	if o.Out == "" {
+		name := "isthmus-image.oci.tar"
+		if o.Version != "dev" {
+			name = "isthmus-image-" + o.Version + ".oci.tar"
+		}
+		o.Out = filepath.Join(root, "bin", name)
+	}
+	base, err := baseLayer(ctx, o)
+	if err != nil {
+		return Archive{}, err
+	}
+	tmp, err := os.MkdirTemp("", "isthmus-image-")
+	if err != nil {
+		return Archive{}, fmt.Errorf("build image: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	files := map[string]string{}
+	for _, b := range Binaries {
+		o.Log("build %s", b.Main)
+		out := filepath.Join(tmp, filepath.Base(b.Path))
+		if err := goBuild(ctx, root, b.Main, out, o.LDFlags); err != nil {
+			return Archive{}, err
+		}
+		files[strings.TrimPrefix(b.Path, "/")] = out
+	}
+	bins, err := filesLayer(filepath.Join(tmp, "binaries.tar"), files)
+	if err != nil {
+		return Archive{}, err
+	}
+	ref := Ref(o.Name, o.Version)
+	o.Log("write %s (%s)", o.Out, ref)
+	if err := os.MkdirAll(filepath.Dir(o.Out), 0o755); err != nil {
+		return Archive{}, fmt.Errorf("build image: %w", err)
+	}
+	cfg := imageConfig{Entrypoint: Entrypoint, Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, Labels: Labels(o.Version)}
+	if err := writeArchive(o.Out, ref, cfg, []layer{base, bins}); err != nil {
+		return Archive{}, err
+	}
+	return Archive{Path: o.Out, Ref: ref}, nil
+}
+
+// Ref is the fully qualified name of image name:version, as containerd
+// stores it.
+func Ref(name, version string) string {
+	if name == "" {
+		name = "isthmus"
+	}
+	if version == "" {
+		version = "dev"
+	}
+	if !strings.Contains(name, "/") {
+		name = "library/" + name
+	}
+	if first, _, _ := strings.Cut(name, "/"); !strings.ContainsAny(first, ".:") && first != "localhost" {
+		name = "docker.io/" + name
+	}
+	return name + ":" + version
+}
+
+func (o Options) withDefaults() Options {
+	if o.Version == "" {
+		o.Version = "dev"
+	}
+	if o.Name == "" {
+		o.Name = "isthmus"
+	}
+	if o.CacheDir == "" {
+		o.CacheDir = DefaultCacheDir
+	}
+	if o.Mirrors == nil {
+		o.Mirrors = DefaultMirrors
+	}
+	if o.Log == nil {
+		o.Log = func(string, ...any) {}
+	}
+	return o
+}
+
+// Import imports the archive into the containerd at containerdAddress (its
+// socket), in the namespace the kubelet's CRI uses (k8s.io), unpacked for its
+// default snapshotter. Importing the same archive again is harmless.
+func Import(ctx context.Context, containerdAddress string, a Archive) error {
+	out, err := exec.CommandContext(ctx, "ctr", "--address", containerdAddress, "--namespace", "k8s.io",
+		"images", "import", a.Path).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("import %s into %s: %w\n%s", a.Path, containerdAddress, err, out)
+	}
+	return nil
+}
+
+// goBuild builds the static binary of main into out, as the Dockerfile does.
+func goBuild(ctx context.Context, root, main, out, ldflags string) error {
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", strings.TrimSpace("-s -w "+ldflags), "-o", out, main)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build %s: %w\n%s", main, err, b)
+	}
+	return nil
+}
+
+// moduleRoot is the directory of this repository's go.mod.
+func moduleRoot(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}").Output()
+	if err != nil {
+		return "", fmt.Errorf("find the module root: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
