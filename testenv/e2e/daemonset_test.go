@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -14,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -699,7 +700,7 @@ func waitNamespaceGone(ctx context.Context, cs kubernetes.Interface, name string
 
 // checkNodeClean checks, in the kernel and on the node's disk, that nothing
 // of isthmus is left on a node: no pin directory, no BPF program attached to
-// any of its devices (bpftool net), no isthmus0 or isthmus0p, no route of the
+// any of its devices (tcx or XDP, as the kernel reports them), no isthmus0 or isthmus0p, no route of the
 // agent's (protocol 201) in any table, no rule to its tables, no nftables
 // table isthmus, no ISTHMUS-POSTROUTING chain, no conflist and no plugin.
 func checkNodeClean(t *testing.T, ctx context.Context, l *testenv.Lab, node string) {
@@ -708,23 +709,31 @@ func checkNodeClean(t *testing.T, ctx context.Context, l *testenv.Lab, node stri
 		t.Errorf("%s: pin directory %s left (stat: %v)", node, l.PinDir(node), err)
 	}
 	ns := l.NodeNS(node)
-	out, err := testenv.Command(ctx, ns, "bpftool", "-j", "net", "show").Output()
+	h := handleAt(t, testenv.NSPath(ns))
+	links, err := h.LinkList()
 	if err != nil {
-		t.Errorf("%s: bpftool net show: %v", node, err)
-	} else {
-		var nets []map[string][]any
-		if err := json.Unmarshal(out, &nets); err != nil {
-			t.Errorf("%s: bpftool net show: %v: %s", node, err, out)
+		t.Fatalf("%s: list links: %v", node, err)
+	}
+	// What the kernel runs at each device's tcx hooks and XDP (bpftool 7.1
+	// here predates tcx and shows none of it).
+	for _, lk := range links {
+		a := lk.Attrs()
+		if a.Xdp != nil && a.Xdp.Attached {
+			t.Errorf("%s: XDP program %d still attached to %s", node, a.Xdp.ProgId, a.Name)
 		}
-		for _, n := range nets {
-			for kind, progs := range n {
-				if len(progs) > 0 {
-					t.Errorf("%s: %s programs still attached: %v", node, kind, progs)
-				}
+		for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+			var res *link.QueryResult
+			err := testenv.Do(ns, func() (err error) {
+				res, err = link.QueryPrograms(link.QueryOptions{Target: a.Index, Attach: at})
+				return err
+			})
+			if err != nil {
+				t.Errorf("%s: query %s of %s: %v", node, at, a.Name, err)
+			} else if len(res.Programs) > 0 {
+				t.Errorf("%s: %d programs still attached at %s of %s", node, len(res.Programs), at, a.Name)
 			}
 		}
 	}
-	h := handleAt(t, testenv.NSPath(ns))
 	for _, dev := range []string{datapath.OverlayDev, datapath.OverlayPeerDev} {
 		if _, err := h.LinkByName(dev); err == nil {
 			t.Errorf("%s: %s left", node, dev)
