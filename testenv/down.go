@@ -101,6 +101,9 @@ func down(lab string, opts DownOptions, agents map[string]*agent) error {
 			}
 		}
 	}
+	// A lab whose agents ran from the DaemonSet has its pin directory bind
+	// mounted on itself (prepareDaemonSet); uninstall above worked through it.
+	unmountShared(pinLab, logf)
 	if err := os.RemoveAll(pinLab); err != nil {
 		errs = append(errs, fmt.Errorf("remove pins: %w", err))
 	}

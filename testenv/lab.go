@@ -86,6 +86,10 @@ type Options struct {
 	// and keeps paths symmetric (docs/gateways.md). Which pairs reach each
 	// other at all is the scenario's (a firewall may pass only gateways).
 	CheckNodes bool
+	// NoAgents builds everything but starts no agent and adds no managed pod:
+	// the test installs the agents itself, as the DaemonSet of deploy/ on
+	// kubelets (daemonset.go). SourceKube only.
+	NoAgents bool
 }
 
 // Lab is a built lab. Its methods are safe to call from several goroutines.
@@ -279,6 +283,12 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 	}
 	if l.Datapath != DatapathIsthmus {
 		return nil
+	}
+	if opts.NoAgents {
+		if opts.Source != SourceKube {
+			return errors.New("NoAgents: only in Kubernetes mode, where a DaemonSet brings the agents")
+		}
+		return l.prepareDaemonSet()
 	}
 	if err := l.startAgents(ctx, opts); err != nil {
 		return err

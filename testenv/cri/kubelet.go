@@ -52,7 +52,7 @@ type Kubelet struct {
 
 // kubeletPrograms are the programs StartKubelet runs, each listed in
 // hack/programs.tsv.
-var kubeletPrograms = []string{"nsenter", "unshare", "sh", "mount"}
+var kubeletPrograms = []string{"nsenter", "unshare", "sh", "mount", "findmnt"}
 
 // kubeletSysctls are the kernel settings a kubelet writes at start
 // (setupKernelTunables in pkg/kubelet/cm): they are not namespaced, so the
@@ -73,14 +73,19 @@ var kubeletFixedDirs = []string{"/var/lib/kubelet/device-plugins", "/var/log/con
 // kubelet in cfg.NetNS, waiting until its healthz answers. The caller must
 // Stop it, also when a later step fails.
 //
-// The kubelet runs in a private mount namespace in which each of
+// The kubelet runs in a mount namespace of its own in which each of
 // kubeletSysctls is a file of its own holding the machine's value: a kubelet
 // sets vm.overcommit_memory=1, kernel.panic_on_oops=1 and others machine-wide,
-// which a test must not do to a shared machine. The private namespace also
-// keeps the rshared bind mount the kubelet makes of its root directory off
-// the host, and gives it directories of its own over kubeletFixedDirs (whose
-// mount points it creates on the host when missing, and Stop removes). The
-// pods' mounts are containerd's, made in the host's namespace.
+// which a test must not do to a shared machine. It also gives the kubelet
+// directories of its own over kubeletFixedDirs (whose mount points it creates
+// on the host when missing, and Stop removes); each mount containing a bind
+// target is made private there first, so none of these binds reaches the
+// host. The kubelet's root directory is the exception: it is bind mounted on
+// itself on the host with shared propagation before the namespace is made,
+// so the volumes the kubelet mounts under it (the service account token's
+// tmpfs, projected and secret volumes) appear on the host too, where
+// containerd, which mounts the pods' volumes in the host's namespace, finds
+// them. The pods' mounts are containerd's.
 func StartKubelet(ctx context.Context, cfg KubeletConfig) (*Kubelet, error) {
 	for _, p := range kubeletPrograms {
 		if err := programs.Require(p); err != nil {
@@ -106,7 +111,7 @@ func StartKubelet(ctx context.Context, cfg KubeletConfig) (*Kubelet, error) {
 		if err := os.WriteFile(shadow, cur, 0o644); err != nil {
 			return nil, fmt.Errorf("write sysctl shadow: %w", err)
 		}
-		binds = append(binds, fmt.Sprintf("mount --bind %s /proc/sys/%s", shadow, s))
+		binds = append(binds, privateBind(shadow, "/proc/sys/"+s))
 	}
 	var created []string
 	for _, d := range kubeletFixedDirs {
@@ -120,20 +125,31 @@ func StartKubelet(ctx context.Context, cfg KubeletConfig) (*Kubelet, error) {
 			removeDirs(created)
 			return nil, err
 		}
-		binds = append(binds, fmt.Sprintf("mount --bind %s %s", own, d))
+		binds = append(binds, privateBind(own, d))
 	}
 	logf, err := os.Create(filepath.Join(cfg.Dir, "kubelet.log"))
 	if err != nil {
+		removeDirs(created)
 		return nil, fmt.Errorf("create kubelet log: %w", err)
 	}
 	defer logf.Close()
+	root := filepath.Join(cfg.Dir, "root")
+	if err := syscall.Mount(root, root, "", syscall.MS_BIND, ""); err != nil {
+		removeDirs(created)
+		return nil, fmt.Errorf("bind mount kubelet root %s: %w", root, err)
+	}
+	if err := syscall.Mount("", root, "", syscall.MS_SHARED, ""); err != nil {
+		syscall.Unmount(root, syscall.MNT_DETACH)
+		removeDirs(created)
+		return nil, fmt.Errorf("share kubelet root %s: %w", root, err)
+	}
 	script := strings.Join(binds, " && ") + ` && exec "$@"`
-	argv := []string{"--net=" + cfg.NetNS, "unshare", "--mount", "--propagation", "private",
+	argv := []string{"--net=" + cfg.NetNS, "unshare", "--mount", "--propagation", "unchanged",
 		"sh", "-c", script, "kubelet",
 		cfg.Binary,
 		"--config", conf,
 		"--kubeconfig", cfg.Kubeconfig,
-		"--root-dir", filepath.Join(cfg.Dir, "root"),
+		"--root-dir", root,
 		"--cert-dir", filepath.Join(cfg.Dir, "root", "pki"),
 		"--hostname-override", cfg.NodeName,
 		"--node-ip", cfg.NodeIP.String(),
@@ -143,6 +159,7 @@ func StartKubelet(ctx context.Context, cfg KubeletConfig) (*Kubelet, error) {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
+		unmountUnder(cfg.Dir)
 		removeDirs(created)
 		return nil, fmt.Errorf("start kubelet: %w", err)
 	}
@@ -152,6 +169,13 @@ func StartKubelet(ctx context.Context, cfg KubeletConfig) (*Kubelet, error) {
 		return k, err
 	}
 	return k, nil
+}
+
+// privateBind is the shell command that bind mounts src over dst in the
+// kubelet's mount namespace after making the mount that holds dst private
+// there, so that the bind does not propagate to the host.
+func privateBind(src, dst string) string {
+	return fmt.Sprintf(`mount --make-private "$(findmnt -n -o TARGET --target %s)" && mount --bind %s %s`, dst, src, dst)
 }
 
 // kubeletHealthzPort is where the kubelet answers /healthz, on the node

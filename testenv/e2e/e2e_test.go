@@ -336,14 +336,21 @@ func parseNum(s string) (uint64, error) { return strconv.ParseUint(s, 0, 32) }
 // checkGeneve fails the test unless f is a well-formed GENEVE frame of ours.
 func checkGeneve(t *testing.T, f frame) {
 	t.Helper()
+	checkGeneveVNI(t, f, vni)
+}
+
+// checkGeneveVNI is checkGeneve for agents that run with VNI want (those of
+// the DaemonSet, with the agent's default).
+func checkGeneveVNI(t *testing.T, f frame, want uint64) {
+	t.Helper()
 	if !strings.Contains(f.protocols, "udp:geneve:eth:ethertype:ip") || strings.Contains(f.protocols, "malformed") {
 		t.Errorf("frame protocols %q: want udp:geneve:eth:ethertype:ip and nothing malformed", f.protocols)
 	}
 	if v, err := parseNum(f.version); err != nil || v != 0 {
 		t.Errorf("GENEVE version %q, want 0", f.version)
 	}
-	if v, err := parseNum(f.vni); err != nil || v != vni {
-		t.Errorf("GENEVE VNI %q, want %d", f.vni, vni)
+	if v, err := parseNum(f.vni); err != nil || v != want {
+		t.Errorf("GENEVE VNI %q, want %d", f.vni, want)
 	}
 	if v, err := parseNum(f.proto); err != nil || v != 0x6558 {
 		t.Errorf("GENEVE protocol %q, want 0x6558 (Ethernet)", f.proto)

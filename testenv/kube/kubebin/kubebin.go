@@ -1,7 +1,8 @@
 // Package kubebin builds the kube-apiserver, etcd and kube-proxy that
 // testenv/kube and the lab run, the crictl of the container runtime tests
-// (testenv/cri), the kubelet of the Pod tests (testenv/e2e) and the kubectl
-// of deploy/'s tests, once, into a
+// (testenv/cri), the kubelet of the Pod tests, the kube-controller-manager and
+// kube-scheduler of the DaemonSet tests (testenv/e2e) and the kubectl of
+// deploy/'s tests, once, into a
 // cache shared by every later run, reporting its progress. It depends on the standard library alone, so that `go run` of
 // testenv/kube/cmd/prebuild starts at once on a machine with an empty build
 // cache, before anything else has compiled client-go.
@@ -124,6 +125,41 @@ var kubectlSet = binarySet{
 		return fmt.Sprintf("kubectl-%s-%s", moduleVersion(gomod, "k8s.io/kubernetes"), gover)
 	},
 	steps: []setStep{{"kubectl", "k8s.io/kubernetes/cmd/kubectl", apiserverLDFlags}},
+}
+
+// controlPlaneSet is kube-controller-manager and kube-scheduler, from the
+// controlplanetools module: the same k8s.io/kubernetes release as kubeSet's
+// kube-apiserver, in a cache of its own (as kubeletSet is), so that adding
+// them changed no other set's key. A DaemonSet or a Deployment needs both:
+// the first makes the pods, the second binds them to nodes.
+var controlPlaneSet = binarySet{
+	module:   "controlplanetools",
+	names:    "kube-controller-manager and kube-scheduler",
+	estimate: "about 6 minutes on 2 idle cores",
+	key: func(gomod []byte, gover string) string {
+		return fmt.Sprintf("controlplane-%s-%s", moduleVersion(gomod, "k8s.io/kubernetes"), gover)
+	},
+	steps: []setStep{
+		{"kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager", apiserverLDFlags},
+		{"kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler", apiserverLDFlags},
+	},
+}
+
+// ControlPlane returns the paths of a kube-controller-manager and a
+// kube-scheduler built from the same k8s.io/kubernetes release as Binaries'
+// kube-apiserver (the controlplanetools module), built once into the same
+// cache root. Progress goes to standard error.
+func ControlPlane(ctx context.Context) (controllerManager, scheduler string, err error) {
+	return BuildControlPlane(ctx, os.Stderr)
+}
+
+// BuildControlPlane is ControlPlane reporting to progress, as Build does.
+func BuildControlPlane(ctx context.Context, progress io.Writer) (controllerManager, scheduler string, err error) {
+	dir, err := controlPlaneSet.build(ctx, progress)
+	if err != nil {
+		return "", "", err
+	}
+	return filepath.Join(dir, "kube-controller-manager"), filepath.Join(dir, "kube-scheduler"), nil
 }
 
 // KubeProxy returns the path of a kube-proxy built from the same
@@ -250,7 +286,7 @@ func (s binarySet) build(ctx context.Context, progress io.Writer) (string, error
 }
 
 // moduleDir finds a module beside this package (tools, critools,
-// kubelettools, kubectltools) from this source file.
+// kubelettools, kubectltools, controlplanetools) from this source file.
 func moduleDir(name string) (string, error) {
 	_, file, _, ok := runtime.Caller(0)
 	if !ok {

@@ -1,0 +1,767 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/restmapper"
+
+	"github.com/isthmus-dev/isthmus/loader/cniinstall"
+	"github.com/isthmus-dev/isthmus/loader/datapath"
+	"github.com/isthmus-dev/isthmus/loader/ipam"
+	"github.com/isthmus-dev/isthmus/testenv"
+	"github.com/isthmus-dev/isthmus/testenv/cri"
+	isthmusimage "github.com/isthmus-dev/isthmus/testenv/image"
+	"github.com/isthmus-dev/isthmus/testenv/kube"
+	"github.com/isthmus-dev/isthmus/testenv/kube/kubebin"
+)
+
+// isthmusNamespace is deploy/'s namespace.
+const isthmusNamespace = "isthmus-system"
+
+// TestDaemonSetInstall: isthmus installed, upgraded and removed as
+// docs/install.md says, on real
+// kubelets. A Kubernetes-mode lab (the default scenario's four nodes in two
+// sites) starts no agent of its own; kube-controller-manager and
+// kube-scheduler run beside its API server, and every node runs a private
+// containerd and a kubelet. deploy/ is rendered by kustomize through the
+// lab's overlay (testenv.Lab.DeployOverlay: the image, the per-node pin and
+// CNI paths of nodes that share one kernel, the API server's address; a
+// unit test, testenv TestDeployOverlay, holds that nothing else differs) and
+// applied. Then, with nothing done by hand: the controller, running from its
+// Deployment, labels every Node with its Site; the DaemonSet's pods start
+// on every node and become Ready (the kubelet's readiness probe on /readyz);
+// each agent installs the CNI plugin and conflist, so every Node becomes
+// Ready; Pods created through the API on every node get addresses in their
+// node's podCIDR through the plugin; and each pod reaches every pod of the
+// other site by ICMP, TCP and UDP, each side seeing the other's own address,
+// as GENEVE on the underlay. A rolling update to a second build of the
+// image, while a1's pod streams 200 datagrams a second to b1's pod and back,
+// replaces every agent pod and loses no datagram. Then the removal:
+// deleting what was applied (kubectl delete -k), running deploy/uninstall/
+// (through the lab's overlay of it) until its pods are Ready, and deleting
+// it leaves on no node a pin, an attached program, isthmus0, a route or rule
+// of the agent's, its nftables table or iptables chain, the conflist or the
+// plugin.
+func TestDaemonSetInstall(t *testing.T) {
+	requireSetup(t)
+	start := time.Now()
+	// The first run on a machine builds kube-apiserver, kubelet, crictl,
+	// kube-controller-manager and kube-scheduler.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	kubelet, err := kubebin.Kubelet(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kcmBin, schedBin, err := kubebin.ControlPlane(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := newRuntimeWork(ctx, t, "isds-")
+	// Two builds of the image (make image's builder), versions lab1 and
+	// lab2, for the rolling update.
+	const image, image2 = "isthmus:lab1", "isthmus:lab2"
+	var imageTars []string
+	for _, v := range []string{"lab1", "lab2"} {
+		a, err := isthmusimage.Build(ctx, isthmusimage.Options{Version: v, Out: filepath.Join(rt.dir, "isthmus-"+v+".oci.tar"), Log: t.Logf})
+		if err != nil {
+			t.Fatal(err)
+		}
+		imageTars = append(imageTars, a.Path)
+	}
+	sc, err := testenv.LoadScenario("default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := upLab(ctx, t, sc, testenv.Options{Source: testenv.SourceKube, NoAgents: true})
+	srv := l.Kube()
+	cs, err := kubernetes.NewForConfig(srv.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	kcm, sched, err := srv.StartControlPlane(kcmBin, schedBin)
+	t.Cleanup(func() {
+		if err := sched.Stop(); err != nil {
+			t.Error(err)
+		}
+		if err := kcm.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	labReady := time.Now()
+
+	nodes := map[string]*runtimeNode{}
+	kubelets := map[string]*cri.Kubelet{}
+	var names []string
+	for _, n := range sc.Nodes() {
+		names = append(names, n.Name)
+		if len(n.PodCIDRs) != 1 {
+			t.Fatalf("node %s has podCIDRs %v, want one", n.Name, n.PodCIDRs)
+		}
+		dir := filepath.Join(rt.dir, n.Name)
+		rn := &runtimeNode{name: n.Name, ipam: ipam.Store{Dir: l.IPAMDir(n.Name)}, net: n.PodCIDRs[0]}
+		nodes[n.Name] = rn
+		rn.cd = startNodeRuntime(ctx, t, l, n.Name, cri.Config{Dir: filepath.Join(dir, "ctd"),
+			CNIBinDir: l.CNIBinDir(n.Name), CNIConfDir: l.CNIConfDir(n.Name), Crictl: rt.crictl}, rt.pause, rt.probe, imageTars[0], imageTars[1])
+		kl, err := cri.StartKubelet(ctx, cri.KubeletConfig{Dir: filepath.Join(dir, "kubelet"), NetNS: testenv.NSPath(l.NodeNS(n.Name)),
+			NodeName: n.Name, NodeIP: n.Address, Kubeconfig: l.Kubeconfig(), Runtime: rn.cd, Binary: kubelet})
+		if kl != nil {
+			kubelets[n.Name] = kl
+			// Before the runtime's cleanup (last first): the kubelet stops
+			// first, and the agents' pods go with the runtime.
+			t.Cleanup(func() {
+				if err := kl.Stop(); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	diag := func(node string) string {
+		return fmt.Sprintf("kubelet %s log:\n%s\ncontainerd log:\n%s\nkube-controller-manager log:\n%s\nkube-scheduler log:\n%s\n%s",
+			node, kubelets[node].LogTail(), nodes[node].cd.LogTail(),
+			srv.LogTail("kube-controller-manager.log", 20), srv.LogTail("kube-scheduler.log", 20), isthmusPodLogs(rt.dir))
+	}
+	t.Logf("lab on the API server with kube-controller-manager and kube-scheduler after %s; %d containerds and kubelets after %s",
+		labReady.Sub(start).Round(time.Millisecond), len(names), time.Since(labReady).Round(time.Millisecond))
+
+	// The install: deploy/ through the lab's overlay, rendered as kubectl
+	// apply -k renders it.
+	installStart := time.Now()
+	overlay := filepath.Join(rt.dir, "overlay")
+	if err := l.DeployOverlay(overlay, image); err != nil {
+		t.Fatal(err)
+	}
+	objs, err := kube.Kustomize(overlay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Apply(ctx, objs, kube.ApplyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The controller labels the Nodes (the agents' pods need the label).
+	for _, n := range sc.Nodes() {
+		err := poll(ctx, 2*time.Minute, func() (bool, error) {
+			node, err := cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+			return err == nil && node.Labels["isthmus.dev/site"] == n.Site.Name, nil
+		}, func() string {
+			return fmt.Sprintf("node %s has no label isthmus.dev/site=%s from the controller", n.Name, n.Site.Name)
+		})
+		if err != nil {
+			t.Fatalf("%v\n%s\n%s", err, controllerState(ctx, cs), isthmusPodLogs(rt.dir))
+		}
+	}
+	var ds *appsv1.DaemonSet
+	err = poll(ctx, 3*time.Minute, func() (bool, error) {
+		ds, err = cs.AppsV1().DaemonSets(isthmusNamespace).Get(ctx, "isthmus-agent", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		st := ds.Status
+		return st.DesiredNumberScheduled == int32(len(names)) && st.NumberReady == st.DesiredNumberScheduled &&
+			st.UpdatedNumberScheduled == st.DesiredNumberScheduled, nil
+	}, func() string { return fmt.Sprintf("DaemonSet isthmus-agent status %+v", ds.Status) })
+	if err != nil {
+		t.Fatalf("%v\n%s\n%s", err, agentPodsState(ctx, cs), diag(names[0]))
+	}
+	// One Ready agent pod on each node, started by that node's kubelet.
+	agents, err := cs.CoreV1().Pods(isthmusNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=isthmus-agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	onNode := map[string]int{}
+	for _, p := range agents.Items {
+		if podReady(&p) {
+			onNode[p.Spec.NodeName]++
+		}
+	}
+	for _, n := range names {
+		if onNode[n] != 1 {
+			t.Errorf("node %s has %d Ready agent pods, want 1 (%v)", n, onNode[n], onNode)
+		}
+		// The agent's pins are where the overlay put them: the node's own.
+		if _, err := os.Stat(filepath.Join(l.PinDir(n), "routes")); err != nil {
+			t.Errorf("node %s: the agent pod's pins are not in %s: %v", n, l.PinDir(n), err)
+		}
+	}
+	var dep *appsv1.Deployment
+	err = poll(ctx, 2*time.Minute, func() (bool, error) {
+		dep, err = cs.AppsV1().Deployments(isthmusNamespace).Get(ctx, "isthmus-controller", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return dep.Status.ReadyReplicas == *dep.Spec.Replicas, nil
+	}, func() string { return fmt.Sprintf("Deployment isthmus-controller status %+v", dep.Status) })
+	if err != nil {
+		t.Fatalf("%v\n%s", err, controllerState(ctx, cs))
+	}
+	// With the conflist in place each runtime reports its network ready and
+	// each kubelet its Node Ready.
+	for _, n := range names {
+		if err := nodes[n].cd.WaitNetworkReady(ctx, 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if err := waitNodeReady(ctx, cs, n, time.Minute); err != nil {
+			t.Fatalf("%v\n%s", err, diag(n))
+		}
+	}
+	t.Logf("installed from deploy/: Nodes labelled by the controller, %d agent pods Ready, controller Deployment ready, Nodes Ready, after %s",
+		len(names), time.Since(installStart).Round(time.Millisecond))
+
+	// Pods through the API on every node.
+	podsStart := time.Now()
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kubeletNamespace}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if _, err := cs.CoreV1().Pods(kubeletNamespace).Create(ctx, probePod("web-"+n, n), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type runPod struct {
+		node, site string
+		pod        cri.Pod
+		container  string
+	}
+	var pods []runPod
+	for _, n := range sc.Nodes() {
+		rn := nodes[n.Name]
+		obj, err := waitPodRunning(ctx, cs, "web-"+n.Name, 90*time.Second)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, diag(n.Name))
+		}
+		p, err := rn.cd.ReadyPod(ctx, kubeletNamespace, obj.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.IP != obj.Status.PodIP {
+			t.Errorf("%s: Pod %s status.podIP %s, its sandbox has %s", n.Name, obj.Name, obj.Status.PodIP, p.IP)
+		}
+		// The kernel and the node's disk say what the plugin did.
+		checkRuntimePod(t, l, rn, p)
+		c, err := rn.cd.Container(ctx, p, "probe")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pods = append(pods, runPod{node: n.Name, site: n.Site.Name, pod: p, container: c})
+	}
+	t.Logf("%d Pods Running with addresses from the plugin after %s", len(pods), time.Since(podsStart).Round(time.Millisecond))
+
+	// Across the sites, every pair both ways, while a1's underlay port is
+	// captured: ICMP, TCP and UDP, each answer naming the asking pod.
+	wait := capture(t, l.RouterNS(), testenv.RouterPort("a1"), 20*time.Second)
+	run := func(from runPod, argv ...string) (string, error) {
+		var out string
+		var err error
+		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			out, err = nodes[from.node].cd.Exec(ctx, from.container, argv...)
+			if err == nil || time.Now().After(deadline) {
+				return out, err
+			}
+		}
+	}
+	var a1 runPod
+	for _, from := range pods {
+		if from.node == "a1" {
+			a1 = from
+		}
+		for _, to := range pods {
+			if to.site == from.site {
+				continue
+			}
+			if got, err := run(from, "/probe", "ping", to.pod.IP); err != nil || got != "reply from "+to.pod.IP+"\n" {
+				t.Errorf("%s -> %s: ping = %q, %v; want a reply from %s", from.node, to.node, got, err, to.pod.IP)
+			}
+			want := "source " + from.pod.IP + "\n"
+			if got, err := run(from, "/probe", "get", "http://"+to.pod.IP+":8080/"); err != nil || got != want {
+				t.Errorf("%s -> %s: TCP get = %q, %v; want %q (the pod's own address, across isthmus)", from.node, to.node, got, err, want)
+			}
+			if got, err := run(from, "/probe", "udp", to.pod.IP+":8080"); err != nil || got != want {
+				t.Errorf("%s -> %s: UDP = %q, %v; want %q", from.node, to.node, got, err, want)
+			}
+		}
+	}
+	frames := wait()
+	seen := map[string]int{}
+	for _, f := range frames {
+		if len(f.ipSrc) != 2 || len(f.ipDst) != 2 {
+			continue
+		}
+		// deploy/ gives the agents no --vni: the agent's default, 1.
+		checkGeneveVNI(t, f, 1)
+		dir := "out"
+		if f.ipDst[1] == a1.pod.IP {
+			dir = "back"
+		} else if f.ipSrc[1] != a1.pod.IP {
+			continue
+		}
+		_, inner, _ := strings.Cut(f.protocols, ":geneve:")
+		for _, proto := range []string{"icmp", "tcp", "udp"} {
+			if strings.Contains(inner, ":"+proto) {
+				seen[proto+" "+dir]++
+			}
+		}
+	}
+	t.Logf("%d GENEVE frames on a1's underlay: %v", len(frames), seen)
+	for _, proto := range []string{"icmp", "tcp", "udp"} {
+		for _, dir := range []string{"out", "back"} {
+			if seen[proto+" "+dir] == 0 {
+				t.Errorf("no GENEVE frame carrying %s %s a1's pod on a1's underlay (%v)", proto, map[string]string{"out": "from", "back": "to"}[dir], seen)
+			}
+		}
+	}
+	// A rolling update to another build of the image, while a1's pod streams
+	// 200 datagrams a second to b1's and b1's echoes them: not one may be lost.
+	var b1 runPod
+	for _, p := range pods {
+		if p.node == "b1" {
+			b1 = p
+		}
+	}
+	rollStart := time.Now()
+	before, err := cs.CoreV1().Pods(isthmusNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=isthmus-agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := startPodStream(a1.pod.NetNS, b1.pod.IP+":8080", 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if err := l.DeployOverlay(overlay, image2); err != nil {
+		t.Fatal(err)
+	}
+	objs2, err := kube.Kustomize(overlay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Apply(ctx, objs2, kube.ApplyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = poll(ctx, 5*time.Minute, func() (bool, error) {
+		ds, err = cs.AppsV1().DaemonSets(isthmusNamespace).Get(ctx, "isthmus-agent", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		st := ds.Status
+		return st.ObservedGeneration >= ds.Generation && st.UpdatedNumberScheduled == int32(len(names)) &&
+			st.NumberAvailable == int32(len(names)) && st.NumberUnavailable == 0, nil
+	}, func() string { return fmt.Sprintf("DaemonSet isthmus-agent rollout: status %+v", ds.Status) })
+	rolled := time.Since(rollStart)
+	time.Sleep(2 * time.Second)
+	sent, echoed, missing := stream.stop()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, agentPodsState(ctx, cs))
+	}
+	after, err := cs.CoreV1().Pods(isthmusNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=isthmus-agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := map[string]bool{}
+	for _, p := range before.Items {
+		old[string(p.UID)] = true
+	}
+	for _, p := range after.Items {
+		if old[string(p.UID)] || p.Spec.Containers[0].Image != image2 || !podReady(&p) {
+			t.Errorf("after the rollout agent pod %s on %s: image %s, Ready %v, replaced %v", p.Name, p.Spec.NodeName,
+				p.Spec.Containers[0].Image, podReady(&p), !old[string(p.UID)])
+		}
+	}
+	t.Logf("rolling update of %d agents to %s in %s; a1 -> b1 pod stream: %d datagrams sent, %d echoed", len(after.Items), image2,
+		rolled.Round(time.Millisecond), sent, echoed)
+	if sent < 200 || len(missing) > 0 {
+		t.Errorf("during the rolling update %d of %d datagrams between the pods were lost (sequence numbers %v)", len(missing), sent, head(missing, 20))
+	}
+
+	// The Pods go while the kubelets run: each stops its sandbox (CNI DEL).
+	for _, n := range names {
+		if err := cs.CoreV1().Pods(kubeletNamespace).Delete(ctx, "web-"+n, metav1.DeleteOptions{}); err != nil {
+			t.Error(err)
+		}
+	}
+	for _, n := range names {
+		if err := waitPodGone(ctx, cs, "web-"+n, time.Minute); err != nil {
+			t.Errorf("%v\n%s", err, diag(n))
+		}
+	}
+	// Their stopped sandboxes go now, as the kubelets' garbage collection
+	// would within a minute: once the uninstall has removed the conflist,
+	// the runtime can no longer remove a sandbox that had a pod network.
+	for _, p := range pods {
+		if err := nodes[p.node].cd.RemovePod(ctx, p.pod); err != nil {
+			t.Errorf("%s: remove the stopped sandbox of %s: %v", p.node, p.pod.Name, err)
+		}
+	}
+
+	// Removal as docs/install.md says: kubectl delete -k deploy/, then the
+	// uninstall DaemonSet until every pod is Ready, then its deletion.
+	removeStart := time.Now()
+	if err := deleteObjects(ctx, srv, objs2); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitNamespaceGone(ctx, cs, isthmusNamespace, 3*time.Minute); err != nil {
+		t.Fatalf("%v\n%s", err, agentPodsState(ctx, cs))
+	}
+	uninstall := filepath.Join(rt.dir, "uninstall")
+	if err := l.UninstallOverlay(uninstall, image2); err != nil {
+		t.Fatal(err)
+	}
+	uobjs, err := kube.Kustomize(uninstall)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Apply(ctx, uobjs, kube.ApplyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = poll(ctx, 3*time.Minute, func() (bool, error) {
+		ds, err = cs.AppsV1().DaemonSets("isthmus-uninstall").Get(ctx, "isthmus-uninstall", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return ds.Status.DesiredNumberScheduled == int32(len(names)) && ds.Status.NumberReady == int32(len(names)), nil
+	}, func() string { return fmt.Sprintf("DaemonSet isthmus-uninstall status %+v", ds.Status) })
+	if err != nil {
+		t.Fatalf("%v\n%s", err, podsStateIn(ctx, cs, "isthmus-uninstall", "app.kubernetes.io/name=isthmus-uninstall"))
+	}
+	if err := deleteObjects(ctx, srv, uobjs); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitNamespaceGone(ctx, cs, "isthmus-uninstall", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		checkNodeClean(t, ctx, l, n)
+	}
+	t.Logf("removed (delete, uninstall DaemonSet, its deletion) in %s; every node clean", time.Since(removeStart).Round(time.Millisecond))
+	t.Logf("TestDaemonSetInstall took %s", time.Since(start).Round(time.Millisecond))
+}
+
+// isthmusPodLogs returns the tail of every log the kubelets under work
+// keep of the containers of isthmus-system and isthmus-uninstall pods.
+func isthmusPodLogs(work string) string {
+	var b strings.Builder
+	for _, ns := range []string{"isthmus-system", "isthmus-uninstall"} {
+		logs, _ := filepath.Glob(filepath.Join(work, "*", "kubelet", "pod-logs", ns+"_*", "*", "*.log"))
+		for _, f := range logs {
+			fmt.Fprintf(&b, "container log %s:\n%s\n", strings.TrimPrefix(f, work), tailFile(f))
+		}
+	}
+	return b.String()
+}
+
+// podReady reports whether the Pod's Ready condition is True.
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// agentPodsState describes the agent pods, for a failure message.
+func agentPodsState(ctx context.Context, cs kubernetes.Interface) string {
+	return podsState(ctx, cs, "app.kubernetes.io/name=isthmus-agent")
+}
+
+// controllerState describes the controller's pods, for a failure message.
+func controllerState(ctx context.Context, cs kubernetes.Interface) string {
+	return podsState(ctx, cs, "app.kubernetes.io/name=isthmus-controller")
+}
+
+func podsState(ctx context.Context, cs kubernetes.Interface, selector string) string {
+	return podsStateIn(ctx, cs, isthmusNamespace, selector)
+}
+
+// podsStateIn describes the pods of a namespace a selector picks: phase,
+// conditions, and each container's state and last exit.
+func podsStateIn(ctx context.Context, cs kubernetes.Interface, namespace, selector string) string {
+	list, err := cs.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d pods %s:\n", len(list.Items), selector)
+	for _, p := range list.Items {
+		fmt.Fprintf(&b, "  %s on %q: %s", p.Name, p.Spec.NodeName, p.Status.Phase)
+		for _, c := range p.Status.Conditions {
+			fmt.Fprintf(&b, " %s=%s(%s)", c.Type, c.Status, c.Message)
+		}
+		for _, c := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+			fmt.Fprintf(&b, " [%s ready=%v restarts=%d", c.Name, c.Ready, c.RestartCount)
+			if w := c.State.Waiting; w != nil {
+				fmt.Fprintf(&b, " waiting %s: %s", w.Reason, w.Message)
+			}
+			if x := c.LastTerminationState.Terminated; x != nil {
+				fmt.Fprintf(&b, " last exit %d %s: %s", x.ExitCode, x.Reason, x.Message)
+			}
+			b.WriteString("]")
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// udpStream is a UDP stream from a test socket in a pod's network namespace to
+// a probe server, which echoes each "seq N" datagram.
+type udpStream struct {
+	conn   *net.UDPConn
+	done   chan struct{}
+	mu     sync.Mutex
+	sent   int
+	echoed map[int]bool
+	wg     sync.WaitGroup
+}
+
+// startPodStream opens a socket in the network namespace at nsPath and sends
+// pps datagrams a second to dst, each "seq N", counting the echoes, until
+// stop.
+func startPodStream(nsPath, dst string, pps int) (*udpStream, error) {
+	raddr, err := net.ResolveUDPAddr("udp4", dst)
+	if err != nil {
+		return nil, err
+	}
+	var conn *net.UDPConn
+	err = doAt(nsPath, func() (err error) {
+		conn, err = net.DialUDP("udp4", nil, raddr)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stream socket in %s: %w", nsPath, err)
+	}
+	s := &udpStream{conn: conn, done: make(chan struct{}), echoed: map[int]bool{}}
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		tick := time.NewTicker(time.Second / time.Duration(pps))
+		defer tick.Stop()
+		for seq := 0; ; seq++ {
+			select {
+			case <-s.done:
+				return
+			case <-tick.C:
+			}
+			s.mu.Lock()
+			s.sent++
+			s.mu.Unlock()
+			conn.Write([]byte(fmt.Sprintf("seq %d", seq)))
+		}
+	}()
+	go func() {
+		defer s.wg.Done()
+		buf := make([]byte, 64)
+		for {
+			n, err := conn.Read(buf)
+			if err != nil {
+				return // closed by stop
+			}
+			var seq int
+			if _, err := fmt.Sscanf(string(buf[:n]), "seq %d", &seq); err == nil {
+				s.mu.Lock()
+				s.echoed[seq] = true
+				s.mu.Unlock()
+			}
+		}
+	}()
+	return s, nil
+}
+
+// stop ends the stream, waits a second for the last echoes, and returns the
+// datagrams sent, those echoed, and the sequence numbers of the others.
+func (s *udpStream) stop() (sent, echoed int, missing []int) {
+	close(s.done)
+	time.Sleep(time.Second)
+	s.conn.Close()
+	s.wg.Wait()
+	for seq := 0; seq < s.sent; seq++ {
+		if !s.echoed[seq] {
+			missing = append(missing, seq)
+		}
+	}
+	return s.sent, len(s.echoed), missing
+}
+
+// doAt runs fn on an OS thread in the network namespace at path (a pod's,
+// which the runtime keeps outside /run/netns); sockets fn opens stay there.
+func doAt(path string, fn func() error) error {
+	target, err := netns.GetFromPath(path)
+	if err != nil {
+		return err
+	}
+	defer target.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(target); err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			errc <- err // the thread stays locked and dies with the goroutine
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+func head(s []int, n int) []int {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// deleteObjects deletes what kubectl delete -k deletes for these objects:
+// each of them, the last first, with background propagation (the garbage
+// collector and the namespace controller take what they own); one already
+// gone counts as deleted.
+func deleteObjects(ctx context.Context, srv *kube.Server, objs []*unstructured.Unstructured) error {
+	dyn, err := dynamic.NewForConfig(srv.RESTConfig())
+	if err != nil {
+		return err
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(srv.RESTConfig())
+	if err != nil {
+		return err
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	bg := metav1.DeletePropagationBackground
+	var errs []error
+	for i := len(objs) - 1; i >= 0; i-- {
+		o := objs[i]
+		gvk := o.GroupVersionKind()
+		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s %s: %w", o.GetKind(), o.GetName(), err))
+			continue
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
+		if o.GetNamespace() != "" {
+			ri = dyn.Resource(m.Resource).Namespace(o.GetNamespace())
+		}
+		if err := ri.Delete(ctx, o.GetName(), metav1.DeleteOptions{PropagationPolicy: &bg}); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("delete %s %s: %w", o.GetKind(), o.GetName(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// waitNamespaceGone waits until the namespace is gone from the API (its
+// objects deleted and their pods stopped by the kubelets).
+func waitNamespaceGone(ctx context.Context, cs kubernetes.Interface, name string, timeout time.Duration) error {
+	return poll(ctx, timeout, func() (bool, error) {
+		_, err := cs.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return false, err
+	}, func() string { return fmt.Sprintf("namespace %s still in the API", name) })
+}
+
+// checkNodeClean checks, in the kernel and on the node's disk, that nothing
+// of isthmus is left on a node: no pin directory, no BPF program attached to
+// any of its devices (tcx or XDP, as the kernel reports them), no isthmus0 or isthmus0p, no route of the
+// agent's (protocol 201) in any table, no rule to its tables, no nftables
+// table isthmus, no ISTHMUS-POSTROUTING chain, no conflist and no plugin.
+func checkNodeClean(t *testing.T, ctx context.Context, l *testenv.Lab, node string) {
+	t.Helper()
+	if _, err := os.Stat(l.PinDir(node)); !os.IsNotExist(err) {
+		t.Errorf("%s: pin directory %s left (stat: %v)", node, l.PinDir(node), err)
+	}
+	ns := l.NodeNS(node)
+	h := handleAt(t, testenv.NSPath(ns))
+	links, err := h.LinkList()
+	if err != nil {
+		t.Fatalf("%s: list links: %v", node, err)
+	}
+	// What the kernel runs at each device's tcx hooks and XDP (bpftool 7.1
+	// here predates tcx and shows none of it).
+	for _, lk := range links {
+		a := lk.Attrs()
+		if a.Xdp != nil && a.Xdp.Attached {
+			t.Errorf("%s: XDP program %d still attached to %s", node, a.Xdp.ProgId, a.Name)
+		}
+		for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+			var res *link.QueryResult
+			err := testenv.Do(ns, func() (err error) {
+				res, err = link.QueryPrograms(link.QueryOptions{Target: a.Index, Attach: at})
+				return err
+			})
+			if err != nil {
+				t.Errorf("%s: query %s of %s: %v", node, at, a.Name, err)
+			} else if len(res.Programs) > 0 {
+				t.Errorf("%s: %d programs still attached at %s of %s", node, len(res.Programs), at, a.Name)
+			}
+		}
+	}
+	for _, dev := range []string{datapath.OverlayDev, datapath.OverlayPeerDev} {
+		if _, err := h.LinkByName(dev); err == nil {
+			t.Errorf("%s: %s left", node, dev)
+		}
+	}
+	routes, err := h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC, Protocol: datapath.RouteProtocol},
+		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
+	if err != nil || len(routes) > 0 {
+		t.Errorf("%s: routes of protocol %d left: %v (%v)", node, datapath.RouteProtocol, routes, err)
+	}
+	rules, err := h.RuleList(netlink.FAMILY_V4)
+	if err != nil {
+		t.Errorf("%s: list rules: %v", node, err)
+	}
+	for _, r := range rules {
+		if r.Table == datapath.PodTable || r.Table == datapath.FabricTable {
+			t.Errorf("%s: rule to table %d left: %v", node, r.Table, r)
+		}
+	}
+	if out, err := testenv.Command(ctx, ns, "nft", "list", "tables").CombinedOutput(); err != nil || strings.Contains(string(out), " "+datapath.ExemptTable+"\n") {
+		t.Errorf("%s: nft list tables: %v\n%s", node, err, out)
+	}
+	if out, err := testenv.Command(ctx, ns, "iptables", "-w", "-t", "nat", "-S").CombinedOutput(); err != nil || strings.Contains(string(out), datapath.ExemptChain) {
+		t.Errorf("%s: iptables -t nat -S: %v\n%s", node, err, out)
+	}
+	for _, f := range []string{filepath.Join(l.CNIConfDir(node), cniinstall.ConflistName), filepath.Join(l.CNIBinDir(node), cniinstall.PluginName)} {
+		if _, err := os.Stat(f); !os.IsNotExist(err) {
+			t.Errorf("%s: %s left (stat: %v)", node, f, err)
+		}
+	}
+}
