@@ -2,10 +2,10 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -22,12 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/discovery/cached/memory"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/restmapper"
 
 	"github.com/isthmus-dev/isthmus/loader/cniinstall"
 	"github.com/isthmus-dev/isthmus/loader/datapath"
@@ -35,7 +30,6 @@ import (
 	"github.com/isthmus-dev/isthmus/testenv"
 	"github.com/isthmus-dev/isthmus/testenv/cri"
 	isthmusimage "github.com/isthmus-dev/isthmus/testenv/image"
-	"github.com/isthmus-dev/isthmus/testenv/kube"
 	"github.com/isthmus-dev/isthmus/testenv/kube/kubebin"
 )
 
@@ -154,18 +148,15 @@ func TestDaemonSetInstall(t *testing.T) {
 	t.Logf("lab on the API server with kube-controller-manager and kube-scheduler after %s; %d containerds and kubelets after %s",
 		labReady.Sub(start).Round(time.Millisecond), len(names), time.Since(labReady).Round(time.Millisecond))
 
-	// The install: deploy/ through the lab's overlay, rendered as kubectl
-	// apply -k renders it.
+	// The install, as docs/install.md says: kubectl apply -k, of deploy/
+	// through the lab's overlay.
 	installStart := time.Now()
 	overlay := filepath.Join(rt.dir, "overlay")
 	if err := l.DeployOverlay(overlay, image); err != nil {
 		t.Fatal(err)
 	}
-	objs, err := kube.Kustomize(overlay)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Apply(ctx, objs, kube.ApplyOptions{}); err != nil {
+	kubectl := kubectlFor(ctx, t, l.Kubeconfig())
+	if err := kubectl("apply", "-k", overlay); err != nil {
 		t.Fatal(err)
 	}
 	// The controller labels the Nodes (the agents' pods need the label).
@@ -360,11 +351,7 @@ func TestDaemonSetInstall(t *testing.T) {
 	if err := l.DeployOverlay(overlay, image2); err != nil {
 		t.Fatal(err)
 	}
-	objs2, err := kube.Kustomize(overlay)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Apply(ctx, objs2, kube.ApplyOptions{}); err != nil {
+	if err := kubectl("apply", "-k", overlay); err != nil {
 		t.Fatal(err)
 	}
 	err = poll(ctx, 5*time.Minute, func() (bool, error) {
@@ -425,7 +412,7 @@ func TestDaemonSetInstall(t *testing.T) {
 	// Removal as docs/install.md says: kubectl delete -k deploy/, then the
 	// uninstall DaemonSet until every pod is Ready, then its deletion.
 	removeStart := time.Now()
-	if err := deleteObjects(ctx, srv, objs2); err != nil {
+	if err := kubectl("delete", "-k", overlay, "--wait=false"); err != nil {
 		t.Fatal(err)
 	}
 	if err := waitNamespaceGone(ctx, cs, isthmusNamespace, 3*time.Minute); err != nil {
@@ -435,11 +422,7 @@ func TestDaemonSetInstall(t *testing.T) {
 	if err := l.UninstallOverlay(uninstall, image2); err != nil {
 		t.Fatal(err)
 	}
-	uobjs, err := kube.Kustomize(uninstall)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := srv.Apply(ctx, uobjs, kube.ApplyOptions{}); err != nil {
+	if err := kubectl("apply", "-k", uninstall); err != nil {
 		t.Fatal(err)
 	}
 	err = poll(ctx, 3*time.Minute, func() (bool, error) {
@@ -452,7 +435,7 @@ func TestDaemonSetInstall(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, podsStateIn(ctx, cs, "isthmus-uninstall", "app.kubernetes.io/name=isthmus-uninstall"))
 	}
-	if err := deleteObjects(ctx, srv, uobjs); err != nil {
+	if err := kubectl("delete", "-k", uninstall, "--wait=false"); err != nil {
 		t.Fatal(err)
 	}
 	if err := waitNamespaceGone(ctx, cs, "isthmus-uninstall", 2*time.Minute); err != nil {
@@ -651,39 +634,23 @@ func head(s []int, n int) []int {
 	return s
 }
 
-// deleteObjects deletes what kubectl delete -k deletes for these objects:
-// each of them, the last first, with background propagation (the garbage
-// collector and the namespace controller take what they own); one already
-// gone counts as deleted.
-func deleteObjects(ctx context.Context, srv *kube.Server, objs []*unstructured.Unstructured) error {
-	dyn, err := dynamic.NewForConfig(srv.RESTConfig())
+// kubectlFor returns a function that runs the real kubectl (built from the
+// module proxy at the API server's release, kubebin) against kubeconfig, the
+// way an operator installs and removes isthmus.
+func kubectlFor(ctx context.Context, t *testing.T, kubeconfig string) func(args ...string) error {
+	t.Helper()
+	bin, err := kubebin.Kubectl(ctx)
 	if err != nil {
-		return err
+		t.Fatalf("kubectl: %v", err)
 	}
-	dc, err := discovery.NewDiscoveryClientForConfig(srv.RESTConfig())
-	if err != nil {
-		return err
-	}
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
-	bg := metav1.DeletePropagationBackground
-	var errs []error
-	for i := len(objs) - 1; i >= 0; i-- {
-		o := objs[i]
-		gvk := o.GroupVersionKind()
-		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	return func(args ...string) error {
+		out, err := exec.CommandContext(ctx, bin, append([]string{"--kubeconfig", kubeconfig}, args...)...).CombinedOutput()
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s %s: %w", o.GetKind(), o.GetName(), err))
-			continue
+			return fmt.Errorf("kubectl %s: %w\n%s", strings.Join(args, " "), err, out)
 		}
-		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
-		if o.GetNamespace() != "" {
-			ri = dyn.Resource(m.Resource).Namespace(o.GetNamespace())
-		}
-		if err := ri.Delete(ctx, o.GetName(), metav1.DeleteOptions{PropagationPolicy: &bg}); err != nil && !apierrors.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("delete %s %s: %w", o.GetKind(), o.GetName(), err))
-		}
+		t.Logf("kubectl %s:\n%s", strings.Join(args, " "), out)
+		return nil
 	}
-	return errors.Join(errs...)
 }
 
 // waitNamespaceGone waits until the namespace is gone from the API (its
