@@ -37,10 +37,12 @@ func TestVersionFromLdflags(t *testing.T) {
 	}
 }
 
-// TestVersionFallback: built without -ldflags, the binary names the commit
-// the Go toolchain stamped into it, as `go version -m` (the toolchain's own
-// reader) reports it, and "unknown" where it stamped none (-buildvcs=false;
-// a git worktree, whose .git is a file the toolchain does not follow).
+// TestVersionFallback: built without -ldflags, the binary names the module
+// version and the commit the Go toolchain stamped into it, as `go version -m`
+// (the toolchain's own reader) reports them, and "unknown" where it stamped
+// none (-buildvcs=false; a git worktree, whose .git is a file the toolchain
+// does not follow; "(devel)" is no version). In a git checkout Go 1.24 and
+// later stamp a pseudo-version from the commit as the module's version.
 func TestVersionFallback(t *testing.T) {
 	for _, vcs := range []string{"-buildvcs=auto", "-buildvcs=false"} {
 		bin := filepath.Join(t.TempDir(), "isthmus")
@@ -51,9 +53,12 @@ func TestVersionFallback(t *testing.T) {
 		if err != nil {
 			t.Fatalf("go version -m: %v", err)
 		}
-		commit, dirty := "unknown", ""
+		release, commit, dirty := "unknown", "unknown", ""
 		for _, line := range strings.Split(string(meta), "\n") {
 			f := strings.Fields(line)
+			if len(f) >= 3 && f[0] == "mod" && f[2] != "(devel)" {
+				release = f[2]
+			}
 			if len(f) != 2 || f[0] != "build" {
 				continue
 			}
@@ -74,7 +79,7 @@ func TestVersionFallback(t *testing.T) {
 		if vcs == "-buildvcs=false" && commit != "unknown" {
 			t.Errorf("go version -m finds %s in a -buildvcs=false build", commit)
 		}
-		if want := "isthmus unknown commit " + commit + " "; !strings.HasPrefix(string(out), want) {
+		if want := "isthmus " + release + " commit " + commit + " "; !strings.HasPrefix(string(out), want) {
 			t.Errorf("%s: isthmus version printed %q, want it to start with %q (go version -m:\n%s)", vcs, out, want, meta)
 		}
 	}
