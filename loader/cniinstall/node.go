@@ -2,6 +2,7 @@ package cniinstall
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -196,8 +197,10 @@ func (in *Installer) logState(log *slog.Logger, st State) {
 
 // ForeignConfigs lists, sorted, the network configurations in confDir that
 // isthmus did not write: every .conf, .conflist and .json file (the files a
-// runtime reads) other than ConflistName, parsable or not. A missing or
-// empty confDir has none.
+// runtime reads) other than ConflistName, parsable or not, except one whose
+// only plugin is the reference loopback plugin (the 99-loopback.conf older
+// install guides leave on every node: it is no pod network, and
+// 00-isthmus.conflist sorts before it). A missing or empty confDir has none.
 func ForeignConfigs(confDir string) ([]string, error) {
 	if confDir == "" {
 		return nil, nil
@@ -214,7 +217,38 @@ func ForeignConfigs(confDir string) ([]string, error) {
 		if e.IsDir() || e.Name() == ConflistName || !slices.Contains([]string{".conf", ".conflist", ".json"}, filepath.Ext(e.Name())) {
 			continue
 		}
+		if loopbackOnly(filepath.Join(confDir, e.Name())) {
+			continue
+		}
 		out = append(out, e.Name())
 	}
 	return out, nil
+}
+
+// loopbackOnly reports whether the network configuration in file (a .conf
+// with one plugin, or a .conflist) names only plugins of type "loopback".
+// Anything unreadable or unparsable is not.
+func loopbackOnly(file string) bool {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return false
+	}
+	var conf struct {
+		Type    string `json:"type"`
+		Plugins []struct {
+			Type string `json:"type"`
+		} `json:"plugins"`
+	}
+	if json.Unmarshal(b, &conf) != nil {
+		return false
+	}
+	if len(conf.Plugins) == 0 {
+		return conf.Type == "loopback"
+	}
+	for _, p := range conf.Plugins {
+		if p.Type != "loopback" {
+			return false
+		}
+	}
+	return conf.Type == ""
 }

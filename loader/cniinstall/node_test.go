@@ -20,6 +20,15 @@ func TestForeignConfigs(t *testing.T) {
 	if want := []string{"10-flannel.conflist", "87-podman.conflist", "99-loopback.conf", "broken.json"}; err != nil || !slices.Equal(got, want) {
 		t.Fatalf("ForeignConfigs = %v, %v; want %v", got, err, want)
 	}
+	// The reference loopback plugin alone is no pod network, as a .conf or as a
+	// .conflist; beside another plugin it is.
+	os.WriteFile(filepath.Join(conf, "99-loopback.conf"), []byte(`{"cniVersion": "0.3.1", "name": "lo", "type": "loopback"}`), 0o644)
+	os.WriteFile(filepath.Join(conf, "98-lo.conflist"), []byte(`{"cniVersion": "1.0.0", "name": "lo", "plugins": [{"type": "loopback"}]}`), 0o644)
+	os.WriteFile(filepath.Join(conf, "20-bridge.conflist"), []byte(`{"cniVersion": "1.0.0", "name": "b", "plugins": [{"type": "loopback"}, {"type": "bridge"}]}`), 0o644)
+	got, err = ForeignConfigs(conf)
+	if want := []string{"10-flannel.conflist", "20-bridge.conflist", "87-podman.conflist", "broken.json"}; err != nil || !slices.Equal(got, want) {
+		t.Fatalf("ForeignConfigs = %v, %v; want %v", got, err, want)
+	}
 	if got, err := ForeignConfigs(filepath.Join(conf, "missing")); err != nil || got != nil {
 		t.Fatalf("ForeignConfigs of a missing directory = %v, %v; want none", got, err)
 	}
