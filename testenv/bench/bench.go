@@ -181,6 +181,16 @@ func (r *Report) Result(c Config) (Result, bool) {
 	return Result{}, false
 }
 
+// hasRules reports whether any configuration measured carried the rules.
+func (r *Report) hasRules() bool {
+	for _, res := range r.Results {
+		if res.Config.Rules {
+			return true
+		}
+	}
+	return false
+}
+
 // Ratio returns median(a) / median(b), or 0 if either is missing or b is 0.
 func (r *Report) Ratio(a, b Config) float64 {
 	ra, ok1 := r.Result(a)
@@ -274,7 +284,9 @@ func (r *Report) String() string {
 	leftovers := "CNI leftovers"
 	if r.KubeProxy != "" {
 		leftovers += " + kube-proxy"
-		fmt.Fprintf(&b, "with rules: the CNI leftovers and a real kube-proxy (%s mode) with a NodePort Service per pod on every node\n\n", r.KubeProxy)
+		if r.hasRules() {
+			fmt.Fprintf(&b, "with rules: the CNI leftovers and a real kube-proxy (%s mode) with a NodePort Service per pod on every node\n\n", r.KubeProxy)
+		}
 	}
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "DATAPATH\tRULES\tMEDIAN Gbit/s\tSAMPLES\tRETRANSMITS\tvs VXLAN\tvs PLAIN\tRR µs\tRR TPS\tTPS vs VXLAN")

@@ -79,6 +79,16 @@ func TestProxyARPRows(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", row, table)
 		}
 	}
+	// The kube-proxy header describes the labs with rules: none here.
+	rep.KubeProxy = testenv.ProxyIPTables
+	rep.Results = rep.Results[1:]
+	if table := rep.String(); strings.Contains(table, "with rules:") {
+		t.Errorf("a report without a rules variant describes one:\n%s", table)
+	}
+	rep.Results = append(rep.Results, Result{Config: Config{Datapath: testenv.DatapathIsthmus, Rules: true}, Samples: []Sample{{Gbps: 1, TPS: 1}}})
+	if table := rep.String(); !strings.Contains(table, "with rules: the CNI leftovers and a real kube-proxy (iptables mode)") {
+		t.Errorf("a report with a rules variant does not describe its rules:\n%s", table)
+	}
 	if got := pa.on(testenv.DatapathIsthmus).String(); got != "isthmus (no iptables rules, proxy-ARP pods)" {
 		t.Errorf("String() = %q", got)
 	}
