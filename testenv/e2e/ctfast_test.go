@@ -51,20 +51,7 @@ func TestConntrackFastPath(t *testing.T) {
 	defer cancel()
 	client, server := "a1-p1", "b1-p1"
 	nodes := []string{"a1", "b1"}
-	for _, n := range nodes {
-		for name, v := range map[string]int{"established": ctEstablished, "time_wait": ctTimeWait, "close": ctClose} {
-			key := "net.netfilter.nf_conntrack_tcp_timeout_" + name
-			if _, err := l.Exec(ctx, l.NodeNS(n), "sysctl", "-qw", key+"="+strconv.Itoa(v)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	invalid := func() (n uint64) {
-		for _, node := range nodes {
-			n += ruleCount(ctx, t, l, node, "FORWARD", "DROP", "ctstate INVALID")
-		}
-		return n
-	}
+	invalid := shortCtTimeouts(ctx, t, l, nodes)
 	invalidBefore := invalid()
 	fast := func(node string) uint64 { return counterPackets(t, l, node, "ct_fast", false) }
 	dst := netip.AddrPortFrom(l.PodAddr(server), 5301)
@@ -587,4 +574,25 @@ func countersText(t *testing.T, l *testenv.Lab, node string) string {
 		fmt.Fprintf(&b, "%s/%s=%d ", c.Name, c.Hook, c.Packets)
 	}
 	return b.String()
+}
+
+// shortCtTimeouts sets the conntrack timeouts of the fast-path tests
+// (ctEstablished, ctTimeWait, ctClose) on nodes, and returns a reader of the
+// packets their FORWARD chains' INVALID drop rules have dropped, summed.
+func shortCtTimeouts(ctx context.Context, t *testing.T, l *testenv.Lab, nodes []string) (invalid func() uint64) {
+	t.Helper()
+	for _, n := range nodes {
+		for name, v := range map[string]int{"established": ctEstablished, "time_wait": ctTimeWait, "close": ctClose} {
+			key := "net.netfilter.nf_conntrack_tcp_timeout_" + name
+			if _, err := l.Exec(ctx, l.NodeNS(n), "sysctl", "-qw", key+"="+strconv.Itoa(v)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return func() (n uint64) {
+		for _, node := range nodes {
+			n += ruleCount(ctx, t, l, node, "FORWARD", "DROP", "ctstate INVALID")
+		}
+		return n
+	}
 }

@@ -132,20 +132,7 @@ func TestConntrackFastPathWindow(t *testing.T) {
 	defer cancel()
 	client, server := "a1-p1", "b1-p1"
 	nodes := []string{"a1", "b1"}
-	for _, n := range nodes {
-		for name, v := range map[string]int{"established": ctEstablished, "time_wait": ctTimeWait, "close": ctClose} {
-			key := "net.netfilter.nf_conntrack_tcp_timeout_" + name
-			if _, err := l.Exec(ctx, l.NodeNS(n), "sysctl", "-qw", key+"="+strconv.Itoa(v)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	invalid := func() (n uint64) {
-		for _, node := range nodes {
-			n += ruleCount(ctx, t, l, node, "FORWARD", "DROP", "ctstate INVALID")
-		}
-		return n
-	}
+	invalid := shortCtTimeouts(ctx, t, l, nodes)
 	fast := func() map[string]uint64 {
 		m := map[string]uint64{}
 		for _, n := range nodes {
