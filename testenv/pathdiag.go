@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -97,7 +98,7 @@ func readProcNetTable(path string, out map[string]uint64) error {
 // "isthmus.<hook>.<name>" packets. A missing pin is no error: no agent runs.
 func datapathCounters(pinDir string, out map[string]uint64) error {
 	m, err := ebpf.LoadPinnedMap(filepath.Join(pinDir, string(imaps.MapMetrics)), nil)
-	if os.IsNotExist(err) {
+	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
@@ -130,4 +131,23 @@ func (s counterSnapshot) diff(before counterSnapshot) []string {
 		}
 	}
 	return out
+}
+
+// DatapathCount returns the sum over every node's hooks of the datapath
+// counter name (a drop reason such as "nat_source_limit", or a verdict), as
+// the pinned metrics maps hold it now. Nodes without an agent add nothing.
+func (l *Lab) DatapathCount(name string) (uint64, error) {
+	var sum uint64
+	for _, n := range l.Scenario.Nodes() {
+		c := map[string]uint64{}
+		if err := datapathCounters(l.PinDir(n.Name), c); err != nil {
+			return 0, fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		for k, v := range c {
+			if strings.HasSuffix(k, "."+name) {
+				sum += v
+			}
+		}
+	}
+	return sum, nil
 }

@@ -87,6 +87,7 @@ closing connections for --duration) and one iperf3 stream, interleaved.`,
 	f.BoolVar(&snat, "snat", false, "compare BPF return-path SNAT with iptables MASQUERADE over kernel VXLAN (scenario seed000, aks1-ext -> flex-p1, 5s)")
 	f.BoolVar(&controlPlane, "control-plane", false, "measure the control plane instead, without a lab: plan CPU, one-Node change CPU and writes, map entries and heap for fleets of 500, 5,000 and 20,000 nodes, mesh and hub; then, as root (real BPF maps in network namespaces), event to maps through a running agent at 5,000 nodes")
 	f.IntVar(&snatOpts.Workers, "workers", snatOpts.Workers, "with --snat: parallel connection loops of the connection-rate test")
+	f.Uint32Var(&snatOpts.NatEntries, "snat-table-size", bench.DefaultSNATNatEntries, "with --snat: the isthmus agents' --snat-table-size; a round in which a source's share of it drops a new flow fails")
 	return cmd
 }
 

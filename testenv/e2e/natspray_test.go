@@ -286,6 +286,11 @@ func sprayKeepsFlow(t *testing.T, l *testenv.Lab, node, tcpPod, sprayPod, server
 	if want := uint64(sent) - share - 64; limited < want {
 		t.Errorf("%s dropped %d packets as nat_source_limit, want at least %d (%d sent, share %d)", node, limited, want, sent, share)
 	}
+	// The lab's sum over every node (what the SNAT benchmark checks its rounds
+	// with) sees the same drops.
+	if sum, err := l.DatapathCount("nat_source_limit"); err != nil || sum < limited {
+		t.Errorf("Lab.DatapathCount(nat_source_limit) = %d, %v, want at least %s's %d", sum, err, node, limited)
+	}
 	// And the other pod can still open flows: a new TCP connection is translated.
 	var c2 net.Conn
 	go func() {
