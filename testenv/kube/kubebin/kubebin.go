@@ -145,6 +145,19 @@ var controlPlaneSet = binarySet{
 	},
 }
 
+// kubeRouterSet is kube-router, from the kuberoutertools module: the network
+// policy controller the lab runs beside isthmus (testenv/kuberouter.go), in a
+// cache of its own (its client-go is older than the lab's kube binaries').
+var kubeRouterSet = binarySet{
+	module:   "kuberoutertools",
+	names:    "kube-router",
+	estimate: "about 3 minutes on 2 idle cores",
+	key: func(gomod []byte, gover string) string {
+		return fmt.Sprintf("kube-router-%s-%s", moduleVersion(gomod, "github.com/cloudnativelabs/kube-router/v2"), gover)
+	},
+	steps: []setStep{{"kube-router", "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router", func(string) string { return "-s -w" }}},
+}
+
 // ControlPlane returns the paths of a kube-controller-manager and a
 // kube-scheduler built from the same k8s.io/kubernetes release as Binaries'
 // kube-apiserver (the controlplanetools module), built once into the same
@@ -199,6 +212,18 @@ func Kubectl(ctx context.Context) (string, error) { return BuildKubectl(ctx, os.
 // BuildKubectl is Kubectl reporting to progress, as Build does.
 func BuildKubectl(ctx context.Context, progress io.Writer) (string, error) {
 	return kubectlSet.binary(ctx, progress, "kubectl")
+}
+
+// KubeRouter returns the path of a kube-router built from
+// github.com/cloudnativelabs/kube-router/v2 (the kuberoutertools module),
+// built once into the same cache root as Binaries. The lab runs only its
+// network policy controller (testenv.StartKubeRouter). Progress goes to
+// standard error.
+func KubeRouter(ctx context.Context) (string, error) { return BuildKubeRouter(ctx, os.Stderr) }
+
+// BuildKubeRouter is KubeRouter reporting to progress, as Build does.
+func BuildKubeRouter(ctx context.Context, progress io.Writer) (string, error) {
+	return kubeRouterSet.binary(ctx, progress, "kube-router")
 }
 
 // binarySet is a group of binaries built from one module beside this
@@ -286,7 +311,8 @@ func (s binarySet) build(ctx context.Context, progress io.Writer) (string, error
 }
 
 // moduleDir finds a module beside this package (tools, critools,
-// kubelettools, kubectltools, controlplanetools) from this source file.
+// kubelettools, kubectltools, controlplanetools, kuberoutertools) from this
+// source file.
 func moduleDir(name string) (string, error) {
 	_, file, _, ok := runtime.Caller(0)
 	if !ok {
