@@ -1,8 +1,9 @@
 // Package kubebin builds the kube-apiserver, etcd and kube-proxy that
 // testenv/kube and the lab run, the crictl of the container runtime tests
 // (testenv/cri), the kubelet of the Pod tests, the kube-controller-manager and
-// kube-scheduler of the DaemonSet tests (testenv/e2e) and the kubectl of
-// deploy/'s tests, once, into a
+// kube-scheduler of the DaemonSet tests (testenv/e2e), the kubectl of
+// deploy/'s tests and the kube-router whose policy controller the lab runs,
+// once, into a
 // cache shared by every later run, reporting its progress. It depends on the standard library alone, so that `go run` of
 // testenv/kube/cmd/prebuild starts at once on a machine with an empty build
 // cache, before anything else has compiled client-go.
