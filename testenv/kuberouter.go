@@ -174,8 +174,9 @@ func (l *Lab) WaitKubeRouterPolicy(ctx context.Context, node, name string, timeo
 
 // StopKubeRouter stops every kube-router the lab started and removes what
 // they wrote: the jumps from INPUT, FORWARD and OUTPUT, kube-router's chains
-// and its ipsets (kube-router v2.1.0's --cleanup-config leaves the policy
-// controller's rules in place). It is idempotent.
+// and its ipsets (kube-router v2.1.0's --cleanup-config cleans up a policy
+// controller built without iptables or ipset handlers, so it removes none of
+// them). It is idempotent.
 func (l *Lab) StopKubeRouter(ctx context.Context) error {
 	if l.kube == nil {
 		return nil

@@ -149,11 +149,11 @@ var controlPlaneSet = binarySet{
 // kubeRouterSet is kube-router, from the kuberoutertools module: the network
 // policy controller the lab runs beside isthmus (testenv/kuberouter.go), in a
 // cache of its own (its client-go is older than the lab's kube binaries').
+// Its first build measured 268 s user and 86 s system CPU: 20m29s of wall
+// time when it got 28% of a busy machine.
 var kubeRouterSet = binarySet{
 	module:   "kuberoutertools",
 	names:    "kube-router",
-	// 268 s user and 86 s system CPU measured; 20m29s of wall time when
-	// the build got 28% of a busy machine.
 	estimate: "about 3 minutes on 2 idle cores",
 	key: func(gomod []byte, gover string) string {
 		return fmt.Sprintf("kube-router-%s-%s", moduleVersion(gomod, "github.com/cloudnativelabs/kube-router/v2"), gover)
