@@ -35,8 +35,9 @@ func Down(lab string, opts DownOptions) error {
 
 // Down removes the lab; see the package function Down.
 func (l *Lab) Down() error {
-	// kube-proxy first: its --cleanup needs the node namespaces.
-	perr := l.StopKubeProxy(context.Background())
+	// kube-proxy and kube-router first: their cleanups need the node
+	// namespaces.
+	perr := errors.Join(l.StopKubeProxy(context.Background()), l.StopKubeRouter(context.Background()))
 	l.mu.Lock()
 	agents := l.agents
 	l.mu.Unlock()

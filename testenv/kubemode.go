@@ -49,6 +49,7 @@ type kubeLab struct {
 	wg         sync.WaitGroup
 	proxies    []*kubeProxy // StartKubeProxy's, guarded by Lab.mu
 	proxyBin   string
+	routers    []*kubeRouter // StartKubeRouter's, guarded by Lab.mu
 	controller *kube.Process // StartController's, guarded by Lab.mu
 }
 

@@ -166,7 +166,13 @@ func handleAt(nsName string) (*netlink.Handle, netns.NsHandle, error) {
 // in testenv/programs' table, the command does not start: Start, Run and
 // Output return an error naming the program and its Debian package.
 func Command(ctx context.Context, nsName string, argv ...string) *exec.Cmd {
-	args := append([]string{"--net=" + NSPath(nsName), "--"}, argv...)
+	return CommandAt(ctx, NSPath(nsName), argv...)
+}
+
+// CommandAt is Command for the network namespace at path: a pod's, which a
+// container runtime keeps outside NetnsDir.
+func CommandAt(ctx context.Context, path string, argv ...string) *exec.Cmd {
+	args := append([]string{"--net=" + path, "--"}, argv...)
 	cmd := exec.CommandContext(ctx, "nsenter", args...)
 	if err := requireArgv(argv); err != nil {
 		cmd.Err = err

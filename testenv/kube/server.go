@@ -62,6 +62,10 @@ type Server struct {
 	api  *Process
 }
 
+// ServiceCIDR is the API server's --service-cluster-ip-range: the ClusterIPs
+// it allocates, which a node agent such as kube-router is told too.
+const ServiceCIDR = "10.96.0.0/16"
+
 // Process is a child process (Spawn, the server's own) and the channel closed when
 // it has been reaped.
 type Process struct {
@@ -156,7 +160,7 @@ func (s *Server) StartAPIServer(ctx context.Context) error {
 		"--service-account-key-file="+p("sa.pub"),
 		"--service-account-signing-key-file="+p("sa.key"),
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-cluster-ip-range=10.96.0.0/16",
+		"--service-cluster-ip-range="+ServiceCIDR,
 		"--allow-privileged=true", // the agent DaemonSet is privileged
 		"--endpoint-reconciler-type=none",
 		"--v=1",
@@ -263,6 +267,9 @@ func Spawn(name, logPath, bin string, args ...string) (*Process, error) {
 // Stop ends the process (SIGTERM, then SIGKILL after 10s) and reaps it. It is
 // idempotent.
 func (p *Process) Stop() error { return p.stop() }
+
+// Done is closed once the process has exited and been reaped.
+func (p *Process) Done() <-chan struct{} { return p.done }
 
 // spawnLogged is Spawn with the output also copied to extra (when not nil).
 func spawnLogged(name, logPath string, extra io.Writer, bin string, args ...string) (*Process, error) {

@@ -205,7 +205,7 @@ func programArg(call *ast.CallExpr) (arg ast.Expr, slice, ok bool) {
 		return call.Args[0], false, true
 	case pkg == "exec" && name == "CommandContext" && len(call.Args) >= 2:
 		return call.Args[1], false, true
-	case pkg != "exec" && (name == "Command" || name == "Exec") && len(call.Args) >= 3:
+	case pkg != "exec" && (name == "Command" || name == "CommandAt" || name == "Exec") && len(call.Args) >= 3:
 		return call.Args[2], call.Ellipsis.IsValid() && len(call.Args) == 3, true
 	}
 	return nil, false, false

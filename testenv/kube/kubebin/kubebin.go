@@ -1,8 +1,9 @@
 // Package kubebin builds the kube-apiserver, etcd and kube-proxy that
 // testenv/kube and the lab run, the crictl of the container runtime tests
 // (testenv/cri), the kubelet of the Pod tests, the kube-controller-manager and
-// kube-scheduler of the DaemonSet tests (testenv/e2e) and the kubectl of
-// deploy/'s tests, once, into a
+// kube-scheduler of the DaemonSet tests (testenv/e2e), the kubectl of
+// deploy/'s tests and the kube-router whose policy controller the lab runs,
+// once, into a
 // cache shared by every later run, reporting its progress. It depends on the standard library alone, so that `go run` of
 // testenv/kube/cmd/prebuild starts at once on a machine with an empty build
 // cache, before anything else has compiled client-go.
@@ -145,6 +146,21 @@ var controlPlaneSet = binarySet{
 	},
 }
 
+// kubeRouterSet is kube-router, from the kuberoutertools module: the network
+// policy controller the lab runs beside isthmus (testenv/kuberouter.go), in a
+// cache of its own (its client-go is older than the lab's kube binaries').
+// Its first build measured 268 s user and 86 s system CPU: 20m29s of wall
+// time when it got 28% of a busy machine.
+var kubeRouterSet = binarySet{
+	module:   "kuberoutertools",
+	names:    "kube-router",
+	estimate: "about 3 minutes on 2 idle cores",
+	key: func(gomod []byte, gover string) string {
+		return fmt.Sprintf("kube-router-%s-%s", moduleVersion(gomod, "github.com/cloudnativelabs/kube-router/v2"), gover)
+	},
+	steps: []setStep{{"kube-router", "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router", func(string) string { return "-s -w" }}},
+}
+
 // ControlPlane returns the paths of a kube-controller-manager and a
 // kube-scheduler built from the same k8s.io/kubernetes release as Binaries'
 // kube-apiserver (the controlplanetools module), built once into the same
@@ -199,6 +215,18 @@ func Kubectl(ctx context.Context) (string, error) { return BuildKubectl(ctx, os.
 // BuildKubectl is Kubectl reporting to progress, as Build does.
 func BuildKubectl(ctx context.Context, progress io.Writer) (string, error) {
 	return kubectlSet.binary(ctx, progress, "kubectl")
+}
+
+// KubeRouter returns the path of a kube-router built from
+// github.com/cloudnativelabs/kube-router/v2 (the kuberoutertools module),
+// built once into the same cache root as Binaries. The lab runs only its
+// network policy controller (testenv.StartKubeRouter). Progress goes to
+// standard error.
+func KubeRouter(ctx context.Context) (string, error) { return BuildKubeRouter(ctx, os.Stderr) }
+
+// BuildKubeRouter is KubeRouter reporting to progress, as Build does.
+func BuildKubeRouter(ctx context.Context, progress io.Writer) (string, error) {
+	return kubeRouterSet.binary(ctx, progress, "kube-router")
 }
 
 // binarySet is a group of binaries built from one module beside this
@@ -286,7 +314,8 @@ func (s binarySet) build(ctx context.Context, progress io.Writer) (string, error
 }
 
 // moduleDir finds a module beside this package (tools, critools,
-// kubelettools, kubectltools, controlplanetools) from this source file.
+// kubelettools, kubectltools, controlplanetools, kuberoutertools) from this
+// source file.
 func moduleDir(name string) (string, error) {
 	_, file, _, ok := runtime.Caller(0)
 	if !ok {
