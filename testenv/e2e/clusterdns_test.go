@@ -25,6 +25,7 @@ import (
 	"github.com/isthmus-dev/isthmus/testenv/cri"
 	"github.com/isthmus-dev/isthmus/testenv/kube"
 	"github.com/isthmus-dev/isthmus/testenv/kube/kubebin"
+	"github.com/isthmus-dev/isthmus/testenv/programs"
 )
 
 // TestClusterDNS: the lab's cluster has a cluster DNS as kubeadm gives one,
@@ -47,6 +48,9 @@ import (
 // kube.ClusterDNSIP: the answers come from it.
 func TestClusterDNS(t *testing.T) {
 	requireSetup(t)
+	if err := programs.Require("dig"); err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	// The first run on a machine builds kube-apiserver, kube-proxy, kubelet,
 	// crictl, kube-controller-manager, kube-scheduler and CoreDNS.
