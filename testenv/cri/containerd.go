@@ -509,21 +509,9 @@ func removeCgroupsSince(before map[string]bool) error {
 	}
 	sort.Sort(sort.Reverse(sort.StringSlice(added))) // children sort after parents
 	var errs []error
-	// A container killed as its pod was removed leaves its cgroup a moment
-	// later (on a loaded machine, after containerd has exited): a busy
-	// cgroup is tried again for a while before it counts as left behind.
-	deadline := time.Now().Add(10 * time.Second)
 	for _, d := range added {
-		for {
-			err := syscall.Rmdir(d)
-			if errors.Is(err, syscall.EBUSY) && time.Now().Before(deadline) {
-				time.Sleep(100 * time.Millisecond)
-				continue
-			}
-			if err != nil && !errors.Is(err, syscall.ENOENT) {
-				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
-			}
-			break
+		if err := syscall.Rmdir(d); err != nil && !errors.Is(err, syscall.ENOENT) {
+			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
 		}
 	}
 	return errors.Join(errs...)
