@@ -292,6 +292,28 @@ func TestClusterDNS(t *testing.T) {
 			}
 		}
 	}
+	// The pods go while the kubelets run, as in TestKubeletPods: the lab's
+	// containerds share the k8s.io cgroups, and one that stops while another
+	// node's pods still run cannot remove theirs.
+	if err := cs.AppsV1().Deployments(clusterdns.Namespace).Delete(ctx, clusterdns.Deployment, metav1.DeleteOptions{}); err != nil {
+		t.Error(err)
+	}
+	for _, name := range []string{web.Name, client.Name} {
+		if err := cs.CoreV1().Pods(kubeletNamespace).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Error(err)
+		}
+	}
+	for _, name := range []string{web.Name, client.Name} {
+		if err := waitPodGone(ctx, cs, name, time.Minute); err != nil {
+			t.Error(err)
+		}
+	}
+	if err := poll(ctx, time.Minute, func() (bool, error) {
+		list, err := cs.CoreV1().Pods(clusterdns.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "k8s-app=kube-dns"})
+		return err == nil && len(list.Items) == 0, err
+	}, func() string { return "CoreDNS pods still in the API" }); err != nil {
+		t.Error(err)
+	}
 	t.Logf("TestClusterDNS took %s", time.Since(start).Round(time.Millisecond))
 }
 
