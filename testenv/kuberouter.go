@@ -86,7 +86,7 @@ func (l *Lab) kubeRouterArgs(node string) []string {
 		"--run-service-proxy=false",
 		// Traffic to ClusterIPs is let through to kube-proxy's DNAT; the
 		// policies judge it after, on its way to the backend pod.
-		"--service-cluster-ip-range=" + kube.ServiceCIDR,
+		"--service-cluster-ip-range=" + kube.ServiceCIDR.String(),
 		// Its health endpoint stays on (port 20244 of the node, as its
 		// DaemonSet's liveness probe asks for it); no metrics.
 		"--metrics-port=0",

@@ -40,6 +40,13 @@ type KubeletConfig struct {
 	Runtime *Containerd
 	// Binary is the kubelet (kubebin.Kubelet).
 	Binary string
+	// ClusterDNS is the cluster DNS the kubelet writes into its pods'
+	// resolv.conf (clusterDNS: the kube-dns Service's ClusterIP,
+	// kube.ClusterDNSIP), with ClusterDomain's search paths (clusterDomain,
+	// kube.ClusterDomain). Without it pods of dnsPolicy ClusterFirst get no
+	// nameserver, as on a cluster that has no DNS.
+	ClusterDNS    []netip.Addr
+	ClusterDomain string
 }
 
 // Kubelet is a running kubelet.
@@ -270,7 +277,23 @@ localStorageCapacityIsolation: false
 oomScoreAdj: 0
 nodeStatusUpdateFrequency: 2s
 syncFrequency: 10s
-`, q(ep), q(ep), q(filepath.Join(cfg.Dir, "pod-logs")), kubeletHealthzPort)
+`, q(ep), q(ep), q(filepath.Join(cfg.Dir, "pod-logs")), kubeletHealthzPort) + clusterDNSYAML(cfg)
+}
+
+// clusterDNSYAML is the KubeletConfiguration's clusterDNS and clusterDomain
+// of cfg, or nothing.
+func clusterDNSYAML(cfg KubeletConfig) string {
+	var b strings.Builder
+	if len(cfg.ClusterDNS) > 0 {
+		b.WriteString("clusterDNS:\n")
+		for _, a := range cfg.ClusterDNS {
+			fmt.Fprintf(&b, "- %s\n", strconv.Quote(a.String()))
+		}
+	}
+	if cfg.ClusterDomain != "" {
+		fmt.Fprintf(&b, "clusterDomain: %s\n", strconv.Quote(cfg.ClusterDomain))
+	}
+	return b.String()
 }
 
 // LogTail returns the last lines of the kubelet's log.

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 )
@@ -55,6 +56,12 @@ func ReadManifestFile(path string) ([]*unstructured.Unstructured, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read manifest: %w", err)
 	}
+	return DecodeManifests(path, data)
+}
+
+// DecodeManifests decodes every object of multi-document YAML data, named
+// path in errors. Empty documents are skipped.
+func DecodeManifests(path string, data []byte) ([]*unstructured.Unstructured, error) {
 	var objs []*unstructured.Unstructured
 	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	for i := 0; ; i++ {
@@ -324,7 +331,11 @@ type ApplyOptions struct {
 // resource through discovery. It returns one error per object that failed,
 // naming it, joined.
 func (s *Server) Apply(ctx context.Context, objs []*unstructured.Unstructured, opts ApplyOptions) error {
-	cfg := s.RESTConfig()
+	return ApplyTo(ctx, s.RESTConfig(), objs, opts)
+}
+
+// ApplyTo is Server.Apply on the API server cfg reaches, any cluster's.
+func ApplyTo(ctx context.Context, cfg *rest.Config, objs []*unstructured.Unstructured, opts ApplyOptions) error {
 	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return fmt.Errorf("create dynamic client: %w", err)

@@ -58,8 +58,12 @@ func (s *Server) writeCredentials() error {
 		NotAfter:     now.Add(7 * 24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		DNSNames:     []string{"localhost", "kubernetes", "kubernetes.default.svc"},
+		// 127.0.0.1 for the host and the nodes' forwarders; the kubernetes
+		// Service's ClusterIP and names for pods (in-cluster clients dial
+		// the ClusterIP).
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IP(APIServiceIP.AsSlice())},
+		DNSNames: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+			"kubernetes.default.svc." + ClusterDomain},
 	}, ca, &srvKey.PublicKey, caKey)
 	if err != nil {
 		return fmt.Errorf("create serving certificate: %w", err)

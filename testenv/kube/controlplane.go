@@ -10,13 +10,19 @@ import (
 // StartControlPlane runs: what a DaemonSet and a Deployment need to become
 // pods (daemonset, deployment, replicaset), what their pods need to start
 // (the default ServiceAccount of each namespace, the kube-root-ca.crt
-// ConfigMap their token volume projects), and what deleting them needs
-// (garbage collection of the pods, namespace deletion). No podCIDR
-// allocation: isthmus assigns them (docs/install.md).
+// ConfigMap their token volume projects), what deleting them needs
+// (garbage collection of the pods, namespace deletion), and the
+// EndpointSlices of Services with a selector, which kube-proxy carries and
+// the cluster DNS answers from (headless Services), and the node lifecycle
+// controller, which lifts the not-ready taint the API server's admission
+// puts on every new Node once its kubelet reports Ready (without it only
+// pods that tolerate the taint are ever scheduled). No taint-based eviction
+// and no podCIDR allocation: isthmus assigns them (docs/install.md).
 var ControllerManagerControllers = []string{
 	"daemonset-controller", "deployment-controller", "replicaset-controller",
 	"serviceaccount-controller", "root-ca-certificate-publisher-controller",
-	"garbage-collector-controller", "namespace-controller",
+	"garbage-collector-controller", "namespace-controller", "endpointslice-controller",
+	"node-lifecycle-controller",
 }
 
 // StartControlPlane starts kube-controller-manager (ControllerManagerControllers)

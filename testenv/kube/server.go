@@ -16,6 +16,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,6 +35,24 @@ import (
 
 // AdminUser is the user of the admin token, in group system:masters.
 const AdminUser = "isthmus-admin"
+
+// The Services' addresses: the API server's --service-cluster-ip-range,
+// kubeadm's default, and the two addresses a cluster reserves in it as
+// kubeadm does.
+var (
+	// ServiceCIDR is the range of every Service's ClusterIP.
+	ServiceCIDR = netip.MustParsePrefix("10.96.0.0/16")
+	// APIServiceIP is the ClusterIP of the default/kubernetes Service (the
+	// first address of ServiceCIDR, which the API server takes for it): in
+	// the serving certificate, so that pods reach the API server through it.
+	APIServiceIP = netip.MustParseAddr("10.96.0.1")
+	// ClusterDNSIP is the ClusterIP of kube-system/kube-dns, the cluster DNS
+	// every kubelet hands its pods (kubeadm's: the tenth address).
+	ClusterDNSIP = netip.MustParseAddr("10.96.0.10")
+)
+
+// ClusterDomain is the cluster's DNS domain, kubeadm's default.
+const ClusterDomain = "cluster.local"
 
 // Options tune Start.
 type Options struct {
@@ -61,10 +80,6 @@ type Server struct {
 	etcd *Process
 	api  *Process
 }
-
-// ServiceCIDR is the API server's --service-cluster-ip-range: the ClusterIPs
-// it allocates, which a node agent such as kube-router is told too.
-const ServiceCIDR = "10.96.0.0/16"
 
 // Process is a child process (Spawn, the server's own) and the channel closed when
 // it has been reaped.
@@ -160,7 +175,7 @@ func (s *Server) StartAPIServer(ctx context.Context) error {
 		"--service-account-key-file="+p("sa.pub"),
 		"--service-account-signing-key-file="+p("sa.key"),
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-cluster-ip-range="+ServiceCIDR,
+		"--service-cluster-ip-range="+ServiceCIDR.String(),
 		"--allow-privileged=true", // the agent DaemonSet is privileged
 		"--endpoint-reconciler-type=none",
 		"--v=1",

@@ -2,8 +2,8 @@
 // testenv/kube and the lab run, the crictl of the container runtime tests
 // (testenv/cri), the kubelet of the Pod tests, the kube-controller-manager and
 // kube-scheduler of the DaemonSet tests (testenv/e2e), the kubectl of
-// deploy/'s tests and the kube-router whose policy controller the lab runs,
-// once, into a
+// deploy/'s tests, the kube-router whose policy controller the lab runs
+// and the CoreDNS of the lab's cluster DNS, once, into a
 // cache shared by every later run, reporting its progress. It depends on the standard library alone, so that `go run` of
 // testenv/kube/cmd/prebuild starts at once on a machine with an empty build
 // cache, before anything else has compiled client-go.
@@ -178,6 +178,49 @@ func BuildControlPlane(ctx context.Context, progress io.Writer) (controllerManag
 	return filepath.Join(dir, "kube-controller-manager"), filepath.Join(dir, "kube-scheduler"), nil
 }
 
+// coreDNSSet is CoreDNS, from the corednstools module: the cluster DNS of the
+// lab's whole cluster, run as a pod from an image holding the binary alone
+// (testenv/cluster), so it is built static.
+var coreDNSSet = binarySet{
+	module:   "corednstools",
+	names:    "coredns",
+	estimate: "several minutes on idle cores, 24 minutes measured on 2 busy ones",
+	key: func(gomod []byte, gover string) string {
+		return fmt.Sprintf("coredns-%s-%s", moduleVersion(gomod, "github.com/coredns/coredns"), gover)
+	},
+	env:   []string{"CGO_ENABLED=0"},
+	steps: []setStep{{"coredns", "github.com/coredns/coredns", func(string) string { return "-s -w" }}},
+}
+
+// CoreDNS returns the path of a static coredns built from
+// github.com/coredns/coredns (the corednstools module, its stock plugin set),
+// built once into the same cache root as Binaries. Progress goes to standard
+// error.
+func CoreDNS(ctx context.Context) (string, error) { return BuildCoreDNS(ctx, os.Stderr) }
+
+// BuildCoreDNS is CoreDNS reporting to progress, as Build does.
+func BuildCoreDNS(ctx context.Context, progress io.Writer) (string, error) {
+	return coreDNSSet.binary(ctx, progress, "coredns")
+}
+
+// CoreDNSVersion is the github.com/coredns/coredns version CoreDNS builds,
+// from the corednstools module's go.mod: the tag of its image.
+func CoreDNSVersion() (string, error) {
+	mod, err := moduleDir(coreDNSSet.module)
+	if err != nil {
+		return "", err
+	}
+	gomod, err := os.ReadFile(filepath.Join(mod, "go.mod"))
+	if err != nil {
+		return "", fmt.Errorf("read corednstools go.mod: %w", err)
+	}
+	v := moduleVersion(gomod, "github.com/coredns/coredns")
+	if v == "" {
+		return "", fmt.Errorf("read corednstools go.mod: no github.com/coredns/coredns requirement")
+	}
+	return v, nil
+}
+
 // KubeProxy returns the path of a kube-proxy built from the same
 // k8s.io/kubernetes release as Binaries' kube-apiserver, in the same cache
 // (Build builds all three). Progress goes to standard error.
@@ -238,6 +281,7 @@ type binarySet struct {
 	// key names the cache directory from the module's go.mod and the Go
 	// version; buildKey appends a hash of go.mod, go.sum and the platform.
 	key   func(gomod []byte, gover string) string
+	env   []string // added to every go command's environment
 	steps []setStep
 }
 
@@ -304,7 +348,7 @@ func (s binarySet) build(ctx context.Context, progress io.Writer) (string, error
 			say("[%d/%d] %s: built meanwhile by the process we waited for", i+1, len(s.steps), st.out)
 			continue
 		}
-		bs := buildStep{tools: mod, name: fmt.Sprintf("[%d/%d] %s", i+1, len(s.steps), st.out), say: say, every: ProgressInterval}
+		bs := buildStep{tools: mod, env: s.env, name: fmt.Sprintf("[%d/%d] %s", i+1, len(s.steps), st.out), say: say, every: ProgressInterval}
 		if err := bs.build(ctx, out, st.pkg, st.ldflags(mod)); err != nil {
 			return "", err
 		}
@@ -314,7 +358,7 @@ func (s binarySet) build(ctx context.Context, progress io.Writer) (string, error
 }
 
 // moduleDir finds a module beside this package (tools, critools,
-// kubelettools, kubectltools, controlplanetools, kuberoutertools) from this
+// kubelettools, kubectltools, controlplanetools, kuberoutertools, corednstools) from this
 // source file.
 func moduleDir(name string) (string, error) {
 	_, file, _, ok := runtime.Caller(0)
@@ -402,7 +446,8 @@ func apiserverLDFlags(tools string) string {
 // buildStep builds one binary of the tools module, reporting as it goes.
 type buildStep struct {
 	tools string
-	name  string // "[2/2] kube-apiserver"
+	env   []string // added to toolsEnv
+	name  string   // "[2/2] kube-apiserver"
 	say   func(format string, args ...any)
 	every time.Duration // between progress lines
 }
@@ -457,7 +502,7 @@ func (b buildStep) build(ctx context.Context, out, pkg, ldflags string) error {
 // and standard error.
 func (b buildStep) goRun(ctx context.Context, what string, status func() string, line func(string), args ...string) (stdout []byte, stderr string, err error) {
 	cmd := exec.CommandContext(ctx, goCmd(), args...)
-	cmd.Dir, cmd.Env = b.tools, toolsEnv()
+	cmd.Dir, cmd.Env = b.tools, append(toolsEnv(), b.env...)
 	var out bytes.Buffer
 	cmd.Stdout = &out
 	pipe, err := cmd.StderrPipe()

@@ -1,10 +1,11 @@
 // Command prebuild fills the cache of the kube-apiserver, etcd and kube-proxy
 // binaries that the Kubernetes tests use, of the crictl that the container
 // runtime tests use, of the kubelet of the Pod tests, of the
-// kube-controller-manager and kube-scheduler of the DaemonSet tests and of
-// the kubectl of deploy/'s tests and of the kube-router whose policy
-// controller the lab runs (testenv/kube/kubebin), printing each step and a
-// progress line every few seconds. `make test` runs it before `go test`, which
+// kube-controller-manager and kube-scheduler of the DaemonSet tests, of
+// the kubectl of deploy/'s tests, of the kube-router whose policy
+// controller the lab runs and of the CoreDNS of the lab's cluster DNS
+// (testenv/kube/kubebin), printing each step and a progress line every few
+// seconds. `make test` runs it before `go test`, which
 // shows the output of a passing package only with -v: without it, the first
 // run on a machine would sit silent for minutes while kube-apiserver compiles.
 // When the binaries are cached it prints one line for each set and exits.
@@ -44,6 +45,10 @@ func main() {
 		os.Exit(1)
 	}
 	if _, err := kubebin.BuildKubeRouter(ctx, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
+		os.Exit(1)
+	}
+	if _, err := kubebin.BuildCoreDNS(ctx, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
 		os.Exit(1)
 	}
