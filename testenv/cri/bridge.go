@@ -34,6 +34,11 @@ type BridgeCNI struct {
 	// rule masquerading what the pod sends outside Subnet (flannel's
 	// MASQUERADE, per pod address).
 	IPMasq bool
+	// DataDir is host-local's dataDir, where it keeps its reservations (a
+	// file per address, named by the address, holding the container ID);
+	// empty: the plugin's /var/lib/cni/networks, which the lab's nodes
+	// would share.
+	DataDir string
 }
 
 // bridgePlugins are the reference plugins a BridgeCNI node needs, by package.
@@ -64,17 +69,21 @@ func (b BridgeCNI) Conflist() ([]byte, error) {
 	if !b.Subnet.IsValid() || !b.Subnet.Addr().Is4() {
 		return nil, fmt.Errorf("bridge conflist: subnet %v: want an IPv4 prefix", b.Subnet)
 	}
+	ipam := map[string]any{
+		"type":   "host-local",
+		"ranges": [][]map[string]string{{{"subnet": b.Subnet.Masked().String()}}},
+		"routes": []map[string]string{{"dst": "0.0.0.0/0"}},
+	}
+	if b.DataDir != "" {
+		ipam["dataDir"] = b.DataDir
+	}
 	bridge := map[string]any{
 		"type":        "bridge",
 		"bridge":      "cni0",
 		"isGateway":   true,
 		"ipMasq":      b.IPMasq,
 		"hairpinMode": true,
-		"ipam": map[string]any{
-			"type":   "host-local",
-			"ranges": [][]map[string]string{{{"subnet": b.Subnet.Masked().String()}}},
-			"routes": []map[string]string{{"dst": "0.0.0.0/0"}},
-		},
+		"ipam":        ipam,
 	}
 	if b.MTU > 0 {
 		bridge["mtu"] = b.MTU
