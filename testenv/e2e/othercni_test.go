@@ -25,9 +25,11 @@ import (
 )
 
 // otherCNIPodInterfaces is the agent's --pod-interfaces on a cluster whose
-// nodes run isthmus-cni (pod-*) or the bridge plugin (veth<hex>): the
-// operator's overlay of docs/unmanaged-sites.md, "In a cluster".
-const otherCNIPodInterfaces = "--pod-interfaces=pod-*,veth*"
+// nodes run isthmus-cni (pod-*) or the bridge plugin: the bridge cni0, not
+// its veth<hex> ports, since the pods' addresses route through cni0 and
+// pod_ingress checks a pod's source against the route back to it
+// (docs/unmanaged-sites.md, "In a cluster").
+const otherCNIPodInterfaces = "--pod-interfaces=pod-*,cni0"
 
 // writeOperatorOverlay writes into dir an operator's kustomization on top of
 // the lab's overlay of deploy/ (in dir/lab): the agent's arguments plus
@@ -227,14 +229,7 @@ func TestOtherCNISite(t *testing.T) {
 	}
 
 	// Every pod to every other, TCP and UDP, both ways (each pair is asked
-	// from both ends), while master-02's underlay port is captured.
-	var m02 runPod
-	for _, p := range pods {
-		if p.node == "master-02" {
-			m02 = p
-		}
-	}
-	wait := capture(t, l.RouterNS(), testenv.RouterPort("master-02"), 25*time.Second)
+	// from both ends).
 	run := func(from runPod, argv ...string) (string, error) {
 		var out string
 		var err error
@@ -261,7 +256,21 @@ func TestOtherCNISite(t *testing.T) {
 		}
 	}
 	// master-02's pod's flows to the edge leave master-02 only as GENEVE to
-	// its gateway, and come back as GENEVE from it.
+	// its gateway, and come back as GENEVE from it: asked again while
+	// master-02's underlay port is captured.
+	var m02 runPod
+	for _, p := range pods {
+		if p.node == "master-02" {
+			m02 = p
+		}
+	}
+	wait := capture(t, l.RouterNS(), testenv.RouterPort("master-02"), 10*time.Second)
+	for _, to := range pods {
+		if to.site != m02.site {
+			run(m02, "/probe", "get", "http://"+to.pod.IP+":8080/")
+			run(m02, "/probe", "udp", to.pod.IP+":8080")
+		}
+	}
 	gw := ""
 	for _, n := range sc.Nodes() {
 		if n.Name == "master-gw" {
