@@ -60,8 +60,9 @@ func writeOperatorOverlay(l *testenv.Lab, dir, image string, args ...string) err
 // TCP and UDP, both ways, and the server sees the client's own pod address
 // (docs/unmanaged-sites.md: returnPath Fabric keeps sources; seed 003: the
 // gateway's MASQUERADE never sees forwarded traffic). Across the sites the
-// firewall passes only the gateways' tunnel, and a capture on the member
-// master-02's underlay port shows its pod's flows as GENEVE to master-gw.
+// firewall passes only the gateways' tunnel; captures on the member
+// master-02's underlay port show its pod's flows leaving as GENEVE to
+// master-gw and the answers coming back plain through the cloud's fabric.
 // Strict rp_filter stays on in every node, and its drop counter stays zero.
 func TestOtherCNISite(t *testing.T) {
 	requireSetup(t)
@@ -255,15 +256,30 @@ func TestOtherCNISite(t *testing.T) {
 			}
 		}
 	}
-	// master-02's pod's flows to the edge leave master-02 only as GENEVE to
-	// its gateway, and come back as GENEVE from it: asked again while
-	// master-02's underlay port is captured.
-	var m02 runPod
+	// master-02's pod's flows to the edge leave master-02 as GENEVE to its
+	// gateway master-gw (tshark on master-02's router port, asked again
+	// while it captures). The answers come back as master-gw hands them to
+	// the cloud's fabric: plain, on master-02's underlay, from the edge
+	// pod's own address (docs/gateways.md, "Members of a site whose pods
+	// another CNI owns").
+	var m02, e01 runPod
 	for _, p := range pods {
-		if p.node == "master-02" {
+		switch p.node {
+		case "master-02":
 			m02 = p
+		case "edge-01":
+			e01 = p
 		}
 	}
+	addrOf := func(node string) string {
+		for _, n := range sc.Nodes() {
+			if n.Name == node {
+				return n.Address.String()
+			}
+		}
+		return ""
+	}
+	gw, m02Addr := addrOf("master-gw"), addrOf("master-02")
 	wait := capture(t, l.RouterNS(), testenv.RouterPort("master-02"), 10*time.Second)
 	for _, to := range pods {
 		if to.site != m02.site {
@@ -271,44 +287,30 @@ func TestOtherCNISite(t *testing.T) {
 			run(m02, "/probe", "udp", to.pod.IP+":8080")
 		}
 	}
-	gw := ""
-	for _, n := range sc.Nodes() {
-		if n.Name == "master-gw" {
-			gw = n.Address.String()
-		}
-	}
-	m02Addr := ""
-	for _, n := range sc.Nodes() {
-		if n.Name == "master-02" {
-			m02Addr = n.Address.String()
-		}
-	}
 	seen := map[string]int{}
 	for _, f := range wait() {
-		if len(f.ipSrc) != 2 || len(f.ipDst) != 2 {
+		if len(f.ipSrc) != 2 || len(f.ipDst) != 2 || f.ipSrc[0] != m02Addr || f.ipDst[0] != gw || f.ipSrc[1] != m02.pod.IP {
 			continue
 		}
 		_, inner, _ := strings.Cut(f.protocols, ":geneve:")
-		switch {
-		case f.ipSrc[0] == m02Addr && f.ipDst[0] == gw && f.ipSrc[1] == m02.pod.IP:
-			for _, proto := range []string{"tcp", "udp"} {
-				if strings.Contains(inner, ":"+proto) {
-					seen[proto+" out"]++
-				}
-			}
-		case f.ipSrc[0] == gw && f.ipDst[0] == m02Addr && f.ipDst[1] == m02.pod.IP:
-			for _, proto := range []string{"tcp", "udp"} {
-				if strings.Contains(inner, ":"+proto) {
-					seen[proto+" back"]++
-				}
+		for _, proto := range []string{"tcp", "udp"} {
+			if strings.Contains(inner, ":"+proto) {
+				seen[proto]++
 			}
 		}
 	}
-	t.Logf("GENEVE on master-02's underlay between master-02 and master-gw carrying its pod's flows: %v", seen)
-	for _, k := range []string{"tcp out", "tcp back", "udp out", "udp back"} {
-		if seen[k] == 0 {
-			t.Errorf("no GENEVE frame between master-02 and master-gw carrying %s of master-02's pod (%v)", k, seen)
+	t.Logf("GENEVE from master-02 to master-gw carrying its pod's flows to the edge: %v", seen)
+	for _, proto := range []string{"tcp", "udp"} {
+		if seen[proto] == 0 {
+			t.Errorf("no GENEVE frame from master-02 to master-gw carrying %s of master-02's pod (%v)", proto, seen)
 		}
+	}
+	back := captureSourcesOn(t, l.RouterNS(), testenv.RouterPort("master-02"),
+		fmt.Sprintf("udp and not port 6081 and src host %s and dst host %s", e01.pod.IP, m02.pod.IP), 1, func() {
+			run(m02, "/probe", "udp", e01.pod.IP+":8080")
+		})
+	if len(back) != 1 || back[0] != e01.pod.IP {
+		t.Errorf("edge-01's answer to master-02's pod on master-02's underlay: sources %v, want %s, plain from the fabric", back, e01.pod.IP)
 	}
 	// Strict rp_filter everywhere, and it dropped nothing of this.
 	if loose, err := l.RPFilterNotStrict(); err != nil || len(loose) > 0 {
@@ -332,6 +334,14 @@ func TestOtherCNISite(t *testing.T) {
 		if err := waitPodGone(ctx, cs, "web-"+n, time.Minute); err != nil {
 			t.Errorf("%v\n%s", err, diag(n))
 		}
+	}
+	// isthmus' own pods go while the kubelets run, so that no runtime stops
+	// under containers of the others (they share the CRI cgroups).
+	if err := kubectl("delete", "-k", overlay, "--wait=false"); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitNamespaceGone(ctx, cs, isthmusNamespace, 3*time.Minute); err != nil {
+		t.Fatalf("%v\n%s", err, agentPodsState(ctx, cs))
 	}
 }
 
