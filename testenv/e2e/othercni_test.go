@@ -305,12 +305,17 @@ func TestOtherCNISite(t *testing.T) {
 			t.Errorf("no GENEVE frame from master-02 to master-gw carrying %s of master-02's pod (%v)", proto, seen)
 		}
 	}
-	back := captureSourcesOn(t, l.RouterNS(), testenv.RouterPort("master-02"),
-		fmt.Sprintf("udp and not port 6081 and src host %s and dst host %s", e01.pod.IP, m02.pod.IP), 1, func() {
-			run(m02, "/probe", "udp", e01.pod.IP+":8080")
-		})
-	if len(back) != 1 || back[0] != e01.pod.IP {
-		t.Errorf("edge-01's answer to master-02's pod on master-02's underlay: sources %v, want %s, plain from the fabric", back, e01.pod.IP)
+	// tshark stops by itself (-a duration) when nothing comes: killed, its
+	// dumpcap would keep the output open and the capture would never end.
+	cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
+	out, err := testenv.Capture(cctx, l.RouterNS(), []string{"-i", testenv.RouterPort("master-02"),
+		"-f", fmt.Sprintf("udp and not port 6081 and src host %s and dst host %s", e01.pod.IP, m02.pod.IP),
+		"-c", "1", "-a", "duration:15", "-T", "fields", "-e", "ip.src"}, func() {
+		run(m02, "/probe", "udp", e01.pod.IP+":8080")
+	})
+	ccancel()
+	if back := strings.Fields(out); err != nil || len(back) != 1 || back[0] != e01.pod.IP {
+		t.Errorf("edge-01's answer to master-02's pod on master-02's underlay: sources %q (%v), want %s, plain from the fabric", out, err, e01.pod.IP)
 	}
 	// Strict rp_filter everywhere, and it dropped nothing of this.
 	if loose, err := l.RPFilterNotStrict(); err != nil || len(loose) > 0 {
