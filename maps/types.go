@@ -78,6 +78,12 @@ const RouteFlagViaFabric uint32 = 1 << 0
 // plugin's, and pod_ingress accepts only the sources pod_addrs lists for it.
 const PodIfaceFlagReserved uint32 = 1 << 0
 
+// PodIfaceFlagNoPeer is POD_IFACE_F_NO_PEER: the interface is not one end of a
+// veth (or netkit) pair but, say, a bridge whose ports are the pods' veths
+// (the bridge plugin's and flannel's cni0); delivery to it redirects to its
+// egress instead of bpf_redirect_peer, which the kernel would drop.
+const PodIfaceFlagNoPeer uint32 = 1 << 1
+
 const (
 	MapRoutes      Name = "routes"
 	MapPeers       Name = "peers"

@@ -13,6 +13,7 @@ import (
 // own verification (ipamd.Verify, run here on the objects the lab writes)
 // must publish a range on the pod's node that holds the address, or `lab up`
 // would fail. Unmanaged sites must not verify: the other CNI keeps them.
+// Every scenario with pods has a managed one, so the plugin path is covered.
 func TestBuiltinManagedPodsVerify(t *testing.T) {
 	for _, name := range Builtins() {
 		sc, err := LoadScenario(name)
@@ -50,7 +51,10 @@ func TestBuiltinManagedPodsVerify(t *testing.T) {
 				t.Errorf("%s: node %s of an unmanaged site verifies", name, n.Name)
 			}
 		}
-		if managed == 0 {
+		// A scenario without any pod is one whose pods a test creates
+		// through the API with kubelets (seed003cni): their nodes' CNI makes
+		// them there, isthmus-cni on the managed site.
+		if managed == 0 && len(sc.Pods()) > 0 {
 			t.Errorf("%s: no managed pod: the plugin path is not covered", name)
 		}
 	}

@@ -61,6 +61,11 @@ type siteSemantics struct {
 	blocks []netip.Prefix
 }
 
+// ManagesCNI reports whether the site's Site leaves manageCniPlugin at its
+// default, true: isthmus is its nodes' CNI. False: another CNI owns its
+// pods.
+func (site *Site) ManagesCNI() bool { return !site.semantics().unmanaged }
+
 // semantics reads the site's Site object: the spec, or a Site named like the
 // site in Objects (else the first Site there).
 func (site *Site) semantics() siteSemantics {

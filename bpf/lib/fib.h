@@ -38,6 +38,16 @@ static __always_inline int fib_lookup_v4(struct __sk_buff *skb, struct bpf_fib_l
 	return bpf_fib_lookup(skb, p, sizeof(*p), 0);
 }
 
+/* Returns 1 if delivery to pod interface ifindex may enter the pod straight through its
+ * peer (bpf_redirect_peer): the interface is in pod_ifaces and has a peer (not
+ * POD_IFACE_F_NO_PEER, such as a bridge). */
+static __always_inline int pod_iface_has_peer(__u32 ifindex)
+{
+	const struct pod_iface_value *pi = bpf_map_lookup_elem(&pod_ifaces, &ifindex);
+
+	return pi && !(pi->flags & POD_IFACE_F_NO_PEER);
+}
+
 /* Sends the frame toward the next hop p resolved: MACs from the lookup and
  * bpf_redirect on SUCCESS, bpf_redirect_neigh on NO_NEIGH. Returns TC_ACT_REDIRECT or a
  * negative DROP_*. eth must be the frame's (unicast-addressed) Ethernet header. */
@@ -104,7 +114,8 @@ static __always_inline int send_to_peer(struct __sk_buff *skb, const struct data
 
 /* Forwards the IPv4 packet iph of frame eth to the local pod interface that lookup p
  * (verdict rc) found: TTL decremented (the caller checked it), MACs from the lookup and
- * bpf_redirect_peer, or bpf_redirect_neigh while the pod's neighbour is unresolved.
+ * bpf_redirect_peer (bpf_redirect for an interface without peer: pod_iface_has_peer),
+ * or bpf_redirect_neigh while the pod's neighbour is unresolved.
  * Returns TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_DELIVER_POD. */
 static __always_inline int forward_to_pod(struct __sk_buff *skb,
 					  const struct datapath_config *cfg, struct ethhdr *eth,
@@ -114,7 +125,7 @@ static __always_inline int forward_to_pod(struct __sk_buff *skb,
 	int ret;
 
 	ipv4_decrease_ttl(iph);
-	ret = redirect_nexthop(eth, p, rc, 1);
+	ret = redirect_nexthop(eth, p, rc, pod_iface_has_peer(p->ifindex));
 	if (ret < 0)
 		return ret;
 	metrics_count(METRIC_DELIVER_POD, hook, skb->len);
@@ -362,7 +373,7 @@ static __always_inline int fabric_ingress(struct __sk_buff *skb,
 	if (stack_sees(skb, iph, c.pos, data_end, hook))
 		return deliver_to_stack(skb, cfg, eth, OVERLAY_MARK, METRIC_FABRIC_INGRESS, hook);
 	ipv4_decrease_ttl(iph);
-	rc = redirect_nexthop(eth, &p, rc, 1);
+	rc = redirect_nexthop(eth, &p, rc, pod_iface_has_peer(p.ifindex));
 	if (rc < 0)
 		return rc;
 	metrics_count(METRIC_FABRIC_INGRESS, hook, skb->len);

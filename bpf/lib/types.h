@@ -175,7 +175,8 @@ struct datapath_config {
 };
 
 /* pod_ifaces (hash): ifindex of each pod-facing host interface the agent attached to.
- * Delivery to an interface in this map uses bpf_redirect_peer. */
+ * Delivery to an interface in this map uses bpf_redirect_peer, or bpf_redirect when it
+ * has no peer (POD_IFACE_F_NO_PEER). */
 struct pod_iface_value {
 	__u32 flags;		/* POD_IFACE_F_* */
 };
@@ -184,6 +185,13 @@ struct pod_iface_value {
 #define POD_IFACE_F_RESERVED	(1 << 0)	/* the CNI plugin's interface: pod_ingress
 						 * accepts only the sources pod_addrs lists
 						 * for it, not what the FIB says */
+#define POD_IFACE_F_NO_PEER	(1 << 1)	/* not one end of a veth (or netkit) pair:
+						 * a bridge whose ports are the pods' veths
+						 * (the bridge plugin's, flannel's cni0).
+						 * bpf_redirect_peer has no device to enter
+						 * there and the kernel drops the packet;
+						 * delivery redirects to its egress, and the
+						 * bridge forwards to the pod's port */
 
 /* pod_addrs (hash): every address the CNI plugin reserved for the pod behind a host
  * interface, filled by the agent from the IPAM reservations. */

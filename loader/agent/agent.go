@@ -112,6 +112,9 @@ type Agent struct {
 	xdp      bool
 	overlay  datapath.Overlay
 	pods     map[string]int // attached pod interface name -> ifindex
+	// podNoPeer holds the attached pod interfaces (ifindex) that are no
+	// veth or netkit, such as a bridge: pod_ifaces flag PodIfaceFlagNoPeer.
+	podNoPeer map[int]bool
 	// health checks group members from the tunnel address healthAddr; nil when
 	// the node has no tunnel address (every member then counts as up). down is
 	// the last set of members it reported down.
@@ -817,6 +820,9 @@ func (a *Agent) desired(current maps.State) maps.State {
 	}
 	for _, i := range a.pods {
 		node.PodIfindexes = append(node.PodIfindexes, i)
+		if a.podNoPeer[i] {
+			node.PodNoPeer = append(node.PodNoPeer, i)
+		}
 	}
 	node.PodAddrs = a.podAddrs()
 	s, warns := mapstate.FromPlan(a.plan, node)
@@ -1027,9 +1033,13 @@ func (a *Agent) attachPod(name string, ifindex int) error {
 	// next sync lists the interface would go through a stack that never saw the
 	// requests (conntrack INVALID, dropped by the site's rules). The sync that
 	// follows keeps this entry, with its flags.
+	var flags uint32
+	if !hasPeer(ifindex) {
+		flags = maps.PodIfaceFlagNoPeer
+	}
 	var cur maps.PodIfaceValue
-	if err := a.dp.Maps.Map(maps.MapPodIfaces).Lookup(uint32(ifindex), &cur); err != nil {
-		if err := a.dp.Maps.Update(maps.MapPodIfaces, uint32(ifindex), maps.PodIfaceValue{}); err != nil {
+	if err := a.dp.Maps.Map(maps.MapPodIfaces).Lookup(uint32(ifindex), &cur); err != nil || cur.Flags&maps.PodIfaceFlagNoPeer != flags {
+		if err := a.dp.Maps.Update(maps.MapPodIfaces, uint32(ifindex), maps.PodIfaceValue{Flags: cur.Flags&^maps.PodIfaceFlagNoPeer | flags}); err != nil {
 			return fmt.Errorf("pod interface %s: list it in pod_ifaces: %w", name, err)
 		}
 	}
@@ -1038,14 +1048,31 @@ func (a *Agent) attachPod(name string, ifindex int) error {
 		return err
 	}
 	a.pods[name] = ifindex
-	a.log.Info("pod interface attached", "dev", name, "ifindex", ifindex, "link_id", r.LinkID, "updated", r.Updated)
+	if a.podNoPeer == nil {
+		a.podNoPeer = map[int]bool{}
+	}
+	a.podNoPeer[ifindex] = flags != 0
+	a.log.Info("pod interface attached", "dev", name, "ifindex", ifindex, "link_id", r.LinkID, "updated", r.Updated, "peer", flags == 0)
 	return nil
+}
+
+// hasPeer reports whether interface ifindex is one end of a veth or netkit
+// pair, which bpf_redirect_peer can enter the other end of. A link it cannot
+// read counts as one (a pod's veth, the common case).
+func hasPeer(ifindex int) bool {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return true
+	}
+	t := l.Type()
+	return t == "veth" || t == "netkit"
 }
 
 func (a *Agent) forgetPod(name string) {
 	if err := datapath.Detach(a.cfg.PinDir, name, datapath.HookPodIngress); err != nil {
 		a.log.Error("forget pod interface", "dev", name, "err", err)
 	}
+	delete(a.podNoPeer, a.pods[name])
 	delete(a.pods, name)
 	a.log.Info("pod interface forgotten", "dev", name)
 }

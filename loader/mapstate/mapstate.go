@@ -24,6 +24,9 @@ type NodeConfig struct {
 	TunnelMTU       int
 	// PodIfindexes are the pod-facing interfaces the agent has attached to.
 	PodIfindexes []int
+	// PodNoPeer are those of them without a peer device (a bridge, not a
+	// veth): marked PodIfaceFlagNoPeer.
+	PodNoPeer []int
 	// PodAddrs are the CNI plugin's reservations by host interface (read from
 	// its store). Those of an attached interface go to pod_addrs, and the
 	// interface is marked PodIfaceFlagReserved; IPv6 ones are left out.
@@ -71,6 +74,11 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 	copy(s.Config.OverlayMAC[:], node.OverlayMAC)
 	for _, ifindex := range node.PodIfindexes {
 		s.PodIfaces[uint32(ifindex)] = maps.PodIface{}
+	}
+	for _, ifindex := range node.PodNoPeer {
+		if _, attached := s.PodIfaces[uint32(ifindex)]; attached {
+			s.PodIfaces[uint32(ifindex)] = maps.PodIface{Flags: maps.PodIfaceFlagNoPeer}
+		}
 	}
 	for _, pa := range node.PodAddrs {
 		pi, attached := s.PodIfaces[pa.Ifindex]

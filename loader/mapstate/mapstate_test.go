@@ -183,3 +183,17 @@ func TestFromPlanUnderlayException(t *testing.T) {
 		t.Errorf("covering route %+v, groups %v: want one group, no flags", r, s.Groups)
 	}
 }
+
+// An attached pod interface without a peer (a bridge) carries
+// PodIfaceFlagNoPeer, beside PodIfaceFlagReserved when the plugin reserved
+// addresses on it; one not attached gets no entry.
+func TestFromPlanPodNoPeer(t *testing.T) {
+	n := mapstatetest.Node() // pods on 9 and 11
+	n.PodNoPeer = []int{11, 12}
+	n.PodAddrs = []PodAddr{{Ifindex: 11, Addr: addr("10.1.0.5")}}
+	got, _ := mapstate.FromPlan(mapstatetest.Plan(), n)
+	want := map[uint32]PodIface{9: {}, 11: {Flags: PodIfaceFlagNoPeer | PodIfaceFlagReserved}}
+	if diff := cmp.Diff(want, got.PodIfaces); diff != "" {
+		t.Errorf("pod_ifaces (-want +got):\n%s", diff)
+	}
+}

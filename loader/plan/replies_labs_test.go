@@ -39,6 +39,10 @@ func TestRepliesEnterOnRoutedDeviceLabs(t *testing.T) {
 				}
 			}
 			f, errs := newModel(set, pods)
+			f.fabricRoutes = map[string]bool{}
+			for _, st := range sc.Sites {
+				f.fabricRoutes[st.Name] = st.FabricRoutes
+			}
 			if len(f.plans) == 0 || len(f.plans) != len(set.Nodes) {
 				t.Fatalf("%d nodes, %d plans: %v", len(set.Nodes), len(f.plans), errs)
 			}

@@ -93,6 +93,9 @@ type model struct {
 	nodes  map[string]*corev1.Node
 	eps    []*endpoint
 	byAddr map[netip.Addr]*endpoint
+	// fabricRoutes names the sites whose fabric also routes every node's
+	// podCIDRs to that node (a cloud route table, flannel's host-gw).
+	fabricRoutes map[string]bool
 }
 
 // unmanagedPods places another CNI's pods: node name -> addresses.
@@ -408,15 +411,22 @@ func (w *walker) siteFabric(site, from string, p packet, st walkState) []arrival
 	if ep == nil || ep.site != site || ep.node == from {
 		return st.fail("the fabric of %s delivers %s to no other node", site, p.dst)
 	}
-	if ep.kind == epHost && p.dst != ep.addr {
+	if ep.kind == epHost && p.dst != ep.addr && !(w.f.fabricRoutes[site] && w.f.inPodCIDRs(ep.node, p.dst)) {
 		return st.fail("the fabric of %s does not route %s, a tunnel address", site, p.dst)
 	}
 	return w.arrive(ep, p, st)
 }
 
+// inPodCIDRs reports whether a lies in one of node's podCIDRs.
+func (f *model) inPodCIDRs(node string, a netip.Addr) bool {
+	p := f.plans[node]
+	return p != nil && inPrefixes(p.PodCIDRs, a)
+}
+
 // underlay is a plain packet leaving a node (or a joining node) of site:
 // the underlay routes every node's InternalIP, joining nodes' included, and
-// a site's fabric the pods of another CNI in it. Nothing else.
+// a site's fabric the pods of another CNI in it, and every node's podCIDRs
+// where it has fabric routes. Nothing else.
 func (w *walker) underlay(site string, p packet, st walkState) []arrival {
 	ep := w.f.byAddr[p.dst]
 	switch {
@@ -424,6 +434,7 @@ func (w *walker) underlay(site string, p packet, st walkState) []arrival {
 		return st.fail("nothing on the underlay holds %s", p.dst)
 	case ep.kind == epHost && p.dst == ep.addr, ep.kind == epJoining:
 	case (ep.kind == epDeclaredPod || ep.kind == epUndeclaredPod) && ep.site == site:
+	case w.f.fabricRoutes[site] && ep.site == site && w.f.inPodCIDRs(ep.node, p.dst):
 	default:
 		return st.fail("the underlay of %s does not route %s (%s)", site, p.dst, ep)
 	}

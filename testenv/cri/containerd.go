@@ -39,6 +39,11 @@ type Config struct {
 	CNIBinDir, CNIConfDir string
 	// Crictl is the crictl binary (kubebin.Crictl).
 	Crictl string
+	// Bridge, when set, makes the node's CNI another one than isthmus: Start
+	// installs the reference plugins and Bridge's conflist into CNIBinDir
+	// and CNIConfDir (InstallBridgeCNI), as a node of a site whose pods
+	// another CNI owns has them before isthmus comes.
+	Bridge *BridgeCNI
 }
 
 // Containerd is a running private containerd.
@@ -64,6 +69,11 @@ func Start(ctx context.Context, cfg Config) (*Containerd, error) {
 	for _, d := range []string{"root", "state", "logs", "runc"} {
 		if err := os.MkdirAll(filepath.Join(cfg.Dir, d), 0o755); err != nil {
 			return nil, fmt.Errorf("create containerd dir: %w", err)
+		}
+	}
+	if cfg.Bridge != nil {
+		if err := InstallBridgeCNI(ctx, cfg.CNIBinDir, cfg.CNIConfDir, *cfg.Bridge); err != nil {
+			return nil, fmt.Errorf("start containerd: %w", err)
 		}
 	}
 	conf := filepath.Join(cfg.Dir, "config.toml")
