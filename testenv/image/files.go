@@ -1,7 +1,6 @@
 package image
 
 import (
-	"archive/tar"
 	"fmt"
 	"maps"
 	"os"
@@ -27,35 +26,19 @@ func WriteFiles(path, ref string, files map[string]string, entrypoint []string) 
 		return Archive{}, fmt.Errorf("write image %s: %w", ref, err)
 	}
 	defer os.RemoveAll(tmp)
-	lp := filepath.Join(tmp, "layer.tar")
-	out, err := os.Create(lp)
-	if err != nil {
-		return Archive{}, fmt.Errorf("write layer: %w", err)
-	}
-	defer out.Close()
-	tw := tar.NewWriter(out)
+	var entries []Entry
 	for _, d := range mountDirs {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, ModTime: epoch, Format: tar.FormatPAX}); err != nil {
-			return Archive{}, fmt.Errorf("write layer: %w", err)
-		}
+		entries = append(entries, Entry{Name: d})
 	}
 	for _, name := range slices.Sorted(maps.Keys(files)) {
-		if err := addFile(tw, strings.TrimPrefix(name, "/"), files[name]); err != nil {
-			return Archive{}, err
-		}
+		entries = append(entries, Entry{Name: strings.TrimPrefix(name, "/"), Src: files[name]})
 	}
-	if err := tw.Close(); err != nil {
-		return Archive{}, fmt.Errorf("write layer: %w", err)
-	}
-	if err := out.Close(); err != nil {
-		return Archive{}, fmt.Errorf("write layer: %w", err)
-	}
-	l, err := hashLayer(lp)
+	l, err := WriteLayer(filepath.Join(tmp, "layer.tar"), entries)
 	if err != nil {
-		return Archive{}, err
+		return Archive{}, fmt.Errorf("write image %s: %w", ref, err)
 	}
-	cfg := imageConfig{Entrypoint: entrypoint, Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}}
-	if err := writeArchive(path, ref, cfg, []layer{l}); err != nil {
+	cfg := Config{Entrypoint: entrypoint, Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}}
+	if err := WriteArchive(path, cfg, []Layer{l}, ref); err != nil {
 		return Archive{}, err
 	}
 	return Archive{Path: path, Ref: ref}, nil

@@ -3,7 +3,8 @@
 // runtime tests use, of the kubelet of the Pod tests, of the
 // kube-controller-manager and kube-scheduler of the DaemonSet tests, of
 // the kubectl of deploy/'s tests, of the kube-router whose policy
-// controller the lab runs and of the CoreDNS of the lab's cluster DNS
+// controller the lab runs, of the CoreDNS of the lab's cluster DNS and of
+// Kubernetes' conformance suite (e2e.test) and its agnhost
 // (testenv/kube/kubebin), printing each step and a progress line every few
 // seconds. `make test` runs it before `go test`, which
 // shows the output of a passing package only with -v: without it, the first
@@ -49,6 +50,10 @@ func main() {
 		os.Exit(1)
 	}
 	if _, err := kubebin.BuildCoreDNS(ctx, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
+		os.Exit(1)
+	}
+	if _, err := kubebin.BuildE2ETest(ctx, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
 		os.Exit(1)
 	}
