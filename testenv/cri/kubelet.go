@@ -40,6 +40,11 @@ type KubeletConfig struct {
 	Runtime *Containerd
 	// Binary is the kubelet (kubebin.Kubelet).
 	Binary string
+	// ClientCAFile, when set, is the CA whose client certificates the
+	// kubelet accepts on its API (port 10250): the API server's (kube.Server
+	// CAFile), for exec, logs and port-forward. Unset, the kubelet accepts
+	// no client.
+	ClientCAFile string
 }
 
 // Kubelet is a running kubelet.
@@ -253,6 +258,8 @@ authentication:
     enabled: false
   webhook:
     enabled: false
+  x509:
+    clientCAFile: %s
 authorization:
   mode: AlwaysAllow
 readOnlyPort: 0
@@ -270,7 +277,7 @@ localStorageCapacityIsolation: false
 oomScoreAdj: 0
 nodeStatusUpdateFrequency: 2s
 syncFrequency: 10s
-`, q(ep), q(ep), q(filepath.Join(cfg.Dir, "pod-logs")), kubeletHealthzPort)
+`, q(ep), q(ep), q(filepath.Join(cfg.Dir, "pod-logs")), q(cfg.ClientCAFile), kubeletHealthzPort)
 }
 
 // LogTail returns the last lines of the kubelet's log.
