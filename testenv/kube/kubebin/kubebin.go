@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -80,11 +81,11 @@ var kubeSet = binarySet{
 			moduleVersion(gomod, "go.etcd.io/etcd/server/v3"), gover)
 	},
 	steps: []setStep{
-		{"etcd", "go.etcd.io/etcd/server/v3", func(string) string { return "-s -w" }},
-		{"kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver", apiserverLDFlags},
+		{out: "etcd", pkg: "go.etcd.io/etcd/server/v3", ldflags: func(string) string { return "-s -w" }},
+		{out: "kube-apiserver", pkg: "k8s.io/kubernetes/cmd/kube-apiserver", ldflags: apiserverLDFlags},
 		// The lab's Services (testenv/kubeproxy.go): the same k8s.io/kubernetes
 		// release as kube-apiserver, so most of its packages are compiled already.
-		{"kube-proxy", "k8s.io/kubernetes/cmd/kube-proxy", apiserverLDFlags},
+		{out: "kube-proxy", pkg: "k8s.io/kubernetes/cmd/kube-proxy", ldflags: apiserverLDFlags},
 	},
 }
 
@@ -97,7 +98,7 @@ var criSet = binarySet{
 	key: func(gomod []byte, gover string) string {
 		return fmt.Sprintf("crictl-%s-%s", moduleVersion(gomod, "sigs.k8s.io/cri-tools"), gover)
 	},
-	steps: []setStep{{"crictl", "sigs.k8s.io/cri-tools/cmd/crictl", func(string) string { return "-s -w" }}},
+	steps: []setStep{{out: "crictl", pkg: "sigs.k8s.io/cri-tools/cmd/crictl", ldflags: func(string) string { return "-s -w" }}},
 }
 
 // kubeletSet is kubelet, from the kubelettools module: the same
@@ -111,7 +112,7 @@ var kubeletSet = binarySet{
 	key: func(gomod []byte, gover string) string {
 		return fmt.Sprintf("kubelet-%s-%s", moduleVersion(gomod, "k8s.io/kubernetes"), gover)
 	},
-	steps: []setStep{{"kubelet", "k8s.io/kubernetes/cmd/kubelet", apiserverLDFlags}},
+	steps: []setStep{{out: "kubelet", pkg: "k8s.io/kubernetes/cmd/kubelet", ldflags: apiserverLDFlags}},
 }
 
 // kubectlSet is kubectl, from the kubectltools module: the same
@@ -124,7 +125,7 @@ var kubectlSet = binarySet{
 	key: func(gomod []byte, gover string) string {
 		return fmt.Sprintf("kubectl-%s-%s", moduleVersion(gomod, "k8s.io/kubernetes"), gover)
 	},
-	steps: []setStep{{"kubectl", "k8s.io/kubernetes/cmd/kubectl", apiserverLDFlags}},
+	steps: []setStep{{out: "kubectl", pkg: "k8s.io/kubernetes/cmd/kubectl", ldflags: apiserverLDFlags}},
 }
 
 // controlPlaneSet is kube-controller-manager and kube-scheduler, from the
@@ -140,8 +141,8 @@ var controlPlaneSet = binarySet{
 		return fmt.Sprintf("controlplane-%s-%s", moduleVersion(gomod, "k8s.io/kubernetes"), gover)
 	},
 	steps: []setStep{
-		{"kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager", apiserverLDFlags},
-		{"kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler", apiserverLDFlags},
+		{out: "kube-controller-manager", pkg: "k8s.io/kubernetes/cmd/kube-controller-manager", ldflags: apiserverLDFlags},
+		{out: "kube-scheduler", pkg: "k8s.io/kubernetes/cmd/kube-scheduler", ldflags: apiserverLDFlags},
 	},
 }
 
@@ -160,6 +161,72 @@ func BuildControlPlane(ctx context.Context, progress io.Writer) (controllerManag
 		return "", "", err
 	}
 	return filepath.Join(dir, "kube-controller-manager"), filepath.Join(dir, "kube-scheduler"), nil
+}
+
+// e2eSet is Kubernetes' end-to-end suite, e2e.test (go test -c of
+// k8s.io/kubernetes/test/e2e), and agnhost, the test image's program most of
+// its network tests run, from the e2etools module: the same k8s.io/kubernetes
+// release as kubeSet's kube-apiserver, in a cache of its own (as kubeletSet
+// is). e2e.test carries the release's version as the other binaries do, so
+// the suite's checks of the server's version compare like with like.
+// agnhost is static (CGO_ENABLED=0), as its image has no C library.
+var e2eSet = binarySet{
+	module:   "e2etools",
+	names:    "e2e.test and agnhost",
+	estimate: "about 25 minutes on 2 idle cores",
+	key: func(gomod []byte, gover string) string {
+		return fmt.Sprintf("e2e-%s-%s", moduleVersion(gomod, "k8s.io/kubernetes"), gover)
+	},
+	steps: []setStep{
+		{out: "e2e.test", pkg: "k8s.io/kubernetes/test/e2e", ldflags: apiserverLDFlags, test: true},
+		{out: "agnhost", pkg: "k8s.io/kubernetes/test/images/agnhost", ldflags: func(string) string { return "-s -w" },
+			env: []string{"CGO_ENABLED=0"}},
+	},
+}
+
+// E2ETest returns the path of Kubernetes' conformance suite, e2e.test of
+// k8s.io/kubernetes/test/e2e, of the same release as Binaries'
+// kube-apiserver (the e2etools module), built once into the same cache root
+// with agnhost beside it (see Agnhost). Progress goes to standard error.
+func E2ETest(ctx context.Context) (string, error) { return BuildE2ETest(ctx, os.Stderr) }
+
+// BuildE2ETest is E2ETest reporting to progress, as Build does.
+func BuildE2ETest(ctx context.Context, progress io.Writer) (string, error) {
+	return e2eSet.binary(ctx, progress, "e2e.test")
+}
+
+// Agnhost returns the path of a static agnhost
+// (k8s.io/kubernetes/test/images/agnhost) of the same release as E2ETest,
+// which builds both: the program of the suite's agnhost image.
+func Agnhost(ctx context.Context, progress io.Writer) (string, error) {
+	return e2eSet.binary(ctx, progress, "agnhost")
+}
+
+// KubernetesSource returns the directory of the k8s.io/kubernetes module
+// source that E2ETest builds from (the e2etools module's version, downloaded
+// into the module cache if it is not there yet): the tree the suite's test
+// images build from (test/images, build/pause).
+func KubernetesSource(ctx context.Context) (string, error) {
+	mod, err := moduleDir(e2eSet.module)
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.CommandContext(ctx, goCmd(), "mod", "download", "-json", "k8s.io/kubernetes")
+	cmd.Dir, cmd.Env = mod, toolsEnv()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("download k8s.io/kubernetes in %s: %w\n%s", mod, err, stderr.String())
+	}
+	var m struct{ Dir, Error string }
+	if err := json.Unmarshal(out, &m); err != nil {
+		return "", fmt.Errorf("download k8s.io/kubernetes in %s: %w", mod, err)
+	}
+	if m.Error != "" || m.Dir == "" {
+		return "", fmt.Errorf("download k8s.io/kubernetes in %s: no directory (%s)", mod, m.Error)
+	}
+	return m.Dir, nil
 }
 
 // KubeProxy returns the path of a kube-proxy built from the same
@@ -217,6 +284,10 @@ type binarySet struct {
 type setStep struct {
 	out, pkg string
 	ldflags  func(moduleDir string) string
+	// test builds pkg's test binary (go test -c) instead of its command.
+	test bool
+	// env is added to the go command's environment (CGO_ENABLED=0).
+	env []string
 }
 
 // binary returns the path of the set's binary name, once build has it.
@@ -276,7 +347,8 @@ func (s binarySet) build(ctx context.Context, progress io.Writer) (string, error
 			say("[%d/%d] %s: built meanwhile by the process we waited for", i+1, len(s.steps), st.out)
 			continue
 		}
-		bs := buildStep{tools: mod, name: fmt.Sprintf("[%d/%d] %s", i+1, len(s.steps), st.out), say: say, every: ProgressInterval}
+		bs := buildStep{tools: mod, name: fmt.Sprintf("[%d/%d] %s", i+1, len(s.steps), st.out), say: say, every: ProgressInterval,
+			test: st.test, env: st.env}
 		if err := bs.build(ctx, out, st.pkg, st.ldflags(mod)); err != nil {
 			return "", err
 		}
@@ -376,21 +448,39 @@ type buildStep struct {
 	name  string // "[2/2] kube-apiserver"
 	say   func(format string, args ...any)
 	every time.Duration // between progress lines
+	test  bool          // build pkg's test binary (go test -c)
+	env   []string      // added to the go command's environment
 }
 
 // build lists pkg's packages (which downloads the modules they need), then
 // builds pkg into out through a temporary name, so that a half-written binary
-// is never found.
+// is never found. A test binary's packages are pkg, the imports of its test
+// files and their dependencies: go build -v compiles all of them but pkg's
+// test variant (go test -c names no package it compiles, so this is what
+// reports progress), then go test -c compiles that variant and links.
 func (b buildStep) build(ctx context.Context, out, pkg, ldflags string) error {
 	start := time.Now()
 	b.say("%s: listing the packages of %s (downloads their modules on first use)", b.name, pkg)
+	roots := []string{pkg}
+	if b.test {
+		imports, _, err := b.goRun(ctx, "listing test imports", func() string { return "" }, func(string) {},
+			"list", "-f", `{{join .TestImports "\n"}}{{"\n"}}{{join .XTestImports "\n"}}`, pkg)
+		if err != nil {
+			return fmt.Errorf("list the test imports of %s in %s: %w", pkg, b.tools, err)
+		}
+		for _, p := range strings.Fields(string(imports)) {
+			if p != pkg {
+				roots = append(roots, p)
+			}
+		}
+	}
 	var downloaded int
 	listed, _, err := b.goRun(ctx, "listing", func() string { return fmt.Sprintf("%d modules downloaded", downloaded) },
 		func(line string) {
 			if strings.HasPrefix(line, "go: downloading ") {
 				downloaded++
 			}
-		}, "list", "-deps", "-f", "{{.ImportPath}}", pkg)
+		}, append([]string{"list", "-deps", "-f", "{{.ImportPath}}"}, roots...)...)
 	if err != nil {
 		return fmt.Errorf("list the packages of %s in %s: %w", pkg, b.tools, err)
 	}
@@ -403,17 +493,28 @@ func (b buildStep) build(ctx context.Context, out, pkg, ldflags string) error {
 	tmp := out + ".tmp"
 	var compiled int
 	var last string
-	_, stderr, err := b.goRun(ctx, "compiling", func() string {
+	compiling := func() string {
 		return fmt.Sprintf("%d of %d packages compiled, last %s", compiled, len(deps), last)
-	}, func(line string) {
+	}
+	count := func(line string) {
 		if deps[line] { // go build -v names each package as it compiles it
 			compiled++
 			last = line
 		}
-	}, "build", "-v", "-o", tmp, "-ldflags", ldflags, pkg)
+	}
+	args := []string{"build", "-v", "-o", tmp, "-ldflags", ldflags, pkg}
+	if b.test {
+		// go build of several packages, none of them a command, writes
+		// nothing: it fills the build cache that go test -c then uses.
+		if _, stderr, err := b.goRun(ctx, "compiling", compiling, count, append([]string{"build", "-v"}, roots...)...); err != nil {
+			return fmt.Errorf("build %s in %s (go build %s): %w\n%s", filepath.Base(out), b.tools, pkg, err, TailLines(stderr, 40))
+		}
+		args = []string{"test", "-c", "-o", tmp, "-ldflags", ldflags, pkg}
+	}
+	_, stderr, err := b.goRun(ctx, "compiling", compiling, count, args...)
 	if err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("build %s in %s (go build %s): %w\n%s", filepath.Base(out), b.tools, pkg, err, TailLines(stderr, 40))
+		return fmt.Errorf("build %s in %s (go %s %s): %w\n%s", filepath.Base(out), b.tools, args[0], pkg, err, TailLines(stderr, 40))
 	}
 	if err := os.Rename(tmp, out); err != nil {
 		return fmt.Errorf("install %s: %w", out, err)
@@ -428,7 +529,7 @@ func (b buildStep) build(ctx context.Context, out, pkg, ldflags string) error {
 // and standard error.
 func (b buildStep) goRun(ctx context.Context, what string, status func() string, line func(string), args ...string) (stdout []byte, stderr string, err error) {
 	cmd := exec.CommandContext(ctx, goCmd(), args...)
-	cmd.Dir, cmd.Env = b.tools, toolsEnv()
+	cmd.Dir, cmd.Env = b.tools, append(toolsEnv(), b.env...)
 	var out bytes.Buffer
 	cmd.Stdout = &out
 	pipe, err := cmd.StderrPipe()

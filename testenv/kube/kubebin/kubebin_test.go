@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -69,6 +70,64 @@ func TestBuildStepReportsProgress(t *testing.T) {
 		if !regexp.MustCompile(re).MatchString(got.String()) {
 			t.Errorf("no line matches %s in:\n%s", re, got.String())
 		}
+	}
+}
+
+// TestBuildStepTestBinary: a test step builds a package's test binary (go
+// test -c) with its ldflags and env, reporting the packages its test files
+// import: the binary runs the package's test, which sees the -X value and
+// was built without cgo, and a package imported only by the test file
+// counts among the compiled.
+func TestBuildStepTestBinary(t *testing.T) {
+	dir := writeModule(t, "example.com/suite", "package suite\n\nvar Version = \"unset\"\n")
+	for name, text := range map[string]string{
+		"onlytest/onlytest.go": fmt.Sprintf("package onlytest\n\nconst Stamp = %d\n", time.Now().UnixNano()),
+		"suite_test.go": `package suite
+
+import (
+	"os"
+	"testing"
+
+	"example.com/suite/onlytest"
+)
+
+var _ = onlytest.Stamp
+
+func TestVersion(t *testing.T) {
+	if Version != "v9.8.7" {
+		t.Fatalf("Version %q", Version)
+	}
+	if os.Getenv("SUITE_RUN") != "" && cgoEnabled {
+		t.Fatal("built with cgo")
+	}
+}
+`,
+		"cgo_on.go":  "//go:build cgo\n\npackage suite\n\nconst cgoEnabled = true\n",
+		"cgo_off.go": "//go:build !cgo\n\npackage suite\n\nconst cgoEnabled = false\n",
+	} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got lines
+	out := filepath.Join(t.TempDir(), "suite.test")
+	b := buildStep{tools: dir, name: "[1/1] suite.test", say: got.say, every: 10 * time.Millisecond, test: true, env: []string{"CGO_ENABLED=0"}}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := b.build(ctx, out, "example.com/suite", "-X example.com/suite.Version=v9.8.7"); err != nil {
+		t.Fatal(err)
+	}
+	// Both new packages compile: the suite and what only its test imports.
+	if m := regexp.MustCompile(`(?m)^\[1/1\] suite.test: built .*/suite.test in \d+s \((\d+) packages compiled\)$`).FindStringSubmatch(got.String()); m == nil || m[1] == "0" || m[1] == "1" {
+		t.Errorf("want a built line with at least 2 packages compiled in:\n%s", got.String())
+	}
+	cmd := exec.Command(out, "-test.run", "TestVersion", "-test.v")
+	cmd.Env = append(os.Environ(), "SUITE_RUN=1")
+	if res, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(res), "--- PASS: TestVersion") {
+		t.Fatalf("%s: %v\n%s", out, err, res)
 	}
 }
 
