@@ -46,7 +46,8 @@ import (
 // on every node and become Ready (the kubelet's readiness probe on /readyz);
 // each agent installs the CNI plugin and conflist, so every Node becomes
 // Ready; Pods created through the API on every node get addresses in their
-// node's podCIDR through the plugin; and each pod reaches every pod of the
+// node's podCIDR through the plugin; kubectl exec into a pod and kubectl
+// logs of the agents work through the API server; and each pod reaches every pod of the
 // other site by ICMP, TCP and UDP, each side seeing the other's own address,
 // as GENEVE on the underlay. A rolling update to a second build of the
 // image, while a1's pod streams 200 datagrams a second to b1's pod and back,
@@ -145,6 +146,22 @@ func TestDaemonSetInstall(t *testing.T) {
 		pods = append(pods, runPod{node: n.Name, site: n.Site.Name, pod: p, container: c})
 	}
 	t.Logf("%d Pods Running with addresses from the plugin after %s", len(pods), time.Since(podsStart).Round(time.Millisecond))
+
+	// kubectl exec and logs go from the API server to the kubelets, through
+	// the cluster's egress proxy into the node namespaces, as on a real
+	// cluster: the probe in a1's pod answers from b1's pod, and the agents'
+	// logs come back.
+	byNode := map[string]runPod{}
+	for _, p := range pods {
+		byNode[p.node] = p
+	}
+	if out, err := c.Kubectl(ctx, "exec", "-n", kubeletNamespace, "web-a1", "-c", "probe", "--", "/probe", "ping", byNode["b1"].pod.IP); err != nil ||
+		out != "reply from "+byNode["b1"].pod.IP+"\n" {
+		t.Errorf("kubectl exec web-a1 -- /probe ping %s = %q, %v; want a reply", byNode["b1"].pod.IP, out, err)
+	}
+	if out, err := c.Kubectl(ctx, "logs", "-n", cluster.Namespace, "daemonset/isthmus-agent", "--tail=1"); err != nil || strings.TrimSpace(out) == "" {
+		t.Errorf("kubectl logs daemonset/isthmus-agent = %q, %v; want its last line", out, err)
+	}
 
 	// Across the sites, every pair both ways, while a1's underlay port is
 	// captured: ICMP, TCP and UDP, each answer naming the asking pod.
