@@ -12,11 +12,13 @@ here="${BASH_SOURCE[0]%/*}"
 [ "$here" = "${BASH_SOURCE[0]}" ] && here=.
 table="$here/programs.tsv"
 
-# missing prints, once each, the package of every row whose program is absent
-# or whose check fails; rows with package "-" (not from apt) are left to the
-# README. Bash builtins only, so it answers even on a bare PATH.
+# missing prints, once each, the packages of every row whose program is absent
+# or whose check fails (a row may name several, separated by commas); rows with
+# package "-" (not from apt) are left to the README. Bash builtins only, so it
+# answers even on a bare PATH.
 missing() {
-	local program package check used
+	local program package check used p
+	local -a packages
 	local -A said=()
 	while IFS=$'\t' read -r program package check used; do
 		case "$program" in '' | '#'*) continue ;; esac
@@ -26,9 +28,12 @@ missing() {
 		else
 			sh -c "$check" >/dev/null 2>&1 && continue
 		fi
-		[ -n "${said[$package]:-}" ] && continue
-		said[$package]=1
-		echo "$package"
+		IFS=, read -ra packages <<<"$package"
+		for p in "${packages[@]}"; do
+			[ -n "${said[$p]:-}" ] && continue
+			said[$p]=1
+			echo "$p"
+		done
 	done <"$table"
 }
 

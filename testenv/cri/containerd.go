@@ -39,6 +39,11 @@ type Config struct {
 	CNIBinDir, CNIConfDir string
 	// Crictl is the crictl binary (kubebin.Crictl).
 	Crictl string
+	// SandboxImage is the image of every pod's sandbox container, which
+	// must be imported before the first pod starts; "" is PauseImage.
+	// Kubernetes' own tests expect their release's pause image
+	// (testenv/kube/e2eimages).
+	SandboxImage string
 }
 
 // Containerd is a running private containerd.
@@ -120,13 +125,17 @@ func (c *Containerd) LogTail() string {
 
 // configTOML is containerd 1.6's configuration (version 2) for cfg: every
 // path under cfg.Dir, the CRI plugin's CNI pointed at the agent's
-// directories, the local pause image as the sandbox image, runc through the
+// directories, the local pause image (or cfg.SandboxImage) as the sandbox image, runc through the
 // v2 shim, and the pods' network namespaces under the state directory.
 // restrict_oom_score_adj: a sandbox may not lower its OOM score below
 // containerd's own where the tests run as a confined root (this machine:
 // runc's write of -998 fails with EPERM).
 func configTOML(cfg Config) string {
 	q := strconv.Quote
+	sandbox := cfg.SandboxImage
+	if sandbox == "" {
+		sandbox = PauseImage
+	}
 	return fmt.Sprintf(`version = 2
 root = %s
 state = %s
@@ -162,7 +171,7 @@ state = %s
 `, q(filepath.Join(cfg.Dir, "root")), q(filepath.Join(cfg.Dir, "state")),
 		q(filepath.Join(cfg.Dir, "containerd.sock")), q(filepath.Join(cfg.Dir, "containerd.sock.ttrpc")),
 		q(filepath.Join(cfg.Dir, "debug.sock")), q(filepath.Join(cfg.Dir, "opt")),
-		q(PauseImage), q(filepath.Join(cfg.Dir, "runc")), q(cfg.CNIBinDir), q(cfg.CNIConfDir))
+		q(sandbox), q(filepath.Join(cfg.Dir, "runc")), q(cfg.CNIBinDir), q(cfg.CNIConfDir))
 }
 
 // Import imports an image archive (BuildImages) into the CRI namespace,

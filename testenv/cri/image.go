@@ -1,12 +1,7 @@
 package cri
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
@@ -14,7 +9,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"time"
+
+	"github.com/isthmus-dev/isthmus/testenv/image"
 )
 
 // Images of the tests, built locally: no registry is reachable.
@@ -26,115 +22,33 @@ const (
 	ProbeImage = "isthmus.test/probe:1"
 )
 
-// Media types of the OCI image spec (image-spec v1.0).
-const (
-	mediaManifest = "application/vnd.oci.image.manifest.v1+json"
-	mediaConfig   = "application/vnd.oci.image.config.v1+json"
-	mediaLayer    = "application/vnd.oci.image.layer.v1.tar"
-)
+// imageDirs are the directories a runtime mounts over, which an image of a
+// single static program lacks.
+var imageDirs = []string{"dev/", "etc/", "proc/", "sys/", "tmp/"}
 
-// descriptor is an OCI content descriptor.
-type descriptor struct {
-	MediaType   string            `json:"mediaType"`
-	Digest      string            `json:"digest"`
-	Size        int64             `json:"size"`
-	Annotations map[string]string `json:"annotations,omitempty"`
-}
-
-// blob is one file of an image layout's blobs/sha256.
-type blob struct {
-	desc descriptor
-	data []byte
-}
-
-func newBlob(mediaType string, data []byte) blob {
-	sum := sha256.Sum256(data)
-	return blob{desc: descriptor{MediaType: mediaType, Digest: "sha256:" + hex.EncodeToString(sum[:]), Size: int64(len(data))}, data: data}
-}
-
-func jsonBlob(mediaType string, v any) blob {
-	b, err := json.Marshal(v)
+// OCIArchive writes an OCI image archive at path (testenv/image's writer), as
+// `ctr images import` reads it: one image named name for this machine's
+// platform, whose single uncompressed layer holds the directories a runtime
+// mounts over and files (path in the image to content, mode 0755), and whose
+// entrypoint is entrypoint.
+func OCIArchive(path, name string, files map[string][]byte, entrypoint []string) error {
+	var entries []image.Entry
+	for _, d := range imageDirs {
+		entries = append(entries, image.Entry{Name: d})
+	}
+	for _, p := range slices.Sorted(maps.Keys(files)) {
+		entries = append(entries, image.Entry{Name: p, Data: files[p]})
+	}
+	l, err := image.WriteLayer(path+".layer", entries)
 	if err != nil {
-		panic(fmt.Sprintf("marshal %s: %v", mediaType, err)) // plain structs and maps always marshal
+		return fmt.Errorf("pack %s: %w", name, err)
 	}
-	return newBlob(mediaType, b)
+	defer os.Remove(path + ".layer")
+	if err := image.WriteArchive(path, image.Config{Entrypoint: entrypoint}, []image.Layer{l}, name); err != nil {
+		return fmt.Errorf("pack %s: %w", name, err)
+	}
+	return nil
 }
-
-// OCIArchive returns an OCI image layout as a tar, as `ctr images import`
-// reads it: one image named name (annotation io.containerd.image.name) for
-// this machine's platform, whose single uncompressed layer holds the
-// directories a runtime mounts over and files (path in the image to
-// content, mode 0755), and whose entrypoint is entrypoint.
-func OCIArchive(name string, files map[string][]byte, entrypoint []string) ([]byte, error) {
-	var layer bytes.Buffer
-	lw := tar.NewWriter(&layer)
-	// Fixed times: the same inputs give the same digests.
-	epoch := time.Unix(0, 0)
-	for _, d := range []string{"dev/", "etc/", "proc/", "sys/", "tmp/"} {
-		if err := lw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, ModTime: epoch}); err != nil {
-			return nil, fmt.Errorf("write layer: %w", err)
-		}
-	}
-	for _, path := range slices.Sorted(maps.Keys(files)) {
-		data := files[path]
-		if err := lw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: path, Mode: 0o755, Size: int64(len(data)), ModTime: epoch}); err != nil {
-			return nil, fmt.Errorf("write layer: %w", err)
-		}
-		if _, err := lw.Write(data); err != nil {
-			return nil, fmt.Errorf("write layer: %w", err)
-		}
-	}
-	if err := lw.Close(); err != nil {
-		return nil, fmt.Errorf("write layer: %w", err)
-	}
-	layerBlob := newBlob(mediaLayer, layer.Bytes())
-	// An uncompressed layer's diff ID is its digest.
-	config := jsonBlob(mediaConfig, map[string]any{
-		"architecture": runtime.GOARCH,
-		"os":           "linux",
-		"config":       map[string]any{"Entrypoint": entrypoint},
-		"rootfs":       map[string]any{"type": "layers", "diff_ids": []string{layerBlob.desc.Digest}},
-	})
-	manifest := jsonBlob(mediaManifest, map[string]any{
-		"schemaVersion": 2,
-		"mediaType":     mediaManifest,
-		"config":        config.desc,
-		"layers":        []descriptor{layerBlob.desc},
-	})
-	index := manifest.desc
-	index.Annotations = map[string]string{"io.containerd.image.name": name}
-
-	var out bytes.Buffer
-	w := tar.NewWriter(&out)
-	put := func(path string, data []byte) error {
-		if err := w.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: path, Mode: 0o644, Size: int64(len(data)), ModTime: epoch}); err != nil {
-			return err
-		}
-		_, err := w.Write(data)
-		return err
-	}
-	indexJSON, _ := json.Marshal(map[string]any{"schemaVersion": 2, "manifests": []descriptor{index}})
-	for _, f := range []struct {
-		path string
-		data []byte
-	}{
-		{"oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)},
-		{"index.json", indexJSON},
-		{blobPath(layerBlob), layerBlob.data},
-		{blobPath(config), config.data},
-		{blobPath(manifest), manifest.data},
-	} {
-		if err := put(f.path, f.data); err != nil {
-			return nil, fmt.Errorf("write image archive: %w", err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		return nil, fmt.Errorf("write image archive: %w", err)
-	}
-	return out.Bytes(), nil
-}
-
-func blobPath(b blob) string { return "blobs/sha256/" + b.desc.Digest[len("sha256:"):] }
 
 // BuildImages builds the pause and probe programs statically from this
 // source tree and writes PauseImage and ProbeImage as OCI archives into dir;
@@ -159,13 +73,9 @@ func BuildImages(ctx context.Context, dir string) (pause, probe string, err erro
 		if err != nil {
 			return "", "", fmt.Errorf("read %s: %w", img.prog, err)
 		}
-		archive, err := OCIArchive(img.name, map[string][]byte{img.prog: data}, []string{"/" + img.prog})
-		if err != nil {
-			return "", "", fmt.Errorf("pack %s: %w", img.name, err)
-		}
 		*img.out = filepath.Join(dir, img.prog+".oci.tar")
-		if err := os.WriteFile(*img.out, archive, 0o644); err != nil {
-			return "", "", fmt.Errorf("write %s: %w", *img.out, err)
+		if err := OCIArchive(*img.out, img.name, map[string][]byte{img.prog: data}, []string{"/" + img.prog}); err != nil {
+			return "", "", err
 		}
 	}
 	return pause, probe, nil

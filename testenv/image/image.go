@@ -59,6 +59,9 @@ func Labels(version string) map[string]string {
 	}
 }
 
+// DefaultPath is the PATH of the images' environment, Debian's.
+const DefaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 // tagRe is what the OCI distribution spec allows as a tag.
 var tagRe = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$`)
 
@@ -132,7 +135,7 @@ func Build(ctx context.Context, o Options) (Archive, error) {
 		}
 		o.Out = filepath.Join(root, "bin", name)
 	}
-	base, err := baseLayer(ctx, o)
+	base, err := DebianLayer(ctx, Debian{Packages: Packages, CacheDir: o.CacheDir, Mirrors: o.Mirrors, Log: o.Log})
 	if err != nil {
 		return Archive{}, err
 	}
@@ -163,8 +166,8 @@ func Build(ctx context.Context, o Options) (Archive, error) {
 	if err := os.MkdirAll(filepath.Dir(o.Out), 0o755); err != nil {
 		return Archive{}, fmt.Errorf("build image: %w", err)
 	}
-	cfg := imageConfig{Entrypoint: Entrypoint, Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, Labels: Labels(o.Version)}
-	if err := writeArchive(o.Out, ref, cfg, []layer{base, bins}); err != nil {
+	cfg := Config{Entrypoint: Entrypoint, Env: []string{DefaultPath}, Labels: Labels(o.Version)}
+	if err := WriteArchive(o.Out, cfg, []Layer{base, bins}, ref); err != nil {
 		return Archive{}, err
 	}
 	return Archive{Path: o.Out, Ref: ref}, nil

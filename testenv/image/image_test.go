@@ -1,4 +1,4 @@
-package image
+package image_test
 
 // Kernel test: needs root (mmdebstrap, a network namespace, containerd with
 // runc); run it under the shared kernel lock
@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/isthmus-dev/isthmus/testenv/cri"
+	"github.com/isthmus-dev/isthmus/testenv/image"
 	"github.com/isthmus-dev/isthmus/testenv/kube/kubebin"
 )
 
@@ -32,7 +33,7 @@ func TestImageRunsInContainerd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	const version = "imagetest"
-	a, err := Build(ctx, Options{Version: version, Out: filepath.Join(t.TempDir(), "isthmus.oci.tar"), Log: t.Logf})
+	a, err := image.Build(ctx, image.Options{Version: version, Out: filepath.Join(t.TempDir(), "isthmus.oci.tar"), Log: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,11 +65,11 @@ func TestImageRunsInContainerd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := Import(ctx, c.Socket(), a); err != nil {
+	if err := image.Import(ctx, c.Socket(), a); err != nil {
 		t.Fatal(err)
 	}
 	// Twice: a node's second import (a restarted lab) must not fail.
-	if err := Import(ctx, c.Socket(), a); err != nil {
+	if err := image.Import(ctx, c.Socket(), a); err != nil {
 		t.Fatalf("second import: %v", err)
 	}
 	// The CRI plugin resolves a pod spec's short name as the kubelet asks for it.

@@ -1,7 +1,13 @@
 package image
 
+// The OCI writer: layers as uncompressed tarballs on disk, and image layouts
+// in a tar that `ctr images import` reads. The isthmus image (Build), the
+// container runtime tests' images (testenv/cri) and Kubernetes' test images
+// (testenv/kube/e2eimages) are all written here.
+
 import (
 	"archive/tar"
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -12,6 +18,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -40,82 +47,133 @@ type platform struct {
 	OS           string `json:"os"`
 }
 
-// layer is an uncompressed layer tarball on disk; its digest is its diff ID.
-type layer struct {
+// Layer is an uncompressed layer tarball on disk; its digest is its diff ID.
+type Layer struct {
 	path   string
 	digest string
 	size   int64
 }
 
-// imageConfig is the part of the OCI image config the Dockerfile sets.
-type imageConfig struct {
+// Path is the layer's tarball.
+func (l Layer) Path() string { return l.path }
+
+// Config is the part of the OCI image config the builders set: the
+// Dockerfile's ENTRYPOINT, ENV and LABEL, and CMD and USER for images
+// whose Dockerfile has them.
+type Config struct {
 	Entrypoint []string          `json:"Entrypoint"`
+	Cmd        []string          `json:"Cmd,omitempty"`
 	Env        []string          `json:"Env"`
+	User       string            `json:"User,omitempty"`
 	Labels     map[string]string `json:"Labels"`
 }
 
-func hashLayer(path string) (layer, error) {
+func hashLayer(path string) (Layer, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return layer{}, fmt.Errorf("hash layer: %w", err)
+		return Layer{}, fmt.Errorf("hash layer: %w", err)
 	}
 	defer f.Close()
 	h := sha256.New()
 	n, err := io.Copy(h, f)
 	if err != nil {
-		return layer{}, fmt.Errorf("hash layer %s: %w", path, err)
+		return Layer{}, fmt.Errorf("hash layer %s: %w", path, err)
 	}
-	return layer{path: path, digest: "sha256:" + hex.EncodeToString(h.Sum(nil)), size: n}, nil
+	return Layer{path: path, digest: "sha256:" + hex.EncodeToString(h.Sum(nil)), size: n}, nil
 }
 
 // filesLayer writes a layer at path holding files (path in the image,
 // without the leading slash, to a file on disk), each root-owned, mode 0755.
-func filesLayer(path string, files map[string]string) (layer, error) {
+func filesLayer(path string, files map[string]string) (Layer, error) {
+	var entries []Entry
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		entries = append(entries, Entry{Name: name, Src: files[name]})
+	}
+	return WriteLayer(path, entries)
+}
+
+// Entry is one root-owned entry of a layer: a directory when Name ends in
+// "/", a symbolic link to Link when Link is set, else a regular file whose
+// content is the file Src on disk, or Data when Src is "".
+type Entry struct {
+	Name string // the path in the image, without the leading slash
+	Mode int64  // permission bits; 0 is 0755
+	Src  string
+	Data []byte
+	Link string
+}
+
+// WriteLayer writes a layer at path holding entries, in their order (a
+// directory before what it holds), each with the fixed time of every
+// builder's output: the same entries give the same digest.
+func WriteLayer(path string, entries []Entry) (Layer, error) {
 	out, err := os.Create(path)
 	if err != nil {
-		return layer{}, fmt.Errorf("write layer: %w", err)
+		return Layer{}, fmt.Errorf("write layer: %w", err)
 	}
 	defer out.Close()
 	tw := tar.NewWriter(out)
-	for _, name := range slices.Sorted(maps.Keys(files)) {
-		if err := addFile(tw, name, files[name]); err != nil {
-			return layer{}, err
+	for _, e := range entries {
+		if err := addEntry(tw, e); err != nil {
+			return Layer{}, err
 		}
 	}
 	if err := tw.Close(); err != nil {
-		return layer{}, fmt.Errorf("write layer: %w", err)
+		return Layer{}, fmt.Errorf("write layer: %w", err)
 	}
 	if err := out.Close(); err != nil {
-		return layer{}, fmt.Errorf("write layer: %w", err)
+		return Layer{}, fmt.Errorf("write layer: %w", err)
 	}
 	return hashLayer(path)
 }
 
-func addFile(tw *tar.Writer, name, src string) error {
-	f, err := os.Open(src)
-	if err != nil {
-		return fmt.Errorf("write layer: %w", err)
+func addEntry(tw *tar.Writer, e Entry) error {
+	h := &tar.Header{Typeflag: tar.TypeReg, Name: e.Name, Mode: e.Mode, ModTime: epoch, Format: tar.FormatPAX}
+	if h.Mode == 0 {
+		h.Mode = 0o755
 	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("write layer: %w", err)
+	var content io.Reader
+	switch {
+	case strings.HasSuffix(e.Name, "/"):
+		h.Typeflag = tar.TypeDir
+	case e.Link != "":
+		h.Typeflag, h.Linkname, h.Mode = tar.TypeSymlink, e.Link, 0o777
+	case e.Src != "":
+		f, err := os.Open(e.Src)
+		if err != nil {
+			return fmt.Errorf("write layer: %w", err)
+		}
+		defer f.Close()
+		fi, err := f.Stat()
+		if err != nil {
+			return fmt.Errorf("write layer: %w", err)
+		}
+		h.Size, content = fi.Size(), f
+	default:
+		h.Size, content = int64(len(e.Data)), bytes.NewReader(e.Data)
 	}
-	h := &tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o755, Size: fi.Size(), ModTime: epoch, Format: tar.FormatPAX}
 	if err := tw.WriteHeader(h); err != nil {
-		return fmt.Errorf("write layer %s: %w", name, err)
+		return fmt.Errorf("write layer %s: %w", e.Name, err)
 	}
-	if _, err := io.Copy(tw, f); err != nil {
-		return fmt.Errorf("write layer %s: %w", name, err)
+	if content != nil {
+		if _, err := io.Copy(tw, content); err != nil {
+			return fmt.Errorf("write layer %s: %w", e.Name, err)
+		}
 	}
 	return nil
 }
 
-// writeArchive writes an OCI image layout as a tar at path, as
-// `ctr images import` reads it: one image for this machine's platform named
-// ref (annotation io.containerd.image.name; org.opencontainers.image.ref.name
-// holds its tag for other tools), with cfg and layers, bottom first.
-func writeArchive(path, ref string, cfg imageConfig, layers []layer) error {
+// WriteArchive writes an OCI image layout as a tar at path, as
+// `ctr images import` reads it: one image for this machine's platform with
+// cfg and layers, bottom first, under each of refs (an index entry each,
+// annotation io.containerd.image.name; org.opencontainers.image.ref.name
+// holds its tag for other tools). A ref is stored as given: containerd
+// imports "isthmus:dev" as that, so a name a kubelet looks up
+// ("docker.io/library/isthmus:dev") must be given whole (Ref).
+func WriteArchive(path string, cfg Config, layers []Layer, refs ...string) error {
+	if len(refs) == 0 {
+		return fmt.Errorf("write image archive %s: no image name", path)
+	}
 	diffIDs := make([]string, len(layers))
 	layerDescs := make([]descriptor, len(layers))
 	for i, l := range layers {
@@ -142,11 +200,15 @@ func writeArchive(path, ref string, cfg imageConfig, layers []layer) error {
 	if err != nil {
 		return err
 	}
-	_, tag := splitRef(ref)
-	entry := manifest.desc
-	entry.Annotations = map[string]string{"io.containerd.image.name": ref, "org.opencontainers.image.ref.name": tag}
-	entry.Platform = &platform{Architecture: runtime.GOARCH, OS: "linux"}
-	index, err := json.Marshal(map[string]any{"schemaVersion": 2, "mediaType": mediaIndex, "manifests": []descriptor{entry}})
+	var entries []descriptor
+	for _, ref := range refs {
+		_, tag := splitRef(ref)
+		entry := manifest.desc
+		entry.Annotations = map[string]string{"io.containerd.image.name": ref, "org.opencontainers.image.ref.name": tag}
+		entry.Platform = &platform{Architecture: runtime.GOARCH, OS: "linux"}
+		entries = append(entries, entry)
+	}
+	index, err := json.Marshal(map[string]any{"schemaVersion": 2, "mediaType": mediaIndex, "manifests": entries})
 	if err != nil {
 		return fmt.Errorf("write image index: %w", err)
 	}
@@ -209,7 +271,7 @@ func writeArchive(path, ref string, cfg imageConfig, layers []layer) error {
 
 // addBlobFile copies a layer into the archive's blobs, checking that the
 // file still has the digest the manifest names.
-func addBlobFile(tw *tar.Writer, l layer) error {
+func addBlobFile(tw *tar.Writer, l Layer) error {
 	f, err := os.Open(l.path)
 	if err != nil {
 		return fmt.Errorf("write image archive: %w", err)

@@ -19,12 +19,12 @@ import (
 // mmdebstrapArgs are mmdebstrap's options for the root filesystem:
 // debian:trixie-slim's shape (minbase, no recommends, no manuals, no
 // documentation but the copyrights, no translations: what debuerreotype's
-// slim variant excludes) plus Packages. mmdebstrap removes the apt lists and
+// slim variant excludes) plus packages. mmdebstrap removes the apt lists and
 // cache itself, as the Dockerfile's `rm -rf /var/lib/apt/lists/*` does.
-func mmdebstrapArgs() []string {
+func mmdebstrapArgs(packages []string) []string {
 	return []string{
 		"--mode=root", "--variant=minbase", "--format=tar",
-		"--include=" + strings.Join(Packages, ","),
+		"--include=" + strings.Join(packages, ","),
 		`--aptopt=APT::Install-Recommends "false"`,
 		"--dpkgopt=path-exclude=/usr/share/man/*",
 		"--dpkgopt=path-exclude=/usr/share/groff/*",
@@ -44,10 +44,10 @@ func mmdebstrapArgs() []string {
 // with apt's NO_PUBKEY in the error (apt-get install debian-archive-keyring).
 
 // cacheKey names the cached Debian layer by everything that shapes it.
-func cacheKey(mirrors []string) string {
+func cacheKey(packages, mirrors []string) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "layer-format 1\nsuite %s\n", Suite)
-	for _, a := range mmdebstrapArgs() {
+	for _, a := range mmdebstrapArgs(packages) {
 		fmt.Fprintf(h, "arg %s\n", a)
 	}
 	for _, m := range mirrors {
@@ -56,68 +56,91 @@ func cacheKey(mirrors []string) string {
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
-// baseLayer returns the Debian layer, from the cache or made by mmdebstrap
-// (as root) and then cached.
-func baseLayer(ctx context.Context, o Options) (layer, error) {
-	path := filepath.Join(o.CacheDir, "image-debian-"+Suite+"-"+cacheKey(o.Mirrors)+".tar")
+// Debian says what DebianLayer makes.
+type Debian struct {
+	// Packages are installed over the suite's minimal base.
+	Packages []string
+	// CacheDir holds the cached layers; "" is DefaultCacheDir.
+	CacheDir string
+	// Mirrors are apt sources lines; nil is DefaultMirrors.
+	Mirrors []string
+	// Log, when set, receives a line when mmdebstrap runs.
+	Log func(format string, args ...any)
+}
+
+// DebianLayer returns a Debian Suite root filesystem with o.Packages as a
+// layer: from the cache (a file per package list and mirrors under
+// o.CacheDir), or made by mmdebstrap (as root, from Debian's mirrors: a few
+// minutes) and then cached.
+func DebianLayer(ctx context.Context, o Debian) (Layer, error) {
+	if o.CacheDir == "" {
+		o.CacheDir = DefaultCacheDir
+	}
+	if o.Mirrors == nil {
+		o.Mirrors = DefaultMirrors
+	}
+	if o.Log == nil {
+		o.Log = func(string, ...any) {}
+	}
+	path := filepath.Join(o.CacheDir, "image-debian-"+Suite+"-"+cacheKey(o.Packages, o.Mirrors)+".tar")
 	if l, err := cachedLayer(path); err == nil {
 		return l, nil
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return layer{}, err
+		return Layer{}, err
 	}
 	if os.Geteuid() != 0 {
-		return layer{}, fmt.Errorf("make the Debian layer %s: mmdebstrap needs root", path)
+		return Layer{}, fmt.Errorf("make the Debian layer %s: mmdebstrap needs root", path)
 	}
 	if err := programs.Require("mmdebstrap"); err != nil {
-		return layer{}, fmt.Errorf("make the Debian layer: %w", err)
+		return Layer{}, fmt.Errorf("make the Debian layer: %w", err)
 	}
 	if err := os.MkdirAll(o.CacheDir, 0o755); err != nil {
-		return layer{}, fmt.Errorf("make the Debian layer: %w", err)
+		return Layer{}, fmt.Errorf("make the Debian layer: %w", err)
 	}
 	tmp, err := os.MkdirTemp(o.CacheDir, "image-debian-tmp-")
 	if err != nil {
-		return layer{}, fmt.Errorf("make the Debian layer: %w", err)
+		return Layer{}, fmt.Errorf("make the Debian layer: %w", err)
 	}
 	defer os.RemoveAll(tmp)
 	raw := filepath.Join(tmp, "rootfs.tar")
-	o.Log("mmdebstrap %s with %s (a few minutes, cached in %s)", Suite, strings.Join(Packages, " "), path)
-	args := append(mmdebstrapArgs(), "--quiet", Suite, raw)
+	o.Log("mmdebstrap %s with %s (a few minutes, cached in %s)", Suite, strings.Join(o.Packages, " "), path)
+	args := append(mmdebstrapArgs(o.Packages), "--quiet", Suite, raw)
 	args = append(args, o.Mirrors...)
 	cmd := exec.CommandContext(ctx, "mmdebstrap", args...)
 	// mmdebstrap's temporary chroot goes beside the cache, not in a small /tmp.
 	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return layer{}, fmt.Errorf("mmdebstrap %s: %w\n%s", Suite, err, out)
+		return Layer{}, fmt.Errorf("mmdebstrap %s: %w\n%s", Suite, err, out)
 	}
 	clean := filepath.Join(tmp, "layer.tar")
 	if err := containerLayer(raw, clean); err != nil {
-		return layer{}, err
+		return Layer{}, err
 	}
 	if err := os.Rename(clean, path); err != nil {
-		return layer{}, fmt.Errorf("cache the Debian layer: %w", err)
+		return Layer{}, fmt.Errorf("cache the Debian layer: %w", err)
 	}
 	return cachedLayer(path)
 }
 
 // cachedLayer describes the layer file at path (ErrNotExist when it is not
 // cached), keeping its digest beside it so a cached build hashes nothing.
-func cachedLayer(path string) (layer, error) {
+func cachedLayer(path string) (Layer, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
-		return layer{}, err
+		return Layer{}, err
 	}
 	sumPath := path + ".sha256"
 	if b, err := os.ReadFile(sumPath); err == nil {
 		if d := strings.TrimSpace(string(b)); len(d) == len("sha256:")+64 {
-			return layer{path: path, digest: d, size: fi.Size()}, nil
+			return Layer{path: path, digest: d, size: fi.Size()}, nil
 		}
 	}
 	l, err := hashLayer(path)
 	if err != nil {
-		return layer{}, err
+		return Layer{}, err
 	}
 	if err := os.WriteFile(sumPath, []byte(l.digest+"\n"), 0o644); err != nil {
-		return layer{}, fmt.Errorf("cache the layer digest: %w", err)
+		return Layer{}, fmt.Errorf("cache the layer digest: %w", err)
 	}
 	return l, nil
 }

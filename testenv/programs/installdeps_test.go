@@ -39,7 +39,7 @@ func TestInstallDepsReadsTable(t *testing.T) {
 		var want []string
 		for _, p := range tab.All() {
 			if p.Package != "" {
-				want = append(want, p.Package)
+				want = append(want, strings.Split(p.Package, ",")...)
 			}
 		}
 		slices.Sort(want)

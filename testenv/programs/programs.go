@@ -42,7 +42,7 @@ var (
 // Program is one row of the table.
 type Program struct {
 	Name    string // as the code names it: "ping", "python3"
-	Package string // the Debian package; "" when apt does not provide it
+	Package string // the Debian package, or several separated by commas; "" when apt does not provide it
 	Check   string // a sh command that succeeds when the program is usable; "" means on PATH
 	UsedBy  string // who runs it
 }
@@ -160,6 +160,9 @@ func (t *Table) Require(name string) error {
 func (p Program) installHint() string {
 	if p.Package == "" {
 		return "not from apt: " + p.UsedBy
+	}
+	if strings.Contains(p.Package, ",") {
+		return fmt.Sprintf("Debian packages %s: run %s as root", p.Package, InstallScript)
 	}
 	return fmt.Sprintf("Debian package %s: run %s as root", p.Package, InstallScript)
 }
