@@ -68,6 +68,9 @@ type Options struct {
 	// builds: the archive of Image when the caller built it, the images a
 	// test suite asks for.
 	Archives []string
+	// SandboxImage is every pod's sandbox image (cri.Config.SandboxImage),
+	// which one of Archives must hold; "" is testenv/cri's pause image.
+	SandboxImage string
 	// KubeProxy, when set, runs kube-proxy in that mode on every node (the
 	// lab's, testenv.Lab.StartKubeProxy); "" runs none.
 	KubeProxy testenv.ProxyMode
@@ -202,7 +205,8 @@ func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 		c.Nodes = append(c.Nodes, node)
 		dir := filepath.Join(c.Work, n.Name)
 		cfg := cri.Config{Dir: filepath.Join(dir, "ctd"), NetNS: testenv.NSPath(c.Lab.NodeNS(n.Name)),
-			CNIBinDir: c.Lab.CNIBinDir(n.Name), CNIConfDir: c.Lab.CNIConfDir(n.Name), Crictl: crictl}
+			CNIBinDir: c.Lab.CNIBinDir(n.Name), CNIConfDir: c.Lab.CNIConfDir(n.Name), Crictl: crictl,
+			SandboxImage: opts.SandboxImage}
 		// The reference loopback plugin beside isthmus-cni.
 		if err := cri.BuildLoopback(ctx, cfg.CNIBinDir); err != nil {
 			return c, err
