@@ -171,6 +171,9 @@ func (s *Server) StartAPIServer(ctx context.Context) error {
 		// CAFile as its client CA lets it in.
 		"--kubelet-client-certificate=" + p("kubelet-client.crt"),
 		"--kubelet-client-key=" + p("kubelet-client.key"),
+		// A kubelet by its Node's InternalIP, as kubeadm configures it: the
+		// lab's node names resolve nowhere.
+		"--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname",
 		"--v=1",
 	}
 	if s.egress != "" {
