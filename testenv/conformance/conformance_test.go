@@ -110,6 +110,7 @@ func TestSelection(t *testing.T) {
 		"[sig-network] Networking Granular Checks: Pods should function for intra-pod communication: http [NodeConformance] [Conformance]":           {true, true},
 		"[sig-network] Networking Granular Checks: Pods should function for node-pod communication: udp [LinuxOnly] [NodeConformance] [Conformance]": {true, true},
 		"[sig-network] Networking Granular Checks: Pods should function for intra-pod communication: sctp [LinuxOnly] [Feature:SCTPConnectivity]":    {false, false},
+		"[sig-network] Networking Granular Checks: Services should function for pod-Service: udp":                                                    {false, true},
 		"[sig-network] Services should serve a basic endpoint from pods [Conformance]":                                                               {false, true},
 		"[sig-network] Services should have session affinity work for NodePort service [LinuxOnly] [Conformance]":                                    {false, true},
 		"[sig-network] Services should be able to up and down services":                                                                              {false, false},
