@@ -30,6 +30,18 @@ type egressProxy struct {
 	conns map[net.Conn]struct{}
 	nodes map[netip.Addr]string // node address -> namespace
 	first string                // the first node's namespace
+	// dial opens a connection to addr from inside the network namespace ns.
+	dial func(ns, addr string) (net.Conn, error)
+}
+
+// dialIn dials addr (TCP) on a thread in the network namespace ns; the
+// socket stays there.
+func dialIn(ns, addr string) (conn net.Conn, err error) {
+	err = testenv.Do(ns, func() (err error) {
+		conn, err = net.DialTimeout("tcp", addr, 10*time.Second)
+		return err
+	})
+	return conn, err
 }
 
 // listenEgress listens on the unix socket path; serve starts answering.
@@ -39,21 +51,30 @@ func listenEgress(path string) (*egressProxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen for the API server's cluster egress: %w", err)
 	}
-	return &egressProxy{path: path, ln: ln, conns: map[net.Conn]struct{}{}, nodes: map[netip.Addr]string{}}, nil
+	return &egressProxy{path: path, ln: ln, conns: map[net.Conn]struct{}{}, nodes: map[netip.Addr]string{}, dial: dialIn}, nil
 }
 
 // serve answers CONNECT requests for the nodes of lab until close.
 func (p *egressProxy) serve(lab *testenv.Lab) {
-	p.mu.Lock()
+	nodes := map[netip.Addr]string{}
+	var first string
 	for i, n := range lab.Scenario.Nodes() {
-		p.nodes[n.Address] = lab.NodeNS(n.Name)
+		nodes[n.Address] = lab.NodeNS(n.Name)
 		if n.ExternalAddress.IsValid() {
-			p.nodes[n.ExternalAddress] = lab.NodeNS(n.Name)
+			nodes[n.ExternalAddress] = lab.NodeNS(n.Name)
 		}
 		if i == 0 {
-			p.first = lab.NodeNS(n.Name)
+			first = lab.NodeNS(n.Name)
 		}
 	}
+	p.serveNodes(nodes, first)
+}
+
+// serveNodes answers CONNECT requests until close, dialling a node address
+// in its namespace (nodes) and any other address in first.
+func (p *egressProxy) serveNodes(nodes map[netip.Addr]string, first string) {
+	p.mu.Lock()
+	p.nodes, p.first = nodes, first
 	p.mu.Unlock()
 	p.wg.Add(1)
 	go func() {
@@ -113,11 +134,7 @@ func (p *egressProxy) handle(c net.Conn) {
 		fmt.Fprintf(c, "HTTP/1.1 400 Bad Request\r\n\r\n")
 		return
 	}
-	var up net.Conn
-	err = testenv.Do(p.namespaceFor(host), func() (err error) {
-		up, err = net.DialTimeout("tcp", req.Host, 10*time.Second)
-		return err
-	})
+	up, err := p.dial(p.namespaceFor(host), req.Host)
 	if err != nil {
 		fmt.Fprintf(c, "HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\n\r\n%v\n", err)
 		return
