@@ -281,7 +281,7 @@ func (c *Cluster) WaitInstalled(ctx context.Context) error {
 			return fmt.Sprintf("node %s has label isthmus.dev/site=%q, want %q from the controller", n.Name, label, n.Site.Name)
 		})
 		if err != nil {
-			return fmt.Errorf("%w\n%s\n%s", err, PodsState(ctx, c.Client, Namespace, ControllerSelector), c.IsthmusPodLogs())
+			return fmt.Errorf("%w\n%s\n%s", err, PodsState(ctx, c.Client, Namespace, ControllerSelector), c.Diagnose(c.Nodes[0].Name))
 		}
 	}
 	var ds *appsv1.DaemonSet

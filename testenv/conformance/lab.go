@@ -32,11 +32,11 @@ type LabOptions struct {
 }
 
 // ClusterOptions returns the options of a lab cluster the suite runs
-// against: kube-proxy (iptables) on every node for the Services cases, the
-// suite's test images (SuiteImages) imported into every node's containerd,
-// its pause image the sandbox image.
-func ClusterOptions(sc *testenv.Scenario, images []string, sandbox string) cluster.Options {
-	return cluster.Options{Scenario: sc, Archives: images, SandboxImage: sandbox, KubeProxy: testenv.ProxyIPTables}
+// against: kube-proxy (iptables) on every node for the Services cases, and
+// the suite's test images (SuiteImages) imported into every node's
+// containerd. The sandboxes keep testenv/cri's pause image.
+func ClusterOptions(sc *testenv.Scenario, images []string) cluster.Options {
+	return cluster.Options{Scenario: sc, Archives: images, KubeProxy: testenv.ProxyIPTables}
 }
 
 // RunInLab builds the suite (kubebin.E2ETest, cached), brings up a lab
@@ -69,11 +69,11 @@ func RunInLab(ctx context.Context, o LabOptions) (s Summary, err error) {
 			return s, fmt.Errorf("run conformance in the lab: %w", err)
 		}
 		defer os.RemoveAll(work)
-		images, sandbox, err := SuiteImages(ctx, work, e2e)
+		images, err := SuiteImages(ctx, work, e2e)
 		if err != nil {
 			return s, err
 		}
-		copts := ClusterOptions(o.Scenario, images, sandbox)
+		copts := ClusterOptions(o.Scenario, images)
 		copts.Name, copts.Binary, copts.Work, copts.Log = o.Name, o.Binary, work, o.Log
 		c, err := cluster.Up(ctx, copts)
 		if err != nil {

@@ -36,7 +36,7 @@ func TestConformanceShort(t *testing.T) {
 		t.Fatal(err)
 	}
 	work := tempWork(t, "iscf-")
-	images, sandbox, err := conformance.SuiteImages(ctx, work, e2e)
+	images, err := conformance.SuiteImages(ctx, work, e2e)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func TestConformanceShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := conformance.ClusterOptions(sc, images, sandbox)
+	opts := conformance.ClusterOptions(sc, images)
 	opts.Work = work
 	c := upCluster(ctx, t, opts)
 	sel, err := conformance.Select(conformance.Short)
