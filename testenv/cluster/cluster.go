@@ -399,7 +399,7 @@ func (c *Cluster) IsthmusPodLogs() string {
 }
 
 // Down stops every kubelet (first: its pods' sandboxes stay with the
-// runtime), every containerd (which removes the pods, running CNI DEL),
+// runtime), removes every node's pods (CNI DEL), stops every containerd,
 // kube-controller-manager and kube-scheduler, takes the lab down (kube-proxy,
 // namespaces, pins), stops the API server and the egress proxy, and removes
 // Work if Up made it. It reports what it could not undo, and is idempotent.
@@ -410,6 +410,18 @@ func (c *Cluster) Down() error {
 		if n.Kubelet != nil {
 			errs = append(errs, n.Kubelet.Stop())
 			n.Kubelet = nil
+		}
+	}
+	// Every node's pods go before any containerd stops: each containerd
+	// removes the cgroups made since it started, which on one machine are
+	// also those of the pods of the nodes started before it.
+	for _, n := range c.Nodes {
+		if n.Containerd != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			if _, err := n.Containerd.Crictl(ctx, "rmp", "--all", "--force"); err != nil {
+				errs = append(errs, fmt.Errorf("node %s: remove pods: %w", n.Name, err))
+			}
+			cancel()
 		}
 	}
 	for i := len(c.Nodes) - 1; i >= 0; i-- {
