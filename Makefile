@@ -14,7 +14,7 @@ LDFLAGS := -X github.com/isthmus-dev/isthmus/loader/buildinfo.Release=$(VERSION)
 # Generated files that must match what `make generate` produces.
 GENERATED := bpf api deploy/crds
 
-.PHONY: all deps build image generate check-generated vet kube-binaries test test-unit fuzz bench demo lab-down clean
+.PHONY: all deps build image generate check-generated vet kube-binaries test test-unit fuzz bench demo lab-down conformance clean
 
 all: build
 
@@ -109,6 +109,15 @@ demo: deps build
 
 lab-down: build
 	$(LAB) lab down default
+
+# Kubernetes' network conformance suite (e2e.test of the lab's kube release), full
+# focus minus testenv/conformance/skip.txt, against a whole cluster of the lab
+# (CONFORMANCE_SCENARIO). Writes the JUnit report to CONFORMANCE_REPORT and prints
+# one line of passed, failed and skipped cases. docs/conformance.md.
+CONFORMANCE_SCENARIO ?= default
+CONFORMANCE_REPORT ?= conformance-report
+conformance: deps build kube-binaries
+	$(LAB) conformance --focus full --scenario $(CONFORMANCE_SCENARIO) --report $(CONFORMANCE_REPORT)
 
 clean:
 	rm -rf bin

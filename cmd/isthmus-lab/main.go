@@ -18,7 +18,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newLabCmd(), newBenchCmd())
+	root.AddCommand(newLabCmd(), newBenchCmd(), newClusterCmd(), newConformanceCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "isthmus-lab:", err)
 		os.Exit(1)

@@ -47,6 +47,11 @@ type KubeletConfig struct {
 	// nameserver, as on a cluster that has no DNS.
 	ClusterDNS    []netip.Addr
 	ClusterDomain string
+	// ClientCAFile, when set, is the CA whose client certificates the
+	// kubelet accepts on its API (port 10250): the API server's (kube.Server
+	// CAFile), for exec, logs and port-forward. Unset, the kubelet accepts
+	// no client.
+	ClientCAFile string
 }
 
 // Kubelet is a running kubelet.
@@ -260,6 +265,8 @@ authentication:
     enabled: false
   webhook:
     enabled: false
+  x509:
+    clientCAFile: %s
 authorization:
   mode: AlwaysAllow
 readOnlyPort: 0
@@ -277,7 +284,7 @@ localStorageCapacityIsolation: false
 oomScoreAdj: 0
 nodeStatusUpdateFrequency: 2s
 syncFrequency: 10s
-`, q(ep), q(ep), q(filepath.Join(cfg.Dir, "pod-logs")), kubeletHealthzPort) + clusterDNSYAML(cfg)
+`, q(ep), q(ep), q(filepath.Join(cfg.Dir, "pod-logs")), q(cfg.ClientCAFile), kubeletHealthzPort) + clusterDNSYAML(cfg)
 }
 
 // clusterDNSYAML is the KubeletConfiguration's clusterDNS and clusterDomain

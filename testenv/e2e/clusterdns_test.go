@@ -21,6 +21,7 @@ import (
 
 	"github.com/isthmus-dev/isthmus/loader/ipam"
 	"github.com/isthmus-dev/isthmus/testenv"
+	"github.com/isthmus-dev/isthmus/testenv/cluster"
 	"github.com/isthmus-dev/isthmus/testenv/clusterdns"
 	"github.com/isthmus-dev/isthmus/testenv/cri"
 	"github.com/isthmus-dev/isthmus/testenv/kube"
@@ -139,7 +140,7 @@ func TestClusterDNS(t *testing.T) {
 	diag := func(node string) string {
 		return fmt.Sprintf("kubelet %s log:\n%s\ncontainerd log:\n%s\nkube-controller-manager log:\n%s\nkube-scheduler log:\n%s\n%s\nCoreDNS logs:\n%s",
 			node, kubelets[node].LogTail(), nodes[node].cd.LogTail(), srv.LogTail("kube-controller-manager.log", 20),
-			srv.LogTail("kube-scheduler.log", 20), podsStateIn(ctx, cs, clusterdns.Namespace, "k8s-app=kube-dns"), podLogs(rt.dir, clusterdns.Namespace))
+			srv.LogTail("kube-scheduler.log", 20), cluster.PodsState(ctx, cs, clusterdns.Namespace, "k8s-app=kube-dns"), podLogs(rt.dir, clusterdns.Namespace))
 	}
 	t.Logf("lab with control plane and kube-proxy after %s; containerds and kubelets on a1 and b1, Nodes Ready, after %s",
 		labReady.Sub(start).Round(time.Millisecond), time.Since(labReady).Round(time.Millisecond))
@@ -216,8 +217,8 @@ func TestClusterDNS(t *testing.T) {
 	}
 	var dnsIPs []string
 	for _, p := range dnsPods.Items {
-		if p.Spec.NodeName != "b1" || !podReady(&p) {
-			t.Errorf("CoreDNS pod %s on %q, Ready %v; want Ready on b1", p.Name, p.Spec.NodeName, podReady(&p))
+		if p.Spec.NodeName != "b1" || !cluster.PodReady(&p) {
+			t.Errorf("CoreDNS pod %s on %q, Ready %v; want Ready on b1", p.Name, p.Spec.NodeName, cluster.PodReady(&p))
 		}
 		dnsIPs = append(dnsIPs, p.Status.PodIP)
 	}

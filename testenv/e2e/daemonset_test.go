@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -28,18 +27,15 @@ import (
 	"github.com/isthmus-dev/isthmus/loader/datapath"
 	"github.com/isthmus-dev/isthmus/loader/ipam"
 	"github.com/isthmus-dev/isthmus/testenv"
+	"github.com/isthmus-dev/isthmus/testenv/cluster"
 	"github.com/isthmus-dev/isthmus/testenv/cri"
 	isthmusimage "github.com/isthmus-dev/isthmus/testenv/image"
-	"github.com/isthmus-dev/isthmus/testenv/kube/kubebin"
 )
-
-// isthmusNamespace is deploy/'s namespace.
-const isthmusNamespace = "isthmus-system"
 
 // TestDaemonSetInstall: isthmus installed, upgraded and removed as
 // docs/install.md says, on real
-// kubelets. A Kubernetes-mode lab (the default scenario's four nodes in two
-// sites) starts no agent of its own; kube-controller-manager and
+// kubelets. A whole cluster (testenv/cluster): a Kubernetes-mode lab (the
+// default scenario's four nodes in two sites) starts no agent of its own; kube-controller-manager and
 // kube-scheduler run beside its API server, and every node runs a private
 // containerd and a kubelet. deploy/ is rendered by kustomize through the
 // lab's overlay (testenv.Lab.DeployOverlay: the image, the per-node pin and
@@ -50,7 +46,8 @@ const isthmusNamespace = "isthmus-system"
 // on every node and become Ready (the kubelet's readiness probe on /readyz);
 // each agent installs the CNI plugin and conflist, so every Node becomes
 // Ready; Pods created through the API on every node get addresses in their
-// node's podCIDR through the plugin; and each pod reaches every pod of the
+// node's podCIDR through the plugin; kubectl exec into a pod and kubectl
+// logs of the agents work through the API server; and each pod reaches every pod of the
 // other site by ICMP, TCP and UDP, each side seeing the other's own address,
 // as GENEVE on the underlay. A rolling update to a second build of the
 // image, while a1's pod streams 200 datagrams a second to b1's pod and back,
@@ -64,24 +61,16 @@ func TestDaemonSetInstall(t *testing.T) {
 	requireSetup(t)
 	start := time.Now()
 	// The first run on a machine builds kube-apiserver, kubelet, crictl,
-	// kube-controller-manager and kube-scheduler.
+	// kubectl, kube-controller-manager and kube-scheduler.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	kubelet, err := kubebin.Kubelet(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kcmBin, schedBin, err := kubebin.ControlPlane(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt := newRuntimeWork(ctx, t, "isds-")
 	// Two builds of the image (make image's builder), versions lab1 and
 	// lab2, for the rolling update.
 	const image, image2 = "isthmus:lab1", "isthmus:lab2"
+	work := tempWork(t, "isds-")
 	var imageTars []string
 	for _, v := range []string{"lab1", "lab2"} {
-		a, err := isthmusimage.Build(ctx, isthmusimage.Options{Version: v, Out: filepath.Join(rt.dir, "isthmus-"+v+".oci.tar"), Log: t.Logf})
+		a, err := isthmusimage.Build(ctx, isthmusimage.Options{Version: v, Out: filepath.Join(work, "isthmus-"+v+".oci.tar"), Log: t.Logf})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -91,142 +80,33 @@ func TestDaemonSetInstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := upLab(ctx, t, sc, testenv.Options{Source: testenv.SourceKube, NoAgents: true})
-	srv := l.Kube()
-	cs, err := kubernetes.NewForConfig(srv.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	kcm, sched, err := srv.StartControlPlane(kcmBin, schedBin)
-	t.Cleanup(func() {
-		if err := sched.Stop(); err != nil {
-			t.Error(err)
-		}
-		if err := kcm.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	labReady := time.Now()
-
-	nodes := map[string]*runtimeNode{}
-	kubelets := map[string]*cri.Kubelet{}
+	// The whole cluster, isthmus installed from deploy/ through the lab's
+	// overlay with kubectl apply -k, as docs/install.md says: Up returns
+	// once the controller, running from its Deployment, has labelled every
+	// Node with its Site, one agent pod per node is Ready (the kubelet's
+	// readiness probe on /readyz), the controller's Deployment is ready, and
+	// every Node is Ready (each agent installed the CNI plugin and conflist).
+	c := upCluster(ctx, t, cluster.Options{Scenario: sc, Work: work, Image: image, Archives: imageTars})
+	l, cs := c.Lab, c.Client
 	var names []string
-	for _, n := range sc.Nodes() {
+	nodes := map[string]*runtimeNode{}
+	for _, n := range c.Nodes {
 		names = append(names, n.Name)
 		if len(n.PodCIDRs) != 1 {
 			t.Fatalf("node %s has podCIDRs %v, want one", n.Name, n.PodCIDRs)
 		}
-		dir := filepath.Join(rt.dir, n.Name)
-		rn := &runtimeNode{name: n.Name, ipam: ipam.Store{Dir: l.IPAMDir(n.Name)}, net: n.PodCIDRs[0]}
-		nodes[n.Name] = rn
-		rn.cd = startNodeRuntime(ctx, t, l, n.Name, cri.Config{Dir: filepath.Join(dir, "ctd"),
-			CNIBinDir: l.CNIBinDir(n.Name), CNIConfDir: l.CNIConfDir(n.Name), Crictl: rt.crictl}, rt.pause, rt.probe, imageTars[0], imageTars[1])
-		kl, err := cri.StartKubelet(ctx, cri.KubeletConfig{Dir: filepath.Join(dir, "kubelet"), NetNS: testenv.NSPath(l.NodeNS(n.Name)),
-			NodeName: n.Name, NodeIP: n.Address, Kubeconfig: l.Kubeconfig(), Runtime: rn.cd, Binary: kubelet})
-		if kl != nil {
-			kubelets[n.Name] = kl
-			// Before the runtime's cleanup (last first): the kubelet stops
-			// first, and the agents' pods go with the runtime.
-			t.Cleanup(func() {
-				if err := kl.Stop(); err != nil {
-					t.Error(err)
-				}
-			})
-		}
-		if err != nil {
-			t.Fatal(err)
+		nodes[n.Name] = &runtimeNode{name: n.Name, ipam: ipam.Store{Dir: l.IPAMDir(n.Name)}, net: n.PodCIDRs[0], cd: n.Containerd}
+		// The agent pod's pins are where the overlay put them: the node's own.
+		if _, err := os.Stat(filepath.Join(l.PinDir(n.Name), "routes")); err != nil {
+			t.Errorf("node %s: the agent pod's pins are not in %s: %v", n.Name, l.PinDir(n.Name), err)
 		}
 	}
-	diag := func(node string) string {
-		return fmt.Sprintf("kubelet %s log:\n%s\ncontainerd log:\n%s\nkube-controller-manager log:\n%s\nkube-scheduler log:\n%s\n%s",
-			node, kubelets[node].LogTail(), nodes[node].cd.LogTail(),
-			srv.LogTail("kube-controller-manager.log", 20), srv.LogTail("kube-scheduler.log", 20), isthmusPodLogs(rt.dir))
+	diag := c.Diagnose
+	overlay := c.OverlayDir()
+	kubectl := func(args ...string) error {
+		_, err := c.Kubectl(ctx, args...)
+		return err
 	}
-	t.Logf("lab on the API server with kube-controller-manager and kube-scheduler after %s; %d containerds and kubelets after %s",
-		labReady.Sub(start).Round(time.Millisecond), len(names), time.Since(labReady).Round(time.Millisecond))
-
-	// The install, as docs/install.md says: kubectl apply -k, of deploy/
-	// through the lab's overlay.
-	installStart := time.Now()
-	overlay := filepath.Join(rt.dir, "overlay")
-	if err := l.DeployOverlay(overlay, image); err != nil {
-		t.Fatal(err)
-	}
-	kubectl := kubectlFor(ctx, t, l.Kubeconfig())
-	if err := kubectl("apply", "-k", overlay); err != nil {
-		t.Fatal(err)
-	}
-	// The controller labels the Nodes (the agents' pods need the label).
-	for _, n := range sc.Nodes() {
-		err := poll(ctx, 2*time.Minute, func() (bool, error) {
-			node, err := cs.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
-			return err == nil && node.Labels["isthmus.dev/site"] == n.Site.Name, nil
-		}, func() string {
-			return fmt.Sprintf("node %s has no label isthmus.dev/site=%s from the controller", n.Name, n.Site.Name)
-		})
-		if err != nil {
-			t.Fatalf("%v\n%s\n%s", err, controllerState(ctx, cs), isthmusPodLogs(rt.dir))
-		}
-	}
-	var ds *appsv1.DaemonSet
-	err = poll(ctx, 3*time.Minute, func() (bool, error) {
-		ds, err = cs.AppsV1().DaemonSets(isthmusNamespace).Get(ctx, "isthmus-agent", metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		st := ds.Status
-		return st.DesiredNumberScheduled == int32(len(names)) && st.NumberReady == st.DesiredNumberScheduled &&
-			st.UpdatedNumberScheduled == st.DesiredNumberScheduled, nil
-	}, func() string { return fmt.Sprintf("DaemonSet isthmus-agent status %+v", ds.Status) })
-	if err != nil {
-		t.Fatalf("%v\n%s\n%s", err, agentPodsState(ctx, cs), diag(names[0]))
-	}
-	// One Ready agent pod on each node, started by that node's kubelet.
-	agents, err := cs.CoreV1().Pods(isthmusNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=isthmus-agent"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	onNode := map[string]int{}
-	for _, p := range agents.Items {
-		if podReady(&p) {
-			onNode[p.Spec.NodeName]++
-		}
-	}
-	for _, n := range names {
-		if onNode[n] != 1 {
-			t.Errorf("node %s has %d Ready agent pods, want 1 (%v)", n, onNode[n], onNode)
-		}
-		// The agent's pins are where the overlay put them: the node's own.
-		if _, err := os.Stat(filepath.Join(l.PinDir(n), "routes")); err != nil {
-			t.Errorf("node %s: the agent pod's pins are not in %s: %v", n, l.PinDir(n), err)
-		}
-	}
-	var dep *appsv1.Deployment
-	err = poll(ctx, 2*time.Minute, func() (bool, error) {
-		dep, err = cs.AppsV1().Deployments(isthmusNamespace).Get(ctx, "isthmus-controller", metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		return dep.Status.ReadyReplicas == *dep.Spec.Replicas, nil
-	}, func() string { return fmt.Sprintf("Deployment isthmus-controller status %+v", dep.Status) })
-	if err != nil {
-		t.Fatalf("%v\n%s", err, controllerState(ctx, cs))
-	}
-	// With the conflist in place each runtime reports its network ready and
-	// each kubelet its Node Ready.
-	for _, n := range names {
-		if err := nodes[n].cd.WaitNetworkReady(ctx, 30*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		if err := waitNodeReady(ctx, cs, n, time.Minute); err != nil {
-			t.Fatalf("%v\n%s", err, diag(n))
-		}
-	}
-	t.Logf("installed from deploy/: Nodes labelled by the controller, %d agent pods Ready, controller Deployment ready, Nodes Ready, after %s",
-		len(names), time.Since(installStart).Round(time.Millisecond))
 
 	// Pods through the API on every node.
 	podsStart := time.Now()
@@ -266,6 +146,22 @@ func TestDaemonSetInstall(t *testing.T) {
 		pods = append(pods, runPod{node: n.Name, site: n.Site.Name, pod: p, container: c})
 	}
 	t.Logf("%d Pods Running with addresses from the plugin after %s", len(pods), time.Since(podsStart).Round(time.Millisecond))
+
+	// kubectl exec and logs go from the API server to the kubelets, through
+	// the cluster's egress proxy into the node namespaces, as on a real
+	// cluster: the probe in a1's pod answers from b1's pod, and the agents'
+	// logs come back.
+	byNode := map[string]runPod{}
+	for _, p := range pods {
+		byNode[p.node] = p
+	}
+	if out, err := c.Kubectl(ctx, "exec", "-n", kubeletNamespace, "web-a1", "-c", "probe", "--", "/probe", "ping", byNode["b1"].pod.IP); err != nil ||
+		out != "reply from "+byNode["b1"].pod.IP+"\n" {
+		t.Errorf("kubectl exec web-a1 -- /probe ping %s = %q, %v; want a reply", byNode["b1"].pod.IP, out, err)
+	}
+	if out, err := c.Kubectl(ctx, "logs", "-n", cluster.Namespace, "daemonset/isthmus-agent", "--tail=1"); err != nil || strings.TrimSpace(out) == "" {
+		t.Errorf("kubectl logs daemonset/isthmus-agent = %q, %v; want its last line", out, err)
+	}
 
 	// Across the sites, every pair both ways, while a1's underlay port is
 	// captured: ICMP, TCP and UDP, each answer naming the asking pod.
@@ -339,7 +235,7 @@ func TestDaemonSetInstall(t *testing.T) {
 		}
 	}
 	rollStart := time.Now()
-	before, err := cs.CoreV1().Pods(isthmusNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=isthmus-agent"})
+	before, err := cs.CoreV1().Pods(cluster.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=isthmus-agent"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,6 +244,7 @@ func TestDaemonSetInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * time.Second)
+	var ds *appsv1.DaemonSet
 	if err := l.DeployOverlay(overlay, image2); err != nil {
 		t.Fatal(err)
 	}
@@ -355,7 +252,7 @@ func TestDaemonSetInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = poll(ctx, 5*time.Minute, func() (bool, error) {
-		ds, err = cs.AppsV1().DaemonSets(isthmusNamespace).Get(ctx, "isthmus-agent", metav1.GetOptions{})
+		ds, err = cs.AppsV1().DaemonSets(cluster.Namespace).Get(ctx, "isthmus-agent", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -367,9 +264,9 @@ func TestDaemonSetInstall(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	sent, echoed, missing := stream.stop()
 	if err != nil {
-		t.Fatalf("%v\n%s", err, agentPodsState(ctx, cs))
+		t.Fatalf("%v\n%s", err, cluster.PodsState(ctx, cs, cluster.Namespace, cluster.AgentSelector))
 	}
-	after, err := cs.CoreV1().Pods(isthmusNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=isthmus-agent"})
+	after, err := cs.CoreV1().Pods(cluster.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=isthmus-agent"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,9 +275,9 @@ func TestDaemonSetInstall(t *testing.T) {
 		old[string(p.UID)] = true
 	}
 	for _, p := range after.Items {
-		if old[string(p.UID)] || p.Spec.Containers[0].Image != image2 || !podReady(&p) {
+		if old[string(p.UID)] || p.Spec.Containers[0].Image != image2 || !cluster.PodReady(&p) {
 			t.Errorf("after the rollout agent pod %s on %s: image %s, Ready %v, replaced %v", p.Name, p.Spec.NodeName,
-				p.Spec.Containers[0].Image, podReady(&p), !old[string(p.UID)])
+				p.Spec.Containers[0].Image, cluster.PodReady(&p), !old[string(p.UID)])
 		}
 	}
 	t.Logf("rolling update of %d agents to %s in %s; a1 -> b1 pod stream: %d datagrams sent, %d echoed", len(after.Items), image2,
@@ -415,10 +312,10 @@ func TestDaemonSetInstall(t *testing.T) {
 	if err := kubectl("delete", "-k", overlay, "--wait=false"); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitNamespaceGone(ctx, cs, isthmusNamespace, 3*time.Minute); err != nil {
-		t.Fatalf("%v\n%s", err, agentPodsState(ctx, cs))
+	if err := waitNamespaceGone(ctx, cs, cluster.Namespace, 3*time.Minute); err != nil {
+		t.Fatalf("%v\n%s", err, cluster.PodsState(ctx, cs, cluster.Namespace, cluster.AgentSelector))
 	}
-	uninstall := filepath.Join(rt.dir, "uninstall")
+	uninstall := filepath.Join(work, "uninstall")
 	if err := l.UninstallOverlay(uninstall, image2); err != nil {
 		t.Fatal(err)
 	}
@@ -433,7 +330,7 @@ func TestDaemonSetInstall(t *testing.T) {
 		return ds.Status.DesiredNumberScheduled == int32(len(names)) && ds.Status.NumberReady == int32(len(names)), nil
 	}, func() string { return fmt.Sprintf("DaemonSet isthmus-uninstall status %+v", ds.Status) })
 	if err != nil {
-		t.Fatalf("%v\n%s", err, podsStateIn(ctx, cs, "isthmus-uninstall", "app.kubernetes.io/name=isthmus-uninstall"))
+		t.Fatalf("%v\n%s", err, cluster.PodsState(ctx, cs, "isthmus-uninstall", "app.kubernetes.io/name=isthmus-uninstall"))
 	}
 	if err := kubectl("delete", "-k", uninstall, "--wait=false"); err != nil {
 		t.Fatal(err)
@@ -446,72 +343,6 @@ func TestDaemonSetInstall(t *testing.T) {
 	}
 	t.Logf("removed (delete, uninstall DaemonSet, its deletion) in %s; every node clean", time.Since(removeStart).Round(time.Millisecond))
 	t.Logf("TestDaemonSetInstall took %s", time.Since(start).Round(time.Millisecond))
-}
-
-// isthmusPodLogs returns the tail of every log the kubelets under work
-// keep of the containers of isthmus-system and isthmus-uninstall pods.
-func isthmusPodLogs(work string) string {
-	var b strings.Builder
-	for _, ns := range []string{"isthmus-system", "isthmus-uninstall"} {
-		logs, _ := filepath.Glob(filepath.Join(work, "*", "kubelet", "pod-logs", ns+"_*", "*", "*.log"))
-		for _, f := range logs {
-			fmt.Fprintf(&b, "container log %s:\n%s\n", strings.TrimPrefix(f, work), tailFile(f))
-		}
-	}
-	return b.String()
-}
-
-// podReady reports whether the Pod's Ready condition is True.
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
-// agentPodsState describes the agent pods, for a failure message.
-func agentPodsState(ctx context.Context, cs kubernetes.Interface) string {
-	return podsState(ctx, cs, "app.kubernetes.io/name=isthmus-agent")
-}
-
-// controllerState describes the controller's pods, for a failure message.
-func controllerState(ctx context.Context, cs kubernetes.Interface) string {
-	return podsState(ctx, cs, "app.kubernetes.io/name=isthmus-controller")
-}
-
-func podsState(ctx context.Context, cs kubernetes.Interface, selector string) string {
-	return podsStateIn(ctx, cs, isthmusNamespace, selector)
-}
-
-// podsStateIn describes the pods of a namespace a selector picks: phase,
-// conditions, and each container's state and last exit.
-func podsStateIn(ctx context.Context, cs kubernetes.Interface, namespace, selector string) string {
-	list, err := cs.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
-	if err != nil {
-		return err.Error()
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "%d pods %s:\n", len(list.Items), selector)
-	for _, p := range list.Items {
-		fmt.Fprintf(&b, "  %s on %q: %s", p.Name, p.Spec.NodeName, p.Status.Phase)
-		for _, c := range p.Status.Conditions {
-			fmt.Fprintf(&b, " %s=%s(%s)", c.Type, c.Status, c.Message)
-		}
-		for _, c := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
-			fmt.Fprintf(&b, " [%s ready=%v restarts=%d", c.Name, c.Ready, c.RestartCount)
-			if w := c.State.Waiting; w != nil {
-				fmt.Fprintf(&b, " waiting %s: %s", w.Reason, w.Message)
-			}
-			if x := c.LastTerminationState.Terminated; x != nil {
-				fmt.Fprintf(&b, " last exit %d %s: %s", x.ExitCode, x.Reason, x.Message)
-			}
-			b.WriteString("]")
-		}
-		b.WriteString("\n")
-	}
-	return b.String()
 }
 
 // udpStream is a UDP stream from a test socket in a pod's network namespace to
@@ -632,25 +463,6 @@ func head(s []int, n int) []int {
 		return s[:n]
 	}
 	return s
-}
-
-// kubectlFor returns a function that runs the real kubectl (built from the
-// module proxy at the API server's release, kubebin) against kubeconfig, the
-// way an operator installs and removes isthmus.
-func kubectlFor(ctx context.Context, t *testing.T, kubeconfig string) func(args ...string) error {
-	t.Helper()
-	bin, err := kubebin.Kubectl(ctx)
-	if err != nil {
-		t.Fatalf("kubectl: %v", err)
-	}
-	return func(args ...string) error {
-		out, err := exec.CommandContext(ctx, bin, append([]string{"--kubeconfig", kubeconfig}, args...)...).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("kubectl %s: %w\n%s", strings.Join(args, " "), err, out)
-		}
-		t.Logf("kubectl %s:\n%s", strings.Join(args, " "), out)
-		return nil
-	}
 }
 
 // waitNamespaceGone waits until the namespace is gone from the API (its

@@ -19,6 +19,7 @@ import (
 	"github.com/isthmus-dev/isthmus/loader/cniinstall"
 	"github.com/isthmus-dev/isthmus/loader/ipam"
 	"github.com/isthmus-dev/isthmus/testenv"
+	"github.com/isthmus-dev/isthmus/testenv/cluster"
 	"github.com/isthmus-dev/isthmus/testenv/cri"
 	isthmusimage "github.com/isthmus-dev/isthmus/testenv/image"
 	"github.com/isthmus-dev/isthmus/testenv/kube/kubebin"
@@ -154,7 +155,7 @@ func TestOtherCNISite(t *testing.T) {
 	}
 	var ds *appsv1.DaemonSet
 	err = poll(ctx, 4*time.Minute, func() (bool, error) {
-		ds, err = cs.AppsV1().DaemonSets(isthmusNamespace).Get(ctx, "isthmus-agent", metav1.GetOptions{})
+		ds, err = cs.AppsV1().DaemonSets(cluster.Namespace).Get(ctx, "isthmus-agent", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -345,7 +346,7 @@ func TestOtherCNISite(t *testing.T) {
 	if err := kubectl("delete", "-k", overlay, "--wait=false"); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitNamespaceGone(ctx, cs, isthmusNamespace, 3*time.Minute); err != nil {
+	if err := waitNamespaceGone(ctx, cs, cluster.Namespace, 3*time.Minute); err != nil {
 		t.Fatalf("%v\n%s", err, agentPodsState(ctx, cs))
 	}
 }

@@ -18,9 +18,11 @@ import (
 )
 
 // writeCredentials writes into the server's directory a CA and a serving
-// certificate for 127.0.0.1 and localhost signed by it, the service-account
-// key pair, the token file with the admin token (group system:masters) and the
-// admin kubeconfig.
+// certificate for 127.0.0.1 and localhost signed by it, the client
+// certificate the API server presents to kubelets (kubelet-client.crt, group
+// system:masters; a kubelet trusts it with CAFile as its x509 client CA), the
+// service-account key pair, the token file with the admin token (group
+// system:masters) and the admin kubeconfig.
 func (s *Server) writeCredentials() error {
 	if err := os.MkdirAll(filepath.Join(s.dir, "certs"), 0o700); err != nil {
 		return fmt.Errorf("create cert dir: %w", err)
@@ -68,6 +70,25 @@ func (s *Server) writeCredentials() error {
 	if err != nil {
 		return fmt.Errorf("create serving certificate: %w", err)
 	}
+	kcKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fmt.Errorf("generate kubelet client key: %w", err)
+	}
+	kcDER, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: big.NewInt(3),
+		Subject:      pkix.Name{CommonName: "kube-apiserver-kubelet-client", Organization: []string{"system:masters"}},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(7 * 24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, ca, &kcKey.PublicKey, caKey)
+	if err != nil {
+		return fmt.Errorf("create kubelet client certificate: %w", err)
+	}
+	kcKeyDER, err := x509.MarshalECPrivateKey(kcKey)
+	if err != nil {
+		return fmt.Errorf("encode kubelet client key: %w", err)
+	}
 	saKey, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
 		return fmt.Errorf("generate service-account key: %w", err)
@@ -91,13 +112,15 @@ func (s *Server) writeCredentials() error {
 		return err
 	}
 	files := map[string][]byte{
-		"ca.crt":      s.caPEM,
-		"serving.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srvDER}),
-		"serving.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: srvKeyDER}),
-		"sa.key":      pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(saKey)}),
-		"sa.pub":      pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPub}),
-		"tokens.csv":  []byte(fmt.Sprintf("%s,%s,%s,\"system:masters\"\n", s.token, AdminUser, AdminUser)),
-		"kubeconfig":  kubeconfig,
+		"ca.crt":             s.caPEM,
+		"serving.crt":        pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srvDER}),
+		"serving.key":        pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: srvKeyDER}),
+		"kubelet-client.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: kcDER}),
+		"kubelet-client.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kcKeyDER}),
+		"sa.key":             pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(saKey)}),
+		"sa.pub":             pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: saPub}),
+		"tokens.csv":         []byte(fmt.Sprintf("%s,%s,%s,\"system:masters\"\n", s.token, AdminUser, AdminUser)),
+		"kubeconfig":         kubeconfig,
 	}
 	for name, data := range files {
 		if err := os.WriteFile(filepath.Join(s.dir, name), data, 0o600); err != nil {

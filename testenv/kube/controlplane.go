@@ -25,6 +25,14 @@ var ControllerManagerControllers = []string{
 	"node-lifecycle-controller",
 }
 
+// ClusterControllers are the kube-controller-manager controllers of a whole
+// cluster (testenv/cluster): every controller enabled by default, as a
+// kubeadm cluster runs them, among them the EndpointSlice, Endpoints and
+// ReplicationController controllers Services and the conformance suite need.
+// The node IPAM controller allocates nothing (--allocate-node-cidrs=false);
+// the cloud controllers find no cloud and stay idle.
+var ClusterControllers = []string{"*"}
+
 // StartControlPlane starts kube-controller-manager (ControllerManagerControllers)
 // and kube-scheduler against the server, on the host, with the admin
 // kubeconfig, no leader election and no serving port. Their logs are
@@ -32,12 +40,18 @@ var ControllerManagerControllers = []string{
 // directory. The binaries come from kubebin.ControlPlane. The caller stops
 // both (Process.Stop), also when the second fails to start.
 func (s *Server) StartControlPlane(controllerManager, scheduler string) (kcm, sched *Process, err error) {
+	return s.StartControlPlaneWith(controllerManager, scheduler, ControllerManagerControllers)
+}
+
+// StartControlPlaneWith is StartControlPlane running the given
+// kube-controller-manager controllers (--controllers).
+func (s *Server) StartControlPlaneWith(controllerManager, scheduler string, controllers []string) (kcm, sched *Process, err error) {
 	cfg := s.Kubeconfig()
 	kcm, err = s.spawn("kube-controller-manager", controllerManager,
 		"--kubeconfig="+cfg,
 		"--leader-elect=false",
 		"--secure-port=0",
-		"--controllers="+strings.Join(ControllerManagerControllers, ","),
+		"--controllers="+strings.Join(controllers, ","),
 		"--allocate-node-cidrs=false",
 		// The CA pods trust for the API server (kube-root-ca.crt).
 		"--root-ca-file="+filepath.Join(s.dir, "ca.crt"),

@@ -61,6 +61,13 @@ type Options struct {
 	Log io.Writer
 	// ReadyTimeout bounds the wait for /readyz; default 2 minutes.
 	ReadyTimeout time.Duration
+	// ClusterEgress, when set, is a unix socket path: the API server sends
+	// its traffic to the cluster (kubelets for exec, logs and port-forward,
+	// and the proxy subresources of nodes, pods and Services) through an HTTP
+	// CONNECT proxy listening there (an EgressSelectorConfiguration of type
+	// cluster), which the caller serves. The lab's nodes live in network
+	// namespaces the host cannot reach; the proxy dials from inside them.
+	ClusterEgress string
 }
 
 // Server is a running etcd and kube-apiserver on 127.0.0.1. Its methods are
@@ -75,6 +82,7 @@ type Server struct {
 	caPEM     []byte
 	log       io.Writer
 	timeout   time.Duration
+	egress    string // Options.ClusterEgress
 
 	mu   sync.Mutex
 	etcd *Process
@@ -104,7 +112,7 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create server dir: %w", err)
 	}
-	s := &Server{dir: dir, apiserver: apiserver, etcdBin: etcd, log: opts.Log, timeout: opts.ReadyTimeout}
+	s := &Server{dir: dir, apiserver: apiserver, etcdBin: etcd, log: opts.Log, timeout: opts.ReadyTimeout, egress: opts.ClusterEgress}
 	if s.timeout == 0 {
 		s.timeout = 2 * time.Minute
 	}
@@ -162,24 +170,39 @@ func (s *Server) StartAPIServer(ctx context.Context) error {
 		return errors.New("start kube-apiserver: already running")
 	}
 	p := func(name string) string { return filepath.Join(s.dir, name) }
-	api, err := s.spawn("kube-apiserver", s.apiserver,
-		"--etcd-servers="+s.etcdURL,
+	args := []string{
+		"--etcd-servers=" + s.etcdURL,
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
-		"--secure-port="+strconv.Itoa(s.apiPort),
-		"--cert-dir="+p("certs"),
-		"--tls-cert-file="+p("serving.crt"),
-		"--tls-private-key-file="+p("serving.key"),
-		"--token-auth-file="+p("tokens.csv"),
+		"--secure-port=" + strconv.Itoa(s.apiPort),
+		"--cert-dir=" + p("certs"),
+		"--tls-cert-file=" + p("serving.crt"),
+		"--tls-private-key-file=" + p("serving.key"),
+		"--token-auth-file=" + p("tokens.csv"),
 		"--authorization-mode=RBAC",
-		"--service-account-key-file="+p("sa.pub"),
-		"--service-account-signing-key-file="+p("sa.key"),
+		"--service-account-key-file=" + p("sa.pub"),
+		"--service-account-signing-key-file=" + p("sa.key"),
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-cluster-ip-range="+ServiceCIDR.String(),
+		"--service-cluster-ip-range=" + ServiceCIDR.String(),
 		"--allow-privileged=true", // the agent DaemonSet is privileged
 		"--endpoint-reconciler-type=none",
+		// What it presents to kubelets (exec, logs): a kubelet that trusts
+		// CAFile as its client CA lets it in.
+		"--kubelet-client-certificate=" + p("kubelet-client.crt"),
+		"--kubelet-client-key=" + p("kubelet-client.key"),
+		// A kubelet by its Node's InternalIP, as kubeadm configures it: the
+		// lab's node names resolve nowhere.
+		"--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname",
 		"--v=1",
-	)
+	}
+	if s.egress != "" {
+		cfg := p("egress-selector.yaml")
+		if err := os.WriteFile(cfg, []byte(egressSelectorYAML(s.egress)), 0o644); err != nil {
+			return fmt.Errorf("write egress selector configuration: %w", err)
+		}
+		args = append(args, "--egress-selector-config-file="+cfg)
+	}
+	api, err := s.spawn("kube-apiserver", s.apiserver, args...)
 	if err != nil {
 		return err
 	}
@@ -228,6 +251,26 @@ func (s *Server) Port() int { return s.apiPort }
 // Dir returns the server's directory (logs apiserver.log and etcd.log,
 // certificates, kubeconfig).
 func (s *Server) Dir() string { return s.dir }
+
+// CAFile returns the path of the CA that signed the serving certificate and
+// the API server's kubelet client certificate.
+func (s *Server) CAFile() string { return filepath.Join(s.dir, "ca.crt") }
+
+// egressSelectorYAML is the EgressSelectorConfiguration that sends the API
+// server's cluster traffic through an HTTP CONNECT proxy on the unix socket
+// sock (Options.ClusterEgress).
+func egressSelectorYAML(sock string) string {
+	return fmt.Sprintf(`apiVersion: apiserver.k8s.io/v1beta1
+kind: EgressSelectorConfiguration
+egressSelections:
+- name: cluster
+  connection:
+    proxyProtocol: HTTPConnect
+    transport:
+      uds:
+        udsName: %s
+`, strconv.Quote(sock))
+}
 
 // Kubeconfig returns the path of a kubeconfig for the admin user.
 func (s *Server) Kubeconfig() string { return filepath.Join(s.dir, "kubeconfig") }
