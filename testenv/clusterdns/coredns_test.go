@@ -159,6 +159,19 @@ func TestCorefileAnswersFromAPI(t *testing.T) {
 			t.Fatalf("CoreDNS not ready after a minute:\n%s", logTail())
 		}
 	}
+	// The ready plugin answers on its own listener, which can come up before
+	// the server's UDP socket: wait until a UDP query of the zone is answered
+	// at all (seen once under load: a UDP query refused after ready said 200).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		out, err := exec.CommandContext(ctx, "dig", "@127.0.0.1", "-p", strconv.Itoa(dnsPort), "+notcp", "+tries=1", "+time=1",
+			"+noall", "+comments", "kubernetes.default.svc.cluster.local.", "A").CombinedOutput()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("CoreDNS answers no UDP query on port %d: %v\n%s\n%s", dnsPort, err, out, logTail())
+		}
+	}
 	for _, proto := range []string{"+notcp", "+tcp"} {
 		for name, want := range map[string]string{
 			"web." + ns + ".svc.cluster.local.":          "NOERROR aa " + clusterIP,
