@@ -110,7 +110,16 @@ const OtherCNIPodInterfaces = "--pod-interfaces=pod-*,cni0"
 // agent's arguments plus args, as docs/install.md's overlay adds
 // --pod-interfaces. `kubectl apply -k dir` installs it.
 func (l *Lab) DeployOperatorOverlay(dir, image string, args ...string) error {
-	if err := l.DeployOverlay(filepath.Join(dir, "lab"), image); err != nil {
+	if l.kube == nil {
+		return errors.New("deploy operator overlay: the lab is not in Kubernetes mode")
+	}
+	return writeOperatorOverlay(dir, l.Name, image, l.kube.server.Port(), args)
+}
+
+// writeOperatorOverlay is DeployOperatorOverlay for lab, image and the API
+// server's port.
+func writeOperatorOverlay(dir, lab, image string, apiPort int, args []string) error {
+	if err := writeDeployOverlay(filepath.Join(dir, "lab"), lab, image, apiPort); err != nil {
 		return err
 	}
 	var b strings.Builder
