@@ -26,7 +26,8 @@ const apiSliceManager = "isthmus-lab"
 // listens on the node's address at the API server's port (beside the one on
 // 127.0.0.1 the agents use), and an EndpointSlice of the kubernetes Service
 // lists every node's address at that port, for kube-proxy (StartKubeProxy) to
-// carry the Service to. The lab must be in SourceKube; the forwarders close
+// carry the Service to; the Service's internalTrafficPolicy is Local, so a
+// pod's connection goes to its own node's forwarder. The lab must be in SourceKube; the forwarders close
 // on Down. Calling it twice is an error.
 func (l *Lab) ServeAPIToPods(ctx context.Context) error {
 	if l.kube == nil {
@@ -61,6 +62,19 @@ func (l *Lab) ServeAPIToPods(ctx context.Context) error {
 	svc, err := cs.CoreV1().Services(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{})
 	if err != nil {
 		return fmt.Errorf("serve the API server to pods: %w", err)
+	}
+	// Each node's pods reach the API server through their own node's
+	// forwarder (internalTrafficPolicy Local; every endpoint names its
+	// node), as a cluster's pods reach its one API server from wherever
+	// they run: the lab's path to it never depends on one node reaching
+	// another, which a scenario's firewall may forbid across sites
+	// (crossSite: gateways). The API server's reconciler of the Service
+	// keeps its ports and type, not this.
+	if local := corev1.ServiceInternalTrafficPolicyLocal; svc.Spec.InternalTrafficPolicy == nil || *svc.Spec.InternalTrafficPolicy != local {
+		svc.Spec.InternalTrafficPolicy = &local
+		if svc, err = cs.CoreV1().Services(metav1.NamespaceDefault).Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("serve the API server to pods: internalTrafficPolicy Local on the kubernetes Service: %w", err)
+		}
 	}
 	var portName string
 	for _, p := range svc.Spec.Ports {

@@ -97,6 +97,42 @@ func (l *Lab) DeployOverlay(dir, image string) error {
 	return writeDeployOverlay(dir, l.Name, image, l.kube.server.Port())
 }
 
+// OtherCNIPodInterfaces is the agent's --pod-interfaces on a cluster some of
+// whose nodes run another CNI, the bridge plugin of a site that does not
+// manage the CNI (cri.BridgeCNI), besides isthmus-cni's (pod-*): the bridge
+// cni0, not its veth<hex> ports, since the pods' addresses route through
+// cni0 and pod_ingress checks a pod's source against the route back to it
+// (docs/unmanaged-sites.md, "In a cluster").
+const OtherCNIPodInterfaces = "--pod-interfaces=pod-*,cni0"
+
+// DeployOperatorOverlay writes into dir an operator's kustomization on top of
+// the lab's overlay of deploy/ (DeployOverlay, written into dir/lab): the
+// agent's arguments plus args, as docs/install.md's overlay adds
+// --pod-interfaces. `kubectl apply -k dir` installs it.
+func (l *Lab) DeployOperatorOverlay(dir, image string, args ...string) error {
+	if l.kube == nil {
+		return errors.New("deploy operator overlay: the lab is not in Kubernetes mode")
+	}
+	return writeOperatorOverlay(dir, l.Name, image, l.kube.server.Port(), args)
+}
+
+// writeOperatorOverlay is DeployOperatorOverlay for lab, image and the API
+// server's port.
+func writeOperatorOverlay(dir, lab, image string, apiPort int, args []string) error {
+	if err := writeDeployOverlay(filepath.Join(dir, "lab"), lab, image, apiPort); err != nil {
+		return err
+	}
+	var b strings.Builder
+	b.WriteString("resources: [lab]\npatches:\n- target: {kind: DaemonSet, name: isthmus-agent}\n  patch: |-\n")
+	for _, a := range args {
+		fmt.Fprintf(&b, "    - {op: add, path: /spec/template/spec/containers/0/args/-, value: %q}\n", a)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(b.String()), 0o644); err != nil {
+		return fmt.Errorf("deploy operator overlay: %w", err)
+	}
+	return nil
+}
+
 // writeDeployOverlay is DeployOverlay for lab, image and the API server's
 // port.
 func writeDeployOverlay(dir, lab, image string, apiPort int) error {

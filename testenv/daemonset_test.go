@@ -75,6 +75,53 @@ func TestDeployOverlay(t *testing.T) {
 	}
 }
 
+// TestDeployOperatorOverlay renders the operator's overlay on the lab's
+// overlay with kustomize: the agent's arguments are the lab overlay's with
+// the operator's appended, in order, and every other object is the lab
+// overlay's own.
+func TestDeployOperatorOverlay(t *testing.T) {
+	const lab, image, port = "ovl", "isthmus.test/isthmus:v1", 34567
+	dir := t.TempDir()
+	extra := []string{OtherCNIPodInterfaces, "--log-level=debug"}
+	if err := writeOperatorOverlay(filepath.Join(dir, "op"), lab, image, port, extra); err != nil {
+		t.Fatal(err)
+	}
+	got, err := kube.Kustomize(filepath.Join(dir, "op"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := kube.Kustomize(filepath.Join(dir, "op", "lab"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("operator overlay renders %d objects, the lab's %d", len(got), len(want))
+	}
+	agents := 0
+	for i := range want {
+		g, w := got[i], want[i]
+		if w.GetKind() == "DaemonSet" && w.GetName() == "isthmus-agent" {
+			agents++
+			path := []string{"spec", "template", "spec", "containers"}
+			gc, _, _ := unstructured.NestedSlice(g.Object, path...)
+			wc, _, _ := unstructured.NestedSlice(w.Object, path...)
+			ga, wa := gc[0].(map[string]any)["args"].([]any), wc[0].(map[string]any)["args"].([]any)
+			wantArgs := append(append([]any{}, wa...), extra[0], extra[1])
+			if !reflect.DeepEqual(ga, wantArgs) {
+				t.Errorf("agent args %v, want %v", ga, wantArgs)
+			}
+			gc[0].(map[string]any)["args"] = wa
+			unstructured.SetNestedSlice(g.Object, gc, path...)
+		}
+		if !reflect.DeepEqual(g.Object, w.Object) {
+			t.Errorf("%s %s differs from the lab overlay's", w.GetKind(), w.GetName())
+		}
+	}
+	if agents != 1 {
+		t.Errorf("%d agent DaemonSets rendered, want 1", agents)
+	}
+}
+
 // checkOverlayAgent compares the overlay's agent DaemonSet g with deploy/'s
 // w: the differences are exactly the lab's, and the rest is equal.
 func checkOverlayAgent(t *testing.T, l *Lab, g, w *unstructured.Unstructured, port int) {

@@ -21,6 +21,7 @@ import (
 // Kubernetes cluster in the lab (testenv/cluster).
 func newClusterCmd() *cobra.Command {
 	var scenario, binary, proxy string
+	var policy bool
 	cmd := &cobra.Command{
 		Use:   "cluster",
 		Short: "Bring up or remove a whole Kubernetes cluster in the lab, isthmus installed from deploy/",
@@ -47,7 +48,8 @@ func newClusterCmd() *cobra.Command {
 			defer cancel()
 			logf := func(format string, args ...any) { fmt.Fprintf(cmd.ErrOrStderr(), format+"\n", args...) }
 			start := time.Now()
-			c, err := cluster.Up(ctx, cluster.Options{Scenario: sc, Binary: binary, KubeProxy: mode, Log: logf})
+			c, err := cluster.Up(ctx, cluster.Options{Scenario: sc, Binary: binary, KubeProxy: mode,
+				ClusterDNS: mode != "", PolicyEngine: policy, Log: logf})
 			if err != nil {
 				return err
 			}
@@ -64,7 +66,8 @@ func newClusterCmd() *cobra.Command {
 		},
 	}
 	up.Flags().StringVar(&binary, "binary", "", "isthmus binary the lab's tools run (default: the isthmus beside this executable)")
-	up.Flags().StringVar(&proxy, "kube-proxy", string(testenv.ProxyIPTables), "kube-proxy mode on every node: iptables, nftables or none")
+	up.Flags().StringVar(&proxy, "kube-proxy", string(testenv.ProxyIPTables), "kube-proxy mode on every node: iptables, nftables or none (none: no cluster DNS either)")
+	up.Flags().BoolVar(&policy, "policy", true, "run kube-router's network policy controller on every node")
 
 	down := &cobra.Command{
 		Use:   "down",

@@ -4,8 +4,13 @@
 // tells users) and kube-scheduler, a private containerd and a kubelet on
 // every node, optionally kube-proxy on every node, and isthmus installed from
 // deploy/ through the lab's overlay with the real kubectl (`kubectl apply
-// -k`), as a user installs it. Up returns once every Node and every agent pod
-// is Ready; Down removes everything, also after a failed Up.
+// -k`), as a user installs it. Each node's CNI is its site's: the nodes of a
+// site whose Site does not manage the CNI run the reference bridge plugin
+// (cri.BridgeCNI), and the agents then get the operator's --pod-interfaces
+// for it. Optionally the cluster has what a real one has besides: a cluster
+// DNS (testenv/clusterdns) and a NetworkPolicy engine (kube-router's policy
+// controller). Up returns once every Node and every agent pod is Ready; Down
+// removes everything, also after a failed Up.
 //
 // The API server runs on the host's loopback, the kubelets in the nodes'
 // network namespaces, which the host cannot reach: the API server's traffic
@@ -18,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,6 +36,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/isthmus-dev/isthmus/testenv"
+	"github.com/isthmus-dev/isthmus/testenv/clusterdns"
 	"github.com/isthmus-dev/isthmus/testenv/cri"
 	isthmusimage "github.com/isthmus-dev/isthmus/testenv/image"
 	"github.com/isthmus-dev/isthmus/testenv/kube"
@@ -74,6 +81,18 @@ type Options struct {
 	// KubeProxy, when set, runs kube-proxy in that mode on every node (the
 	// lab's, testenv.Lab.StartKubeProxy); "" runs none.
 	KubeProxy testenv.ProxyMode
+	// ClusterDNS, when set, gives the cluster a cluster DNS as kubeadm
+	// does (testenv/clusterdns): the CoreDNS image built and imported on
+	// every node, the kubernetes Service served to pods
+	// (testenv.Lab.ServeAPIToPods), kubelets with clusterDNS
+	// kube.ClusterDNSIP and clusterDomain kube.ClusterDomain, and, once
+	// isthmus is installed, CoreDNS deployed and Ready. It needs KubeProxy.
+	ClusterDNS bool
+	// PolicyEngine, when set, runs kube-router's network policy controller
+	// on every node once isthmus is installed (testenv.Lab.StartKubeRouter),
+	// as a cluster runs a policy engine beside isthmus: the NetworkPolicy
+	// cases need one.
+	PolicyEngine bool
 	// Controllers are kube-controller-manager's --controllers; nil is
 	// kube.ClusterControllers.
 	Controllers []string
@@ -89,6 +108,9 @@ type Node struct {
 	testenv.NodeRef
 	Containerd *cri.Containerd
 	Kubelet    *cri.Kubelet
+	// Bridge is the node's CNI when its site does not manage the CNI (the
+	// reference bridge plugin); nil on a node where isthmus-cni runs.
+	Bridge *cri.BridgeCNI
 }
 
 // Cluster is a running cluster. Its fields are for reading.
@@ -121,6 +143,9 @@ type Cluster struct {
 func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if opts.Scenario == nil {
 		return nil, errors.New("cluster up: no scenario")
+	}
+	if opts.ClusterDNS && opts.KubeProxy == "" {
+		return nil, errors.New("cluster up: a cluster DNS needs kube-proxy (Options.KubeProxy)")
 	}
 	c = &Cluster{opts: opts, Work: opts.Work, Image: opts.Image}
 	defer func() {
@@ -165,6 +190,20 @@ func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 		c.Image = "isthmus:lab"
 		archives = append(archives, a.Path)
 	}
+	if opts.ClusterDNS {
+		c.logf("cluster: building the CoreDNS image")
+		a, err := clusterdns.BuildImage(ctx, c.Work)
+		if err != nil {
+			return c, err
+		}
+		archives = append(archives, a.Path)
+	}
+	var routerBin string
+	if opts.PolicyEngine {
+		if routerBin, err = kubebin.KubeRouter(ctx); err != nil {
+			return c, err
+		}
+	}
 
 	// The API server, with its cluster traffic through the proxy into the
 	// node namespaces; the lab on it, with no agents of its own.
@@ -198,8 +237,18 @@ func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err != nil {
 		return c, err
 	}
+	if opts.ClusterDNS {
+		if err := c.Lab.ServeAPIToPods(ctx); err != nil {
+			return c, err
+		}
+	}
 	labReady := time.Now()
 
+	var clusterDNS []netip.Addr
+	var clusterDomain string
+	if opts.ClusterDNS {
+		clusterDNS, clusterDomain = []netip.Addr{kube.ClusterDNSIP}, kube.ClusterDomain
+	}
 	for _, n := range opts.Scenario.Nodes() {
 		node := &Node{NodeRef: n}
 		c.Nodes = append(c.Nodes, node)
@@ -207,6 +256,16 @@ func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 		cfg := cri.Config{Dir: filepath.Join(dir, "ctd"), NetNS: testenv.NSPath(c.Lab.NodeNS(n.Name)),
 			CNIBinDir: c.Lab.CNIBinDir(n.Name), CNIConfDir: c.Lab.CNIConfDir(n.Name), Crictl: crictl,
 			SandboxImage: opts.SandboxImage}
+		if !n.Site.ManagesCNI() {
+			// A node of another CNI, as it is before isthmus comes.
+			mtu := opts.Scenario.Underlay.MTU
+			if mtu == 0 {
+				mtu = 1500
+			}
+			node.Bridge = &cri.BridgeCNI{Subnet: n.PodCIDRs[0], MTU: mtu - testenv.GeneveOverhead, IPMasq: true,
+				DataDir: filepath.Join(dir, "host-local")}
+			cfg.Bridge = node.Bridge
+		}
 		// The reference loopback plugin beside isthmus-cni.
 		if err := cri.BuildLoopback(ctx, cfg.CNIBinDir); err != nil {
 			return c, err
@@ -222,7 +281,7 @@ func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 		}
 		node.Kubelet, err = cri.StartKubelet(ctx, cri.KubeletConfig{Dir: filepath.Join(dir, "kubelet"), NetNS: cfg.NetNS,
 			NodeName: n.Name, NodeIP: n.Address, Kubeconfig: c.Lab.Kubeconfig(), Runtime: node.Containerd, Binary: kubelet,
-			ClientCAFile: c.Server.CAFile()})
+			ClientCAFile: c.Server.CAFile(), ClusterDNS: clusterDNS, ClusterDomain: clusterDomain})
 		if err != nil {
 			return c, fmt.Errorf("node %s: %w", n.Name, err)
 		}
@@ -240,7 +299,30 @@ func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err := c.Install(ctx); err != nil {
 		return c, err
 	}
+	if opts.PolicyEngine {
+		c.logf("cluster: kube-router's network policy controller on every node")
+		if err := c.Lab.StartKubeRouter(ctx, routerBin); err != nil {
+			return c, err
+		}
+	}
+	if opts.ClusterDNS {
+		c.logf("cluster: CoreDNS")
+		if err := clusterdns.DeployClusterDNS(ctx, c.Server.RESTConfig(), clusterdns.Config{}, 3*time.Minute); err != nil {
+			return c, fmt.Errorf("%w\n%s", err, PodsState(ctx, c.Client, clusterdns.Namespace, "k8s-app=kube-dns"))
+		}
+	}
 	return c, nil
+}
+
+// otherCNI reports whether a node of the cluster runs another CNI than
+// isthmus.
+func (c *Cluster) otherCNI() bool {
+	for _, n := range c.Nodes {
+		if n.Bridge != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // OverlayDir is where Install writes the lab's overlay of deploy/.
@@ -251,11 +333,19 @@ func (c *Cluster) OverlayDir() string { return filepath.Join(c.Work, "overlay") 
 func (c *Cluster) Kubeconfig() string { return c.Lab.Kubeconfig() }
 
 // Install installs isthmus as docs/install.md says: deploy/ through the
-// lab's overlay (testenv.Lab.DeployOverlay, with c.Image), `kubectl apply
-// -k`; then it waits as Up says.
+// lab's overlay (testenv.Lab.DeployOverlay, with c.Image) or, when a node
+// runs another CNI, through an operator's overlay on it that adds
+// testenv.OtherCNIPodInterfaces (testenv.Lab.DeployOperatorOverlay); `kubectl
+// apply -k`; then it waits as Up says.
 func (c *Cluster) Install(ctx context.Context) error {
 	c.installStart = time.Now()
-	if err := c.Lab.DeployOverlay(c.OverlayDir(), c.Image); err != nil {
+	var err error
+	if c.otherCNI() {
+		err = c.Lab.DeployOperatorOverlay(c.OverlayDir(), c.Image, testenv.OtherCNIPodInterfaces)
+	} else {
+		err = c.Lab.DeployOverlay(c.OverlayDir(), c.Image)
+	}
+	if err != nil {
 		return err
 	}
 	if _, err := c.Kubectl(ctx, "apply", "-k", c.OverlayDir()); err != nil {

@@ -32,11 +32,14 @@ type LabOptions struct {
 }
 
 // ClusterOptions returns the options of a lab cluster the suite runs
-// against: kube-proxy (iptables) on every node for the Services cases, and
+// against, with what a real cluster has: kube-proxy (iptables) on every
+// node for the Services cases, a cluster DNS for the DNS cases and the
+// suite's lookups of Service names, kube-router's policy controller for the
+// NetworkPolicy cases, each node's CNI as its site has it (cluster.Up), and
 // the suite's test images (SuiteImages) imported into every node's
 // containerd. The sandboxes keep testenv/cri's pause image.
 func ClusterOptions(sc *testenv.Scenario, images []string) cluster.Options {
-	return cluster.Options{Scenario: sc, Archives: images, KubeProxy: testenv.ProxyIPTables}
+	return cluster.Options{Scenario: sc, Archives: images, KubeProxy: testenv.ProxyIPTables, ClusterDNS: true, PolicyEngine: true}
 }
 
 // RunInLab builds the suite (kubebin.E2ETest, cached), brings up a lab

@@ -19,7 +19,8 @@ const shortCases = 4
 // TestConformanceShort: Kubernetes' own network conformance suite (e2e.test
 // of the lab's kube release, unmodified), short focus ("Networking Granular
 // Checks"), passes on a whole cluster of the default scenario, two managed
-// sites meshed (testenv/cluster: kube-proxy on every node, the suite's test
+// sites meshed (testenv/cluster as conformance.ClusterOptions has it:
+// kube-proxy, CoreDNS and kube-router's policy controller, the suite's test
 // images imported, isthmus installed from deploy/). The Granular Checks
 // start a pod on every node and probe every pair, so half the pairs cross
 // the sites through isthmus. The test fails if any case fails, the suite

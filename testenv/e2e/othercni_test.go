@@ -25,28 +25,6 @@ import (
 	"github.com/isthmus-dev/isthmus/testenv/kube/kubebin"
 )
 
-// otherCNIPodInterfaces is the agent's --pod-interfaces on a cluster whose
-// nodes run isthmus-cni (pod-*) or the bridge plugin: the bridge cni0, not
-// its veth<hex> ports, since the pods' addresses route through cni0 and
-// pod_ingress checks a pod's source against the route back to it
-// (docs/unmanaged-sites.md, "In a cluster").
-const otherCNIPodInterfaces = "--pod-interfaces=pod-*,cni0"
-
-// writeOperatorOverlay writes into dir an operator's kustomization on top of
-// the lab's overlay of deploy/ (in dir/lab): the agent's arguments plus
-// args, as docs/install.md's overlay adds --pod-interfaces.
-func writeOperatorOverlay(l *testenv.Lab, dir, image string, args ...string) error {
-	if err := l.DeployOverlay(filepath.Join(dir, "lab"), image); err != nil {
-		return err
-	}
-	var b strings.Builder
-	b.WriteString("resources: [lab]\npatches:\n- target: {kind: DaemonSet, name: isthmus-agent}\n  patch: |-\n")
-	for _, a := range args {
-		fmt.Fprintf(&b, "    - {op: add, path: /spec/template/spec/containers/0/args/-, value: %q}\n", a)
-	}
-	return os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(b.String()), 0o644)
-}
-
 // TestOtherCNISite: seed 003's shape on real kubelets, with the cloud site's
 // pods owned by another CNI (testenv/scenarios/seed003cni.yaml). The cloud
 // nodes' containerd runs the reference bridge plugin (cni0, ipMasq,
@@ -146,7 +124,7 @@ func TestOtherCNISite(t *testing.T) {
 	// The install: deploy/ through the lab's overlay, with the operator's
 	// --pod-interfaces.
 	overlay := filepath.Join(rt.dir, "overlay")
-	if err := writeOperatorOverlay(l, overlay, image, otherCNIPodInterfaces); err != nil {
+	if err := l.DeployOperatorOverlay(overlay, image, testenv.OtherCNIPodInterfaces); err != nil {
 		t.Fatal(err)
 	}
 	kubectl := kubectlFor(ctx, t, l.Kubeconfig())

@@ -10,6 +10,14 @@
 //     its pods; entrypoint /agnhost, command pause, as upstream.
 //   - pause: build/pause/linux/pause.c compiled statically with gcc, alone
 //     in its image, user 65535, as upstream.
+//   - glibc-dns-testing: the DNS cases' glibc querier, upstream a Debian
+//     with dnsutils (dig; getent of glibc); here agnhost's Debian layer,
+//     which has them, alone. (Upstream's also carries a CoreDNS 1.5.0 of the
+//     configmap cases, which no case of docs/conformance.md's focus runs.)
+//   - nginx: upstream nginx:1.27-alpine; here Debian's nginx package over
+//     the suite's base, running `nginx -g "daemon off;"` on port 80 as
+//     upstream's does. The Endpoints and EndpointSlice cases run it as a
+//     backend that must start.
 //
 // The names and tags are the suite's own: Build asks the built e2e.test
 // (--list-images), so a release bump renames the images with it.
@@ -39,9 +47,14 @@ import (
 // the suite names them with (registry.k8s.io/e2e-test-images/agnhost:2.66.1,
 // registry.k8s.io/pause:3.10.2).
 const (
-	Agnhost = "agnhost"
-	Pause   = "pause"
+	Agnhost         = "agnhost"
+	Pause           = "pause"
+	GlibcDNSTesting = "glibc-dns-testing"
+	Nginx           = "nginx"
 )
+
+// NginxPackages are the Debian packages of the nginx image.
+var NginxPackages = []string{"nginx"}
 
 // AgnhostPackages are the Debian packages of the agnhost image: those of the
 // `apk add` line of test/images/agnhost/Dockerfile (bind-tools curl
@@ -125,9 +138,9 @@ type Options struct {
 	Log func(format string, args ...any)
 }
 
-// Build writes the agnhost and pause archives of the suite e2eTest (the
-// binary of kubebin.E2ETest) into dir, named as the suite names them, and
-// returns them in that order. agnhost is the binary kubebin builds beside
+// Build writes the agnhost, pause, glibc-dns-testing and nginx archives of
+// the suite e2eTest (the binary of kubebin.E2ETest) into dir, named as the
+// suite names them, and returns them in that order. agnhost is the binary kubebin builds beside
 // e2eTest, pause.c comes from the same k8s.io/kubernetes source
 // (kubebin.KubernetesSource). It needs root the first time, when mmdebstrap
 // makes the Debian layer (a few minutes; cached), and gcc with a static C
@@ -170,7 +183,35 @@ func BuildWith(ctx context.Context, dir, e2eTest string, o Options) ([]Archive, 
 	if err != nil {
 		return nil, err
 	}
-	return []Archive{agnhost, pause}, nil
+	glibc, err := buildDebianImage(ctx, dir, Select(refs, GlibcDNSTesting), GlibcDNSTesting, AgnhostPackages,
+		image.Config{Cmd: []string{"bash"}, Env: []string{image.DefaultPath}}, o)
+	if err != nil {
+		return nil, err
+	}
+	nginx, err := buildDebianImage(ctx, dir, Select(refs, Nginx), Nginx, NginxPackages,
+		image.Config{Cmd: []string{"nginx", "-g", "daemon off;"}, Env: []string{image.DefaultPath}}, o)
+	if err != nil {
+		return nil, err
+	}
+	return []Archive{agnhost, pause, glibc, nginx}, nil
+}
+
+// buildDebianImage writes an image of a Debian layer with packages alone
+// (image.DebianLayer, cached), under names, with cfg.
+func buildDebianImage(ctx context.Context, dir string, names []string, name string, packages []string, cfg image.Config, o Options) (Archive, error) {
+	if len(names) == 0 {
+		return Archive{}, fmt.Errorf("build the suite's images: the suite lists no %s", name)
+	}
+	base, err := image.DebianLayer(ctx, image.Debian{Packages: packages, CacheDir: o.CacheDir, Log: o.Log})
+	if err != nil {
+		return Archive{}, fmt.Errorf("%s image: %w", name, err)
+	}
+	a := Archive{Image: name, Path: filepath.Join(dir, name+".oci.tar"), Names: names}
+	o.Log("%s: write %s (%s)", name, a.Path, strings.Join(names, " "))
+	if err := image.WriteArchive(a.Path, cfg, []image.Layer{base}, names...); err != nil {
+		return Archive{}, err
+	}
+	return a, nil
 }
 
 // buildAgnhost writes the agnhost image: the Debian layer, then a layer

@@ -63,7 +63,7 @@ func TestImagesRunInContainerd(t *testing.T) {
 	}
 	var want []string
 	for _, line := range strings.Fields(string(listed)) {
-		if strings.Contains(line, "agnhost") || strings.Contains(line, "pause") {
+		if strings.Contains(line, "agnhost") || strings.Contains(line, "pause") || strings.Contains(line, "glibc-dns") || strings.Contains(line, "/nginx:") {
 			want = append(want, line)
 		}
 	}
@@ -249,6 +249,51 @@ func TestImagesRunInContainerd(t *testing.T) {
 	// The tools are not vacuous: a program the image lacks is not found.
 	if out, err := c.Exec(ctx, srv, "sh", "-c", "command -v wget"); err == nil {
 		t.Errorf("agnhost has wget, which nothing installs: %s", out)
+	}
+
+	names := map[string]string{}
+	for _, a := range archives {
+		names[a.Image] = a.Names[0]
+	}
+	// The DNS cases' glibc querier: dig, and glibc's getent reading
+	// /etc/hosts.
+	glibc, err := c.StartContainer(ctx, p, "glibc", names[GlibcDNSTesting], "sleep", "600")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, c.LogTail())
+	}
+	if out, err := c.Exec(ctx, glibc, "sh", "-c", "command -v dig && getent hosts localhost"); err != nil || !strings.Contains(out, "127.0.0.1") && !strings.Contains(out, "::1") {
+		t.Errorf("glibc-dns-testing: dig and getent hosts localhost: %q, %v", out, err)
+	}
+	// nginx as its image starts it (no command given) serves HTTP on port 80.
+	if _, err := c.StartContainer(ctx, p, "nginx", names[Nginx]); err != nil {
+		t.Fatalf("%v\n%s", err, c.LogTail())
+	}
+	var server string
+	err = testenv.Do(client, func() error {
+		var err error
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			var conn net.Conn
+			if conn, err = net.DialTimeout("tcp", "192.0.2.1:80", 2*time.Second); err != nil {
+				continue
+			}
+			conn.SetDeadline(time.Now().Add(5 * time.Second))
+			fmt.Fprintf(conn, "GET / HTTP/1.0\r\n\r\n")
+			var resp *http.Response
+			resp, err = http.ReadResponse(bufio.NewReader(conn), nil)
+			conn.Close()
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					return fmt.Errorf("status %s", resp.Status)
+				}
+				server = resp.Header.Get("Server")
+				return nil
+			}
+		}
+		return err
+	})
+	if err != nil || !strings.HasPrefix(server, "nginx") {
+		t.Errorf("nginx on port 80: Server %q, %v", server, err)
 	}
 }
 
