@@ -980,8 +980,15 @@ func (a *Agent) ensureOverlay() error {
 // after the maps and routes, since it runs iptables and nft, tens of
 // milliseconds on a busy node that a change would otherwise wait for before
 // reaching the maps (isthmus_event_to_maps_seconds).
+//
+// With it go the flow marks (datapath.EnsureFlowMarks): a flow that entered the
+// node for a local address (a NodePort DNATed to a local pod) is answered on
+// the device it came in on, whatever the pods' rules say.
 func (a *Agent) ensureMasqueradeExemption() error {
-	return datapath.EnsureMasqueradeExemption()
+	if err := datapath.EnsureMasqueradeExemption(); err != nil {
+		return err
+	}
+	return datapath.EnsureFlowMarks(a.underlay.Attrs().Name)
 }
 
 // logWarnings logs the warnings of group that are new since its last call.

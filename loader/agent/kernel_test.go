@@ -471,6 +471,19 @@ func TestAgentKernel(t *testing.T) {
 	if out, err := exec.Command("iptables", "-w", "-t", "nat", "-S", datapath.ExemptChain).CombinedOutput(); err != nil {
 		t.Errorf("iptables nat chain %s after a sync: %v\n%s", datapath.ExemptChain, err, out)
 	}
+	// The flow marks: the mangle chain first in PREROUTING, and src_valid_mark
+	// on both devices a flow to the node can enter on.
+	if out, err := exec.Command("iptables", "-w", "-t", "mangle", "-S", "PREROUTING").CombinedOutput(); err != nil || !strings.Contains(string(out), "-A PREROUTING -j "+datapath.FlowMarkChain+"\n") {
+		t.Errorf("iptables mangle PREROUTING after a sync (want a jump to %s): %v\n%s", datapath.FlowMarkChain, err, out)
+	}
+	if out, err := exec.Command("iptables", "-w", "-t", "mangle", "-S", datapath.FlowMarkChain).CombinedOutput(); err != nil || strings.Count(string(out), "CONNMARK") != 3 {
+		t.Errorf("iptables mangle chain %s after a sync (want 3 CONNMARK rules): %v\n%s", datapath.FlowMarkChain, err, out)
+	}
+	for _, dev := range []string{e.under.Attrs().Name, datapath.OverlayDev} {
+		if b, _ := os.ReadFile("/proc/sys/net/ipv4/conf/" + dev + "/src_valid_mark"); strings.TrimSpace(string(b)) != "1" {
+			t.Errorf("%s src_valid_mark = %q, want 1", dev, b)
+		}
+	}
 
 	if err := stop(); err != nil {
 		t.Fatalf("run: %v", err)
@@ -522,6 +535,9 @@ func TestAgentKernel(t *testing.T) {
 	}
 	if _, err := exec.Command("iptables", "-w", "-t", "nat", "-S", datapath.ExemptChain).CombinedOutput(); err == nil {
 		t.Errorf("iptables nat chain %s still there after uninstall", datapath.ExemptChain)
+	}
+	if _, err := exec.Command("iptables", "-w", "-t", "mangle", "-S", datapath.FlowMarkChain).CombinedOutput(); err == nil {
+		t.Errorf("iptables mangle chain %s still there after uninstall", datapath.FlowMarkChain)
 	}
 	_ = net.IPv4len
 }

@@ -47,84 +47,172 @@ func EnsureMasqueradeExemption() error {
 	if err := ensureNFTExemption(); err != nil {
 		return err
 	}
-	if !exemptChainCurrent() {
-		if _, err := iptables("-t", "nat", "-L", ExemptChain, "-n"); err != nil {
-			if _, err := iptables("-t", "nat", "-N", ExemptChain); err != nil {
-				return fmt.Errorf("create nat chain %s: %w", ExemptChain, err)
+	return exemptChain().ensure()
+}
+
+// RemoveMasqueradeExemption removes what EnsureMasqueradeExemption installed; what is
+// already gone (or no iptables or nft at all) counts as removed.
+func RemoveMasqueradeExemption() error {
+	return errors.Join(removeNFTExemption(), exemptChain().remove())
+}
+
+func exemptChain() ownedChain {
+	return ownedChain{table: "nat", hook: "POSTROUTING", name: ExemptChain, rules: exemptRules()}
+}
+
+// UnderlayFlowMark and OverlayFlowMark mark a flow that entered the node for one
+// of the node's own addresses (a NodePort, a hostPort, a host service) on the
+// underlay device or on isthmus0: the connection keeps the mark, and every packet
+// of the flow, the answers of a pod a DNAT sent it to included, carries it into
+// routing. The pods' rules pass over them (KernelRules): PodTable's over a flow
+// that entered on the underlay, FabricTable's over both. So such a flow is
+// answered, and strict rp_filter checks it, on the device it came in on. Without
+// them a peer's host dialling a NodePort whose endpoint is local is dropped by
+// strict rp_filter (the pod's traffic to that peer's address goes into isthmus0,
+// table 201), and so is a remote pod reaching a gateway-mode member's NodePort
+// through the tunnel (its declared pods' traffic to remote sites goes to the
+// fabric, table 202).
+const (
+	UnderlayFlowMark = 0x2000
+	OverlayFlowMark  = 0x0800
+)
+
+// FlowMarkChain is the mangle chain the agent owns; PREROUTING jumps to it first.
+const FlowMarkChain = "ISTHMUS-PREROUTING"
+
+// flowMarkRules are FlowMarkChain's rules for the underlay device dev: a new
+// connection from dev or isthmus0 to a local address gets that device's mark in
+// its conntrack mark, and every packet of a connection with one gets it in
+// skb->mark (mangle PREROUTING runs after conntrack and before the nat table's
+// DNAT and routing).
+func flowMarkRules(dev string) [][]string {
+	mark := func(m int) string { return fmt.Sprintf("%#x/%#x", m, m) }
+	entered := func(in string, m int) []string {
+		return []string{"-i", in, "-m", "addrtype", "--dst-type", "LOCAL", "-m", "conntrack", "--ctstate", "NEW",
+			"-m", "comment", "--comment", "isthmus: flows to the node are answered on the device they entered on",
+			"-j", "CONNMARK", "--set-xmark", mark(m)}
+	}
+	both := UnderlayFlowMark | OverlayFlowMark
+	return [][]string{
+		entered(dev, UnderlayFlowMark),
+		entered(OverlayDev, OverlayFlowMark),
+		{"-m", "connmark", "!", "--mark", fmt.Sprintf("0x0/%#x", both), "-m", "comment", "--comment", "isthmus: the flow's packets carry its mark",
+			"-j", "CONNMARK", "--restore-mark", "--nfmask", fmt.Sprintf("%#x", both), "--ctmask", fmt.Sprintf("%#x", both)},
+	}
+}
+
+func flowMarkChain(dev string) ownedChain {
+	return ownedChain{table: "mangle", hook: "PREROUTING", name: FlowMarkChain, rules: flowMarkRules(dev)}
+}
+
+// EnsureFlowMarks installs, in the iptables mangle table of this network
+// namespace, FlowMarkChain for the underlay device dev with a jump to it at the
+// top of PREROUTING, and sets src_valid_mark on dev and isthmus0, so strict
+// rp_filter's reverse lookup for a packet that came on either carries its mark.
+// It is idempotent. The agent calls it on every sync, after isthmus0 exists.
+func EnsureFlowMarks(dev string) error {
+	for _, d := range []string{dev, OverlayDev} {
+		if err := WriteSysctl("net/ipv4/conf/"+d+"/src_valid_mark", "1"); err != nil {
+			return err
+		}
+	}
+	return flowMarkChain(dev).ensure()
+}
+
+// RemoveFlowMarks removes FlowMarkChain and its jump; what is already gone counts
+// as removed. src_valid_mark is left as it is.
+func RemoveFlowMarks() error {
+	return flowMarkChain("").remove()
+}
+
+// ownedChain is an iptables chain the agent owns in table, jumped to from the top
+// of the built-in chain hook, holding exactly rules.
+type ownedChain struct {
+	table, hook, name string
+	rules             [][]string
+}
+
+// ensure creates the chain with its rules and the jump at the top of the hook; it
+// rewrites a chain that differs and moves the jump back to the top when a rule was
+// inserted before it.
+func (c ownedChain) ensure() error {
+	if !c.current() {
+		if _, err := iptables("-t", c.table, "-L", c.name, "-n"); err != nil {
+			if _, err := iptables("-t", c.table, "-N", c.name); err != nil {
+				return fmt.Errorf("create %s chain %s: %w", c.table, c.name, err)
 			}
 		}
-		if _, err := iptables("-t", "nat", "-F", ExemptChain); err != nil {
-			return fmt.Errorf("flush nat chain %s: %w", ExemptChain, err)
+		if _, err := iptables("-t", c.table, "-F", c.name); err != nil {
+			return fmt.Errorf("flush %s chain %s: %w", c.table, c.name, err)
 		}
-		for _, r := range exemptRules() {
-			if _, err := iptables(append([]string{"-t", "nat", "-A", ExemptChain}, r...)...); err != nil {
-				return fmt.Errorf("add rule to %s: %w", ExemptChain, err)
+		for _, r := range c.rules {
+			if _, err := iptables(append([]string{"-t", c.table, "-A", c.name}, r...)...); err != nil {
+				return fmt.Errorf("add rule to %s: %w", c.name, err)
 			}
 		}
 	}
-	out, err := iptables("-t", "nat", "-S", "POSTROUTING")
+	out, err := iptables("-t", c.table, "-S", c.hook)
 	if err != nil {
-		return fmt.Errorf("list nat POSTROUTING: %w", err)
+		return fmt.Errorf("list %s %s: %w", c.table, c.hook, err)
 	}
-	// Line 0 is the policy (-P POSTROUTING ACCEPT); the first rule follows.
-	if lines := strings.Split(out, "\n"); len(lines) > 1 && lines[1] == "-A POSTROUTING -j "+ExemptChain {
+	// Line 0 is the policy (-P HOOK ACCEPT); the first rule follows.
+	if lines := strings.Split(out, "\n"); len(lines) > 1 && lines[1] == "-A "+c.hook+" -j "+c.name {
 		return nil
 	}
-	if err := deleteJumps(); err != nil {
+	if err := c.deleteJumps(); err != nil {
 		return err
 	}
-	if _, err := iptables("-t", "nat", "-I", "POSTROUTING", "1", "-j", ExemptChain); err != nil {
-		return fmt.Errorf("insert jump to %s: %w", ExemptChain, err)
+	if _, err := iptables("-t", c.table, "-I", c.hook, "1", "-j", c.name); err != nil {
+		return fmt.Errorf("insert jump to %s: %w", c.name, err)
 	}
 	return nil
 }
 
-// exemptChainCurrent reports whether ExemptChain holds exactly exemptRules, so a
-// resync that finds it so changes nothing.
-func exemptChainCurrent() bool {
-	out, err := iptables("-t", "nat", "-S", ExemptChain)
-	if err != nil || len(strings.Split(strings.TrimSpace(out), "\n")) != len(exemptRules())+1 {
+// current reports whether the chain holds exactly c.rules, so a resync that finds
+// it so changes nothing.
+func (c ownedChain) current() bool {
+	out, err := iptables("-t", c.table, "-S", c.name)
+	if err != nil || len(strings.Split(strings.TrimSpace(out), "\n")) != len(c.rules)+1 {
 		return false
 	}
-	for _, r := range exemptRules() {
-		if _, err := iptables(append([]string{"-t", "nat", "-C", ExemptChain}, r...)...); err != nil {
+	for _, r := range c.rules {
+		if _, err := iptables(append([]string{"-t", c.table, "-C", c.name}, r...)...); err != nil {
 			return false
 		}
 	}
 	return true
 }
 
-// deleteJumps removes every jump from POSTROUTING to ExemptChain.
-func deleteJumps() error {
+// deleteJumps removes every jump from the hook to the chain.
+func (c ownedChain) deleteJumps() error {
 	for {
-		if _, err := iptables("-t", "nat", "-C", "POSTROUTING", "-j", ExemptChain); err != nil {
+		if _, err := iptables("-t", c.table, "-C", c.hook, "-j", c.name); err != nil {
 			return nil // none left
 		}
-		if _, err := iptables("-t", "nat", "-D", "POSTROUTING", "-j", ExemptChain); err != nil {
-			return fmt.Errorf("delete jump to %s: %w", ExemptChain, err)
+		if _, err := iptables("-t", c.table, "-D", c.hook, "-j", c.name); err != nil {
+			return fmt.Errorf("delete jump to %s: %w", c.name, err)
 		}
 	}
 }
 
-// RemoveMasqueradeExemption removes what EnsureMasqueradeExemption installed; what is
-// already gone (or no iptables or nft at all) counts as removed.
-func RemoveMasqueradeExemption() error {
-	nerr := removeNFTExemption()
+// remove deletes the jumps and the chain; what is already gone (or no iptables at
+// all) counts as removed.
+func (c ownedChain) remove() error {
 	if _, err := exec.LookPath("iptables"); err != nil {
-		return nerr
+		return nil
 	}
-	if _, err := iptables("-t", "nat", "-L", ExemptChain, "-n"); err != nil {
-		return nerr
+	if _, err := iptables("-t", c.table, "-L", c.name, "-n"); err != nil {
+		return nil
 	}
-	errs := []error{nerr}
-	if err := deleteJumps(); err != nil {
+	var errs []error
+	if err := c.deleteJumps(); err != nil {
 		errs = append(errs, err)
 	}
-	if _, err := iptables("-t", "nat", "-F", ExemptChain); err != nil {
-		errs = append(errs, fmt.Errorf("flush nat chain %s: %w", ExemptChain, err))
+	if _, err := iptables("-t", c.table, "-F", c.name); err != nil {
+		errs = append(errs, fmt.Errorf("flush %s chain %s: %w", c.table, c.name, err))
 	}
-	if _, err := iptables("-t", "nat", "-X", ExemptChain); err != nil {
-		errs = append(errs, fmt.Errorf("delete nat chain %s: %w", ExemptChain, err))
+	if _, err := iptables("-t", c.table, "-X", c.name); err != nil {
+		errs = append(errs, fmt.Errorf("delete %s chain %s: %w", c.table, c.name, err))
 	}
 	return errors.Join(errs...)
 }

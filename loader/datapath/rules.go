@@ -83,12 +83,29 @@ func SyncRules(s RuleSet, sources []netip.Prefix) (RuleResult, error) {
 			res.Deleted++
 		}
 	}
+	if st, ok := s.(staleRules); ok {
+		n, err := st.DeleteStale()
+		res.Deleted += n
+		if err != nil {
+			return res, err
+		}
+	}
 	return res, nil
+}
+
+// staleRules is a RuleSet that may also hold rules of its table and priority in an
+// older form (another selector), which SyncRules removes after its own.
+type staleRules interface {
+	DeleteStale() (int, error)
 }
 
 // KernelRules are the policy rules of the calling thread's network namespace
 // that look up Table with priority Priority: PodTable and RulePriority when
-// both are zero.
+// both are zero. Each rule matches its source only in packets without the
+// flow marks it passes over (EnsureFlowMarks): PodTable's `from SRC fwmark
+// 0/0x2000 lookup 201` skips flows that entered the node on the underlay device
+// for a local address, FabricTable's `fwmark 0/0x2800` those that entered on
+// isthmus0 too.
 type KernelRules struct {
 	Table, Priority int
 }
@@ -102,6 +119,14 @@ func (k KernelRules) table() (table, priority int) {
 	return k.Table, k.Priority
 }
 
+// skipMarks is the fwmark mask of k's rules: the flow marks they pass over.
+func (k KernelRules) skipMarks() uint32 {
+	if table, _ := k.table(); table == FabricTable {
+		return UnderlayFlowMark | OverlayFlowMark
+	}
+	return UnderlayFlowMark
+}
+
 // List returns the sources of the IPv4 rules with k's priority that look up
 // k's table.
 func (k KernelRules) List() ([]netip.Prefix, error) {
@@ -113,7 +138,7 @@ func (k KernelRules) List() ([]netip.Prefix, error) {
 	}
 	var out []netip.Prefix
 	for _, r := range rs {
-		if r.Src == nil || r.Dst != nil {
+		if r.Src == nil || r.Dst != nil || !k.hasSelector(r) {
 			continue
 		}
 		ip, ok := netip.AddrFromSlice(r.Src.IP)
@@ -131,7 +156,58 @@ func (k KernelRules) nl(src netip.Prefix) *netlink.Rule {
 	r.Family = unix.AF_INET
 	r.Table, r.Priority = k.table()
 	r.Src = &net.IPNet{IP: src.Addr().AsSlice(), Mask: net.CIDRMask(src.Bits(), 32)}
+	mask := k.skipMarks()
+	r.Mark, r.Mask = 0, &mask
 	return r
+}
+
+// hasSelector reports whether r matches only packets without k's flow marks,
+// as the rules k adds do.
+func (k KernelRules) hasSelector(r netlink.Rule) bool {
+	return r.Mark == 0 && r.Mask != nil && *r.Mask == k.skipMarks()
+}
+
+// DeleteStale removes the rules of k's table and priority with another
+// selector (an older agent's, without the flow marks) and returns how many it
+// removed. The kernel cannot tell a rule without a mark selector from ours in a
+// delete (a zero mark and mask name none), so it removes every rule of that
+// source and adds its own back.
+func (k KernelRules) DeleteStale() (int, error) {
+	table, priority := k.table()
+	rs, err := netlink.RuleListFiltered(netlink.FAMILY_V4, &netlink.Rule{Table: table, Priority: priority},
+		netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PRIORITY)
+	if err != nil {
+		return 0, fmt.Errorf("list rules of table %d: %w", table, err)
+	}
+	ours := map[string]bool{}
+	var stale []netlink.Rule
+	for _, r := range rs {
+		if k.hasSelector(r) && r.Src != nil {
+			ours[r.Src.String()] = true
+		} else {
+			stale = append(stale, r)
+		}
+	}
+	for i, r := range stale {
+		plain := netlink.NewRule()
+		plain.Family, plain.Table, plain.Priority, plain.Src, plain.Dst = unix.AF_INET, table, priority, r.Src, r.Dst
+		for {
+			err := netlink.RuleDel(plain)
+			if errors.Is(err, unix.ENOENT) {
+				break
+			}
+			if err != nil {
+				return i, fmt.Errorf("delete stale rule %v: %w", r, err)
+			}
+		}
+		if r.Src != nil && r.Dst == nil && ours[r.Src.String()] {
+			src, _ := netip.ParsePrefix(r.Src.String())
+			if err := k.Add(src); err != nil {
+				return i + 1, fmt.Errorf("add rule from %v: %w", src, err)
+			}
+		}
+	}
+	return len(stale), nil
 }
 
 // Add adds the rule; EEXIST is success.

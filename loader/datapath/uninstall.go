@@ -12,7 +12,8 @@ import (
 // directory, isthmus0 with its routes (PodTable's go with it), FabricTable's
 // routes (they leave by the underlay device, which stays), the policy rules of
 // both tables (SyncRules), and the nat exemption chain
-// and nftables table (EnsureMasqueradeExemption). It is idempotent: whatever is already
+// and nftables table (EnsureMasqueradeExemption), the mangle chain of the flow
+// marks (EnsureFlowMarks). It is idempotent: whatever is already
 // gone counts as removed. ip_forward is left as it is.
 func Uninstall(pinDir string) error {
 	var errs []error
@@ -44,6 +45,9 @@ func Uninstall(pinDir string) error {
 		errs = append(errs, err)
 	}
 	if err := RemoveMasqueradeExemption(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := RemoveFlowMarks(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

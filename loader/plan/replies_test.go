@@ -205,9 +205,19 @@ func (f *model) connected(a, b string) bool {
 // the ViaFabric routes, TransitOnly included, out of the underlay device,
 // where the datapath tunnels it to the route's gateway), then the rule of
 // TunnelSources (table 201: TransitOnly routes too, but NotForPods), then the main table
-// (the routes but TransitOnly); no route is the underlay.
-func (m *model) kernelRoute(p *NodePlan, src, dst netip.Addr) (string, Route) {
-	if inPrefixes(m.egress(p), src) {
+// (the routes but TransitOnly); no route is the underlay. entered is the
+// device a flow entered the node on for one of the node's own addresses (its
+// packets carry the agent's mark for it), "" for any other flow: both rules
+// pass over a flow that entered on the underlay device, the FabricEgress rule
+// over one that entered on isthmus0.
+func (m *model) kernelRoute(p *NodePlan, src, dst netip.Addr, entered string) (string, Route) {
+	if entered == devUnderlay {
+		if r, ok := lookup(p, dst, false); ok {
+			return devTunnel, r
+		}
+		return devUnderlay, Route{}
+	}
+	if inPrefixes(m.egress(p), src) && entered != devTunnel {
 		// Table 202: the ViaFabric routes, and a throw route for every other
 		// route inside one.
 		if r, ok := lookup(p, dst, true); ok && r.ViaFabric {
@@ -233,9 +243,10 @@ func (m *model) kernelRoute(p *NodePlan, src, dst netip.Addr) (string, Route) {
 }
 
 // rpDevice is the device strict rp_filter on p's node expects a packet from
-// src to dst to arrive on: the one it routes a reply from dst to src out of.
-func (m *model) rpDevice(p *NodePlan, src, dst netip.Addr) string {
-	if dev, _ := m.kernelRoute(p, dst, src); dev != devFabric {
+// src to dst to arrive on: the one it routes a reply from dst to src out of
+// (with the packet's mark: src_valid_mark on the underlay device).
+func (m *model) rpDevice(p *NodePlan, src, dst netip.Addr, entered string) string {
+	if dev, _ := m.kernelRoute(p, dst, src, entered); dev != devFabric {
 		return dev
 	}
 	return devUnderlay
@@ -318,7 +329,14 @@ func (w *walker) send(from *endpoint, p packet, reply bool) []arrival {
 		}
 		st = st.then("from %s (the route's source)", p.src)
 	}
-	dev, r := w.f.kernelRoute(np, p.src, p.dst)
+	return w.route(np, p, p.src, "", st)
+}
+
+// route is np's kernel routing p, whose source was routeSrc when the kernel
+// chose its route (a reply's source before the un-DNAT rewrites it in
+// POSTROUTING), and the device it leaves by.
+func (w *walker) route(np *NodePlan, p packet, routeSrc netip.Addr, entered string, st walkState) []arrival {
+	dev, r := w.f.kernelRoute(np, routeSrc, p.dst, entered)
 	switch dev {
 	case devTunnel:
 		return w.encap(np, p, st.then("%s routes it into isthmus0 (%s)", np.Node, r.Prefix))
@@ -485,7 +503,7 @@ func (w *walker) arrive(ep *endpoint, p packet, st walkState) []arrival {
 // rp_filter passes when the node routes a reply (from p.dst to p.src) out
 // of dev.
 func (w *walker) deliver(ep *endpoint, np *NodePlan, p packet, dev string, st walkState) []arrival {
-	if want := w.f.rpDevice(np, p.src, p.dst); want != dev {
+	if want := w.f.rpDevice(np, p.src, p.dst, ""); want != dev {
 		return st.fail("strict rp_filter on %s drops it: it arrives on %s, and %s routes %s (from %s) to %s", np.Node, dev, np.Node, p.src, p.dst, want)
 	}
 	return []arrival{{ep: ep, pkt: p, dev: dev, nat: st.nat, trace: st.trace}}
@@ -578,6 +596,42 @@ func (f *model) checkPair(a, b *endpoint) []pairFailure {
 			} else if rep.ep != a {
 				out = append(out, pairFailure{a, b, fmt.Sprintf("reply delivered to %s", rep.ep), trace})
 			}
+		}
+		if b.kind == epHost {
+			for _, t := range f.eps {
+				if t.node == b.node && t.kind != epHost {
+					out = append(out, f.checkDNAT(a, b, t, req)...)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// checkDNAT walks a's request to b's host once more, as b's node DNATs it to
+// its pod t (a NodePort or a hostPort with a local endpoint: kube-proxy,
+// portmap): strict rp_filter checks it from a to t on the device it entered
+// on, and t's reply is routed from t's address and leaves with the address
+// the request reached (the un-DNAT in POSTROUTING, after routing). The flow
+// carries the mark of the device it entered on (docs/agent.md, "Routes and
+// rules").
+func (f *model) checkDNAT(a, b, t *endpoint, req arrival) []pairFailure {
+	np := f.plans[b.node]
+	entered := req.dev
+	st := walkState{trace: slices.Clip(req.trace)}.then("%s DNATs it to %s", b.node, t)
+	what := "request DNATed to a pod of its node"
+	if want := f.rpDevice(np, req.pkt.src, t.addr, entered); want != req.dev {
+		return []pairFailure{{a, b, fmt.Sprintf("%s: strict rp_filter on %s drops it: it arrives on %s, and %s routes %s (from %s) to %s",
+			what, np.Node, req.dev, np.Node, req.pkt.src, t.addr, want), st.trace}}
+	}
+	var out []pairFailure
+	p := packet{src: req.pkt.dst, dst: req.pkt.src}
+	w := &walker{f: f, reverse: req.nat}
+	for _, rep := range w.route(np, p, t.addr, entered, st.then("%s answers %s, leaving as %s", t, p.dst, p.src)) {
+		if rep.fail != "" {
+			out = append(out, pairFailure{a, b, what + ", reply: " + rep.fail, rep.trace})
+		} else if rep.ep != a {
+			out = append(out, pairFailure{a, b, fmt.Sprintf("%s, reply delivered to %s", what, rep.ep), rep.trace})
 		}
 	}
 	return out

@@ -23,8 +23,10 @@ import (
 
 // serviceCase is one client reaching one pod through a Service.
 type serviceCase struct {
-	name    string
-	client  string // pod, or "router": a client outside the cluster, in the underlay's router
+	name string
+	// client is a pod, "node:NAME" (a node's host namespace) or "router" (a
+	// client outside the cluster, in the underlay's router).
+	client  string
 	backend string // pod behind the Service
 	// nodePort, when set, is the node whose address the client dials on the
 	// Service's NodePort; else the client dials the ClusterIP.
@@ -94,6 +96,31 @@ var seed003Services = []serviceCase{
 	{name: "NodePort on the site's gateway from a member's pod, remote backend", client: "e01-p1", backend: "m02-p1", nodePort: "edge-gw", saw: "node:edge-gw"},
 	{name: "NodePort on a remote member through both gateways", client: "m02-p1", backend: "egw-p1", nodePort: "edge-01", saw: "node:edge-01"},
 	{name: "NodePort from outside the cluster, remote member backend", client: "router", backend: "m02-p1", nodePort: "edge-01", saw: "node:edge-01"},
+	// Another node's host dials a NodePort whose backend is local: plain on
+	// the underlay, DNATed to a pod whose traffic to that host's address the
+	// node routes into isthmus0 (table 201): the flow must be answered, and
+	// rp_filter-checked, on the underlay, where it entered.
+	{name: "NodePort on the site's member from its gateway's host, local backend", client: "node:edge-gw", backend: "e01-p1", nodePort: "edge-01", saw: "node:edge-01"},
+	{name: "NodePort on the site's gateway from a member's host, local backend", client: "node:edge-01", backend: "egw-p1", nodePort: "edge-gw", saw: "node:edge-gw"},
+}
+
+// seed000gwServices is the Service matrix on seed 000's gateway topology:
+// aks-1 is the AKS site's gateway, aks-2 a member whose declared pods reach
+// the flex site through the site's fabric and aks-1 (table 202).
+var seed000gwServices = []serviceCase{
+	{name: "ClusterIP member's pod to remote site through the gateway", client: "aks2-p1", backend: "flex-p1", saw: "pod:aks2-p1"},
+	// A remote pod dials the member's address through the gateway; the member
+	// DNATs it to its own pod, whose traffic to the flex site the fabric table
+	// sends to the gateway on the underlay: the flow must be answered into
+	// isthmus0, where it entered.
+	{name: "NodePort on a member from a remote pod through the gateway, local backend", client: "flex-p1", backend: "aks2-p1", nodePort: "aks-2", saw: "node:aks-2"},
+}
+
+// TestKubeProxyServicesGatewayMode is TestKubeProxyServices on seed 000's
+// gateway topology, where a member's pods leave by the site's fabric, with the
+// agents' default decapsulation (the path is the stack's, not the hook's).
+func TestKubeProxyServicesGatewayMode(t *testing.T) {
+	testServicesDecap(t, "seed000gw", seed000gwServices, "")
 }
 
 // TestKubeProxyServicesGateways is TestKubeProxyServices on seed 003, where the
@@ -163,7 +190,9 @@ func checkServiceMatrix(ctx context.Context, t *testing.T, l *testenv.Lab, cases
 					to = netip.AddrPortFrom(n.Address, svc.NodePort)
 				}
 				ns := l.RouterNS()
-				if c.client != "router" {
+				if node, ok := strings.CutPrefix(c.client, "node:"); ok {
+					ns = l.NodeNS(node)
+				} else if c.client != "router" {
 					ns = l.PodNS(c.client)
 				}
 				saw, err := eventuallyTCPEcho(ns, to)
