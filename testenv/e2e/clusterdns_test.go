@@ -133,7 +133,7 @@ func TestClusterDNS(t *testing.T) {
 		}
 	}
 	for name := range nodes {
-		if err := waitNodeReady(ctx, cs, name, time.Minute); err != nil {
+		if err := cluster.WaitNodeReady(ctx, cs, name, time.Minute); err != nil {
 			t.Fatalf("%v\nkubelet log:\n%s", err, kubelets[name].LogTail())
 		}
 	}
@@ -150,7 +150,7 @@ func TestClusterDNS(t *testing.T) {
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: kubeletNamespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := poll(ctx, time.Minute, func() (bool, error) {
+	if err := cluster.Poll(ctx, time.Minute, func() (bool, error) {
 		_, err := cs.CoreV1().ServiceAccounts(kubeletNamespace).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, nil
 	}, func() string { return "no default ServiceAccount in " + kubeletNamespace }); err != nil {
@@ -309,7 +309,7 @@ func TestClusterDNS(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	if err := poll(ctx, time.Minute, func() (bool, error) {
+	if err := cluster.Poll(ctx, time.Minute, func() (bool, error) {
 		list, err := cs.CoreV1().Pods(clusterdns.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "k8s-app=kube-dns"})
 		return err == nil && len(list.Items) == 0, err
 	}, func() string { return "CoreDNS pods still in the API" }); err != nil {
@@ -332,7 +332,7 @@ func podLogs(work, ns string) string {
 // waitSliceHas waits until an EndpointSlice of the Service lists addr as a
 // ready endpoint.
 func waitSliceHas(ctx context.Context, cs kubernetes.Interface, ns, service, addr string, timeout time.Duration) error {
-	return poll(ctx, timeout, func() (bool, error) {
+	return cluster.Poll(ctx, timeout, func() (bool, error) {
 		list, err := cs.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + service})
 		if err != nil {
 			return false, err

@@ -251,7 +251,7 @@ func TestDaemonSetInstall(t *testing.T) {
 	if err := kubectl("apply", "-k", overlay); err != nil {
 		t.Fatal(err)
 	}
-	err = poll(ctx, 5*time.Minute, func() (bool, error) {
+	err = cluster.Poll(ctx, 5*time.Minute, func() (bool, error) {
 		ds, err = cs.AppsV1().DaemonSets(cluster.Namespace).Get(ctx, "isthmus-agent", metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -322,7 +322,7 @@ func TestDaemonSetInstall(t *testing.T) {
 	if err := kubectl("apply", "-k", uninstall); err != nil {
 		t.Fatal(err)
 	}
-	err = poll(ctx, 3*time.Minute, func() (bool, error) {
+	err = cluster.Poll(ctx, 3*time.Minute, func() (bool, error) {
 		ds, err = cs.AppsV1().DaemonSets("isthmus-uninstall").Get(ctx, "isthmus-uninstall", metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -468,7 +468,7 @@ func head(s []int, n int) []int {
 // waitNamespaceGone waits until the namespace is gone from the API (its
 // objects deleted and their pods stopped by the kubelets).
 func waitNamespaceGone(ctx context.Context, cs kubernetes.Interface, name string, timeout time.Duration) error {
-	return poll(ctx, timeout, func() (bool, error) {
+	return cluster.Poll(ctx, timeout, func() (bool, error) {
 		_, err := cs.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return true, nil

@@ -16,6 +16,7 @@ import (
 
 	"github.com/isthmus-dev/isthmus/loader/ipam"
 	"github.com/isthmus-dev/isthmus/testenv"
+	"github.com/isthmus-dev/isthmus/testenv/cluster"
 	"github.com/isthmus-dev/isthmus/testenv/cri"
 	"github.com/isthmus-dev/isthmus/testenv/kube/kubebin"
 )
@@ -97,7 +98,7 @@ func TestKubeletPods(t *testing.T) {
 		}
 	}
 	for _, n := range nodes {
-		if err := waitNodeReady(ctx, cs, n.name, 30*time.Second); err != nil {
+		if err := cluster.WaitNodeReady(ctx, cs, n.name, 30*time.Second); err != nil {
 			t.Fatalf("%v\nkubelet log:\n%s", err, kubelets[n.name].LogTail())
 		}
 	}
@@ -210,31 +211,10 @@ func probePod(name, node string) *corev1.Pod {
 	}
 }
 
-// waitNodeReady waits until the Node's Ready condition, which its kubelet
-// posts, is True.
-func waitNodeReady(ctx context.Context, cs kubernetes.Interface, name string, timeout time.Duration) error {
-	var last string
-	return poll(ctx, timeout, func() (bool, error) {
-		n, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			last = err.Error()
-			return false, nil
-		}
-		for _, c := range n.Status.Conditions {
-			if c.Type == corev1.NodeReady {
-				last = fmt.Sprintf("%s: %s", c.Reason, c.Message)
-				return c.Status == corev1.ConditionTrue, nil
-			}
-		}
-		last = "no Ready condition"
-		return false, nil
-	}, func() string { return fmt.Sprintf("node %s not Ready: %s", name, last) })
-}
-
 // waitPodRunning waits until the Pod is Running with an address.
 func waitPodRunning(ctx context.Context, cs kubernetes.Interface, name string, timeout time.Duration) (*corev1.Pod, error) {
 	var pod *corev1.Pod
-	err := poll(ctx, timeout, func() (bool, error) {
+	err := cluster.Poll(ctx, timeout, func() (bool, error) {
 		p, err := cs.CoreV1().Pods(kubeletNamespace).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -247,30 +227,11 @@ func waitPodRunning(ctx context.Context, cs kubernetes.Interface, name string, t
 
 // waitPodGone waits until the Pod object is gone from the API.
 func waitPodGone(ctx context.Context, cs kubernetes.Interface, name string, timeout time.Duration) error {
-	return poll(ctx, timeout, func() (bool, error) {
+	return cluster.Poll(ctx, timeout, func() (bool, error) {
 		_, err := cs.CoreV1().Pods(kubeletNamespace).Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return true, nil
 		}
 		return false, err
 	}, func() string { return fmt.Sprintf("pod %s still in the API", name) })
-}
-
-// poll calls done every 200 ms until it reports true or an error, or the
-// timeout passes (an error with describe's text).
-func poll(ctx context.Context, timeout time.Duration, done func() (bool, error), describe func() string) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, err := done()
-		if err != nil {
-			return err
-		}
-		if ok {
-			return nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("after %s: %s", timeout, describe())
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }

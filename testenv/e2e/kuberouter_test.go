@@ -21,6 +21,7 @@ import (
 
 	"github.com/isthmus-dev/isthmus/loader/ipam"
 	"github.com/isthmus-dev/isthmus/testenv"
+	"github.com/isthmus-dev/isthmus/testenv/cluster"
 	"github.com/isthmus-dev/isthmus/testenv/cri"
 	"github.com/isthmus-dev/isthmus/testenv/kube/kubebin"
 )
@@ -115,7 +116,7 @@ func TestKubeRouterPolicy(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := waitNodeReady(ctx, cs, name, 30*time.Second); err != nil {
+		if err := cluster.WaitNodeReady(ctx, cs, name, 30*time.Second); err != nil {
 			t.Fatalf("%v\nkubelet log:\n%s", err, kl.LogTail())
 		}
 		runtimes[name] = rn.cd

@@ -132,7 +132,7 @@ func TestOtherCNISite(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ds *appsv1.DaemonSet
-	err = poll(ctx, 4*time.Minute, func() (bool, error) {
+	err = cluster.Poll(ctx, 4*time.Minute, func() (bool, error) {
 		ds, err = cs.AppsV1().DaemonSets(cluster.Namespace).Get(ctx, "isthmus-agent", metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -147,7 +147,7 @@ func TestOtherCNISite(t *testing.T) {
 		if err := nodes[n.Name].cd.WaitNetworkReady(ctx, 30*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		if err := waitNodeReady(ctx, cs, n.Name, time.Minute); err != nil {
+		if err := cluster.WaitNodeReady(ctx, cs, n.Name, time.Minute); err != nil {
 			t.Fatalf("%v\n%s", err, diag(n.Name))
 		}
 		// Each node's CNI is its site's: the agent wrote isthmus' conflist
