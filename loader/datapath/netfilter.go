@@ -72,8 +72,11 @@ func exemptChain() ownedChain {
 // table 201), and so is a remote pod reaching a gateway-mode member's NodePort
 // through the tunnel (its declared pods' traffic to remote sites goes to the
 // fabric, table 202).
+// They stay clear of the other marks on a node: kube-proxy's 0x4000 and
+// 0x8000, portmap's 0x2000 (its hostPort masquerade), OverlayMark, Calico's
+// 0xffff0000.
 const (
-	UnderlayFlowMark = 0x2000
+	UnderlayFlowMark = 0x0400
 	OverlayFlowMark  = 0x0800
 )
 

@@ -103,8 +103,8 @@ type staleRules interface {
 // that look up Table with priority Priority: PodTable and RulePriority when
 // both are zero. Each rule matches its source only in packets without the
 // flow marks it passes over (EnsureFlowMarks): PodTable's `from SRC fwmark
-// 0/0x2000 lookup 201` skips flows that entered the node on the underlay device
-// for a local address, FabricTable's `fwmark 0/0x2800` those that entered on
+// 0/0x400 lookup 201` skips flows that entered the node on the underlay device
+// for a local address, FabricTable's `fwmark 0/0xc00` those that entered on
 // isthmus0 too.
 type KernelRules struct {
 	Table, Priority int
