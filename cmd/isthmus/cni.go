@@ -33,7 +33,7 @@ type cniFlags struct {
 func (c *cniFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.socket, "ipam-socket", "", "serve the CNI plugin's IPAM on this Unix socket (e.g. "+ipam.DefaultSocket+"); empty: isthmus is not the node's CNI")
 	f.StringVar(&c.dataDir, "ipam-dir", ipam.DefaultDir, "directory of the node's address reservations")
-	f.StringVar(&c.binDir, "cni-bin-dir", cniinstall.DefaultBinDir, "where the runtime finds CNI plugins; on a node whose Site manages the CNI the agent installs isthmus-cni there (empty: do not install)")
+	f.StringVar(&c.binDir, "cni-bin-dir", cniinstall.DefaultBinDir, "where the runtime finds CNI plugins; on a node whose Site manages the CNI the agent installs isthmus-cni and portmap there (empty: do not install)")
 	f.StringVar(&c.confDir, "cni-conf-dir", cniinstall.DefaultConfDir, "where the runtime reads network configurations; on a node whose Site manages the CNI the agent writes "+cniinstall.ConflistName+" there once the podCIDRs verify, unless another plugin's configuration is there (empty: do not write)")
 	f.BoolVar(&c.takeOver, "cni-take-over", false, "write "+cniinstall.ConflistName+" even when --cni-conf-dir holds another plugin's configuration: isthmus's sorts first and becomes the node's CNI for new pods")
 	f.StringVar(&c.plugin, "cni-plugin", "", "the isthmus-cni binary to install (default: isthmus-cni beside this executable)")
