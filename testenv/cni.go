@@ -36,7 +36,7 @@ import (
 const CNIToolName = "cnitool"
 
 // cniState is the directory of a node's CNI files inside a lab's state
-// directory: ipam.sock, ipam/ (reservations), bin/ (the installed plugin) and
+// directory: ipam.sock, ipam/ (reservations), bin/ (the installed plugins) and
 // net.d/ (the conflist).
 func cniState(lab, node string) string { return filepath.Join(StateDir(lab), "cni", node) }
 
