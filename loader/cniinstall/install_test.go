@@ -1,8 +1,10 @@
 package cniinstall
 
 import (
+	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -126,5 +128,46 @@ func TestFindEmbeddedRanges(t *testing.T) {
 	}
 	if !slices.Equal(s, want) {
 		t.Fatalf("findings:\n%v\nwant\n%v", s, want)
+	}
+}
+
+// The conflist works with the plugins the agent installs, as a runtime's
+// libcni sees them: the real isthmus-cni and portmap (built from this tree
+// and the module's pinned plugins) are found in the plugin directory, each
+// supports the version libcni picks from cniVersions (1.1.0) and answers
+// STATUS, and the capabilities libcni collects are the two the runtime
+// fills in (ips, portMappings). No root: VERSION and STATUS touch no
+// namespace.
+func TestConflistRunsWithShippedPlugins(t *testing.T) {
+	bin := t.TempDir()
+	for _, b := range []struct{ name, pkg string }{
+		{PluginName, "github.com/isthmus-dev/isthmus/cmd/isthmus-cni"},
+		{PortmapName, "github.com/containernetworking/plugins/plugins/meta/portmap"},
+	} {
+		if out, err := exec.Command("go", "build", "-o", filepath.Join(bin, b.name), b.pkg).CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", b.pkg, err, out)
+		}
+	}
+	list, err := libcni.ConfListFromBytes(Conflist("/nonexistent/ipam.sock", t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cni := libcni.NewCNIConfig([]string{bin}, nil)
+	caps, err := cni.ValidateNetworkList(context.Background(), list)
+	if err != nil {
+		t.Fatalf("libcni rejects the conflist with the shipped plugins: %v", err)
+	}
+	slices.Sort(caps)
+	if want := []string{"ips", "portMappings"}; !slices.Equal(caps, want) {
+		t.Errorf("capabilities %v, want %v", caps, want)
+	}
+	// STATUS: isthmus-cni asks the agent (none here: it must fail, naming
+	// the socket), so portmap's own STATUS is asked alone.
+	if err := cni.GetStatusNetworkList(context.Background(), list); err == nil {
+		t.Errorf("STATUS succeeded without an agent")
+	}
+	pm := &libcni.NetworkConfigList{CNIVersion: list.CNIVersion, Name: list.Name, Plugins: list.Plugins[1:]}
+	if err := cni.GetStatusNetworkList(context.Background(), pm); err != nil {
+		t.Errorf("portmap's STATUS: %v", err)
 	}
 }
