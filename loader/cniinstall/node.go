@@ -53,13 +53,13 @@ func (s State) Equal(o State) bool {
 	return s.Phase == o.Phase && s.PluginKept == o.PluginKept && slices.Equal(s.Foreign, o.Foreign)
 }
 
-// Installer keeps the plugin and the conflist on a node where, and only
-// where, isthmus is the node's CNI: the node's Site manages the CNI and its
-// podCIDRs verified, and the configuration directory holds no other
+// Installer keeps the plugin, portmap and the conflist on a node where, and
+// only where, isthmus is the node's CNI: the node's Site manages the CNI and
+// its podCIDRs verified, and the configuration directory holds no other
 // plugin's configuration unless TakeOver says to write over it. Elsewhere it
 // writes nothing, and removes the conflist and the plugin it finds of its
-// own (the plugin only once no reservation needs it for DEL). Its methods
-// are safe for concurrent use.
+// own (the plugin only once no reservation needs it for DEL; portmap never,
+// see Uninstall). Its methods are safe for concurrent use.
 type Installer struct {
 	// BinDir and ConfDir are the runtime's directories; an empty one is left
 	// alone.
