@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# The isthmus image: one static binary (agent, controller, uninstall, plan) plus
+# The isthmus image: one static binary (agent, controller, uninstall, plan), the
+# CNI plugins the agent installs (isthmus-cni and the reference portmap), plus
 # the tools an operator reaches for on a node: bpftool and iproute2.
 #
 #   docker build --build-arg VERSION=... --build-arg COMMIT=... -t isthmus:dev .
@@ -13,6 +14,8 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
+# The reference portmap plugin (hostPort) comes from the module cache at the
+# version go.mod pins (a tool of the module), not from a release tarball.
 # Which build this is: `isthmus version`, the CNI plugin's VERSION answer and the
 # isthmus_build_info metric print them. .git is not in the build context
 # (.dockerignore), so the toolchain cannot stamp the commit (hence -buildvcs=false):
@@ -28,7 +31,9 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
  && CGO_ENABLED=0 GOOS=linux go build -trimpath -buildvcs=false \
       -ldflags "$LDFLAGS" -o /out/isthmus ./cmd/isthmus \
  && CGO_ENABLED=0 GOOS=linux go build -trimpath -buildvcs=false \
-      -ldflags "$LDFLAGS" -o /out/isthmus-cni ./cmd/isthmus-cni
+      -ldflags "$LDFLAGS" -o /out/isthmus-cni ./cmd/isthmus-cni \
+ && CGO_ENABLED=0 GOOS=linux go build -trimpath -buildvcs=false \
+      -ldflags "$LDFLAGS" -o /out/portmap github.com/containernetworking/plugins/plugins/meta/portmap
 
 # Debian, not distroless: the agent pod is where an operator debugs the datapath
 # (kubectl exec ... bpftool map dump pinned /sys/fs/bpf/isthmus/routes, bpftool
@@ -54,6 +59,9 @@ RUN apt-get update \
 COPY --from=build /out/isthmus /usr/local/bin/isthmus
 # The CNI plugin; the agent copies it into the node's /opt/cni/bin (docs/cni.md).
 COPY --from=build /out/isthmus-cni /usr/local/bin/isthmus-cni
+# The reference portmap plugin, which isthmus's conflist chains after isthmus-cni
+# for hostPort; the agent copies it into /opt/cni/bin beside isthmus-cni.
+COPY --from=build /out/portmap /usr/local/bin/portmap
 # No USER: the agent must run as root (it loads BPF programs, pins on the node's
 # bpffs, creates isthmus0 and writes net sysctls; see deploy/agent-daemonset.yaml).
 # The controller needs nothing of the kind, and its Deployment runs it as

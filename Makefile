@@ -24,6 +24,7 @@ deps:
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/isthmus
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/isthmus-cni ./cmd/isthmus-cni
+	$(GO) build -o bin/portmap github.com/containernetworking/plugins/plugins/meta/portmap
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(LAB) ./cmd/isthmus-lab
 	$(GO) build -o bin/cnitool github.com/containernetworking/cni/cnitool
 

@@ -838,6 +838,9 @@ func TestCNIInstall(t *testing.T) {
 	if flagValue(c.Args, "--cni-plugin") == "" {
 		t.Error("agent: no --cni-plugin: the image's isthmus-cni is not installed")
 	}
+	if flagValue(c.Args, "--cni-portmap-plugin") == "" {
+		t.Error("agent: no --cni-portmap-plugin: the image's portmap is not installed, and hostPort does not work")
+	}
 
 	u := loadBundle(t, "uninstall")
 	uds := find[appsv1.DaemonSet](t, u, "isthmus-uninstall")

@@ -36,7 +36,7 @@ import (
 const CNIToolName = "cnitool"
 
 // cniState is the directory of a node's CNI files inside a lab's state
-// directory: ipam.sock, ipam/ (reservations), bin/ (the installed plugin) and
+// directory: ipam.sock, ipam/ (reservations), bin/ (the installed plugins) and
 // net.d/ (the conflist).
 func cniState(lab, node string) string { return filepath.Join(StateDir(lab), "cni", node) }
 
@@ -429,8 +429,8 @@ func cniDown(lab, binary string, logf func(string, ...any)) error {
 }
 
 // BuildBinaries builds what a lab with agents runs into dir, side by side as
-// `make build` puts them in bin/: isthmus, the plugin the agents install
-// (isthmus-cni), cnitool, and isthmus-lab (LabBinary), the lab's own command.
+// `make build` puts them in bin/: isthmus, the plugins the agents install
+// (isthmus-cni and the reference portmap its conflist chains), cnitool, and isthmus-lab (LabBinary), the lab's own command.
 // It returns the isthmus binary's path. It must run inside the module (go
 // test does).
 func BuildBinaries(ctx context.Context, dir string) (string, error) {
@@ -438,6 +438,7 @@ func BuildBinaries(ctx context.Context, dir string) (string, error) {
 		{"isthmus", "github.com/isthmus-dev/isthmus/cmd/isthmus"},
 		{LabCommand, "github.com/isthmus-dev/isthmus/cmd/isthmus-lab"},
 		{cniinstall.PluginName, "github.com/isthmus-dev/isthmus/cmd/isthmus-cni"},
+		{cniinstall.PortmapName, "github.com/containernetworking/plugins/plugins/meta/portmap"},
 		{CNIToolName, "github.com/containernetworking/cni/cnitool"},
 	} {
 		out, err := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, b[0]), b[1]).CombinedOutput()

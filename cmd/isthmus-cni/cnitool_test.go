@@ -56,6 +56,8 @@ func newFixture(t *testing.T) *fixture {
 	f.node = f.prefix + "node"
 	t.Cleanup(f.cleanup)
 	build(t, filepath.Join(f.bin, cniinstall.PluginName), "./")
+	// The conflist chains portmap after the plugin (hostPort).
+	build(t, filepath.Join(f.bin, cniinstall.PortmapName), "github.com/containernetworking/plugins/plugins/meta/portmap")
 	build(t, filepath.Join(f.bin, "cnitool"), "github.com/containernetworking/cni/cnitool")
 	run(t, "ip", "netns", "add", f.node)
 	f.inNode("ip", "link", "set", "lo", "up")

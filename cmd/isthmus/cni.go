@@ -23,6 +23,7 @@ import (
 // the plugin and its conflist (docs/cni.md). An empty socket turns it off.
 type cniFlags struct {
 	socket, dataDir, binDir, confDir, plugin string
+	portmap                                  string
 	takeOver                                 bool
 	leakInterval, leakGrace                  time.Duration
 	// metrics, if set, records where the install stands.
@@ -32,10 +33,11 @@ type cniFlags struct {
 func (c *cniFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&c.socket, "ipam-socket", "", "serve the CNI plugin's IPAM on this Unix socket (e.g. "+ipam.DefaultSocket+"); empty: isthmus is not the node's CNI")
 	f.StringVar(&c.dataDir, "ipam-dir", ipam.DefaultDir, "directory of the node's address reservations")
-	f.StringVar(&c.binDir, "cni-bin-dir", cniinstall.DefaultBinDir, "where the runtime finds CNI plugins; on a node whose Site manages the CNI the agent installs isthmus-cni there (empty: do not install)")
+	f.StringVar(&c.binDir, "cni-bin-dir", cniinstall.DefaultBinDir, "where the runtime finds CNI plugins; on a node whose Site manages the CNI the agent installs isthmus-cni and portmap there (empty: do not install)")
 	f.StringVar(&c.confDir, "cni-conf-dir", cniinstall.DefaultConfDir, "where the runtime reads network configurations; on a node whose Site manages the CNI the agent writes "+cniinstall.ConflistName+" there once the podCIDRs verify, unless another plugin's configuration is there (empty: do not write)")
 	f.BoolVar(&c.takeOver, "cni-take-over", false, "write "+cniinstall.ConflistName+" even when --cni-conf-dir holds another plugin's configuration: isthmus's sorts first and becomes the node's CNI for new pods")
 	f.StringVar(&c.plugin, "cni-plugin", "", "the isthmus-cni binary to install (default: isthmus-cni beside this executable)")
+	f.StringVar(&c.portmap, "cni-portmap-plugin", "", "the reference portmap plugin to install beside isthmus-cni; the conflist chains it for hostPort (default: portmap beside this executable)")
 	f.DurationVar(&c.leakInterval, "ipam-leak-interval", ipamd.DefaultLeakInterval, "how often the agent looks for reservations of pods the runtime lost without DEL")
 	f.DurationVar(&c.leakGrace, "ipam-leak-grace", ipamd.DefaultLeakGrace, "a reservation younger than this is never a leak (its ADD may still be wiring the pod)")
 }
@@ -49,17 +51,22 @@ func (c *cniFlags) start(ctx context.Context, node, underlayDev string, snapshot
 	if c.socket == "" {
 		return nil
 	}
-	src := c.plugin
+	src, portmap := c.plugin, c.portmap
 	if c.binDir != "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("find own executable: %w", err)
+		}
 		if src == "" {
-			exe, err := os.Executable()
-			if err != nil {
-				return fmt.Errorf("find own executable: %w", err)
-			}
 			src = filepath.Join(filepath.Dir(exe), cniinstall.PluginName)
 		}
-		if _, err := os.Stat(src); err != nil {
-			return fmt.Errorf("find the plugin to install: %w", err)
+		if portmap == "" {
+			portmap = filepath.Join(filepath.Dir(exe), cniinstall.PortmapName)
+		}
+		for _, f := range []string{src, portmap} {
+			if _, err := os.Stat(f); err != nil {
+				return fmt.Errorf("find the plugin to install: %w", err)
+			}
 		}
 	}
 	if c.confDir != "" {
@@ -74,7 +81,7 @@ func (c *cniFlags) start(ctx context.Context, node, underlayDev string, snapshot
 	}
 	store := ipam.Store{Dir: c.dataDir}
 	in := &cniinstall.Installer{
-		BinDir: c.binDir, ConfDir: c.confDir, Plugin: src, Socket: c.socket, DataDir: c.dataDir,
+		BinDir: c.binDir, ConfDir: c.confDir, Plugin: src, Portmap: portmap, Socket: c.socket, DataDir: c.dataDir,
 		TakeOver: c.takeOver, Log: log,
 		InUse: func() (bool, error) { have, err := store.List(); return len(have) > 0, err },
 	}

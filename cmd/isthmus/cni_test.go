@@ -55,6 +55,7 @@ const (
 type cniNode struct {
 	t                             *testing.T
 	objDir, bin, conf, data, plug string
+	portmap                       string
 	logs                          syncbuf.Buffer
 	reg                           *prometheus.Registry
 	c                             cniFlags
@@ -62,12 +63,15 @@ type cniNode struct {
 
 func newCNINode(t *testing.T, takeOver bool) *cniNode {
 	n := &cniNode{t: t, objDir: t.TempDir(), bin: t.TempDir(), conf: t.TempDir(), data: t.TempDir(),
-		plug: filepath.Join(t.TempDir(), "isthmus-cni"), reg: prometheus.NewRegistry()}
+		plug: filepath.Join(t.TempDir(), "isthmus-cni"), portmap: filepath.Join(t.TempDir(), "portmap"), reg: prometheus.NewRegistry()}
 	if err := os.WriteFile(n.plug, []byte("plugin"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(n.portmap, []byte("portmap"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	n.c = cniFlags{socket: filepath.Join(t.TempDir(), "ipam.sock"), dataDir: n.data, binDir: n.bin, confDir: n.conf,
-		plugin: n.plug, takeOver: takeOver, metrics: metrics.NewCNI(n.reg)}
+		plugin: n.plug, portmap: n.portmap, takeOver: takeOver, metrics: metrics.NewCNI(n.reg)}
 	return n
 }
 
@@ -146,6 +150,9 @@ func TestCNIStartWritesConflistAfterVerification(t *testing.T) {
 	if b, err := os.ReadFile(n.plugin()); err != nil || string(b) != "plugin" {
 		t.Fatalf("plugin not installed with the conflist: %q %v", b, err)
 	}
+	if b, err := os.ReadFile(filepath.Join(n.bin, cniinstall.PortmapName)); err != nil || string(b) != "portmap" {
+		t.Fatalf("portmap not installed with the conflist that chains it: %q %v", b, err)
+	}
 	if !n.metric(`isthmus_cni_state{state="installed"} 1`) {
 		t.Errorf("isthmus_cni_state is not installed")
 	}
@@ -162,6 +169,8 @@ func TestCNIStartLeavesAnotherCNI(t *testing.T) {
 	n.file(n.conf, "10-flannel.conflist", flannelConflist)
 	n.file(n.conf, cniinstall.ConflistName, "{}") // an older agent's
 	n.file(n.bin, cniinstall.PluginName, "old plugin")
+	// flannel's conflist chains the node's own portmap.
+	n.file(n.bin, cniinstall.PortmapName, "the node's portmap")
 	if _, err := (ipam.Store{Dir: n.data}).Reserve([]netip.Prefix{netip.MustParsePrefix("10.10.1.0/24")}, nil,
 		ipam.Reservation{Attachment: ipam.Attachment{ContainerID: "c1", IfName: "eth0"}}); err != nil {
 		t.Fatal(err)
@@ -192,6 +201,7 @@ func TestCNIStartLeavesAnotherCNI(t *testing.T) {
 		}
 	}
 	n.unchanged(n.conf, "10-flannel.conflist", flannelConflist)
+	n.unchanged(n.bin, cniinstall.PortmapName, "the node's portmap")
 	if exists(n.conflist()) {
 		t.Errorf("%s is there beside flannel's conflist", cniinstall.ConflistName)
 	}

@@ -1,5 +1,6 @@
 // Package cniinstall puts the isthmus CNI plugin on a node and takes it away:
-// the binary into the runtime's plugin directory (a temporary name, then a
+// the binary, and the reference portmap plugin chained after it for
+// hostPort, into the runtime's plugin directory (a temporary name, then a
 // rename, so a runtime never executes a half-written file), and a conflist
 // without embedded ranges into its configuration directory, named to sort
 // first. It also finds conflists that call host-local with ranges of their
@@ -26,11 +27,27 @@ const (
 	// picks it: runtimes use the first file in lexical order.
 	ConflistName = "00-isthmus.conflist"
 	NetworkName  = "isthmus"
+	// PortmapName is the reference portmap plugin
+	// (github.com/containernetworking/plugins, plugins/meta/portmap),
+	// chained after isthmus-cni: it serves a pod's hostPort with DNAT rules
+	// in the node's nat table, as it does for flannel and Calico.
+	PortmapName = "portmap"
 )
 
 // InstallPlugin copies src to binDir/isthmus-cni through a temporary file in
 // the same directory and a rename.
-func InstallPlugin(src, binDir string) error {
+func InstallPlugin(src, binDir string) error { return installBinary(src, binDir, PluginName) }
+
+// InstallPortmap copies src, the reference portmap plugin, to
+// binDir/portmap the same way. A portmap already there (the node's own,
+// from a package of the reference plugins) is replaced: the conflist's
+// cniVersions need a portmap of CNI 1.1 (plugins v1.5 or later), and the
+// one isthmus ships is the one it is tested with.
+func InstallPortmap(src, binDir string) error { return installBinary(src, binDir, PortmapName) }
+
+// installBinary copies src to binDir/name through a temporary file in the
+// same directory and a rename.
+func installBinary(src, binDir, name string) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return fmt.Errorf("open plugin %s: %w", src, err)
@@ -39,7 +56,7 @@ func InstallPlugin(src, binDir string) error {
 	if err := os.MkdirAll(binDir, 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", binDir, err)
 	}
-	tmp, err := os.CreateTemp(binDir, "."+PluginName+".tmp-*")
+	tmp, err := os.CreateTemp(binDir, "."+name+".tmp-*")
 	if err != nil {
 		return fmt.Errorf("create temporary plugin: %w", err)
 	}
@@ -59,8 +76,8 @@ func InstallPlugin(src, binDir string) error {
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("close plugin: %w", err)
 	}
-	if err := os.Rename(tmp.Name(), filepath.Join(binDir, PluginName)); err != nil {
-		return fmt.Errorf("install plugin: %w", err)
+	if err := os.Rename(tmp.Name(), filepath.Join(binDir, name)); err != nil {
+		return fmt.Errorf("install plugin %s: %w", name, err)
 	}
 	return nil
 }
@@ -71,6 +88,17 @@ func InstallPlugin(src, binDir string) error {
 // 1.2 or later picks 1.1.0 (and STATUS and GC with it), while containerd 1.6,
 // whose libcni 1.1 ignores cniVersions and rejects a 1.1.0 result, uses 1.0.0
 // (docs/cni.md).
+//
+// The reference portmap plugin follows isthmus-cni: with the portMappings
+// capability the runtime hands it the pod's hostPorts, and it DNATs them to
+// the pod's address from isthmus-cni's result. snat is on (portmap's
+// default, written out): it masquerades the two kinds of connection that
+// cannot work otherwise, a pod to its own hostPort (hairpin) and the node's
+// 127.0.0.1 to a hostPort, with its mark bit 13 (0x2000). Neither goes into
+// the overlay, and the agent's masquerade exemption (datapath.OverlayMark
+// 0x1000, or out isthmus0) matches neither, so the two do not meet: the
+// exemption keeps overlay traffic's addresses, portmap's MASQUERADE rewrites
+// only these local hairpins.
 func Conflist(socket, dataDir string) []byte {
 	c := map[string]any{
 		"cniVersion":  "1.0.0",
@@ -81,6 +109,8 @@ func Conflist(socket, dataDir string) []byte {
 			// A runtime may ask for a pod's addresses (CNI conventions'
 			// `ips`); the agent still checks them against the verified ranges.
 			"capabilities": map[string]bool{"ips": true},
+		}, {
+			"type": PortmapName, "capabilities": map[string]bool{"portMappings": true}, "snat": true,
 		}},
 	}
 	b, _ := json.MarshalIndent(c, "", "  ")
@@ -174,18 +204,28 @@ type pluginConf struct {
 
 // Uninstall removes the plugin from binDir and the conflist from confDir
 // (an empty directory name skips it), with any temporary file a crash left;
-// what is already gone counts as removed.
+// what is already gone counts as removed. It leaves portmap: the node's
+// other network configurations may chain the reference plugin too, and a
+// portmap was often there before isthmus (only a crash's temporary copy of
+// it goes).
 func Uninstall(binDir, confDir string) error {
 	var errs []error
-	for _, d := range []struct{ dir, file, tmp string }{
+	for _, d := range []struct {
+		dir, file string // file "": only the leftovers
+		tmp       string
+	}{
 		{binDir, PluginName, "." + PluginName + ".tmp-*"},
+		{binDir, "", "." + PortmapName + ".tmp-*"},
 		{confDir, ConflistName, ".isthmus.tmp-*"},
 	} {
 		if d.dir == "" {
 			continue
 		}
-		leftovers, _ := filepath.Glob(filepath.Join(d.dir, d.tmp))
-		for _, f := range append(leftovers, filepath.Join(d.dir, d.file)) {
+		files, _ := filepath.Glob(filepath.Join(d.dir, d.tmp))
+		if d.file != "" {
+			files = append(files, filepath.Join(d.dir, d.file))
+		}
+		for _, f := range files {
 			if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
 				errs = append(errs, fmt.Errorf("remove %s: %w", f, err))
 			}

@@ -53,19 +53,23 @@ func (s State) Equal(o State) bool {
 	return s.Phase == o.Phase && s.PluginKept == o.PluginKept && slices.Equal(s.Foreign, o.Foreign)
 }
 
-// Installer keeps the plugin and the conflist on a node where, and only
-// where, isthmus is the node's CNI: the node's Site manages the CNI and its
-// podCIDRs verified, and the configuration directory holds no other
+// Installer keeps the plugin, portmap and the conflist on a node where, and
+// only where, isthmus is the node's CNI: the node's Site manages the CNI and
+// its podCIDRs verified, and the configuration directory holds no other
 // plugin's configuration unless TakeOver says to write over it. Elsewhere it
 // writes nothing, and removes the conflist and the plugin it finds of its
-// own (the plugin only once no reservation needs it for DEL). Its methods
-// are safe for concurrent use.
+// own (the plugin only once no reservation needs it for DEL; portmap never,
+// see Uninstall). Its methods are safe for concurrent use.
 type Installer struct {
 	// BinDir and ConfDir are the runtime's directories; an empty one is left
 	// alone.
 	BinDir, ConfDir string
 	// Plugin is the isthmus-cni binary to copy into BinDir.
 	Plugin string
+	// Portmap is the reference portmap binary to copy into BinDir beside
+	// it, before the conflist that chains it is written; empty: BinDir
+	// has one already (the conflist chains it all the same).
+	Portmap string
 	// Socket and DataDir go into the conflist.
 	Socket, DataDir string
 	// TakeOver writes the conflist even when ConfDir holds another plugin's
@@ -77,7 +81,7 @@ type Installer struct {
 	Log *slog.Logger
 
 	mu        sync.Mutex
-	installed bool // the plugin was copied by this Installer (once per agent: an upgrade brings its own)
+	installed bool // the plugins were copied by this Installer (once per agent: an upgrade brings its own)
 	last      State
 }
 
@@ -102,10 +106,18 @@ func (in *Installer) Reconcile(w Want) (State, error) {
 	var errs []error
 	switch {
 	case w == Manage && (len(foreign) == 0 || in.TakeOver):
-		if _, err := os.Stat(filepath.Join(in.BinDir, PluginName)); in.BinDir != "" && (!in.installed || err != nil) {
+		// The plugins before the conflist that names them: a runtime
+		// reading the new conflist finds both.
+		if in.BinDir != "" && (!in.installed || in.missing()) {
 			if err := InstallPlugin(in.Plugin, in.BinDir); err != nil {
 				errs = append(errs, err)
 				break
+			}
+			if in.Portmap != "" {
+				if err := InstallPortmap(in.Portmap, in.BinDir); err != nil {
+					errs = append(errs, err)
+					break
+				}
 			}
 			in.installed = true
 		}
@@ -134,7 +146,23 @@ func (in *Installer) Reconcile(w Want) (State, error) {
 	return st, errors.Join(errs...)
 }
 
-// ensureConflist writes the conflist unless it is there with its content.
+// missing reports whether a plugin the Installer copies is not in BinDir.
+func (in *Installer) missing() bool {
+	names := []string{PluginName}
+	if in.Portmap != "" {
+		names = append(names, PortmapName)
+	}
+	for _, n := range names {
+		if _, err := os.Stat(filepath.Join(in.BinDir, n)); err != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// ensureConflist writes the conflist unless it is there with its content:
+// a conflist of an older release (before portmap was chained, say) is
+// rewritten on the agent's first verification after an upgrade.
 func (in *Installer) ensureConflist() error {
 	b, err := os.ReadFile(filepath.Join(in.ConfDir, ConflistName))
 	if err == nil && bytes.Equal(b, Conflist(in.Socket, in.DataDir)) {
@@ -144,7 +172,8 @@ func (in *Installer) ensureConflist() error {
 }
 
 // remove takes away the conflist and, unless pods still hold reservations,
-// the plugin; it reports whether the plugin was kept for them.
+// the plugin (not portmap: see Uninstall); it reports whether the plugin was
+// kept for them.
 func (in *Installer) remove(log *slog.Logger) (kept bool, err error) {
 	if in.ConfDir != "" {
 		f := filepath.Join(in.ConfDir, ConflistName)

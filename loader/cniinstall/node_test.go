@@ -1,6 +1,7 @@
 package cniinstall
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -73,5 +74,86 @@ func TestInstallerWalk(t *testing.T) {
 	step(Manage, PhaseInstalled, true, true)
 	if st, _ := in.Reconcile(Manage); !slices.Equal(st.Foreign, []string{"10-calico.conflist"}) {
 		t.Fatalf("state %+v does not list calico's conflist", st)
+	}
+}
+
+// An agent of this release on a node where an older one installed isthmus:
+// the conflist the older agent wrote (isthmus-cni alone, no portmap: its
+// bytes as that release wrote them) is rewritten with portmap chained, and
+// portmap is in the plugin directory before the conflist names it. A
+// portmap the node had is replaced by the one shipped. Leaving the node
+// later takes the conflist and isthmus-cni, and leaves portmap.
+func TestInstallerUpgradeChainsPortmap(t *testing.T) {
+	bin, conf, dir := t.TempDir(), t.TempDir(), t.TempDir()
+	plugin, portmap := filepath.Join(dir, PluginName), filepath.Join(dir, PortmapName)
+	os.WriteFile(plugin, []byte("plugin v2"), 0o755)
+	os.WriteFile(portmap, []byte("portmap shipped"), 0o755)
+	const older = `{
+  "cniVersion": "1.0.0",
+  "cniVersions": [
+    "1.0.0",
+    "1.1.0"
+  ],
+  "name": "isthmus",
+  "plugins": [
+    {
+      "capabilities": {
+        "ips": true
+      },
+      "dataDir": "/d",
+      "socket": "/s",
+      "type": "isthmus-cni"
+    }
+  ]
+}
+`
+	os.WriteFile(filepath.Join(conf, ConflistName), []byte(older), 0o644)
+	os.WriteFile(filepath.Join(bin, PluginName), []byte("plugin v1"), 0o755)
+	os.WriteFile(filepath.Join(bin, PortmapName), []byte("the node's portmap"), 0o755)
+	// The conflist never names portmap before the binary is there: while
+	// portmap cannot be installed, the older conflist stays.
+	in := &Installer{BinDir: bin, ConfDir: conf, Plugin: plugin, Portmap: filepath.Join(dir, "missing"), Socket: "/s", DataDir: "/d"}
+	if st, err := in.Reconcile(Manage); err == nil || st.Phase == PhaseInstalled {
+		t.Fatalf("Reconcile(Manage) without a portmap to install = %+v, %v; want an error", st, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(conf, ConflistName)); string(b) != older {
+		t.Fatalf("conflist rewritten to %s before portmap was installed", b)
+	}
+	in.Portmap = portmap
+	st, err := in.Reconcile(Manage)
+	if err != nil || st.Phase != PhaseInstalled {
+		t.Fatalf("Reconcile(Manage) = %+v, %v", st, err)
+	}
+	for f, want := range map[string]string{
+		filepath.Join(bin, PluginName):    "plugin v2",
+		filepath.Join(bin, PortmapName):   "portmap shipped",
+		filepath.Join(conf, ConflistName): string(Conflist("/s", "/d")),
+	} {
+		if b, err := os.ReadFile(f); err != nil || string(b) != want {
+			t.Errorf("%s holds %q, %v; want %q", f, b, err, want)
+		}
+	}
+	var list struct {
+		Plugins []struct {
+			Type string `json:"type"`
+		} `json:"plugins"`
+	}
+	b, _ := os.ReadFile(filepath.Join(conf, ConflistName))
+	if err := json.Unmarshal(b, &list); err != nil || len(list.Plugins) != 2 || list.Plugins[1].Type != PortmapName {
+		t.Errorf("rewritten conflist %s does not chain portmap (%v)", b, err)
+	}
+	// portmap removed by hand comes back at the next verification.
+	os.Remove(filepath.Join(bin, PortmapName))
+	if _, err := in.Reconcile(Manage); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(bin, PortmapName)); err != nil {
+		t.Errorf("portmap not installed again: %v", err)
+	}
+	if st, err := in.Reconcile(Leave); err != nil || st.Phase != PhaseNotManaged {
+		t.Fatalf("Reconcile(Leave) = %+v, %v", st, err)
+	}
+	if ents, _ := os.ReadDir(bin); len(ents) != 1 || ents[0].Name() != PortmapName {
+		t.Errorf("after leaving, %s holds %v; want only %s", bin, ents, PortmapName)
 	}
 }

@@ -48,7 +48,7 @@ func parseDockerfile(t *testing.T, text string) dockerfile {
 	}
 	d := dockerfile{labels: map[string]string{}}
 	built := map[string]string{} // go build -o output to main package
-	buildRe := regexp.MustCompile(`go build [^&]*?-o (\S+) (\./\S+)`)
+	buildRe := regexp.MustCompile(`go build [^&]*?-o (\S+) (\./\S+|github\.com/\S+)`)
 	labelRe := regexp.MustCompile(`([\w.]+)="([^"]*)"`)
 	for _, in := range instrs {
 		op, rest, _ := strings.Cut(in, " ")

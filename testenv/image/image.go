@@ -1,7 +1,7 @@
 // Package image builds the isthmus image without a registry: the image the
 // repository's Dockerfile describes (Debian trixie with bpftool, iproute2,
-// iptables and nftables, plus the static isthmus and isthmus-cni binaries,
-// ENTRYPOINT isthmus), written as an OCI image archive that
+// iptables and nftables, plus the static isthmus, isthmus-cni and portmap
+// binaries, ENTRYPOINT isthmus), written as an OCI image archive that
 // `ctr images import` loads.
 //
 // The Debian root filesystem comes from mmdebstrap (Debian's package mirrors,
@@ -36,7 +36,8 @@ var Packages = []string{"bpftool", "iproute2", "iptables", "nftables"}
 type Binary struct {
 	// Path is where it lies in the image.
 	Path string
-	// Main is its main package, relative to the module root.
+	// Main is its main package, relative to the module root, or a
+	// package of a module go.mod requires (a tool of the module).
 	Main string
 }
 
@@ -44,6 +45,7 @@ type Binary struct {
 var Binaries = []Binary{
 	{Path: "/usr/local/bin/isthmus", Main: "./cmd/isthmus"},
 	{Path: "/usr/local/bin/isthmus-cni", Main: "./cmd/isthmus-cni"},
+	{Path: "/usr/local/bin/portmap", Main: "github.com/containernetworking/plugins/plugins/meta/portmap"},
 }
 
 // Entrypoint is the image's entrypoint (the Dockerfile's ENTRYPOINT).

@@ -98,6 +98,8 @@ func TestImageRunsInContainerd(t *testing.T) {
 		{name: "entrypoint", want: []string{"eBPF GENEVE datapath", "Usage:"}},
 		{name: "isthmus --help", argv: []string{"isthmus", "--help"}, want: []string{"agent", "controller", "uninstall"}},
 		{name: "isthmus-cni VERSION", env: []string{"CNI_COMMAND=VERSION"}, argv: []string{"isthmus-cni"}, want: []string{`"supportedVersions"`}},
+		// The conflist's cniVersions go up to 1.1.0: portmap must speak it.
+		{name: "portmap VERSION", env: []string{"CNI_COMMAND=VERSION"}, argv: []string{"portmap"}, want: []string{`"supportedVersions"`, `"1.1.0"`}},
 		{name: "bpftool version", argv: []string{"bpftool", "version"}, want: []string{"bpftool v7."}},
 		{name: "shell and tools", argv: []string{"sh", "-c", "test -x /usr/local/bin/isthmus && test -x /usr/local/bin/isthmus-cni && ip -V && iptables --version && nft --version"},
 			want: []string{"iproute2", "(nf_tables)", "nftables v"}},
