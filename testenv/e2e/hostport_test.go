@@ -48,9 +48,10 @@ import (
 //     only: the conformance case HostPort asks localhost by TCP); masqueraded,
 //     so the source is an address of a1.
 //   - other-node-host: a2's host network namespace; the source is a2's
-//     InternalIP. The reply goes from a1's pod to a2's underlay address
-//     under strict rp_filter (docs/conformance.md, "Known failures": the
-//     same path as a NodePort reached from another node).
+//     InternalIP. The request arrives plain on a1's underlay device and
+//     the pod's reply goes to a2's underlay address, which a1's pods route
+//     into isthmus0: the agent's flow marks answer it on the underlay
+//     (docs/agent.md, "Flows to the node's own addresses").
 func TestHostPort(t *testing.T) {
 	requireSetup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
