@@ -25,8 +25,8 @@ const apiSliceManager = "isthmus-lab"
 // the lab does both parts itself: in every node's namespace a forwarder
 // listens on the node's address at the API server's port (beside the one on
 // 127.0.0.1 the agents use), and an EndpointSlice of the kubernetes Service
-// lists every node's address at that port, for kube-proxy (StartKubeProxy) to
-// carry the Service to; the Service's internalTrafficPolicy is Local, so a
+// (and an Endpoints object) lists every node's address at that port, for
+// kube-proxy (StartKubeProxy) to carry the Service to; the Service's internalTrafficPolicy is Local, so a
 // pod's connection goes to its own node's forwarder. The lab must be in SourceKube; the forwarders close
 // on Down. Calling it twice is an error.
 func (l *Lab) ServeAPIToPods(ctx context.Context) error {
@@ -98,6 +98,23 @@ func (l *Lab) ServeAPIToPods(ctx context.Context) error {
 	}
 	if err != nil {
 		return fmt.Errorf("serve the API server to pods: write the kubernetes EndpointSlice: %w", err)
+	}
+	// The Endpoints object too, as the API server's reconciler keeps it: a
+	// client may read either (the conformance case of the kubernetes Service
+	// checks that both list the same addresses and port).
+	var subset corev1.EndpointSubset
+	for _, e := range endpoints {
+		subset.Addresses = append(subset.Addresses, corev1.EndpointAddress{IP: e.Addresses[0], NodeName: e.NodeName})
+	}
+	subset.Ports = []corev1.EndpointPort{{Name: portName, Port: p32, Protocol: proto}}
+	eps := &corev1.Endpoints{ObjectMeta: metav1.ObjectMeta{Name: "kubernetes", Namespace: metav1.NamespaceDefault},
+		Subsets: []corev1.EndpointSubset{subset}}
+	_, err = cs.CoreV1().Endpoints(metav1.NamespaceDefault).Create(ctx, eps, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		_, err = cs.CoreV1().Endpoints(metav1.NamespaceDefault).Update(ctx, eps, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("serve the API server to pods: write the kubernetes Endpoints: %w", err)
 	}
 	return nil
 }

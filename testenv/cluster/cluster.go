@@ -181,6 +181,9 @@ func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return c, err
 	}
 	archives := append([]string{pause, probe}, opts.Archives...)
+	if err := distinctArchives(archives); err != nil {
+		return c, err
+	}
 	if c.Image == "" {
 		c.logf("cluster: building the isthmus image (make image's builder)")
 		a, err := isthmusimage.Build(ctx, isthmusimage.Options{Version: "lab", Out: filepath.Join(c.Work, "isthmus-lab.oci.tar"), Log: opts.Log})
@@ -595,6 +598,20 @@ func WaitNodeReady(ctx context.Context, cs kubernetes.Interface, name string, ti
 		last = "no Ready condition"
 		return false, nil
 	}, func() string { return fmt.Sprintf("node %s not Ready: %s", name, last) })
+}
+
+// distinctArchives fails when two of the archives to import are one file: one
+// image overwrote another's archive, and a node would lack the first.
+func distinctArchives(paths []string) error {
+	seen := map[string]bool{}
+	for _, p := range paths {
+		p = filepath.Clean(p)
+		if seen[p] {
+			return fmt.Errorf("cluster up: two images were written to %s: one overwrote the other", p)
+		}
+		seen[p] = true
+	}
+	return nil
 }
 
 // Poll calls done every 200 ms until it reports true or an error, or the

@@ -282,7 +282,9 @@ func buildPause(ctx context.Context, dir, work, src string, names []string, o Op
 	if err != nil {
 		return Archive{}, fmt.Errorf("pause image: %w", err)
 	}
-	a := Archive{Image: Pause, Path: filepath.Join(dir, "pause.oci.tar"), Names: names}
+	// Not pause.oci.tar: testenv/cri writes its own pause image under that
+	// name, often into the same directory.
+	a := Archive{Image: Pause, Path: filepath.Join(dir, "suite-pause.oci.tar"), Names: names}
 	cfg := image.Config{Entrypoint: []string{"/pause"}, User: "65535:65535"}
 	if err := image.WriteArchive(a.Path, cfg, []image.Layer{l}, names...); err != nil {
 		return Archive{}, err
