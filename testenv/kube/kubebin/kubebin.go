@@ -182,7 +182,10 @@ func BuildControlPlane(ctx context.Context, progress io.Writer) (controllerManag
 
 // coreDNSSet is CoreDNS, from the corednstools module: the cluster DNS of the
 // lab's whole cluster, run as a pod from an image holding the binary alone
-// (testenv/cluster), so it is built static.
+// (testenv/cluster), so it is built static. Its main package
+// (corednstools/coredns) compiles in the plugins of the lab's Corefile
+// alone, as CoreDNS documents for a build with chosen plugins: half the
+// packages of the stock build, which compiles every plugin.
 var coreDNSSet = binarySet{
 	module:   "corednstools",
 	names:    "coredns",
@@ -190,12 +193,14 @@ var coreDNSSet = binarySet{
 	key: func(gomod []byte, gover string) string {
 		return fmt.Sprintf("coredns-%s-%s", moduleVersion(gomod, "github.com/coredns/coredns"), gover)
 	},
-	env:   []string{"CGO_ENABLED=0"},
-	steps: []setStep{{out: "coredns", pkg: "github.com/coredns/coredns", ldflags: func(string) string { return "-s -w" }}},
+	env:     []string{"CGO_ENABLED=0"},
+	sources: []string{"coredns/main.go"},
+	steps:   []setStep{{out: "coredns", pkg: "github.com/isthmus-dev/isthmus/testenv/kube/corednstools/coredns", ldflags: func(string) string { return "-s -w" }}},
 }
 
 // CoreDNS returns the path of a static coredns built from
-// github.com/coredns/coredns (the corednstools module, its stock plugin set),
+// github.com/coredns/coredns (the corednstools module, with the plugins of
+// the lab's Corefile),
 // built once into the same cache root as Binaries. Progress goes to standard
 // error.
 func CoreDNS(ctx context.Context) (string, error) { return BuildCoreDNS(ctx, os.Stderr) }
@@ -348,9 +353,12 @@ type binarySet struct {
 	estimate string // of a first build
 	// key names the cache directory from the module's go.mod and the Go
 	// version; buildKey appends a hash of go.mod, go.sum and the platform.
-	key   func(gomod []byte, gover string) string
-	env   []string // added to every go command's environment
-	steps []setStep
+	key func(gomod []byte, gover string) string
+	env []string // added to every go command's environment
+	// sources are files of the module, beside go.mod and go.sum, whose
+	// contents the key hashes: a main package of the module's own.
+	sources []string
+	steps   []setStep
 }
 
 // setStep builds one binary of a set.
@@ -380,7 +388,7 @@ func (s binarySet) build(ctx context.Context, progress io.Writer) (string, error
 	if err != nil {
 		return "", err
 	}
-	key, err := buildKey(ctx, mod, s.key)
+	key, err := buildKey(ctx, mod, s.key, s.sources)
 	if err != nil {
 		return "", err
 	}
@@ -474,8 +482,9 @@ func moduleVersion(gomod []byte, path string) string {
 }
 
 // buildKey names a set's cache directory: its key, then a hash of the
-// module's go.mod and go.sum, the Go version and the platform.
-func buildKey(ctx context.Context, mod string, key func(gomod []byte, gover string) string) (string, error) {
+// module's go.mod and go.sum, the Go version, the platform and the module's
+// files sources.
+func buildKey(ctx context.Context, mod string, key func(gomod []byte, gover string) string, sources []string) (string, error) {
 	gomod, err := os.ReadFile(filepath.Join(mod, "go.mod"))
 	if err != nil {
 		return "", fmt.Errorf("read tools go.mod: %w", err)
@@ -495,6 +504,14 @@ func buildKey(ctx context.Context, mod string, key func(gomod []byte, gover stri
 	h.Write(gomod)
 	h.Write(gosum)
 	h.Write([]byte(gover + runtime.GOOS + runtime.GOARCH))
+	for _, name := range sources {
+		src, err := os.ReadFile(filepath.Join(mod, name))
+		if err != nil {
+			return "", fmt.Errorf("read the build's source: %w", err)
+		}
+		fmt.Fprintf(h, "%s %d\n", name, len(src))
+		h.Write(src)
+	}
 	return key(gomod, gover) + "-" + hex.EncodeToString(h.Sum(nil))[:10], nil
 }
 
