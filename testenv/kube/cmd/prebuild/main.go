@@ -11,9 +11,11 @@
 // run on a machine would sit silent for minutes while kube-apiserver compiles.
 // When the binaries are cached it prints one line for each set and exits.
 //
-// After each set it builds, it prints the CPU time (user and system) its go
-// commands took: the figure docs/development.md's table of first-build costs
-// compares, since wall time depends on what else the machine runs.
+// Run as root, it also makes the Debian layers of the images the tests build
+// (the isthmus image's, and agnhost's and nginx's of the conformance suite),
+// with mmdebstrap, while the kube binaries compile: mmdebstrap mostly waits
+// on Debian's mirrors and on dpkg writing files, so beside the compilers it
+// costs little, where the tests would otherwise make each layer in turn.
 package main
 
 import (
@@ -24,44 +26,65 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/isthmus-dev/isthmus/testenv/image"
+	"github.com/isthmus-dev/isthmus/testenv/kube/e2eimages"
 	"github.com/isthmus-dev/isthmus/testenv/kube/kubebin"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	sets := []struct {
-		name  string
-		build func() error
-	}{
-		{"kube-apiserver, etcd and kube-proxy", func() error { _, _, err := kubebin.Build(ctx, os.Stdout); return err }},
-		{"crictl", func() error { _, err := kubebin.BuildCrictl(ctx, os.Stdout); return err }},
-		{"kubelet", func() error { _, err := kubebin.BuildKubelet(ctx, os.Stdout); return err }},
-		{"kubectl", func() error { _, err := kubebin.BuildKubectl(ctx, os.Stdout); return err }},
-		{"kube-controller-manager and kube-scheduler", func() error { _, _, err := kubebin.BuildControlPlane(ctx, os.Stdout); return err }},
-		{"kube-router", func() error { _, err := kubebin.BuildKubeRouter(ctx, os.Stdout); return err }},
-		{"coredns", func() error { _, err := kubebin.BuildCoreDNS(ctx, os.Stdout); return err }},
-		{"e2e.test and agnhost", func() error { _, err := kubebin.BuildE2ETest(ctx, os.Stdout); return err }},
+	sets := []func() error{
+		func() error { _, _, err := kubebin.Build(ctx, os.Stdout); return err },
+		func() error { _, err := kubebin.BuildCrictl(ctx, os.Stdout); return err },
+		func() error { _, err := kubebin.BuildKubelet(ctx, os.Stdout); return err },
+		func() error { _, err := kubebin.BuildKubectl(ctx, os.Stdout); return err },
+		func() error { _, _, err := kubebin.BuildControlPlane(ctx, os.Stdout); return err },
+		func() error { _, err := kubebin.BuildKubeRouter(ctx, os.Stdout); return err },
+		func() error { _, err := kubebin.BuildCoreDNS(ctx, os.Stdout); return err },
+		func() error { _, err := kubebin.BuildE2ETest(ctx, os.Stdout); return err },
+	}
+	layers := make(chan error, 1)
+	if os.Geteuid() == 0 {
+		go func() { layers <- debianLayers(ctx) }()
+	} else {
+		fmt.Println("testenv/image: not root: the tests make the Debian layers of their images (mmdebstrap needs root)")
+		layers <- nil
 	}
 	for _, s := range sets {
-		before, start := childCPU(), time.Now()
-		if err := s.build(); err != nil {
+		if err := s(); err != nil {
 			fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
 			os.Exit(1)
 		}
-		// A cached set runs only go env: a fraction of a second.
-		if cpu := childCPU() - before; cpu > 5*time.Second {
-			fmt.Printf("testenv/kube: %s: %s CPU (user and system) in %s\n", s.name, cpu.Round(time.Second), time.Since(start).Round(time.Second))
-		}
+	}
+	if err := <-layers; err != nil {
+		fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
+		os.Exit(1)
 	}
 }
 
-// childCPU is the user and system time of the child processes (the go
-// commands and the compilers they ran) that have ended so far.
-func childCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru); err != nil {
-		return 0
+// debianLayers makes, one after another, the Debian layers that are not
+// cached yet: the isthmus image's (image.Packages) and those of the
+// conformance suite's agnhost and nginx images (testenv/kube/e2eimages).
+func debianLayers(ctx context.Context) error {
+	for _, l := range []struct {
+		image    string
+		packages []string
+	}{
+		{"isthmus", image.Packages},
+		{e2eimages.Agnhost, e2eimages.AgnhostPackages},
+		{e2eimages.Nginx, e2eimages.NginxPackages},
+	} {
+		start := time.Now()
+		log := func(format string, args ...any) {
+			fmt.Printf("testenv/image: %s image: "+format+"\n", append([]any{l.image}, args...)...)
+		}
+		if _, err := image.DebianLayer(ctx, image.Debian{Packages: l.packages, Log: log}); err != nil {
+			return fmt.Errorf("the %s image's Debian layer: %w", l.image, err)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			log("Debian layer made in %s", d.Round(time.Second))
+		}
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return nil
 }
