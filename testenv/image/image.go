@@ -23,6 +23,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	"github.com/isthmus-dev/isthmus/testenv/kube/kubebin"
 )
 
 // Suite is the Debian release of the image (the Dockerfile's debian:trixie-slim).
@@ -79,6 +81,17 @@ var DefaultMirrors = []string{
 // Kubernetes binaries of testenv/kube/kubebin).
 const DefaultCacheDir = "/var/cache/isthmus"
 
+// CacheDir is where the Debian layers are cached when no option says:
+// $ISTHMUS_KUBE_CACHE (kubebin.CacheEnv, the kube binaries' cache root, so
+// one variable moves every cache of a first `make test`), else
+// DefaultCacheDir.
+func CacheDir() string {
+	if d := os.Getenv(kubebin.CacheEnv); d != "" {
+		return d
+	}
+	return DefaultCacheDir
+}
+
 // Options say what Build builds. The zero value builds isthmus:dev into
 // bin/isthmus-image.oci.tar of the module.
 type Options struct {
@@ -98,7 +111,7 @@ type Options struct {
 	// bin/isthmus-image-<version>.oci.tar for a version other than dev, in
 	// the module root.
 	Out string
-	// CacheDir holds the cached Debian layer; "" is DefaultCacheDir.
+	// CacheDir holds the cached Debian layer; "" is CacheDir().
 	CacheDir string
 	// Mirrors are apt sources lines; nil is DefaultMirrors.
 	Mirrors []string
@@ -201,7 +214,7 @@ func (o Options) withDefaults() Options {
 		o.Name = "isthmus"
 	}
 	if o.CacheDir == "" {
-		o.CacheDir = DefaultCacheDir
+		o.CacheDir = CacheDir()
 	}
 	if o.Mirrors == nil {
 		o.Mirrors = DefaultMirrors

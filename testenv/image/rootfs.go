@@ -60,7 +60,7 @@ func cacheKey(packages, mirrors []string) string {
 type Debian struct {
 	// Packages are installed over the suite's minimal base.
 	Packages []string
-	// CacheDir holds the cached layers; "" is DefaultCacheDir.
+	// CacheDir holds the cached layers; "" is CacheDir().
 	CacheDir string
 	// Mirrors are apt sources lines; nil is DefaultMirrors.
 	Mirrors []string
@@ -74,7 +74,7 @@ type Debian struct {
 // minutes) and then cached.
 func DebianLayer(ctx context.Context, o Debian) (Layer, error) {
 	if o.CacheDir == "" {
-		o.CacheDir = DefaultCacheDir
+		o.CacheDir = CacheDir()
 	}
 	if o.Mirrors == nil {
 		o.Mirrors = DefaultMirrors

@@ -132,7 +132,7 @@ func ListImages(ctx context.Context, e2eTest string) ([]string, error) {
 // Options say where Build finds what it builds from.
 type Options struct {
 	// CacheDir holds the agnhost image's Debian layer; "" is
-	// image.DefaultCacheDir (shared with the kube binaries).
+	// image.CacheDir() (shared with the kube binaries).
 	CacheDir string
 	// Log, when set, receives a line for each step that takes a while.
 	Log func(format string, args ...any)

@@ -2,12 +2,15 @@ package kubebin
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -165,12 +168,13 @@ func TestBuildSaysWhenCached(t *testing.T) {
 			return apiserver, err
 		}, "kube-apiserver"},
 		{criSet, func(w io.Writer) (string, error) { return BuildCrictl(context.Background(), w) }, "crictl"},
+		{coreDNSSet, func(w io.Writer) (string, error) { return BuildCoreDNS(context.Background(), w) }, "coredns"},
 	} {
 		mod, err := moduleDir(c.set.module)
 		if err != nil {
 			t.Fatal(err)
 		}
-		key, err := buildKey(context.Background(), mod, c.set.key)
+		key, err := buildKey(context.Background(), mod, c.set.key, c.set.sources)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -194,6 +198,69 @@ func TestBuildSaysWhenCached(t *testing.T) {
 		if want := "testenv/kube: " + c.set.names + " found in " + dir + "\n"; out.String() != want {
 			t.Errorf("printed %q, want %q", out.String(), want)
 		}
+	}
+}
+
+// TestBuildKeyHashesSources: a set's key follows the contents of its
+// sources (CoreDNS's main package: a changed plugin list is a new binary),
+// and a set without sources keeps the key it had before sources existed,
+// the hash of go.mod, go.sum, the Go version and the platform, so that no
+// cached kube binary is rebuilt for them.
+func TestBuildKeyHashesSources(t *testing.T) {
+	mod := t.TempDir()
+	for name, data := range map[string]string{
+		"go.mod":  "module example.com/m\n\ngo 1.26.0\n\nrequire example.com/dep v1.2.3\n",
+		"go.sum":  "example.com/dep v1.2.3 h1:x=\n",
+		"main.go": "package main\n\nfunc main() {}\n",
+	} {
+		if err := os.WriteFile(filepath.Join(mod, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	name := func(gomod []byte, gover string) string { return "m-" + moduleVersion(gomod, "example.com/dep") }
+	ctx := context.Background()
+	plain, err := buildKey(ctx, mod, name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gover, err := exec.Command(goCmd(), "env", "GOVERSION").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sha256.New()
+	for _, f := range []string{"go.mod", "go.sum"} {
+		b, err := os.ReadFile(filepath.Join(mod, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Write(b)
+	}
+	h.Write([]byte(strings.TrimSpace(string(gover)) + runtime.GOOS + runtime.GOARCH))
+	if want := "m-v1.2.3-" + hex.EncodeToString(h.Sum(nil))[:10]; plain != want {
+		t.Errorf("key without sources %s, want %s (the key before sources: cached builds must stay valid)", plain, want)
+	}
+	withMain, err := buildKey(ctx, mod, name, []string{"main.go"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if withMain == plain {
+		t.Errorf("key with main.go %s equals the key without", withMain)
+	}
+	if err := os.WriteFile(filepath.Join(mod, "main.go"), []byte("package main\n\nfunc main() { println() }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	changed, err := buildKey(ctx, mod, name, []string{"main.go"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if changed == withMain {
+		t.Errorf("key %s did not change with main.go", changed)
+	}
+	if again, err := buildKey(ctx, mod, name, nil); err != nil || again != plain {
+		t.Errorf("key without sources changed with main.go: %s, %v; want %s", again, err, plain)
+	}
+	if _, err := buildKey(ctx, mod, name, []string{"absent.go"}); err == nil {
+		t.Error("key of a missing source: no error")
 	}
 }
 

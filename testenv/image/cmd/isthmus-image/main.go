@@ -24,7 +24,7 @@ func main() {
 	flag.StringVar(&o.Commit, "commit", "", "the commit the binaries report (default git rev-parse HEAD, -dirty for a changed tree)")
 	flag.StringVar(&o.LDFlags, "ldflags", "", "extra go build -ldflags for the binaries")
 	flag.StringVar(&o.Out, "o", "", "the archive to write (default bin/isthmus-image.oci.tar, or bin/isthmus-image-<version>.oci.tar)")
-	flag.StringVar(&o.CacheDir, "cache", image.DefaultCacheDir, "where the Debian layer is cached")
+	flag.StringVar(&o.CacheDir, "cache", image.CacheDir(), "where the Debian layer is cached ($ISTHMUS_KUBE_CACHE, else "+image.DefaultCacheDir+")")
 	flag.Parse()
 	o.Log = func(format string, args ...any) { fmt.Fprintf(os.Stderr, "isthmus-image: "+format+"\n", args...) }
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -10,6 +10,12 @@
 // shows the output of a passing package only with -v: without it, the first
 // run on a machine would sit silent for minutes while kube-apiserver compiles.
 // When the binaries are cached it prints one line for each set and exits.
+//
+// Run as root, it also makes the Debian layers of the images the tests build
+// (the isthmus image's, and agnhost's and nginx's of the conformance suite),
+// with mmdebstrap, while the kube binaries compile: mmdebstrap mostly waits
+// on Debian's mirrors and on dpkg writing files, so beside the compilers it
+// costs little, where the tests would otherwise make each layer in turn.
 package main
 
 import (
@@ -18,43 +24,67 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
+	"github.com/isthmus-dev/isthmus/testenv/image"
+	"github.com/isthmus-dev/isthmus/testenv/kube/e2eimages"
 	"github.com/isthmus-dev/isthmus/testenv/kube/kubebin"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if _, _, err := kubebin.Build(ctx, os.Stdout); err != nil {
+	sets := []func() error{
+		func() error { _, _, err := kubebin.Build(ctx, os.Stdout); return err },
+		func() error { _, err := kubebin.BuildCrictl(ctx, os.Stdout); return err },
+		func() error { _, err := kubebin.BuildKubelet(ctx, os.Stdout); return err },
+		func() error { _, err := kubebin.BuildKubectl(ctx, os.Stdout); return err },
+		func() error { _, _, err := kubebin.BuildControlPlane(ctx, os.Stdout); return err },
+		func() error { _, err := kubebin.BuildKubeRouter(ctx, os.Stdout); return err },
+		func() error { _, err := kubebin.BuildCoreDNS(ctx, os.Stdout); return err },
+		func() error { _, err := kubebin.BuildE2ETest(ctx, os.Stdout); return err },
+	}
+	layers := make(chan error, 1)
+	if os.Geteuid() == 0 {
+		go func() { layers <- debianLayers(ctx) }()
+	} else {
+		fmt.Println("testenv/image: not root: the tests make the Debian layers of their images (mmdebstrap needs root)")
+		layers <- nil
+	}
+	for _, s := range sets {
+		if err := s(); err != nil {
+			fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
+			os.Exit(1)
+		}
+	}
+	if err := <-layers; err != nil {
 		fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
 		os.Exit(1)
 	}
-	if _, err := kubebin.BuildCrictl(ctx, os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
-		os.Exit(1)
+}
+
+// debianLayers makes, one after another, the Debian layers that are not
+// cached yet: the isthmus image's (image.Packages) and those of the
+// conformance suite's agnhost and nginx images (testenv/kube/e2eimages).
+func debianLayers(ctx context.Context) error {
+	for _, l := range []struct {
+		image    string
+		packages []string
+	}{
+		{"isthmus", image.Packages},
+		{e2eimages.Agnhost, e2eimages.AgnhostPackages},
+		{e2eimages.Nginx, e2eimages.NginxPackages},
+	} {
+		start := time.Now()
+		log := func(format string, args ...any) {
+			fmt.Printf("testenv/image: %s image: "+format+"\n", append([]any{l.image}, args...)...)
+		}
+		if _, err := image.DebianLayer(ctx, image.Debian{Packages: l.packages, Log: log}); err != nil {
+			return fmt.Errorf("the %s image's Debian layer: %w", l.image, err)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			log("Debian layer made in %s", d.Round(time.Second))
+		}
 	}
-	if _, err := kubebin.BuildKubelet(ctx, os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
-		os.Exit(1)
-	}
-	if _, err := kubebin.BuildKubectl(ctx, os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
-		os.Exit(1)
-	}
-	if _, _, err := kubebin.BuildControlPlane(ctx, os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
-		os.Exit(1)
-	}
-	if _, err := kubebin.BuildKubeRouter(ctx, os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
-		os.Exit(1)
-	}
-	if _, err := kubebin.BuildCoreDNS(ctx, os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
-		os.Exit(1)
-	}
-	if _, err := kubebin.BuildE2ETest(ctx, os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
-		os.Exit(1)
-	}
+	return nil
 }
