@@ -90,7 +90,7 @@ func newClusterCmd() *cobra.Command {
 // a cluster of the lab it brings up and takes down (testenv/conformance), or
 // against the cluster of --kubeconfig.
 func newConformanceCmd() *cobra.Command {
-	var scenario, name, focus, report, binary, kubeconfig string
+	var scenario, name, focus, cases, report, binary, kubeconfig string
 	cmd := &cobra.Command{
 		Use:   "conformance",
 		Short: "Run Kubernetes' network conformance suite (e2e.test) against a lab cluster and summarize its JUnit report",
@@ -110,7 +110,7 @@ func newConformanceCmd() *cobra.Command {
 			ctx, cancel := signalContext()
 			defer cancel()
 			logf := func(format string, args ...any) { fmt.Fprintf(cmd.ErrOrStderr(), format+"\n", args...) }
-			o := conformance.LabOptions{Focus: f, ReportDir: report, Name: name, Binary: binary, Kubeconfig: kubeconfig, Output: cmd.ErrOrStderr(), Log: logf}
+			o := conformance.LabOptions{Focus: f, Cases: cases, ReportDir: report, Name: name, Binary: binary, Kubeconfig: kubeconfig, Output: cmd.ErrOrStderr(), Log: logf}
 			if kubeconfig == "" {
 				if o.Scenario, err = testenv.LoadScenario(scenario); err != nil {
 					return err
@@ -131,6 +131,7 @@ func newConformanceCmd() *cobra.Command {
 	cmd.Flags().StringVar(&scenario, "scenario", "default", "scenario file or built-in name of the lab cluster")
 	cmd.Flags().StringVar(&name, "name", "", "name of the lab cluster (default: the scenario's), so that it can run beside another lab of the scenario")
 	cmd.Flags().StringVar(&focus, "focus", string(conformance.Full), "short (Networking Granular Checks) or full")
+	cmd.Flags().StringVar(&cases, "cases", "", "regular expression of the cases to run instead of the focus' (the skip list still applies): to run failed cases again")
 	cmd.Flags().StringVar(&report, "report", "conformance-report", "directory for the suite's JUnit report (junit_01.xml) and its output (e2e.log)")
 	cmd.Flags().StringVar(&binary, "binary", "", "isthmus binary the lab's tools run (default: the isthmus beside this executable)")
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "run against this cluster instead of bringing one up (a real cluster, or `cluster up`'s)")

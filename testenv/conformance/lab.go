@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"time"
 
 	"github.com/isthmus-dev/isthmus/testenv"
@@ -23,6 +24,9 @@ type LabOptions struct {
 	// of bringing one up.
 	Kubeconfig string
 	Focus      Focus
+	// Cases, when set, is a regular expression that replaces the focus' own
+	// (the skip list still applies): to run again the cases a run failed.
+	Cases string
 	// ReportDir receives the JUnit report and the suite's output.
 	ReportDir string
 	// Output receives the suite's output as it runs.
@@ -50,6 +54,12 @@ func RunInLab(ctx context.Context, o LabOptions) (s Summary, err error) {
 	sel, err := Select(o.Focus)
 	if err != nil {
 		return s, err
+	}
+	if o.Cases != "" {
+		if _, err := regexp.Compile(o.Cases); err != nil {
+			return s, fmt.Errorf("cases: %w", err)
+		}
+		sel.Focus = o.Cases
 	}
 	e2e, err := kubebin.E2ETest(ctx)
 	if err != nil {
