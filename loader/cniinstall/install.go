@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 )
 
 // Defaults of the runtime's directories and of the names isthmus puts there.
@@ -42,8 +43,84 @@ func InstallPlugin(src, binDir string) error { return installBinary(src, binDir,
 // binDir/portmap the same way. A portmap already there (the node's own,
 // from a package of the reference plugins) is replaced: the conflist's
 // cniVersions need a portmap of CNI 1.1 (plugins v1.5 or later), and the
-// one isthmus ships is the one it is tested with.
-func InstallPortmap(src, binDir string) error { return installBinary(src, binDir, PortmapName) }
+// one isthmus ships is the one it is tested with. The first install records
+// what it found (portmapRecord, a hard link to the node's own portmap), so
+// that Uninstall leaves the directory as it was.
+func InstallPortmap(src, binDir string) error {
+	if err := recordPortmap(binDir); err != nil {
+		return err
+	}
+	return installBinary(src, binDir, PortmapName)
+}
+
+// portmapRecord, in the CNI bin directory, says what the first
+// InstallPortmap found there: portmapAdded (no portmap) or portmapReplaced
+// (the node's own, kept as portmapSaved).
+const (
+	portmapRecord   = ".isthmus-portmap"
+	portmapSaved    = ".portmap.isthmus-saved"
+	portmapAdded    = "added"
+	portmapReplaced = "replaced"
+)
+
+// recordPortmap writes portmapRecord unless an earlier install did, keeping
+// a portmap already in binDir as portmapSaved (a hard link: the node's
+// portmap stays in place until the new one is renamed over it).
+func recordPortmap(binDir string) error {
+	record := filepath.Join(binDir, portmapRecord)
+	if _, err := os.Stat(record); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(binDir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", binDir, err)
+	}
+	what := portmapAdded
+	if _, err := os.Lstat(filepath.Join(binDir, PortmapName)); err == nil {
+		saved := filepath.Join(binDir, portmapSaved)
+		if err := os.Remove(saved); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("keep the node's portmap: %w", err)
+		}
+		if err := os.Link(filepath.Join(binDir, PortmapName), saved); err != nil {
+			return fmt.Errorf("keep the node's portmap: %w", err)
+		}
+		what = portmapReplaced
+	}
+	if err := os.WriteFile(record, []byte(what+"\n"), 0o644); err != nil {
+		return fmt.Errorf("record the node's portmap: %w", err)
+	}
+	return nil
+}
+
+// restorePortmap undoes what portmapRecord says the first install did: it
+// puts the node's own portmap back, or removes the one isthmus added. Without
+// a record (a portmap isthmus never installed) it leaves portmap alone.
+func restorePortmap(binDir string) error {
+	record := filepath.Join(binDir, portmapRecord)
+	b, err := os.ReadFile(record)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", record, err)
+	}
+	pm := filepath.Join(binDir, PortmapName)
+	switch strings.TrimSpace(string(b)) {
+	case portmapReplaced:
+		if err := os.Rename(filepath.Join(binDir, portmapSaved), pm); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("put the node's portmap back: %w", err)
+		}
+	case portmapAdded:
+		if err := os.Remove(pm); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove %s: %w", pm, err)
+		}
+	default:
+		return fmt.Errorf("%s: unknown record %q", record, b)
+	}
+	if err := os.Remove(record); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove %s: %w", record, err)
+	}
+	return nil
+}
 
 // installBinary copies src to binDir/name through a temporary file in the
 // same directory and a rename.
@@ -204,12 +281,16 @@ type pluginConf struct {
 
 // Uninstall removes the plugin from binDir and the conflist from confDir
 // (an empty directory name skips it), with any temporary file a crash left;
-// what is already gone counts as removed. It leaves portmap: the node's
-// other network configurations may chain the reference plugin too, and a
-// portmap was often there before isthmus (only a crash's temporary copy of
-// it goes).
+// what is already gone counts as removed. portmap goes back to what the first
+// InstallPortmap found: the node's own portmap (other network configurations
+// may chain it), or none.
 func Uninstall(binDir, confDir string) error {
 	var errs []error
+	if binDir != "" {
+		if err := restorePortmap(binDir); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, d := range []struct {
 		dir, file string // file "": only the leftovers
 		tmp       string

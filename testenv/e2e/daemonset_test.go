@@ -538,7 +538,9 @@ func checkNodeClean(t *testing.T, ctx context.Context, l *testenv.Lab, node stri
 	if out, err := testenv.Command(ctx, ns, "iptables", "-w", "-t", "nat", "-S").CombinedOutput(); err != nil || strings.Contains(string(out), datapath.ExemptChain) {
 		t.Errorf("%s: iptables -t nat -S: %v\n%s", node, err, out)
 	}
-	for _, f := range []string{filepath.Join(l.CNIConfDir(node), cniinstall.ConflistName), filepath.Join(l.CNIBinDir(node), cniinstall.PluginName)} {
+	// The lab's nodes had no portmap before the install: none after.
+	for _, f := range []string{filepath.Join(l.CNIConfDir(node), cniinstall.ConflistName), filepath.Join(l.CNIBinDir(node), cniinstall.PluginName),
+		filepath.Join(l.CNIBinDir(node), cniinstall.PortmapName)} {
 		if _, err := os.Stat(f); !os.IsNotExist(err) {
 			t.Errorf("%s: %s left (stat: %v)", node, f, err)
 		}
