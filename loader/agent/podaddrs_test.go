@@ -34,8 +34,9 @@ func TestAgentKernelPodAddrs(t *testing.T) {
 	bin, conf, data := t.TempDir(), t.TempDir(), t.TempDir()
 	sock := filepath.Join(t.TempDir(), "ipam.sock")
 	for out, pkg := range map[string]string{
-		cniinstall.PluginName: "github.com/isthmus-dev/isthmus/cmd/isthmus-cni",
-		"cnitool":             "github.com/containernetworking/cni/cnitool",
+		cniinstall.PluginName:  "github.com/isthmus-dev/isthmus/cmd/isthmus-cni",
+		cniinstall.PortmapName: "github.com/containernetworking/plugins/plugins/meta/portmap", // the conflist chains it (hostPort)
+		"cnitool":              "github.com/containernetworking/cni/cnitool",
 	} {
 		if b, err := exec.Command("go", "build", "-o", filepath.Join(bin, out), pkg).CombinedOutput(); err != nil {
 			t.Fatalf("go build %s: %v\n%s", pkg, err, b)
