@@ -69,6 +69,11 @@ const ConfigFlagMasquerade uint32 = 1 << 2
 // as they leave it (plan.NodePlan.FabricEgress).
 const ConfigFlagFabricEgress uint32 = 1 << 3
 
+// ConfigFlagFIBDirect is CFG_F_FIB_DIRECT: the node's policy rules are the
+// kernel's own and isthmus', so the fast path's FIB lookups may ask the main table
+// alone first (datapath.DirectFIB, bpf/lib/fib.h fib_lookup_v4_fast).
+const ConfigFlagFIBDirect uint32 = 1 << 4
+
 // RouteFlagViaFabric is ROUTE_F_VIA_FABRIC of bpf/lib/types.h: the route's next hops
 // are gateways of this node's own site, reached by the underlay device (not isthmus0)
 // by packets from sources in fabric_prefixes (plan.Route.ViaFabric).

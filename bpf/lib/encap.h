@@ -217,7 +217,7 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 	if (!cfg)
 		return from_pod ? TC_ACT_OK : DROP_NO_CONFIG;
 	if (from_pod) {
-		int guard = pod_source_check(skb, iph, c.pos, c.end);
+		int guard = pod_source_check(skb, cfg, iph, c.pos, c.end);
 
 		if (guard < 0)
 			return guard;

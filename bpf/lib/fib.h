@@ -23,9 +23,8 @@
  * locked route MTU, a learned path MTU, else the device's), before any neighbour
  * lookup. Either way, on
  * BPF_FIB_LKUP_RET_FRAG_NEEDED p->mtu_result holds the MTU it failed. */
-static __always_inline int fib_lookup_v4(struct __sk_buff *skb, struct bpf_fib_lookup *p,
-					 __be32 saddr, __be32 daddr, __u8 tos, __u8 proto,
-					 __u32 ifindex, __u16 tot_len)
+static __always_inline void fib_params_v4(struct bpf_fib_lookup *p, __be32 saddr, __be32 daddr,
+					  __u8 tos, __u8 proto, __u32 ifindex, __u16 tot_len)
 {
 	__builtin_memset(p, 0, sizeof(*p));
 	p->family = AF_INET;
@@ -35,7 +34,51 @@ static __always_inline int fib_lookup_v4(struct __sk_buff *skb, struct bpf_fib_l
 	p->ipv4_src = saddr;
 	p->ipv4_dst = daddr;
 	p->ifindex = ifindex;
+}
+
+static __always_inline int fib_lookup_v4(struct __sk_buff *skb, struct bpf_fib_lookup *p,
+					 __be32 saddr, __be32 daddr, __u8 tos, __u8 proto,
+					 __u32 ifindex, __u16 tot_len)
+{
+	fib_params_v4(p, saddr, daddr, tos, proto, ifindex, tot_len);
 	return bpf_fib_lookup(skb, p, sizeof(*p), 0);
+}
+
+/* fib_lookup_v4_fast's want_ifindex for "any pod interface (pod_ifaces)". */
+#define FIB_WANT_POD_IFACE	0xffffffffU
+
+/* fib_lookup_v4 for the lookups every fast-path packet makes (the next hop to a peer,
+ * delivery to a local pod, the pod's source check), trying the main table alone first.
+ * A full lookup walks the policy rules, and with any rule besides the kernel's three
+ * the kernel keeps the local and main tables apart: two tries and the rule list for
+ * every lookup, 40% of what the fast path's programs cost in a stream. With
+ * CFG_F_FIB_DIRECT the agent has established that every rule on the node is the
+ * kernel's own or isthmus' (whose sources are the node's pod blocks, whose tables hold
+ * remote prefixes only: docs/architecture.md, "FIB lookups"), so for these lookups
+ * the rules could only add the local table: BPF_FIB_LOOKUP_DIRECT answers from main,
+ * and the caller takes that answer only when it is the expected one (want_ifindex: that
+ * interface; FIB_WANT_POD_IFACE: a pod interface; 0: any SUCCESS or NO_NEIGH, a next
+ * hop). Every other outcome asks the
+ * full FIB again, so a lookup that falls through to the local table, or fails, is
+ * answered as before. flags: extra BPF_FIB_LOOKUP_* flags of both lookups. */
+static __always_inline int fib_lookup_v4_fast(struct __sk_buff *skb, const struct datapath_config *cfg,
+					      struct bpf_fib_lookup *p, __be32 saddr, __be32 daddr,
+					      __u8 tos, __u8 proto, __u32 ifindex, __u32 flags,
+					      __u32 want_ifindex)
+{
+	int rc;
+
+	if (cfg && (cfg->flags & CFG_F_FIB_DIRECT)) {
+		fib_params_v4(p, saddr, daddr, tos, proto, ifindex, 0);
+		rc = bpf_fib_lookup(skb, p, sizeof(*p), flags | BPF_FIB_LOOKUP_DIRECT);
+		if ((rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) &&
+		    (want_ifindex == FIB_WANT_POD_IFACE ?
+		     bpf_map_lookup_elem(&pod_ifaces, &p->ifindex) != NULL :
+		     !want_ifindex || p->ifindex == want_ifindex))
+			return rc;
+	}
+	fib_params_v4(p, saddr, daddr, tos, proto, ifindex, 0);
+	return bpf_fib_lookup(skb, p, sizeof(*p), flags);
 }
 
 /* Returns 1 if delivery to pod interface ifindex may enter the pod straight through its
@@ -108,7 +151,7 @@ static __always_inline int send_to_peer(struct __sk_buff *skb, const struct data
 	struct bpf_fib_lookup p;
 	int rc;
 
-	rc = fib_lookup_v4(skb, &p, src, peer, 0, IPPROTO_UDP, skb->ifindex, 0);
+	rc = fib_lookup_v4_fast(skb, cfg, &p, src, peer, 0, IPPROTO_UDP, skb->ifindex, 0, 0);
 	return send_looked_up(skb, cfg, eth, &p, rc, peer, metric, hook, group);
 }
 
@@ -247,8 +290,8 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 	if (parse_ipv4(&c, &iph) < 0)
 		return DROP_INNER_INVALID;
 
-	rc = fib_lookup_v4(skb, &p, iph->saddr, iph->daddr, iph->tos, iph->protocol,
-			   skb->ifindex, 0);
+	rc = fib_lookup_v4_fast(skb, cfg, &p, iph->saddr, iph->daddr, iph->tos, iph->protocol,
+				skb->ifindex, 0, FIB_WANT_POD_IFACE);
 	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED) {
 		/* Local, broadcast or multicast. Only the node's tunnel and underlay
 		 * addresses are the host's to receive through the tunnel, from the sources

@@ -26,8 +26,8 @@
  * DROP_POD_GENEVE for UDP to port 6081 of a known peer: the peer would take it as a
  * tunnel frame from this node once something (another CNI's masquerade) rewrites the
  * source to the node's address, and any inner source would reach its pods. */
-static __always_inline int pod_source_check(struct __sk_buff *skb, const struct iphdr *iph,
-					    const void *l4, const void *data_end)
+static __always_inline int pod_source_check(struct __sk_buff *skb, const struct datapath_config *cfg,
+					    const struct iphdr *iph, const void *l4, const void *data_end)
 {
 	const struct udphdr *udp = l4;
 	const struct pod_iface_value *pi;
@@ -43,12 +43,8 @@ static __always_inline int pod_source_check(struct __sk_buff *skb, const struct 
 		if (!bpf_map_lookup_elem(&pod_addrs, &k))
 			return DROP_POD_SRC_NOT_RESERVED;
 	} else {
-		__builtin_memset(&p, 0, sizeof(p));
-		p.family = AF_INET;
-		p.ipv4_src = daddr;
-		p.ipv4_dst = iph->saddr;
-		p.ifindex = ifindex;
-		rc = bpf_fib_lookup(skb, &p, sizeof(p), BPF_FIB_LOOKUP_SKIP_NEIGH);
+		rc = fib_lookup_v4_fast(skb, cfg, &p, daddr, iph->saddr, 0, 0, ifindex,
+					BPF_FIB_LOOKUP_SKIP_NEIGH, ifindex);
 		if (rc != BPF_FIB_LKUP_RET_SUCCESS || p.ifindex != ifindex)
 			return DROP_POD_SRC_SPOOFED;
 	}

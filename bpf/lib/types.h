@@ -160,6 +160,10 @@ struct peer_source_value {
 						 * declared pods' replies: their packets on
 						 * ROUTE_F_VIA_FABRIC routes are encapsulated
 						 * as they leave the underlay device */
+#define CFG_F_FIB_DIRECT	(1 << 4)	/* the node's policy rules are the kernel's
+						 * own and isthmus': the fast path's FIB
+						 * lookups may go straight to the main table
+						 * (lib/fib.h fib_lookup_v4_fast) */
 struct datapath_config {
 	__u32 vni;		/* GENEVE VNI, host order, low 24 bits */
 	__be32 underlay_ip;	/* this node's tunnel endpoint, the outer source */

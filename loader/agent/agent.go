@@ -134,6 +134,13 @@ type Agent struct {
 	// that does not tell): the sync that writes the plan to the maps records
 	// the time from it (metrics.Sync.EventToMaps).
 	changedSince time.Time
+	// fibDirect is what the last sync found of the node's policy rules:
+	// maps.ConfigFlagFIBDirect (datapath.DirectFIB); fibDirectWhy is why not.
+	fibDirect    bool
+	fibDirectWhy string
+	// ruleWatch is set while Run watches the policy rules, ruleWatchLost once
+	// that watch has stopped.
+	ruleWatch, ruleWatchLost bool
 	// resize is set when the plan outgrew a map (maps.ErrCapacity) and growing
 	// it in place failed: Run returns it, so the agent restarts and sizes the maps again.
 	resize error
@@ -528,6 +535,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("subscribe to address updates: %w", err)
 	}
+	// Policy rules decide whether the fast path's FIB lookups may skip them.
+	rules := make(chan struct{}, 1)
+	if err := datapath.RuleSubscribe(rules, done, func(err error) {
+		if ctx.Err() == nil {
+			a.log.Error("policy rule updates", "err", err)
+		}
+	}); err != nil {
+		return err
+	}
+	a.ruleWatch = true
+	defer func() { a.ruleWatch = false }()
 	// Interfaces that appeared between Start and the subscription.
 	a.scanPodsLogged()
 	a.syncLogged("pods", false)
@@ -574,6 +592,13 @@ func (a *Agent) Run(ctx context.Context) error {
 			if u.LinkAddress.IP.Equal(a.plan.Underlay.AsSlice()) {
 				a.syncLogged("underlay", false)
 			}
+		case _, ok := <-rules:
+			if !ok {
+				a.log.Error("policy rule updates stopped; FIB lookups walk the rules")
+				rules = nil
+				a.ruleWatchLost = true
+			}
+			a.syncLogged("rules", false)
 		case <-resync.C:
 			a.scanPodsLogged()
 			a.syncLogged("resync", true)
@@ -829,7 +854,33 @@ func (a *Agent) desired(current maps.State) maps.State {
 	a.logWarnings("maps", warns)
 	// CFG_F_TRACE belongs to a running `isthmus trace`: keep what the kernel holds.
 	s.Config.Flags |= current.Config.Flags & maps.ConfigFlagTrace
+	if a.directFIB() {
+		s.Config.Flags |= maps.ConfigFlagFIBDirect
+	}
 	return s
+}
+
+// directFIB reports whether the fast path's FIB lookups may go straight to the
+// main table (datapath.DirectFIB), and logs when that changes. Without a watch on
+// the rules (it failed, or Run has not started it) they always walk the rules: a
+// rule added later would go unseen.
+func (a *Agent) directFIB() bool {
+	ok, why, err := false, "policy rules are not watched", error(nil)
+	if a.ruleWatch && !a.ruleWatchLost {
+		ok, why, err = datapath.DirectFIB(a.plan.Underlay)
+		if err != nil {
+			ok, why = false, err.Error()
+		}
+	}
+	if ok != a.fibDirect || (!ok && why != a.fibDirectWhy) {
+		if ok {
+			a.log.Info("fast-path FIB lookups go to the main table: the policy rules are the kernel's and isthmus'")
+		} else {
+			a.log.Info("fast-path FIB lookups walk the policy rules", "why", why)
+		}
+	}
+	a.fibDirect, a.fibDirectWhy = ok, why
+	return ok
 }
 
 // podAddrs returns the CNI plugin's reservations of the attached pod

@@ -744,3 +744,38 @@ func (e *testEnv) run(t *testing.T, a *Agent) (stop func() error) {
 	time.Sleep(200 * time.Millisecond) // let Run subscribe
 	return stop
 }
+
+// TestAgentKernelDirectFIB: the agent lets the fast path's FIB lookups go straight to
+// the main table only while the node's policy rules are the kernel's and its own, and
+// takes that back as soon as anyone adds another rule (and gives it again once the
+// rule is gone), without waiting for a resync.
+func TestAgentKernelDirectFIB(t *testing.T) {
+	e := setup(t)
+	e.cfg.Resync = time.Hour // only the rule watch may notice
+	a, err := Start(e.cfg)
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	defer a.Close()
+	if readMaps(t, e.pinDir).Config.Flags&maps.ConfigFlagFIBDirect != 0 {
+		t.Fatal("FIB lookups go direct before the rules are watched")
+	}
+	stop := e.run(t, a)
+	direct := func() bool { return readMaps(t, e.pinDir).Config.Flags&maps.ConfigFlagFIBDirect != 0 }
+	eventually(t, 2*time.Second, "fib-direct with the kernel's and isthmus' rules", direct)
+
+	foreign := netlink.NewRule()
+	foreign.Family, foreign.Priority, foreign.Table = unix.AF_INET, 100, 150
+	foreign.Src = &net.IPNet{IP: net.IPv4(10, 9, 9, 0), Mask: net.CIDRMask(24, 32)}
+	if err := netlink.RuleAdd(foreign); err != nil {
+		t.Fatalf("add a foreign rule: %v", err)
+	}
+	eventually(t, 2*time.Second, "no fib-direct once another rule exists", func() bool { return !direct() })
+	if err := netlink.RuleDel(foreign); err != nil {
+		t.Fatalf("delete the foreign rule: %v", err)
+	}
+	eventually(t, 2*time.Second, "fib-direct again once the rule is gone", direct)
+	if err := stop(); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+}

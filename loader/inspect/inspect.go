@@ -375,7 +375,10 @@ func (m *Maps) Config() (Config, error) {
 	if c.Flags&maps.ConfigFlagFabricEgress != 0 {
 		out.Flags = append(out.Flags, "fabric-egress")
 	}
-	if rest := c.Flags &^ (maps.ConfigFlagTransit | maps.ConfigFlagTrace | maps.ConfigFlagMasquerade | maps.ConfigFlagFabricEgress); rest != 0 {
+	if c.Flags&maps.ConfigFlagFIBDirect != 0 {
+		out.Flags = append(out.Flags, "fib-direct")
+	}
+	if rest := c.Flags &^ (maps.ConfigFlagTransit | maps.ConfigFlagTrace | maps.ConfigFlagMasquerade | maps.ConfigFlagFabricEgress | maps.ConfigFlagFIBDirect); rest != 0 {
 		out.Flags = append(out.Flags, fmt.Sprintf("0x%x", rest))
 	}
 	for i := range st.PodIfaces {
