@@ -73,7 +73,11 @@ type oracleWorld struct {
 	natSourceFlowsMax      int
 	snatNatMax, masqNatMax int
 	masquerade             bool
-	masqExempt             []netip.Prefix // masq_exempt
+	// fibDirect is CFG_F_FIB_DIRECT: the lab's namespace has only the kernel's
+	// policy rules, so the agent would let the fast path's FIB lookups go straight
+	// to main, and the model's FIB (one table) answers the same either way.
+	fibDirect  bool
+	masqExempt []netip.Prefix // masq_exempt
 	// fabricPrefixes is fabric_prefixes (this site's own blocks); the FIB routes
 	// fabricRoutes of them to the fabric router on the underlay (fabricMAC) and
 	// cniRoutes to an interface of another CNI (not a pod interface of isthmus).

@@ -131,6 +131,7 @@ func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 				reply: oracleTuple{src: remotePodIP, dst: podIP, sport: 8080, dport: 40005}, assured: true},
 		},
 		masquerade: true,
+		fibDirect:  true,
 		// Each source's share of each table: cniPod holds all of nat's, podIP all of
 		// masq_nat's (its expired flow included: the datapath counts a flow until it
 		// deletes its entry).
@@ -328,6 +329,9 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 	cfg.SnatPortMin, cfg.SnatPortMax = w.snatPortMin, w.snatPortMax
 	if w.masquerade {
 		cfg.Flags |= cfgMasquerade
+	}
+	if w.fibDirect {
+		cfg.Flags |= cfgFIBDirect
 	}
 	// Every decision traced: a delivery's record names the interface it redirects to.
 	cfg.Flags |= cfgFlagTrace
