@@ -81,14 +81,18 @@ static __always_inline int fib_lookup_v4_fast(struct __sk_buff *skb, const struc
 	return bpf_fib_lookup(skb, p, sizeof(*p), flags);
 }
 
-/* Returns 1 if delivery to pod interface ifindex may enter the pod straight through its
- * peer (bpf_redirect_peer): the interface is in pod_ifaces and has a peer (not
+/* Returns 1 if delivery to the pod interface whose pod_ifaces entry is pi (NULL: none)
+ * may enter the pod straight through its peer (bpf_redirect_peer): it has a peer (not
  * POD_IFACE_F_NO_PEER, such as a bridge). */
+static __always_inline int pod_iface_peer(const struct pod_iface_value *pi)
+{
+	return pi && !(pi->flags & POD_IFACE_F_NO_PEER);
+}
+
+/* pod_iface_peer of interface ifindex. */
 static __always_inline int pod_iface_has_peer(__u32 ifindex)
 {
-	const struct pod_iface_value *pi = bpf_map_lookup_elem(&pod_ifaces, &ifindex);
-
-	return pi && !(pi->flags & POD_IFACE_F_NO_PEER);
+	return pod_iface_peer(bpf_map_lookup_elem(&pod_ifaces, &ifindex));
 }
 
 /* Sends the frame toward the next hop p resolved: MACs from the lookup and
@@ -163,12 +167,12 @@ static __always_inline int send_to_peer(struct __sk_buff *skb, const struct data
 static __always_inline int forward_to_pod(struct __sk_buff *skb,
 					  const struct datapath_config *cfg, struct ethhdr *eth,
 					  struct iphdr *iph, struct bpf_fib_lookup *p, int rc,
-					  __u8 hook)
+					  const struct pod_iface_value *pi, __u8 hook)
 {
 	int ret;
 
 	ipv4_decrease_ttl(iph);
-	ret = redirect_nexthop(eth, p, rc, pod_iface_has_peer(p->ifindex));
+	ret = redirect_nexthop(eth, p, rc, pod_iface_peer(pi));
 	if (ret < 0)
 		return ret;
 	metrics_count(METRIC_DELIVER_POD, hook, skb->len);
@@ -275,6 +279,7 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 {
 	/* Reverse SNAT first (lib/nat.h): it may rewrite the destination to a pod. */
 	int nat = snat_reverse(skb, cfg, hook);
+	const struct pod_iface_value *pi;
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct cursor c = { .pos = data, .end = data_end };
@@ -307,7 +312,8 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH &&
 	    rc != BPF_FIB_LKUP_RET_FRAG_NEEDED)
 		return DROP_NOT_LOCAL;
-	if (!bpf_map_lookup_elem(&pod_ifaces, &p.ifindex)) {
+	pi = bpf_map_lookup_elem(&pod_ifaces, &p.ifindex);
+	if (!pi) {
 		if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED)
 			return DROP_NOT_LOCAL;
 		/* Never back into the tunnel through isthmus0: that would loop. */
@@ -329,7 +335,7 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 		return deliver_to_stack(skb, cfg, eth, OVERLAY_MARK, METRIC_DELIVER_POD, hook);
 	if (iph->ttl <= 1)
 		return DROP_TTL_EXCEEDED;
-	return forward_to_pod(skb, cfg, eth, iph, &p, rc, hook);
+	return forward_to_pod(skb, cfg, eth, iph, &p, rc, pi, hook);
 }
 
 /* Returns 1 if frame eth, arriving on skb->ifindex with a source of route rt, comes
