@@ -26,6 +26,13 @@ __attribute__((noinline)) int isthmus_btf_types(struct decap_meta *meta, enum ho
 	return 0;
 }
 
+/* Never called either: puts metrics_key (what a slot of the metrics array counts) and
+ * enum metric_slots (its shape) into the BTF. */
+__attribute__((noinline)) int isthmus_btf_metrics_types(struct metrics_key *key, enum metric_slots slots)
+{
+	return 0;
+}
+
 /* Never called either: puts trace_event (only ever a ring buffer record) into the BTF. */
 __attribute__((noinline)) int isthmus_btf_trace_types(struct trace_event *ev)
 {

@@ -151,6 +151,7 @@ type IsthmusMasqExemptValue struct {
 type IsthmusMetric uint32
 
 const (
+	IsthmusMetricMETRIC_OUT_OF_RANGE         IsthmusMetric = 0
 	IsthmusMetricMETRIC_ENCAP                IsthmusMetric = 1
 	IsthmusMetricMETRIC_DECAP                IsthmusMetric = 2
 	IsthmusMetricMETRIC_DELIVER_POD          IsthmusMetric = 3
@@ -169,6 +170,15 @@ const (
 	IsthmusMetricMETRIC_MASQ                 IsthmusMetric = 16
 	IsthmusMetricMETRIC_MASQ_REVERSE         IsthmusMetric = 17
 	IsthmusMetricMETRIC_CT_FAST              IsthmusMetric = 18
+)
+
+type IsthmusMetricSlots uint32
+
+const (
+	IsthmusMetricSlotsMETRIC_CODES                  IsthmusMetricSlots = 256
+	IsthmusMetricSlotsMETRIC_HOOKS                  IsthmusMetricSlots = 8
+	IsthmusMetricSlotsMETRIC_SLOT_HOOK_OUT_OF_RANGE IsthmusMetricSlots = 2048
+	IsthmusMetricSlotsMETRIC_SLOTS                  IsthmusMetricSlots = 2049
 )
 
 type IsthmusMetricsKey struct {

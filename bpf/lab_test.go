@@ -297,13 +297,27 @@ func (l *lab) runCtx(t testing.TB, prog *ebpf.Program, in []byte, ctx any) (uint
 	return ret, out
 }
 
-// counts returns packets per (code, hook) summed over CPUs.
+// counts returns packets per (code, hook) summed over CPUs, for every slot of the
+// metrics array that counted any.
 func (l *lab) counts(t testing.TB) map[IsthmusMetricsKey]uint64 {
 	t.Helper()
-	return perCPUPackets[IsthmusMetricsKey](t, l.objs.Metrics)
+	res := map[IsthmusMetricsKey]uint64{}
+	for i, n := range perCPUPackets[uint32](t, l.objs.Metrics) {
+		if n != 0 {
+			res[metricsKeyOfSlot(i)] = n
+		}
+	}
+	return res
 }
 
-// perCPUPackets returns the packets of every entry of m, a per-CPU hash of
+// metricsKeyOfSlot returns what slot i of the metrics array counts (enum
+// metric_slots): slot hook * METRIC_CODES + code.
+func metricsKeyOfSlot(i uint32) IsthmusMetricsKey {
+	codes := uint32(IsthmusMetricSlotsMETRIC_CODES)
+	return IsthmusMetricsKey{Code: uint16(i % codes), Hook: uint8(i / codes)}
+}
+
+// perCPUPackets returns the packets of every entry of m, a per-CPU map of
 // metrics_value with keys K, summed over CPUs.
 func perCPUPackets[K comparable](t testing.TB, m *ebpf.Map) map[K]uint64 {
 	t.Helper()

@@ -73,7 +73,7 @@ func TestTypesMatchBTF(t *testing.T) {
 		{MapPeerSources, PeerSourceKey{}, PeerSourceValue{}},
 		{MapConfig, uint32(0), DatapathConfig{}},
 		{MapPodIfaces, uint32(0), PodIfaceValue{}},
-		{MapMetrics, MetricsKey{}, MetricsValue{}},
+		{MapMetrics, uint32(0), MetricsValue{}},
 		{MapNexthopGroups, uint32(0), NexthopGroupValue{}},
 		{MapFabricPrefixes, RouteKey{}, FabricPrefixValue{}},
 		{MapSNATExempt, RouteKey{}, SNATExemptValue{}},
@@ -93,6 +93,9 @@ func TestTypesMatchBTF(t *testing.T) {
 	}
 	if n := len(NexthopGroupValue{}.Slots); n != NHGSlots {
 		t.Errorf("struct nexthop_group has %d slots, NHGSlots is %d", n, NHGSlots)
+	}
+	if ms := spec.Maps[string(MapMetrics)]; ms == nil || ms.MaxEntries != MetricSlots {
+		t.Errorf("metrics spec %+v, want %d entries (MetricSlots)", ms, MetricSlots)
 	}
 	if ms := spec.Maps[string(MapNexthopGroups)]; ms == nil || ms.MaxEntries != MaxGroupID+1 {
 		t.Errorf("nexthop_groups spec %+v, want %d entries (MaxGroupID+1)", ms, MaxGroupID+1)

@@ -82,7 +82,7 @@ func TestKernelReadMetricsSumsCPUs(t *testing.T) {
 	for i := range vals {
 		vals[i] = MetricsValue{Packets: uint64(i + 1), Bytes: uint64(100 * (i + 1))}
 	}
-	if err := m.Put(MetricsKey{Code: 137, Hook: 2}, vals); err != nil {
+	if err := m.Put(MetricSlot(MetricKey{Code: 137, Hook: HookUnderlayTC}), vals); err != nil {
 		t.Fatalf("put metrics: %v", err)
 	}
 	got, err := ReadMetrics(m)

@@ -19,9 +19,6 @@
 #ifndef POD_ADDRS_MAX
 #define POD_ADDRS_MAX		16384
 #endif
-#ifndef METRICS_MAX
-#define METRICS_MAX		1024
-#endif
 #ifndef NEXTHOP_GROUPS_MAX
 #define NEXTHOP_GROUPS_MAX	1024
 #endif
@@ -116,12 +113,13 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pod_addrs SEC(".maps");
 
-/* Packets and bytes per (code, hook), per CPU. */
+/* Packets and bytes per (code, hook), per CPU: one slot per pair (enum metric_slots),
+ * so that counting is an array index, not a hash lookup. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__type(key, struct metrics_key);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
 	__type(value, struct metrics_value);
-	__uint(max_entries, METRICS_MAX);
+	__uint(max_entries, METRIC_SLOTS);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } metrics SEC(".maps");
 

@@ -208,11 +208,25 @@ struct pod_addr_value {
 	__u32 flags;		/* none defined yet */
 };
 
-/* metrics (per-CPU hash): packets and bytes per (code, hook). */
+/* What one slot of metrics counts: a (code, hook) pair. The map is indexed by
+ * metrics_slot (lib/metrics.h), not by this struct; readers convert back. */
 struct metrics_key {
 	__u16 code;		/* METRIC_* for accounted verdicts, -DROP_* for drops */
 	__u8 hook;		/* HOOK_* */
 	__u8 reserved;
+};
+
+/* The shape of metrics (per-CPU array of metrics_value): slot hook * METRIC_CODES +
+ * code for every hook below METRIC_HOOKS and code below METRIC_CODES; a code at or
+ * above METRIC_CODES counts as METRIC_OUT_OF_RANGE of its hook, and a hook at or
+ * above METRIC_HOOKS in the last slot, METRIC_SLOT_HOOK_OUT_OF_RANGE (read back as
+ * code METRIC_OUT_OF_RANGE of hook METRIC_HOOKS). lib/metrics.h checks at compile
+ * time that every METRIC_, DROP_ and HOOK_ has a slot. */
+enum metric_slots {
+	METRIC_CODES		= 256,	/* codes per hook, a power of two */
+	METRIC_HOOKS		= 8,	/* hooks, a power of two */
+	METRIC_SLOT_HOOK_OUT_OF_RANGE = METRIC_HOOKS * METRIC_CODES,
+	METRIC_SLOTS		= METRIC_SLOT_HOOK_OUT_OF_RANGE + 1,	/* max_entries of metrics */
 };
 
 struct metrics_value {
@@ -250,6 +264,7 @@ enum hook {
 
 /* Accounted verdicts other than drops; the code field of metrics_key. */
 enum metric {
+	METRIC_OUT_OF_RANGE	= 0,	/* a code or hook metrics has no slot for (enum metric_slots) */
 	METRIC_ENCAP		= 1,	/* pushed GENEVE and sent to a peer */
 	METRIC_DECAP		= 2,	/* popped GENEVE from a known peer */
 	METRIC_DELIVER_POD	= 3,	/* redirected to a local pod interface */

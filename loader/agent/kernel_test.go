@@ -345,7 +345,9 @@ func TestAgentKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	ncpu, _ := ebpf.PossibleCPU()
-	if err := ms.Map(maps.MapMetrics).Put(maps.MetricsKey{Code: 2, Hook: 2}, make([]maps.MetricsValue, ncpu)); err != nil {
+	survivor := make([]maps.MetricsValue, ncpu)
+	survivor[0] = maps.MetricsValue{Packets: 1, Bytes: 100} // a zero counter reads as absent
+	if err := ms.Map(maps.MapMetrics).Put(maps.MetricSlot(maps.MetricKey{Code: 2, Hook: maps.HookUnderlayTC}), survivor); err != nil {
 		t.Fatal(err)
 	}
 	ms.Close()

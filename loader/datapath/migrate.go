@@ -28,7 +28,51 @@ type Converter func(from, to *ebpf.Map, fromVersion uint32) (copied, dropped int
 // and value sizes are unchanged (a new max_entries or flags) and otherwise starts
 // empty: the maps the agent owns are rewritten from the plan (Options.Fill) before
 // any link switches to the new programs; nat and metrics lose what does not convert.
-var converters = map[maps.Name]Converter{}
+var converters = map[maps.Name]Converter{
+	maps.MapMetrics: convertMetrics,
+}
+
+// convertMetrics moves the counters of a metrics map pinned by layout 5 or older, a
+// per-CPU hash keyed by struct metrics_key, into this build's per-CPU array at
+// maps.MetricSlot of each key, CPU by CPU (the sizes are alike, so a byte copy would
+// misplace them: a key's bytes read as a slot index). A code or hook without a slot
+// adds to the out-of-range slot that counts it. An array (a later layout that
+// resized it) is copied slot by slot: the slot of a pair has not moved while
+// maps.MetricCodes has not changed. Nothing is dropped.
+func convertMetrics(from, to *ebpf.Map, _ uint32) (copied, dropped int, err error) {
+	if from.Type() == ebpf.PerCPUArray {
+		return copyEntries(from, to)
+	}
+	if from.Type() != ebpf.PerCPUHash || from.KeySize() != uint32(binary.Size(maps.MetricsKey{})) ||
+		from.ValueSize() != uint32(binary.Size(maps.MetricsValue{})) {
+		return 0, 0, fmt.Errorf("convert metrics: a %s of key/value sizes %d/%d is no layout of metrics",
+			from.Type(), from.KeySize(), from.ValueSize())
+	}
+	var (
+		k   maps.MetricsKey
+		vs  []maps.MetricsValue
+		sum []maps.MetricsValue
+	)
+	it := from.Iterate()
+	for it.Next(&k, &vs) {
+		slot := maps.MetricSlot(maps.MetricKey{Code: k.Code, Hook: maps.Hook(k.Hook)})
+		if err := to.Lookup(slot, &sum); err != nil {
+			return copied, dropped, fmt.Errorf("convert metrics: read slot %d: %w", slot, err)
+		}
+		for cpu := range min(len(sum), len(vs)) {
+			sum[cpu].Packets += vs[cpu].Packets
+			sum[cpu].Bytes += vs[cpu].Bytes
+		}
+		if err := to.Update(slot, sum, ebpf.UpdateAny); err != nil {
+			return copied, dropped, fmt.Errorf("convert metrics: write slot %d: %w", slot, err)
+		}
+		copied++
+	}
+	if err := it.Err(); err != nil {
+		return copied, dropped, fmt.Errorf("convert metrics: %w", err)
+	}
+	return copied, dropped, nil
+}
 
 // agentOwned are the maps the agent rewrites from the plan on every sync.
 var agentOwned = map[maps.Name]bool{

@@ -155,7 +155,7 @@ func TestLoadMigratesNatSize(t *testing.T) {
 	}
 	counters := make([]maps.MetricsValue, ncpu)
 	counters[0] = maps.MetricsValue{Packets: 7, Bytes: 700}
-	mk := maps.MetricsKey{Code: 3, Hook: 1}
+	mk := maps.MetricSlot(maps.MetricKey{Code: 3, Hook: maps.HookOverlayEgress})
 	if err := met.Update(mk, counters, ebpf.UpdateAny); err != nil {
 		t.Fatal(err)
 	}
@@ -315,6 +315,143 @@ func TestLoadMigratesOldLayout(t *testing.T) {
 	var v maps.NatValue
 	if err := pinned.Map(maps.MapNat).Lookup(natKey(1), &v); err != nil || v.Port != 4242 {
 		t.Errorf("nat entry after the migration = %+v, %v", v, err)
+	}
+}
+
+// TestLoadMigratesMetricsHash: the counters of a metrics map pinned by layout 5, a
+// per-CPU hash keyed by (code, hook), are in the per-CPU array after an upgrade, CPU
+// by CPU, each at its (code, hook), and a code or hook the array has no slot for adds
+// to the out-of-range slot that counts it; none is lost. (Key and value sizes are
+// alike, so without the converter the entries would be copied byte for byte: a key
+// read as an index, most of them past the array.)
+func TestLoadMigratesMetricsHash(t *testing.T) {
+	dir := migrationEnv(t)
+	spec, err := bpf.LoadIsthmus()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type old struct {
+		code   uint16
+		hook   uint8
+		perCPU map[int]maps.MetricsValue
+	}
+	last := ncpu - 1
+	entries := []old{
+		{1, 0, map[int]maps.MetricsValue{0: {Packets: 10, Bytes: 1000}, last: {Packets: 5, Bytes: 500}}}, // encap at pod_ingress
+		{18, 2, map[int]maps.MetricsValue{0: {Packets: 1 << 40, Bytes: 1 << 50}}},                        // ct_fast at underlay_tc
+		{137, 3, map[int]maps.MetricsValue{last: {Packets: 2, Bytes: 200}}},                              // unknown_peer at underlay_xdp
+		{2, 4, map[int]maps.MetricsValue{0: {Packets: 3, Bytes: 300}}},                                   // decap at underlay_egress
+		{300, 1, map[int]maps.MetricsValue{0: {Packets: 4, Bytes: 400}}},                                 // no such code
+		{400, 1, map[int]maps.MetricsValue{last: {Packets: 1, Bytes: 100}}},                              // nor this one
+		{1, 9, map[int]maps.MetricsValue{0: {Packets: 6, Bytes: 600}}},                                   // no such hook
+	}
+	for _, n := range maps.AllMaps {
+		ms := spec.Maps[string(n)].Copy()
+		ms.Pinning = ebpf.PinNone
+		if n == maps.MapMetrics {
+			// Layout 5's metrics.
+			ms.Type, ms.MaxEntries, ms.Key = ebpf.PerCPUHash, 1024, nil
+		}
+		m, err := ebpf.NewMap(ms)
+		if err != nil {
+			t.Fatalf("create old %s: %v", n, err)
+		}
+		if n == maps.MapMetrics {
+			for _, e := range entries {
+				vs := make([]maps.MetricsValue, ncpu)
+				for cpu, v := range e.perCPU {
+					vs[cpu] = v
+				}
+				if err := m.Update(maps.MetricsKey{Code: e.code, Hook: e.hook}, vs, ebpf.UpdateAny); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := m.Pin(filepath.Join(dir, string(n))); err != nil {
+			t.Fatal(err)
+		}
+		m.Close()
+	}
+	if err := writeLayout(dir, maps.LayoutRecord{Version: 5}); err != nil {
+		t.Fatal(err)
+	}
+	dp, err := Load(dir, Options{NatEntries: 1024})
+	if err != nil {
+		t.Fatalf("load over layout 5: %v", err)
+	}
+	defer dp.Close()
+	noTempPins(t, dir)
+	pinned, err := maps.OpenPinned(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pinned.Close()
+	met := pinned.Map(maps.MapMetrics)
+	if met.Type() != ebpf.PerCPUArray || met.MaxEntries() != maps.MetricSlots {
+		t.Fatalf("pinned metrics is a %s of %d entries after the migration, want a per-CPU array of %d", met.Type(), met.MaxEntries(), maps.MetricSlots)
+	}
+	// Per CPU, what each slot must hold: the old values, out-of-range ones summed.
+	want := map[uint32][]maps.MetricsValue{}
+	add := func(slot uint32, cpu int, v maps.MetricsValue) {
+		if want[slot] == nil {
+			want[slot] = make([]maps.MetricsValue, ncpu)
+		}
+		want[slot][cpu].Packets += v.Packets
+		want[slot][cpu].Bytes += v.Bytes
+	}
+	for _, e := range entries {
+		slot := uint32(e.hook)*256 + uint32(e.code)
+		switch {
+		case e.hook >= 8:
+			slot = 8 * 256
+		case e.code >= 256:
+			slot = uint32(e.hook) * 256
+		}
+		for cpu, v := range e.perCPU {
+			add(slot, cpu, v)
+		}
+	}
+	if len(want) != 6 {
+		t.Fatalf("the test expects 6 slots, computed %d", len(want))
+	}
+	for slot, w := range want {
+		got := make([]maps.MetricsValue, ncpu)
+		if err := met.Lookup(slot, &got); err != nil {
+			t.Errorf("slot %d: %v", slot, err)
+			continue
+		}
+		for cpu := range ncpu {
+			if got[cpu] != w[cpu] {
+				t.Errorf("slot %d (%+v) on CPU %d = %+v after the migration, want %+v", slot, maps.MetricKeyOfSlot(slot), cpu, got[cpu], w[cpu])
+			}
+		}
+	}
+	counters, err := maps.ReadMetrics(met)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(counters) != len(want) {
+		t.Errorf("metrics read %d counters after the migration, want %d: %v", len(counters), len(want), counters)
+	}
+	for k, c := range map[maps.MetricKey]maps.Counter{
+		{Code: 1, Hook: maps.HookPodIngress}:                            {Packets: 15, Bytes: 1500},
+		{Code: 137, Hook: maps.HookUnderlayXDP}:                         {Packets: 2, Bytes: 200},
+		{Code: maps.MetricCodeOutOfRange, Hook: maps.HookOverlayEgress}: {Packets: 5, Bytes: 500},
+		{Code: maps.MetricCodeOutOfRange, Hook: maps.HookOutOfRange}:    {Packets: 6, Bytes: 600},
+	} {
+		if counters[k] != c {
+			t.Errorf("counter %s at %s = %+v after the migration, want %+v", k.Name(), k.Hook, counters[k], c)
+		}
+	}
+	if r, _ := readLayout(dir); r.Version != maps.LayoutVersion {
+		t.Errorf("layout record says %d after the migration, want %d", r.Version, maps.LayoutVersion)
 	}
 }
 

@@ -111,7 +111,7 @@ func fillMaps(t *testing.T, dir string) {
 	metric := func(code uint16, hook maps.Hook, perCPU ...maps.MetricsValue) {
 		vs := make([]maps.MetricsValue, ncpu)
 		copy(vs, perCPU)
-		if err := ms.Map(maps.MapMetrics).Update(maps.MetricsKey{Code: code, Hook: uint8(hook)}, vs, ebpf.UpdateAny); err != nil {
+		if err := ms.Map(maps.MapMetrics).Update(maps.MetricSlot(maps.MetricKey{Code: code, Hook: hook}), vs, ebpf.UpdateAny); err != nil {
 			t.Fatalf("write metric: %v", err)
 		}
 	}
