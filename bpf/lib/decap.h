@@ -96,7 +96,7 @@ static __always_inline int underlay_classify(struct cursor *c, const struct data
 	info->peer = iph->saddr;
 	info->outer_tos = iph->tos;
 	/* The real length: the pop must remove the options that validation skipped, or
-	 * it would land inside them, on bytes nobody validated (issue 10). */
+	 * it would land inside them, on bytes nobody validated. */
 	info->outer_hlen = iph->ihl * 4;
 	return 1;
 }

@@ -156,7 +156,7 @@ func testEgressMasquerade(t *testing.T, decap string) {
 		}
 	})
 	// A peer's node address is reached through the tunnel, as the peer answers
-	// the pod (issue 11): b1's host sees the request arrive decapsulated on
+	// the pod: b1's host sees the request arrive decapsulated on
 	// isthmus0 from the pod's own address, and answers.
 	t.Run("peered site's node", func(t *testing.T) {
 		b1, _ := l.Node("b1")
