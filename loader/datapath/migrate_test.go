@@ -379,20 +379,7 @@ func TestLoadMigratesMetricsHash(t *testing.T) {
 		}
 		m.Close()
 	}
-	if err := writeLayout(dir, maps.LayoutRecord{Version: 5}); err != nil {
-		t.Fatal(err)
-	}
-	dp, err := Load(dir, Options{NatEntries: 1024})
-	if err != nil {
-		t.Fatalf("load over layout 5: %v", err)
-	}
-	defer dp.Close()
-	noTempPins(t, dir)
-	pinned, err := maps.OpenPinned(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pinned.Close()
+	pinned := loadOverLayout(t, dir, 5)
 	met := pinned.Map(maps.MapMetrics)
 	if met.Type() != ebpf.PerCPUArray || met.MaxEntries() != maps.MetricSlots {
 		t.Fatalf("pinned metrics is a %s of %d entries after the migration, want a per-CPU array of %d", met.Type(), met.MaxEntries(), maps.MetricSlots)
@@ -605,20 +592,7 @@ func TestLoadSplitsNatOfLayout3(t *testing.T) {
 		}
 		m.Close()
 	}
-	if err := writeLayout(dir, maps.LayoutRecord{Version: 3}); err != nil {
-		t.Fatal(err)
-	}
-	dp, err := Load(dir, Options{NatEntries: 1024})
-	if err != nil {
-		t.Fatalf("load over layout 3: %v", err)
-	}
-	defer dp.Close()
-	noTempPins(t, dir)
-	pinned, err := maps.OpenPinned(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pinned.Close()
+	pinned := loadOverLayout(t, dir, 3)
 	if typ := pinned.Map(maps.MapNat).Type(); typ != ebpf.Hash {
 		t.Errorf("pinned nat is a %s after the migration, want a hash", typ)
 	}
@@ -644,4 +618,27 @@ func TestLoadSplitsNatOfLayout3(t *testing.T) {
 			t.Errorf("nat_sources of %s in table %d = %+v, %v; want 1 flow", maps.BE32ToAddr(c.addr), c.table, v, err)
 		}
 	}
+}
+
+// loadOverLayout records layout version in dir, whose maps the test pinned in that
+// version's shape, loads this build over them (Options.NatEntries 1024, nothing
+// filled), checks that no temporary pin is left, and returns the pinned maps after
+// the migration; the test's cleanup closes the datapath and the maps.
+func loadOverLayout(t *testing.T, dir string, version uint32) *maps.Set {
+	t.Helper()
+	if err := writeLayout(dir, maps.LayoutRecord{Version: version}); err != nil {
+		t.Fatal(err)
+	}
+	dp, err := Load(dir, Options{NatEntries: 1024})
+	if err != nil {
+		t.Fatalf("load over layout %d: %v", version, err)
+	}
+	t.Cleanup(dp.Close)
+	noTempPins(t, dir)
+	pinned, err := maps.OpenPinned(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pinned.Close() })
+	return pinned
 }
