@@ -72,7 +72,7 @@ test: deps check-generated vet kube-binaries
 # bpf/testdata/fuzz/<target>/: commit it, it is a regression test from then on.
 # The budget is a count of executions, not a duration: with a duration, Go up to 1.26
 # can fail a clean run with a bare "context deadline exceeded" when the deadline races
-# a busy worker (golang/go#75804; CI failed that way). 50,000 runs take 8-22 s per
+# a busy worker (golang/go#75804; CI failed that way). 50,000 runs take 70-150 s per
 # target here; FUZZTIME=10m still works for a long run, with that risk.
 FUZZTIME ?= 50000x
 # Minimizing each new interesting input runs up to 60 s by default, during which the
