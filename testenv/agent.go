@@ -174,8 +174,7 @@ func stopAgent(lab, node string, a *agent) error {
 	// Only signal a process that is still this lab's agent: the pid may have
 	// been reused since.
 	pin := filepath.Join(PinRoot, lab, node)
-	if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil &&
-		bytes.Contains(cmdline, []byte(pin+"\x00")) {
+	if cmdline, err := readCmdline(pid); err == nil && bytes.Contains(cmdline, []byte(pin+"\x00")) {
 		gone := func() bool {
 			if a != nil {
 				select {
@@ -203,6 +202,21 @@ func stopAgent(lab, node string, a *agent) error {
 		return fmt.Errorf("remove pid file: %w", err)
 	}
 	return nil
+}
+
+// readCmdline reads a process's command line. A process that has just been
+// started may read empty for a moment: the parent learns of the exec at its
+// point of no return, before the kernel has set up the new arguments. Zombies
+// read empty too, so the wait is short.
+func readCmdline(pid int) ([]byte, error) {
+	path := fmt.Sprintf("/proc/%d/cmdline", pid)
+	for i := 0; ; i++ {
+		cmdline, err := os.ReadFile(path)
+		if err != nil || len(cmdline) > 0 || i == 50 {
+			return cmdline, err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // ensureBPFFS mounts bpffs at /sys/fs/bpf unless one is there.
