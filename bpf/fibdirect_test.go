@@ -14,6 +14,10 @@ import (
 // the main table alone first.
 const cfgFIBDirect = 1 << 4
 
+// podIfaceNoPeer is POD_IFACE_F_NO_PEER of lib/types.h: a pod interface that is no
+// veth end (a bridge).
+const podIfaceNoPeer = 1 << 1
+
 var (
 	altGW  = netip.MustParseAddr("192.168.1.253") // a second router on und0
 	altMAC = net.HardwareAddr{0x02, 0, 0, 0, 0x01, 0xfd}
@@ -130,5 +134,50 @@ func TestFIBDirectSourceSpoofed(t *testing.T) {
 	l.ctEstablished(t, podFlow(remotePodIP, 1234))
 	if ret, _ := l.run(t, l.objs.PodIngress, podFrame(l, remotePodIP, 1234), l.pod.Attrs().Index); ret != tcActRedirect {
 		t.Fatalf("own source: verdict %d, want TC_ACT_REDIRECT", ret)
+	}
+}
+
+// TestFIBDirectBridgeOwnAddress: a bridge among the pod interfaces (cni0 of the
+// bridge plugin or flannel, POD_IFACE_F_NO_PEER) holds the node's own address in the
+// subnet it routes, often the tunnel address too (the first of the node's podCIDR).
+// The main table alone answers that address with the bridge, where the whole FIB
+// answers "local": so with CFG_F_FIB_DIRECT a frame for the tunnel address went to
+// the bridge and on to a pod, and a pod behind the bridge could send from the
+// node's address (seen in the conformance suite on seed003cni: the API server's
+// connections from a gateway of the bridge site to a remote pod hung). Both must be
+// as without the flag: delivered to the host, refused as spoofed.
+func TestFIBDirectBridgeOwnAddress(t *testing.T) {
+	l := newLab(t)
+	bridgeIP := netip.MustParseAddr("10.1.0.1")
+	err := inNS(l.ns, func() error {
+		a, err := netlink.ParseAddr(bridgeIP.String() + "/24")
+		if err != nil {
+			return err
+		}
+		return netlink.AddrAdd(l.pod, a)
+	})
+	if err != nil {
+		t.Fatalf("give the bridge stand-in its address: %v", err)
+	}
+	if err := l.objs.PodIfaces.Put(uint32(l.pod.Attrs().Index), IsthmusPodIfaceValue{Flags: podIfaceNoPeer}); err != nil {
+		t.Fatal(err)
+	}
+	setTunnelIP(t, l, bridgeIP)
+	// A rule of isthmus' kind (sources of remote pod blocks, a table of its own): with
+	// any rule besides the kernel's, the kernel keeps the local table apart from main.
+	addPolicy(t, l, netip.MustParsePrefix("10.200.0.0/24"), netlink.Route{
+		Dst: &net.IPNet{IP: net.IPv4(10, 201, 0, 0), Mask: net.CIDRMask(24, 32)}, LinkIndex: l.ist.Attrs().Index})
+	for _, flags := range []uint32{0, cfgFIBDirect} {
+		setConfigFlags(t, l, flags)
+		o := goodOpts(bridgeIP)
+		before := l.counts(t)
+		ret, _ := l.run(t, l.objs.UnderlayIngress, geneveFrame(l, o, innerEth(innerIPv4(o))), l.und.Attrs().Index)
+		d := delta(before, l.counts(t))
+		if ret != tcActRedirect || d[metricKey(IsthmusMetricMETRIC_DELIVER_HOST, IsthmusHookHOOK_UNDERLAY_TC)] != 1 ||
+			d[metricKey(IsthmusMetricMETRIC_DELIVER_POD, IsthmusHookHOOK_UNDERLAY_TC)] != 0 {
+			t.Errorf("flags %#x: frame for the tunnel address: verdict %d, counters %v; want delivered to the host", flags, ret, d)
+		}
+		in := ethFrame(l.podHMAC, podMAC, 0x0800, ipv4Packet(bridgeIP, remotePodIP, 17, ipOpts{ttl: 64}, udpDatagram(4000, 5000, []byte("spoof"))))
+		wantDrop(t, l, l.objs.PodIngress, l.pod.Attrs().Index, in, IsthmusDropReasonDROP_POD_SRC_SPOOFED, IsthmusHookHOOK_POD_INGRESS)
 	}
 }

@@ -44,6 +44,14 @@ static __always_inline int fib_lookup_v4(struct __sk_buff *skb, struct bpf_fib_l
 	return bpf_fib_lookup(skb, p, sizeof(*p), 0);
 }
 
+/* Returns 1 if delivery to the pod interface whose pod_ifaces entry is pi (NULL: none)
+ * may enter the pod straight through its peer (bpf_redirect_peer): it has a peer (not
+ * POD_IFACE_F_NO_PEER, such as a bridge). */
+static __always_inline int pod_iface_peer(const struct pod_iface_value *pi)
+{
+	return pi && !(pi->flags & POD_IFACE_F_NO_PEER);
+}
+
 /* fib_lookup_v4_fast's want_ifindex for "any pod interface (pod_ifaces)". */
 #define FIB_WANT_POD_IFACE	0xffffffffU
 
@@ -57,10 +65,17 @@ static __always_inline int fib_lookup_v4(struct __sk_buff *skb, struct bpf_fib_l
  * remote prefixes only: docs/architecture.md, "FIB lookups"), so for these lookups
  * the rules could only add the local table: BPF_FIB_LOOKUP_DIRECT answers from main,
  * and the caller takes that answer only when it is the expected one (want_ifindex: that
- * interface; FIB_WANT_POD_IFACE: a pod interface; 0: any SUCCESS or NO_NEIGH, a next
- * hop). Every other outcome asks the
+ * interface; FIB_WANT_POD_IFACE: a pod interface with a peer, a veth end; 0: any
+ * SUCCESS or NO_NEIGH, a next hop). Every other outcome asks the
  * full FIB again, so a lookup that falls through to the local table, or fails, is
- * answered as before. flags: extra BPF_FIB_LOOKUP_* flags of both lookups. */
+ * answered as before. Not so an address of the node that a main route covers: the
+ * main table answers it with that route's device, where the local table says
+ * "local". A veth end holds none of the node's addresses, the underlay device's own
+ * one is never a peer; but a bridge among the pod interfaces (POD_IFACE_F_NO_PEER,
+ * cni0) holds the node's address in the subnet it routes, often the tunnel address
+ * itself, so an answer through a bridge is never taken from main alone (callers of a
+ * want_ifindex that may be a bridge pass cfg NULL). flags: extra BPF_FIB_LOOKUP_*
+ * flags of both lookups. */
 static __always_inline int fib_lookup_v4_fast(struct __sk_buff *skb, const struct datapath_config *cfg,
 					      struct bpf_fib_lookup *p, __be32 saddr, __be32 daddr,
 					      __u8 tos, __u8 proto, __u32 ifindex, __u32 flags,
@@ -73,20 +88,12 @@ static __always_inline int fib_lookup_v4_fast(struct __sk_buff *skb, const struc
 		rc = bpf_fib_lookup(skb, p, sizeof(*p), flags | BPF_FIB_LOOKUP_DIRECT);
 		if ((rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) &&
 		    (want_ifindex == FIB_WANT_POD_IFACE ?
-		     bpf_map_lookup_elem(&pod_ifaces, &p->ifindex) != NULL :
+		     pod_iface_peer(bpf_map_lookup_elem(&pod_ifaces, &p->ifindex)) :
 		     !want_ifindex || p->ifindex == want_ifindex))
 			return rc;
 	}
 	fib_params_v4(p, saddr, daddr, tos, proto, ifindex, 0);
 	return bpf_fib_lookup(skb, p, sizeof(*p), flags);
-}
-
-/* Returns 1 if delivery to the pod interface whose pod_ifaces entry is pi (NULL: none)
- * may enter the pod straight through its peer (bpf_redirect_peer): it has a peer (not
- * POD_IFACE_F_NO_PEER, such as a bridge). */
-static __always_inline int pod_iface_peer(const struct pod_iface_value *pi)
-{
-	return pi && !(pi->flags & POD_IFACE_F_NO_PEER);
 }
 
 /* pod_iface_peer of interface ifindex. */

@@ -43,8 +43,10 @@ static __always_inline int pod_source_check(struct __sk_buff *skb, const struct 
 		if (!bpf_map_lookup_elem(&pod_addrs, &k))
 			return DROP_POD_SRC_NOT_RESERVED;
 	} else {
-		rc = fib_lookup_v4_fast(skb, cfg, &p, daddr, iph->saddr, 0, 0, ifindex,
-					BPF_FIB_LOOKUP_SKIP_NEIGH, ifindex);
+		/* Behind a bridge the main table alone would take the node's own
+		 * address on it for a pod's (fib_lookup_v4_fast): the whole FIB decides. */
+		rc = fib_lookup_v4_fast(skb, pod_iface_peer(pi) ? cfg : NULL, &p, daddr, iph->saddr,
+					0, 0, ifindex, BPF_FIB_LOOKUP_SKIP_NEIGH, ifindex);
 		if (rc != BPF_FIB_LKUP_RET_SUCCESS || p.ifindex != ifindex)
 			return DROP_POD_SRC_SPOOFED;
 	}
