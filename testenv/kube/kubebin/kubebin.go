@@ -23,7 +23,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -193,7 +192,6 @@ var coreDNSSet = binarySet{
 	key: func(gomod []byte, gover string) string {
 		return fmt.Sprintf("coredns-%s-%s", moduleVersion(gomod, "github.com/coredns/coredns"), gover)
 	},
-	env:     []string{"CGO_ENABLED=0"},
 	sources: []string{"coredns/main.go"},
 	steps:   []setStep{{out: "coredns", pkg: "github.com/isthmus-dev/isthmus/testenv/kube/corednstools/coredns", ldflags: func(string) string { return "-s -w" }}},
 }
@@ -234,7 +232,7 @@ func CoreDNSVersion() (string, error) {
 // release as kubeSet's kube-apiserver, in a cache of its own (as kubeletSet
 // is). e2e.test carries the release's version as the other binaries do, so
 // the suite's checks of the server's version compare like with like.
-// agnhost is static (CGO_ENABLED=0), as its image has no C library.
+// agnhost is static, as its image has no C library (every set is: toolsEnv).
 var e2eSet = binarySet{
 	module:   "e2etools",
 	names:    "e2e.test and agnhost",
@@ -244,8 +242,7 @@ var e2eSet = binarySet{
 	},
 	steps: []setStep{
 		{out: "e2e.test", pkg: "k8s.io/kubernetes/test/e2e", ldflags: apiserverLDFlags, test: true},
-		{out: "agnhost", pkg: "k8s.io/kubernetes/test/images/agnhost", ldflags: func(string) string { return "-s -w" },
-			env: []string{"CGO_ENABLED=0"}},
+		{out: "agnhost", pkg: "k8s.io/kubernetes/test/images/agnhost", ldflags: func(string) string { return "-s -w" }},
 	},
 }
 
@@ -354,7 +351,6 @@ type binarySet struct {
 	// key names the cache directory from the module's go.mod and the Go
 	// version; buildKey appends a hash of go.mod, go.sum and the platform.
 	key func(gomod []byte, gover string) string
-	env []string // added to every go command's environment
 	// sources are files of the module, beside go.mod and go.sum, whose
 	// contents the key hashes: a main package of the module's own.
 	sources []string
@@ -367,8 +363,6 @@ type setStep struct {
 	ldflags  func(moduleDir string) string
 	// test builds pkg's test binary (go test -c) instead of its command.
 	test bool
-	// env is added to the go command's environment (CGO_ENABLED=0).
-	env []string
 }
 
 // binary returns the path of the set's binary name, once build has it.
@@ -430,7 +424,7 @@ func (s binarySet) build(ctx context.Context, progress io.Writer) (string, error
 			continue
 		}
 		bs := buildStep{tools: mod, name: fmt.Sprintf("[%d/%d] %s", i+1, len(s.steps), st.out), say: say, every: ProgressInterval,
-			test: st.test, env: append(slices.Clone(s.env), st.env...), cpu: &cpu}
+			test: st.test, cpu: &cpu}
 		if err := bs.build(ctx, out, st.pkg, st.ldflags(mod)); err != nil {
 			return "", err
 		}
@@ -467,8 +461,14 @@ func goCmd() string {
 
 // toolsEnv is the environment of every go command run in the tools module: no
 // workspace, and the module's own go.sum is the authority.
+//
+// Every binary is static (CGO_ENABLED=0), as Kubernetes' own release builds
+// are: the binaries that run in images with no C library (agnhost, CoreDNS)
+// must be, and building the rest the same way lets them share compiled
+// packages. With cgo the net package differs, and with it every package
+// above it, so mixed settings compiled most of k8s.io twice.
 func toolsEnv() []string {
-	return append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
+	return append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly", "CGO_ENABLED=0")
 }
 
 // moduleVersion returns the version the tools module's go.mod requires of a
