@@ -325,9 +325,11 @@ func (c *Checker) report(ts []Transition) {
 				"missed", t.Misses, "unreachable", t.Unreachable)
 		}
 	}
-	c.publish(c.Down())
-	c.notifyProbers()
+	// The datapath's claims first, as SetTargets does: whoever acts on
+	// Changes finds the responder already answering with the new reach.
 	c.pushClaims(c.refreshClaims())
+	c.notifyProbers()
+	c.publish(c.Down())
 }
 
 // refreshClaims writes the datapath's claims with a new deadline: reach for
