@@ -333,12 +333,19 @@ func TestFabricIngress(t *testing.T) {
 		}
 	}
 
+	// A node of this site on the underlay: the overlay map routes its address to it
+	// as a peer, but this node routes it out of und0 (192.168.1.0/24), where strict
+	// rp_filter accepts its packets. Through isthmus0 they would be dropped.
+	siteNode := netip.MustParseAddr("192.168.1.7")
+	putRoute(t, l, netip.PrefixFrom(siteNode, 32), IsthmusRouteValue{Peer: be32(siteNode)})
+
 	// Everything else passes untouched and counts nothing.
 	for _, tc := range []struct {
 		name string
 		in   []byte
 	}{
 		{"source not an overlay prefix", plainFrame(l, netip.MustParseAddr("192.168.1.50"), podIP, 63)},
+		{"source a peer this node routes on the underlay", plainFrame(l, siteNode, podIP, 63)},
 		{"source in this site's own block", plainFrame(l, netip.MustParseAddr("10.0.2.7"), podIP, 63)},
 		{"destination not a fabric prefix", plainFrame(l, remotePodIP, netip.MustParseAddr("10.7.0.1"), 63)},
 		{"destination this node", plainFrame(l, remotePodIP, underlayIP, 63)},

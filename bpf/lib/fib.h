@@ -380,14 +380,32 @@ static __always_inline int from_site_router(struct __sk_buff *skb,
 	return mac[0] == src[0] && mac[1] == src[1] && mac[2] == src[2];
 }
 
+/* Returns 1 if this node routes the answer to iph (from its destination back to its
+ * source) out of the device the packet arrived on: strict rp_filter accepts it there,
+ * so the stack takes it where it is (symmetric paths). A source of the overlay map can
+ * be one: the route to a node of this site's own underlay address, which the node
+ * reaches on the underlay, names that node as its peer. */
+static __always_inline int answer_leaves_by_ingress(struct __sk_buff *skb,
+						    const struct iphdr *iph)
+{
+	struct bpf_fib_lookup p;
+	int rc;
+
+	rc = fib_lookup_v4(skb, &p, iph->daddr, iph->saddr, iph->tos, iph->protocol,
+			   skb->ifindex, 0);
+	return (rc == BPF_FIB_LKUP_RET_SUCCESS || rc == BPF_FIB_LKUP_RET_NO_NEIGH) &&
+	       p.ifindex == skb->ifindex;
+}
+
 /* Fabric ingress: the site fabric hands this node a plain IPv4 packet on the underlay
  * for a local pod, from a remote overlay source (another node of the site decapsulated
  * it and delivered it by fabric). Strict rp_filter would drop it on the underlay (the
  * route back to the source is into isthmus0), so it is delivered as decapsulated
  * packets are: through isthmus0 into the stack when stack_sees says so, else
  * straight to the pod. Only a packet for a destination in fabric_prefixes, from a
- * source in routes, arriving from the site router (from_site_router), whose FIB next
- * hop is a pod interface, qualifies. Returns TC_ACT_REDIRECT, TC_ACT_OK for everything else (untouched; also
+ * source in routes that the node does not route back out of the underlay
+ * (answer_leaves_by_ingress), arriving from the site router (from_site_router), whose
+ * FIB next hop is a pod interface, qualifies. Returns TC_ACT_REDIRECT, TC_ACT_OK for everything else (untouched; also
  * for an expiring TTL, so the stack answers), or a negative DROP_*. Counts
  * METRIC_FABRIC_INGRESS. The caller has made the IPv4 header linear. */
 static __always_inline int fabric_ingress(struct __sk_buff *skb,
@@ -419,6 +437,8 @@ static __always_inline int fabric_ingress(struct __sk_buff *skb,
 		skb->mark |= OVERLAY_MARK;
 		return TC_ACT_OK;
 	}
+	if (answer_leaves_by_ingress(skb, iph))
+		return TC_ACT_OK;
 	if (!from_site_router(skb, cfg, eth, rt))
 		return TC_ACT_OK;
 	rc = fib_lookup_v4(skb, &p, iph->saddr, iph->daddr, iph->tos, iph->protocol,
