@@ -139,22 +139,7 @@ func TestHostPort(t *testing.T) {
 	}
 	fromHost := func(node string) func(host, proto string) (string, error) {
 		return func(host, proto string) (string, error) {
-			var out string
-			var err error
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(500 * time.Millisecond) {
-				err = doAt(testenv.NSPath(c.Lab.NodeNS(node)), func() error {
-					var e error
-					if proto == "tcp" {
-						out, e = hostGet(target(host, proto))
-					} else {
-						out, e = hostUDP(target(host, proto))
-					}
-					return e
-				})
-				if err == nil || time.Now().After(deadline) {
-					return out, err
-				}
-			}
+			return askFromHost(testenv.NSPath(c.Lab.NodeNS(node)), proto, net.JoinHostPort(host, fmt.Sprint(hostPort)))
 		}
 	}
 	exactly := func(addr string) func(string) bool { return func(s string) bool { return s == addr } }
@@ -252,6 +237,28 @@ func rpFilterDrops(t *testing.T, path string) int {
 // hostGet is the probe's get, in the calling thread's network namespace:
 // the connection is dialled here, on this thread (net/http's Transport
 // would dial on another goroutine, in whatever namespace its thread is).
+// askFromHost asks the probe's server at addr (host:port) by proto (tcp: an
+// HTTP get, udp: a datagram) from the network namespace at nsPath, retrying
+// for up to 10 s, and returns its answer.
+func askFromHost(nsPath, proto, addr string) (string, error) {
+	var out string
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		err = doAt(nsPath, func() error {
+			var e error
+			if proto == "tcp" {
+				out, e = hostGet("http://" + addr + "/")
+			} else {
+				out, e = hostUDP(addr)
+			}
+			return e
+		})
+		if err == nil || time.Now().After(deadline) {
+			return out, err
+		}
+	}
+}
+
 func hostGet(url string) (string, error) {
 	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {

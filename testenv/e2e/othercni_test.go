@@ -38,7 +38,11 @@ import (
 // the isthmus IPAM's on the edge); every pod reaches every other pod by
 // TCP and UDP, both ways, and the server sees the client's own pod address
 // (docs/unmanaged-sites.md: returnPath Fabric keeps sources; seed 003: the
-// gateway's MASQUERADE never sees forwarded traffic). Across the sites the
+// gateway's MASQUERADE never sees forwarded traffic). Every node's host
+// namespace reaches every other node's pod from an address of its own (but
+// the cloud member's host the edge's pods: not yet), the cloud gateway's
+// tunnel address included, which is its cni0's too (the answers must reach
+// the node, not a pod behind the bridge). Across the sites the
 // firewall passes only the gateways' tunnel; captures on the member
 // master-02's underlay port show its pod's flows leaving as GENEVE to
 // master-gw and the answers coming back plain through the cloud's fabric.
@@ -232,6 +236,34 @@ func TestOtherCNISite(t *testing.T) {
 			}
 			if got, err := run(from, "/probe", "udp", to.pod.IP+":8080"); err != nil || got != want {
 				t.Errorf("%s (%s) -> %s (%s): UDP = %q, %v; want %q", from.node, from.pod.IP, to.node, to.pod.IP, got, err, want)
+			}
+		}
+	}
+	// Every node's host namespace to every pod of another node, TCP and UDP:
+	// what the API server's proxy and a kubelet's probes do. The server sees
+	// one of the node's own addresses. On the cloud's nodes the tunnel
+	// address is cni0's too, so the answers to it are the node's own and
+	// never a pod's behind the bridge (main alone routes it to cni0); a
+	// member's host reaches the gateway's pods over the fabric, where the
+	// gateway takes its packets on the underlay it routes them back by.
+	// Not yet: the cloud member's host to the edge's pods (docs/gateways.md,
+	// "Members of a site whose pods another CNI owns").
+	gateway := map[string]bool{}
+	for _, n := range sc.Nodes() {
+		gateway[n.Name] = n.Labels["isthmus.dev/gateway"] == "true"
+	}
+	for _, n := range sc.Nodes() {
+		own := map[string]bool{n.Address.String(): true, tunnelAddr(t, l, n.Name).String(): true}
+		for _, to := range pods {
+			if to.node == n.Name || (!n.Site.ManagesCNI() && !gateway[n.Name] && to.site != n.Site.Name) {
+				continue
+			}
+			for _, proto := range []string{"tcp", "udp"} {
+				out, err := askFromHost(testenv.NSPath(l.NodeNS(n.Name)), proto, to.pod.IP+":8080")
+				src, ok := strings.CutPrefix(strings.TrimSpace(out), "source ")
+				if err != nil || !ok || !own[src] {
+					t.Errorf("%s's host -> %s (%s): %s = %q, %v; want the source to be one of the node's own %v", n.Name, to.node, to.pod.IP, proto, out, err, own)
+				}
 			}
 		}
 	}
