@@ -1166,12 +1166,18 @@ func plainUnderlay(w *oracleWorld, in []byte, v *ipv4View, xdp bool, e *expectat
 		e.allowDrop(IsthmusDropReasonDROP_NAT_REPLY_UNKNOWN)
 		return
 	}
-	// Fabric ingress (issue 10 item 3): only for a local pod in this site's fabric
-	// prefixes, from a source some route sends to a peer, and from the neighbour this
-	// node reaches that peer through (the site router); else the kernel's.
+	// Fabric ingress: only for a local pod in this site's fabric prefixes, from a
+	// source some route sends to a peer and the node does not route back out of the
+	// underlay (the lab's FIB: 10/8 into isthmus0 but fabricRoutes, to the fabric
+	// router), and from the neighbour this node reaches that peer through (the site
+	// router); else the kernel's.
 	src, dst := v.src(), v.dst()
 	rt, routed := w.route(src)
 	if dst == w.underlay || !inPrefixes(w.fabricPrefixes, dst) || !routed || len(rt.peers) == 0 {
+		return
+	}
+	if !netip.MustParsePrefix("10.0.0.0/8").Contains(src) || inPrefixes(w.fabricRoutes, src) {
+		e.because("fabric ingress %v -> %v: the node routes the source back out of the underlay: the kernel's", src, dst)
 		return
 	}
 	if !bytes.Equal(in[6:12], w.gwMAC) {
