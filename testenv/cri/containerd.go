@@ -402,6 +402,17 @@ func (c *Containerd) RemovePod(ctx context.Context, p Pod) error {
 	return err
 }
 
+// RemoveStoppedPod removes a sandbox whose pod the kubelet stopped, as the
+// kubelet's garbage collection would; a sandbox that collection removed
+// first (crictl: NotFound) is gone already, which is what was asked.
+func (c *Containerd) RemoveStoppedPod(ctx context.Context, p Pod) error {
+	err := c.RemovePod(ctx, p)
+	if err != nil && strings.Contains(err.Error(), "code = NotFound") {
+		return nil
+	}
+	return err
+}
+
 func (c *Containerd) writeJSON(name string, v any) (string, error) {
 	b, err := json.Marshal(v)
 	if err != nil {

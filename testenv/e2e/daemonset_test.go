@@ -301,7 +301,7 @@ func TestDaemonSetInstall(t *testing.T) {
 	// would within a minute: once the uninstall has removed the conflist,
 	// the runtime can no longer remove a sandbox that had a pod network.
 	for _, p := range pods {
-		if err := nodes[p.node].cd.RemovePod(ctx, p.pod); err != nil {
+		if err := nodes[p.node].cd.RemoveStoppedPod(ctx, p.pod); err != nil {
 			t.Errorf("%s: remove the stopped sandbox of %s: %v", p.node, p.pod.Name, err)
 		}
 	}
