@@ -29,6 +29,9 @@ type oracleRoute struct {
 	prefix netip.Prefix
 	peers  []netip.Addr
 	group  uint32 // 0: a plain route to peers[0]
+	// notForPods: for forwarded packets only (ROUTE_F_NOT_FOR_PODS); a pod's
+	// packet to it is as one to no route, whatever a shorter prefix says.
+	notForPods bool
 }
 
 // oracleWorld is the node the oracle's lab stands for: its configuration and the contents
@@ -1571,6 +1574,10 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 		}
 	}
 	rt, ok := w.route(dst)
+	if ok && fromPod && rt.notForPods {
+		e.because("route %v serves forwarded packets only: a pod's packet has no route", rt.prefix)
+		ok = false
+	}
 	if !ok {
 		if !fromPod {
 			e.allowDrop(IsthmusDropReasonDROP_NO_OVERLAY_ROUTE)

@@ -200,7 +200,7 @@ func underlaySeeds(l *lab) [][]byte {
 
 	// Inner destinations of every class, from an allowed source.
 	for _, dst := range []netip.Addr{podIP, hostIP, underlayIP, a("127.0.0.1"), a("255.255.255.255"), a("172.16.0.1"),
-		a("10.50.0.1"), a("10.2.0.9"), a("10.2.0.70"), memberPod, groupDst, a("10.6.0.1"), a("10.0.3.20")} {
+		a("10.50.0.1"), a("10.2.0.9"), a("10.2.0.70"), notForPodsDst.Addr(), memberPod, groupDst, a("10.6.0.1"), a("10.0.3.20")} {
 		add(uframe{innerDst: dst})
 	}
 	// Issue 11: a peer's pod dialling this node's underlay address (a TCP SYN), also
@@ -552,7 +552,7 @@ func encapSeeds(l *lab, fromPod bool) [][]byte {
 		}
 		s = append(s, ethFrame(dmac, smac, 0x0800, p.build()))
 	}
-	for _, dst := range []netip.Addr{remotePodIP, a("10.2.0.70"), a("10.2.0.200"), groupDst, a("10.6.0.1"), memberPod, a("10.0.3.1"),
+	for _, dst := range []netip.Addr{remotePodIP, a("10.2.0.70"), notForPodsDst.Addr(), a("10.2.0.200"), groupDst, a("10.6.0.1"), memberPod, a("10.0.3.1"),
 		podIP, hostIP, a("10.50.0.1"), a("172.16.0.1"), peerIP, underlayIP} {
 		add(ipkt{dst: dst})
 		add(ipkt{dst: dst, proto: 1})

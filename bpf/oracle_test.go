@@ -30,14 +30,17 @@ import (
 
 // Addresses the oracle's world adds to the lab's.
 var (
-	declaredNet  = netip.MustParsePrefix("10.0.2.0/23")   // an unmanaged block of peerIP's site
-	memberOver   = netip.MustParsePrefix("10.2.0.128/25") // memberIP may send from here too
-	memberRoute  = netip.MustParsePrefix("10.2.0.64/26")  // more specific than remoteNet, to memberIP
-	deadGroupNet = netip.MustParsePrefix("10.6.0.0/16")   // routed to a group with no live member
-	groupPeerA   = netip.MustParseAddr("192.168.2.3")
-	groupPeerB   = netip.MustParseAddr("192.168.2.4")
-	groupSrcNet  = netip.MustParsePrefix("10.5.0.0/16") // what groupPeerA and B may send from
-	spoofedIP    = netip.MustParseAddr("6.6.6.6")
+	declaredNet = netip.MustParsePrefix("10.0.2.0/23")   // an unmanaged block of peerIP's site
+	memberOver  = netip.MustParsePrefix("10.2.0.128/25") // memberIP may send from here too
+	memberRoute = netip.MustParsePrefix("10.2.0.64/26")  // more specific than remoteNet, to memberIP
+	// notForPodsDst, inside memberRoute, is routed to memberIP for forwarded
+	// packets only (ROUTE_F_NOT_FOR_PODS): pods' packets to it have no route.
+	notForPodsDst = netip.MustParsePrefix("10.2.0.100/32")
+	deadGroupNet  = netip.MustParsePrefix("10.6.0.0/16") // routed to a group with no live member
+	groupPeerA    = netip.MustParseAddr("192.168.2.3")
+	groupPeerB    = netip.MustParseAddr("192.168.2.4")
+	groupSrcNet   = netip.MustParsePrefix("10.5.0.0/16") // what groupPeerA and B may send from
+	spoofedIP     = netip.MustParseAddr("6.6.6.6")
 	// The site fabric: this site's declared block (fabric_prefixes), the part of it the
 	// FIB routes to the fabric router on und0, and another CNI's pods behind cni0h, an
 	// interface isthmus does not own.
@@ -81,6 +84,7 @@ func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 			{prefix: declaredNet, peers: []netip.Addr{peerIP}},
 			{prefix: memberRoute, peers: []netip.Addr{memberIP}},
 			{prefix: memberNet, peers: []netip.Addr{memberIP}},
+			{prefix: notForPodsDst, peers: []netip.Addr{memberIP}, notForPods: true},
 			{prefix: groupNet, peers: []netip.Addr{peerIP, groupPeerA, groupPeerB}, group: 1},
 			{prefix: deadGroupNet, group: 2},
 		},
@@ -348,6 +352,9 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 	}
 	for _, r := range w.routes {
 		v := IsthmusRouteValue{Group: r.group}
+		if r.notForPods {
+			v.Flags = routeFNotForPods
+		}
 		if r.group == 0 {
 			v.Peer = be32(r.peers[0])
 		} else {

@@ -18,7 +18,8 @@ func TestConfigFlagsMatchHeader(t *testing.T) {
 	want := map[string]uint32{"CFG_F_TRANSIT": ConfigFlagTransit, "CFG_F_TRACE": ConfigFlagTrace,
 		"CFG_F_MASQUERADE": ConfigFlagMasquerade, "CFG_F_FABRIC_EGRESS": ConfigFlagFabricEgress,
 		"CFG_F_FIB_DIRECT": ConfigFlagFIBDirect,
-		"HEALTH_F_REACHES": HealthFlagReaches, "ROUTE_F_VIA_FABRIC": RouteFlagViaFabric, "ROUTE_F_UNDERLAY": RouteFlagUnderlay}
+		"HEALTH_F_REACHES": HealthFlagReaches, "ROUTE_F_VIA_FABRIC": RouteFlagViaFabric, "ROUTE_F_UNDERLAY": RouteFlagUnderlay,
+		"ROUTE_F_NOT_FOR_PODS": RouteFlagNotForPods}
 	re := regexp.MustCompile(`#define\s+((?:CFG|HEALTH|ROUTE)_F_\w+)\s+\(1 << (\d+)\)`)
 	found := map[string]uint32{}
 	for _, m := range re.FindAllStringSubmatch(string(src), -1) {

@@ -79,6 +79,11 @@ const ConfigFlagFIBDirect uint32 = 1 << 4
 // by packets from sources in fabric_prefixes (plan.Route.ViaFabric).
 const RouteFlagViaFabric uint32 = 1 << 0
 
+// RouteFlagNotForPods is ROUTE_F_NOT_FOR_PODS of bpf/lib/types.h: the route serves
+// forwarded packets only; a pod's packet reads it as a miss and is left to the
+// kernel's routes (plan.Route.NotForPods).
+const RouteFlagNotForPods uint32 = 1 << 2
+
 // PodIfaceFlagReserved is POD_IFACE_F_RESERVED: the interface is the CNI
 // plugin's, and pod_ingress accepts only the sources pod_addrs lists for it.
 const PodIfaceFlagReserved uint32 = 1 << 0

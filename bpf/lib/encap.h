@@ -223,7 +223,7 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 			return guard;
 	}
 
-	rt = route_lookup(iph->daddr);
+	rt = from_pod ? pod_route_lookup(iph->daddr) : route_lookup(iph->daddr);
 	if (rt) {
 		int nat;
 

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Route lookups: the routes map, with its exceptions (ROUTE_F_UNDERLAY) read as misses. */
+/* Route lookups: the routes map, with its exceptions (ROUTE_F_UNDERLAY) read as misses,
+ * and for a pod's packets its routes for forwarded packets (ROUTE_F_NOT_FOR_PODS) too. */
 #pragma once
 
 #include "common.h"
@@ -15,6 +16,18 @@ static __always_inline const struct route_value *route_lookup(__be32 daddr)
 	const struct route_value *rt = bpf_map_lookup_elem(&routes, &key);
 
 	if (rt && (rt->flags & ROUTE_F_UNDERLAY))
+		return NULL;
+	return rt;
+}
+
+/* Returns the route that tunnels a pod's packet to daddr: route_lookup's, unless that
+ * one serves forwarded packets only (ROUTE_F_NOT_FOR_PODS), which leaves the packet to
+ * the kernel's routes as it leaves them out of the pods' table. */
+static __always_inline const struct route_value *pod_route_lookup(__be32 daddr)
+{
+	const struct route_value *rt = route_lookup(daddr);
+
+	if (rt && (rt->flags & ROUTE_F_NOT_FOR_PODS))
 		return NULL;
 	return rt;
 }

@@ -30,6 +30,12 @@ struct route_value {
 						 * prefix is not tunnelled here (a tunnel
 						 * endpoint, a local prefix); lookups treat it
 						 * as a miss (route_lookup) */
+#define ROUTE_F_NOT_FOR_PODS	(1 << 2)	/* for forwarded packets only: a pod's packet
+						 * treats it as a miss (pod_route_lookup).
+						 * The route to a node of this node's own
+						 * site whose pods another CNI owns: its
+						 * pods reach that node over the site
+						 * fabric, where the answers come */
 
 /* Slots of a next-hop group: a power of two, so a flow hash picks one with a mask. */
 #define NHG_SLOTS		64

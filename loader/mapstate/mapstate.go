@@ -237,8 +237,12 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 
 // routeFlags returns the ROUTE_F_* flags of r's routes entry.
 func routeFlags(r plan.Route) uint32 {
+	var f uint32
 	if r.ViaFabric {
-		return maps.RouteFlagViaFabric
+		f |= maps.RouteFlagViaFabric
 	}
-	return 0
+	if r.NotForPods {
+		f |= maps.RouteFlagNotForPods
+	}
+	return f
 }

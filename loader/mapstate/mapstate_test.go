@@ -184,6 +184,43 @@ func TestFromPlanUnderlayException(t *testing.T) {
 	}
 }
 
+// TestFromPlanRouteFlags: a route's ViaFabric and NotForPods become
+// ROUTE_F_VIA_FABRIC and ROUTE_F_NOT_FOR_PODS of its entry, each alone and
+// together, on a route to a peer and on one to a group; a route with neither
+// has no flag.
+func TestFromPlanRouteFlags(t *testing.T) {
+	gw, peer := addr("172.16.0.10"), addr("172.16.0.11")
+	group := []plan.NextHop{{Peer: "gw", Via: gw}}
+	p := &plan.NodePlan{Node: "a", Underlay: addr("172.16.0.12"), Routes: []plan.Route{
+		{Prefix: pfx("10.20.0.0/24"), Group: group, Site: "edge"},
+		{Prefix: pfx("10.20.1.0/24"), Group: group, Site: "edge", ViaFabric: true},
+		{Prefix: pfx("172.16.0.11/32"), Peer: "m", Via: peer, TransitOnly: true, NotForPods: true},
+		{Prefix: pfx("10.20.2.0/24"), Group: group, Site: "edge", ViaFabric: true, NotForPods: true},
+		{Prefix: pfx("10.20.3.0/24"), Peer: "m", Via: peer},
+	}}
+	s, warns := mapstate.FromPlan(p, mapstate.NodeConfig{})
+	if len(warns) != 0 {
+		t.Errorf("warnings %v", warns)
+	}
+	want := map[string]uint32{
+		"10.20.0.0/24":   0,
+		"10.20.1.0/24":   RouteFlagViaFabric,
+		"172.16.0.11/32": RouteFlagNotForPods,
+		"10.20.2.0/24":   RouteFlagViaFabric | RouteFlagNotForPods,
+		"10.20.3.0/24":   0,
+	}
+	for prefix, flags := range want {
+		r, ok := s.Routes[pfx(prefix)]
+		if !ok {
+			t.Errorf("%s: no entry", prefix)
+			continue
+		}
+		if r.Flags != flags {
+			t.Errorf("%s: flags %#x, want %#x", prefix, r.Flags, flags)
+		}
+	}
+}
+
 // An attached pod interface without a peer (a bridge) carries
 // PodIfaceFlagNoPeer, beside PodIfaceFlagReserved when the plugin reserved
 // addresses on it; one not attached gets no entry.
