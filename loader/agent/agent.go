@@ -1032,11 +1032,19 @@ func (a *Agent) ensureOverlay() error {
 // milliseconds on a busy node that a change would otherwise wait for before
 // reaching the maps (isthmus_event_to_maps_seconds).
 //
+// The host's own traffic from its tunnel address keeps that address too where
+// the fabric rule sends it to the underlay device (the tunnel address lies in
+// FabricEgress: a bridge CNI's gateway address), so its answers come back to it.
+//
 // With it go the flow marks (datapath.EnsureFlowMarks): a flow that entered the
 // node for a local address (a NodePort DNATed to a local pod) is answered on
 // the device it came in on, whatever the pods' rules say.
 func (a *Agent) ensureMasqueradeExemption() error {
-	if err := datapath.EnsureMasqueradeExemption(); err != nil {
+	ex := datapath.Exemption{Underlay: a.underlay.Attrs().Name}
+	if t := a.plan.TunnelAddr; t.IsValid() && slices.ContainsFunc(a.plan.FabricEgress, func(p netip.Prefix) bool { return p.Contains(t) }) {
+		ex.FabricHost = t
+	}
+	if err := datapath.EnsureMasqueradeExemption(ex); err != nil {
 		return err
 	}
 	return datapath.EnsureFlowMarks(a.underlay.Attrs().Name)

@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"strings"
 )
@@ -19,19 +20,43 @@ const KubeProxyMasqMark = 0x4000
 // ExemptChain is the nat chain the agent owns; POSTROUTING jumps to it first.
 const ExemptChain = "ISTHMUS-POSTROUTING"
 
+// Exemption says which of the node's own traffic, beside the pods', keeps its
+// addresses in nat POSTROUTING (EnsureMasqueradeExemption).
+type Exemption struct {
+	// FabricHost, when valid, is the node's tunnel address where its policy
+	// rules send traffic from it to the underlay device (it lies in the node's
+	// FabricEgress sources: on a bridge CNI it is the bridge's gateway address,
+	// the first of the podCIDR). The host's packets from it to remote sites
+	// leave by Underlay for the site's gateways, tunnelled by the datapath as
+	// they leave (plan.NodePlan.FabricEgress), and no other CNI's MASQUERADE
+	// may rewrite them on the way: the answers come back to it.
+	FabricHost netip.Addr
+	// Underlay is the underlay device's name; used with FabricHost.
+	Underlay string
+}
+
 // exemptRules are ExemptChain's rules: overlay traffic leaves nat POSTROUTING before
 // another CNI's MASQUERADE or SNAT rule sees it. Marked packets are pod traffic the
 // datapath handed to the stack; unmarked ones into isthmus0 are pod traffic the stack
-// routed into the overlay after kube-proxy's DNAT (a pod to a ClusterIP). kube-proxy's
-// own masquerade mark wins over both.
-func exemptRules() [][]string {
+// routed into the overlay after kube-proxy's DNAT (a pod to a ClusterIP); and the
+// host's own overlay traffic over the site fabric (Exemption.FabricHost).
+// kube-proxy's own masquerade mark wins over all.
+func exemptRules(ex Exemption) [][]string {
 	mask := fmt.Sprintf("%#x/%#x", OverlayMark, OverlayMark|KubeProxyMasqMark)
 	notMasq := fmt.Sprintf("%#x/%#x", KubeProxyMasqMark, KubeProxyMasqMark)
-	return [][]string{
+	rules := [][]string{
 		{"-m", "mark", "--mark", mask, "-m", "comment", "--comment", "isthmus: pod traffic keeps its addresses", "-j", "ACCEPT"},
 		{"-o", OverlayDev, "-m", "mark", "!", "--mark", notMasq, "-m", "comment", "--comment", "isthmus: overlay traffic keeps its addresses", "-j", "ACCEPT"},
 	}
+	if ex.FabricHost.Is4() && ex.Underlay != "" {
+		rules = append(rules, []string{"-s", ex.FabricHost.String() + "/32", "-o", ex.Underlay, "-m", "mark", "!", "--mark", notMasq,
+			"-m", "comment", "--comment", fabricHostComment, "-j", "ACCEPT"})
+	}
+	return rules
 }
+
+// fabricHostComment names the rule for Exemption.FabricHost, in iptables and nft.
+const fabricHostComment = "isthmus: overlay traffic of the host over the site fabric keeps its address"
 
 // EnsureMasqueradeExemption installs, in the iptables nat table of this network
 // namespace, ExemptChain with exemptRules and a jump to it at the top of
@@ -43,21 +68,21 @@ func exemptRules() [][]string {
 // flows to their own addresses, so rules another CNI writes with nft in a table of
 // its own do not rewrite them either (docs/architecture.md). The agent calls it on
 // every sync.
-func EnsureMasqueradeExemption() error {
-	if err := ensureNFTExemption(); err != nil {
+func EnsureMasqueradeExemption(ex Exemption) error {
+	if err := ensureNFTExemption(ex); err != nil {
 		return err
 	}
-	return exemptChain().ensure()
+	return exemptChain(ex).ensure()
 }
 
 // RemoveMasqueradeExemption removes what EnsureMasqueradeExemption installed; what is
 // already gone (or no iptables or nft at all) counts as removed.
 func RemoveMasqueradeExemption() error {
-	return errors.Join(removeNFTExemption(), exemptChain().remove())
+	return errors.Join(removeNFTExemption(), exemptChain(Exemption{}).remove())
 }
 
-func exemptChain() ownedChain {
-	return ownedChain{table: "nat", hook: "POSTROUTING", name: ExemptChain, rules: exemptRules()}
+func exemptChain(ex Exemption) ownedChain {
+	return ownedChain{table: "nat", hook: "POSTROUTING", name: ExemptChain, rules: exemptRules(ex)}
 }
 
 // UnderlayFlowMark and OverlayFlowMark mark a flow that entered the node for one

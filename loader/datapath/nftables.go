@@ -24,11 +24,15 @@ type nftExemption struct{ match, comment string }
 // source: the kernel's nat hook calls nat chains in priority order only until one
 // sets a binding, so this is what stops the later ones (an accept would not:
 // nftables runs every base chain of a hook).
-func nftExemptions() []nftExemption {
-	return []nftExemption{
+func nftExemptions(ex Exemption) []nftExemption {
+	rules := []nftExemption{
 		{fmt.Sprintf("meta mark & 0x%08x == 0x%08x", OverlayMark|KubeProxyMasqMark, OverlayMark), "isthmus: pod traffic keeps its addresses"},
 		{fmt.Sprintf("oifname %q meta mark & 0x%08x == 0x00000000", OverlayDev, KubeProxyMasqMark), "isthmus: overlay traffic keeps its addresses"},
 	}
+	if ex.FabricHost.Is4() && ex.Underlay != "" {
+		rules = append(rules, nftExemption{fmt.Sprintf("ip saddr %s oifname %q meta mark & 0x%08x == 0x00000000", ex.FabricHost, ex.Underlay, KubeProxyMasqMark), fabricHostComment})
+	}
+	return rules
 }
 
 // nftBind is the verdict of every rule: a source NAT to the packet's own source.
@@ -38,11 +42,11 @@ const nftBind = "snat to ip saddr"
 // nftExemptScript replaces ExemptTable in one transaction (nft -f applies a file
 // atomically): the add makes the delete succeed when the table is missing, and no
 // packet sees the hook without the chain.
-func nftExemptScript() string {
+func nftExemptScript(ex Exemption) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "add table ip %s\ndelete table ip %s\ntable ip %s {\n\tchain postrouting {\n", ExemptTable, ExemptTable, ExemptTable)
 	fmt.Fprintf(&b, "\t\ttype nat hook postrouting priority %s; policy accept;\n", exemptPriority)
-	for _, r := range nftExemptions() {
+	for _, r := range nftExemptions(ex) {
 		fmt.Fprintf(&b, "\t\t%s counter %s comment %q\n", r.match, nftBind, r.comment)
 	}
 	b.WriteString("\t}\n}\n")
@@ -52,7 +56,7 @@ func nftExemptScript() string {
 // nftExemptCurrent reports whether a listing of ExemptTable (nft list table) has
 // its chain at exemptPriority with exactly nftExemptions, each binding to the
 // source address.
-func nftExemptCurrent(listing string) bool {
+func nftExemptCurrent(listing string, ex Exemption) bool {
 	if !strings.Contains(listing, "type nat hook postrouting priority "+exemptPriority+";") {
 		return false
 	}
@@ -62,10 +66,10 @@ func nftExemptCurrent(listing string) bool {
 			rules++
 		}
 	}
-	if rules != len(nftExemptions()) {
+	if rules != len(nftExemptions(ex)) {
 		return false
 	}
-	for _, r := range nftExemptions() {
+	for _, r := range nftExemptions(ex) {
 		found := false
 		for _, line := range strings.Split(listing, "\n") {
 			bind := strings.Contains(line, nftBind) || strings.Contains(line, "snat ip to ip saddr")
@@ -83,14 +87,14 @@ func nftExemptCurrent(listing string) bool {
 // ensureNFTExemption installs ExemptTable unless it is current. Without the nft
 // command it does nothing: the iptables chain still covers rules written through
 // iptables, and a node whose CNI writes nftables has nft (docs/architecture.md).
-func ensureNFTExemption() error {
+func ensureNFTExemption(ex Exemption) error {
 	if _, err := exec.LookPath("nft"); err != nil {
 		return nil
 	}
-	if out, err := nft("", "list", "table", "ip", ExemptTable); err == nil && nftExemptCurrent(out) {
+	if out, err := nft("", "list", "table", "ip", ExemptTable); err == nil && nftExemptCurrent(out, ex) {
 		return nil
 	}
-	if _, err := nft(nftExemptScript(), "-f", "-"); err != nil {
+	if _, err := nft(nftExemptScript(ex), "-f", "-"); err != nil {
 		return fmt.Errorf("install nftables table ip %s: %w", ExemptTable, err)
 	}
 	return nil

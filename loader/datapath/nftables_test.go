@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -20,7 +21,7 @@ const nftListing = `table ip isthmus {
 func TestNFTExemptCurrent(t *testing.T) {
 	// Current, so a resync leaves the table (and its counters) alone.
 	for _, listing := range []string{nftListing, strings.ReplaceAll(nftListing, "snat to", "snat ip to")} {
-		if !nftExemptCurrent(listing) {
+		if !nftExemptCurrent(listing, Exemption{}) {
 			t.Errorf("the listing of the installed table is not current:\n%s", listing)
 		}
 	}
@@ -32,21 +33,67 @@ func TestNFTExemptCurrent(t *testing.T) {
 		"another rule added":             strings.Replace(nftListing, "\t}\n}", "\t\tip saddr 10.0.0.0/8 counter masquerade comment \"x\"\n\t}\n}", 1),
 		"empty":                          "",
 	} {
-		if nftExemptCurrent(listing) {
+		if nftExemptCurrent(listing, Exemption{}) {
 			t.Errorf("%s: taken as current:\n%s", name, listing)
 		}
 	}
 }
 
 func TestNFTExemptScript(t *testing.T) {
-	script := nftExemptScript()
+	script := nftExemptScript(Exemption{})
 	// One file, one transaction: the table is replaced, never missing.
 	if !strings.HasPrefix(script, "add table ip isthmus\ndelete table ip isthmus\ntable ip isthmus {") {
 		t.Errorf("script does not replace the table in one transaction:\n%s", script)
 	}
-	for _, r := range nftExemptions() {
+	for _, r := range nftExemptions(Exemption{}) {
 		if !strings.Contains(script, r.match+" counter snat to ip saddr comment \""+r.comment+"\"") {
 			t.Errorf("script lacks the rule %q:\n%s", r.match, script)
 		}
+	}
+}
+
+// TestNFTExemptCurrentFabricHost: with a FabricHost the table holds a third rule
+// for the host's traffic from it out of the underlay device (as nftables prints
+// it); a listing without that rule, or with another address or device, is not
+// current, and one with it is not current for a node without a FabricHost.
+func TestNFTExemptCurrentFabricHost(t *testing.T) {
+	ex := Exemption{FabricHost: netip.MustParseAddr("10.16.2.1"), Underlay: "eth0"}
+	withHost := strings.Replace(nftListing, "\t}\n}", "\t\tip saddr 10.16.2.1 oifname \"eth0\" meta mark & 0x00004000 == 0x00000000 counter packets 3 bytes 180 snat to ip saddr comment \""+fabricHostComment+"\"\n\t}\n}", 1)
+	if !nftExemptCurrent(withHost, ex) {
+		t.Errorf("the listing of the installed table is not current for %+v:\n%s", ex, withHost)
+	}
+	for name, c := range map[string]struct {
+		listing string
+		ex      Exemption
+	}{
+		"the rule missing":       {nftListing, ex},
+		"another address":        {withHost, Exemption{FabricHost: netip.MustParseAddr("10.16.3.1"), Underlay: "eth0"}},
+		"another device":         {withHost, Exemption{FabricHost: ex.FabricHost, Underlay: "ens5"}},
+		"no FabricHost any more": {withHost, Exemption{Underlay: "eth0"}},
+	} {
+		if nftExemptCurrent(c.listing, c.ex) {
+			t.Errorf("%s: taken as current for %+v:\n%s", name, c.ex, c.listing)
+		}
+	}
+	if rules := nftExemptions(Exemption{FabricHost: netip.MustParseAddr("fd00::1"), Underlay: "eth0"}); len(rules) != 2 {
+		t.Errorf("an IPv6 FabricHost gave rules %v in an ip-family table", rules)
+	}
+}
+
+// TestExemptRulesFabricHost: the iptables chain gets the same third rule, with
+// the address as a /32 (as iptables -S prints it, so the chain reads as
+// current), the underlay device, and kube-proxy's masquerade mark still winning.
+func TestExemptRulesFabricHost(t *testing.T) {
+	if n := len(exemptRules(Exemption{Underlay: "eth0"})); n != 2 {
+		t.Fatalf("%d rules without a FabricHost, want 2", n)
+	}
+	rules := exemptRules(Exemption{FabricHost: netip.MustParseAddr("10.16.2.1"), Underlay: "eth0"})
+	if len(rules) != 3 {
+		t.Fatalf("%d rules, want 3", len(rules))
+	}
+	got := strings.Join(rules[2], " ")
+	want := `-s 10.16.2.1/32 -o eth0 -m mark ! --mark 0x4000/0x4000 -m comment --comment ` + fabricHostComment + ` -j ACCEPT`
+	if got != want {
+		t.Errorf("rule %q, want %q", got, want)
 	}
 }
