@@ -18,16 +18,19 @@ const shortCases = 4
 
 // TestConformanceShort: Kubernetes' own network conformance suite (e2e.test
 // of the lab's kube release, unmodified), short focus ("Networking Granular
-// Checks"), passes on a whole cluster of the default scenario, two managed
-// sites meshed (testenv/cluster as conformance.ClusterOptions has it:
-// kube-proxy, CoreDNS and kube-router's policy controller, the suite's test
-// images imported, isthmus installed from deploy/). The Granular Checks
-// start a pod on every node and probe every pair, so half the pairs cross
-// the sites through isthmus. The test fails if any case fails, the suite
+// Checks"), passes on a whole cluster of the gateway topology, seed003cni: a
+// managed site joined through gateways to a site whose pods another CNI owns
+// (testenv/cluster as conformance.ClusterOptions has it: kube-proxy, CoreDNS
+// and kube-router's policy controller, the suite's test images imported,
+// isthmus installed from deploy/). The Granular Checks start a pod on every
+// node and probe every pair, pod to pod and node to pod, so half the pairs
+// cross the sites through the gateways, and the other CNI's nodes' hosts
+// reach the managed site's pods. The test fails if any case fails, the suite
 // itself fails, or fewer than shortCases cases ran (a focus that matches
 // nothing must fail).
 func TestConformanceShort(t *testing.T) {
 	requireSetup(t)
+	t.Parallel() // a whole cluster: beside the others, after the package's sequential tests
 	// The first run on a machine builds e2e.test (about 25 minutes) besides
 	// the cluster's binaries.
 	ctx, cancel := context.WithTimeout(context.Background(), 75*time.Minute)
@@ -41,7 +44,7 @@ func TestConformanceShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc, err := testenv.LoadScenario("default")
+	sc, err := testenv.LoadScenario("seed003cni")
 	if err != nil {
 		t.Fatal(err)
 	}
