@@ -428,15 +428,24 @@ func (c *Containerd) writeJSON(name string, v any) (string, error) {
 // Stop removes every pod the runtime still has (so the plugin's DEL runs
 // for each), stops containerd, ends any shim it left, unmounts what is
 // mounted under Dir (root filesystems, shm, the pods' network namespaces),
-// removes Dir and the cgroups of the CRI namespace made while it ran (runc's
-// for its containers, also those a kubelet started through it; the
-// machine's kernel tests run one at a time). It reports what it could not undo.
+// removes Dir and the cgroups runc made for its own sandboxes and containers
+// (also those a kubelet started through it), never another containerd's: the
+// labs of parallel tests run beside each other. It reports what it could not
+// undo.
 func (c *Containerd) Stop() error {
 	var errs []error
+	ids := c.ownIDs()
 	select {
 	case <-c.done:
 	default:
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		for _, args := range [][]string{{"pods", "--quiet"}, {"ps", "--all", "--quiet"}} {
+			if out, err := c.Crictl(ctx, args...); err == nil {
+				for _, id := range strings.Fields(out) {
+					ids[id] = true
+				}
+			}
+		}
 		if _, err := c.Crictl(ctx, "rmp", "--all", "--force"); err != nil {
 			errs = append(errs, fmt.Errorf("remove pods: %w", err))
 		}
@@ -462,7 +471,7 @@ func (c *Containerd) Stop() error {
 	if err := os.RemoveAll(c.cfg.Dir); err != nil {
 		errs = append(errs, fmt.Errorf("remove containerd dir: %w", err))
 	}
-	if err := removeCgroupsSince(c.cgroups); err != nil {
+	if err := removeCgroupsSince(c.cgroups, ids); err != nil {
 		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
@@ -523,26 +532,63 @@ func cgroupDirs() (map[string]bool, error) {
 	return dirs, nil
 }
 
-// removeCgroupsSince removes the cgroup directories that are not in before,
-// deepest first. A cgroup with a process left in it cannot be removed, and
-// is reported.
-func removeCgroupsSince(before map[string]bool) error {
+// ownIDs returns the ids of the sandboxes and containers this containerd
+// keeps under Dir (the CRI plugin's and the runtime's directories, one per
+// id), each the name of the cgroup runc made for it (k8s.io/<id>). Read from
+// disk, so a containerd that died is covered too.
+func (c *Containerd) ownIDs() map[string]bool {
+	ids := map[string]bool{}
+	for _, sub := range []string{
+		"root/io.containerd.grpc.v1.cri/sandboxes", "root/io.containerd.grpc.v1.cri/containers",
+		"state/io.containerd.grpc.v1.cri/sandboxes", "state/io.containerd.grpc.v1.cri/containers",
+		"state/io.containerd.runtime.v2.task/" + runtimeCgroups,
+	} {
+		ents, _ := os.ReadDir(filepath.Join(c.cfg.Dir, sub))
+		for _, e := range ents {
+			if e.IsDir() {
+				ids[e.Name()] = true
+			}
+		}
+	}
+	return ids
+}
+
+// cgroupID returns the sandbox or container id a cgroup directory of the CRI
+// namespace belongs to (the first component under k8s.io/), "" for the
+// namespace's own directory.
+func cgroupID(dir string) string {
+	_, rest, ok := strings.Cut(dir, "/"+runtimeCgroups+"/")
+	if !ok {
+		return ""
+	}
+	id, _, _ := strings.Cut(rest, "/")
+	return id
+}
+
+// removeCgroupsSince removes the cgroup directories of the sandboxes and
+// containers in ids that are not in before, deepest first, and the CRI
+// namespace's own directory where it was not in before either and no other
+// runtime's containers are left in it. A cgroup with a process left in it
+// cannot be removed, and is reported.
+func removeCgroupsSince(before, ids map[string]bool) error {
 	now, err := cgroupDirs()
 	if err != nil {
 		return err
 	}
 	var added []string
 	for d := range now {
-		if !before[d] {
+		if id := cgroupID(d); !before[d] && (id == "" || ids[id]) {
 			added = append(added, d)
 		}
 	}
 	sort.Sort(sort.Reverse(sort.StringSlice(added))) // children sort after parents
 	var errs []error
 	for _, d := range added {
-		if err := syscall.Rmdir(d); err != nil && !errors.Is(err, syscall.ENOENT) {
-			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
+		err := syscall.Rmdir(d)
+		if err == nil || errors.Is(err, syscall.ENOENT) || (cgroupID(d) == "" && errors.Is(err, syscall.EBUSY)) {
+			continue // gone, or the namespace's directory, which another runtime still uses
 		}
+		errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
 	}
 	return errors.Join(errs...)
 }

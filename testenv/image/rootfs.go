@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/isthmus-dev/isthmus/testenv/filelock"
 	"github.com/isthmus-dev/isthmus/testenv/programs"
 )
 
@@ -96,6 +97,18 @@ func DebianLayer(ctx context.Context, o Debian) (Layer, error) {
 	}
 	if err := os.MkdirAll(o.CacheDir, 0o755); err != nil {
 		return Layer{}, fmt.Errorf("make the Debian layer: %w", err)
+	}
+	// One mmdebstrap per layer: another process (a parallel test, another
+	// package's) may be making this one; then it is cached once we hold the lock.
+	unlock, err := filelock.Lock(ctx, path+".lock", func() { o.Log("waiting for another process that is making %s", path) })
+	if err != nil {
+		return Layer{}, fmt.Errorf("make the Debian layer: %w", err)
+	}
+	defer unlock()
+	if l, err := cachedLayer(path); err == nil {
+		return l, nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return Layer{}, err
 	}
 	tmp, err := os.MkdirTemp(o.CacheDir, "image-debian-tmp-")
 	if err != nil {

@@ -25,8 +25,9 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/isthmus-dev/isthmus/testenv/filelock"
 )
 
 // CacheEnv names the environment variable that overrides DefaultCacheRoot.
@@ -410,7 +411,7 @@ func (s binarySet) build(ctx context.Context, progress io.Writer) (string, error
 	start := time.Now()
 	var cpu time.Duration // of the go commands, compilers included
 	say("%s: not all in %s yet, building once for this and every later run (%s)", s.names, dir, s.estimate)
-	unlock, err := lockFile(ctx, filepath.Join(dir, ".lock"), func() {
+	unlock, err := filelock.Lock(ctx, filepath.Join(dir, ".lock"), func() {
 		say("waiting for another process that is building into %s", dir)
 	})
 	if err != nil {
@@ -671,35 +672,6 @@ func (b buildStep) goRun(ctx context.Context, what string, status func() string,
 		*b.cpu += cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	}
 	return out.Bytes(), errText.String(), err
-}
-
-// lockFile takes an exclusive flock on path, waiting until ctx ends; it calls
-// waiting once if another process holds the lock.
-func lockFile(ctx context.Context, path string, waiting func()) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("open build lock: %w", err)
-	}
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() { syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		if waiting != nil {
-			waiting()
-			waiting = nil
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("wait for build lock %s: %w", path, ctx.Err())
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
 }
 
 func exists(path string) bool {

@@ -263,23 +263,3 @@ func TestBuildKeyHashesSources(t *testing.T) {
 		t.Error("key of a missing source: no error")
 	}
 }
-
-// TestLockFileSaysWhenWaiting: a second taker of the lock is told once that it
-// waits, and gives up when its context ends.
-func TestLockFileSaysWhenWaiting(t *testing.T) {
-	path := filepath.Join(t.TempDir(), ".lock")
-	unlock, err := lockFile(context.Background(), path, func() { t.Error("first taker told to wait") })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 1200*time.Millisecond)
-	defer cancel()
-	waits := 0
-	if _, err := lockFile(ctx, path, func() { waits++ }); err == nil {
-		t.Fatal("second taker got the lock while the first held it")
-	}
-	if waits != 1 {
-		t.Errorf("told to wait %d times, want 1", waits)
-	}
-}
