@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -243,6 +244,20 @@ func TestDaemonSetInstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A datagram a receiving socket dropped because its reader fell behind
+	// (the test's own, or b1's echo server, on a loaded machine) was not lost by
+	// the network: the stacks count those, and they are told apart below.
+	socketDrops := func() (total uint64) {
+		for _, ns := range []string{a1.pod.NetNS, b1.pod.NetNS} {
+			n, err := udpSocketDrops(ns)
+			if err != nil {
+				t.Fatal(err)
+			}
+			total += n
+		}
+		return total
+	}
+	dropsBefore := socketDrops()
 	stream, err := startPodStream(a1.pod.NetNS, b1.pod.IP+":8080", 200)
 	if err != nil {
 		t.Fatal(err)
@@ -267,6 +282,7 @@ func TestDaemonSetInstall(t *testing.T) {
 	rolled := time.Since(rollStart)
 	time.Sleep(2 * time.Second)
 	sent, echoed, missing := stream.stop()
+	atSockets := int(socketDrops() - dropsBefore)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, cluster.PodsState(ctx, cs, cluster.Namespace, cluster.AgentSelector))
 	}
@@ -286,8 +302,12 @@ func TestDaemonSetInstall(t *testing.T) {
 	}
 	t.Logf("rolling update of %d agents to %s in %s; a1 -> b1 pod stream: %d datagrams sent, %d echoed", len(after.Items), image2,
 		rolled.Round(time.Millisecond), sent, echoed)
-	if sent < 200 || len(missing) > 0 {
-		t.Errorf("during the rolling update %d of %d datagrams between the pods were lost (sequence numbers %v)", len(missing), sent, head(missing, 20))
+	if atSockets > 0 {
+		t.Logf("%d datagrams dropped at a full socket receive buffer in a1's or b1's pod (a reader behind, not the network)", atSockets)
+	}
+	if sent < 200 || len(missing) > atSockets {
+		t.Errorf("during the rolling update %d of %d datagrams between the pods were lost, %d of them at a full socket buffer (sequence numbers %v)",
+			len(missing), sent, atSockets, head(missing, 20))
 	}
 
 	// The Pods go while the kubelets run: each stops its sandbox (CNI DEL).
@@ -376,6 +396,11 @@ func startPodStream(nsPath, dst string, pps int) (*udpStream, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stream socket in %s: %w", nsPath, err)
 	}
+	// Room for seconds of echoes, so a test process the machine starves for a
+	// while drops none (SO_RCVBUFFORCE: root passes net.core.rmem_max).
+	if rc, err := conn.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20) })
+	}
 	s := &udpStream{conn: conn, done: make(chan struct{}), echoed: map[int]bool{}}
 	s.wg.Add(2)
 	go func() {
@@ -426,6 +451,38 @@ func (s *udpStream) stop() (sent, echoed int, missing []int) {
 		}
 	}
 	return s.sent, len(s.echoed), missing
+}
+
+// udpSocketDrops returns the UDP datagrams the stack of the network namespace
+// at nsPath dropped because a socket's receive buffer was full
+// (UdpRcvbufErrors, /proc/net/snmp).
+func udpSocketDrops(nsPath string) (uint64, error) {
+	var n uint64
+	err := doAt(nsPath, func() error {
+		b, err := os.ReadFile("/proc/thread-self/net/snmp")
+		if err != nil {
+			return err
+		}
+		var names []string
+		for _, line := range strings.Split(string(b), "\n") {
+			fields := strings.Fields(line)
+			if len(fields) == 0 || fields[0] != "Udp:" {
+				continue
+			}
+			if names == nil {
+				names = fields
+				continue
+			}
+			for i, name := range names {
+				if name == "RcvbufErrors" && i < len(fields) {
+					n, err = strconv.ParseUint(fields[i], 10, 64)
+					return err
+				}
+			}
+		}
+		return fmt.Errorf("no Udp RcvbufErrors in /proc/net/snmp of %s", nsPath)
+	})
+	return n, err
 }
 
 // doAt runs fn on an OS thread in the network namespace at path (a pod's,
