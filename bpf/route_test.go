@@ -39,6 +39,20 @@ func putException(t *testing.T, l *lab, addr netip.Addr) {
 	}
 }
 
+// requirePodLeftToStack runs pod_ingress on the pod frame in and fails unless it
+// leaves the frame to the stack: TC_ACT_OK, unchanged, nothing encapsulated.
+func requirePodLeftToStack(t *testing.T, l *lab, in []byte) {
+	t.Helper()
+	before := l.counts(t)
+	ret, out := l.run(t, l.objs.PodIngress, in, l.pod.Attrs().Index)
+	if ret != tcActOK || !bytes.Equal(out, in) {
+		t.Fatalf("verdict %d, changed %v; want TC_ACT_OK, unchanged (left to the stack)", ret, !bytes.Equal(out, in))
+	}
+	if d := delta(before, l.counts(t)); d[metricKey(IsthmusMetricMETRIC_ENCAP, IsthmusHookHOOK_POD_INGRESS)] != 0 {
+		t.Errorf("counters moved %v: encapsulated", d)
+	}
+}
+
 // TestUnderlayExceptionIsAMiss: a /32 with ROUTE_F_UNDERLAY inside a tunnelled
 // prefix (a tunnel endpoint inside a remote site's nodeCidrs, plan.Route.Underlay)
 // is not tunnelled by any reader of routes: a pod's packet to it goes to the stack
@@ -56,16 +70,8 @@ func TestUnderlayExceptionIsAMiss(t *testing.T) {
 		// the neighbour's takes the direct path, the exception's does not.
 		l.ctEstablished(t, podFlow(except, 4321))
 		l.ctEstablished(t, podFlow(neighbour, 4321))
-		in := podFrame(l, except, 4321)
-		before := l.counts(t)
-		ret, out := l.run(t, l.objs.PodIngress, in, l.pod.Attrs().Index)
-		if ret != tcActOK || !bytes.Equal(out, in) {
-			t.Fatalf("verdict %d, changed %v; want TC_ACT_OK, unchanged (left to the stack)", ret, !bytes.Equal(out, in))
-		}
-		if d := delta(before, l.counts(t)); d[metricKey(IsthmusMetricMETRIC_ENCAP, IsthmusHookHOOK_POD_INGRESS)] != 0 {
-			t.Errorf("counters moved %v: encapsulated", d)
-		}
-		ret, out = l.run(t, l.objs.PodIngress, podFrame(l, neighbour, 4321), l.pod.Attrs().Index)
+		requirePodLeftToStack(t, l, podFrame(l, except, 4321))
+		ret, out := l.run(t, l.objs.PodIngress, podFrame(l, neighbour, 4321), l.pod.Attrs().Index)
 		if ret != tcActRedirect || len(out) < 34 || netip.AddrFrom4([4]byte(out[30:34])) != peerIP {
 			t.Fatalf("neighbour %s: verdict %d; want TC_ACT_REDIRECT encapsulated to %s", neighbour, ret, peerIP)
 		}
@@ -137,17 +143,9 @@ func TestNotForPodsRoute(t *testing.T) {
 
 	t.Run("pod_ingress", func(t *testing.T) {
 		put(routeFNotForPods)
-		in := podFrame(l, node, 4321)
-		before := l.counts(t)
-		ret, out := l.run(t, l.objs.PodIngress, in, l.pod.Attrs().Index)
-		if ret != tcActOK || !bytes.Equal(out, in) {
-			t.Fatalf("verdict %d, changed %v; want TC_ACT_OK, unchanged (left to the stack)", ret, !bytes.Equal(out, in))
-		}
-		if d := delta(before, l.counts(t)); d[metricKey(IsthmusMetricMETRIC_ENCAP, IsthmusHookHOOK_POD_INGRESS)] != 0 {
-			t.Errorf("counters moved %v: encapsulated", d)
-		}
+		requirePodLeftToStack(t, l, podFrame(l, node, 4321))
 		put(0)
-		ret, out = l.run(t, l.objs.PodIngress, podFrame(l, node, 4321), l.pod.Attrs().Index)
+		ret, out := l.run(t, l.objs.PodIngress, podFrame(l, node, 4321), l.pod.Attrs().Index)
 		if ret != tcActRedirect {
 			t.Fatalf("without the flag: verdict %d, want TC_ACT_REDIRECT", ret)
 		}
