@@ -193,7 +193,6 @@ func TestEncapSourcePort(t *testing.T) {
 
 func TestEncapDrops(t *testing.T) {
 	l := newLab(t)
-	tooBig := ethFrame(l.podHMAC, podMAC, 0x0800, ipv4Packet(podIP, remotePodIP, 17, ipOpts{ttl: 64}, udpDatagram(1, 2, make([]byte, int(tunnelMTU)-28+1))))
 	for _, tc := range []struct {
 		name   string
 		prog   func() (p interface{ String() string })
@@ -201,7 +200,6 @@ func TestEncapDrops(t *testing.T) {
 		reason IsthmusDropReason
 		hook   IsthmusHook
 	}{
-		{name: "larger than tunnel MTU", in: tooBig, reason: IsthmusDropReasonDROP_FRAG_NEEDED, hook: IsthmusHookHOOK_POD_INGRESS},
 		{name: "no overlay route", in: podFrame(l, netip.MustParseAddr("10.77.0.1"), 9), reason: IsthmusDropReasonDROP_NO_OVERLAY_ROUTE, hook: IsthmusHookHOOK_OVERLAY_EGRESS},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -112,6 +112,36 @@ func TestFragNeededReply(t *testing.T) {
 	}
 }
 
+// TestPodFragmentableThroughStack: a pod's packet longer than the tunnel MTU
+// without DF goes to the stack, marked and untouched, which fragments it on its
+// way into isthmus0 as ip_forward does; overlay_egress then encapsulates each
+// piece. Behind a bridge that is what a pod's fragmented datagram becomes: the
+// bridge's netfilter reassembles it before cni0's pod_ingress, longer than the
+// pod's own MTU (here 2000 bytes on a 1500-byte interface), and the source check
+// must still know the pod by its route. To a destination no route holds (a
+// ClusterIP before kube-proxy's DNAT) it is left to the stack as well. Nothing
+// is dropped or counted. With DF, TestFragNeededReply answers it.
+func TestPodFragmentableThroughStack(t *testing.T) {
+	l := newLab(t)
+	clusterIP := netip.MustParseAddr("10.96.0.10")
+	for _, size := range []int{int(tunnelMTU) + 1, 2000} {
+		for _, dst := range []netip.Addr{remotePodIP, clusterIP} {
+			in := bigUDP(l, dst, size, false)
+			l.mark = 0
+			before := l.counts(t)
+			ret, out := l.run(t, l.objs.PodIngress, in, l.pod.Attrs().Index)
+			d := delta(before, l.counts(t))
+			if ret != tcActOK || !bytes.Equal(out, in) || len(d) != 0 {
+				t.Errorf("%d bytes to %s: verdict %d, changed %v, counters %v; want TC_ACT_OK, untouched, nothing counted",
+					size, dst, ret, !bytes.Equal(out, in), d)
+			}
+			if dst == remotePodIP && l.mark&overlayMark == 0 {
+				t.Errorf("%d bytes to %s: mark %#x, want %#x (the stack forwards it into isthmus0)", size, dst, l.mark, overlayMark)
+			}
+		}
+	}
+}
+
 func TestFragNeededDrops(t *testing.T) {
 	l := newLab(t)
 	for _, tc := range []struct {
@@ -121,8 +151,6 @@ func TestFragNeededDrops(t *testing.T) {
 		in   []byte
 		hook IsthmusHook
 	}{
-		// Fragmenting in BPF is out of scope: no DF, too big, dropped and counted.
-		{"no DF from a pod", l.objs.PodIngress, l.pod.Attrs().Index, bigUDP(l, remotePodIP, 1500, false), IsthmusHookHOOK_POD_INGRESS},
 		// isthmus0: the host stack already applied the device MTU; no ICMP from here.
 		{"DF on isthmus0", l.objs.OverlayEgress, l.ist.Attrs().Index, bigUDP(l, remotePodIP, 1500, true), IsthmusHookHOOK_OVERLAY_EGRESS},
 	} {

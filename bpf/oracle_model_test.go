@@ -1626,6 +1626,12 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 	}
 	if len(in)-14 > w.tunnelMTU {
 		e.because("longer than the tunnel MTU %d", w.tunnelMTU)
+		if fromPod && v.ip.Flags&layers.IPv4DontFragment == 0 {
+			// The stack fragments it on its way into isthmus0 (ip_forward).
+			e.because("no DF: through the stack, marked, to be fragmented")
+			e.pass, e.mark = true, true
+			return e
+		}
 		if fromPod && v.ip.Flags&layers.IPv4DontFragment != 0 && v.errorAllowed() {
 			e.forms = append(e.forms, icmpErrorForm("ICMP frag needed", 3, 4, src))
 		} else {

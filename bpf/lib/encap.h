@@ -85,8 +85,9 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 	/* Path MTU, in the order of the kernel's ip_forward (TTL, then size, so the quote
 	 * shows the header as received). A GSO packet is checked by the segments it will
 	 * be cut into, as ip_forward's skb_gso_validate_network_len does. A pod's DF packet
-	 * gets ICMP frag needed; one without DF would need fragmenting, which we do not
-	 * do; on isthmus0 the host stack has already applied the device MTU. */
+	 * gets ICMP frag needed; one without DF went to the stack to be fragmented
+	 * (pod_egress_via_stack); on isthmus0 the host stack has already applied the
+	 * device MTU. */
 	if (unlikely(cfg->tunnel_mtu && ipv4_wire_len(skb, iph) > cfg->tunnel_mtu)) {
 		if (forward && (iph->frag_off & bpf_htons(IP_DF))) {
 			rc = icmp4_frag_needed(skb, cfg->tunnel_mtu, hook);
@@ -170,9 +171,9 @@ static __always_inline int deliver_local_pod(struct __sk_buff *skb,
 }
 
 /* Returns 1 if a pod's packet on route rt goes on through the stack, marked, to come
- * back to overlay_egress on isthmus0: the stack must see it (stack_sees: it opens a
- * flow, so the site's egress filters judge it and conntrack holds the flow after it,
- * or conntrack holds its flow), and the tunnel takes it. A packet the tunnel refuses
+ * back to overlay_egress on isthmus0: it needs fragmenting, or the stack must see it
+ * (stack_sees: it opens a flow, so the site's egress filters judge it and conntrack
+ * holds the flow after it, or conntrack holds its flow), and the tunnel takes it. A packet the tunnel refuses
  * (an expiring TTL, too large, no live next hop) stays here, where encap_geneve or
  * the caller answers the pod with the ICMP error any hop of the tunnel sends. */
 static __always_inline int pod_egress_via_stack(struct __sk_buff *skb,
@@ -180,6 +181,13 @@ static __always_inline int pod_egress_via_stack(struct __sk_buff *skb,
 						const struct route_value *rt, const struct iphdr *iph,
 						void *l4, void *data_end, __u8 hook)
 {
+	/* Longer than the tunnel carries and free to be fragmented (no DF: a datagram
+	 * a bridge's netfilter reassembled from the pod's own fragments, say): the stack
+	 * fragments it on its way into isthmus0, as ip_forward does, and overlay_egress
+	 * encapsulates each piece. An expiring TTL is answered here first. */
+	if (iph->ttl > 1 && !(iph->frag_off & bpf_htons(IP_DF)) && cfg->tunnel_mtu &&
+	    ipv4_wire_len(skb, iph) > cfg->tunnel_mtu)
+		return 1;
 	if (tunnel_refuses(skb, cfg, iph, 1) || !nexthop_select(rt, flow_hash(iph, l4, data_end)))
 		return 0;
 	return stack_sees(skb, iph, l4, data_end, hook);

@@ -47,7 +47,11 @@ static __always_inline int pod_source_check(struct __sk_buff *skb, const struct 
 		 * address on it for a pod's (fib_lookup_v4_fast): the whole FIB decides. */
 		rc = fib_lookup_v4_fast(skb, pod_iface_peer(pi) ? cfg : NULL, &p, daddr, iph->saddr,
 					0, 0, ifindex, BPF_FIB_LOOKUP_SKIP_NEIGH, ifindex);
-		if (rc != BPF_FIB_LKUP_RET_SUCCESS || p.ifindex != ifindex)
+		/* FRAG_NEEDED still names the route: the helper also weighs the skb against
+		 * that device's MTU, and a datagram a bridge's netfilter reassembled from the
+		 * pod's fragments is longer than the pod's MTU, yet its source is the pod's. */
+		if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_FRAG_NEEDED) ||
+		    p.ifindex != ifindex)
 			return DROP_POD_SRC_SPOOFED;
 	}
 
