@@ -238,6 +238,11 @@ func TestOtherCNISite(t *testing.T) {
 			if got, err := run(from, "/probe", "udp", to.pod.IP+":8080"); err != nil || got != want {
 				t.Errorf("%s (%s) -> %s (%s): UDP = %q, %v; want %q", from.node, from.pod.IP, to.node, to.pod.IP, got, err, want)
 			}
+			// A datagram longer than the pod's MTU leaves in fragments; behind the
+			// bridge its netfilter reassembles them before pod_ingress.
+			if got, err := run(from, "/probe", "udp-large", to.pod.IP+":8080"); err != nil || got != want {
+				t.Errorf("%s (%s) -> %s (%s): UDP of 2000 bytes = %q, %v; want %q", from.node, from.pod.IP, to.node, to.pod.IP, got, err, want)
+			}
 		}
 	}
 	// Every node's host namespace to every pod of another node, TCP and UDP:

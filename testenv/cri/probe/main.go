@@ -2,7 +2,8 @@
 // statically): "probe serve ADDR" answers every HTTP request and every UDP
 // datagram on ADDR with the source address it came from; "probe get URL"
 // prints a server's HTTP answer, "probe udp HOST:PORT" its UDP one (and a
-// datagram starting "seq " is echoed as it is), and
+// datagram starting "seq " is echoed as it is), "probe udp-large HOST:PORT"
+// the same for a datagram of LargeDatagram bytes (fragmented on the way), and
 // "probe ping HOST" the source of the ICMP echo reply to one echo request,
 // so a test sees both that two pods reach each other and which source
 // arrived.
@@ -21,7 +22,7 @@ import (
 
 func main() {
 	if len(os.Args) != 3 {
-		fmt.Fprintln(os.Stderr, "usage: probe serve ADDR | probe get URL | probe udp HOST:PORT | probe ping HOST")
+		fmt.Fprintln(os.Stderr, "usage: probe serve ADDR | probe get URL | probe udp HOST:PORT | probe udp-large HOST:PORT | probe ping HOST")
 		os.Exit(2)
 	}
 	var err error
@@ -31,7 +32,9 @@ func main() {
 	case "get":
 		err = get(os.Args[2])
 	case "udp":
-		err = udp(os.Args[2])
+		err = udp(os.Args[2], []byte("probe"))
+	case "udp-large":
+		err = udp(os.Args[2], append([]byte("probe"), make([]byte, LargeDatagram-5)...))
 	case "ping":
 		err = ping(os.Args[2])
 	default:
@@ -95,9 +98,13 @@ func get(url string) error {
 	return err
 }
 
-// udp sends one datagram to addr and prints the answer, trying three times
-// a second apart.
-func udp(addr string) error {
+// LargeDatagram is udp-large's datagram size: more than any pod MTU, so it
+// leaves the pod in fragments, and less than serve's buffer.
+const LargeDatagram = 2000
+
+// udp sends the datagram msg to addr and prints the answer, trying three
+// times a second apart.
+func udp(addr string, msg []byte) error {
 	c, err := net.Dial("udp", addr)
 	if err != nil {
 		return err
@@ -105,7 +112,7 @@ func udp(addr string) error {
 	defer c.Close()
 	buf := make([]byte, 2048)
 	for try := 0; try < 3; try++ {
-		if _, err := c.Write([]byte("probe")); err != nil {
+		if _, err := c.Write(msg); err != nil {
 			return err
 		}
 		c.SetReadDeadline(time.Now().Add(time.Second))
