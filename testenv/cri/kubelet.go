@@ -56,10 +56,10 @@ type KubeletConfig struct {
 
 // Kubelet is a running kubelet.
 type Kubelet struct {
-	cfg     KubeletConfig
-	cmd     *exec.Cmd
-	done    chan struct{} // closed when the kubelet has been reaped
-	created []string      // directories made on the host for mount points, deepest last
+	cfg      KubeletConfig
+	cmd      *exec.Cmd
+	done     chan struct{}  // closed when the kubelet has been reaped
+	hostDirs *hostDirsLease // its use of kubeletFixedDirs on the host
 }
 
 // kubeletPrograms are the programs StartKubelet runs, each listed in
@@ -90,9 +90,9 @@ var kubeletFixedDirs = []string{"/var/lib/kubelet/device-plugins", "/var/log/con
 // sets vm.overcommit_memory=1, kernel.panic_on_oops=1 and others machine-wide,
 // which a test must not do to a shared machine. It also gives the kubelet
 // directories of its own over kubeletFixedDirs (whose mount points it creates
-// on the host when missing, and Stop removes); each mount containing a bind
-// target is made private there first, so none of these binds reaches the
-// host. The kubelet's root directory is the exception: it is bind mounted on
+// on the host when missing, and the last kubelet to stop removes: see
+// hostDirsRegistry); each mount containing a bind target is made private
+// there first, so none of these binds reaches the host. The kubelet's root directory is the exception: it is bind mounted on
 // itself on the host with shared propagation before the namespace is made,
 // so the volumes the kubelet mounts under it (the service account token's
 // tmpfs, projected and secret volumes) appear on the host too, where
@@ -125,34 +125,31 @@ func StartKubelet(ctx context.Context, cfg KubeletConfig) (*Kubelet, error) {
 		}
 		binds = append(binds, privateBind(shadow, "/proc/sys/"+s))
 	}
-	var created []string
 	for _, d := range kubeletFixedDirs {
 		own := filepath.Join(cfg.Dir, filepath.Base(d))
 		if err := os.MkdirAll(own, 0o755); err != nil {
 			return nil, fmt.Errorf("create kubelet dir: %w", err)
 		}
-		made, err := mkdirAllRecorded(d)
-		created = append(created, made...)
-		if err != nil {
-			removeDirs(created)
-			return nil, err
-		}
 		binds = append(binds, privateBind(own, d))
+	}
+	hostDirs, err := acquireHostDirs(ctx, hostDirsRegistry, kubeletFixedDirs)
+	if err != nil {
+		return nil, fmt.Errorf("start kubelet: %w", err)
 	}
 	logf, err := os.Create(filepath.Join(cfg.Dir, "kubelet.log"))
 	if err != nil {
-		removeDirs(created)
+		hostDirs.release()
 		return nil, fmt.Errorf("create kubelet log: %w", err)
 	}
 	defer logf.Close()
 	root := filepath.Join(cfg.Dir, "root")
 	if err := syscall.Mount(root, root, "", syscall.MS_BIND, ""); err != nil {
-		removeDirs(created)
+		hostDirs.release()
 		return nil, fmt.Errorf("bind mount kubelet root %s: %w", root, err)
 	}
 	if err := syscall.Mount("", root, "", syscall.MS_SHARED, ""); err != nil {
 		syscall.Unmount(root, syscall.MNT_DETACH)
-		removeDirs(created)
+		hostDirs.release()
 		return nil, fmt.Errorf("share kubelet root %s: %w", root, err)
 	}
 	script := strings.Join(binds, " && ") + ` && exec "$@"`
@@ -172,10 +169,10 @@ func StartKubelet(ctx context.Context, cfg KubeletConfig) (*Kubelet, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		unmountUnder(cfg.Dir)
-		removeDirs(created)
+		hostDirs.release()
 		return nil, fmt.Errorf("start kubelet: %w", err)
 	}
-	k := &Kubelet{cfg: cfg, cmd: cmd, done: make(chan struct{}), created: created}
+	k := &Kubelet{cfg: cfg, cmd: cmd, done: make(chan struct{}), hostDirs: hostDirs}
 	go func() { cmd.Wait(); close(k.done) }()
 	if err := k.waitHealthy(ctx, 60*time.Second); err != nil {
 		return k, err
@@ -314,8 +311,9 @@ func (k *Kubelet) LogTail() string {
 }
 
 // Stop ends the kubelet (SIGTERM, then SIGKILL), unmounts what is left under
-// Dir, removes it and the mount points StartKubelet created. The pods it started stay with the runtime: Containerd.Stop
-// removes them. It reports what it could not undo.
+// Dir, removes it and, if it is the last kubelet on the machine, the mount
+// points StartKubelet created. The pods it started stay with the runtime:
+// Containerd.Stop removes them. It reports what it could not undo.
 func (k *Kubelet) Stop() error {
 	var errs []error
 	select {
@@ -335,7 +333,7 @@ func (k *Kubelet) Stop() error {
 	if err := os.RemoveAll(k.cfg.Dir); err != nil {
 		errs = append(errs, fmt.Errorf("remove kubelet dir: %w", err))
 	}
-	if err := removeDirs(k.created); err != nil {
+	if err := k.hostDirs.release(); err != nil {
 		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
@@ -360,8 +358,7 @@ func mkdirAllRecorded(dir string) ([]string, error) {
 	return missing, nil
 }
 
-// removeDirs removes directories made by mkdirAllRecorded, innermost first;
-// one another kubelet still uses (not empty, or its mount point) stays.
+// removeDirs removes directories made by mkdirAllRecorded, innermost first.
 func removeDirs(dirs []string) error {
 	var errs []error
 	for i := len(dirs) - 1; i >= 0; i-- {
