@@ -906,11 +906,13 @@ func (a *Agent) podAddrs() []maps.PodAddr {
 
 // routes returns the plan's routes for the main table and for the pods' table
 // (datapath.PodTable): TransitOnly routes are for forwarded traffic only, and
-// the kernel forwards only the pods' (plan.NodePlan.TunnelSources) there. An
+// the kernel forwards only the pods' (plan.NodePlan.TunnelSources) there.
+// Every route's source is the tunnel address but an UnderlaySource one's, the
+// node's InternalIP. An
 // Underlay route (an exception inside a TransitOnly one) is a throw route
 // there, so the pods' lookup goes on to main and the underlay.
 func (a *Agent) routes() (main, pods []datapath.Route) {
-	var mainPrefixes, podPrefixes, throws []netip.Prefix
+	var mainPrefixes, underlaySourced, podPrefixes, throws []netip.Prefix
 	for _, r := range a.plan.Routes {
 		switch {
 		case r.Underlay:
@@ -919,15 +921,18 @@ func (a *Agent) routes() (main, pods []datapath.Route) {
 			if !r.NotForPods {
 				podPrefixes = append(podPrefixes, r.Prefix)
 			}
+		case r.UnderlaySource:
+			underlaySourced = append(underlaySourced, r.Prefix)
 		default:
 			mainPrefixes = append(mainPrefixes, r.Prefix)
 		}
 	}
+	main = datapath.OverlayRoutes(mainPrefixes, a.overlay.Ifindex, a.plan.TunnelAddr)
+	main = append(main, datapath.OverlayRoutes(underlaySourced, a.overlay.Ifindex, a.plan.Underlay)...)
 	if len(a.plan.TunnelSources) == 0 {
-		return datapath.OverlayRoutes(mainPrefixes, a.overlay.Ifindex, a.plan.TunnelAddr), nil // no rule leads to the pods' table
+		return main, nil // no rule leads to the pods' table
 	}
-	return datapath.OverlayRoutes(mainPrefixes, a.overlay.Ifindex, a.plan.TunnelAddr),
-		append(datapath.OverlayRoutes(podPrefixes, a.overlay.Ifindex, a.plan.TunnelAddr), datapath.ThrowRoutes(throws)...)
+	return main, append(datapath.OverlayRoutes(podPrefixes, a.overlay.Ifindex, a.plan.TunnelAddr), datapath.ThrowRoutes(throws)...)
 }
 
 // fabricRoutes returns the plan's ViaFabric routes for datapath.FabricTable:

@@ -9,25 +9,28 @@ import (
 	"github.com/isthmus-dev/isthmus/loader/plan"
 )
 
-// TestRoutesSplitsByTable: the main table gets the routes the host takes, the
+// TestRoutesSplitsByTable: the main table gets the routes the host takes
+// (from the tunnel address, an UnderlaySource one from the InternalIP), the
 // pods' table the TransitOnly ones and a throw route for each Underlay
 // exception (so a pod's lookup goes on to main and the underlay), and a node
 // without TunnelSources, whose pods no rule sends there, no pods' table.
 func TestRoutesSplitsByTable(t *testing.T) {
 	p := netip.MustParsePrefix
-	tunnel := netip.MustParseAddr("10.10.1.1")
+	tunnel, underlay := netip.MustParseAddr("10.10.1.1"), netip.MustParseAddr("172.16.1.11")
 	gw := []plan.NextHop{{Peer: "g", Via: netip.MustParseAddr("172.16.1.10")}}
 	a := &Agent{overlay: datapath.Overlay{Ifindex: 9}, plan: &plan.NodePlan{
 		TunnelAddr:    tunnel,
+		Underlay:      underlay,
 		TunnelSources: []netip.Prefix{p("10.10.1.0/24")},
 		Routes: []plan.Route{
 			{Prefix: p("10.20.0.0/16"), Group: gw, Site: "b"},
 			{Prefix: p("172.16.2.0/24"), Group: gw, Site: "b", TransitOnly: true},
 			{Prefix: p("172.16.2.10/32"), TransitOnly: true, Underlay: true},
+			{Prefix: p("172.16.3.0/24"), Group: gw, Site: "c", UnderlaySource: true},
 		},
 	}}
 	main, pods := a.routes()
-	wantMain := []datapath.Route{{Prefix: p("10.20.0.0/16"), Ifindex: 9, Src: tunnel}}
+	wantMain := []datapath.Route{{Prefix: p("10.20.0.0/16"), Ifindex: 9, Src: tunnel}, {Prefix: p("172.16.3.0/24"), Ifindex: 9, Src: underlay}}
 	wantPods := []datapath.Route{{Prefix: p("172.16.2.0/24"), Ifindex: 9, Src: tunnel}, {Prefix: p("172.16.2.10/32"), Throw: true}}
 	if !slices.EqualFunc(wantMain, main, datapath.Route.Equal) {
 		t.Errorf("main %v, want %v", main, wantMain)
@@ -36,7 +39,7 @@ func TestRoutesSplitsByTable(t *testing.T) {
 		t.Errorf("pods' table %v, want %v", pods, wantPods)
 	}
 	a.plan.TunnelSources = nil
-	if main, pods := a.routes(); len(pods) != 0 || len(main) != 1 {
-		t.Errorf("without TunnelSources: main %v, pods' table %v; want one route and none", main, pods)
+	if main, pods := a.routes(); len(pods) != 0 || len(main) != 2 {
+		t.Errorf("without TunnelSources: main %v, pods' table %v; want two routes and none", main, pods)
 	}
 }

@@ -63,7 +63,7 @@ func (a Peer) Equal(b Peer) bool {
 func (a Route) Equal(b Route) bool {
 	return a.Prefix == b.Prefix && a.Peer == b.Peer && a.Via == b.Via && a.Origin == b.Origin &&
 		a.TransitOnly == b.TransitOnly && a.Underlay == b.Underlay && a.ViaFabric == b.ViaFabric && a.NotForPods == b.NotForPods &&
-		a.Site == b.Site && slices.Equal(a.Group, b.Group)
+		a.Site == b.Site && a.UnderlaySource == b.UnderlaySource && slices.Equal(a.Group, b.Group)
 }
 
 // Equal reports whether two corrections are the same.

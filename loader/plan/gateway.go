@@ -200,6 +200,9 @@ type groupRoute struct {
 	members []string
 	// transitOnly routes sp for forwarded traffic only (Route.TransitOnly).
 	transitOnly bool
+	// underlaySource gives the node's own traffic to sp its InternalIP as
+	// source (Route.UnderlaySource).
+	underlaySource bool
 }
 
 // nodeAddrs returns the InternalIPs of site t's nodes, as host prefixes.
@@ -344,7 +347,8 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 			// the gateways. Where it does not (any assignment joining the
 			// two sites says so), they are routed for all traffic, here and
 			// at t's nodes for this site's nodeCidrs, so both directions
-			// take the tunnel (see overlayPeers).
+			// take the tunnel (see overlayPeers), from the nodes' InternalIPs
+			// (underlaySource).
 			underlay := !overlay[tName]
 			// t's nodes answer pods from their InternalIPs through the
 			// gateways (addPeerAddrRoutes, addNodeRoutes).
@@ -392,7 +396,7 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 				}
 				for _, sp := range prefixes {
 					if !slices.Contains(members, sp.node) {
-						gp.routes = append(gp.routes, groupRoute{sp: sp, site: tName, members: members, transitOnly: sp.nodeCIDR && underlay})
+						gp.routes = append(gp.routes, groupRoute{sp: sp, site: tName, members: members, transitOnly: sp.nodeCIDR && underlay, underlaySource: sp.nodeCIDR && !underlay})
 					}
 				}
 				if underlay {
@@ -407,7 +411,7 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 					// What t's nodes send to this site's node addresses
 					// arrives here tunnelled and goes on tunnelled, not
 					// handed to the fabric: the receiver routes the
-					// sender's tunnel address back into the tunnel.
+					// sender's InternalIP back into the tunnel.
 					for _, n := range set.NodesOf(site.Name) {
 						if n.Name != self.Name {
 							gp.overlayPeers = append(gp.overlayPeers, n.Name)
@@ -437,7 +441,7 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 				gp.nodeRoutes = append(gp.nodeRoutes, nodeRoutes(set, tName, members)...)
 			}
 			for _, sp := range prefixes {
-				gp.routes = append(gp.routes, groupRoute{sp: sp, site: tName, members: members, transitOnly: sp.nodeCIDR && underlay})
+				gp.routes = append(gp.routes, groupRoute{sp: sp, site: tName, members: members, transitOnly: sp.nodeCIDR && underlay, underlaySource: sp.nodeCIDR && !underlay})
 			}
 		}
 	}
@@ -521,7 +525,9 @@ func (p *NodePlan) addGatewayRoutes(routes []groupRoute, transitOnly bool) {
 			continue
 		}
 		slices.SortFunc(group, func(a, b NextHop) int { return cmp.Compare(a.Peer, b.Peer) })
-		p.Routes = append(p.Routes, Route{Prefix: gr.sp.prefix, Group: group, Site: gr.site, Origin: gr.sp.origin, TransitOnly: transitOnly || gr.transitOnly})
+		only := transitOnly || gr.transitOnly
+		p.Routes = append(p.Routes, Route{Prefix: gr.sp.prefix, Group: group, Site: gr.site, Origin: gr.sp.origin, TransitOnly: only,
+			UnderlaySource: gr.underlaySource && !only})
 	}
 }
 

@@ -323,13 +323,21 @@ func (w *walker) send(from *endpoint, p packet, reply bool) []arrival {
 		return st.fail("%s has no plan", from.node)
 	}
 	if from.kind == epHost && !reply {
-		p.src = np.Underlay
-		if _, ok := lookup(np, p.dst, false); ok && np.TunnelAddr.IsValid() {
-			p.src = np.TunnelAddr
-		}
+		p.src = hostSource(np, p.dst)
 		st = st.then("from %s (the route's source)", p.src)
 	}
 	return w.route(np, p, p.src, "", st)
+}
+
+// hostSource is the source np's kernel gives a packet of its own to dst
+// from a socket bound to no address: the route's src, the tunnel address
+// for a route into isthmus0 unless it is UnderlaySource, else the
+// InternalIP.
+func hostSource(np *NodePlan, dst netip.Addr) netip.Addr {
+	if r, ok := lookup(np, dst, false); ok && np.TunnelAddr.IsValid() && !r.UnderlaySource {
+		return np.TunnelAddr
+	}
+	return np.Underlay
 }
 
 // route is np's kernel routing p, whose source was routeSrc when the kernel
@@ -589,6 +597,17 @@ func (f *model) checkPair(a, b *endpoint) []pairFailure {
 			out = append(out, pairFailure{a, b, fmt.Sprintf("request delivered to %s", req.ep), req.trace})
 			continue
 		}
+		// A host's server on a socket bound to no address (a plain UDP
+		// one) answers another host from the source its route back gives,
+		// and the client takes only an answer from the address it asked.
+		// (Pods are answered from the tunnel address, the source of every
+		// host packet to a pod: docs/architecture.md, "Pods and node
+		// addresses".)
+		if b.kind == epHost && a.kind != epPod && a.kind != epDeclaredPod && a.kind != epUndeclaredPod {
+			if src := hostSource(f.plans[b.node], req.pkt.src); src != req.pkt.dst {
+				out = append(out, pairFailure{a, b, fmt.Sprintf("reply from an unbound socket: %s routes %s from %s, but the request reached %s", b.node, req.pkt.src, src, req.pkt.dst), req.trace})
+			}
+		}
 		for _, rep := range (&walker{f: f, reverse: req.nat}).send(b, packet{src: req.pkt.dst, dst: req.pkt.src}, true) {
 			trace := append(slices.Clip(req.trace), rep.trace...)
 			if rep.fail != "" {
@@ -769,8 +788,11 @@ func seed000Pods(aks1, aks2 string) unmanagedPods {
 // the underlay, where the datapath tunnels it to the route's gateway), the rest
 // the main table (no TransitOnly route); a hit goes into isthmus0, whose
 // datapath picks the next hop from every route and translates a source
-// outside the SNAT exemptions (a host opening a flow takes its tunnel
-// address into isthmus0, its InternalIP elsewhere). A tunnelled packet is
+// outside the SNAT exemptions (a host opening a flow takes its route's
+// source: its tunnel address into isthmus0 but on an UnderlaySource route,
+// its InternalIP elsewhere). A host's answer to another host from a server
+// bound to no address leaves from its route's source too, which must be
+// the address the request reached. A tunnelled packet is
 // taken only from a source the peer may send; a gateway transits what its
 // routes hold; the node's own addresses are delivered into isthmus0; its
 // FabricPrefixes go to its site's fabric, which delivers them on the

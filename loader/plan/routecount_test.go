@@ -85,9 +85,10 @@ func TestHubRoutesPerRemoteSite(t *testing.T) {
 // TestUnderlayReachesNodesFalse: seed 000's gateway topology with
 // underlayReachesNodes false. Host traffic to the other site's node
 // addresses goes into the tunnel both ways (flex-1's gateway endpoint
-// included on the member aks-2, which aks-1 carries on to flex-1), the two
-// gateways reach each other's InternalIPs on the underlay, and strict
-// rp_filter passes at every receiver.
+// included on the member aks-2, which aks-1 carries on to flex-1), from
+// the nodes' InternalIPs, the two gateways reach each other's InternalIPs on
+// the underlay, strict rp_filter passes at every receiver, and a host's
+// server bound to no address answers from the address it was asked.
 func TestUnderlayReachesNodesFalse(t *testing.T) {
 	files := map[string][]byte{}
 	for _, f := range []string{"sites.yaml", "nodes.yaml", "gateways.yaml"} {
@@ -138,6 +139,12 @@ func TestUnderlayReachesNodesFalse(t *testing.T) {
 			}
 			if ok, err := rpFilterPasses(plans, x.Name, y.Name, ya, xa); err != nil || !ok {
 				t.Errorf("%s -> %s: strict rp_filter at %s drops it (%v)", x.Name, y.Name, y.Name, err)
+			}
+			// A server bound to no address answers from its route's
+			// source: it must be the address the client asked.
+			src := hostSource(plans[x.Name], ya)
+			if back := hostSource(plans[y.Name], src); back != ya {
+				t.Errorf("%s -> %s (%s) from %s: %s answers from %s", x.Name, y.Name, ya, src, y.Name, back)
 			}
 		}
 	}

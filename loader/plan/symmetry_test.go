@@ -122,8 +122,8 @@ func path(plans map[string]*NodePlan, from, to string, addr netip.Addr) (hops []
 
 // rpFilterPasses reports whether strict rp_filter on node to accepts what
 // from's host sends to addr (to's InternalIP): the source is from's tunnel
-// address when from routes addr into the tunnel (the kernel route's src),
-// else its InternalIP; to accepts a packet that arrived tunnelled only when
+// address when from routes addr into the tunnel (the kernel route's src)
+// on a route that is not UnderlaySource, else its InternalIP; to accepts a packet that arrived tunnelled only when
 // its own route back to that source goes into the tunnel too, and one that
 // arrived on the underlay only when its route back does not.
 func rpFilterPasses(plans map[string]*NodePlan, from, to string, addr, fromIP netip.Addr) (bool, error) {
@@ -132,7 +132,7 @@ func rpFilterPasses(plans map[string]*NodePlan, from, to string, addr, fromIP ne
 		return false, err
 	}
 	src := fromIP
-	if _, ok := lookup(plans[from], addr, false); ok {
+	if r, ok := lookup(plans[from], addr, false); ok && !r.UnderlaySource {
 		src = plans[from].TunnelAddr
 	}
 	_, back := lookup(plans[to], src, false)

@@ -201,6 +201,14 @@ type Route struct {
 	// to the main table. Routes the main table takes are never given one:
 	// they are cut around such prefixes instead (Corrections).
 	Underlay bool `json:"underlay,omitempty"`
+	// UnderlaySource, on a route the main table takes, gives the node's own
+	// traffic on it the node's InternalIP as source (the kernel route's src)
+	// instead of its tunnel address: set on the nodeCidrs of a Site whose
+	// underlay does not reach this node's (underlayReachesNodes false). The
+	// nodes there route this node's InternalIP into the tunnel as it routes
+	// theirs, and answer it from their InternalIPs, so a host's server bound
+	// to no address (a plain UDP one) answers from the address it was asked.
+	UnderlaySource bool `json:"underlaySource,omitempty"`
 }
 
 // Correction records a route that was cut: it contained a tunnel endpoint
