@@ -46,8 +46,8 @@ func (l *Lab) TunnelPort() int {
 // enters on a port of site S and leaves on a port of S is the site fabric's
 // own traffic (node to node, pod to pod through the fabric, whatever the
 // addresses, as a VNet routes them) and passes. Between sites only node-to-node
-// tunnel traffic and ICMP pass (only between gateways with CrossSiteGateways),
-// and replies to what passed; the rest goes to FirewallDropChain and is dropped
+// tunnel traffic and ICMP pass (with CrossSiteGateways: everything between the
+// gateways' own addresses, nothing else), and replies to what passed; the rest goes to FirewallDropChain and is dropped
 // there.
 func (l *Lab) firewallRules() string {
 	var b strings.Builder
@@ -63,9 +63,13 @@ func (l *Lab) firewallRules() string {
 		fmt.Fprintf(&b, "-A FORWARD -o %s -m comment --comment \"to the world\" -j ACCEPT\n", WorldPort)
 	}
 	if l.Scenario.Underlay.CrossSite == CrossSiteGateways {
-		// Only gateways talk across sites, to each other. The addresses are
-		// the nodes' own: filtering sees a packet after the DNAT of an
-		// external address and before the SNAT to one.
+		// Only gateways talk across sites, to each other, and with every
+		// protocol: the underlay reaches the gateways, their tunnel and
+		// their hosts (a hostNetwork pod on one gateway serves one on the
+		// other), as underlayReachesNodes false declares. A source that is
+		// not a gateway's own address (a pod's) is still dropped. The
+		// addresses are the nodes' own: filtering sees a packet after the
+		// DNAT of an external address and before the SNAT to one.
 		var gws []NodeRef
 		for _, n := range l.Scenario.Nodes() {
 			if l.Scenario.IsGateway(n.Name) {
@@ -77,8 +81,7 @@ func (l *Lab) firewallRules() string {
 				if a.Site.Name == z.Site.Name {
 					continue
 				}
-				fmt.Fprintf(&b, "-A FORWARD -s %s/32 -d %s/32 -p udp --dport %d -m comment --comment \"tunnel gateway %s to gateway %s\" -j ACCEPT\n", a.Address, z.Address, l.TunnelPort(), a.Name, z.Name)
-				fmt.Fprintf(&b, "-A FORWARD -s %s/32 -d %s/32 -p icmp -m comment --comment \"icmp gateway %s to gateway %s\" -j ACCEPT\n", a.Address, z.Address, a.Name, z.Name)
+				fmt.Fprintf(&b, "-A FORWARD -s %s/32 -d %s/32 -m comment --comment \"gateway %s to gateway %s\" -j ACCEPT\n", a.Address, z.Address, a.Name, z.Name)
 			}
 		}
 	} else {

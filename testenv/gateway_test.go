@@ -105,9 +105,8 @@ func TestGatewayScenario(t *testing.T) {
 	l := &Lab{Name: "t", Scenario: sc, Datapath: DatapathIsthmus}
 	rules := l.firewallRules()
 	for _, r := range []string{
-		"-A FORWARD -s 192.168.1.10/32 -d 192.168.2.10/32 -p udp --dport 6081",
-		"-A FORWARD -s 192.168.2.10/32 -d 192.168.1.10/32 -p udp --dport 6081",
-		"-A FORWARD -s 192.168.1.10/32 -d 192.168.2.10/32 -p icmp",
+		"-A FORWARD -s 192.168.1.10/32 -d 192.168.2.10/32 -m comment",
+		"-A FORWARD -s 192.168.2.10/32 -d 192.168.1.10/32 -m comment",
 	} {
 		if !strings.Contains(rules, r) {
 			t.Errorf("firewall lacks %q:\n%s", r, rules)

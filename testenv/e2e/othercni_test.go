@@ -39,11 +39,11 @@ import (
 // TCP and UDP, both ways, and the server sees the client's own pod address
 // (docs/unmanaged-sites.md: returnPath Fabric keeps sources; seed 003: the
 // gateway's MASQUERADE never sees forwarded traffic). Every node's host
-// namespace reaches every other node's pod from an address of its own (but
-// the cloud member's host: not yet), the cloud gateway's
-// tunnel address included, which is its cni0's too (the answers must reach
-// the node, not a pod behind the bridge). Across the sites the
-// firewall passes only the gateways' tunnel; captures on the member
+// namespace reaches every other node's pod and every other node's host from
+// an address of its own, the cloud gateway's tunnel address included, which
+// is its cni0's too (the answers must reach the node, not a pod behind the
+// bridge). Across the sites the firewall passes only what the gateways' own
+// addresses send each other; captures on the member
 // master-02's underlay port show its pod's flows leaving as GENEVE to
 // master-gw and the answers coming back plain through the cloud's fabric.
 // Strict rp_filter stays on in every node, and its drop counter stays zero.
@@ -274,6 +274,39 @@ func TestOtherCNISite(t *testing.T) {
 				if err != nil || !ok || !own[src] {
 					t.Errorf("%s's host -> %s (%s): %s = %q, %v; want the source to be one of the node's own %v", n.Name, to.node, to.pod.IP, proto, out, err, own)
 				}
+			}
+		}
+	}
+	// Every node's host to every other node's InternalIP, TCP and UDP: what
+	// a host-network client asks of a hostNetwork server (the conformance
+	// suite's "service endpoints using hostNetwork"). Across the sites a
+	// member's packets go through the gateways from its tunnel address; the
+	// two gateways reach each other on the underlay, from their InternalIPs
+	// (underlayReachesNodes: false). Either way the server sees one of the
+	// sender's own addresses.
+	hostServers := map[string]*testenv.EchoServer{}
+	for _, n := range sc.Nodes() {
+		srv, err := testenv.StartEchoServer(l.NodeNS(n.Name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Close()
+		hostServers[n.Name] = srv
+	}
+	for _, n := range sc.Nodes() {
+		own := map[netip.Addr]bool{n.Address: true, tunnelAddr(t, l, n.Name): true}
+		for _, to := range sc.Nodes() {
+			if to.Name == n.Name {
+				continue
+			}
+			srv := hostServers[to.Name]
+			saw, err := testenv.TCPEcho(l.NodeNS(n.Name), netip.AddrPortFrom(to.Address, srv.TCPPort), 5*time.Second)
+			if err != nil || !own[saw] {
+				t.Errorf("%s's host -> %s's host (%s) tcp: saw %v, %v; want one of %v", n.Name, to.Name, to.Address, saw, err, own)
+			}
+			saw, err = testenv.UDPEcho(l.NodeNS(n.Name), netip.AddrPortFrom(to.Address, srv.UDPPort), 5*time.Second)
+			if err != nil || !own[saw] {
+				t.Errorf("%s's host -> %s's host (%s) udp: saw %v, %v; want one of %v", n.Name, to.Name, to.Address, saw, err, own)
 			}
 		}
 	}

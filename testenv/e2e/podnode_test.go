@@ -14,9 +14,9 @@ import (
 // expecting the node's host to see the pod's own address: within the edge
 // site (gateway pod to member, member pod to gateway), within the cloud site
 // (where flannel's MASQUERADE would give the pod its node's address on the
-// underlay), and across the sites through both gateways (the nodes' own
-// addresses are not reachable there at all: the firewall passes only the
-// tunnel between the gateways).
+// underlay), and across the sites through both gateways (the members'
+// addresses are not reachable there at all: the firewall passes only what
+// the gateways' own addresses send each other).
 var podNodeCases = []struct{ pod, node string }{
 	{"egw-p1", "edge-01"},
 	{"e01-p1", "edge-gw"},

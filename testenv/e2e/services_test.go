@@ -89,7 +89,8 @@ var seed003Services = []serviceCase{
 	// it (docs/architecture.md, "Pods and node addresses"): within a site with
 	// nothing masquerading it (the edge site, where strict rp_filter dropped
 	// the request before issue 11), within the cloud site, and across the
-	// sites through both gateways (the firewall passes only the tunnel).
+	// sites through both gateways (the firewall passes only the gateways'
+	// own traffic across).
 	{name: "NodePort on a member, remote member backend", client: "m03-p1", backend: "e01-p1", nodePort: "master-02", saw: "node:master-02"},
 	{name: "NodePort on a member, remote gateway's pod backend", client: "mgw-p1", backend: "egw-p1", nodePort: "master-03", saw: "node:master-03"},
 	{name: "NodePort on the site's member from the gateway's pod, local backend", client: "egw-p1", backend: "e01-p1", nodePort: "edge-01", saw: "node:edge-01"},
