@@ -181,14 +181,13 @@ static __always_inline int pod_egress_via_stack(struct __sk_buff *skb,
 						const struct route_value *rt, const struct iphdr *iph,
 						void *l4, void *data_end, __u8 hook)
 {
-	/* Longer than the tunnel carries and free to be fragmented (no DF: a datagram
-	 * a bridge's netfilter reassembled from the pod's own fragments, say): the stack
-	 * fragments it on its way into isthmus0, as ip_forward does, and overlay_egress
-	 * encapsulates each piece. An expiring TTL is answered here first. */
-	if (iph->ttl > 1 && !(iph->frag_off & bpf_htons(IP_DF)) && cfg->tunnel_mtu &&
-	    ipv4_wire_len(skb, iph) > cfg->tunnel_mtu)
-		return 1;
-	if (tunnel_refuses(skb, cfg, iph, 1) || !nexthop_select(rt, flow_hash(iph, l4, data_end)))
+	/* Refused but longer than the tunnel carries and free to be fragmented (no DF:
+	 * a datagram a bridge's netfilter reassembled from the pod's own fragments,
+	 * say): the stack fragments it on its way into isthmus0, as ip_forward does, and
+	 * overlay_egress encapsulates each piece. An expiring TTL is answered here. */
+	if (tunnel_refuses(skb, cfg, iph, 1))
+		return iph->ttl > 1 && !(iph->frag_off & bpf_htons(IP_DF));
+	if (!nexthop_select(rt, flow_hash(iph, l4, data_end)))
 		return 0;
 	return stack_sees(skb, iph, l4, data_end, hook);
 }
