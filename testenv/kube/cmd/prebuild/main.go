@@ -11,6 +11,9 @@
 // run on a machine would sit silent for minutes while kube-apiserver compiles.
 // When the binaries are cached it prints one line for each set and exits.
 //
+// The sets of the k8s.io/kubernetes release build one after another, the
+// others (crictl, kube-router, CoreDNS) beside them.
+//
 // Run as root, it also makes the Debian layers of the images the tests build
 // (the isthmus image's, and agnhost's and nginx's of the conformance suite),
 // with mmdebstrap, while the kube binaries compile: mmdebstrap mostly waits
@@ -34,32 +37,49 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	sets := []func() error{
-		func() error { _, _, err := kubebin.Build(ctx, os.Stdout); return err },
-		func() error { _, err := kubebin.BuildCrictl(ctx, os.Stdout); return err },
-		func() error { _, err := kubebin.BuildKubelet(ctx, os.Stdout); return err },
-		func() error { _, err := kubebin.BuildKubectl(ctx, os.Stdout); return err },
-		func() error { _, _, err := kubebin.BuildControlPlane(ctx, os.Stdout); return err },
-		func() error { _, err := kubebin.BuildKubeRouter(ctx, os.Stdout); return err },
-		func() error { _, err := kubebin.BuildCoreDNS(ctx, os.Stdout); return err },
-		func() error { _, err := kubebin.BuildE2ETest(ctx, os.Stdout); return err },
+	// Two lanes of builds at once. The sets of one k8s.io/kubernetes
+	// release share most of their packages, so they go one after another
+	// (the later ones find the earlier ones' packages in the build cache);
+	// the sets of other modules share nothing with them and fill the cores
+	// the first lane leaves idle (its links and the narrow parts of its
+	// package graphs run on one core).
+	lanes := [][]func() error{
+		{
+			func() error { _, _, err := kubebin.Build(ctx, os.Stdout); return err },
+			func() error { _, err := kubebin.BuildKubelet(ctx, os.Stdout); return err },
+			func() error { _, err := kubebin.BuildKubectl(ctx, os.Stdout); return err },
+			func() error { _, _, err := kubebin.BuildControlPlane(ctx, os.Stdout); return err },
+			func() error { _, err := kubebin.BuildE2ETest(ctx, os.Stdout); return err },
+		},
+		{
+			func() error { _, err := kubebin.BuildCrictl(ctx, os.Stdout); return err },
+			func() error { _, err := kubebin.BuildKubeRouter(ctx, os.Stdout); return err },
+			func() error { _, err := kubebin.BuildCoreDNS(ctx, os.Stdout); return err },
+		},
 	}
-	layers := make(chan error, 1)
+	done := make(chan error, len(lanes)+1)
 	if os.Geteuid() == 0 {
-		go func() { layers <- debianLayers(ctx) }()
+		go func() { done <- debianLayers(ctx) }()
 	} else {
 		fmt.Println("testenv/image: not root: the tests make the Debian layers of their images (mmdebstrap needs root)")
-		layers <- nil
+		done <- nil
 	}
-	for _, s := range sets {
-		if err := s(); err != nil {
+	for _, lane := range lanes {
+		go func() {
+			for _, build := range lane {
+				if err := build(); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	for range len(lanes) + 1 {
+		if err := <-done; err != nil {
 			fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
 			os.Exit(1)
 		}
-	}
-	if err := <-layers; err != nil {
-		fmt.Fprintf(os.Stderr, "prebuild: %v\n", err)
-		os.Exit(1)
 	}
 }
 
