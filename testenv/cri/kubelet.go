@@ -92,8 +92,9 @@ var kubeletFixedDirs = []string{"/var/lib/kubelet/device-plugins", "/var/log/con
 // directories of its own over kubeletFixedDirs (whose mount points it creates
 // on the host when missing, and the last kubelet to stop removes: see
 // hostDirsRegistry); each mount containing a bind target is made private
-// there first, so none of these binds reaches the host. The kubelet's root directory is the exception: it is bind mounted on
-// itself on the host with shared propagation before the namespace is made,
+// there first, so none of these binds reaches the host. The kubelet's root
+// directory is the exception: it is bind mounted on itself on the host with
+// shared propagation before the namespace is made,
 // so the volumes the kubelet mounts under it (the service account token's
 // tmpfs, projected and secret volumes) appear on the host too, where
 // containerd, which mounts the pods' volumes in the host's namespace, finds
