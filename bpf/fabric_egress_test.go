@@ -599,3 +599,166 @@ func TestFabricEgressRedirectLive(t *testing.T) {
 	}
 	t.Fatalf("no GENEVE frame came out of und0; counters moved %v", delta(before, l.counts(t)))
 }
+
+// TestFabricIngressTranslatedHostReply: on a member of a site whose fabric carries
+// its declared pods' replies, with its tunnel address in the declared block (a
+// bridge CNI's gateway address), the answer the fabric hands over for a flow the host
+// translated to its tunnel address (kube-proxy's MASQUERADE of a NodePort flow it
+// forwarded into isthmus0) enters through isthmus0, where the untranslated client's
+// route to the answer's source leads, so strict rp_filter accepts it; the answer to
+// the host's own untranslated flow from that address, and one conntrack does not
+// know, stay on the underlay as before.
+func TestFabricIngressTranslatedHostReply(t *testing.T) {
+	l := fabricEgressLab(t)
+	tunnel := netip.MustParseAddr("10.0.2.1") // in fabricNet, the declared block
+	var cfg IsthmusDatapathConfig
+	if err := l.objs.Config.Lookup(uint32(0), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.TunnelIp = be32(tunnel)
+	if err := l.objs.Config.Put(uint32(0), cfg); err != nil {
+		t.Fatal(err)
+	}
+	// The agent's main-table route of the remote site into isthmus0.
+	if err := inNS(l.ns, func() error {
+		return netlink.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: viaFabricNet.Addr().AsSlice(), Mask: net.CIDRMask(viaFabricNet.Bits(), 32)},
+			LinkIndex: l.ist.Attrs().Index, Scope: netlink.SCOPE_LINK})
+	}); err != nil {
+		t.Fatalf("route %s into ist0: %v", viaFabricNet, err)
+	}
+	client := netip.MustParseAddr("192.168.1.77") // dialled the NodePort on the underlay
+	answer := func(sport, dport uint16) []byte {
+		return ethFrame(l.undMAC, fabricMAC, 0x0800, ipv4Packet(viaFabricDst, tunnel, 6, ipOpts{ttl: 63},
+			tcpSegment(sport, dport, 0x12, nil)))
+	}
+	hostKey := metricKey(IsthmusMetricMETRIC_DELIVER_HOST, IsthmusHookHOOK_UNDERLAY_TC)
+
+	// The NodePort flow: client -> node:30950, DNATed to the remote backend and
+	// masqueraded to the tunnel address.
+	l.ctInsert(t, tuple{client, underlayIP, 40000, 30950}, tuple{viaFabricDst, tunnel, 9376, 40001}, "SYN_RECV", "")
+	before := l.counts(t)
+	if ret, _ := l.run(t, l.objs.UnderlayIngress, answer(9376, 40001), l.und.Attrs().Index); ret != tcActRedirect {
+		t.Errorf("answer of a translated flow: verdict %d, want TC_ACT_REDIRECT into isthmus0", ret)
+	}
+	if d := delta(before, l.counts(t)); d[hostKey] != 1 || len(d) != 1 {
+		t.Errorf("counters moved %v, want only METRIC_DELIVER_HOST +1", d)
+	}
+
+	// The host's own flow from its tunnel address, untranslated, and a flow
+	// conntrack does not know: the stack takes them on the underlay.
+	l.ctEstablished(t, tuple{tunnel, viaFabricDst, 40002, 9376})
+	for _, c := range []struct {
+		name         string
+		sport, dport uint16
+	}{{"untranslated", 9376, 40002}, {"unknown", 9376, 40003}} {
+		before := l.counts(t)
+		if ret, _ := l.run(t, l.objs.UnderlayIngress, answer(c.sport, c.dport), l.und.Attrs().Index); ret != 0 {
+			t.Errorf("%s: verdict %d, want TC_ACT_OK (the stack, on the underlay)", c.name, ret)
+		}
+		if d := delta(before, l.counts(t)); len(d) != 0 {
+			t.Errorf("%s: counters moved %v, want none", c.name, d)
+		}
+	}
+}
+
+// TestDecapHostAnswerDevice: a decapsulated packet for this host enters its stack on
+// the device the host routes the answer out of, looked up from the address conntrack
+// gives the packet before routing, as strict rp_filter does: the answer to a flow the
+// host translated to its underlay address (kube-proxy's MASQUERADE of a NodePort flow
+// from a declared pod, routed out of the underlay by the pod's fabric rule) on the
+// underlay device, addressed to it; the host's own untranslated flow, and a packet
+// conntrack does not know, through isthmus0 as before.
+func TestDecapHostAnswerDevice(t *testing.T) {
+	l := ctLab(t)
+	withFabric(t, l)
+	// The declared pods' rule: their traffic to the remote pods leaves by the
+	// underlay (the agent's fabric table); the host's own goes into isthmus0.
+	if err := inNS(l.ns, func() error {
+		tab := &netlink.Route{Dst: &net.IPNet{IP: remoteNet.Addr().AsSlice(), Mask: net.CIDRMask(remoteNet.Bits(), 32)},
+			Gw: underlayGW.AsSlice(), LinkIndex: l.und.Attrs().Index, Table: 202}
+		if err := netlink.RouteAdd(tab); err != nil {
+			return err
+		}
+		rule := netlink.NewRule()
+		rule.Src = &net.IPNet{IP: fabricNet.Addr().AsSlice(), Mask: net.CIDRMask(fabricNet.Bits(), 32)}
+		rule.Table, rule.Priority = 202, 200
+		if err := netlink.RuleAdd(rule); err != nil {
+			return err
+		}
+		return netlink.RouteReplace(&netlink.Route{Dst: &net.IPNet{IP: remoteNet.Addr().AsSlice(), Mask: net.CIDRMask(remoteNet.Bits(), 32)},
+			LinkIndex: l.ist.Attrs().Index, Scope: netlink.SCOPE_LINK})
+	}); err != nil {
+		t.Fatalf("fabric rule and routes: %v", err)
+	}
+	answer := func(dport uint16) []byte {
+		inner := ipv4Packet(remotePodIP, underlayIP, 6, ipOpts{ttl: 63}, tcpSegment(9376, dport, 0x12, nil))
+		o := goodOpts(underlayIP)
+		return geneveFrame(l, o, innerEth(inner))
+	}
+	hostKey := metricKey(IsthmusMetricMETRIC_DELIVER_HOST, IsthmusHookHOOK_UNDERLAY_TC)
+	// A declared pod dialled this node's NodePort; kube-proxy sent it to the remote
+	// backend, masqueraded to the underlay address.
+	l.ctInsert(t, tuple{declaredIP, underlayIP, 40000, 30950}, tuple{remotePodIP, underlayIP, 9376, 40001}, "SYN_RECV", "")
+	l.ctEstablished(t, tuple{underlayIP, remotePodIP, 40002, 9376})
+	for _, c := range []struct {
+		name  string
+		dport uint16
+		mac   net.HardwareAddr
+	}{{"translated", 40001, l.undMAC}, {"untranslated", 40002, l.istMAC}, {"unknown", 40003, l.istMAC}} {
+		before := l.counts(t)
+		ret, out := l.run(t, l.objs.UnderlayIngress, answer(c.dport), l.und.Attrs().Index)
+		if ret != tcActRedirect || len(out) < 14 {
+			t.Errorf("%s: verdict %d, want TC_ACT_REDIRECT", c.name, ret)
+			continue
+		}
+		if !bytes.Equal(out[0:6], c.mac) {
+			t.Errorf("%s: delivered to %s, want %s", c.name, net.HardwareAddr(out[0:6]), c.mac)
+		}
+		if d := delta(before, l.counts(t)); d[hostKey] != 1 {
+			t.Errorf("%s: counters moved %v, want METRIC_DELIVER_HOST +1", c.name, d)
+		}
+	}
+}
+
+// TestFabricEgressForwardedTranslated: a declared pod's packet the stack forwarded
+// out of the underlay by the pod's fabric rule and then translated to the underlay
+// address (kube-proxy's MASQUERADE of a NodePort flow the pod opened) is still
+// encapsulated to the route's gateway, since a routed fabric would drop it plain;
+// the same packet from the host itself, and this node's own GENEVE frames on their
+// way out (forwarded ones included), are untouched.
+func TestFabricEgressForwardedTranslated(t *testing.T) {
+	l := fabricEgressLab(t)
+	masq := leaving(l, ipv4Packet(underlayIP, viaFabricDst, 6, ipOpts{ttl: 63},
+		withCsum(underlayIP, viaFabricDst, 6, tcpSegment(43384, 9376, 0x02, nil))))
+	forwarded := skbCtx{Ifindex: uint32(l.und.Attrs().Index), IngressIfindex: uint32(l.pod.Attrs().Index)}
+	encapKey := metricKey(IsthmusMetricMETRIC_ENCAP, IsthmusHookHOOK_UNDERLAY_EGRESS)
+
+	before := l.counts(t)
+	ret, out := l.runCtx(t, l.objs.UnderlayEgress, masq, forwarded)
+	if ret != tcActRedirect {
+		t.Fatalf("forwarded, translated: verdict %d, want TC_ACT_REDIRECT (encapsulated)", ret)
+	}
+	if _, inner := fabricEncap(t, l, out, masq, peerIP); !bytes.Equal(inner, masq) {
+		t.Errorf("inner frame\n got %x\nwant %x", inner, masq)
+	}
+	if d := delta(before, l.counts(t)); d[encapKey] != 1 {
+		t.Errorf("counters moved %v, want METRIC_ENCAP +1", d)
+	}
+
+	geneve := leaving(l, ipv4Packet(underlayIP, peerIP, 17, ipOpts{ttl: 64},
+		udpDatagram(50000, 6081, geneveHeader(geneveOpts{proto: 0x6558, vni: testVNI, optWords: -1}, innerEth(declaredUDP(viaFabricDst, 40000, 63))))))
+	for _, c := range []struct {
+		name string
+		in   []byte
+		ctx  skbCtx
+	}{
+		{"the host's own", masq, skbCtx{Ifindex: uint32(l.und.Attrs().Index)}},
+		{"a forwarded GENEVE frame of this node", geneve, forwarded},
+	} {
+		before := l.counts(t)
+		ret, out := l.runCtx(t, l.objs.UnderlayEgress, c.in, c.ctx)
+		if d := delta(before, l.counts(t)); ret != tcActOK || !bytes.Equal(out, c.in) || len(d) != 0 {
+			t.Errorf("%s: verdict %d, counters %v; want TC_ACT_OK, untouched, nothing counted", c.name, ret, d)
+		}
+	}
+}

@@ -333,6 +333,37 @@ static __always_inline int ct_close_track(struct nf_conn *ct, __u8 dir, const st
 	return 1;
 }
 
+/* Returns the destination IPv4 packet iph will have when the kernel routes it: for a
+ * TCP or UDP packet (ports read at l4, before data_end) in the reply direction of a
+ * flow kernel conntrack holds, the original direction's source, which conntrack
+ * writes back over the destination of a flow it translated (MASQUERADE, SNAT) before
+ * the routing decision; iph->daddr for everything else. The kernel's reverse-path
+ * check of the packet uses that address as the source of its lookup. */
+static __always_inline __be32 ct_routed_daddr(struct __sk_buff *skb, const struct iphdr *iph,
+					      const void *l4, const void *data_end)
+{
+	struct bpf_ct_opts opts = { .netns_id = BPF_F_CURRENT_NETNS, .l4proto = iph->protocol };
+	const __be16 *ports = l4;
+	struct bpf_sock_tuple t = {};
+	__be32 daddr = iph->daddr;
+	struct nf_conn *ct;
+
+	if ((iph->protocol != IPPROTO_TCP && iph->protocol != IPPROTO_UDP) ||
+	    (void *)(ports + 2) > data_end)
+		return daddr;
+	t.ipv4.saddr = iph->saddr;
+	t.ipv4.daddr = iph->daddr;
+	t.ipv4.sport = ports[0];
+	t.ipv4.dport = ports[1];
+	ct = bpf_skb_ct_lookup(skb, &t, sizeof(t.ipv4), &opts, sizeof(opts));
+	if (!ct)
+		return daddr;
+	if (opts.dir == IP_CT_DIR_REPLY)
+		daddr = ct->tuplehash[IP_CT_DIR_ORIGINAL].tuple.src.u3.ip;
+	bpf_ct_release(ct);
+	return daddr;
+}
+
 /* Returns 1 if TCP segment th of IPv4 packet iph (not a fragment, its whole TCP header
  * read; payload its bytes of TCP payload, all GSO segments' together) belongs to a
  * flow kernel conntrack holds, in either direction, as established and untranslated

@@ -265,6 +265,22 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 	return deliver_local_pod(skb, cfg, eth, iph, hook);
 }
 
+/* Returns 1 if packet iph, leaving by the underlay from the underlay address, was
+ * forwarded (it entered the node on another device: a pod's packet the stack
+ * translated on its way out) and is no GENEVE frame of this node's. */
+static __always_inline int forwarded_translated(const struct __sk_buff *skb,
+						 const struct iphdr *iph, const void *l4,
+						 const void *data_end)
+{
+	const struct udphdr *udp = l4;
+
+	if (!skb->ingress_ifindex)
+		return 0;	/* the host's own */
+	if (iph->protocol != IPPROTO_UDP)
+		return 1;
+	return (void *)(udp + 1) <= data_end && udp->dest != bpf_htons(GENEVE_PORT);
+}
+
 /* Fabric egress, on a node of a site whose fabric carries its declared pods' replies
  * (CFG_F_FABRIC_EGRESS): the stack routes a declared pod's packet (a source in
  * fabric_prefixes) for a route to gateways of this node's own site
@@ -293,11 +309,16 @@ static __always_inline int fabric_egress(struct __sk_buff *skb, __u8 hook)
 		return TC_ACT_OK;
 	/* The host's own packets (every GENEVE frame, on its second pass here after
 	 * encap_geneve's redirect) are never a pod's, even where a declared block
-	 * holds the underlay address. */
-	if (iph->saddr == cfg->underlay_ip)
+	 * holds the underlay address. But a declared pod's packet the stack forwarded
+	 * here and then translated to the underlay address (kube-proxy's MASQUERADE of
+	 * a NodePort flow the pod opened: routed by the pod's fabric rule before the
+	 * translation) is still one: encapsulated as the pod's own, or a routed fabric
+	 * drops it, and its answer comes back through the tunnel. */
+	if (iph->saddr == cfg->underlay_ip && !forwarded_translated(skb, iph, c.pos, c.end))
 		return TC_ACT_OK;
 	rt = route_lookup(iph->daddr);
-	if (!rt || !(rt->flags & ROUTE_F_VIA_FABRIC) || !is_fabric_source(iph->saddr))
+	if (!rt || !(rt->flags & ROUTE_F_VIA_FABRIC) ||
+	    (!is_fabric_source(iph->saddr) && iph->saddr != cfg->underlay_ip))
 		return TC_ACT_OK;
 	return encap_geneve(skb, cfg, rt, iph, c.pos, 0, hook);
 }

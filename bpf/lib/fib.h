@@ -260,6 +260,53 @@ static __always_inline int deliver_host(struct __sk_buff *skb, const struct data
 	return deliver_to_stack(skb, cfg, eth, 0, METRIC_DELIVER_HOST, hook);
 }
 
+/* Returns the device this host routes the answer to packet iph (for one of its own
+ * addresses) out of: the route from the destination conntrack gives the packet before
+ * routing (ct_routed_daddr: a translated flow's untranslated address) back to its
+ * source, as strict rp_filter looks it up, with p filled; 0 when there is none. */
+static __always_inline __u32 host_answer_dev(struct __sk_buff *skb,
+					     const struct datapath_config *cfg,
+					     const struct iphdr *iph, const void *l4,
+					     const void *data_end, struct bpf_fib_lookup *p)
+{
+	__be32 daddr = ct_routed_daddr(skb, iph, l4, data_end);
+	int rc;
+
+	rc = fib_lookup_v4(skb, p, daddr, iph->saddr, iph->tos, iph->protocol,
+			   cfg->overlay_ifindex, 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return 0;
+	return p->ifindex;
+}
+
+/* Hands a decapsulated frame eth for this host itself to its stack (deliver_host),
+ * on the device strict rp_filter accepts it on (symmetric paths): isthmus0, or the
+ * underlay device when the host answers it there (host_answer_dev). That is the case
+ * for the answer to a flow the host translated to its underlay address, whose request
+ * left by the underlay: kube-proxy's MASQUERADE of its NodePort flow from a pod of a
+ * site whose pods reach the remote site over the fabric (the pod's fabric rule), whose
+ * answer comes back through the tunnel, to the host's InternalIP. Returns
+ * TC_ACT_REDIRECT or DROP_REDIRECT_FAILED. Counts METRIC_DELIVER_HOST. */
+static __always_inline int deliver_host_answer(struct __sk_buff *skb,
+					       const struct datapath_config *cfg,
+					       struct ethhdr *eth, const struct iphdr *iph,
+					       const void *l4, const void *data_end, __u8 hook)
+{
+	struct bpf_fib_lookup p;
+
+	if (host_answer_dev(skb, cfg, iph, l4, data_end, &p) != cfg->underlay_ifindex ||
+	    !cfg->underlay_ifindex)
+		return deliver_host(skb, cfg, eth, hook);
+	/* Addressed to the device, as a frame the stack takes for itself: the lookup's
+	 * source MAC is the underlay device's own. */
+	__builtin_memcpy(eth->h_dest, p.smac, ETH_ALEN);
+	if (bpf_redirect(cfg->underlay_ifindex, BPF_F_INGRESS) != TC_ACT_REDIRECT)
+		return DROP_REDIRECT_FAILED;
+	metrics_count(METRIC_DELIVER_HOST, hook, skb->len);
+	trace_tc(skb, cfg, METRIC_DELIVER_HOST, hook, 0, cfg->underlay_ifindex);
+	return TC_ACT_REDIRECT;
+}
+
 /* Returns 1 if the IPv4 packet iph at the start of skb's frame, or one segment of it
  * if skb is GSO (ipv4_wire_len), is longer than the MTU of device ifindex. */
 static __always_inline int longer_than_mtu(struct __sk_buff *skb, const struct iphdr *iph,
@@ -311,7 +358,7 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 		 * would reach services that trust them from any peer. */
 		if (!tunnel_host_dest(cfg, iph->daddr))
 			return DROP_NOT_LOCAL;
-		return deliver_host(skb, cfg, eth, hook);
+		return deliver_host_answer(skb, cfg, eth, iph, c.pos, data_end, hook);
 	}
 	/* FRAG_NEEDED (a plain packet longer than the device's MTU, lookup without
 	 * tot_len) comes with the device: the pod's is handled below, where the
@@ -397,6 +444,28 @@ static __always_inline int answer_leaves_by_ingress(struct __sk_buff *skb,
 	       p.ifindex == skb->ifindex;
 }
 
+/* A packet from a remote overlay source for this host's tunnel address, handed over
+ * by the site fabric (the tunnel address lies in the site's declared pod block: a
+ * bridge CNI's gateway address), for a flow the host translated to that address
+ * (kube-proxy's MASQUERADE of a NodePort flow it forwarded into isthmus0): it enters
+ * the stack through isthmus0 when that is where the host routes its source from the
+ * flow's untranslated address (host_answer_dev). Anything else is left to
+ * fabric_ingress's other tests (the host's own flows from its tunnel address leave by
+ * the fabric, its fabric rule, and are answered there). Returns TC_ACT_OK (not
+ * taken), TC_ACT_REDIRECT (METRIC_DELIVER_HOST) or a negative DROP_*. */
+static __always_inline int fabric_host_reply(struct __sk_buff *skb,
+					     const struct datapath_config *cfg,
+					     struct ethhdr *eth, const struct iphdr *iph,
+					     const void *l4, const void *data_end, __u8 hook)
+{
+	struct bpf_fib_lookup p;
+
+	if (ct_routed_daddr(skb, iph, l4, data_end) == iph->daddr ||
+	    host_answer_dev(skb, cfg, iph, l4, data_end, &p) != cfg->overlay_ifindex)
+		return TC_ACT_OK;
+	return deliver_host(skb, cfg, eth, hook);
+}
+
 /* Fabric ingress: the site fabric hands this node a plain IPv4 packet on the underlay
  * for a local pod, from a remote overlay source (another node of the site decapsulated
  * it and delivered it by fabric). Strict rp_filter would drop it on the underlay (the
@@ -430,6 +499,16 @@ static __always_inline int fabric_ingress(struct __sk_buff *skb,
 	rt = route_lookup(iph->saddr);
 	if (!rt)
 		return TC_ACT_OK;
+	/* For this host's tunnel address, the answer to a flow the host translated: its
+	 * request was routed before the translation gave it this source (kube-proxy's
+	 * MASQUERADE of a NodePort's forwarded flow, out of isthmus0), and goes back the
+	 * way the untranslated address routes (fabric_host_reply). */
+	if (cfg->tunnel_ip && iph->daddr == cfg->tunnel_ip) {
+		int ret = fabric_host_reply(skb, cfg, eth, iph, c.pos, data_end, hook);
+
+		if (ret != TC_ACT_OK)
+			return ret;
+	}
 	/* A source this node reaches over the fabric (ROUTE_F_VIA_FABRIC) answers over
 	 * it too: the stack takes the packet on the underlay, where it routes that source,
 	 * marked, so that no other CNI's MASQUERADE rewrites it on the way to the pod. */
