@@ -2,6 +2,7 @@ package wireguard
 
 import (
 	"bytes"
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -196,4 +197,64 @@ func ipNets(ps []netip.Prefix) []net.IPNet {
 		})
 	}
 	return out
+}
+
+// SyncPeers reads the device's peers and applies Diff against desired in one
+// ConfigureDevice call (ReplacePeers false: established sessions survive). It
+// returns the number of peers changed, 0 when nothing differed. After an
+// error nothing is known to have changed; the next call diffs again.
+func (d *Device) SyncPeers(desired []Peer) (changed int, err error) {
+	dev, err := d.wg.Device(d.name)
+	if err != nil {
+		return 0, fmt.Errorf("read wireguard device %s: %w", d.name, err)
+	}
+	cfgs := Diff(dev.Peers, desired, time.Now())
+	if len(cfgs) == 0 {
+		return 0, nil
+	}
+	if err := d.wg.ConfigureDevice(d.name, wgtypes.Config{Peers: cfgs}); err != nil {
+		return 0, fmt.Errorf("configure %d peers of wireguard device %s: %w", len(cfgs), d.name, err)
+	}
+	return len(cfgs), nil
+}
+
+// PeerStatus is what the device says about one peer.
+type PeerStatus struct {
+	PublicKey wgtypes.Key
+	// Endpoint is where the device sends to the peer: configured or learnt;
+	// nil when it has none yet.
+	Endpoint   *net.UDPAddr
+	AllowedIPs []netip.Prefix
+	// LastHandshake is the time of the last completed handshake; zero for
+	// none.
+	LastHandshake time.Time
+	ReceiveBytes  int64
+	TransmitBytes int64
+	Keepalive     time.Duration
+}
+
+// Status returns the device's peers, sorted by public key.
+func (d *Device) Status() ([]PeerStatus, error) {
+	dev, err := d.wg.Device(d.name)
+	if err != nil {
+		return nil, fmt.Errorf("read wireguard device %s: %w", d.name, err)
+	}
+	out := make([]PeerStatus, 0, len(dev.Peers))
+	for _, p := range dev.Peers {
+		hs := p.LastHandshakeTime
+		if hs.Unix() == 0 { // the device's "never"
+			hs = time.Time{}
+		}
+		out = append(out, PeerStatus{
+			PublicKey:     p.PublicKey,
+			Endpoint:      cloneUDPAddr(p.Endpoint),
+			AllowedIPs:    prefixSet(prefixes(p.AllowedIPs)),
+			LastHandshake: hs,
+			ReceiveBytes:  p.ReceiveBytes,
+			TransmitBytes: p.TransmitBytes,
+			Keepalive:     p.PersistentKeepaliveInterval,
+		})
+	}
+	slices.SortFunc(out, func(a, b PeerStatus) int { return bytes.Compare(a.PublicKey[:], b.PublicKey[:]) })
+	return out, nil
 }
