@@ -43,7 +43,10 @@ func ParseMode(s string) (Mode, error) {
 type Kind string
 
 const (
-	KindKernel    Kind = "kernel"
+	// KindKernel is the kernel's wireguard link.
+	KindKernel Kind = "kernel"
+	// KindUserspace is a wireguard-go process (isthmus wireguard-userspace)
+	// behind a TUN.
 	KindUserspace Kind = "userspace"
 )
 
