@@ -48,3 +48,31 @@ func newWireguardUserspaceCmd() *cobra.Command {
 	cmd.MarkFlagRequired("name")
 	return cmd
 }
+
+// DefaultStateDir is the node's state that survives restarts and upgrades (the
+// DaemonSet mounts it from the host): the WireGuard private key.
+const DefaultStateDir = "/var/lib/isthmus"
+
+// newWireguardKeyCmd is `isthmus wireguard-key`: prints the node's WireGuard public
+// key, creating its key pair in the state directory first if it has none, as the
+// agent does on its first start. In file mode the operator (or the lab) puts it in
+// the Node's annotation isthmus.dev/wireguard-public-key; in Kubernetes mode the
+// agent publishes it itself.
+func newWireguardKeyCmd() *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
+		Use:   "wireguard-key [--state-dir DIR]",
+		Short: "Print the node's WireGuard public key, creating the key pair if the node has none",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			key, err := wireguard.LoadOrCreateKey(dir)
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), key.PublicKey().String())
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&dir, "state-dir", DefaultStateDir, "the agent's --state-dir")
+	return cmd
+}

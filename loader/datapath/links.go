@@ -16,11 +16,11 @@ type Hook string
 
 // The hooks of docs/architecture.md.
 const (
-	HookPodIngress      Hook = "pod_ingress"      // tcx ingress on a pod-facing interface
-	HookOverlayEgress   Hook = "overlay_egress"   // tcx egress on isthmus0
-	HookUnderlayIngress Hook = "underlay_ingress" // tcx ingress on the underlay device
-	HookUnderlayXDP     Hook = "underlay_xdp"     // XDP on the underlay device
-	HookUnderlayEgress  Hook = "underlay_egress"  // tcx egress on the underlay device
+	HookPodIngress      Hook = "pod_ingress"       // tcx ingress on a pod-facing interface
+	HookOverlayEgress   Hook = "overlay_egress"    // tcx egress on isthmus0
+	HookUnderlayIngress Hook = "underlay_ingress"  // tcx ingress on the underlay device
+	HookUnderlayXDP     Hook = "underlay_xdp"      // XDP on the underlay device
+	HookUnderlayEgress  Hook = "underlay_egress"   // tcx egress on the underlay device
 	HookWireGuard       Hook = "wireguard_ingress" // tcx ingress on the WireGuard device
 )
 

@@ -56,13 +56,14 @@ func compute(set *objects.Set, node string, c *Cache) (*NodePlan, error) {
 		return nil, fmt.Errorf("plan node %q: node has no InternalIP in any Site's nodeCidrs", node)
 	}
 	p := &NodePlan{
-		Node:      node,
-		Site:      site.Name,
-		Underlay:  underlay,
-		PodCIDRs:  objects.PodCIDRs(self),
-		TunnelMTU: int(site.Spec.TunnelMTU),
-		Peers:     []Peer{},
-		Routes:    []Route{},
+		Node:           node,
+		Site:           site.Name,
+		Underlay:       underlay,
+		PodCIDRs:       objects.PodCIDRs(self),
+		TunnelMTU:      int(site.Spec.TunnelMTU),
+		TunnelOverhead: TunnelOverheadOf(set, site.Name),
+		Peers:          []Peer{},
+		Routes:         []Route{},
 	}
 	all := assignments(set)
 	isGateway := slices.ContainsFunc(all, func(a assignment) bool { _, ok := a.has(site.Name, node); return ok })

@@ -2,15 +2,44 @@ package plan
 
 import (
 	"encoding/base64"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/isthmus-dev/isthmus/api/v1alpha1"
+	"github.com/isthmus-dev/isthmus/loader/objects"
 )
 
 // wireGuardKeyLen is the length of a WireGuard (Curve25519) public key.
 const wireGuardKeyLen = 32
+
+// Bytes each encapsulation adds in front of an inner IPv4 packet: GENEVE over
+// IPv4 (outer IPv4 20, UDP 8, GENEVE 8, inner Ethernet 14), and WireGuard over
+// IPv4 around it (outer IPv4 20, UDP 8, WireGuard's header 16 and tag 16).
+const (
+	GeneveOverhead    = 50
+	WireGuardOverhead = 60
+)
+
+// TunnelOverheadOf is what the tunnels of the nodes of site add to a packet:
+// GeneveOverhead, plus WireGuardOverhead when a SitePeering or
+// SiteGatewayPoolAssignment with encryption WireGuard joins site to another. Every
+// node of such a site counts both, not only those with encrypted peers: a
+// member's packets cross its gateways' encrypted tunnels whole.
+func TunnelOverheadOf(set *objects.Set, site string) int {
+	for _, sp := range set.SitePeerings {
+		if sp.Spec.Encrypts() && slices.Contains(sp.Spec.Sites, site) {
+			return GeneveOverhead + WireGuardOverhead
+		}
+	}
+	for _, a := range set.SiteGatewayPoolAssignments {
+		if a.Spec.Encrypts() && slices.Contains(a.Spec.Sites, site) {
+			return GeneveOverhead + WireGuardOverhead
+		}
+	}
+	return GeneveOverhead
+}
 
 // encryptable reports whether this node can tunnel to peer (of site) inside
 // WireGuard, as by (the object asking for it) wants: both ends need a tunnel

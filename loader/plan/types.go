@@ -28,8 +28,11 @@ type NodePlan struct {
 	// or `Node "aks-1" metadata.annotations["isthmus.dev/tunnel-ipv4"]`.
 	TunnelAddrOrigin string `json:"tunnelAddrOrigin,omitempty"`
 	// TunnelMTU is the Site's spec.tunnelMTU, 0 when unset (the agent then uses
-	// the underlay MTU minus the 50 bytes of IPv4 GENEVE overhead).
+	// the underlay MTU minus TunnelOverhead).
 	TunnelMTU int `json:"tunnelMTU,omitempty"`
+	// TunnelOverhead is what the tunnels of the node's site add to a packet
+	// (TunnelOverheadOf): the 50 bytes of IPv4 GENEVE, 110 with WireGuard's.
+	TunnelOverhead int `json:"tunnelOverhead"`
 	// Encrypted is true when a peer is Encrypted: the node runs a WireGuard
 	// device, and its tunnel MTU leaves room for WireGuard's header too.
 	Encrypted bool `json:"encrypted,omitempty"`
