@@ -43,8 +43,8 @@ func TestBuiltinManagedPodsVerify(t *testing.T) {
 				if !containsAddr(v.Ranges, p.Address) {
 					t.Errorf("%s: pod %s: %s is outside %s's verified ranges %v", name, p.Name, p.Address, n.Name, v.Ranges)
 				}
-				if v.MTU != p.mtu(sc.Underlay) && p.MTU == 0 {
-					t.Errorf("%s: pod %s: the plugin gives MTU %d, the lab's pods have %d", name, p.Name, v.MTU, p.mtu(sc.Underlay))
+				if want := sc.PodMTU(n.Site.Name, p); v.MTU != want && p.MTU == 0 {
+					t.Errorf("%s: pod %s: the plugin gives MTU %d, the lab's pods have %d", name, p.Name, v.MTU, want)
 				}
 			}
 			if v.Ready() && n.Site.semantics().unmanaged {

@@ -261,6 +261,11 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 	default:
 		return fmt.Errorf("datapath %q: want isthmus, plain, vxlan or none", l.Datapath)
 	}
+	if l.Datapath == DatapathIsthmus && opts.Source != SourceKube {
+		if err := l.publishWireGuardKeys(); err != nil {
+			return err
+		}
+	}
 	if err := sc.WriteObjects(l.ObjectsDir()); err != nil {
 		return err
 	}
@@ -552,7 +557,7 @@ func (l *Lab) buildPod(n NodeRef, p Pod) error {
 	}
 	defer h.Close()
 	defer nsh.Close()
-	mtu := p.mtu(l.Scenario.Underlay)
+	mtu := l.Scenario.PodMTU(n.Site.Name, p)
 	host := l.HostVeth(p.Name)
 	if err := node.LinkAdd(&netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: host, MTU: mtu},

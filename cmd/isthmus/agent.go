@@ -221,6 +221,7 @@ func newAgentCmd() *cobra.Command {
 	f.StringVar(&wgMode, "wireguard", string(wireguard.ModeAuto), "WireGuard implementation for encrypted peers: auto (the kernel's, else the userspace one), kernel or userspace")
 	f.IntVar(&cfg.WireGuard.Port, "wireguard-port", wireguard.DefaultPort, "UDP port of the WireGuard device; every node of the fleet must use the same")
 	f.StringVar(&cfg.WireGuard.Device, "wireguard-device", agent.DefaultWireGuardDevice, "name of the WireGuard device")
+	f.StringVar(&cfg.WireGuard.LogFile, "wireguard-log", "", "log of the userspace WireGuard process (default "+wireguard.DefaultLogDir+"/wireguard-DEVICE.log)")
 	cni.register(f)
 	cmd.MarkFlagRequired("node")
 	return cmd

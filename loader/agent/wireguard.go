@@ -40,7 +40,7 @@ type WireGuardConfig struct {
 	// survive restarts and upgrades (the DaemonSet's /var/lib/isthmus).
 	StateDir string
 	// Exe runs the userspace device (empty: this executable); LogFile takes
-	// its output (empty: wireguard.DefaultLogDir/<device>.log).
+	// its output (empty: wireguard.DefaultLogDir/wireguard-<device>.log).
 	Exe, LogFile string
 	// Keepalive is the persistent keepalive toward encrypted peers (0:
 	// DefaultKeepalive).
@@ -63,9 +63,6 @@ func (c *WireGuardConfig) defaults() {
 	}
 	if c.Keepalive == 0 {
 		c.Keepalive = DefaultKeepalive
-	}
-	if c.LogFile == "" {
-		c.LogFile = filepath.Join(wireguard.DefaultLogDir, c.Device+".log")
 	}
 }
 
