@@ -83,9 +83,7 @@ func fabricEgressLab(t *testing.T) *lab {
 	}
 	setConfigFlags(t, l, cfgFabricEgress)
 	putRoute(t, l, viaFabricNet, IsthmusRouteValue{Peer: be32(peerIP), Flags: routeViaFabric})
-	if err := l.objs.NexthopGroups.Put(uint32(1), groupOf(members)); err != nil {
-		t.Fatalf("put group: %v", err)
-	}
+	withGroup(t, l, groupOf(members))
 	putRoute(t, l, groupNet, IsthmusRouteValue{Group: 1, Flags: routeViaFabric})
 	return l
 }

@@ -3,10 +3,13 @@ package bpf
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"maps"
 	"net"
 	"net/netip"
 	"testing"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/vishvananda/netlink"
 )
@@ -35,9 +38,18 @@ func groupOf(ms []netip.Addr) IsthmusNexthopGroup {
 	return g
 }
 
-// withGroup routes groupNet through next-hop group 1 holding g.
+// withGroup routes groupNet through next-hop group 1 holding g, each member a
+// peer (as the agent writes them: a next hop without a peers entry is dropped).
 func withGroup(t *testing.T, l *lab, g IsthmusNexthopGroup) {
 	t.Helper()
+	for _, m := range g.Slots {
+		if m == 0 {
+			continue
+		}
+		if err := l.objs.Peers.Update(m, IsthmusPeerValue{}, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			t.Fatalf("put group member as peer: %v", err)
+		}
+	}
 	if err := l.objs.NexthopGroups.Put(uint32(1), g); err != nil {
 		t.Fatalf("put group: %v", err)
 	}

@@ -2,8 +2,9 @@
 //go:build ignore
 
 /* isthmus datapath: GENEVE encapsulation (pod_ingress, overlay_egress) and
- * decapsulation (underlay_ingress, underlay_xdp), and delivery of overlay packets the
- * site fabric hands over (underlay_ingress). The logic lives in lib/; this file
+ * decapsulation (underlay_ingress, underlay_xdp; wireguard_ingress for encrypted
+ * peers), and delivery of overlay packets the site fabric hands over
+ * (underlay_ingress). The logic lives in lib/; this file
  * only wires it to the hooks. docs/architecture.md is the contract. */
 
 #include "lib/common.h"
@@ -77,7 +78,7 @@ int underlay_ingress(struct __sk_buff *skb)
 			ret = deliver_decapped(skb, cfg, HOOK_UNDERLAY_TC);
 		}
 	} else {
-		ret = tc_decap(skb, cfg, HOOK_UNDERLAY_TC);
+		ret = tc_decap(skb, cfg, 0, HOOK_UNDERLAY_TC);
 		/* Not GENEVE for us: a reply to a masqueraded flow (the stack takes it to
 		 * the pod), or an overlay packet the site fabric delivers. */
 		if (ret == TC_ACT_OK) {
@@ -91,6 +92,19 @@ int underlay_ingress(struct __sk_buff *skb)
 	if (ret < 0)
 		ret = tc_drop(skb, ret, HOOK_UNDERLAY_TC);
 	return redirect_note(skb, ret, HOOK_UNDERLAY_TC);
+}
+
+/* GENEVE of encrypted peers, decrypted by WireGuard (lib/wireguard.h). Fails closed:
+ * without config, or for anything that is not such GENEVE, the packet is dropped. */
+SEC("tc")
+int wireguard_ingress(struct __sk_buff *skb)
+{
+	const struct datapath_config *cfg = config_get();
+	int ret = cfg ? tc_wireguard_decap(skb, cfg, HOOK_WIREGUARD_INGRESS) : DROP_NO_CONFIG;
+
+	if (ret < 0)
+		ret = tc_drop(skb, ret, HOOK_WIREGUARD_INGRESS);
+	return redirect_note(skb, ret, HOOK_WIREGUARD_INGRESS);
 }
 
 /* No redirect_note: a packet another program redirected to the underlay passes here

@@ -51,6 +51,7 @@ type IsthmusDatapathConfig struct {
 	TunnelIp        uint32
 	SnatPortMin     uint16
 	SnatPortMax     uint16
+	WgIfindex       uint32
 }
 
 type IsthmusDecapMeta struct {
@@ -62,43 +63,49 @@ type IsthmusDecapMeta struct {
 type IsthmusDropReason uint32
 
 const (
-	IsthmusDropReasonDROP_INVALID_PACKET       IsthmusDropReason = 4294967166
-	IsthmusDropReasonDROP_GENEVE_TRUNCATED     IsthmusDropReason = 4294967165
-	IsthmusDropReasonDROP_GENEVE_VERSION       IsthmusDropReason = 4294967164
-	IsthmusDropReasonDROP_GENEVE_OPT_LEN       IsthmusDropReason = 4294967163
-	IsthmusDropReasonDROP_GENEVE_CRITICAL      IsthmusDropReason = 4294967162
-	IsthmusDropReasonDROP_GENEVE_PROTOCOL      IsthmusDropReason = 4294967161
-	IsthmusDropReasonDROP_GENEVE_VNI           IsthmusDropReason = 4294967160
-	IsthmusDropReasonDROP_UNKNOWN_PEER         IsthmusDropReason = 4294967159
-	IsthmusDropReasonDROP_INNER_SRC_DENIED     IsthmusDropReason = 4294967158
-	IsthmusDropReasonDROP_INNER_INVALID        IsthmusDropReason = 4294967157
-	IsthmusDropReasonDROP_INNER_UNSUPPORTED    IsthmusDropReason = 4294967156
-	IsthmusDropReasonDROP_NO_CONFIG            IsthmusDropReason = 4294967155
-	IsthmusDropReasonDROP_ENCAP_FAILED         IsthmusDropReason = 4294967154
-	IsthmusDropReasonDROP_DECAP_FAILED         IsthmusDropReason = 4294967153
-	IsthmusDropReasonDROP_NO_UNDERLAY_ROUTE    IsthmusDropReason = 4294967152
-	IsthmusDropReasonDROP_NO_OVERLAY_ROUTE     IsthmusDropReason = 4294967151
-	IsthmusDropReasonDROP_NOT_LOCAL            IsthmusDropReason = 4294967150
-	IsthmusDropReasonDROP_TTL_EXCEEDED         IsthmusDropReason = 4294967149
-	IsthmusDropReasonDROP_FRAG_NEEDED          IsthmusDropReason = 4294967148
-	IsthmusDropReasonDROP_REDIRECT_FAILED      IsthmusDropReason = 4294967147
-	IsthmusDropReasonDROP_NO_NEXTHOP           IsthmusDropReason = 4294967146
-	IsthmusDropReasonDROP_SNAT_NO_PORT         IsthmusDropReason = 4294967145
-	IsthmusDropReasonDROP_SNAT_INSERT          IsthmusDropReason = 4294967144
-	IsthmusDropReasonDROP_SNAT_UNSUPPORTED     IsthmusDropReason = 4294967143
-	IsthmusDropReasonDROP_SNAT_REWRITE         IsthmusDropReason = 4294967142
-	IsthmusDropReasonDROP_TRANSIT_LOOP         IsthmusDropReason = 4294967141
-	IsthmusDropReasonDROP_POD_SRC_SPOOFED      IsthmusDropReason = 4294967140
-	IsthmusDropReasonDROP_POD_GENEVE           IsthmusDropReason = 4294967139
-	IsthmusDropReasonDROP_GENEVE_OAM           IsthmusDropReason = 4294967138
-	IsthmusDropReasonDROP_OUTER_FRAGMENT       IsthmusDropReason = 4294967137
-	IsthmusDropReasonDROP_ECN_NOT_ECT          IsthmusDropReason = 4294967136
-	IsthmusDropReasonDROP_UNDERLAY_MTU         IsthmusDropReason = 4294967135
-	IsthmusDropReasonDROP_POD_SRC_NOT_RESERVED IsthmusDropReason = 4294967134
-	IsthmusDropReasonDROP_INNER_MARTIAN        IsthmusDropReason = 4294967133
-	IsthmusDropReasonDROP_ICMP_GSO             IsthmusDropReason = 4294967132
-	IsthmusDropReasonDROP_NAT_SOURCE_LIMIT     IsthmusDropReason = 4294967131
-	IsthmusDropReasonDROP_NAT_REPLY_UNKNOWN    IsthmusDropReason = 4294967130
+	IsthmusDropReasonDROP_INVALID_PACKET           IsthmusDropReason = 4294967166
+	IsthmusDropReasonDROP_GENEVE_TRUNCATED         IsthmusDropReason = 4294967165
+	IsthmusDropReasonDROP_GENEVE_VERSION           IsthmusDropReason = 4294967164
+	IsthmusDropReasonDROP_GENEVE_OPT_LEN           IsthmusDropReason = 4294967163
+	IsthmusDropReasonDROP_GENEVE_CRITICAL          IsthmusDropReason = 4294967162
+	IsthmusDropReasonDROP_GENEVE_PROTOCOL          IsthmusDropReason = 4294967161
+	IsthmusDropReasonDROP_GENEVE_VNI               IsthmusDropReason = 4294967160
+	IsthmusDropReasonDROP_UNKNOWN_PEER             IsthmusDropReason = 4294967159
+	IsthmusDropReasonDROP_INNER_SRC_DENIED         IsthmusDropReason = 4294967158
+	IsthmusDropReasonDROP_INNER_INVALID            IsthmusDropReason = 4294967157
+	IsthmusDropReasonDROP_INNER_UNSUPPORTED        IsthmusDropReason = 4294967156
+	IsthmusDropReasonDROP_NO_CONFIG                IsthmusDropReason = 4294967155
+	IsthmusDropReasonDROP_ENCAP_FAILED             IsthmusDropReason = 4294967154
+	IsthmusDropReasonDROP_DECAP_FAILED             IsthmusDropReason = 4294967153
+	IsthmusDropReasonDROP_NO_UNDERLAY_ROUTE        IsthmusDropReason = 4294967152
+	IsthmusDropReasonDROP_NO_OVERLAY_ROUTE         IsthmusDropReason = 4294967151
+	IsthmusDropReasonDROP_NOT_LOCAL                IsthmusDropReason = 4294967150
+	IsthmusDropReasonDROP_TTL_EXCEEDED             IsthmusDropReason = 4294967149
+	IsthmusDropReasonDROP_FRAG_NEEDED              IsthmusDropReason = 4294967148
+	IsthmusDropReasonDROP_REDIRECT_FAILED          IsthmusDropReason = 4294967147
+	IsthmusDropReasonDROP_NO_NEXTHOP               IsthmusDropReason = 4294967146
+	IsthmusDropReasonDROP_SNAT_NO_PORT             IsthmusDropReason = 4294967145
+	IsthmusDropReasonDROP_SNAT_INSERT              IsthmusDropReason = 4294967144
+	IsthmusDropReasonDROP_SNAT_UNSUPPORTED         IsthmusDropReason = 4294967143
+	IsthmusDropReasonDROP_SNAT_REWRITE             IsthmusDropReason = 4294967142
+	IsthmusDropReasonDROP_TRANSIT_LOOP             IsthmusDropReason = 4294967141
+	IsthmusDropReasonDROP_POD_SRC_SPOOFED          IsthmusDropReason = 4294967140
+	IsthmusDropReasonDROP_POD_GENEVE               IsthmusDropReason = 4294967139
+	IsthmusDropReasonDROP_GENEVE_OAM               IsthmusDropReason = 4294967138
+	IsthmusDropReasonDROP_OUTER_FRAGMENT           IsthmusDropReason = 4294967137
+	IsthmusDropReasonDROP_ECN_NOT_ECT              IsthmusDropReason = 4294967136
+	IsthmusDropReasonDROP_UNDERLAY_MTU             IsthmusDropReason = 4294967135
+	IsthmusDropReasonDROP_POD_SRC_NOT_RESERVED     IsthmusDropReason = 4294967134
+	IsthmusDropReasonDROP_INNER_MARTIAN            IsthmusDropReason = 4294967133
+	IsthmusDropReasonDROP_ICMP_GSO                 IsthmusDropReason = 4294967132
+	IsthmusDropReasonDROP_NAT_SOURCE_LIMIT         IsthmusDropReason = 4294967131
+	IsthmusDropReasonDROP_NAT_REPLY_UNKNOWN        IsthmusDropReason = 4294967130
+	IsthmusDropReasonDROP_NEXTHOP_NOT_PEER         IsthmusDropReason = 4294967129
+	IsthmusDropReasonDROP_WIREGUARD_NO_KEY         IsthmusDropReason = 4294967128
+	IsthmusDropReasonDROP_WIREGUARD_NO_DEVICE      IsthmusDropReason = 4294967127
+	IsthmusDropReasonDROP_CLEARTEXT_FROM_ENCRYPTED IsthmusDropReason = 4294967126
+	IsthmusDropReasonDROP_WIREGUARD_PEER_CLEAR     IsthmusDropReason = 4294967125
+	IsthmusDropReasonDROP_WIREGUARD_NOT_GENEVE     IsthmusDropReason = 4294967124
 )
 
 type IsthmusFabricPrefixValue struct {
@@ -136,11 +143,12 @@ type IsthmusHealthReachValue struct {
 type IsthmusHook uint32
 
 const (
-	IsthmusHookHOOK_POD_INGRESS     IsthmusHook = 0
-	IsthmusHookHOOK_OVERLAY_EGRESS  IsthmusHook = 1
-	IsthmusHookHOOK_UNDERLAY_TC     IsthmusHook = 2
-	IsthmusHookHOOK_UNDERLAY_XDP    IsthmusHook = 3
-	IsthmusHookHOOK_UNDERLAY_EGRESS IsthmusHook = 4
+	IsthmusHookHOOK_POD_INGRESS       IsthmusHook = 0
+	IsthmusHookHOOK_OVERLAY_EGRESS    IsthmusHook = 1
+	IsthmusHookHOOK_UNDERLAY_TC       IsthmusHook = 2
+	IsthmusHookHOOK_UNDERLAY_XDP      IsthmusHook = 3
+	IsthmusHookHOOK_UNDERLAY_EGRESS   IsthmusHook = 4
+	IsthmusHookHOOK_WIREGUARD_INGRESS IsthmusHook = 5
 )
 
 type IsthmusMasqExemptValue struct {
@@ -170,6 +178,7 @@ const (
 	IsthmusMetricMETRIC_MASQ                 IsthmusMetric = 16
 	IsthmusMetricMETRIC_MASQ_REVERSE         IsthmusMetric = 17
 	IsthmusMetricMETRIC_CT_FAST              IsthmusMetric = 18
+	IsthmusMetricMETRIC_WIREGUARD_SENT       IsthmusMetric = 19
 )
 
 type IsthmusMetricSlots uint32
@@ -371,6 +380,7 @@ const (
 	IsthmusProgUnderlayEgress        = "underlay_egress"
 	IsthmusProgUnderlayIngress       = "underlay_ingress"
 	IsthmusProgUnderlayXdp           = "underlay_xdp"
+	IsthmusProgWireguardIngress      = "wireguard_ingress"
 	IsthmusVarNatSourceFlowsMax      = "nat_source_flows_max"
 )
 
@@ -422,6 +432,7 @@ type IsthmusProgramSpecs struct {
 	UnderlayEgress        *ebpf.ProgramSpec `ebpf:"underlay_egress"`
 	UnderlayIngress       *ebpf.ProgramSpec `ebpf:"underlay_ingress"`
 	UnderlayXdp           *ebpf.ProgramSpec `ebpf:"underlay_xdp"`
+	WireguardIngress      *ebpf.ProgramSpec `ebpf:"wireguard_ingress"`
 }
 
 // IsthmusMapSpecs contains maps before they are loaded into the kernel.
@@ -547,6 +558,7 @@ type IsthmusPrograms struct {
 	UnderlayEgress        *ebpf.Program `ebpf:"underlay_egress"`
 	UnderlayIngress       *ebpf.Program `ebpf:"underlay_ingress"`
 	UnderlayXdp           *ebpf.Program `ebpf:"underlay_xdp"`
+	WireguardIngress      *ebpf.Program `ebpf:"wireguard_ingress"`
 }
 
 func (p *IsthmusPrograms) Close() error {
@@ -557,6 +569,7 @@ func (p *IsthmusPrograms) Close() error {
 		p.UnderlayEgress,
 		p.UnderlayIngress,
 		p.UnderlayXdp,
+		p.WireguardIngress,
 	)
 }
 

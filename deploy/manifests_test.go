@@ -44,9 +44,11 @@ const pinDir = "/sys/fs/bpf/isthmus"
 // anything else fails the test, and so does a missing grant.
 var grants = map[string][]string{
 	// The agent reads through informers (loader/source/kube.go: list and watch
-	// of Nodes and the four kinds, never a get) and writes nothing.
+	// of Nodes and the four kinds, never a get) and writes one merge patch of
+	// its own Node (NodeAnnotationPublisher: its WireGuard public key).
 	"isthmus-system/isthmus-agent": {
 		"cluster core nodes list",
+		"cluster core nodes patch",
 		"cluster core nodes watch",
 		"cluster isthmus.dev gatewaypools list",
 		"cluster isthmus.dev gatewaypools watch",

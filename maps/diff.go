@@ -122,6 +122,9 @@ func Describe(m Name, key, value any) string {
 		if c.SNATPortMin != 0 || c.SNATPortMax != 0 {
 			out += fmt.Sprintf(" snat_ports=%d-%d", c.SNATPortMin, c.SNATPortMax)
 		}
+		if c.WireGuardIfindex != 0 {
+			out += fmt.Sprintf(" wg_ifindex=%d", c.WireGuardIfindex)
+		}
 		return out
 	}
 	return string(m)

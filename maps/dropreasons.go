@@ -53,6 +53,12 @@ var dropReasons = []DropReason{
 	{-164, "DROP_ICMP_GSO", "icmp_gso", "An ICMP error (frag needed, time exceeded) for a transiting GSO frame the kernel would not shrink: sent, it would be segmented as TCP."},
 	{-165, "DROP_NAT_SOURCE_LIMIT", "nat_source_limit", "A new translated flow of a pod source that already holds its whole share of the nat (or masq_nat) table (--snat-flows-per-source)."},
 	{-166, "DROP_NAT_REPLY_UNKNOWN", "nat_reply_unknown", "A TCP segment to the tunnel (or masquerade) address that no translation, local socket or conntrack entry claims: dropped, not reset by the host."},
+	{-167, "DROP_NEXTHOP_NOT_PEER", "nexthop_not_peer", "The route's next hop has no peers entry, so how to reach it (in the clear or encrypted) is unknown."},
+	{-168, "DROP_WIREGUARD_NO_KEY", "wireguard_no_key", "For an encrypted peer whose WireGuard public key is not known yet."},
+	{-169, "DROP_WIREGUARD_NO_DEVICE", "wireguard_no_device", "For an encrypted peer, and this node has no WireGuard device (or no tunnel address to send from)."},
+	{-170, "DROP_CLEARTEXT_FROM_ENCRYPTED", "cleartext_from_encrypted", "GENEVE in the clear from a peer of an encrypted pair."},
+	{-171, "DROP_WIREGUARD_PEER_CLEAR", "wireguard_peer_clear", "GENEVE out of WireGuard from a peer this node tunnels to in the clear."},
+	{-172, "DROP_WIREGUARD_NOT_GENEVE", "wireguard_not_geneve", "A packet out of the WireGuard device that is not GENEVE for this node."},
 }
 
 // DropReasons returns every drop reason, in code order from -130 down.

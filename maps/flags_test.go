@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// TestConfigFlagsMatchHeader: the Go mirrors of the CFG_F_*, HEALTH_F_* and ROUTE_F_*
+// TestConfigFlagsMatchHeader: the Go mirrors of the CFG_F_*, HEALTH_F_*, PEER_F_* and ROUTE_F_*
 // defines carry the values bpf/lib/types.h gives them.
 func TestConfigFlagsMatchHeader(t *testing.T) {
 	src, err := os.ReadFile("../bpf/lib/types.h")
@@ -19,8 +19,9 @@ func TestConfigFlagsMatchHeader(t *testing.T) {
 		"CFG_F_MASQUERADE": ConfigFlagMasquerade, "CFG_F_FABRIC_EGRESS": ConfigFlagFabricEgress,
 		"CFG_F_FIB_DIRECT": ConfigFlagFIBDirect,
 		"HEALTH_F_REACHES": HealthFlagReaches, "ROUTE_F_VIA_FABRIC": RouteFlagViaFabric, "ROUTE_F_UNDERLAY": RouteFlagUnderlay,
-		"ROUTE_F_NOT_FOR_PODS": RouteFlagNotForPods}
-	re := regexp.MustCompile(`#define\s+((?:CFG|HEALTH|ROUTE)_F_\w+)\s+\(1 << (\d+)\)`)
+		"ROUTE_F_NOT_FOR_PODS": RouteFlagNotForPods,
+		"PEER_F_WIREGUARD":     PeerFlagWireGuard, "PEER_F_WIREGUARD_NO_KEY": PeerFlagWireGuardNoKey}
+	re := regexp.MustCompile(`#define\s+((?:CFG|HEALTH|PEER|ROUTE)_F_\w+)\s+\(1 << (\d+)\)`)
 	found := map[string]uint32{}
 	for _, m := range re.FindAllStringSubmatch(string(src), -1) {
 		bit, _ := strconv.Atoi(m[2])

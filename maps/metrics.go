@@ -20,6 +20,9 @@ const (
 	HookUnderlayXDP   Hook = 3
 	// HookUnderlayEgress is TC egress on the underlay device (egress masquerade).
 	HookUnderlayEgress Hook = 4
+	// HookWireGuardIngress is TC ingress on the WireGuard device (decrypted GENEVE
+	// of encrypted peers).
+	HookWireGuardIngress Hook = 5
 	// HookOutOfRange is no hook: the hook of the metrics slot that counts a hook
 	// the array has no row for (METRIC_HOOKS in enum metric_slots).
 	HookOutOfRange Hook = Hook(bpf.IsthmusMetricSlotsMETRIC_HOOKS)
@@ -37,6 +40,8 @@ func (h Hook) String() string {
 		return "underlay_xdp"
 	case HookUnderlayEgress:
 		return "underlay_egress"
+	case HookWireGuardIngress:
+		return "wireguard_ingress"
 	case HookOutOfRange:
 		return "out_of_range"
 	}
@@ -64,6 +69,7 @@ var metricNames = map[uint16]string{
 	16: "masq",
 	17: "masq_reverse",
 	18: "ct_fast",
+	19: "wireguard_sent",
 }
 
 // MetricKey identifies one counter: a code (METRIC_* or -DROP_*) at a hook, as

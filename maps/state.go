@@ -82,6 +82,9 @@ type Config struct {
 	// SNATPortMin and SNATPortMax bound the ports SNAT picks when a flow's own
 	// port is taken.
 	SNATPortMin, SNATPortMax uint16
+	// WireGuardIfindex is the WireGuard device encrypted peers' GENEVE goes
+	// into; 0 means none (what is for an encrypted peer is dropped).
+	WireGuardIfindex uint32
 }
 
 // Clone returns a deep copy of s.
@@ -143,19 +146,21 @@ func (c Config) toKernel() DatapathConfig {
 		TunnelIp:        AddrToBE32(c.TunnelIP),
 		SnatPortMin:     c.SNATPortMin,
 		SnatPortMax:     c.SNATPortMax,
+		WgIfindex:       c.WireGuardIfindex,
 	}
 }
 
 func configFromKernel(k DatapathConfig) Config {
 	c := Config{
-		VNI:             k.Vni,
-		UnderlayIfindex: k.UnderlayIfindex,
-		OverlayIfindex:  k.OverlayIfindex,
-		OverlayMAC:      k.OverlayMac,
-		TunnelMTU:       k.TunnelMtu,
-		Flags:           k.Flags,
-		SNATPortMin:     k.SnatPortMin,
-		SNATPortMax:     k.SnatPortMax,
+		VNI:              k.Vni,
+		UnderlayIfindex:  k.UnderlayIfindex,
+		OverlayIfindex:   k.OverlayIfindex,
+		OverlayMAC:       k.OverlayMac,
+		TunnelMTU:        k.TunnelMtu,
+		Flags:            k.Flags,
+		SNATPortMin:      k.SnatPortMin,
+		SNATPortMax:      k.SnatPortMax,
+		WireGuardIfindex: k.WgIfindex,
 	}
 	if k.UnderlayIp != 0 {
 		c.UnderlayIP = BE32ToAddr(k.UnderlayIp)

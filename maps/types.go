@@ -84,6 +84,15 @@ const RouteFlagViaFabric uint32 = 1 << 0
 // kernel's routes (plan.Route.NotForPods).
 const RouteFlagNotForPods uint32 = 1 << 2
 
+// PeerFlagWireGuard is PEER_F_WIREGUARD of bpf/lib/types.h: an encrypted peer,
+// known by its tunnel address; GENEVE to it goes into the WireGuard device, GENEVE
+// from it is accepted only out of that device (plan.Peer.Encrypted).
+const PeerFlagWireGuard uint32 = 1 << 0
+
+// PeerFlagWireGuardNoKey is PEER_F_WIREGUARD_NO_KEY: with PeerFlagWireGuard, the
+// peer's public key is not known yet; what would go to it is dropped and counted.
+const PeerFlagWireGuardNoKey uint32 = 1 << 1
+
 // PodIfaceFlagReserved is POD_IFACE_F_RESERVED: the interface is the CNI
 // plugin's, and pod_ingress accepts only the sources pod_addrs lists for it.
 const PodIfaceFlagReserved uint32 = 1 << 0

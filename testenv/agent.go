@@ -42,6 +42,7 @@ func (l *Lab) AgentArgs(node string, extra []string) []string {
 		"--ready-file", l.readyFile(node),
 	)
 	args = append(args, l.cniAgentArgs(node)...)
+	args = append(args, l.wireGuardArgs(node)...)
 	if l.Scenario.Decap != "" {
 		args = append(args, "--decap", l.Scenario.Decap)
 	}

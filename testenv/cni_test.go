@@ -6,6 +6,7 @@ import (
 
 	"github.com/isthmus-dev/isthmus/loader/ipamd"
 	"github.com/isthmus-dev/isthmus/loader/objects"
+	"github.com/isthmus-dev/isthmus/loader/plan"
 )
 
 // Every managed pod of every built-in scenario is created through the CNI
@@ -43,8 +44,8 @@ func TestBuiltinManagedPodsVerify(t *testing.T) {
 				if !containsAddr(v.Ranges, p.Address) {
 					t.Errorf("%s: pod %s: %s is outside %s's verified ranges %v", name, p.Name, p.Address, n.Name, v.Ranges)
 				}
-				if v.MTU != p.mtu(sc.Underlay) && p.MTU == 0 {
-					t.Errorf("%s: pod %s: the plugin gives MTU %d, the lab's pods have %d", name, p.Name, v.MTU, p.mtu(sc.Underlay))
+				if want := sc.PodMTU(n.Site.Name, p); v.MTU != want && p.MTU == 0 {
+					t.Errorf("%s: pod %s: the plugin gives MTU %d, the lab's pods have %d", name, p.Name, v.MTU, want)
 				}
 			}
 			if v.Ready() && n.Site.semantics().unmanaged {
@@ -67,4 +68,11 @@ func containsAddr(ps []netip.Prefix, a netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// TestOverheadsMatchThePlan: the lab's overheads are the plan's.
+func TestOverheadsMatchThePlan(t *testing.T) {
+	if GeneveOverhead != plan.GeneveOverhead || WireGuardOverhead != plan.WireGuardOverhead {
+		t.Errorf("lab overheads %d, %d; plan's %d, %d", GeneveOverhead, WireGuardOverhead, plan.GeneveOverhead, plan.WireGuardOverhead)
+	}
 }

@@ -88,7 +88,7 @@ func down(lab string, opts DownOptions, agents map[string]*agent) error {
 		if _, err := os.Stat(NSPath(ns)); err == nil && bin != "" {
 			if _, err := os.Stat(bin); err == nil {
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				argv := []string{bin, "uninstall", "--pin-dir", pin}
+				argv := []string{bin, "uninstall", "--pin-dir", pin, "--wireguard-device", WireGuardDevice(lab, e.Name())}
 				if _, err := os.Stat(cniState(lab, e.Name())); err == nil {
 					argv = append(argv, "--cni-bin-dir", cniBinDir(lab, e.Name()), "--cni-conf-dir", cniConfDir(lab, e.Name()))
 				}

@@ -37,6 +37,9 @@ const (
 	PodGateway = "169.254.1.1"
 	// GeneveOverhead is outer IPv4, UDP and GENEVE plus the inner Ethernet header.
 	GeneveOverhead = 50
+	// WireGuardOverhead is what WireGuard over IPv4 adds around GENEVE: IPv4,
+	// UDP, its header and its tag.
+	WireGuardOverhead = 60
 )
 
 // Datapath selects what carries pod traffic between nodes.
@@ -260,6 +263,11 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 		}
 	default:
 		return fmt.Errorf("datapath %q: want isthmus, plain, vxlan or none", l.Datapath)
+	}
+	if l.Datapath == DatapathIsthmus && opts.Source != SourceKube {
+		if err := l.publishWireGuardKeys(); err != nil {
+			return err
+		}
 	}
 	if err := sc.WriteObjects(l.ObjectsDir()); err != nil {
 		return err
@@ -552,7 +560,7 @@ func (l *Lab) buildPod(n NodeRef, p Pod) error {
 	}
 	defer h.Close()
 	defer nsh.Close()
-	mtu := p.mtu(l.Scenario.Underlay)
+	mtu := l.Scenario.PodMTU(n.Site.Name, p)
 	host := l.HostVeth(p.Name)
 	if err := node.LinkAdd(&netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: host, MTU: mtu},

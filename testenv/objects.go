@@ -70,6 +70,9 @@ func (s *Scenario) ObjectFiles() (map[string][]byte, error) {
 		if p.MeshNodes != nil {
 			spec["meshNodes"] = *p.MeshNodes
 		}
+		if p.Encryption != "" {
+			spec["encryption"] = p.Encryption
+		}
 		doc, err := yaml.Marshal(object{APIVersion: APIVersion, Kind: "SitePeering",
 			Metadata: objectMeta{Name: p.Name}, Spec: spec})
 		if err != nil {

@@ -22,6 +22,8 @@ import (
 	"strings"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/isthmus-dev/isthmus/loader/objects"
 )
 
 //go:embed scenarios/*.yaml
@@ -225,7 +227,9 @@ type Pod struct {
 	// the node, and its host veth is named as Azure CNI names them (azv-<name>),
 	// outside the pattern of isthmus' own pods.
 	Unmanaged bool `json:"unmanaged,omitempty"`
-	// MTU of the pod's veth (both ends); default underlay MTU - 50 (GeneveOverhead).
+	// MTU of the pod's veth (both ends); default the underlay MTU less the
+	// tunnels' overhead (GeneveOverhead, and WireGuard's 60 bytes where the
+	// site's tunnels are encrypted: Scenario.PodMTU).
 	// The underlay MTU itself stands for a pod of another CNI that knows nothing of
 	// the tunnel and relies on the datapath's ICMP and MSS clamping.
 	MTU int `json:"mtu,omitempty"`
@@ -246,12 +250,21 @@ type Policy struct {
 	Deny  []netip.Prefix `json:"deny,omitempty"`
 }
 
-// mtu returns the pod's MTU with its default applied for underlay u.
-func (p Pod) mtu(u Underlay) int {
-	if p.MTU == 0 {
-		return u.mtu() - GeneveOverhead
+// PodMTU returns the MTU of pod p of site: its own, else the underlay MTU less
+// what the site's tunnels add (GeneveOverhead, and WireGuardOverhead where a
+// peering or assignment encrypts the site's tunnels), as the CNI plugin gives
+// its pods (plan.TunnelOverheadOf).
+func (s *Scenario) PodMTU(site string, p Pod) int {
+	if p.MTU != 0 {
+		return p.MTU
 	}
-	return p.MTU
+	overhead := GeneveOverhead
+	if files, err := s.ObjectFiles(); err == nil {
+		if set, _ := objects.LoadSettingAside(files); set.SiteEncrypted(site) {
+			overhead += WireGuardOverhead
+		}
+	}
+	return s.Underlay.mtu() - overhead
 }
 
 // Peering becomes a SitePeering object.
@@ -260,6 +273,8 @@ type Peering struct {
 	Sites []string `json:"sites"`
 	// MeshNodes is written as spec.meshNodes when set.
 	MeshNodes *bool `json:"meshNodes,omitempty"`
+	// Encryption is written as spec.encryption when set (None, WireGuard).
+	Encryption string `json:"encryption,omitempty"`
 }
 
 // Leftovers returns the CNI leftover rules of node n: its own, else the

@@ -31,9 +31,9 @@ var crdKinds = []struct {
 }{
 	{KindSite, "sites", []string{"ManageCNI", "NodeCIDRs", "Nodes", "PoolExhausted", "Ready", "Age"},
 		[]string{"spec.localCidrs", "spec.nodeCidrs", "spec.nonMasqueradeCIDRs", "spec.podCidrAssignments.cidrBlocks"}},
-	{KindSitePeering, "sitepeerings", []string{"Sites", "Mesh", "Ready", "Age"}, nil},
+	{KindSitePeering, "sitepeerings", []string{"Sites", "Mesh", "Encryption", "Ready", "Age"}, nil},
 	{KindGatewayPool, "gatewaypools", []string{"Type", "RoutedCIDRs", "Gateways", "Ready", "Age"}, []string{"spec.routedCidrs"}},
-	{KindSiteGatewayPoolAssignment, "sitegatewaypoolassignments", []string{"Sites", "Pools", "Ready", "Age"}, nil},
+	{KindSiteGatewayPoolAssignment, "sitegatewaypoolassignments", []string{"Sites", "Pools", "Encryption", "Ready", "Age"}, nil},
 }
 
 // readCRD decodes deploy/crds/isthmus.dev_<plural>.yaml strictly and converts
@@ -232,8 +232,9 @@ spec:
 apiVersion: isthmus.dev/v1alpha1
 kind: SitePeering
 metadata: {name: p}
-spec: {sites: [a], tunnelProtocol: VXLAN}
+spec: {sites: [a], tunnelProtocol: VXLAN, encryption: IPsec}
 `, []string{
+			"spec.encryption: Unsupported value: \"IPsec\"",
 			"spec.sites: Invalid value: 1",
 			"spec.tunnelProtocol: Unsupported value: \"VXLAN\"",
 		}},
@@ -253,8 +254,8 @@ spec:
 apiVersion: isthmus.dev/v1alpha1
 kind: SiteGatewayPoolAssignment
 metadata: {name: a}
-spec: {sites: [a, b], gatewayPools: []}
-`, []string{"spec.gatewayPools: Invalid value: 0"}},
+spec: {sites: [a, b], gatewayPools: [], encryption: wireguard}
+`, []string{"spec.encryption: Unsupported value: \"wireguard\"", "spec.gatewayPools: Invalid value: 0"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -312,6 +313,8 @@ spec: {sites: [a, b], gatewayPools: [gw]}
 		"tunnelProtocol":       peering["spec"].(map[string]any)["tunnelProtocol"],
 		"routeNodeCidrs":       assignment["spec"].(map[string]any)["routeNodeCidrs"],
 		"underlayReachesNodes": assignment["spec"].(map[string]any)["underlayReachesNodes"],
+		"peeringEncryption":    peering["spec"].(map[string]any)["encryption"],
+		"assignmentEncryption": assignment["spec"].(map[string]any)["encryption"],
 	}
 	var zero SiteSpec
 	var zp SitePeeringSpec
@@ -323,6 +326,8 @@ spec: {sites: [a, b], gatewayPools: [gw]}
 		"tunnelProtocol":       string(zp.Protocol()),
 		"routeNodeCidrs":       za.RoutesNodeCIDRs(),
 		"underlayReachesNodes": za.ReachesNodesOnUnderlay(),
+		"peeringEncryption":    string(zp.EncryptionOrDefault()),
+		"assignmentEncryption": string(za.EncryptionOrDefault()),
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("defaults (-accessors +CRD):\n%s", diff)

@@ -75,6 +75,7 @@ type GatewayPoolList struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Sites",type=string,JSONPath=`.spec.sites`
 // +kubebuilder:printcolumn:name="Pools",type=string,JSONPath=`.spec.gatewayPools`
+// +kubebuilder:printcolumn:name="Encryption",type=string,JSONPath=`.spec.encryption`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type SiteGatewayPoolAssignment struct {
@@ -122,6 +123,24 @@ type SiteGatewayPoolAssignmentSpec struct {
 	// +optional
 	// +kubebuilder:default=true
 	UnderlayReachesNodes *bool `json:"underlayReachesNodes,omitempty"`
+
+	// Encryption protects the tunnels between gateways of different sites
+	// of the assignment: None (the default) or WireGuard. A member's tunnel
+	// to a gateway of its own site is not encrypted.
+	//
+	// +optional
+	// +kubebuilder:default=None
+	Encryption Encryption `json:"encryption,omitempty"`
+}
+
+// EncryptionOrDefault reports spec.encryption with its default (None) applied.
+func (s *SiteGatewayPoolAssignmentSpec) EncryptionOrDefault() Encryption {
+	return encryptionOrDefault(s.Encryption)
+}
+
+// Encrypts reports whether spec.encryption asks for WireGuard.
+func (s *SiteGatewayPoolAssignmentSpec) Encrypts() bool {
+	return s.Encryption == EncryptionWireGuard
 }
 
 // ReachesNodesOnUnderlay reports spec.underlayReachesNodes with its default

@@ -109,6 +109,11 @@ const (
 // take the first address of; it wins over the podCIDR when both exist.
 const AnnotationTunnelIPv4 = "isthmus.dev/tunnel-ipv4"
 
+// AnnotationWireGuardPublicKey is the Node annotation where the node's agent
+// publishes its WireGuard public key (base64, as `wg pubkey` prints it). Peers
+// of an encrypted pair configure it; the private key never leaves the node.
+const AnnotationWireGuardPublicKey = "isthmus.dev/wireguard-public-key"
+
 // PodCIDRAssignment is one block of pod addresses of a site.
 type PodCIDRAssignment struct {
 	// CIDRBlocks are the prefixes of this assignment.

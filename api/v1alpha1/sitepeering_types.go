@@ -10,6 +10,21 @@ type TunnelProtocol string
 // TunnelGENEVE is GENEVE (RFC 8926) over UDP 6081, the only protocol today.
 const TunnelGENEVE TunnelProtocol = "GENEVE"
 
+// Encryption is what protects the tunnels between the nodes of two joined
+// sites on the wire.
+//
+// +kubebuilder:validation:Enum=None;WireGuard
+type Encryption string
+
+const (
+	// EncryptionNone sends GENEVE in the clear: the sites share a network the
+	// operator trusts.
+	EncryptionNone Encryption = "None"
+	// EncryptionWireGuard carries every tunnel between the sites' nodes inside
+	// WireGuard (GENEVE inside WireGuard; docs/architecture.md, "Encryption").
+	EncryptionWireGuard Encryption = "WireGuard"
+)
+
 // SitePeering joins the pod networks of two or more sites.
 //
 // +kubebuilder:object:root=true
@@ -17,6 +32,7 @@ const TunnelGENEVE TunnelProtocol = "GENEVE"
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Sites",type=string,JSONPath=`.spec.sites`
 // +kubebuilder:printcolumn:name="Mesh",type=boolean,JSONPath=`.spec.meshNodes`
+// +kubebuilder:printcolumn:name="Encryption",type=string,JSONPath=`.spec.encryption`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type SitePeering struct {
@@ -48,6 +64,28 @@ type SitePeeringSpec struct {
 	// +optional
 	// +kubebuilder:default=GENEVE
 	TunnelProtocol TunnelProtocol `json:"tunnelProtocol,omitempty"`
+
+	// Encryption protects the tunnels between nodes of different sites of
+	// the peering: None (the default) or WireGuard. With WireGuard nothing
+	// between them leaves in the clear: a packet that cannot be encrypted is
+	// dropped. Tunnels between nodes of one site are not encrypted.
+	//
+	// +optional
+	// +kubebuilder:default=None
+	Encryption Encryption `json:"encryption,omitempty"`
+}
+
+// EncryptionOrDefault reports spec.encryption with its default (None) applied.
+func (s *SitePeeringSpec) EncryptionOrDefault() Encryption { return encryptionOrDefault(s.Encryption) }
+
+// Encrypts reports whether spec.encryption asks for WireGuard.
+func (s *SitePeeringSpec) Encrypts() bool { return s.Encryption == EncryptionWireGuard }
+
+func encryptionOrDefault(e Encryption) Encryption {
+	if e == "" {
+		return EncryptionNone
+	}
+	return e
 }
 
 // MeshesNodes reports spec.meshNodes with its default (true) applied.

@@ -65,8 +65,9 @@ static __always_inline int pull_xdp_popped_headers(struct __sk_buff *skb)
 
 /* Parses outer Ethernet, IPv4 and UDP at c. Returns 1 with info->peer and
  * info->outer_hlen set and c at the GENEVE header if the frame is GENEVE addressed to
- * this node, 0 if it is not ours (pass it on), or a negative DROP_* for an IPv4 packet
- * too malformed to tell. */
+ * this node (its underlay address; out of the WireGuard device, info->from_wireguard,
+ * its tunnel address), 0 if it is not ours (pass it on), or a negative DROP_* for an
+ * IPv4 packet too malformed to tell. */
 static __always_inline int underlay_classify(struct cursor *c, const struct datapath_config *cfg,
 					     struct decap_info *info)
 {
@@ -80,7 +81,8 @@ static __always_inline int underlay_classify(struct cursor *c, const struct data
 	proto = parse_ipv4(c, &iph);
 	if (proto < 0)
 		return DROP_INVALID_PACKET;
-	if (iph->daddr != cfg->underlay_ip || proto != IPPROTO_UDP)
+	if (iph->daddr != (info->from_wireguard ? cfg->tunnel_ip : cfg->underlay_ip) ||
+	    proto != IPPROTO_UDP)
 		return 0;
 	/* A later fragment has no ports to tell: the stack's reassembly keeps it and times
 	 * it out. A first one that is GENEVE is ours to count: reassembled, it would reach
@@ -171,13 +173,14 @@ static __always_inline int decap_time_exceeded(struct __sk_buff *skb,
 }
 
 /* TC decapsulation: validate, then forward (transit on a gateway, lib/transit.h) or
- * pop and deliver. Returns TC_ACT_OK for frames that are not ours, TC_ACT_REDIRECT when
- * forwarded or delivered, or a negative DROP_*. */
+ * pop and deliver. from_wireguard: the frame came out of the WireGuard device (with an
+ * Ethernet header pushed in front). Returns TC_ACT_OK for frames that are not ours,
+ * TC_ACT_REDIRECT when forwarded or delivered, or a negative DROP_*. */
 static __always_inline int tc_decap(struct __sk_buff *skb, const struct datapath_config *cfg,
-				    __u8 hook)
+				    int from_wireguard, __u8 hook)
 {
 	const struct route_value *rt;
-	struct decap_info info = {};
+	struct decap_info info = { .from_wireguard = from_wireguard };
 	struct cursor c;
 	int ret;
 
@@ -212,6 +215,32 @@ static __always_inline int tc_decap(struct __sk_buff *skb, const struct datapath
 	trace_tc(skb, cfg, METRIC_DECAP, hook, info.peer, 0);
 	tcp_clamp_mss(skb, cfg->tunnel_mtu);	/* the sender's side may not clamp */
 	return deliver_decapped(skb, cfg, hook);
+}
+
+/* Decapsulation of what comes out of the WireGuard device (wireguard_ingress): GENEVE
+ * from an encrypted peer, decrypted, as a bare IPv4 packet (a layer-3 device). An
+ * Ethernet header is pushed in front (zero MACs: delivery writes its own), and the
+ * frame is then validated, forwarded or delivered as one off the underlay, from the
+ * tunnel address of a peer marked encrypted to this node's (tc_decap). Nothing else
+ * comes out of isthmus' WireGuard device: anything that is not such GENEVE is
+ * DROP_WIREGUARD_NOT_GENEVE, never passed to the stack. Returns TC_ACT_REDIRECT or a
+ * negative DROP_*. */
+static __always_inline int tc_wireguard_decap(struct __sk_buff *skb,
+					      const struct datapath_config *cfg, __u8 hook)
+{
+	struct ethhdr *eth;
+	int ret;
+
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return DROP_WIREGUARD_NOT_GENEVE;
+	if (bpf_skb_change_head(skb, ETH_HLEN, 0))
+		return DROP_DECAP_FAILED;
+	eth = (void *)(long)skb->data;
+	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
+		return DROP_DECAP_FAILED;
+	eth->h_proto = bpf_htons(ETH_P_IP);
+	ret = tc_decap(skb, cfg, 1, hook);
+	return ret == TC_ACT_OK ? DROP_WIREGUARD_NOT_GENEVE : ret;
 }
 
 /* Returns 1 if this node's underlay_xdp popped this frame (its decap_meta is in

@@ -41,4 +41,10 @@ enum drop_reason {
 	DROP_ICMP_GSO		= -164,	/* ICMP error for a GSO frame the kernel would not shrink */
 	DROP_NAT_SOURCE_LIMIT	= -165,	/* the pod source holds its whole share of the nat table */
 	DROP_NAT_REPLY_UNKNOWN	= -166,	/* TCP to a translated address: no translation, socket or conntrack entry */
+	DROP_NEXTHOP_NOT_PEER	= -167,	/* the route's next hop has no peers entry: its tunnel is unknown */
+	DROP_WIREGUARD_NO_KEY	= -168,	/* for an encrypted peer whose public key is not known yet */
+	DROP_WIREGUARD_NO_DEVICE = -169, /* for an encrypted peer, and no WireGuard device (or tunnel address) */
+	DROP_CLEARTEXT_FROM_ENCRYPTED = -170, /* GENEVE in the clear from a peer of an encrypted pair */
+	DROP_WIREGUARD_PEER_CLEAR = -171, /* GENEVE out of WireGuard from a peer not marked encrypted */
+	DROP_WIREGUARD_NOT_GENEVE = -172, /* out of the WireGuard device, and not GENEVE for this node */
 };

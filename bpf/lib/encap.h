@@ -16,6 +16,7 @@
 #include "tcp.h"
 #include "nat.h"
 #include "podguard.h"
+#include "wireguard.h"
 
 #define ENCAP_FLAGS	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | \
 			 BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH | \
@@ -49,7 +50,9 @@ static __always_inline int encap_room(struct __sk_buff *skb)
 
 /* Pushes outer IPv4/UDP/GENEVE/inner Ethernet in front of the inner IPv4 packet and
  * redirects to the underlay next hop of the route's peer: rt->peer, or the member of
- * its next-hop group the flow hashes to (DROP_NO_NEXTHOP if none is live). forward
+ * its next-hop group the flow hashes to (DROP_NO_NEXTHOP if none is live); for an
+ * encrypted peer, from the tunnel address into WireGuard (lib/wireguard.h, and its
+ * drops when it cannot). forward
  * says whether this hop forwards the inner packet (decrement its TTL; answer DF
  * packets too large for the tunnel with ICMP frag needed). Clamps the MSS of TCP SYNs to the tunnel MTU.
  * Returns TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_ENCAP (or
@@ -67,13 +70,16 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 	__be32 peer;
 	__u16 sport;
 	__u8 tos;
-	int rc;
+	int path, rc;
 
 	/* One hash per packet: it picks the group member and the outer source port. */
 	hash = flow_hash(iph, l4, (void *)(long)skb->data_end);
 	peer = nexthop_select(rt, hash);
 	if (unlikely(!peer))
 		return DROP_NO_NEXTHOP;
+	path = geneve_path(cfg, peer);
+	if (unlikely(path < 0))
+		return path;
 	/* As a router would: the sender hears where its packet died (traceroute). */
 	if (forward && iph->ttl <= 1) {
 		rc = icmp4_time_exceeded(skb, cfg->tunnel_ip ? cfg->tunnel_ip : cfg->underlay_ip,
@@ -129,7 +135,7 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 	ip.frag_off = bpf_htons(IP_DF);
 	ip.ttl = OUTER_TTL;
 	ip.protocol = IPPROTO_UDP;
-	ip.saddr = cfg->underlay_ip;
+	ip.saddr = geneve_outer_src(cfg, path);
 	ip.daddr = peer;
 	ip.check = ipv4_hdr_csum(&ip);
 	__builtin_memcpy(oip, &ip, sizeof(ip));
@@ -143,7 +149,9 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 	gh->proto_type = bpf_htons(ETH_P_TEB);
 	*(__be32 *)gh->vni = geneve_vni_word(cfg->vni);
 
-	return send_to_peer(skb, cfg, eth, cfg->underlay_ip, peer, METRIC_ENCAP, hook, rt->group);
+	if (path == GENEVE_PATH_WIREGUARD)
+		return send_to_wireguard(skb, cfg, peer, METRIC_ENCAP, hook, rt->group);
+	return send_to_peer(skb, cfg, eth, ip.saddr, peer, METRIC_ENCAP, hook, rt->group);
 }
 
 /* Same-node delivery of a pod's packet that matched no route: if the FIB sends it out a

@@ -33,6 +33,8 @@ struct decap_info {
 	__u32 optlen;		/* GENEVE option bytes, 0..252 */
 	__be32 daddr;		/* inner IPv4 destination */
 	__u8 outer_tos;		/* outer DSCP and ECN */
+	__u8 from_wireguard;	/* set by the caller: the frame came out of the WireGuard
+				 * device (decrypted), not off the underlay */
 	struct iphdr *inner;	/* inner IPv4 header, valid until the packet changes */
 };
 
@@ -50,16 +52,34 @@ static __always_inline int inner_src_martian(const struct datapath_config *cfg, 
 	return saddr == cfg->underlay_ip || (cfg->tunnel_ip && saddr == cfg->tunnel_ip);
 }
 
+/* Returns 0 if a GENEVE frame from peer (its peers entry pv) may be decapsulated where
+ * it arrived (out of the WireGuard device when from_wireguard, else on the underlay),
+ * else DROP_CLEARTEXT_FROM_ENCRYPTED (an encrypted peer's frame in the clear: forged,
+ * or a peer that lost its configuration; either way not to be trusted) or
+ * DROP_WIREGUARD_PEER_CLEAR (a frame out of WireGuard from a peer this node tunnels to
+ * in the clear: the two ends disagree). */
+static __always_inline int geneve_peer_path_ok(const struct peer_value *pv, int from_wireguard)
+{
+	int encrypted = !!(pv->flags & PEER_F_WIREGUARD);
+
+	if (likely(encrypted == from_wireguard))
+		return 0;
+	return encrypted ? DROP_CLEARTEXT_FROM_ENCRYPTED : DROP_WIREGUARD_PEER_CLEAR;
+}
+
 /* Validates the GENEVE header and the inner Ethernet and IPv4 headers at c, for a
  * frame from outer source info->peer. Returns 0 and fills the rest of *info, or a
  * negative DROP_* (DROP_INNER_MARTIAN for a source no peer may send from,
- * inner_src_martian, before DROP_INNER_SRC_DENIED). The order of checks fixes which reason a frame with several faults
+ * inner_src_martian, before DROP_INNER_SRC_DENIED; geneve_peer_path_ok's for a frame
+ * on the wrong path for its peer). The order of checks fixes which reason a frame with several faults
  * gets. */
 static __always_inline int geneve_validate(struct cursor *c, const struct datapath_config *cfg,
 					   struct decap_info *info)
 {
 	__be32 peer = info->peer;
 	struct peer_source_key skey = { .prefixlen = 64, .peer = peer };
+	const struct peer_value *pv;
+	int ret;
 	struct genevehdr *gh = c->pos;
 	struct ethhdr *ieth;
 	struct iphdr *iiph;
@@ -82,8 +102,12 @@ static __always_inline int geneve_validate(struct cursor *c, const struct datapa
 	/* The last byte of this word is reserved: ignored, as Linux geneve does. */
 	if ((*(__be32 *)gh->vni & bpf_htonl(0xffffff00)) != geneve_vni_word(cfg->vni))
 		return DROP_GENEVE_VNI;
-	if (!bpf_map_lookup_elem(&peers, &peer))
+	pv = bpf_map_lookup_elem(&peers, &peer);
+	if (!pv)
 		return DROP_UNKNOWN_PEER;
+	ret = geneve_peer_path_ok(pv, info->from_wireguard);
+	if (ret)
+		return ret;
 	/* Non-critical options are skipped unread; they are popped with the header. */
 	c->pos = (void *)(gh + 1) + optlen;
 

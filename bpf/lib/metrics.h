@@ -10,9 +10,9 @@
  * TestMetricSlotsCoverBTF checks every enumerator of the compiled object). */
 _Static_assert((METRIC_CODES & (METRIC_CODES - 1)) == 0, "METRIC_CODES must be a power of two");
 _Static_assert((METRIC_HOOKS & (METRIC_HOOKS - 1)) == 0, "METRIC_HOOKS must be a power of two");
-_Static_assert(METRIC_CT_FAST < METRIC_CODES, "a METRIC_ code has no slot in metrics");
-_Static_assert(-DROP_NAT_REPLY_UNKNOWN < METRIC_CODES, "a DROP_ reason has no slot in metrics");
-_Static_assert(HOOK_UNDERLAY_EGRESS < METRIC_HOOKS, "a HOOK_ has no slot in metrics");
+_Static_assert(METRIC_WIREGUARD_SENT < METRIC_CODES, "a METRIC_ code has no slot in metrics");
+_Static_assert(-DROP_WIREGUARD_NOT_GENEVE < METRIC_CODES, "a DROP_ reason has no slot in metrics");
+_Static_assert(HOOK_WIREGUARD_INGRESS < METRIC_HOOKS, "a HOOK_ has no slot in metrics");
 
 /* Adds one packet of len bytes to the entry key of map, a per-CPU hash of
  * metrics_value (redirect_drops). Returns nothing: a full map loses a count, never a

@@ -14,6 +14,7 @@
 #include "geneve.h"
 #include "fib.h"
 #include "icmp.h"
+#include "wireguard.h"
 
 /* Returns the route a validated GENEVE frame for inner destination daddr transits by:
  * NULL unless this node is a gateway (CFG_F_TRANSIT) and route_lookup finds daddr. On any
@@ -96,7 +97,7 @@ static __always_inline int transit_icmp_error(struct __sk_buff *skb,
 					      __be32 rest, int fail, int metric, __u8 hook)
 {
 	__u32 iip_off = h->l4_off - h->iip->ihl * 4, ohl;
-	__be32 prev = h->oip->saddr, src = cfg->underlay_ip;
+	__be32 prev = h->oip->saddr, src;
 	__u8 ohdr[IPV4_HLEN_MAX];
 	struct icmp4_error e;
 	struct iphdr *oip = (void *)ohdr;
@@ -104,7 +105,13 @@ static __always_inline int transit_icmp_error(struct __sk_buff *skb,
 	struct ethhdr *eth;
 	__u32 tot;
 	__s64 sum;
-	int elen;
+	int elen, path;
+
+	/* Back the way the frame came: into WireGuard for an encrypted peer. */
+	path = geneve_path(cfg, prev);
+	if (path < 0)
+		return path;
+	src = geneve_outer_src(cfg, path);
 
 	elen = icmp4_error_build(skb, iip_off, type, code, rest,
 				 cfg->tunnel_ip ? cfg->tunnel_ip : cfg->underlay_ip, &e, fail);
@@ -150,6 +157,8 @@ static __always_inline int transit_icmp_error(struct __sk_buff *skb,
 	eth = (void *)(long)skb->data;
 	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
 		return fail;
+	if (path == GENEVE_PATH_WIREGUARD)
+		return send_to_wireguard(skb, cfg, prev, metric, hook, 0);
 	return send_to_peer(skb, cfg, eth, src, prev, metric, hook, 0);
 }
 
@@ -197,8 +206,9 @@ static __always_inline int transit_frag_needed(struct __sk_buff *skb,
 /* Forwards a GENEVE frame tc_decap validated, whose inner destination hit route rt on a
  * gateway, to the route's next hop: rt->peer, or the member of its group for the flow
  * (the hash encapsulation uses, so the flow keeps one gateway). The inner TTL is
- * decremented; the outer IPv4 header gets this node's underlay address as source, the
- * next hop as destination and TTL 64, its checksum patched; a non-zero outer UDP
+ * decremented; the outer IPv4 header gets this node's underlay address (its tunnel
+ * address when the next hop is an encrypted peer: then the frame goes into WireGuard,
+ * lib/wireguard.h) as source, the next hop as destination and TTL 64, its checksum patched; a non-zero outer UDP
  * checksum is patched for the two addresses, a zero one stays zero; the UDP source port,
  * GENEVE and the inner frame are left as they are. Then the FIB lookup and redirect of
  * encapsulation, the lookup also checking the frame against the route's MTU
@@ -214,11 +224,11 @@ static __always_inline int transit_forward(struct __sk_buff *skb,
 	struct bpf_fib_lookup p;
 	struct transit_hdrs h;
 	struct ethhdr *eth;
-	__be32 osrc, odst, nh, src = cfg->underlay_ip;
+	__be32 osrc, odst, nh, src;
 	__be16 ttl_from;
 	__sum16 check;
 	__u32 udp_check_off, iip_off, wire;
-	int rc;
+	int path, rc;
 
 	rc = transit_parse(skb, &h);
 	if (rc < 0)
@@ -230,6 +240,10 @@ static __always_inline int transit_forward(struct __sk_buff *skb,
 	odst = h.oip->daddr;
 	if (nh == osrc)
 		return DROP_TRANSIT_LOOP;
+	path = geneve_path(cfg, nh);
+	if (path < 0)
+		return path;
+	src = geneve_outer_src(cfg, path);
 	if (h.iip->ttl <= 1)
 		return transit_time_exceeded(skb, cfg, &h, hook);
 	/* Then the size, as ip_forward (so a frag needed quotes the header as received):
@@ -237,8 +251,15 @@ static __always_inline int transit_forward(struct __sk_buff *skb,
 	 * next hop. The outer header's length does not change here. */
 	iip_off = h.l4_off - h.iip->ihl * 4;
 	wire = iip_off - ETH_HLEN + ipv4_seg_len(skb, h.iip, iip_off);
-	rc = fib_lookup_v4(skb, &p, src, nh, 0, IPPROTO_UDP, skb->ifindex,
-			   wire > 0xffff ? 0xffff : wire);
+	if (path == GENEVE_PATH_WIREGUARD) {
+		/* No FIB: WireGuard carries it. Its device's MTU is the next link's. */
+		p.mtu_result = wireguard_mtu(skb, cfg);
+		rc = p.mtu_result && wire > p.mtu_result ? BPF_FIB_LKUP_RET_FRAG_NEEDED
+							 : BPF_FIB_LKUP_RET_SUCCESS;
+	} else {
+		rc = fib_lookup_v4(skb, &p, src, nh, 0, IPPROTO_UDP, skb->ifindex,
+				   wire > 0xffff ? 0xffff : wire);
+	}
 	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED)
 		return transit_frag_needed(skb, cfg, &h, &p, hook);
 	/* Incremental: the sum over each header is unchanged, so a checksum covering it (the
@@ -270,5 +291,7 @@ static __always_inline int transit_forward(struct __sk_buff *skb,
 	eth = (void *)(long)skb->data;
 	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
 		return DROP_ENCAP_FAILED;
+	if (path == GENEVE_PATH_WIREGUARD)
+		return send_to_wireguard(skb, cfg, nh, METRIC_TRANSIT, hook, rt->group);
 	return send_looked_up(skb, cfg, eth, &p, rc, nh, METRIC_TRANSIT, hook, rt->group);
 }

@@ -132,12 +132,24 @@ struct nat_source_value {
 	__u32 pad;
 };
 
-/* peers (hash): underlay IPv4 of a peer -> what we know about it. Decapsulation drops
- * GENEVE from any outer source that has no entry here. */
+/* peers (hash): the address the datapath knows a peer by -> what we know about it: its
+ * underlay IPv4, or its tunnel address when the tunnel to it runs inside WireGuard
+ * (PEER_F_WIREGUARD). Decapsulation drops GENEVE from any outer source that has no
+ * entry here, and encapsulation anything for a next hop without one. */
 struct peer_value {
-	__u32 flags;		/* PEER_F_*, none defined yet */
+	__u32 flags;		/* PEER_F_* */
 	__u32 reserved;
 };
+
+/* peer_value.flags */
+#define PEER_F_WIREGUARD	(1 << 0)	/* an encrypted peer (lib/wireguard.h): GENEVE to
+						 * it goes from config.tunnel_ip into the
+						 * WireGuard device (config.wg_ifindex), GENEVE
+						 * from it is accepted only out of that device */
+#define PEER_F_WIREGUARD_NO_KEY	(1 << 1)	/* with PEER_F_WIREGUARD: its public key is not
+						 * known yet, so WireGuard has no peer for it:
+						 * what would go to it is dropped here, counted
+						 * (DROP_WIREGUARD_NO_KEY) */
 
 /* peer_sources (LPM trie): the inner source prefixes each peer may send from. The
  * prefix covers the 32 bits of peer first, so a lookup with prefixlen 64 can only
@@ -182,6 +194,9 @@ struct datapath_config {
 				 * local address decapsulation delivers to; 0 = neither */
 	__u16 snat_port_min;	/* host order: range for translated ports when the */
 	__u16 snat_port_max;	/* original one is taken */
+	__u32 wg_ifindex;	/* the WireGuard device encrypted peers' GENEVE goes into and
+				 * comes out of (wireguard_ingress); 0 = none: what is for an
+				 * encrypted peer is dropped (DROP_WIREGUARD_NO_DEVICE) */
 };
 
 /* pod_ifaces (hash): ifindex of each pod-facing host interface the agent attached to.
@@ -266,6 +281,7 @@ enum hook {
 	HOOK_UNDERLAY_TC	= 2,	/* TC ingress on the underlay device */
 	HOOK_UNDERLAY_XDP	= 3,	/* XDP on the underlay device */
 	HOOK_UNDERLAY_EGRESS	= 4,	/* TC egress on the underlay device (masquerade) */
+	HOOK_WIREGUARD_INGRESS	= 5,	/* TC ingress on the WireGuard device (decrypted GENEVE) */
 };
 
 /* Accounted verdicts other than drops; the code field of metrics_key. */
@@ -289,6 +305,7 @@ enum metric {
 	METRIC_MASQ		= 16,	/* pod source masqueraded to the underlay address */
 	METRIC_MASQ_REVERSE	= 17,	/* reply to a masqueraded flow translated back */
 	METRIC_CT_FAST		= 18,	/* established, untranslated TCP: skipped the stack (lib/ct.h) */
+	METRIC_WIREGUARD_SENT	= 19,	/* GENEVE for an encrypted peer handed to the WireGuard device */
 };
 
 /* Written by underlay_xdp in front of a frame it has popped (XDP metadata), read by

@@ -17,12 +17,14 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/isthmus-dev/isthmus/api/v1alpha1"
 	"github.com/isthmus-dev/isthmus/loader/agent"
 	"github.com/isthmus-dev/isthmus/loader/datapath"
 	"github.com/isthmus-dev/isthmus/loader/health"
 	"github.com/isthmus-dev/isthmus/loader/metrics"
 	"github.com/isthmus-dev/isthmus/loader/objects"
 	"github.com/isthmus-dev/isthmus/loader/source"
+	"github.com/isthmus-dev/isthmus/loader/wireguard"
 )
 
 // objectSource is where `isthmus agent` reads its objects.
@@ -54,22 +56,23 @@ func chooseSource(objectsDir, kubeconfig string, getenv func(string) string) (ob
 
 // openKubernetes connects to the API server and waits for the informers'
 // first full list (until ctx is done).
-func openKubernetes(ctx context.Context, kubeconfig string, rules objects.Rules, log *slog.Logger) (*source.Kubernetes, error) {
+func openKubernetes(ctx context.Context, kubeconfig string, rules objects.Rules, log *slog.Logger) (*source.Kubernetes, kubernetes.Interface, error) {
 	rc, err := source.RESTConfig(kubeconfig)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	rc.UserAgent = "isthmus-agent"
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
-		return nil, fmt.Errorf("create kubernetes client: %w", err)
+		return nil, nil, fmt.Errorf("create kubernetes client: %w", err)
 	}
 	dyn, err := dynamic.NewForConfig(rc)
 	if err != nil {
-		return nil, fmt.Errorf("create dynamic client: %w", err)
+		return nil, nil, fmt.Errorf("create dynamic client: %w", err)
 	}
 	log.Info("waiting for the API server's objects", "host", rc.Host)
-	return source.NewKubernetes(ctx, source.KubernetesConfig{Client: client, Dynamic: dyn, Log: log, Rules: rules})
+	k, err := source.NewKubernetes(ctx, source.KubernetesConfig{Client: client, Dynamic: dyn, Log: log, Rules: rules})
+	return k, client, err
 }
 
 // newAgentCmd is `isthmus agent`: load, attach and keep the datapath in sync with
@@ -86,6 +89,7 @@ func newAgentCmd() *cobra.Command {
 		kubeconfig  string
 		metricsAddr string
 		tunnelCIDR  string
+		wgMode      string
 		cni         cniFlags
 	)
 	cmd := &cobra.Command{
@@ -105,6 +109,12 @@ func newAgentCmd() *cobra.Command {
 			}
 			if vni == 0 || vni > 0xffffff {
 				return fmt.Errorf("parse --vni %d: want 1..16777215", vni)
+			}
+			if cfg.WireGuard.Mode, err = wireguard.ParseMode(wgMode); err != nil {
+				return fmt.Errorf("parse --wireguard: %w", err)
+			}
+			if cfg.WireGuard.Port < 1 || cfg.WireGuard.Port > 65535 {
+				return fmt.Errorf("parse --wireguard-port %d: want 1..65535", cfg.WireGuard.Port)
 			}
 			cfg.VNI = vni
 			if tunnelCIDR != "" {
@@ -161,12 +171,13 @@ func newAgentCmd() *cobra.Command {
 				}()
 			}
 			if src.kube {
-				k, err := openKubernetes(ctx, src.kubeconfig, cfg.Rules, cfg.Log)
+				k, client, err := openKubernetes(ctx, src.kubeconfig, cfg.Rules, cfg.Log)
 				if err != nil {
 					return err
 				}
 				defer k.Close()
 				cfg.Source = k
+				cfg.WireGuard.Publish = source.NodeAnnotationPublisher(client, cfg.Node, v1alpha1.AnnotationWireGuardPublicKey)
 			}
 			snapshot := func() (*objects.Set, []objects.Warning, error) { return objects.LoadDir(cfg.ObjectsDir) }
 			if cfg.Source != nil {
@@ -206,6 +217,11 @@ func newAgentCmd() *cobra.Command {
 	f.StringVar(&metricsAddr, "metrics-addr", metrics.DefaultAddr, "address to serve /metrics, /healthz and /readyz on (empty: none)")
 	f.BoolVar(&debug, "debug", false, "log every map write")
 	f.StringVar(&tunnelCIDR, "tunnel-cidr", "", "the controller's --tunnel-cidr: a Node whose isthmus.dev/tunnel-ipv4 annotation is outside it is set aside (empty: not checked)")
+	f.StringVar(&cfg.WireGuard.StateDir, "state-dir", DefaultStateDir, "directory of the node's state that survives restarts and upgrades: its WireGuard private key (wireguard.key, mode 0600)")
+	f.StringVar(&wgMode, "wireguard", string(wireguard.ModeAuto), "WireGuard implementation for encrypted peers: auto (the kernel's, else the userspace one), kernel or userspace")
+	f.IntVar(&cfg.WireGuard.Port, "wireguard-port", wireguard.DefaultPort, "UDP port of the WireGuard device; every node of the fleet must use the same")
+	f.StringVar(&cfg.WireGuard.Device, "wireguard-device", agent.DefaultWireGuardDevice, "name of the WireGuard device")
+	f.StringVar(&cfg.WireGuard.LogFile, "wireguard-log", "", "log of the userspace WireGuard process (default "+wireguard.DefaultLogDir+"/wireguard-DEVICE.log)")
 	cni.register(f)
 	cmd.MarkFlagRequired("node")
 	return cmd

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/isthmus-dev/isthmus/loader/agent"
 	"github.com/isthmus-dev/isthmus/loader/datapath"
 	"github.com/isthmus-dev/isthmus/loader/inspect"
 	"github.com/isthmus-dev/isthmus/loader/objects"
@@ -14,9 +15,9 @@ import (
 )
 
 func newInspectCmd() *cobra.Command {
-	var pinDir, output, objectsDir, node string
+	var pinDir, output, objectsDir, node, wgDevice string
 	cmd := &cobra.Command{
-		Use:   "inspect routes|peers|nat|counters|groups|config [--pin-dir DIR] [--objects DIR --node NAME] [-o table|json]",
+		Use:   "inspect routes|peers|nat|counters|groups|config|wireguard [--pin-dir DIR] [--objects DIR --node NAME] [-o table|json]",
 		Short: "Print what the datapath's pinned maps hold on this node",
 		Long: `inspect reads the maps the agent pinned under --pin-dir and prints one view:
 
@@ -34,6 +35,9 @@ func newInspectCmd() *cobra.Command {
             answers and reaches that site) or "down", and the groups no
             member reaches
   config    the config entry, pod interfaces, fabric prefixes, SNAT exempt
+  wireguard the WireGuard device (--wireguard-device) and its peers, as
+            "wg show" reports them: allowed IPs, endpoint, latest handshake,
+            bytes received and sent, keepalive
 
 It only reads, and works whether or not the agent runs. It needs root (or
 CAP_BPF) and the bpffs the maps are pinned on; maps are not per network
@@ -41,8 +45,15 @@ namespace, so pointing --pin-dir at a node's pin directory is enough (in the
 lab: --pin-dir /sys/fs/bpf/isthmus-lab/<lab>/<node>).
 See docs/inspect.md.`,
 		Args:      cobra.ExactArgs(1),
-		ValidArgs: inspect.Views,
+		ValidArgs: append(slices.Clone(inspect.Views), "wireguard"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if args[0] == "wireguard" {
+				wg, err := inspect.ReadWireGuard(wgDevice)
+				if err != nil {
+					return err
+				}
+				return inspect.WriteWireGuard(cmd.OutOrStdout(), wg, output)
+			}
 			if !slices.Contains(inspect.Views, args[0]) {
 				return fmt.Errorf("parse view: unknown view %q (want one of %s)", args[0], strings.Join(inspect.Views, ", "))
 			}
@@ -73,5 +84,6 @@ See docs/inspect.md.`,
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table or json")
 	cmd.Flags().StringVar(&objectsDir, "objects", "", "directory of the objects (as for isthmus plan), to name each group's site and planned members")
 	cmd.Flags().StringVar(&node, "node", "", "this node's name, with --objects")
+	cmd.Flags().StringVar(&wgDevice, "wireguard-device", agent.DefaultWireGuardDevice, "the agent's --wireguard-device, for the wireguard view")
 	return cmd
 }

@@ -17,7 +17,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newPlanCmd(), newAgentCmd(), newControllerCmd(), newUninstallCmd(), newTraceCmd(), newInspectCmd(), newVersionCmd())
+	root.AddCommand(newPlanCmd(), newAgentCmd(), newControllerCmd(), newUninstallCmd(), newTraceCmd(), newInspectCmd(), newVersionCmd(), newWireguardUserspaceCmd(), newWireguardKeyCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "isthmus:", err)
 		os.Exit(1)

@@ -211,7 +211,7 @@ type traceLine struct {
 	Target    string     `json:"target,omitempty"`
 }
 
-var hookNames = []string{"pod_ingress", "overlay_egress", "underlay_tc", "underlay_xdp", "underlay_egress"}
+var hookNames = []string{"pod_ingress", "overlay_egress", "underlay_tc", "underlay_xdp", "underlay_egress", "wireguard_ingress"}
 
 var decisionNames = map[int32]string{1: "encap", 2: "decap", 3: "deliver pod", 4: "deliver host",
 	5: "frag-needed sent", 6: "deliver fabric", 7: "snat", 8: "reverse snat", 9: "snat new",

@@ -5,14 +5,17 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/isthmus-dev/isthmus/loader/agent"
 	"github.com/isthmus-dev/isthmus/loader/cniinstall"
 	"github.com/isthmus-dev/isthmus/loader/datapath"
+	"github.com/isthmus-dev/isthmus/loader/wireguard"
 )
 
 // newUninstallCmd is `isthmus uninstall`: remove the pinned links (detaching the
-// programs), the pinned maps, the pin directory and isthmus0 with its routes.
+// programs), the pinned maps, the pin directory, isthmus0 with its routes and the
+// WireGuard device.
 func newUninstallCmd() *cobra.Command {
-	var pinDir, cniBinDir, cniConfDir string
+	var pinDir, cniBinDir, cniConfDir, wgDevice string
 	cmd := &cobra.Command{
 		Use:   "uninstall",
 		Short: "Remove everything the agent installed in this network namespace",
@@ -22,6 +25,10 @@ func newUninstallCmd() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "removed the datapath pinned in %s and %s\n", pinDir, datapath.OverlayDev)
+			if err := wireguard.Remove(wgDevice); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed the WireGuard device %s\n", wgDevice)
 			if cniBinDir == "" && cniConfDir == "" {
 				return nil
 			}
@@ -35,5 +42,6 @@ func newUninstallCmd() *cobra.Command {
 	cmd.Flags().StringVar(&pinDir, "pin-dir", datapath.DefaultPinDir, "bpffs directory the agent pinned into")
 	cmd.Flags().StringVar(&cniBinDir, "cni-bin-dir", "", "also remove isthmus-cni from this CNI plugin directory")
 	cmd.Flags().StringVar(&cniConfDir, "cni-conf-dir", "", "also remove "+cniinstall.ConflistName+" from this CNI configuration directory")
+	cmd.Flags().StringVar(&wgDevice, "wireguard-device", agent.DefaultWireGuardDevice, "the agent's --wireguard-device: removed, with its userspace process")
 	return cmd
 }

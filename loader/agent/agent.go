@@ -97,6 +97,8 @@ type Config struct {
 	// set, records every sync.
 	Status  *Status
 	Metrics *metrics.Sync
+	// WireGuard configures the device of encrypted peers (wireguard.go).
+	WireGuard WireGuardConfig
 }
 
 // Agent is a started agent. Its methods must be called from the goroutine that
@@ -138,6 +140,8 @@ type Agent struct {
 	// maps.ConfigFlagFIBDirect (datapath.DirectFIB); fibDirectWhy is why not.
 	fibDirect    bool
 	fibDirectWhy string
+	// wg is the WireGuard device of encrypted peers and the node's key.
+	wg wireGuardState
 	// ruleWatch is set while Run watches the policy rules, ruleWatchLost once
 	// that watch has stopped.
 	ruleWatch, ruleWatchLost bool
@@ -254,6 +258,7 @@ func start(ctx context.Context, cfg Config, wait bool) (*Agent, error) {
 	if cfg.Status == nil {
 		cfg.Status = NewStatus()
 	}
+	cfg.WireGuard.defaults()
 	a := &Agent{cfg: cfg, log: cfg.Log.With("node", cfg.Node), pods: map[string]int{}, src: cfg.Source, st: cfg.Status,
 		reported: map[string]map[string]bool{}}
 	ok := false
@@ -305,6 +310,16 @@ func start(ctx context.Context, cfg Config, wait bool) (*Agent, error) {
 		return nil, err
 	}
 	if err := a.ensureOverlay(); err != nil {
+		return nil, err
+	}
+	if cfg.WireGuard.StateDir != "" {
+		if err := a.loadWireGuardKey(); err != nil {
+			return nil, err
+		}
+	}
+	// Before the config entry: a restarted agent adopts the device and writes
+	// its ifindex again, so encrypted traffic never finds it missing.
+	if err := a.ensureWireGuard(); err != nil {
 		return nil, err
 	}
 	if err := a.ensureMasqueradeExemption(); err != nil {
@@ -496,6 +511,12 @@ func (a *Agent) Close() {
 	if a.dp != nil {
 		a.dp.Close()
 		a.dp = nil
+	}
+	if a.wg.dev != nil {
+		// Only the handles: the device, its sessions and the userspace process
+		// outlive the agent.
+		a.wg.dev.Close()
+		a.wg.dev = nil
 	}
 }
 
@@ -693,6 +714,10 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 			return err
 		}
 	}
+	if err := a.ensureWireGuard(); err != nil {
+		return err
+	}
+	a.publishWireGuardKey()
 	a.ensureHealth()
 	current, err := a.dp.Maps.Read()
 	if err != nil {
@@ -828,15 +853,16 @@ func (a *Agent) ensureUnderlay() error {
 // next-hop group ids where they are.
 func (a *Agent) desired(current maps.State) maps.State {
 	node := mapstate.NodeConfig{
-		VNI:             a.cfg.VNI,
-		UnderlayIfindex: a.underlay.Attrs().Index,
-		OverlayIfindex:  a.overlay.Ifindex,
-		OverlayMAC:      a.overlay.MAC,
-		TunnelMTU:       a.overlay.MTU,
-		SNATPortMin:     a.cfg.SNATPortMin,
-		SNATPortMax:     a.cfg.SNATPortMax,
-		Down:            a.down,
-		CurrentGroups:   map[netip.Prefix]uint32{},
+		VNI:              a.cfg.VNI,
+		UnderlayIfindex:  a.underlay.Attrs().Index,
+		OverlayIfindex:   a.overlay.Ifindex,
+		OverlayMAC:       a.overlay.MAC,
+		TunnelMTU:        a.overlay.MTU,
+		SNATPortMin:      a.cfg.SNATPortMin,
+		SNATPortMax:      a.cfg.SNATPortMax,
+		Down:             a.down,
+		CurrentGroups:    map[netip.Prefix]uint32{},
+		WireGuardIfindex: a.wg.ifindex,
 	}
 	for p, r := range current.Routes {
 		if r.Group != 0 {
@@ -1020,7 +1046,7 @@ func (a *Agent) healthChanges() <-chan map[maps.GroupMember]bool {
 }
 
 func (a *Agent) ensureOverlay() error {
-	mtu := datapath.TunnelMTU(a.underlay.Attrs().MTU, a.plan.TunnelMTU)
+	mtu := datapath.TunnelMTU(a.underlay.Attrs().MTU, a.plan.TunnelMTU, a.plan.TunnelOverhead)
 	ov, err := datapath.EnsureOverlay(mtu, a.plan.TunnelAddr)
 	if err != nil {
 		return err
@@ -1197,6 +1223,10 @@ func (a *Agent) pruneLinks() error {
 			return p.Ifname == ul
 		case datapath.HookUnderlayXDP:
 			return p.Ifname == ul && a.xdp
+		case datapath.HookWireGuard:
+			// Kept while the device exists, encrypted peers or not: what comes
+			// out of it meets the datapath's checks, never the stack.
+			return p.Ifname == a.cfg.WireGuard.Device
 		}
 		return false
 	})

@@ -16,11 +16,12 @@ type Hook string
 
 // The hooks of docs/architecture.md.
 const (
-	HookPodIngress      Hook = "pod_ingress"      // tcx ingress on a pod-facing interface
-	HookOverlayEgress   Hook = "overlay_egress"   // tcx egress on isthmus0
-	HookUnderlayIngress Hook = "underlay_ingress" // tcx ingress on the underlay device
-	HookUnderlayXDP     Hook = "underlay_xdp"     // XDP on the underlay device
-	HookUnderlayEgress  Hook = "underlay_egress"  // tcx egress on the underlay device
+	HookPodIngress      Hook = "pod_ingress"       // tcx ingress on a pod-facing interface
+	HookOverlayEgress   Hook = "overlay_egress"    // tcx egress on isthmus0
+	HookUnderlayIngress Hook = "underlay_ingress"  // tcx ingress on the underlay device
+	HookUnderlayXDP     Hook = "underlay_xdp"      // XDP on the underlay device
+	HookUnderlayEgress  Hook = "underlay_egress"   // tcx egress on the underlay device
+	HookWireGuard       Hook = "wireguard_ingress" // tcx ingress on the WireGuard device
 )
 
 // Program is the name of the program attached at h (the same as the hook's name).
@@ -28,7 +29,7 @@ func (h Hook) Program() string { return string(h) }
 
 func (h Hook) valid() bool {
 	switch h {
-	case HookPodIngress, HookOverlayEgress, HookUnderlayIngress, HookUnderlayXDP, HookUnderlayEgress:
+	case HookPodIngress, HookOverlayEgress, HookUnderlayIngress, HookUnderlayXDP, HookUnderlayEgress, HookWireGuard:
 		return true
 	}
 	return false
@@ -36,7 +37,7 @@ func (h Hook) valid() bool {
 
 func (h Hook) attach(prog *ebpf.Program, ifindex int) (link.Link, error) {
 	switch h {
-	case HookPodIngress, HookUnderlayIngress:
+	case HookPodIngress, HookUnderlayIngress, HookWireGuard:
 		return link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXIngress})
 	case HookOverlayEgress, HookUnderlayEgress:
 		return link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: ebpf.AttachTCXEgress})

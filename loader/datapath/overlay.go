@@ -16,9 +16,6 @@ import (
 const (
 	OverlayDev     = "isthmus0"
 	OverlayPeerDev = "isthmus0p"
-	// GeneveOverhead is what IPv4 GENEVE adds: outer IPv4 20, UDP 8, GENEVE 8,
-	// inner Ethernet 14.
-	GeneveOverhead = 50
 )
 
 // Overlay describes isthmus0 as EnsureOverlay left it.
@@ -28,13 +25,14 @@ type Overlay struct {
 	MTU     int
 }
 
-// TunnelMTU is the MTU of isthmus0: planMTU if set, else the underlay MTU minus the
-// GENEVE overhead.
-func TunnelMTU(underlayMTU, planMTU int) int {
+// TunnelMTU is the MTU of isthmus0 and of the pods: planMTU if set, else the
+// underlay MTU minus overhead (plan.TunnelOverheadOf: GENEVE's, and WireGuard's
+// where the site's tunnels are encrypted).
+func TunnelMTU(underlayMTU, planMTU, overhead int) int {
 	if planMTU > 0 {
 		return planMTU
 	}
-	return underlayMTU - GeneveOverhead
+	return underlayMTU - overhead
 }
 
 // EnsureOverlay creates isthmus0 (a veth pair with isthmus0p) if missing, and makes

@@ -84,7 +84,7 @@ func TestParseDecapMode(t *testing.T) {
 	if _, err := ParseDecapMode("skb"); err == nil {
 		t.Error("ParseDecapMode(skb) must fail")
 	}
-	if TunnelMTU(1500, 0) != 1450 || TunnelMTU(1500, 1400) != 1400 {
-		t.Error("TunnelMTU: want underlay-50 unless the plan sets one")
+	if TunnelMTU(1500, 0, 50) != 1450 || TunnelMTU(1500, 0, 110) != 1390 || TunnelMTU(1500, 1400, 110) != 1400 {
+		t.Error("TunnelMTU: want underlay less the overhead unless the plan sets one")
 	}
 }

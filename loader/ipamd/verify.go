@@ -13,6 +13,7 @@ import (
 
 	"github.com/isthmus-dev/isthmus/loader/datapath"
 	"github.com/isthmus-dev/isthmus/loader/objects"
+	"github.com/isthmus-dev/isthmus/loader/plan"
 )
 
 // Verdict is the result of verifying a node's podCIDRs: the ranges the plugin
@@ -35,7 +36,8 @@ func (v Verdict) Ready() bool { return v.Reason == "" && len(v.Ranges) > 0 }
 // podCIDRs, and every one of them lies inside one of the Site's
 // podCidrAssignments blocks, so it was carved from the Site's pools and not
 // written by someone else. underlayMTU is the node's underlay MTU; the pods
-// get the Site's tunnelMTU, or the underlay MTU less the GENEVE overhead.
+// get the Site's tunnelMTU, or the underlay MTU less the tunnels' overhead
+// (GENEVE's, and WireGuard's where the Site's tunnels are encrypted).
 func Verify(set *objects.Set, node string, underlayMTU int) Verdict {
 	n := set.Node(node)
 	if n == nil {
@@ -65,5 +67,5 @@ func Verify(set *objects.Set, node string, underlayMTU int) Verdict {
 			return Verdict{Reason: fmt.Sprintf("podCIDR %s of node %q is outside the podCidrAssignments of Site %q", c, node, site.Name)}
 		}
 	}
-	return Verdict{Ranges: cidrs, MTU: datapath.TunnelMTU(underlayMTU, int(site.Spec.TunnelMTU))}
+	return Verdict{Ranges: cidrs, MTU: datapath.TunnelMTU(underlayMTU, int(site.Spec.TunnelMTU), plan.TunnelOverheadOf(set, site.Name))}
 }

@@ -42,6 +42,9 @@ type NodeConfig struct {
 	// ids do not move under live flows when groups come and go, nor across agent
 	// restarts. nil: ids are numbered afresh.
 	CurrentGroups map[netip.Prefix]uint32
+	// WireGuardIfindex is the WireGuard device encrypted peers' GENEVE goes
+	// into (config.wg_ifindex); 0 when the node has none.
+	WireGuardIfindex int
 }
 
 // FromPlan returns the map contents that realise p on a node described by node.
@@ -70,6 +73,11 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 		TunnelMTU:       uint16(min(max(node.TunnelMTU, 0), 0xffff)),
 		SNATPortMin:     node.SNATPortMin,
 		SNATPortMax:     node.SNATPortMax,
+		// Only a node with encrypted peers sends into WireGuard.
+		WireGuardIfindex: uint32(max(node.WireGuardIfindex, 0)),
+	}
+	if p == nil || !p.Encrypted {
+		s.Config.WireGuardIfindex = 0
 	}
 	copy(s.Config.OverlayMAC[:], node.OverlayMAC)
 	for _, ifindex := range node.PodIfindexes {
@@ -111,12 +119,12 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 		warnings = append(warnings, fmt.Sprintf("node underlay address %v is not IPv4: the datapath has no tunnel endpoint", p.Underlay))
 	}
 	for _, peer := range p.Peers {
-		u := peer.Underlay.Unmap()
+		u := peer.Via().Unmap()
 		if !u.Is4() {
-			warnings = append(warnings, fmt.Sprintf("peer %s: underlay address %v is not IPv4, skipped", peer.Name, peer.Underlay))
+			warnings = append(warnings, fmt.Sprintf("peer %s: address %v is not IPv4, skipped", peer.Name, peer.Via()))
 			continue
 		}
-		s.Peers[u] = maps.Peer{}
+		s.Peers[u] = maps.Peer{Flags: peerFlags(peer)}
 		for _, src := range peer.AllowedSources {
 			if !src.Addr().Unmap().Is4() {
 				warnings = append(warnings, fmt.Sprintf("peer %s: allowed source %v is not IPv4, skipped", peer.Name, src))
@@ -233,6 +241,17 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 		}
 	}
 	return s, warnings
+}
+
+// peerFlags returns the PEER_F_* flags of pr's peers entry.
+func peerFlags(pr plan.Peer) uint32 {
+	if !pr.Encrypted {
+		return 0
+	}
+	if pr.WireGuardKey == "" {
+		return maps.PeerFlagWireGuard | maps.PeerFlagWireGuardNoKey
+	}
+	return maps.PeerFlagWireGuard
 }
 
 // routeFlags returns the ROUTE_F_* flags of r's routes entry.

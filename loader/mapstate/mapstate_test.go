@@ -234,3 +234,59 @@ func TestFromPlanPodNoPeer(t *testing.T) {
 		t.Errorf("pod_ifaces (-want +got):\n%s", diff)
 	}
 }
+
+// TestFromPlanEncryptedPeers: an encrypted peer's entries are keyed by its tunnel
+// address (plan.Peer.Via) with PEER_F_WIREGUARD, and PEER_F_WIREGUARD_NO_KEY while
+// its key is unknown; config.wg_ifindex is set only on a node with encrypted
+// peers, so a node without them never sends into a device it does not use.
+func TestFromPlanEncryptedPeers(t *testing.T) {
+	p := &plan.NodePlan{
+		Node: "a1", Underlay: addr("172.16.1.10"), Encrypted: true,
+		Peers: []plan.Peer{
+			{Name: "a2", Underlay: addr("172.16.1.11"), TunnelAddr: addr("10.0.2.1"), AllowedSources: []netip.Prefix{pfx("10.0.2.0/24")}},
+			{Name: "b1", Underlay: addr("172.16.2.11"), TunnelAddr: addr("10.1.0.1"), AllowedSources: []netip.Prefix{pfx("10.1.0.0/24")},
+				Encrypted: true, WireGuardKey: "key"},
+			{Name: "b2", Underlay: addr("172.16.2.12"), TunnelAddr: addr("10.1.1.1"), AllowedSources: []netip.Prefix{pfx("10.1.1.0/24")},
+				Encrypted: true},
+		},
+		Routes: []plan.Route{
+			{Prefix: pfx("10.0.2.0/24"), Peer: "a2", Via: addr("172.16.1.11")},
+			{Prefix: pfx("10.1.0.0/24"), Peer: "b1", Via: addr("10.1.0.1")},
+			{Prefix: pfx("10.1.1.0/24"), Peer: "b2", Via: addr("10.1.1.1")},
+		},
+	}
+	n := mapstatetest.Node()
+	n.WireGuardIfindex = 42
+	got, warnings := mapstate.FromPlan(p, n)
+	if len(warnings) != 0 {
+		t.Errorf("warnings %q", warnings)
+	}
+	wantPeers := map[netip.Addr]Peer{
+		addr("172.16.1.11"): {},
+		addr("10.1.0.1"):    {Flags: PeerFlagWireGuard},
+		addr("10.1.1.1"):    {Flags: PeerFlagWireGuard | PeerFlagWireGuardNoKey},
+	}
+	if !maps.Equal(got.Peers, wantPeers) {
+		t.Errorf("peers %v, want %v", got.Peers, wantPeers)
+	}
+	for ps := range got.PeerSources {
+		if _, ok := wantPeers[ps.Peer]; !ok {
+			t.Errorf("peer source %v of no peer entry", ps)
+		}
+	}
+	for pr, r := range got.Routes {
+		if _, ok := wantPeers[r.Peer]; !ok {
+			t.Errorf("route %v to %v, which has no peer entry", pr, r.Peer)
+		}
+	}
+	if got.Config.WireGuardIfindex != 42 {
+		t.Errorf("wg_ifindex %d, want 42", got.Config.WireGuardIfindex)
+	}
+	p.Encrypted = false
+	for i := range p.Peers {
+		p.Peers[i].Encrypted = false
+	}
+	if clear, _ := mapstate.FromPlan(p, n); clear.Config.WireGuardIfindex != 0 {
+		t.Errorf("wg_ifindex %d on a node without encrypted peers, want 0", clear.Config.WireGuardIfindex)
+	}
+}

@@ -184,6 +184,7 @@ func (l *loader) validateAssignment(e entry[v1alpha1.SiteGatewayPoolAssignment],
 	if len(seen) < 2 {
 		l.errorf(e.file, e.label, "spec.sites", "an assignment needs at least two sites, got %d", len(seen))
 	}
+	l.checkEncryption(e.file, e.label, spec.EncryptionOrDefault())
 	if !spec.ReachesNodesOnUnderlay() && !spec.RoutesNodeCIDRs() {
 		l.errorf(e.file, e.label, "spec.underlayReachesNodes",
 			"false says host traffic to the other sites' node addresses must go through the gateways, but routeNodeCidrs false routes no nodeCidrs there: set routeNodeCidrs true (or leave it unset), or underlayReachesNodes true if the underlay does reach the nodes")

@@ -127,6 +127,17 @@ func TestLoadGatewayErrors(t *testing.T) {
 			},
 		},
 		{
+			name: "assignment encryption",
+			files: map[string][]byte{"s.yaml": gatewaySites, "g.yaml": docs(
+				pool("gw", "Internal", "{matchLabels: {gw: yes}}", ""),
+				assignment("bad", "a, b", "gw")+"  encryption: wireguard\n",
+				assignment("ok", "a, b", "gw")+"  encryption: WireGuard\n",
+			)},
+			want: []string{
+				`g.yaml: SiteGatewayPoolAssignment "bad": spec.encryption: unsupported encryption "wireguard" (want None or WireGuard)`,
+			},
+		},
+		{
 			name: "assignments joining the same sites disagree on the underlay",
 			files: map[string][]byte{"s.yaml": gatewaySites, "g.yaml": docs(
 				pool("gw", "Internal", "{matchLabels: {gw: yes}}", ""),

@@ -347,3 +347,20 @@ func (in Objects) WithoutUnsitedNodes() (Objects, []Warning) {
 	}
 	return out, warns
 }
+
+// SiteEncrypted reports whether a SitePeering or SiteGatewayPoolAssignment with
+// encryption WireGuard joins site to another: its tunnels to other sites, or its
+// gateways', run inside WireGuard.
+func (s *Set) SiteEncrypted(site string) bool {
+	for i := range s.SitePeerings {
+		if sp := &s.SitePeerings[i]; sp.Spec.Encrypts() && slices.Contains(sp.Spec.Sites, site) {
+			return true
+		}
+	}
+	for i := range s.SiteGatewayPoolAssignments {
+		if a := &s.SiteGatewayPoolAssignments[i]; a.Spec.Encrypts() && slices.Contains(a.Spec.Sites, site) {
+			return true
+		}
+	}
+	return false
+}

@@ -183,6 +183,14 @@ status:
 			want:  []string{`p.yaml: SitePeering "x": spec.tunnelProtocol: unsupported tunnel protocol "VXLAN" (want GENEVE)`},
 		},
 		{
+			name: "encryption other than None and WireGuard",
+			files: map[string][]byte{"s.yaml": validSites, "p.yaml": docs(
+				peering("x", "a, b")+"  encryption: IPsec\n",
+				peering("y", "a, b")+"  encryption: WireGuard\n",
+				peering("z", "a, b")+"  encryption: None\n")},
+			want: []string{`p.yaml: SitePeering "x": spec.encryption: unsupported encryption "IPsec" (want None or WireGuard)`},
+		},
+		{
 			name: "node without InternalIP",
 			files: map[string][]byte{"s.yaml": validSites, "n.yaml": []byte(`apiVersion: v1
 kind: Node

@@ -236,6 +236,15 @@ func (l *loader) validatePeering(e entry[v1alpha1.SitePeering], siteNames map[st
 	if p := spec.Protocol(); p != v1alpha1.TunnelGENEVE {
 		l.errorf(e.file, e.label, "spec.tunnelProtocol", "unsupported tunnel protocol %q (want GENEVE)", p)
 	}
+	l.checkEncryption(e.file, e.label, spec.EncryptionOrDefault())
+}
+
+// checkEncryption reports a spec.encryption that is neither None nor
+// WireGuard, as the CRD's enum does for objects from the API.
+func (l *loader) checkEncryption(file, label string, enc v1alpha1.Encryption) {
+	if enc != v1alpha1.EncryptionNone && enc != v1alpha1.EncryptionWireGuard {
+		l.errorf(file, label, "spec.encryption", "unsupported encryption %q (want None or WireGuard)", enc)
+	}
 }
 
 // validateNode checks one Node against the Sites' nodeCidrs and returns its

@@ -56,13 +56,14 @@ func compute(set *objects.Set, node string, c *Cache) (*NodePlan, error) {
 		return nil, fmt.Errorf("plan node %q: node has no InternalIP in any Site's nodeCidrs", node)
 	}
 	p := &NodePlan{
-		Node:      node,
-		Site:      site.Name,
-		Underlay:  underlay,
-		PodCIDRs:  objects.PodCIDRs(self),
-		TunnelMTU: int(site.Spec.TunnelMTU),
-		Peers:     []Peer{},
-		Routes:    []Route{},
+		Node:           node,
+		Site:           site.Name,
+		Underlay:       underlay,
+		PodCIDRs:       objects.PodCIDRs(self),
+		TunnelMTU:      int(site.Spec.TunnelMTU),
+		TunnelOverhead: TunnelOverheadOf(set, site.Name),
+		Peers:          []Peer{},
+		Routes:         []Route{},
 	}
 	all := assignments(set)
 	isGateway := slices.ContainsFunc(all, func(a assignment) bool { _, ok := a.has(site.Name, node); return ok })
@@ -94,12 +95,14 @@ func compute(set *objects.Set, node string, c *Cache) (*NodePlan, error) {
 		p.FabricPrefixes = declaredPrefixes(site)
 	}
 	meshed := p.meshedSites(set, site, all)
+	encrypted := encryptedMeshes(set, site)
 	peers := map[string]*candidate{}
 	for i := range set.Nodes {
 		n := &set.Nodes[i]
 		if s := set.SiteOf(n); n.Name != node && s != nil && (s.Name == site.Name || meshed[s.Name] != "") {
 			underlay, _ := objects.InternalIP(n)
-			peers[n.Name] = &candidate{node: n, underlay: underlay}
+			by := encrypted[s.Name]
+			peers[n.Name] = &candidate{node: n, underlay: underlay, encrypted: by != "", encryptedBy: by}
 		}
 	}
 	gp := p.addAssignments(set, all, self, site, meshed, peers)
@@ -245,6 +248,25 @@ func (p *NodePlan) meshedSites(set *objects.Set, site *v1alpha1.Site, all []assi
 	return meshed
 }
 
+// encryptedMeshes returns the sites that a meshing SitePeering with
+// encryption WireGuard joins to site, each with the first such peering's
+// description. One such peering is enough: a pair that any object asks to
+// encrypt is encrypted.
+func encryptedMeshes(set *objects.Set, site *v1alpha1.Site) map[string]string {
+	out := map[string]string{}
+	for _, sp := range set.SitePeerings {
+		if !sp.Spec.MeshesNodes() || !sp.Spec.Encrypts() || !slices.Contains(sp.Spec.Sites, site.Name) {
+			continue
+		}
+		for _, s := range sp.Spec.Sites {
+			if _, ok := out[s]; !ok && s != site.Name {
+				out[s] = fmt.Sprintf("SitePeering %q", sp.Name)
+			}
+		}
+	}
+	return out
+}
+
 // addPeer adds c's node as a peer reached at c.underlay, with routes for its
 // podCIDRs and its tunnel address and c.extra among its allowed sources
 // (aggregated through cache, which may be nil), or
@@ -259,6 +281,9 @@ func (p *NodePlan) addPeer(set *objects.Set, c *candidate, cache *Cache) {
 			peer.Name, site.Name, v1alpha1.AnnotationTunnelIPv4)
 		return
 	}
+	if c.encrypted && !p.encryptable(peer.Name, site.Name, hasTunnel, c.encryptedBy) {
+		return
+	}
 	fields := objects.PodCIDRFields(peer)
 	pr := Peer{
 		Name:           peer.Name,
@@ -266,19 +291,25 @@ func (p *NodePlan) addPeer(set *objects.Set, c *candidate, cache *Cache) {
 		Underlay:       underlay,
 		TunnelAddr:     tunnel,
 		AllowedSources: []netip.Prefix{},
+		Encrypted:      c.encrypted,
 	}
+	if c.encrypted {
+		p.Encrypted = true
+		pr.WireGuardKey = p.wireGuardKey(peer)
+	}
+	via := pr.Via()
 	for _, f := range fields {
 		pr.AllowedSources = append(pr.AllowedSources, f.Prefix)
 		p.Routes = append(p.Routes, Route{
 			Prefix: f.Prefix,
 			Peer:   peer.Name,
-			Via:    underlay,
+			Via:    via,
 			Origin: objects.NodeField(peer.Name, f.Field),
 		})
 	}
 	if hasTunnel && !slices.ContainsFunc(fields, func(f objects.FieldPrefix) bool { return f.Prefix.Contains(tunnel) }) {
 		pr.AllowedSources = append(pr.AllowedSources, HostPrefix(tunnel))
-		p.Routes = append(p.Routes, Route{Prefix: HostPrefix(tunnel), Peer: peer.Name, Via: underlay, Origin: tunnelOrigin})
+		p.Routes = append(p.Routes, Route{Prefix: HostPrefix(tunnel), Peer: peer.Name, Via: via, Origin: tunnelOrigin})
 	}
 	if fabricReturn(site) {
 		// Any node of the site may forward a pod of the site from anywhere in
@@ -306,7 +337,7 @@ func (p *NodePlan) addGroupRoutes(u *v1alpha1.Site) {
 	var group []NextHop
 	for _, pr := range p.Peers {
 		if pr.Site == u.Name {
-			group = append(group, NextHop{Peer: pr.Name, Via: pr.Underlay})
+			group = append(group, NextHop{Peer: pr.Name, Via: pr.Via()})
 		}
 	}
 	blocks := declaredBlocks(u)

@@ -577,8 +577,10 @@ func TestCompute(t *testing.T) {
 func checkInvariants(t *testing.T, p *NodePlan) {
 	t.Helper()
 	peers := map[string]netip.Addr{}
+	vias := map[string]netip.Addr{}
 	for _, pr := range p.Peers {
 		peers[pr.Name] = pr.Underlay
+		vias[pr.Name] = pr.Via()
 	}
 	// longest returns the longest route holding q (a prefix), as the
 	// datapath's LPM lookup finds it.
@@ -635,7 +637,7 @@ func checkInvariants(t *testing.T, p *NodePlan) {
 			t.Errorf("route %s has peer %q and group %v: want exactly one", r.Prefix, r.Peer, r.Group)
 		}
 		for _, h := range r.Group {
-			if via, ok := peers[h.Peer]; !ok || via != h.Via {
+			if via, ok := vias[h.Peer]; !ok || via != h.Via {
 				t.Errorf("route %s: group member %s %s is not a peer", r.Prefix, h.Peer, h.Via)
 			}
 		}

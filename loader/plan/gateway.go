@@ -188,6 +188,11 @@ type candidate struct {
 	// gateway keeps the peer even without a tunnel address: it forwards for
 	// its site, and only health checks need the address.
 	gateway bool
+	// encrypted: a SitePeering or SiteGatewayPoolAssignment joining this
+	// node's site and the peer's asks for WireGuard between them (encryptedBy
+	// names it).
+	encrypted   bool
+	encryptedBy string
 }
 
 // groupRoute is a route to the gateways of a site, its members resolved to
@@ -392,6 +397,9 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 					}
 					c.gateway = true
 					c.extra = append(c.extra, sources...)
+					if a.obj.Spec.Encrypts() && !c.encrypted {
+						c.encrypted, c.encryptedBy = true, fmt.Sprintf("SiteGatewayPoolAssignment %q", a.obj.Name)
+					}
 					members = append(members, g.node.Name)
 				}
 				for _, sp := range prefixes {
@@ -515,7 +523,7 @@ func (p *NodePlan) addGatewayRoutes(routes []groupRoute, transitOnly bool) {
 			if !ok {
 				continue
 			}
-			group = append(group, NextHop{Peer: m, Via: pr.Underlay})
+			group = append(group, NextHop{Peer: m, Via: pr.Via()})
 			if !pr.TunnelAddr.IsValid() && !warned[m] {
 				warned[m] = true
 				p.warnf("gateway Node %q has no tunnel address: it cannot be health-checked, so it is always up", m)

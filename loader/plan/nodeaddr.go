@@ -76,7 +76,7 @@ func (p *NodePlan) addPeerAddrRoutes(set *objects.Set, site *v1alpha1.Site, also
 		p.Routes = append(p.Routes, Route{
 			Prefix:      HostPrefix(internal),
 			Peer:        pr.Name,
-			Via:         pr.Underlay,
+			Via:         pr.Via(),
 			TransitOnly: true,
 			NotForPods:  notForPods,
 			Origin:      fmt.Sprintf("Node %q status.addresses[InternalIP]", pr.Name),

@@ -54,7 +54,7 @@ status:
 // pools p0.. of random type selecting the nodes labelled gw<pool>: y, 0-2
 // SiteGatewayPoolAssignments of random sites and pools (routeNodeCidrs on or
 // off, or underlayReachesNodes off) and 0-2 SitePeerings (meshNodes mostly
-// on).
+// on); a third of those joins are encrypted.
 func randomJoins(r *rand.Rand, sites, pools int) []string {
 	var docs []string
 	for p := range pools {
@@ -88,6 +88,12 @@ func randomJoins(r *rand.Rand, sites, pools int) []string {
 	}
 	for m := range r.IntN(3) {
 		docs = append(docs, peering(fmt.Sprintf("m%d", m), pick(), fmt.Sprintf("  meshNodes: %v\n", r.IntN(3) > 0)))
+	}
+	// Drawn last, so the fleets of a seed are the same with and without it.
+	for i, d := range docs {
+		if (strings.Contains(d, "kind: SitePeering") || strings.Contains(d, "kind: SiteGatewayPoolAssignment")) && r.IntN(3) == 0 {
+			docs[i] = d + "  encryption: WireGuard\n"
+		}
 	}
 	return docs
 }
@@ -240,10 +246,10 @@ func TestPathsSymmetricSeeds(t *testing.T) {
 func describeSet(s *objects.Set) string {
 	var b strings.Builder
 	for _, a := range s.SiteGatewayPoolAssignments {
-		fmt.Fprintf(&b, "\n assignment %s sites %v pools %v routeNodeCidrs %v underlayReachesNodes %v", a.Name, a.Spec.Sites, a.Spec.GatewayPools, a.Spec.RoutesNodeCIDRs(), a.Spec.ReachesNodesOnUnderlay())
+		fmt.Fprintf(&b, "\n assignment %s sites %v pools %v routeNodeCidrs %v underlayReachesNodes %v encryption %s", a.Name, a.Spec.Sites, a.Spec.GatewayPools, a.Spec.RoutesNodeCIDRs(), a.Spec.ReachesNodesOnUnderlay(), a.Spec.EncryptionOrDefault())
 	}
 	for _, p := range s.SitePeerings {
-		fmt.Fprintf(&b, "\n peering %s sites %v mesh %v", p.Name, p.Spec.Sites, p.Spec.MeshesNodes())
+		fmt.Fprintf(&b, "\n peering %s sites %v mesh %v encryption %s", p.Name, p.Spec.Sites, p.Spec.MeshesNodes(), p.Spec.EncryptionOrDefault())
 	}
 	for _, p := range s.GatewayPools {
 		fmt.Fprintf(&b, "\n pool %s %s", p.Name, p.Spec.Type)

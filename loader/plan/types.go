@@ -28,8 +28,14 @@ type NodePlan struct {
 	// or `Node "aks-1" metadata.annotations["isthmus.dev/tunnel-ipv4"]`.
 	TunnelAddrOrigin string `json:"tunnelAddrOrigin,omitempty"`
 	// TunnelMTU is the Site's spec.tunnelMTU, 0 when unset (the agent then uses
-	// the underlay MTU minus the 50 bytes of IPv4 GENEVE overhead).
+	// the underlay MTU minus TunnelOverhead).
 	TunnelMTU int `json:"tunnelMTU,omitempty"`
+	// TunnelOverhead is what the tunnels of the node's site add to a packet
+	// (TunnelOverheadOf): the 50 bytes of IPv4 GENEVE, 110 with WireGuard's.
+	TunnelOverhead int `json:"tunnelOverhead"`
+	// Encrypted is true when a peer is Encrypted: the node runs a WireGuard
+	// device, and its tunnel MTU leaves room for WireGuard's header too.
+	Encrypted bool `json:"encrypted,omitempty"`
 	// Gateway is true when a GatewayPool selects this node: it forwards GENEVE
 	// between its site's members and remote gateways (transit), and GatewayPools
 	// names the pools, sorted.
@@ -98,6 +104,31 @@ type Peer struct {
 	// this peer, sorted: its podCIDRs, its tunnel address, and the declared pod
 	// blocks of its site when another CNI owns that site's pods.
 	AllowedSources []netip.Prefix `json:"allowedSources"`
+	// Encrypted is true when the tunnel to the peer runs inside WireGuard:
+	// the peer is a node of another site joined to this node's by a meshing
+	// SitePeering, or (between gateways) a SiteGatewayPoolAssignment, with
+	// encryption WireGuard. Inside WireGuard the GENEVE packets go from this
+	// node's tunnel address to the peer's (Via), so both have one; Underlay
+	// is then where this node sends the WireGuard packets (the peer's
+	// endpoint).
+	Encrypted bool `json:"encrypted,omitempty"`
+	// WireGuardKey is an encrypted peer's public key, from its Node's
+	// annotation isthmus.dev/wireguard-public-key; empty while the peer's
+	// agent has not published a valid one: the datapath then drops what this
+	// node would send the peer (never in the clear).
+	WireGuardKey string `json:"wireguardKey,omitempty"`
+}
+
+// Via is the address the datapath knows the peer by: the outer destination
+// of the GENEVE packets this node sends it, the outer source of those it
+// accepts from it, and the next hop of routes to it. For an encrypted peer it
+// is the peer's tunnel address (WireGuard's cryptokey routing binds it to the
+// peer's key), else its underlay address.
+func (pr *Peer) Via() netip.Addr {
+	if pr.Encrypted {
+		return pr.TunnelAddr
+	}
+	return pr.Underlay
 }
 
 // NextHop is one peer a route can go to.

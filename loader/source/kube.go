@@ -2,6 +2,7 @@ package source
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
@@ -352,4 +354,20 @@ func (k *Kubernetes) Close() error {
 	k.factory.Shutdown()
 	k.dynamic.Shutdown()
 	return nil
+}
+
+// NodeAnnotationPublisher returns a function that sets annotation key of Node node
+// to a value with a JSON merge patch: the one write the agent makes to the API
+// server (its WireGuard public key), on its own Node, touching nothing else.
+func NodeAnnotationPublisher(client kubernetes.Interface, node, key string) func(ctx context.Context, value string) error {
+	return func(ctx context.Context, value string) error {
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{key: value}}})
+		if err != nil {
+			return err
+		}
+		if _, err := client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("annotate Node %q with %s: %w", node, key, err)
+		}
+		return nil
+	}
 }

@@ -376,3 +376,31 @@ func TestKubernetesWaitsForTheAPI(t *testing.T) {
 		t.Errorf("err %v, want the context's deadline", err)
 	}
 }
+
+// TestNodeAnnotationPublisher: the agent's one write sets its annotation on its
+// own Node and leaves every other field, annotation and label as it was.
+func TestNodeAnnotationPublisher(t *testing.T) {
+	n := kubeNode("a1", "10.1.0.1", "10.10.1.0/24")
+	n.Annotations = map[string]string{"other": "kept"}
+	n.Labels = map[string]string{"l": "v"}
+	client := fake.NewClientset(n, kubeNode("b1", "10.2.0.1", ""))
+	publish := NodeAnnotationPublisher(client, "a1", v1alpha1.AnnotationWireGuardPublicKey)
+	if err := publish(context.Background(), "pubkey="); err != nil {
+		t.Fatal(err)
+	}
+	got, err := client.CoreV1().Nodes().Get(context.Background(), "a1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Annotations[v1alpha1.AnnotationWireGuardPublicKey] != "pubkey=" || got.Annotations["other"] != "kept" || got.Labels["l"] != "v" ||
+		len(got.Spec.PodCIDRs) != 1 {
+		t.Errorf("node after publish: annotations %v labels %v podCIDRs %v", got.Annotations, got.Labels, got.Spec.PodCIDRs)
+	}
+	other, _ := client.CoreV1().Nodes().Get(context.Background(), "b1", metav1.GetOptions{})
+	if _, ok := other.Annotations[v1alpha1.AnnotationWireGuardPublicKey]; ok {
+		t.Error("another Node was annotated")
+	}
+	if err := NodeAnnotationPublisher(client, "gone", "k")(context.Background(), "v"); err == nil {
+		t.Error("publishing on a missing Node succeeded")
+	}
+}

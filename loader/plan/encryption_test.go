@@ -1,0 +1,230 @@
+package plan
+
+import (
+	"encoding/base64"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/isthmus-dev/isthmus/api/v1alpha1"
+)
+
+// wgKey is a valid public key for tests: 32 bytes of b in base64.
+func wgKey(b byte) string {
+	return base64.StdEncoding.EncodeToString([]byte(strings.Repeat(string(rune(b)), 32)))
+}
+
+// withKey adds the WireGuard public key annotation to a Node document.
+func withKey(doc, name, key string) string {
+	return strings.Replace(doc, "metadata: {name: "+name+"}",
+		fmt.Sprintf("metadata:\n  name: %s\n  annotations: {%s: %q}", name, v1alpha1.AnnotationWireGuardPublicKey, key), 1)
+}
+
+// TestEncryptedPeering: a meshing SitePeering with encryption WireGuard
+// encrypts the tunnels between its sites' nodes, and only those: the peers of
+// the other site are Encrypted, known to the datapath by their tunnel
+// addresses (routes, groups), with their published keys; peers of the node's
+// own site stay in the clear, known by their InternalIPs.
+func TestEncryptedPeering(t *testing.T) {
+	set := load(t,
+		site("a", "10.0.0.0/24", "10.100.0.0/16", ""),
+		site("b", "10.1.0.0/24", "10.101.0.0/16", ""),
+		peering("ab", "a, b", "  encryption: WireGuard\n"),
+		withKey(node("a1", "10.0.0.1", "10.100.1.0/24"), "a1", wgKey('a')),
+		withKey(node("a2", "10.0.0.2", "10.100.2.0/24"), "a2", wgKey('b')),
+		withKey(node("b1", "10.1.0.1", "10.101.1.0/24"), "b1", wgKey('c')),
+		node("b2", "10.1.0.2", "10.101.2.0/24"),
+	)
+	p, err := Compute(set, "a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Encrypted {
+		t.Error("plan not Encrypted with encrypted peers")
+	}
+	want := map[string]struct {
+		encrypted bool
+		key       string
+		via       string
+	}{
+		"a2": {false, "", "10.0.0.2"},
+		"b1": {true, wgKey('c'), "10.101.1.1"},
+		"b2": {true, "", "10.101.2.1"},
+	}
+	if len(p.Peers) != len(want) {
+		t.Fatalf("peers %v, want %d", p.Peers, len(want))
+	}
+	for _, pr := range p.Peers {
+		w := want[pr.Name]
+		if pr.Encrypted != w.encrypted || pr.WireGuardKey != w.key || pr.Via() != netip.MustParseAddr(w.via) {
+			t.Errorf("peer %s: encrypted %v key %q via %s, want %v %q %s", pr.Name, pr.Encrypted, pr.WireGuardKey, pr.Via(), w.encrypted, w.key, w.via)
+		}
+	}
+	for _, r := range p.Routes {
+		if r.Peer != "" && r.Via != netip.MustParseAddr(want[r.Peer].via) {
+			t.Errorf("route %s to %s via %s, want %s", r.Prefix, r.Peer, r.Via, want[r.Peer].via)
+		}
+	}
+	if !slices.ContainsFunc(p.Warnings, func(w string) bool {
+		return strings.Contains(w, `peer Node "b2" has not published its WireGuard public key`)
+	}) {
+		t.Errorf("no warning about b2's missing key: %q", p.Warnings)
+	}
+
+	// Without encryption nothing is Encrypted and every Via is an InternalIP.
+	clear := load(t,
+		site("a", "10.0.0.0/24", "10.100.0.0/16", ""),
+		site("b", "10.1.0.0/24", "10.101.0.0/16", ""),
+		peering("ab", "a, b", "  encryption: None\n"),
+		node("a1", "10.0.0.1", "10.100.1.0/24"),
+		node("b1", "10.1.0.1", "10.101.1.0/24"),
+	)
+	q, err := Compute(clear, "a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.Encrypted || len(q.Peers) != 1 || q.Peers[0].Encrypted || q.Peers[0].Via() != netip.MustParseAddr("10.1.0.1") {
+		t.Errorf("encryption None: plan encrypted %v, peers %+v", q.Encrypted, q.Peers)
+	}
+}
+
+// TestEncryptedPeerNeedsTunnelAddresses: GENEVE inside WireGuard goes from
+// tunnel address to tunnel address, so a peer of an encrypted pair that has
+// none (an unmanaged site's node without the annotation) is left out with a
+// warning rather than tunnelled to in the clear.
+func TestEncryptedPeerNeedsTunnelAddresses(t *testing.T) {
+	set := load(t,
+		site("a", "10.0.0.0/24", "10.100.0.0/16", ""),
+		site("b", "10.1.0.0/24", "10.101.0.0/16", "  manageCniPlugin: false\n"),
+		peering("ab", "a, b", "  encryption: WireGuard\n"),
+		node("a1", "10.0.0.1", "10.100.1.0/24"),
+		node("b1", "10.1.0.1", ""),
+	)
+	p, err := Compute(set, "a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Peers) != 0 {
+		t.Errorf("peers %+v, want none", p.Peers)
+	}
+	if !slices.ContainsFunc(p.Warnings, func(w string) bool { return strings.Contains(w, "has no tunnel address") }) {
+		t.Errorf("no warning: %q", p.Warnings)
+	}
+}
+
+// TestEncryptedAssignment: a SiteGatewayPoolAssignment with encryption
+// WireGuard encrypts the tunnels between gateways of different sites; a
+// member's tunnel to its own site's gateway stays in the clear, and group
+// routes to encrypted gateways name them by their tunnel addresses.
+func TestEncryptedAssignment(t *testing.T) {
+	set := load(t,
+		site("a", "10.0.0.0/24", "10.100.0.0/16", ""),
+		site("b", "10.1.0.0/24", "10.101.0.0/16", ""),
+		pool("gw", "Internal", "gw", ""),
+		assignmentDoc("ab", "a, b", "gw", "  encryption: WireGuard\n"),
+		gw("a-gw", "10.0.0.1", "10.100.1.0/24", "gw"),
+		node("a1", "10.0.0.2", "10.100.2.0/24"),
+		gw("b-gw", "10.1.0.1", "10.101.1.0/24", "gw"),
+		node("b1", "10.1.0.2", "10.101.2.0/24"),
+	)
+	g, err := Compute(set, "a-gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Compute(set, "a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	encrypted := func(p *NodePlan) map[string]bool {
+		out := map[string]bool{}
+		for _, pr := range p.Peers {
+			out[pr.Name] = pr.Encrypted
+		}
+		return out
+	}
+	if got, want := encrypted(g), map[string]bool{"a1": false, "b-gw": true}; !sameFlags(got, want) {
+		t.Errorf("gateway a-gw: peers encrypted %v, want %v", got, want)
+	}
+	if got, want := encrypted(m), map[string]bool{"a-gw": false}; !sameFlags(got, want) {
+		t.Errorf("member a1: peers encrypted %v, want %v", got, want)
+	}
+	if !g.Encrypted || m.Encrypted {
+		t.Errorf("plans encrypted: gateway %v, member %v; want true, false", g.Encrypted, m.Encrypted)
+	}
+	for _, r := range g.Routes {
+		for _, h := range r.Group {
+			if h.Peer == "b-gw" && h.Via != netip.MustParseAddr("10.101.1.1") {
+				t.Errorf("route %s: member b-gw via %s, want its tunnel address", r.Prefix, h.Via)
+			}
+		}
+	}
+}
+
+func sameFlags(a, b map[string]bool) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// TestEncryptionSymmetric: for random fleets (a third of their joins
+// encrypted), encryption is a property of the pair: when x has y as a peer, y
+// has x, and both see the pair encrypted or both in the clear; only nodes of
+// different sites are encrypted; every route and group member naming an
+// encrypted peer goes to its tunnel address, and a plan with an encrypted peer
+// says so.
+func TestEncryptionSymmetric(t *testing.T) {
+	pairs := 0
+	for seed := range uint64(300) {
+		set, plans := randomPlans(t, seed, 12)
+		for x, p := range plans {
+			vias := map[string]netip.Addr{}
+			any := false
+			for _, pr := range p.Peers {
+				vias[pr.Name] = pr.Via()
+				any = any || pr.Encrypted
+				back := slices.IndexFunc(plans[pr.Name].Peers, func(q Peer) bool { return q.Name == x })
+				if back < 0 {
+					continue // a one-way peer (a gateway's member, say) is another test's business
+				}
+				if q := plans[pr.Name].Peers[back]; q.Encrypted != pr.Encrypted {
+					t.Fatalf("seed %d: %s sees %s encrypted %v, %s sees %s encrypted %v\nset: %s",
+						seed, x, pr.Name, pr.Encrypted, pr.Name, x, q.Encrypted, describeSet(set))
+				}
+				if pr.Encrypted {
+					pairs++
+					if pr.Site == p.Site {
+						t.Fatalf("seed %d: %s encrypts to %s of its own site", seed, x, pr.Name)
+					}
+					if !pr.TunnelAddr.IsValid() || pr.Via() != pr.TunnelAddr {
+						t.Fatalf("seed %d: %s: encrypted peer %s via %s, tunnel address %s", seed, x, pr.Name, pr.Via(), pr.TunnelAddr)
+					}
+				}
+			}
+			if any != p.Encrypted {
+				t.Fatalf("seed %d: %s: Encrypted %v with encrypted peers %v", seed, x, p.Encrypted, any)
+			}
+			for _, r := range p.Routes {
+				if r.Peer != "" && r.Via != vias[r.Peer] {
+					t.Fatalf("seed %d: %s: route %s to %s via %s, want %s", seed, x, r.Prefix, r.Peer, r.Via, vias[r.Peer])
+				}
+				for _, h := range r.Group {
+					if h.Via != vias[h.Peer] {
+						t.Fatalf("seed %d: %s: route %s member %s via %s, want %s", seed, x, r.Prefix, h.Peer, h.Via, vias[h.Peer])
+					}
+				}
+			}
+		}
+	}
+	if pairs < 100 {
+		t.Fatalf("only %d encrypted peer entries in 300 fleets: the property was hardly tested", pairs)
+	}
+	t.Logf("%d encrypted peer entries checked", pairs)
+}
