@@ -228,3 +228,41 @@ func TestEncryptionSymmetric(t *testing.T) {
 	}
 	t.Logf("%d encrypted peer entries checked", pairs)
 }
+
+// TestEncryptedGatewayBehindNAT: a gateway of an External pool without an
+// ExternalIP (behind a NAT; every assignment of the pool encrypted) is a peer of
+// the remote gateways with no underlay address, known by its tunnel address, with
+// nothing cut from the routes for it; it reaches the remote gateway at its
+// ExternalIP.
+func TestEncryptedGatewayBehindNAT(t *testing.T) {
+	ext := func(doc, ip string) string {
+		return strings.Replace(doc, "    - {type: InternalIP", fmt.Sprintf("    - {type: ExternalIP, address: %q}\n    - {type: InternalIP", ip), 1)
+	}
+	set := load(t,
+		site("cloud", "10.0.0.0/24", "10.100.0.0/16", ""),
+		site("edge", "192.168.50.0/24", "10.101.0.0/16", ""),
+		pool("public", "External", "gw", ""),
+		assignmentDoc("ce", "cloud, edge", "public", "  encryption: WireGuard\n"),
+		withKey(ext(gw("cl-gw", "10.0.0.10", "10.100.1.0/24", "gw"), "198.51.100.30"), "cl-gw", wgKey('c')),
+		withKey(gw("ed-gw", "192.168.50.10", "10.101.1.0/24", "gw"), "ed-gw", wgKey('e')),
+	)
+	cloud, err := Compute(set, "cl-gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	edge, err := Compute(set, "ed-gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cloud.Peers) != 1 || cloud.Peers[0].Underlay.IsValid() || !cloud.Peers[0].Encrypted || cloud.Peers[0].Via() != netip.MustParseAddr("10.101.1.1") {
+		t.Errorf("cloud gateway's peers %+v, want ed-gw encrypted without an underlay address", cloud.Peers)
+	}
+	if len(edge.Peers) != 1 || edge.Peers[0].Underlay != netip.MustParseAddr("198.51.100.30") || !edge.Peers[0].Encrypted {
+		t.Errorf("edge gateway's peers %+v, want cl-gw encrypted at its ExternalIP", edge.Peers)
+	}
+	for _, r := range cloud.Routes {
+		if r.Prefix.Contains(netip.MustParseAddr("10.101.1.5")) && (r.Underlay || (r.Via != netip.MustParseAddr("10.101.1.1") && len(r.Group) == 0)) {
+			t.Errorf("cloud route %+v for the edge's pods", r)
+		}
+	}
+}

@@ -208,3 +208,50 @@ func checkInspectWireGuard(t *testing.T, l *testenv.Lab, node string, want int) 
 		}
 	}
 }
+
+// TestWireGuardBehindNAT: on the wgnat scenario an edge site sits behind a
+// masquerading NAT that lets nothing in it did not open, and its gateway has no
+// address the cloud can reach; the assignment is encrypted. Traffic from the
+// cloud reaches the edge as soon as the agents are up, before any edge pod has
+// spoken (the edge gateway's keepalive opens the NAT, the cloud gateway learns
+// its endpoint); every pod pair then works both ways under strict rp_filter; on
+// the cloud gateway's WAN port, decoded by tshark, everything to and from the
+// NAT's address is WireGuard with no pod address in sight; and after the NAT
+// forgets its mappings (conntrack flushed in the router) traffic comes back
+// within 30 s by itself.
+func TestWireGuardBehindNAT(t *testing.T) {
+	l := upScenario(t, "wgnat")
+	reach := func(what string, limit time.Duration) {
+		t.Helper()
+		start := time.Now()
+		for {
+			if err := testenv.Ping(l.PodNS("cl1-p1"), l.PodAddr("ed1-p1"), time.Second); err == nil {
+				t.Logf("%s: cl1-p1 reached ed1-p1 after %s", what, time.Since(start).Round(100*time.Millisecond))
+				return
+			}
+			if time.Since(start) > limit {
+				t.Fatalf("%s: cl1-p1 cannot reach ed1-p1 after %s", what, limit)
+			}
+		}
+	}
+	reach("cloud first", 30*time.Second)
+	checkPaths(t, l, "cl-gw", "ed-gw")
+
+	nat := netip.MustParsePrefix("203.0.113.50/32")
+	pods := []netip.Prefix{netip.MustParsePrefix("10.72.0.0/16"), netip.MustParsePrefix("10.73.0.0/16")}
+	frames := captureWAN(t, l, "cl-gw", 51820, 4*time.Second, func() {
+		if err := testenv.Ping(l.PodNS("ed1-p1"), l.PodAddr("cl1-p1"), time.Second); err != nil {
+			t.Logf("ping ed1-p1 -> cl1-p1: %v", err)
+		}
+	})
+	if n := judgeWAN(t, frames, nat, pods); n == 0 {
+		t.Errorf("no WireGuard transport data to or from the NAT's address in %d frames", len(frames))
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := l.Exec(ctx, l.RouterNS(), "conntrack", "-F"); err != nil {
+		t.Fatalf("flush the NAT's mappings: %v: %s", err, out)
+	}
+	reach("after the NAT forgot its mappings", 30*time.Second)
+}
