@@ -381,9 +381,6 @@ func (l *Lab) NodeReach() map[[2]string]bool {
 	return out
 }
 
-// symmetric returns an error naming every pair that reaches one way only:
-// paths must be the same both ways, so a stateful firewall or strict
-// rp_filter passes both or neither.
 // acrossNAT returns reach without the pairs of nodes of two sites one of which is
 // behind a NAT (Site.BehindNAT): such a NAT lets a site's nodes out and nothing
 // in, so their underlay reaches one way by design.
@@ -404,6 +401,9 @@ func (l *Lab) acrossNAT(reach map[[2]string]bool) map[[2]string]bool {
 	return out
 }
 
+// symmetric returns an error naming every pair that reaches one way only:
+// paths must be the same both ways, so a stateful firewall or strict
+// rp_filter passes both or neither.
 func symmetric(reach map[[2]string]bool) error {
 	var oneWay []string
 	for pair, ok := range reach {

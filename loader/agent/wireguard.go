@@ -135,6 +135,7 @@ func (a *Agent) ensureWireGuard() error {
 			return fmt.Errorf("WireGuard device: %w", err)
 		}
 		a.wg.dev = dev
+		a.cfg.Metrics.WireGuardDevice(string(dev.Kind()))
 		if dev.Kind() == wireguard.KindUserspace {
 			a.log.Warn("WireGuard runs in userspace: this kernel has no wireguard module (or --wireguard=userspace); it costs more CPU per packet than the kernel's",
 				"device", dev.Name(), "adopted", dev.Adopted())
