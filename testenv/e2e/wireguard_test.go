@@ -169,20 +169,9 @@ func checkInspectWireGuard(t *testing.T, l *testenv.Lab, node string, want int) 
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatalf("inspect wireguard -o json: %v\n%s", err, out)
 	}
-	dump, err := l.Exec(ctx, l.NodeNS(node), "wg", "show", dev, "dump")
-	if err != nil {
-		t.Fatalf("wg show %s dump: %v\n%s", dev, err, dump)
-	}
-	lines := strings.Split(strings.TrimSpace(dump), "\n")
-	if f := strings.Split(lines[0], "\t"); len(f) < 2 || f[1] != got.PublicKey {
-		t.Errorf("device public key: wg %q, inspect %q", lines[0], got.PublicKey)
-	}
-	wgPeers := map[string][]string{}
-	for _, line := range lines[1:] {
-		f := strings.Split(line, "\t")
-		if len(f) == 8 {
-			wgPeers[f[0]] = f
-		}
+	devKey, wgPeers := wgShowDump(t, l, node)
+	if devKey != got.PublicKey {
+		t.Errorf("device public key: wg %q, inspect %q", devKey, got.PublicKey)
 	}
 	if len(got.Peers) != len(wgPeers) || len(got.Peers) != want {
 		t.Errorf("%s: inspect shows %d peers, wg %d, want %d", node, len(got.Peers), len(wgPeers), want)
@@ -207,6 +196,33 @@ func checkInspectWireGuard(t *testing.T, l *testenv.Lab, node string, want int) 
 			t.Errorf("peer %s (%v): no handshake", p.PublicKey, mine)
 		}
 	}
+}
+
+// wgShowDump reads node's WireGuard device with `wg show DEVICE dump`
+// (wireguard-tools, the reference): its public key, and each peer's fields by
+// public key (public key, preshared key, endpoint, allowed IPs, latest
+// handshake, bytes received, bytes sent, keepalive).
+func wgShowDump(t *testing.T, l *testenv.Lab, node string) (string, map[string][]string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	dev := testenv.WireGuardDevice(l.Name, node)
+	dump, err := l.Exec(ctx, l.NodeNS(node), "wg", "show", dev, "dump")
+	if err != nil {
+		t.Fatalf("wg show %s dump: %v\n%s", dev, err, dump)
+	}
+	lines := strings.Split(strings.TrimSpace(dump), "\n")
+	f := strings.Split(lines[0], "\t")
+	if len(f) < 2 {
+		t.Fatalf("wg show %s dump: device line %q", dev, lines[0])
+	}
+	peers := map[string][]string{}
+	for _, line := range lines[1:] {
+		if pf := strings.Split(line, "\t"); len(pf) == 8 {
+			peers[pf[0]] = pf
+		}
+	}
+	return f[1], peers
 }
 
 // TestWireGuardBehindNAT: on the wgnat scenario an edge site sits behind a
@@ -254,4 +270,44 @@ func TestWireGuardBehindNAT(t *testing.T) {
 		t.Fatalf("flush the NAT's mappings: %v: %s", err, out)
 	}
 	reach("after the NAT forgot its mappings", 30*time.Second)
+}
+
+// TestWireGuardTwoNATs: on the wgrelay scenario two edge sites, each behind its
+// own masquerading NAT with no inbound path, reach each other through the cloud
+// gateway: every pod pair both ways with its own source under strict rp_filter
+// (checkPaths). Neither edge gateway has a WireGuard peer in the other edge;
+// each has only the cloud gateway, at its ExternalIP. On the cloud gateway's
+// WAN port, decoded by tshark, what the edges exchange arrives and leaves as
+// WireGuard data to and from both NATs' addresses, and no pod address shows.
+func TestWireGuardTwoNATs(t *testing.T) {
+	l := upScenario(t, "wgrelay")
+	start := time.Now()
+	for testenv.Ping(l.PodNS("sh1-p1"), l.PodAddr("ho1-p1"), time.Second) != nil {
+		if time.Since(start) > 30*time.Second {
+			t.Fatal("sh1-p1 cannot reach ho1-p1 through the cloud gateway after 30 s")
+		}
+	}
+	checkPaths(t, l, "cl-gw", "sh-gw", "ho-gw")
+
+	cloudKey, _ := wgShowDump(t, l, "cl-gw")
+	for _, gw := range []string{"sh-gw", "ho-gw"} {
+		_, peers := wgShowDump(t, l, gw)
+		if cl, ok := peers[cloudKey]; len(peers) != 1 || !ok || cl[2] != "198.51.100.31:51820" {
+			t.Errorf("%s's WireGuard peers %v, want only cl-gw (%s) at 198.51.100.31:51820", gw, peers, cloudKey)
+		}
+	}
+
+	pods := []netip.Prefix{netip.MustParsePrefix("10.74.0.0/16"), netip.MustParsePrefix("10.75.0.0/16"), netip.MustParsePrefix("10.76.0.0/16")}
+	frames := captureWAN(t, l, "cl-gw", 51820, 4*time.Second, func() {
+		for _, pair := range [][2]string{{"sh1-p1", "ho1-p1"}, {"ho1-p1", "sh1-p1"}} {
+			if err := testenv.Ping(l.PodNS(pair[0]), l.PodAddr(pair[1]), time.Second); err != nil {
+				t.Logf("ping %s -> %s: %v", pair[0], pair[1], err)
+			}
+		}
+	})
+	for _, nat := range []string{"203.0.113.51/32", "203.0.113.52/32"} {
+		if n := judgeWAN(t, frames, netip.MustParsePrefix(nat), pods); n == 0 {
+			t.Errorf("no WireGuard transport data to or from the NAT %s in %d frames", nat, len(frames))
+		}
+	}
 }
