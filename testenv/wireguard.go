@@ -111,3 +111,25 @@ func (l *Lab) waitBehindNATHandshakes(ctx context.Context, timeout time.Duration
 		}
 	}
 }
+
+// PublishWireGuardKey writes node's current public key, read from its state
+// directory, into its Node's annotation in the lab's objects: what the operator
+// does in file mode after `isthmus wireguard-key --rotate`.
+func (l *Lab) PublishWireGuardKey(node string) error {
+	key, err := wireguard.LoadKey(l.NodeStateDir(node))
+	if err != nil {
+		return fmt.Errorf("node %s: %w", node, err)
+	}
+	for i := range l.Scenario.Sites {
+		for j := range l.Scenario.Sites[i].Nodes {
+			if n := &l.Scenario.Sites[i].Nodes[j]; n.Name == node {
+				if n.Annotations == nil {
+					n.Annotations = map[string]string{}
+				}
+				n.Annotations[v1alpha1.AnnotationWireGuardPublicKey] = key.PublicKey().String()
+				return l.Scenario.WriteObjects(l.ObjectsDir())
+			}
+		}
+	}
+	return fmt.Errorf("publish wireguard key: no node %q", node)
+}
