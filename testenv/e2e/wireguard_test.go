@@ -235,7 +235,8 @@ func wgShowDump(t *testing.T, l *testenv.Lab, node string) (string, map[string][
 // the cloud gateway's WAN port, decoded by tshark, everything to and from the
 // NAT's address is WireGuard with no pod address in sight; and after the NAT
 // forgets its mappings (conntrack flushed in the router) traffic comes back
-// within 30 s by itself.
+// within 30 s by itself. Gateway failover works through the NAT: flows from the
+// cloud move from one edge gateway to the other when it fails, and back.
 func TestWireGuardBehindNAT(t *testing.T) {
 	l := upScenario(t, "wgnat")
 	reach := func(what string, limit time.Duration) {
@@ -271,6 +272,21 @@ func TestWireGuardBehindNAT(t *testing.T) {
 		t.Fatalf("flush the NAT's mappings: %v: %s", err, out)
 	}
 	reach("after the NAT forgot its mappings", 30*time.Second)
+
+	// Failover through the NAT: the cloud gateway spreads flows to the edge
+	// over both edge gateways; with ed-gw's link down its health checks
+	// (through WireGuard, to an endpoint learnt through the NAT) move them to
+	// ed-gw2, and back when it heals.
+	measureFailover(t, l, failover{SrcPod: "cl1-p1", DstPod: "ed1-p1", Flows: 16, FailNode: "ed-gw",
+		Heal: func(ctx context.Context) error {
+			n, _ := l.Node("ed-gw")
+			if _, err := l.Exec(ctx, l.NodeNS("ed-gw"), "ip", "link", "set", testenv.UnderlayDev, "up"); err != nil {
+				return err
+			}
+			_, err := l.Exec(ctx, l.NodeNS("ed-gw"), "ip", "route", "replace", "default", "via", n.Site.Gateway.String())
+			return err
+		},
+		Logs: []string{"cl-gw", "ed-gw", "ed-gw2", "ed-1"}})
 }
 
 // TestWireGuardTwoNATs: on the wgrelay scenario two edge sites, each behind its
