@@ -54,6 +54,11 @@ const (
 	// DatapathVXLAN joins the nodes with kernel VXLAN devices as flannel does,
 	// pod-to-pod traffic exempt from MASQUERADE as in DatapathPlain. A baseline.
 	DatapathVXLAN Datapath = "vxlan"
+	// DatapathWireGuard joins the sites with plain WireGuard routing (a device
+	// per node, a peer per node of another site, routes to their podCIDRs into
+	// it), the sites' own nodes by plain routes. The baseline of encrypted
+	// isthmus.
+	DatapathWireGuard Datapath = "wireguard"
 	// DatapathNone builds the topology only.
 	DatapathNone Datapath = "none"
 )
@@ -261,8 +266,12 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 		if err := l.vxlanRoutes(); err != nil {
 			return err
 		}
+	case DatapathWireGuard:
+		if err := l.wireGuardRoutes(); err != nil {
+			return err
+		}
 	default:
-		return fmt.Errorf("datapath %q: want isthmus, plain, vxlan or none", l.Datapath)
+		return fmt.Errorf("datapath %q: want isthmus, plain, vxlan, wireguard or none", l.Datapath)
 	}
 	if l.Datapath == DatapathIsthmus && opts.Source != SourceKube {
 		if err := l.publishWireGuardKeys(); err != nil {
