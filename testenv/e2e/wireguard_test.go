@@ -362,38 +362,13 @@ func TestWireGuardAgentRestarts(t *testing.T) {
 	l := upScenario(t, "wireguard")
 	const interval = 5 * time.Millisecond
 	streams := wireGuardStreams(t, l, interval)
-	finished := false
-	defer func() {
-		if !finished {
-			for _, s := range streams {
-				s.finish(0)
-			}
-		}
-	}()
 	time.Sleep(300 * time.Millisecond)
 	restarted := []string{"a1", "b1"}
 	for round := 1; round <= 3; round++ {
-		for _, n := range restarted {
-			if err := l.StopAgent(n); err != nil {
-				t.Fatalf("round %d: stop agent %s: %v", round, n, err)
-			}
-		}
-		time.Sleep(200 * time.Millisecond)
-		for _, n := range restarted {
-			if err := l.StartAgent(n); err != nil {
-				t.Fatalf("round %d: start agent %s: %v", round, n, err)
-			}
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
-		err := l.WaitReady(ctx, 30*time.Second)
-		cancel()
-		if err != nil {
-			t.Fatalf("round %d: %v", round, err)
-		}
+		restartAgents(t, l, round, restarted)
 		time.Sleep(200 * time.Millisecond)
 	}
 	time.Sleep(300 * time.Millisecond)
-	finished = true
 	checkNoLoss(t, streams, interval, "restarts with encryption on")
 	for _, n := range restarted {
 		if got := strings.Count(readFile(t, l.AgentLog(n)), "adopted=true"); got != 3 {
@@ -413,14 +388,6 @@ func TestWireGuardKeyRotation(t *testing.T) {
 	old, _ := wgShowDump(t, l, "a1")
 	const interval = 5 * time.Millisecond
 	streams := wireGuardStreams(t, l, interval)
-	finished := false
-	defer func() {
-		if !finished {
-			for _, s := range streams {
-				s.finish(0)
-			}
-		}
-	}()
 	time.Sleep(300 * time.Millisecond)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -465,7 +432,6 @@ func TestWireGuardKeyRotation(t *testing.T) {
 	// The streams go on under the new sessions (checkNoLoss wants 500
 	// datagrams each, the rotation takes well under a second).
 	time.Sleep(3 * time.Second)
-	finished = true
 	checkNoLoss(t, streams, interval, "key rotation")
 	if !strings.Contains(readFile(t, l.AgentLog("a1")), "WireGuard key rotated") {
 		t.Errorf("a1's agent did not log the rotation:\n%s", tailFile(l.AgentLog("a1")))
