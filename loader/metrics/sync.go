@@ -114,11 +114,17 @@ func (s *Sync) WireGuardDevice(kind string) {
 	if s == nil {
 		return
 	}
-	for _, k := range wireGuardKinds {
-		v := 0.0
-		if k == kind {
-			v = 1
+	setOneOf(s.wireGuard, wireGuardKinds, kind)
+}
+
+// setOneOf sets g's series of label value on to 1 and those of the other values
+// to 0: a state gauge, one series per possible state.
+func setOneOf(g *prometheus.GaugeVec, values []string, on string) {
+	for _, v := range values {
+		x := 0.0
+		if v == on {
+			x = 1
 		}
-		s.wireGuard.WithLabelValues(k).Set(v)
+		g.WithLabelValues(v).Set(x)
 	}
 }
