@@ -108,8 +108,9 @@ func (l *Lab) StartAgent(node string, extra ...string) error {
 	return nil
 }
 
-// WaitReady waits until every agent has written its ready file. It fails early
-// when an agent exits, and names the missing nodes with their log tails.
+// WaitReady waits until every agent has written its ready file, and the nodes
+// behind a NAT have made their WireGuard handshakes. It fails early when an agent
+// exits, and names the missing nodes with their log tails.
 func (l *Lab) WaitReady(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -134,6 +135,9 @@ func (l *Lab) WaitReady(ctx context.Context, timeout time.Duration) error {
 			waiting = append(waiting, n.Name)
 		}
 		if len(waiting) == 0 {
+			if err := l.waitBehindNATHandshakes(ctx, timeout); err != nil {
+				return err
+			}
 			l.logf("lab %s: all agents ready", l.Name)
 			return nil
 		}

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/isthmus-dev/isthmus/loader/wireguard"
 )
 
 // DownOptions tune Down.
@@ -116,6 +118,13 @@ func down(lab string, opts DownOptions, agents map[string]*agent) error {
 		errs = append(errs, err)
 	}
 	for _, name := range names {
+		// The userspace WireGuard process of a node (isthmus' device, or
+		// DatapathWireGuard's) would outlive its namespace, its TUN moved
+		// to the host's: stop it first.
+		node := strings.TrimPrefix(name, NSPrefix+lab+"-")
+		if err := wireguard.Remove(WireGuardDevice(lab, node)); err != nil {
+			errs = append(errs, err)
+		}
 		logf("lab %s: delete netns %s", lab, name)
 		if err := deleteNS(name); err != nil {
 			errs = append(errs, err)

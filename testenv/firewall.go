@@ -141,11 +141,25 @@ func (l *Lab) FirewallDrops(ctx context.Context) (uint64, error) {
 // router, as a cloud's public IP in front of a NAT: packets to the external
 // address are DNATed to the node, and the node's packets leaving its site
 // (out of a port of another site's group) are SNATed to the external address.
-// Inside its site the node keeps its own address.
+// Inside its site the node keeps its own address. A site behindNAT is masqueraded
+// to that address as it leaves (random ports), and its router ports take nothing
+// from other sites that does not belong to a flow the site opened.
 func (l *Lab) buildExternalNAT(ctx context.Context) error {
 	var b strings.Builder
 	b.WriteString("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n")
 	have := false
+	var filter strings.Builder
+	for _, site := range l.Scenario.Sites {
+		if !site.BehindNAT.IsValid() {
+			continue
+		}
+		have = true
+		g := l.Scenario.siteGroup(site.Name)
+		fmt.Fprintf(&b, "-A POSTROUTING -s %s -m devgroup ! --dst-group %d -m comment --comment \"site %s behind a NAT\" -j SNAT --to-source %s --random-fully\n",
+			site.Subnet, g, site.Name, site.BehindNAT)
+		fmt.Fprintf(&filter, "-I FORWARD -m devgroup --dst-group %d ! --src-group %d -m conntrack --ctstate NEW,INVALID -m comment --comment \"site %s behind a NAT: nothing in it did not open\" -j DROP\n",
+			g, g, site.Name)
+	}
 	for _, n := range l.Scenario.Nodes() {
 		if !n.ExternalAddress.IsValid() {
 			continue
@@ -159,6 +173,9 @@ func (l *Lab) buildExternalNAT(ctx context.Context) error {
 		return nil
 	}
 	b.WriteString("COMMIT\n")
+	if filter.Len() > 0 {
+		b.WriteString("*filter\n" + filter.String() + "COMMIT\n")
+	}
 	cmd := Command(ctx, l.RouterNS(), "iptables-restore", "-w", "--noflush")
 	cmd.Stdin = strings.NewReader(b.String())
 	if out, err := cmd.CombinedOutput(); err != nil {

@@ -29,6 +29,7 @@ type assignment struct {
 	Name         string
 	Sites        []string
 	GatewayPools []string
+	encrypted    bool // spec.encryption WireGuard
 }
 
 // allObjects returns the scenario's raw manifests: Objects and every site's.
@@ -74,11 +75,12 @@ func (s *Scenario) gatewayObjects() ([]gatewayPool, []assignment, error) {
 			var f struct {
 				Sites        []string `json:"sites"`
 				GatewayPools []string `json:"gatewayPools"`
+				Encryption   string   `json:"encryption"`
 			}
 			if err := json.Unmarshal(d.Spec, &f); err != nil {
 				return nil, nil, fmt.Errorf("read SiteGatewayPoolAssignment %q: %w", d.Metadata.Name, err)
 			}
-			asgs = append(asgs, assignment{Name: d.Metadata.Name, Sites: f.Sites, GatewayPools: f.GatewayPools})
+			asgs = append(asgs, assignment{Name: d.Metadata.Name, Sites: f.Sites, GatewayPools: f.GatewayPools, encrypted: f.Encryption == "WireGuard"})
 		}
 	}
 	return pools, asgs, nil
@@ -108,8 +110,12 @@ func (s *Scenario) validateGateways() error {
 		if p.Type != PoolExternal {
 			continue
 		}
+		// A gateway behind a NAT needs none where the pool's assignments all
+		// encrypt (WireGuard learns its endpoint), as isthmus' validation says.
+		encryptedOnly := slices.ContainsFunc(asgs, func(a assignment) bool { return slices.Contains(a.GatewayPools, p.Name) }) &&
+			!slices.ContainsFunc(asgs, func(a assignment) bool { return slices.Contains(a.GatewayPools, p.Name) && !a.encrypted })
 		for _, n := range s.Nodes() {
-			if p.selector.Matches(labels.Set(n.Labels)) && !n.ExternalAddress.IsValid() {
+			if p.selector.Matches(labels.Set(n.Labels)) && !n.ExternalAddress.IsValid() && !(encryptedOnly && n.Site.BehindNAT.IsValid()) {
 				return fmt.Errorf("GatewayPool %q (External) selects node %q, which has no externalAddress", p.Name, n.Name)
 			}
 		}

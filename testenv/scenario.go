@@ -186,6 +186,12 @@ type Site struct {
 	// FabricRoutes makes the underlay route every node's podCIDRs to that node,
 	// as a cloud route table does. Unmanaged pods are always routed.
 	FabricRoutes bool `json:"fabricRoutes,omitempty"`
+	// BehindNAT, when set, puts the site behind a many-to-one NAT, as a branch
+	// office's or a home router, or a CGNAT: the router masquerades everything
+	// the site sends to the other sites to this public address (random ports)
+	// and lets in nothing the site did not open. It must lie outside every site
+	// subnet.
+	BehindNAT netip.Addr `json:"behindNAT,omitzero"`
 	// Nodes are the site's nodes.
 	Nodes []Node `json:"nodes"`
 }
@@ -505,6 +511,19 @@ func (s *Scenario) validate() error {
 		if err := claimAddr(site.Gateway, where+" gateway"); err != nil {
 			return err
 		}
+		if nat := site.BehindNAT; nat.IsValid() {
+			if !nat.Is4() {
+				return fmt.Errorf("%s: behindNAT %s: want IPv4", where, nat)
+			}
+			for _, other := range s.Sites {
+				if other.Subnet.Contains(nat) {
+					return fmt.Errorf("%s: behindNAT %s inside site %q's subnet %s (want a public address outside every site)", where, nat, other.Name, other.Subnet)
+				}
+			}
+			if err := claimAddr(nat, where+" behindNAT"); err != nil {
+				return err
+			}
+		}
 		if len(site.Spec) == 0 && site.Objects == "" {
 			return fmt.Errorf("%s: want spec or objects (the Site object)", where)
 		}
@@ -527,6 +546,9 @@ func (s *Scenario) validate() error {
 			}
 			if err := claimAddr(n.Address, "node "+n.Name); err != nil {
 				return fmt.Errorf("%s: %w", nwhere, err)
+			}
+			if ext := n.ExternalAddress; ext.IsValid() && site.BehindNAT.IsValid() {
+				return fmt.Errorf("%s: externalAddress %s in a site behind a NAT (behindNAT %s)", nwhere, ext, site.BehindNAT)
 			}
 			if ext := n.ExternalAddress; ext.IsValid() {
 				if !ext.Is4() {

@@ -29,7 +29,10 @@ the pods wired as Calico and Azure CNI wire them (proxy ARP on the host veth), t
 measures a single iperf3 TCP stream between two pods in every lab, round after round
 so drift spreads over all of them alike, and prints medians and ratios, and the
 min / median / max of the per-round ratios to VXLAN (the margin: how far one round
-fell, not only where the median sits; for isthmus also to plain routing). The labs are removed afterwards. Needs root and iperf3. See docs/benchmarks.md.
+fell, not only where the median sits; for isthmus also to plain routing). With
+--encryption also isthmus with its peerings encrypted and plain WireGuard routing
+between the sites (its baseline, the same WireGuard implementation). The labs are
+removed afterwards. Needs root and iperf3. See docs/benchmarks.md.
 
 With --snat it compares return-path source NAT instead: the seed000 scenario with
 isthmus (BPF SNAT translates the undeclared pod aks1-ext to aks-1's tunnel
@@ -81,6 +84,7 @@ closing connections for --duration) and one iperf3 stream, interleaved.`,
 	f.IntVar(&opts.Rounds, "rounds", opts.Rounds, "measurements per configuration, interleaved; medians and the spread of the per-round ratios are reported")
 	f.BoolVar(&opts.WithoutRules, "without-rules", opts.WithoutRules, "also measure every datapath with the CNI leftover rules removed")
 	f.BoolVar(&opts.ProxyARP, "proxy-arp", opts.ProxyARP, "also measure every datapath with no rules and the pods wired as Calico and Azure CNI wire them (the pod's gateway answered by proxy ARP on the host veth)")
+	f.BoolVar(&opts.Encryption, "encryption", opts.Encryption, "also measure isthmus with the scenario's peerings encrypted (GENEVE inside WireGuard) and plain WireGuard routing between the sites over the same WireGuard implementation, its baseline")
 	f.BoolVar(&withRules, "with-rules", withRules, "measure every datapath with the CNI leftover rules (and kube-proxy); false leaves that variant out")
 	f.StringVar((*string)(&opts.KubeProxy), "kube-proxy", string(opts.KubeProxy), `iptables or nftables: kube-proxy in that mode on every node of the labs with rules (needs the kube binaries, make kube-binaries); "" for none`)
 	f.StringVarP(&output, "output", "o", "table", "table or json")

@@ -58,14 +58,24 @@ const DefaultStateDir = "/var/lib/isthmus"
 // agent does on its first start. In file mode the operator (or the lab) puts it in
 // the Node's annotation isthmus.dev/wireguard-public-key; in Kubernetes mode the
 // agent publishes it itself.
+//
+// With --rotate it replaces the node's key pair first (the old private key kept
+// as wireguard.key.previous) and prints the new public key: the running agent
+// takes the new key within 5 s and publishes it (in file mode, put it in the
+// annotation).
 func newWireguardKeyCmd() *cobra.Command {
 	var dir string
+	var rotate bool
 	cmd := &cobra.Command{
-		Use:   "wireguard-key [--state-dir DIR]",
-		Short: "Print the node's WireGuard public key, creating the key pair if the node has none",
+		Use:   "wireguard-key [--state-dir DIR] [--rotate]",
+		Short: "Print the node's WireGuard public key, creating the key pair if the node has none; --rotate replaces it",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			key, err := wireguard.LoadOrCreateKey(dir)
+			load := wireguard.LoadOrCreateKey
+			if rotate {
+				load = wireguard.RotateKey
+			}
+			key, err := load(dir)
 			if err != nil {
 				return err
 			}
@@ -74,5 +84,6 @@ func newWireguardKeyCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&dir, "state-dir", DefaultStateDir, "the agent's --state-dir")
+	cmd.Flags().BoolVar(&rotate, "rotate", false, "replace the node's key pair (the running agent takes it within 5 s) and print the new public key")
 	return cmd
 }

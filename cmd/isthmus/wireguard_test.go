@@ -2,8 +2,14 @@ package main
 
 import (
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
+
+	"github.com/isthmus-dev/isthmus/loader/wireguard"
 )
 
 // TestWireguardUserspaceFlags checks the flags are checked before any device
@@ -24,5 +30,50 @@ func TestWireguardUserspaceFlags(t *testing.T) {
 		if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("wireguard-userspace %v: err = %v, want %q", tt.args, err, tt.want)
 		}
+	}
+}
+
+// TestWireguardKeyRotate: wireguard-key prints the same public key until
+// --rotate, which prints a new one and keeps the replaced private key as
+// wireguard.key.previous; --rotate on a node without a key fails.
+func TestWireguardKeyRotate(t *testing.T) {
+	dir := t.TempDir()
+	run := func(args ...string) (string, error) {
+		t.Helper()
+		cmd := newWireguardKeyCmd()
+		var out strings.Builder
+		cmd.SetArgs(append([]string{"--state-dir", dir}, args...))
+		cmd.SetOut(&out)
+		cmd.SetErr(io.Discard)
+		err := cmd.Execute()
+		return strings.TrimSpace(out.String()), err
+	}
+	if _, err := run("--rotate"); err == nil {
+		t.Fatal("--rotate without a key: no error")
+	}
+	first, err := run()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := run(); err != nil || again != first {
+		t.Fatalf("second read %q (%v), want %q", again, err, first)
+	}
+	rotated, err := run("--rotate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rotated == first || len(rotated) != 44 {
+		t.Fatalf("rotated key %q, first %q", rotated, first)
+	}
+	if now, err := run(); err != nil || now != rotated {
+		t.Errorf("after rotation %q (%v), want %q", now, err, rotated)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, wireguard.PreviousKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prev, err := wgtypes.ParseKey(strings.TrimSpace(string(b)))
+	if err != nil || prev.PublicKey().String() != first {
+		t.Errorf("previous key %v (%v): public %s, want %s", prev, err, prev.PublicKey(), first)
 	}
 }

@@ -512,6 +512,10 @@ func (a *Agent) Close() {
 		a.dp.Close()
 		a.dp = nil
 	}
+	if a.wg.keyWatch != nil {
+		a.wg.keyWatch.Close()
+		a.wg.keyWatch = nil
+	}
 	if a.wg.dev != nil {
 		// Only the handles: the device, its sessions and the userspace process
 		// outlive the agent.
@@ -584,6 +588,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.st.turned()
 		select {
 		case <-beat.C:
+			a.checkWireGuardKey()
+		case ev := <-a.keyEvents():
+			if a.isKeyFile(ev) {
+				a.checkWireGuardKey()
+			}
 		case <-ctx.Done():
 			a.log.Info("agent stopping; datapath stays in place")
 			return nil

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/fsnotify/fsnotify"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/isthmus-dev/isthmus/loader/datapath"
@@ -70,8 +71,11 @@ func (c *WireGuardConfig) defaults() {
 type wireGuardState struct {
 	key       wgtypes.Key
 	published bool
-	dev       *wireguard.Device // nil until the plan first had an encrypted peer
-	ifindex   int               // where wireguard_ingress is attached (0: nowhere)
+	// keyWatch reports changes in the state directory, so a rotated key is
+	// taken at once (the heartbeat checks too, should the watch fail).
+	keyWatch *fsnotify.Watcher
+	dev      *wireguard.Device // nil until the plan first had an encrypted peer
+	ifindex  int               // where wireguard_ingress is attached (0: nowhere)
 }
 
 // loadWireGuardKey reads the node's private key, creating it on the first start.
@@ -86,7 +90,71 @@ func (a *Agent) loadWireGuardKey() error {
 	a.wg.key = key
 	a.log.Info("WireGuard key loaded", "public_key", key.PublicKey().String(),
 		"file", filepath.Join(a.cfg.WireGuard.StateDir, wireguard.KeyFile))
+	w, err := fsnotify.NewWatcher()
+	if err == nil {
+		if err = w.Add(a.cfg.WireGuard.StateDir); err != nil {
+			w.Close()
+		}
+	}
+	if err != nil {
+		a.log.Warn("WireGuard key directory not watched: a rotated key is taken at the next heartbeat (5 s)", "err", err)
+		return nil
+	}
+	a.wg.keyWatch = w
+	go func() { // until Close closes the watch
+		for err := range w.Errors {
+			a.log.Warn("WireGuard key directory watch", "err", err)
+		}
+	}()
 	return nil
+}
+
+// isKeyFile reports whether ev is about the key file.
+func (a *Agent) isKeyFile(ev fsnotify.Event) bool {
+	return filepath.Base(ev.Name) == wireguard.KeyFile
+}
+
+// keyEvents returns the channel of the key directory's events (nil, which
+// never fires, without a watch).
+func (a *Agent) keyEvents() <-chan fsnotify.Event {
+	if a.wg.keyWatch == nil {
+		return nil
+	}
+	return a.wg.keyWatch.Events
+}
+
+// checkWireGuardKey takes up a key rotated on disk (`isthmus wireguard-key
+// --rotate` wrote a new wireguard.key): the device gets the new private key
+// first, then the public key is published. In that order the peers' handshakes
+// under the new key succeed as soon as they read it: a peer that learns a new key
+// replaces the WireGuard peer, whose persistent keepalive starts a handshake at
+// once, and the node's own packets wait in the device (up to its queue) until
+// then. Flows lose at most what one handshake takes. A key file that does not
+// load is logged and the key in use kept.
+func (a *Agent) checkWireGuardKey() {
+	if a.cfg.WireGuard.StateDir == "" || a.wg.key == (wgtypes.Key{}) {
+		return
+	}
+	key, err := wireguard.LoadKey(a.cfg.WireGuard.StateDir)
+	if err != nil {
+		a.reportChanged("wireguard-key", []string{err.Error()}, func(line string) {
+			a.log.Error("WireGuard key file unreadable; the key in use stays", "err", line)
+		})
+		return
+	}
+	a.reportChanged("wireguard-key", nil, nil)
+	if key == a.wg.key {
+		return
+	}
+	if a.wg.dev != nil {
+		if err := a.wg.dev.SetPrivateKey(key); err != nil {
+			a.log.Error("WireGuard key rotation: the device keeps the old key; retrying", "err", err)
+			return
+		}
+	}
+	a.log.Info("WireGuard key rotated", "public_key", key.PublicKey().String(), "previous", a.wg.key.PublicKey().String())
+	a.wg.key, a.wg.published = key, false
+	a.publishWireGuardKey()
 }
 
 // publishWireGuardKey publishes the public key once (Publish), logging a
@@ -135,6 +203,7 @@ func (a *Agent) ensureWireGuard() error {
 			return fmt.Errorf("WireGuard device: %w", err)
 		}
 		a.wg.dev = dev
+		a.cfg.Metrics.WireGuardDevice(string(dev.Kind()))
 		if dev.Kind() == wireguard.KindUserspace {
 			a.log.Warn("WireGuard runs in userspace: this kernel has no wireguard module (or --wireguard=userspace); it costs more CPU per packet than the kernel's",
 				"device", dev.Name(), "adopted", dev.Adopted())

@@ -95,7 +95,9 @@ func routesTable(tw *tabwriter.Writer, rs []Route) {
 }
 
 func peersTable(tw *tabwriter.Writer, ps []Peer) {
-	fmt.Fprintln(tw, "UNDERLAY\tFLAGS\tALLOWED SOURCES")
+	// A peer is keyed by its underlay address, an encrypted one by its
+	// tunnel address (the outer address of GENEVE inside WireGuard).
+	fmt.Fprintln(tw, "ADDRESS\tFLAGS\tALLOWED SOURCES")
 	for _, p := range ps {
 		srcs := make([]string, len(p.AllowedSources))
 		for i, s := range p.AllowedSources {

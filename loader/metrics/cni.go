@@ -37,13 +37,7 @@ func (c *CNI) Set(phase string, foreign []string) {
 	if c == nil {
 		return
 	}
-	for _, p := range CNIPhases {
-		v := 0.0
-		if p == phase {
-			v = 1
-		}
-		c.state.WithLabelValues(p).Set(v)
-	}
+	setOneOf(c.state, CNIPhases, phase)
 	c.foreign.Reset()
 	for _, f := range foreign {
 		c.foreign.WithLabelValues(f).Set(1)

@@ -3,6 +3,7 @@ package metrics
 import (
 	"errors"
 	"math"
+	"reflect"
 	"runtime"
 	"strings"
 	"testing"
@@ -285,4 +286,45 @@ func (g gaugeOnly) Collect(ch chan<- prometheus.Metric) {
 			ch <- m
 		}
 	}
+}
+
+// TestWireGuardDeviceKind: the gauge names the implementation in use, both
+// kinds exist from the start at 0, and a nil Sync records nothing.
+func TestWireGuardDeviceKind(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := NewSync(reg)
+	kinds := func() map[string]float64 {
+		t.Helper()
+		mf, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]float64{}
+		for _, f := range mf {
+			if f.GetName() != "isthmus_wireguard_device" {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "kind" {
+						out[l.GetValue()] = m.GetGauge().GetValue()
+					}
+				}
+			}
+		}
+		return out
+	}
+	if got, want := kinds(), map[string]float64{"kernel": 0, "userspace": 0}; !reflect.DeepEqual(got, want) {
+		t.Errorf("before a device: %v, want %v", got, want)
+	}
+	s.WireGuardDevice("userspace")
+	if got, want := kinds(), map[string]float64{"kernel": 0, "userspace": 1}; !reflect.DeepEqual(got, want) {
+		t.Errorf("userspace device: %v, want %v", got, want)
+	}
+	s.WireGuardDevice("kernel")
+	if got, want := kinds(), map[string]float64{"kernel": 1, "userspace": 0}; !reflect.DeepEqual(got, want) {
+		t.Errorf("kernel device: %v, want %v", got, want)
+	}
+	var nilSync *Sync
+	nilSync.WireGuardDevice("kernel")
 }

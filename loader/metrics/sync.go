@@ -14,7 +14,11 @@ type Sync struct {
 	syncs       *prometheus.CounterVec
 	lastSuccess prometheus.Gauge
 	rejected    *prometheus.GaugeVec
+	wireGuard   *prometheus.GaugeVec
 }
+
+// WireGuard implementations, the values of isthmus_wireguard_device's kind.
+var wireGuardKinds = []string{"kernel", "userspace"}
 
 // NewSync returns the sync metrics, registered with reg.
 func NewSync(reg prometheus.Registerer) *Sync {
@@ -49,11 +53,18 @@ func NewSync(reg prometheus.Registerer) *Sync {
 			Name: "isthmus_objects_rejected",
 			Help: "Objects set aside by validation at the last read, by kind (unnamed: a document that does not decode); the agent logs the reasons.",
 		}, []string{"kind"}),
+		wireGuard: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "isthmus_wireguard_device",
+			Help: "1 for the implementation of the node's WireGuard device (kind kernel, or userspace: wireguard-go, where the kernel has no wireguard module; it costs more CPU per packet), 0 for the other; both 0 while the node has no device.",
+		}, []string{"kind"}),
+	}
+	for _, k := range wireGuardKinds {
+		s.wireGuard.WithLabelValues(k)
 	}
 	// Both results exist from the start, so rate() sees the first error.
 	s.syncs.WithLabelValues("ok")
 	s.syncs.WithLabelValues("error")
-	reg.MustRegister(s.duration, s.eventToMaps, s.written, s.syncs, s.lastSuccess, s.rejected)
+	reg.MustRegister(s.duration, s.eventToMaps, s.written, s.syncs, s.lastSuccess, s.rejected, s.wireGuard)
 	return s
 }
 
@@ -94,5 +105,26 @@ func (s *Sync) Rejected(byKind map[string]int) {
 	}
 	for k, n := range byKind {
 		s.rejected.WithLabelValues(k).Set(float64(n))
+	}
+}
+
+// WireGuardDevice records the implementation of the node's WireGuard device:
+// "kernel" or "userspace"; "" for none.
+func (s *Sync) WireGuardDevice(kind string) {
+	if s == nil {
+		return
+	}
+	setOneOf(s.wireGuard, wireGuardKinds, kind)
+}
+
+// setOneOf sets g's series of label value on to 1 and those of the other values
+// to 0: a state gauge, one series per possible state.
+func setOneOf(g *prometheus.GaugeVec, values []string, on string) {
+	for _, v := range values {
+		x := 0.0
+		if v == on {
+			x = 1
+		}
+		g.WithLabelValues(v).Set(x)
 	}
 }

@@ -110,6 +110,17 @@ func (l *loader) validateGateways(siteNames map[string]bool, nodeSite map[string
 		}
 		types[p.obj.Name] = p.obj.Spec.Type
 	}
+	// A pool all of whose assignments encrypt may have gateways without an
+	// ExternalIP: behind a NAT, reached by the WireGuard endpoint their own
+	// packets show (docs/gateways.md, "Gateways behind NAT").
+	encryptedOnly := make(map[string]bool)
+	for _, a := range l.assigns {
+		for _, name := range a.obj.Spec.GatewayPools {
+			if prev, seen := encryptedOnly[name]; !seen || prev {
+				encryptedOnly[name] = a.obj.Spec.Encrypts()
+			}
+		}
+	}
 	// Each selector against the nodes once: which sites each pool has a
 	// gateway in, for the assignments.
 	poolSites := make(map[string]map[string]bool)
@@ -124,8 +135,8 @@ func (l *loader) validateGateways(siteNames map[string]bool, nodeSite map[string
 		for _, i := range byKey.selected(sel) {
 			n := l.nodes[i]
 			sites[nodeSite[n.label]] = true
-			if _, ok := ExternalIP(n.obj); !ok && p.obj.Spec.Type == v1alpha1.GatewayPoolExternal {
-				l.errorf(p.file, p.label, "spec.nodeSelector", "selects %s, which has no ExternalIP: the gateways of an External pool are reached by their ExternalIP", inFile(n.label, n.file))
+			if _, ok := ExternalIP(n.obj); !ok && p.obj.Spec.Type == v1alpha1.GatewayPoolExternal && !encryptedOnly[p.obj.Name] {
+				l.errorf(p.file, p.label, "spec.nodeSelector", "selects %s, which has no ExternalIP: the gateways of an External pool are reached by their ExternalIP (a gateway behind a NAT without one needs every assignment of the pool encrypted: WireGuard learns its endpoint)", inFile(n.label, n.file))
 			}
 		}
 	}

@@ -96,7 +96,16 @@ func TestLoadGatewayErrors(t *testing.T) {
 			files: map[string][]byte{"s.yaml": gatewaySites, "g.yaml": docs(
 				pool("ext", "External", "{matchLabels: {gw: yes}}", ""),
 			)},
-			want: []string{`g.yaml: GatewayPool "ext": spec.nodeSelector: selects Node "b1" in s.yaml, which has no ExternalIP: the gateways of an External pool are reached by their ExternalIP`},
+			want: []string{`g.yaml: GatewayPool "ext": spec.nodeSelector: selects Node "b1" in s.yaml, which has no ExternalIP: the gateways of an External pool are reached by their ExternalIP (a gateway behind a NAT without one needs every assignment of the pool encrypted: WireGuard learns its endpoint)`},
+		},
+		{
+			name: "External pool gateway without ExternalIP, one assignment in the clear",
+			files: map[string][]byte{"s.yaml": gatewaySites, "g.yaml": docs(
+				pool("ext", "External", "{matchLabels: {gw: yes}}", ""),
+				assignment("ab", "a, b", "ext")+"  encryption: WireGuard\n",
+				assignment("ba", "b, a", "ext"),
+			)},
+			want: []string{`g.yaml: GatewayPool "ext": spec.nodeSelector: selects Node "b1" in s.yaml, which has no ExternalIP: the gateways of an External pool are reached by their ExternalIP (a gateway behind a NAT without one needs every assignment of the pool encrypted: WireGuard learns its endpoint)`},
 		},
 		{
 			name: "assignment names",
@@ -245,5 +254,18 @@ func TestLoadGateways(t *testing.T) {
 	}
 	if set.GatewayPool("nope") != nil {
 		t.Errorf("GatewayPool of a missing name returned a pool")
+	}
+}
+
+// TestGatewayBehindNATAllowed: an External pool may hold a gateway without an
+// ExternalIP (one behind a NAT) while every assignment of the pool encrypts:
+// WireGuard learns its endpoint (TestLoadGatewayErrors has the refusals).
+func TestGatewayBehindNATAllowed(t *testing.T) {
+	_, _, err := Load(map[string][]byte{"s.yaml": gatewaySites, "g.yaml": docs(
+		pool("ext", "External", "{matchLabels: {gw: yes}}", ""),
+		assignment("ab", "a, b", "ext")+"  encryption: WireGuard\n",
+	)})
+	if err != nil {
+		t.Fatalf("Load: %v", err)
 	}
 }

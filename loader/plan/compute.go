@@ -369,6 +369,9 @@ func (p *NodePlan) correctRoutes(extra []netip.Addr) {
 	for _, pr := range p.Peers {
 		endpoints = append(endpoints, pr.Underlay)
 	}
+	// A gateway behind a NAT has no address to be reached at (its WireGuard
+	// endpoint is learnt): nothing to cut.
+	endpoints = slices.DeleteFunc(endpoints, func(a netip.Addr) bool { return !a.IsValid() })
 	slices.SortFunc(endpoints, netip.Addr.Compare)
 	endpoints = slices.Compact(endpoints)
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/isthmus-dev/isthmus/api/v1alpha1"
+	"github.com/isthmus-dev/isthmus/loader/objects"
 )
 
 // wgKey is a valid public key for tests: 32 bytes of b in base64.
@@ -227,4 +228,153 @@ func TestEncryptionSymmetric(t *testing.T) {
 		t.Fatalf("only %d encrypted peer entries in 300 fleets: the property was hardly tested", pairs)
 	}
 	t.Logf("%d encrypted peer entries checked", pairs)
+}
+
+// TestEncryptedGatewayBehindNAT: a gateway of an External pool without an
+// ExternalIP (behind a NAT; every assignment of the pool encrypted) is a peer of
+// the remote gateways with no underlay address, known by its tunnel address, with
+// nothing cut from the routes for it; it reaches the remote gateway at its
+// ExternalIP.
+func TestEncryptedGatewayBehindNAT(t *testing.T) {
+	ext := func(doc, ip string) string {
+		return strings.Replace(doc, "    - {type: InternalIP", fmt.Sprintf("    - {type: ExternalIP, address: %q}\n    - {type: InternalIP", ip), 1)
+	}
+	set := load(t,
+		site("cloud", "10.0.0.0/24", "10.100.0.0/16", ""),
+		site("edge", "192.168.50.0/24", "10.101.0.0/16", ""),
+		pool("public", "External", "gw", ""),
+		assignmentDoc("ce", "cloud, edge", "public", "  encryption: WireGuard\n"),
+		withKey(ext(gw("cl-gw", "10.0.0.10", "10.100.1.0/24", "gw"), "198.51.100.30"), "cl-gw", wgKey('c')),
+		withKey(gw("ed-gw", "192.168.50.10", "10.101.1.0/24", "gw"), "ed-gw", wgKey('e')),
+	)
+	cloud, err := Compute(set, "cl-gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	edge, err := Compute(set, "ed-gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cloud.Peers) != 1 || cloud.Peers[0].Underlay.IsValid() || !cloud.Peers[0].Encrypted || cloud.Peers[0].Via() != netip.MustParseAddr("10.101.1.1") {
+		t.Errorf("cloud gateway's peers %+v, want ed-gw encrypted without an underlay address", cloud.Peers)
+	}
+	if len(edge.Peers) != 1 || edge.Peers[0].Underlay != netip.MustParseAddr("198.51.100.30") || !edge.Peers[0].Encrypted {
+		t.Errorf("edge gateway's peers %+v, want cl-gw encrypted at its ExternalIP", edge.Peers)
+	}
+	for _, r := range cloud.Routes {
+		if r.Prefix.Contains(netip.MustParseAddr("10.101.1.5")) && (r.Underlay || (r.Via != netip.MustParseAddr("10.101.1.1") && len(r.Group) == 0)) {
+			t.Errorf("cloud route %+v for the edge's pods", r)
+		}
+	}
+}
+
+// natSites writes three sites joined by one encrypted assignment of an
+// External pool: cloud, whose gateway cl-gw has an ExternalIP, and the edges
+// ea and eb, each behind its own NAT (gateways without one), each with a
+// member. sites lists the assignment's sites.
+func natSites(t *testing.T, sites string) *objects.Set {
+	t.Helper()
+	ext := func(doc, ip string) string {
+		return strings.Replace(doc, "    - {type: InternalIP", fmt.Sprintf("    - {type: ExternalIP, address: %q}\n    - {type: InternalIP", ip), 1)
+	}
+	return load(t,
+		site("cloud", "10.0.0.0/24", "10.100.0.0/16", ""),
+		site("ea", "192.168.50.0/24", "10.101.0.0/16", ""),
+		site("eb", "192.168.60.0/24", "10.102.0.0/16", ""),
+		pool("public", "External", "gw", ""),
+		assignmentDoc("edges", sites, "public", "  encryption: WireGuard\n"),
+		withKey(ext(gw("cl-gw", "10.0.0.10", "10.100.1.0/24", "gw"), "198.51.100.30"), "cl-gw", wgKey('c')),
+		withKey(node("cl-1", "10.0.0.11", "10.100.2.0/24"), "cl-1", wgKey('d')),
+		withKey(gw("ea-gw", "192.168.50.10", "10.101.1.0/24", "gw"), "ea-gw", wgKey('e')),
+		withKey(node("ea-1", "192.168.50.11", "10.101.2.0/24"), "ea-1", wgKey('f')),
+		withKey(gw("eb-gw", "192.168.60.10", "10.102.1.0/24", "gw"), "eb-gw", wgKey('g')),
+		withKey(node("eb-1", "192.168.60.11", "10.102.2.0/24"), "eb-1", wgKey('h')),
+	)
+}
+
+// TestGatewaysBehindTwoNATsRelay: two edge sites behind NATs, joined by one
+// encrypted assignment with a reachable cloud site, reach each other through
+// the cloud gateway: each edge gateway routes the other edge's prefixes (its
+// gateway's own too) to cl-gw and accepts them from it, and has no peer in
+// the other edge; cl-gw has both edge gateways as peers, without addresses.
+// The packet model walks every pod pair and its reply through the plans, and
+// checks that no tunnel joins two ends without an address for each other.
+func TestGatewaysBehindTwoNATsRelay(t *testing.T) {
+	set := natSites(t, "cloud, ea, eb")
+	plans := map[string]*NodePlan{}
+	for _, n := range []string{"cl-gw", "ea-gw", "eb-gw"} {
+		p, err := Compute(set, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plans[n] = p
+	}
+	for _, tc := range []struct{ at, other, otherPod string }{
+		{"ea-gw", "eb-gw", "10.102.1.5"},
+		{"ea-gw", "eb-gw", "10.102.2.5"},
+		{"eb-gw", "ea-gw", "10.101.1.5"},
+		{"eb-gw", "ea-gw", "10.101.2.5"},
+	} {
+		p := plans[tc.at]
+		if slices.ContainsFunc(p.Peers, func(pr Peer) bool { return pr.Name == tc.other }) {
+			t.Errorf("%s has %s as a peer: neither has an address for the other", tc.at, tc.other)
+		}
+		r, ok := lookup(p, netip.MustParseAddr(tc.otherPod), true)
+		if !ok || r.TransitOnly || !slices.Equal(nextHops(r), []string{"cl-gw"}) {
+			t.Errorf("%s routes %s by %+v (found %v), want to the group {cl-gw}", tc.at, tc.otherPod, r, ok)
+		}
+		i := slices.IndexFunc(p.Peers, func(pr Peer) bool { return pr.Name == "cl-gw" })
+		if i < 0 || !inPrefixes(p.Peers[i].AllowedSources, netip.MustParseAddr(tc.otherPod)) || !p.Peers[i].Encrypted {
+			t.Errorf("%s does not accept %s from cl-gw, encrypted", tc.at, tc.otherPod)
+		}
+	}
+	for _, edge := range []string{"ea-gw", "eb-gw"} {
+		i := slices.IndexFunc(plans["cl-gw"].Peers, func(pr Peer) bool { return pr.Name == edge })
+		if i < 0 || plans["cl-gw"].Peers[i].Underlay.IsValid() || !plans["cl-gw"].Peers[i].Encrypted {
+			t.Errorf("cl-gw's peer %s: want encrypted without an underlay address; peers %+v", edge, plans["cl-gw"].Peers)
+		}
+	}
+
+	m, errs := newModel(set, unmanagedPods{})
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	n, fails := m.check()
+	for _, pf := range fails {
+		if pf.a.kind == epHost && pf.b.kind == epHost {
+			continue // the model's underlay reaches every InternalIP; the NATs do not
+		}
+		t.Errorf("%s", pf)
+	}
+	t.Logf("%d pairs walked both ways", n)
+}
+
+// TestGatewaysBehindTwoNATsNoRelay: without a reachable third site in the
+// assignment, the two edges are left unjoined with a warning, and the model
+// finds their pods' pairs broken (it tells a relay from none).
+func TestGatewaysBehindTwoNATsNoRelay(t *testing.T) {
+	set := natSites(t, "ea, eb")
+	p, err := Compute(set, "ea-gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(p.Warnings, func(w string) bool { return strings.Contains(w, "both behind NATs") }) {
+		t.Errorf("no warning about the unjoinable edges: %q", p.Warnings)
+	}
+	if _, ok := lookup(p, netip.MustParseAddr("10.102.2.5"), true); ok {
+		t.Error("ea-gw routes eb's pods with no way to reach them")
+	}
+	m, errs := newModel(set, unmanagedPods{})
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	broken := 0
+	for _, pf := range func() []pairFailure { _, f := m.check(); return f }() {
+		if pf.a.kind == epPod && pf.b.kind == epPod {
+			broken++
+		}
+	}
+	if broken == 0 {
+		t.Error("the model finds every pod pair across the two NATs working")
+	}
 }

@@ -102,6 +102,41 @@ func (a *assignment) has(site, node string) (gateway, bool) {
 	return gateway{}, false
 }
 
+// unreachable reports whether site has gateways in a and none of them has an
+// address the other sites can reach: gateways behind a NAT, without an
+// ExternalIP (allowed where every assignment of their pool is encrypted).
+func (a *assignment) unreachable(site string) bool {
+	gws := a.gateways[site]
+	return len(gws) > 0 && !slices.ContainsFunc(gws, func(g gateway) bool { return g.addr.IsValid() })
+}
+
+// relays returns the gateways that carry traffic between sites s and t of a
+// when neither can reach the other (both unreachable: two sites behind NATs,
+// neither with an inbound path): the gateways with an address of the first
+// other site of a, in spec.sites order, that has any. Both sides compute the
+// same, so a flow and its answer take the same site's gateways. Nil when no
+// site of a has a reachable gateway.
+func (a *assignment) relays(s, t string) []gateway {
+	if !a.unreachable(s) || !a.unreachable(t) {
+		return nil
+	}
+	for _, r := range a.obj.Spec.Sites {
+		if r == s || r == t {
+			continue
+		}
+		var out []gateway
+		for _, g := range a.gateways[r] {
+			if g.addr.IsValid() {
+				out = append(out, g)
+			}
+		}
+		if len(out) > 0 {
+			return out
+		}
+	}
+	return nil
+}
+
 // sitePrefix is one prefix of a site, as an assignment routes it.
 type sitePrefix struct {
 	prefix netip.Prefix
@@ -381,12 +416,25 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 				}
 			}
 			if isGateway {
-
 				// Remote gateways are peers, reached at their pool's address;
 				// each one's own prefixes go straight to it (its health probe
 				// must test that gateway), the rest of the site to the group.
+				// Where neither site's gateways can be reached (both behind
+				// NATs), the gateways of a reachable third site of the
+				// assignment relay: all of t goes to them, and they forward
+				// (transit keeps the sources, both legs encrypted).
+				remote := a.gateways[tName]
+				relayed := a.unreachable(site.Name) && a.unreachable(tName)
+				if relayed {
+					remote = a.relays(site.Name, tName)
+					if len(remote) == 0 {
+						p.warnf("Sites %q and %q of SiteGatewayPoolAssignment %q are both behind NATs (their gateways have no ExternalIP), and no other site of it has a gateway with an address to relay between them: they do not reach each other",
+							site.Name, tName, a.obj.Name)
+						continue
+					}
+				}
 				var members []string
-				for _, g := range a.gateways[tName] {
+				for _, g := range remote {
 					c := peers[g.node.Name]
 					if c == nil {
 						c = &candidate{node: g.node, underlay: g.addr}
@@ -410,7 +458,12 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 				if underlay {
 					gp.nodeRoutes = append(gp.nodeRoutes, nodeRoutes(set, tName, members)...)
 				} else {
-					for _, g := range a.gateways[tName] {
+					if relayed {
+						// The relays are peers for their own site, which
+						// adds their addresses; t's gateways are none.
+						remote = nil
+					}
+					for _, g := range remote {
 						gp.overlayPeers = append(gp.overlayPeers, g.node.Name)
 						if ip, ok := objects.InternalIP(g.node); ok {
 							gp.endpoints = append(gp.endpoints, ip)

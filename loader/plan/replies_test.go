@@ -398,6 +398,14 @@ func (w *walker) decap(at, from string, p packet, st walkState) []arrival {
 	if i < 0 {
 		return st.fail("%s has no peer %s", at, from)
 	}
+	// A tunnel opens when one end has an address for the other: a gateway
+	// behind a NAT (no Underlay) is reached at the endpoint WireGuard learns
+	// from its own packets, so two such gateways never meet.
+	if fp := w.f.plans[from]; fp != nil && !np.Peers[i].Underlay.IsValid() {
+		if j := slices.IndexFunc(fp.Peers, func(pr Peer) bool { return pr.Name == at }); j >= 0 && !fp.Peers[j].Underlay.IsValid() {
+			return st.fail("%s and %s have no address for each other (both behind NATs): no tunnel between them", from, at)
+		}
+	}
 	if !inPrefixes(np.Peers[i].AllowedSources, p.src) {
 		return st.fail("%s does not accept source %s from %s", at, p.src, from)
 	}

@@ -96,7 +96,10 @@ type Peer struct {
 	Name string `json:"name"`
 	Site string `json:"site"`
 	// Underlay is the peer's tunnel endpoint (its InternalIP in mesh mode).
-	Underlay netip.Addr `json:"underlay"`
+	// Invalid for a gateway of an External pool that has no ExternalIP (one
+	// behind a NAT, allowed where every assignment of the pool is encrypted):
+	// the WireGuard device learns its endpoint from its packets.
+	Underlay netip.Addr `json:"underlay,omitzero"`
 	// TunnelAddr is the peer's tunnel address (zero if it has none); it is routed
 	// to the peer and allowed as a source from it.
 	TunnelAddr netip.Addr `json:"tunnelAddr,omitzero"`

@@ -321,6 +321,17 @@ func (d *Device) create(cfg Config, log *slog.Logger) error {
 	return nil
 }
 
+// SetPrivateKey replaces the device's private key (a rotation). The device
+// expires its sessions: each peer's next packet starts a handshake under the
+// new key, which succeeds once the peer knows the new public key.
+func (d *Device) SetPrivateKey(k wgtypes.Key) error {
+	if err := d.wg.ConfigureDevice(d.name, wgtypes.Config{PrivateKey: &k}); err != nil {
+		return fmt.Errorf("set the private key of wireguard device %s: %w", d.name, err)
+	}
+	d.publicKey = k.PublicKey()
+	return nil
+}
+
 // configure writes what differs of key and port, sets the MTU and brings the
 // link up.
 func (d *Device) configure(cfg Config, log *slog.Logger) error {

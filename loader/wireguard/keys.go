@@ -57,6 +57,12 @@ func LoadOrCreateKey(dir string) (wgtypes.Key, error) {
 	return k, nil
 }
 
+// LoadKey returns the private key in dir/wireguard.key, as LoadOrCreateKey
+// would load it, without creating one.
+func LoadKey(dir string) (wgtypes.Key, error) {
+	return readKey(filepath.Join(dir, KeyFile))
+}
+
 // RotateKey replaces the private key in dir with a new one and keeps the one it
 // replaces as dir/wireguard.key.previous (0600); it returns the new key. Both
 // files are replaced atomically, previous first: a crash in between leaves the

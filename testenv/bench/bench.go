@@ -50,6 +50,11 @@ type Options struct {
 	// SkipRules leaves out the variant with the scenario's rules (and kube-proxy),
 	// which every run measures otherwise.
 	SkipRules bool
+	// Encryption adds, to each variant, isthmus with the scenario's peerings
+	// encrypted (GENEVE inside WireGuard) and plain WireGuard routing between
+	// the sites over the same WireGuard implementation
+	// (testenv.DatapathWireGuard), its baseline.
+	Encryption bool
 	// KubeProxy, when set, runs a real kube-proxy in that mode on every node of
 	// the labs with rules, next to the CNI leftovers: each such lab gets its own
 	// kube-apiserver (Kubernetes mode, testenv.SourceKube) and a NodePort Service
@@ -69,6 +74,31 @@ type Config struct {
 	// Wiring is how the pods are wired to their nodes: the scenario's own, or
 	// testenv.PodWiringProxyARP (with no rules).
 	Wiring testenv.PodWiring `json:"wiring,omitempty"`
+	// Encrypted is isthmus with the scenario's peerings encrypted (WireGuard).
+	Encrypted bool `json:"encrypted,omitempty"`
+}
+
+// Name names the datapath of c: isthmus+wireguard for encrypted isthmus.
+func (c Config) Name() string {
+	if c.Encrypted {
+		return string(c.Datapath) + "+wireguard"
+	}
+	return string(c.Datapath)
+}
+
+// baselines are the configurations c is compared with, of the same variant:
+// kernel VXLAN for all but itself; for isthmus plain routing, and for
+// encrypted isthmus plain WireGuard routing instead.
+func (c Config) baselines() []Config {
+	switch {
+	case c.Datapath == testenv.DatapathVXLAN:
+		return nil
+	case c.Encrypted:
+		return []Config{c.on(testenv.DatapathVXLAN), c.on(testenv.DatapathWireGuard)}
+	case c.Datapath == testenv.DatapathIsthmus:
+		return []Config{c.on(testenv.DatapathVXLAN), c.on(testenv.DatapathPlain)}
+	}
+	return []Config{c.on(testenv.DatapathVXLAN)}
 }
 
 func (c Config) String() string {
@@ -79,13 +109,13 @@ func (c Config) String() string {
 	if c.Wiring == testenv.PodWiringProxyARP {
 		rules += ", proxy-ARP pods"
 	}
-	return string(c.Datapath) + " (" + rules + ")"
+	return c.Name() + " (" + rules + ")"
 }
 
 // on returns the configuration of the same variant (rules, wiring) on datapath
 // dp: what c is compared with.
 func (c Config) on(dp testenv.Datapath) Config {
-	c.Datapath = dp
+	c.Datapath, c.Encrypted = dp, false
 	return c
 }
 
@@ -236,19 +266,13 @@ func Gbps(s Sample) float64 { return s.Gbps }
 func TPS(s Sample) float64  { return s.TPS }
 
 // Margins returns, for every datapath but VXLAN, the min, median and max of its
-// per-round stream and TPS ratios to VXLAN of the same variant, and for isthmus
-// also to plain routing of the same variant.
+// per-round stream and TPS ratios to each of its baselines (VXLAN of the same
+// variant; for isthmus also plain routing, for encrypted isthmus plain
+// WireGuard routing instead).
 func (r *Report) Margins() []Margin {
 	var ms []Margin
 	for _, res := range r.Results {
-		against := []Config{res.Config.on(testenv.DatapathVXLAN)}
-		switch res.Config.Datapath {
-		case testenv.DatapathVXLAN:
-			continue
-		case testenv.DatapathIsthmus:
-			against = append(against, res.Config.on(testenv.DatapathPlain))
-		}
-		for _, base := range against {
+		for _, base := range res.Config.baselines() {
 			for _, m := range []struct {
 				name string
 				f    func(Sample) float64
@@ -289,7 +313,7 @@ func (r *Report) String() string {
 		}
 	}
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "DATAPATH\tRULES\tMEDIAN Gbit/s\tSAMPLES\tRETRANSMITS\tvs VXLAN\tvs PLAIN\tRR µs\tRR TPS\tTPS vs VXLAN")
+	fmt.Fprintln(w, "DATAPATH\tRULES\tMEDIAN Gbit/s\tSAMPLES\tRETRANSMITS\tvs VXLAN\tvs PLAIN\tvs WIREGUARD\tRR µs\tRR TPS\tTPS vs VXLAN\tRR µs vs WIREGUARD")
 	for _, res := range r.Results {
 		var samples, retr []string
 		for _, s := range res.Samples {
@@ -302,31 +326,34 @@ func (r *Report) String() string {
 		if v, ok := r.Result(vx); ok && v.MedianTPS() > 0 {
 			tpsRatio = res.MedianTPS() / v.MedianTPS()
 		}
-		fmt.Fprintf(w, "%s\t%s\t%.2f\t%s\t%s\t%.2fx\t%.2fx\t%.1f\t%.0f\t%.2fx\n", res.Config.Datapath, rules, res.Median(),
+		// Encrypted isthmus is compared with plain WireGuard routing, the
+		// rest with plain routing.
+		vsPlain, vsWG, rttWG := fmt.Sprintf("%.2fx", r.Ratio(res.Config, res.Config.on(testenv.DatapathPlain))), "-", "-"
+		if res.Config.Encrypted {
+			base := res.Config.on(testenv.DatapathWireGuard)
+			vsPlain, vsWG = "-", fmt.Sprintf("%.2fx", r.Ratio(res.Config, base))
+			if b, ok := r.Result(base); ok && b.MedianRTT() > 0 {
+				rttWG = fmt.Sprintf("%.2fx", res.MedianRTT()/b.MedianRTT())
+			}
+		}
+		fmt.Fprintf(w, "%s\t%s\t%.2f\t%s\t%s\t%.2fx\t%s\t%s\t%.1f\t%.0f\t%.2fx\t%s\n", res.Config.Name(), rules, res.Median(),
 			strings.Join(samples, " "), strings.Join(retr, " "),
-			r.Ratio(res.Config, vx), r.Ratio(res.Config, res.Config.on(testenv.DatapathPlain)),
-			res.MedianRTT(), res.MedianTPS(), tpsRatio)
+			r.Ratio(res.Config, vx), vsPlain, vsWG,
+			res.MedianRTT(), res.MedianTPS(), tpsRatio, rttWG)
 	}
 	w.Flush()
 	fmt.Fprintf(&b, "\nround by round (each round measures every datapath once, in turn): min / median / max of the %d per-round ratios\n\n", r.Rounds)
 	w = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "DATAPATH\tRULES\tAGAINST\tSTREAM min/median/max\tTPS min/median/max")
 	for _, res := range r.Results {
-		if res.Config.Datapath == testenv.DatapathVXLAN {
-			continue
-		}
-		against := []testenv.Datapath{testenv.DatapathVXLAN}
-		if res.Config.Datapath == testenv.DatapathIsthmus {
-			against = append(against, testenv.DatapathPlain)
-		}
-		for _, dp := range against {
+		for _, base := range res.Config.baselines() {
 			cells := []string{"-", "-"}
 			for i, metric := range []string{"stream", "tps"} {
-				if m, ok := r.margin(res.Config, res.Config.on(dp), metric); ok {
+				if m, ok := r.margin(res.Config, base, metric); ok {
 					cells[i] = fmt.Sprintf("%.2fx / %.2fx / %.2fx", m.Min, m.Median, m.Max)
 				}
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", res.Config.Datapath, res.Config.variant(leftovers), dp, cells[0], cells[1])
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", res.Config.Name(), res.Config.variant(leftovers), base.Name(), cells[0], cells[1])
 		}
 	}
 	w.Flush()
@@ -343,7 +370,10 @@ func (r *Report) JSON() ([]byte, error) {
 
 // labName names the lab of a configuration: short, [a-z0-9], no dash.
 func labName(c Config) string {
-	n := map[testenv.Datapath]string{testenv.DatapathIsthmus: "bisth", testenv.DatapathVXLAN: "bvxlan", testenv.DatapathPlain: "bplain"}[c.Datapath]
+	n := map[testenv.Datapath]string{testenv.DatapathIsthmus: "bisth", testenv.DatapathVXLAN: "bvxlan", testenv.DatapathPlain: "bplain", testenv.DatapathWireGuard: "bwg"}[c.Datapath]
+	if c.Encrypted {
+		n += "wg"
+	}
 	switch {
 	case c.Wiring == testenv.PodWiringProxyARP:
 		n += "pa"
@@ -368,6 +398,11 @@ func Configs(opts Options) []Config {
 	for _, v := range variants {
 		for _, dp := range []testenv.Datapath{testenv.DatapathIsthmus, testenv.DatapathVXLAN, testenv.DatapathPlain} {
 			cs = append(cs, v.on(dp))
+		}
+		if opts.Encryption {
+			enc := v.on(testenv.DatapathIsthmus)
+			enc.Encrypted = true
+			cs = append(cs, enc, v.on(testenv.DatapathWireGuard))
 		}
 	}
 	return cs
@@ -424,6 +459,9 @@ func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 		if c.Wiring != "" {
 			sc.PodWiring = c.Wiring
 		}
+		if err := encryptionOf(sc, c); err != nil {
+			return nil, fmt.Errorf("bench: %s: %w", c, err)
+		}
 		name := labName(c)
 		// A lab left by an interrupted earlier run would block Up.
 		_ = testenv.Down(name, testenv.DownOptions{Binary: opts.Binary})
@@ -462,6 +500,37 @@ func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 		}
 	}
 	return rep, nil
+}
+
+// encryptionOf prepares sc for c: encrypted isthmus encrypts every peering
+// (the pods' MTU follows from the objects); plain WireGuard routing gives the
+// pods without an MTU of their own the underlay MTU less WireGuard's 60 bytes,
+// its device's.
+func encryptionOf(sc *testenv.Scenario, c Config) error {
+	switch {
+	case c.Encrypted:
+		if len(sc.Peerings) == 0 {
+			return fmt.Errorf("scenario %s has no peering to encrypt", sc.Name)
+		}
+		for i := range sc.Peerings {
+			sc.Peerings[i].Encryption = "WireGuard"
+		}
+	case c.Datapath == testenv.DatapathWireGuard:
+		mtu := sc.Underlay.MTU
+		if mtu == 0 {
+			mtu = 1500
+		}
+		for si := range sc.Sites {
+			for ni := range sc.Sites[si].Nodes {
+				for pi := range sc.Sites[si].Nodes[ni].Pods {
+					if p := &sc.Sites[si].Nodes[ni].Pods[pi]; p.MTU == 0 {
+						p.MTU = mtu - testenv.WireGuardOverhead
+					}
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // startKubeProxy creates a NodePort Service for every pod of the lab and runs

@@ -71,7 +71,7 @@ func TestProxyARPRows(t *testing.T) {
 	}}
 	table := rep.String()
 	for _, row := range []string{
-		"isthmus   none, proxy-ARP pods  9.00           9.00     0            0.90x     0.75x     0.0    300     1.50x",
+		"isthmus   none, proxy-ARP pods  9.00           9.00     0            0.90x     0.75x     -             0.0    300     1.50x         -",
 		"isthmus   none, proxy-ARP pods  vxlan    0.90x / 0.90x / 0.90x  1.50x / 1.50x / 1.50x",
 		"isthmus   none, proxy-ARP pods  plain    0.75x / 0.75x / 0.75x  0.75x / 0.75x / 0.75x",
 	} {
@@ -143,16 +143,17 @@ func TestMargins(t *testing.T) {
 
 func TestConfigsAndLabNames(t *testing.T) {
 	pa := testenv.PodWiringProxyARP
-	got := Configs(Options{WithoutRules: true, ProxyARP: true})
+	got := Configs(Options{WithoutRules: true, ProxyARP: true, Encryption: true})
+	isth, vx, plain, wg := testenv.DatapathIsthmus, testenv.DatapathVXLAN, testenv.DatapathPlain, testenv.DatapathWireGuard
 	want := []Config{
-		{testenv.DatapathIsthmus, true, ""}, {testenv.DatapathVXLAN, true, ""}, {testenv.DatapathPlain, true, ""},
-		{testenv.DatapathIsthmus, false, ""}, {testenv.DatapathVXLAN, false, ""}, {testenv.DatapathPlain, false, ""},
-		{testenv.DatapathIsthmus, false, pa}, {testenv.DatapathVXLAN, false, pa}, {testenv.DatapathPlain, false, pa},
+		{isth, true, "", false}, {vx, true, "", false}, {plain, true, "", false}, {isth, true, "", true}, {wg, true, "", false},
+		{isth, false, "", false}, {vx, false, "", false}, {plain, false, "", false}, {isth, false, "", true}, {wg, false, "", false},
+		{isth, false, pa, false}, {vx, false, pa, false}, {plain, false, pa, false}, {isth, false, pa, true}, {wg, false, pa, false},
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("Configs (-want +got):\n%s", d)
 	}
-	if d := cmp.Diff(want[6:], Configs(Options{SkipRules: true, ProxyARP: true})); d != "" {
+	if d := cmp.Diff([]Config{want[10], want[11], want[12]}, Configs(Options{SkipRules: true, ProxyARP: true})); d != "" {
 		t.Errorf("Configs of the proxy-ARP variant alone (-want +got):\n%s", d)
 	}
 	if got := Configs(Options{SkipRules: true}); len(got) != 0 {
@@ -168,6 +169,69 @@ func TestConfigsAndLabNames(t *testing.T) {
 			t.Errorf("labName(%v) = %q twice", c, n)
 		}
 		seen[n] = true
+	}
+}
+
+// TestEncryptionRows: encrypted isthmus is compared with plain WireGuard
+// routing of the same variant (throughput, and request/response latency) and
+// with VXLAN, never with plain routing; plain WireGuard routing with VXLAN only.
+func TestEncryptionRows(t *testing.T) {
+	enc := Config{Datapath: testenv.DatapathIsthmus, Rules: true, Encrypted: true}
+	wg := Config{Datapath: testenv.DatapathWireGuard, Rules: true}
+	rep := &Report{Rounds: 1, Results: []Result{
+		{Config: Config{Datapath: testenv.DatapathVXLAN, Rules: true}, Samples: []Sample{{Gbps: 10, TPS: 100, RTTMicros: 50}}},
+		{Config: Config{Datapath: testenv.DatapathPlain, Rules: true}, Samples: []Sample{{Gbps: 20, TPS: 100, RTTMicros: 40}}},
+		{Config: enc, Samples: []Sample{{Gbps: 1.8, TPS: 90, RTTMicros: 110}}},
+		{Config: wg, Samples: []Sample{{Gbps: 2, TPS: 100, RTTMicros: 100}}},
+	}}
+	table := rep.String()
+	for _, row := range []string{
+		"isthmus+wireguard  CNI leftovers  1.80           1.80     0            0.18x     -         0.90x         110.0  90      0.90x         1.10x",
+		"wireguard          CNI leftovers  2.00           2.00     0            0.20x     0.10x     -             100.0  100     1.00x         -",
+		"isthmus+wireguard  CNI leftovers  wireguard  0.90x / 0.90x / 0.90x  0.90x / 0.90x / 0.90x",
+	} {
+		if !strings.Contains(table, row) {
+			t.Errorf("table lacks %q:\n%s", row, table)
+		}
+	}
+	if strings.Contains(table, "isthmus+wireguard  CNI leftovers  plain") {
+		t.Errorf("encrypted isthmus compared with plain routing:\n%s", table)
+	}
+	if n := labName(enc); n != "bisthwg" || labName(wg) != "bwg" {
+		t.Errorf("lab names %q, %q", n, labName(wg))
+	}
+}
+
+// TestEncryptionOf: encrypted isthmus encrypts every peering of the scenario;
+// plain WireGuard routing gives the pods without an MTU the device's.
+func TestEncryptionOf(t *testing.T) {
+	sc, err := testenv.LoadScenario("default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := encryptionOf(sc, Config{Datapath: testenv.DatapathIsthmus, Encrypted: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range sc.Peerings {
+		if p.Encryption != "WireGuard" {
+			t.Errorf("peering %s: encryption %q", p.Name, p.Encryption)
+		}
+	}
+	if got := sc.PodMTU("site-a", testenv.Pod{}); got != 1390 {
+		t.Errorf("encrypted pods' MTU %d, want 1390", got)
+	}
+	sc, _ = testenv.LoadScenario("default")
+	if err := encryptionOf(sc, Config{Datapath: testenv.DatapathWireGuard}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range sc.Pods() {
+		if p.MTU != 1440 {
+			t.Errorf("pod %s MTU %d under plain WireGuard, want 1440", p.Name, p.MTU)
+		}
+	}
+	sc.Peerings = nil
+	if err := encryptionOf(sc, Config{Datapath: testenv.DatapathIsthmus, Encrypted: true}); err == nil {
+		t.Error("a scenario without peerings encrypted")
 	}
 }
 

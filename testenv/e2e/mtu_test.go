@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,11 +19,15 @@ import (
 // CNI that knows nothing of the tunnel.
 var fullMTUPods = map[string]bool{"a1-p1": true, "b1-p1": true}
 
-// upFullMTU builds the default scenario with fullMTUPods at MTU 1500 and removes
-// it when the test ends.
-func upFullMTU(t *testing.T) *testenv.Lab {
+// upFullMTU builds the scenario (default, or one of its variants with the same
+// pods) with fullMTUPods at MTU 1500 and removes it when the test ends.
+func upFullMTU(t *testing.T, scenario string) *testenv.Lab {
 	t.Helper()
-	sc := loadDefault(t)
+	requireSetup(t)
+	sc, err := testenv.LoadScenario(scenario)
+	if err != nil {
+		t.Fatal(err)
+	}
 	set := 0
 	for i := range sc.Sites {
 		for j := range sc.Sites[i].Nodes {
@@ -35,7 +40,7 @@ func upFullMTU(t *testing.T) *testenv.Lab {
 		}
 	}
 	if set != len(fullMTUPods) {
-		t.Fatalf("default scenario has %d of the pods %v", set, fullMTUPods)
+		t.Fatalf("scenario %s has %d of the pods %v", scenario, set, fullMTUPods)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -67,8 +72,18 @@ func fragNeededSent(t *testing.T, l *testenv.Lab, node string) uint64 {
 // the datapath clamps the SYNs' MSS; a DF packet too large for the tunnel is
 // answered with ICMP frag needed, which the pod's kernel caches as the path MTU;
 // UDP datagrams that fit still arrive.
-func TestMTUFullSizePods(t *testing.T) {
-	l := upFullMTU(t)
+func TestMTUFullSizePods(t *testing.T) { checkFullSizePods(t, "default", 1450) }
+
+// TestWireGuardMTUFullSizePods is TestMTUFullSizePods across an encrypted
+// peering: the tunnel takes GENEVE and WireGuard (110 bytes), so the MSS is
+// clamped and frag needed announced for 1390 bytes, and 64 MiB of TCP cross
+// intact both ways.
+func TestWireGuardMTUFullSizePods(t *testing.T) { checkFullSizePods(t, "wireguard", 1390) }
+
+// checkFullSizePods runs TestMTUFullSizePods on scenario, whose tunnel between
+// a1 and b1 carries tunnelMTU bytes.
+func checkFullSizePods(t *testing.T, scenario string, tunnelMTU int) {
+	l := upFullMTU(t, scenario)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	a, b := "a1-p1", "b1-p1"
@@ -115,13 +130,14 @@ func TestMTUFullSizePods(t *testing.T) {
 		}
 	})
 
-	t.Run("UDP 1400 bytes", func(t *testing.T) {
-		got, err := udpOnce(l, a, b, 1400)
+	fits := tunnelMTU - 50 // a datagram (and its IPv4 and UDP headers) the tunnel carries
+	t.Run(fmt.Sprintf("UDP %d bytes", fits), func(t *testing.T) {
+		got, err := udpOnce(l, a, b, fits)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got != 1400 {
-			t.Errorf("received a %d-byte datagram, want 1400", got)
+		if got != fits {
+			t.Errorf("received a %d-byte datagram, want %d", got, fits)
 		}
 	})
 
@@ -135,20 +151,21 @@ func TestMTUFullSizePods(t *testing.T) {
 		out, err := l.Exec(ctx, l.PodNS(a), "ping", "-n", "-c", "2", "-i", "0.3", "-W", "1", "-M", "do", "-s", "1472", dst.String())
 		t.Logf("ping -M do -s 1472 %s:\n%s", dst, out)
 		if err == nil {
-			t.Errorf("ping -M do -s 1472 %s succeeded: a 1500-byte packet crossed a 1450-byte tunnel", dst)
+			t.Errorf("ping -M do -s 1472 %s succeeded: a 1500-byte packet crossed a %d-byte tunnel", dst, tunnelMTU)
 		}
-		if !strings.Contains(out, "Frag needed and DF set (mtu = 1450)") {
-			t.Errorf("ping did not report ICMP frag needed with mtu 1450")
+		if want := fmt.Sprintf("Frag needed and DF set (mtu = %d)", tunnelMTU); !strings.Contains(out, want) {
+			t.Errorf("ping did not report %q", want)
 		}
 		if n := fragNeededSent(t, l, "a1") - before; n == 0 {
 			t.Errorf("a1's frag_needed_sent counter did not move")
 		}
-		if mtu := cachedMTU(t, ctx, l, a, b); mtu != "1450" {
-			t.Errorf("pod %s caches path MTU %q toward %s, want 1450", a, mtu, dst)
+		if mtu := cachedMTU(t, ctx, l, a, b); mtu != strconv.Itoa(tunnelMTU) {
+			t.Errorf("pod %s caches path MTU %q toward %s, want %d", a, mtu, dst, tunnelMTU)
 		}
-		// With the path MTU learned, a 1422-byte ping (1450 on the wire) gets through.
-		if out, err := l.Exec(ctx, l.PodNS(a), "ping", "-n", "-c", "1", "-W", "2", "-M", "do", "-s", "1422", dst.String()); err != nil {
-			t.Errorf("ping -M do -s 1422 %s: %v\n%s", dst, err, out)
+		// With the path MTU learned, a ping of the tunnel's size gets through.
+		size := strconv.Itoa(tunnelMTU - 28)
+		if out, err := l.Exec(ctx, l.PodNS(a), "ping", "-n", "-c", "1", "-W", "2", "-M", "do", "-s", size, dst.String()); err != nil {
+			t.Errorf("ping -M do -s %s %s: %v\n%s", size, dst, err, out)
 		}
 	})
 }

@@ -352,6 +352,10 @@ type stream struct {
 	started  time.Time
 	stop     chan struct{}
 	done     sync.WaitGroup
+	// stopped is when finish stopped the sender; once makes finish
+	// idempotent (the test's cleanup finishes a stream a failure left running).
+	stopped time.Time
+	once    sync.Once
 }
 
 func startStream(t *testing.T, l *testenv.Lab, src, dst string, interval time.Duration) *stream {
@@ -375,6 +379,7 @@ func startStream(t *testing.T, l *testenv.Lab, src, dst string, interval time.Du
 		s.recv.Close()
 		t.Fatalf("open udp in %s: %v", src, err)
 	}
+	t.Cleanup(func() { s.finish(0) })
 	s.done.Add(2)
 	go func() {
 		defer s.done.Done()
@@ -423,13 +428,17 @@ func startStream(t *testing.T, l *testenv.Lab, src, dst string, interval time.Du
 // finish stops sending, waits drain for stragglers, closes both sockets and
 // returns how many datagrams were sent, received (distinct) and duplicated, and
 // the mean interval between sends (the ticker may drop ticks on a busy machine).
+// Once finished, it returns the same counts again.
 func (s *stream) finish(drain time.Duration) (sent, received, dups, sendErrs uint64, mean time.Duration) {
-	close(s.stop)
-	stopped := time.Now()
-	time.Sleep(drain)
-	s.conn.Close()
-	s.recv.Close()
-	s.done.Wait()
+	s.once.Do(func() {
+		close(s.stop)
+		s.stopped = time.Now()
+		time.Sleep(drain)
+		s.conn.Close()
+		s.recv.Close()
+		s.done.Wait()
+	})
+	stopped := s.stopped
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for seq, n := range s.got {
@@ -444,6 +453,28 @@ func (s *stream) finish(drain time.Duration) (sent, received, dups, sendErrs uin
 		mean = stopped.Sub(s.started) / time.Duration(s.sent)
 	}
 	return s.sent, received, dups, s.sendErrs, mean
+}
+
+// restartAgents stops the agents of nodes, leaves traffic 200 ms with none
+// running, starts them again with args and waits until they are ready.
+func restartAgents(t *testing.T, l *testenv.Lab, round int, nodes []string, args ...string) {
+	t.Helper()
+	for _, n := range nodes {
+		if err := l.StopAgent(n); err != nil {
+			t.Fatalf("round %d: stop agent %s: %v", round, n, err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // traffic with no agent running
+	for _, n := range nodes {
+		if err := l.StartAgent(n, args...); err != nil {
+			t.Fatalf("round %d: start agent %s: %v", round, n, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	if err := l.WaitReady(ctx, 30*time.Second); err != nil {
+		t.Fatalf("round %d: %v", round, err)
+	}
 }
 
 // podLinks returns link id and program id of every pinned pod_ingress link of a
@@ -527,34 +558,10 @@ func TestRestartWithoutLoss(t *testing.T) {
 		startStream(t, l, "a1-p1", "b1-p1", interval),
 		startStream(t, l, "b1-p1", "a1-p1", interval),
 	}
-	finished := false
-	defer func() {
-		if !finished {
-			for _, s := range streams {
-				s.finish(0)
-			}
-		}
-	}()
 	time.Sleep(300 * time.Millisecond)
 
 	for round := 1; round <= 3; round++ {
-		for _, n := range restarted {
-			if err := l.StopAgent(n); err != nil {
-				t.Fatalf("round %d: stop agent %s: %v", round, n, err)
-			}
-		}
-		time.Sleep(200 * time.Millisecond) // traffic with no agent running
-		for _, n := range restarted {
-			if err := l.StartAgent(n); err != nil {
-				t.Fatalf("round %d: start agent %s: %v", round, n, err)
-			}
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
-		err := l.WaitReady(ctx, 30*time.Second)
-		cancel()
-		if err != nil {
-			t.Fatalf("round %d: %v", round, err)
-		}
+		restartAgents(t, l, round, restarted)
 		for _, n := range restarted {
 			after := podLinks(t, l, n)
 			checkLinksUpdated(t, fmt.Sprintf("round %d: %s", round, n), "restart", before[n], after)
@@ -564,7 +571,6 @@ func TestRestartWithoutLoss(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 
-	finished = true
 	checkNoLoss(t, streams, interval, "restarts")
 	for _, n := range restarted {
 		if got := reservedAddrs(t, l, n); !slices.Equal(got, reserved[n]) || len(got) == 0 {

@@ -67,14 +67,6 @@ func TestUpgradeWithoutLoss(t *testing.T) {
 		startStream(t, l, "a1-p1", "b1-p1", interval),
 		startStream(t, l, "b1-p1", "a1-p1", interval),
 	}
-	finished := false
-	defer func() {
-		if !finished {
-			for _, s := range streams {
-				s.finish(0)
-			}
-		}
-	}()
 	time.Sleep(300 * time.Millisecond)
 
 	sizes := []uint32{32768, 16384, 65536}
@@ -132,7 +124,6 @@ func TestUpgradeWithoutLoss(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 
-	finished = true
 	checkNoLoss(t, streams, interval, "upgrades")
 	if t.Failed() {
 		for _, n := range upgraded {
