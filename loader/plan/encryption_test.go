@@ -378,3 +378,35 @@ func TestGatewaysBehindTwoNATsNoRelay(t *testing.T) {
 		t.Error("the model finds every pod pair across the two NATs working")
 	}
 }
+
+// TestGatewaysPartlyBehindNATWarn: a site with one gateway at a public address
+// and one behind its NAT, joined to a site wholly behind a NAT: the gateway
+// without an address and the other site's cannot meet, and the plan says so.
+func TestGatewaysPartlyBehindNATWarn(t *testing.T) {
+	ext := func(doc, ip string) string {
+		return strings.Replace(doc, "    - {type: InternalIP", fmt.Sprintf("    - {type: ExternalIP, address: %q}\n    - {type: InternalIP", ip), 1)
+	}
+	set := load(t,
+		site("cloud", "10.0.0.0/24", "10.100.0.0/16", ""),
+		site("ea", "192.168.50.0/24", "10.101.0.0/16", ""),
+		pool("public", "External", "gw", ""),
+		assignmentDoc("ce", "cloud, ea", "public", "  encryption: WireGuard\n"),
+		withKey(ext(gw("cl-gw", "10.0.0.10", "10.100.1.0/24", "gw"), "198.51.100.30"), "cl-gw", wgKey('c')),
+		withKey(gw("cl-gw2", "10.0.0.11", "10.100.2.0/24", "gw"), "cl-gw2", wgKey('d')),
+		withKey(gw("ea-gw", "192.168.50.10", "10.101.1.0/24", "gw"), "ea-gw", wgKey('e')),
+	)
+	p, err := Compute(set, "cl-gw2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(p.Warnings, func(w string) bool { return strings.Contains(w, `"cl-gw2" cannot reach them`) }) {
+		t.Errorf("no warning for the gateway partly behind the NAT: %q", p.Warnings)
+	}
+	q, err := Compute(set, "cl-gw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.ContainsFunc(q.Warnings, func(w string) bool { return strings.Contains(w, "cannot reach them") }) {
+		t.Errorf("the gateway with an address warned: %q", q.Warnings)
+	}
+}

@@ -433,6 +433,13 @@ func (p *NodePlan) addAssignments(set *objects.Set, all []assignment, self *core
 						continue
 					}
 				}
+				// A site whose gateways are partly behind the NAT: those
+				// without an address cannot reach a site whose gateways have
+				// none either (relays are for two sites wholly behind NATs).
+				if !relayed && !me.addr.IsValid() && a.unreachable(tName) {
+					p.warnf("gateway Node %q has no ExternalIP while other gateways of site %q do, and site %q's gateways have none: %q cannot reach them; put a site's gateways all behind its NAT or all at public addresses",
+						self.Name, site.Name, tName, self.Name)
+				}
 				var members []string
 				for _, g := range remote {
 					c := peers[g.node.Name]
