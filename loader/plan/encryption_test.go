@@ -236,15 +236,12 @@ func TestEncryptionSymmetric(t *testing.T) {
 // nothing cut from the routes for it; it reaches the remote gateway at its
 // ExternalIP.
 func TestEncryptedGatewayBehindNAT(t *testing.T) {
-	ext := func(doc, ip string) string {
-		return strings.Replace(doc, "    - {type: InternalIP", fmt.Sprintf("    - {type: ExternalIP, address: %q}\n    - {type: InternalIP", ip), 1)
-	}
 	set := load(t,
 		site("cloud", "10.0.0.0/24", "10.100.0.0/16", ""),
 		site("edge", "192.168.50.0/24", "10.101.0.0/16", ""),
 		pool("public", "External", "gw", ""),
 		assignmentDoc("ce", "cloud, edge", "public", "  encryption: WireGuard\n"),
-		withKey(ext(gw("cl-gw", "10.0.0.10", "10.100.1.0/24", "gw"), "198.51.100.30"), "cl-gw", wgKey('c')),
+		withKey(withExternal(gw("cl-gw", "10.0.0.10", "10.100.1.0/24", "gw"), "198.51.100.30"), "cl-gw", wgKey('c')),
 		withKey(gw("ed-gw", "192.168.50.10", "10.101.1.0/24", "gw"), "ed-gw", wgKey('e')),
 	)
 	cloud, err := Compute(set, "cl-gw")
@@ -274,16 +271,13 @@ func TestEncryptedGatewayBehindNAT(t *testing.T) {
 // member. sites lists the assignment's sites.
 func natSites(t *testing.T, sites string) *objects.Set {
 	t.Helper()
-	ext := func(doc, ip string) string {
-		return strings.Replace(doc, "    - {type: InternalIP", fmt.Sprintf("    - {type: ExternalIP, address: %q}\n    - {type: InternalIP", ip), 1)
-	}
 	return load(t,
 		site("cloud", "10.0.0.0/24", "10.100.0.0/16", ""),
 		site("ea", "192.168.50.0/24", "10.101.0.0/16", ""),
 		site("eb", "192.168.60.0/24", "10.102.0.0/16", ""),
 		pool("public", "External", "gw", ""),
 		assignmentDoc("edges", sites, "public", "  encryption: WireGuard\n"),
-		withKey(ext(gw("cl-gw", "10.0.0.10", "10.100.1.0/24", "gw"), "198.51.100.30"), "cl-gw", wgKey('c')),
+		withKey(withExternal(gw("cl-gw", "10.0.0.10", "10.100.1.0/24", "gw"), "198.51.100.30"), "cl-gw", wgKey('c')),
 		withKey(node("cl-1", "10.0.0.11", "10.100.2.0/24"), "cl-1", wgKey('d')),
 		withKey(gw("ea-gw", "192.168.50.10", "10.101.1.0/24", "gw"), "ea-gw", wgKey('e')),
 		withKey(node("ea-1", "192.168.50.11", "10.101.2.0/24"), "ea-1", wgKey('f')),
@@ -383,15 +377,12 @@ func TestGatewaysBehindTwoNATsNoRelay(t *testing.T) {
 // and one behind its NAT, joined to a site wholly behind a NAT: the gateway
 // without an address and the other site's cannot meet, and the plan says so.
 func TestGatewaysPartlyBehindNATWarn(t *testing.T) {
-	ext := func(doc, ip string) string {
-		return strings.Replace(doc, "    - {type: InternalIP", fmt.Sprintf("    - {type: ExternalIP, address: %q}\n    - {type: InternalIP", ip), 1)
-	}
 	set := load(t,
 		site("cloud", "10.0.0.0/24", "10.100.0.0/16", ""),
 		site("ea", "192.168.50.0/24", "10.101.0.0/16", ""),
 		pool("public", "External", "gw", ""),
 		assignmentDoc("ce", "cloud, ea", "public", "  encryption: WireGuard\n"),
-		withKey(ext(gw("cl-gw", "10.0.0.10", "10.100.1.0/24", "gw"), "198.51.100.30"), "cl-gw", wgKey('c')),
+		withKey(withExternal(gw("cl-gw", "10.0.0.10", "10.100.1.0/24", "gw"), "198.51.100.30"), "cl-gw", wgKey('c')),
 		withKey(gw("cl-gw2", "10.0.0.11", "10.100.2.0/24", "gw"), "cl-gw2", wgKey('d')),
 		withKey(gw("ea-gw", "192.168.50.10", "10.101.1.0/24", "gw"), "ea-gw", wgKey('e')),
 	)
