@@ -588,7 +588,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.st.turned()
 		select {
 		case <-beat.C:
-			a.checkWireGuardKey()
+			if a.wg.keyWatch == nil { // else the watch reports a rotation
+				a.checkWireGuardKey()
+			}
 		case ev := <-a.keyEvents():
 			if a.isKeyFile(ev) {
 				a.checkWireGuardKey()

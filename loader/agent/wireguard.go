@@ -72,7 +72,8 @@ type wireGuardState struct {
 	key       wgtypes.Key
 	published bool
 	// keyWatch reports changes in the state directory, so a rotated key is
-	// taken at once (the heartbeat checks too, should the watch fail).
+	// taken at once; without it (the watch could not start) the heartbeat
+	// reads the key file.
 	keyWatch *fsnotify.Watcher
 	dev      *wireguard.Device // nil until the plan first had an encrypted peer
 	ifindex  int               // where wireguard_ingress is attached (0: nowhere)
