@@ -11,6 +11,7 @@ import (
 	"maps"
 	"net/netip"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"sync"
@@ -453,9 +454,9 @@ func (c *controller) patchNode(ctx context.Context, name string, patch map[strin
 }
 
 func (c *controller) updateSiteStatus(ctx context.Context, cur *unstructured.Unstructured, st v1alpha1.SiteStatus) error {
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&st)
+	m, err := statusMap(st)
 	if err != nil {
-		return fmt.Errorf("encode status: %w", err)
+		return err
 	}
 	obj := cur.DeepCopy()
 	obj.Object["status"] = m
@@ -500,14 +501,30 @@ func (c *controller) invalidEvent(ctx context.Context, cur *unstructured.Unstruc
 	return err
 }
 
+// statusMap encodes a status struct, given by value, for an unstructured
+// object (the converter takes only pointers).
+func statusMap(st any) (map[string]any, error) {
+	v := reflect.ValueOf(st)
+	if v.Kind() != reflect.Pointer {
+		p := reflect.New(v.Type())
+		p.Elem().Set(v)
+		v = p
+	}
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(v.Interface())
+	if err != nil {
+		return nil, fmt.Errorf("encode status: %w", err)
+	}
+	return m, nil
+}
+
 // updateObjectStatus writes st as the status of the object cur.
 func (c *controller) updateObjectStatus(ctx context.Context, k ObjectKey, cur *unstructured.Unstructured, st any) error {
 	if cur == nil {
 		return nil // gone meanwhile
 	}
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(st)
+	m, err := statusMap(st)
 	if err != nil {
-		return fmt.Errorf("encode status: %w", err)
+		return err
 	}
 	obj := cur.DeepCopy()
 	obj.Object["status"] = m

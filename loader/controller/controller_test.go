@@ -532,3 +532,61 @@ func TestRunManyNodes(t *testing.T) {
 		seen[p] = true
 	}
 }
+
+// TestRunObjectStatuses: the controller writes the statuses of the other
+// kinds, not only of Sites: a SitePeering between two sites becomes Ready, a
+// GatewayPool counts the nodes it selects, and each records the generation it
+// saw.
+func TestRunObjectStatuses(t *testing.T) {
+	sites := []v1alpha1.Site{
+		mkSite("a", []string{"10.0.0.0/24"}, nil, assign("10.1.0.0/16")),
+		mkSite("b", []string{"10.0.1.0/24"}, nil, assign("10.2.0.0/16")),
+	}
+	gw := labeled(mkNode("a1", "10.0.0.2", "", "10.1.1.0/24"), "a")
+	gw.Labels["role"] = "gateway"
+	nodes := []corev1.Node{gw, labeled(mkNode("b1", "10.0.1.2", "", "10.2.1.0/24"), "b")}
+	cs, dyn := newFakes(t, sites, nodes)
+
+	peering := v1alpha1.SitePeering{Spec: v1alpha1.SitePeeringSpec{Sites: []string{"a", "b"}}}
+	peering.APIVersion, peering.Kind = v1alpha1.GroupVersion.String(), v1alpha1.KindSitePeering
+	peering.Name, peering.Generation = "a-b", 3
+	pool := v1alpha1.GatewayPool{Spec: v1alpha1.GatewayPoolSpec{Type: v1alpha1.GatewayPoolInternal,
+		NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "gateway"}}}}
+	pool.APIVersion, pool.Kind = v1alpha1.GroupVersion.String(), v1alpha1.KindGatewayPool
+	pool.Name, pool.Generation = "gws", 2
+	for _, o := range []struct {
+		gvr schema.GroupVersionResource
+		obj any
+	}{{SitePeeringResource, &peering}, {GatewayPoolResource, &pool}} {
+		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o.obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := dyn.Tracker().Add(&unstructured.Unstructured{Object: m}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	startController(t, Config{Client: cs, Dynamic: dyn, Log: quiet})
+
+	get := func(gvr schema.GroupVersionResource, name string, into any) {
+		t.Helper()
+		o, err := dyn.Tracker().Get(gvr, "", name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.(*unstructured.Unstructured).Object, into); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "SitePeering a-b Ready", func() bool {
+		var p v1alpha1.SitePeering
+		get(SitePeeringResource, "a-b", &p)
+		return meta.IsStatusConditionTrue(p.Status.Conditions, v1alpha1.ConditionReady) && p.Status.ObservedGeneration == 3
+	})
+	eventually(t, "GatewayPool gws counts its gateway", func() bool {
+		var p v1alpha1.GatewayPool
+		get(GatewayPoolResource, "gws", &p)
+		return p.Status.Gateways == 1 && p.Status.ObservedGeneration == 2 &&
+			meta.IsStatusConditionTrue(p.Status.Conditions, v1alpha1.ConditionReady)
+	})
+}
