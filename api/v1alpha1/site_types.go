@@ -114,6 +114,10 @@ const AnnotationTunnelIPv4 = "isthmus.dev/tunnel-ipv4"
 // of an encrypted pair configure it; the private key never leaves the node.
 const AnnotationWireGuardPublicKey = "isthmus.dev/wireguard-public-key"
 
+// NodeAnnotations are the Node annotations isthmus reads: an agent replans
+// when one of them changes on any Node, and ignores every other annotation.
+var NodeAnnotations = []string{AnnotationTunnelIPv4, AnnotationWireGuardPublicKey}
+
 // PodCIDRAssignment is one block of pod addresses of a site.
 type PodCIDRAssignment struct {
 	// CIDRBlocks are the prefixes of this assignment.

@@ -194,8 +194,9 @@ func (k *Kubernetes) handler(changed func(old, new any) bool) cache.ResourceEven
 }
 
 // nodeChanged reports whether an update changed what objects and the plan
-// read of a Node: the tunnel address annotation, a label some GatewayPool's
-// selector reads, podCIDRs and addresses. Kubelet status heartbeats, other
+// read of a Node: its annotations of v1alpha1.NodeAnnotations (the tunnel
+// address, the WireGuard public key), a label some GatewayPool's selector
+// reads, podCIDRs and addresses. Kubelet status heartbeats, other
 // annotations and other labels change none of these: at 5,000 Nodes they
 // would otherwise wake every agent many times a second.
 func (k *Kubernetes) nodeChanged(old, new any) bool {
@@ -204,8 +205,12 @@ func (k *Kubernetes) nodeChanged(old, new any) bool {
 	if !ok1 || !ok2 {
 		return true
 	}
-	if o.Annotations[v1alpha1.AnnotationTunnelIPv4] != n.Annotations[v1alpha1.AnnotationTunnelIPv4] ||
-		o.Spec.PodCIDR != n.Spec.PodCIDR || !slices.Equal(o.Spec.PodCIDRs, n.Spec.PodCIDRs) ||
+	for _, a := range v1alpha1.NodeAnnotations {
+		if o.Annotations[a] != n.Annotations[a] {
+			return true
+		}
+	}
+	if o.Spec.PodCIDR != n.Spec.PodCIDR || !slices.Equal(o.Spec.PodCIDRs, n.Spec.PodCIDRs) ||
 		!equality.Semantic.DeepEqual(o.Status.Addresses, n.Status.Addresses) {
 		return true
 	}

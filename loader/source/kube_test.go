@@ -207,9 +207,9 @@ func TestKubernetesFollowsTheAPI(t *testing.T) {
 	}
 	noChange(t, k, "a heartbeat")
 
-	// Neither does an annotation other than the tunnel address, nor a label
+	// Neither does an annotation isthmus does not read, nor a label
 	// no GatewayPool selects on (there is no pool yet); the tunnel address
-	// does.
+	// and the WireGuard key do.
 	b1.Annotations = map[string]string{"example.com/owner": "team-a"}
 	b1.Labels = map[string]string{"topology.kubernetes.io/zone": "z1"}
 	if b1, err = f.client.CoreV1().Nodes().Update(ctx, b1, metav1.UpdateOptions{}); err != nil {
@@ -221,6 +221,11 @@ func TestKubernetesFollowsTheAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitChanged(t, k, "b1's tunnel address")
+	b1.Annotations[v1alpha1.AnnotationWireGuardPublicKey] = "QtOtzZh5rjub2WJWLADA6JvtZeCCmfcZ3aYEYjOtjjQ="
+	if b1, err = f.client.CoreV1().Nodes().Update(ctx, b1, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitChanged(t, k, "b1 published its WireGuard key")
 
 	// b1's podCIDR arrives late.
 	b1.Spec.PodCIDR, b1.Spec.PodCIDRs = "10.20.1.0/24", []string{"10.20.1.0/24"}
