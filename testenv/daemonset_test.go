@@ -159,8 +159,9 @@ func checkOverlayAgent(t *testing.T, l *Lab, g, w *unstructured.Unstructured, po
 		vols[vm["name"].(string)], _ = hp["path"].(string)
 	}
 	cni := filepath.Dir(filepath.Dir(l.CNIBinDir("a1")))
-	if vols["bpffs"] != filepath.Dir(l.PinDir("a1")) || vols["cni-bin"] != cni || len(vols) != 4 {
-		t.Errorf("volumes %v, want bpffs %s, cni-bin %s, netns and xtables-lock", vols, filepath.Dir(l.PinDir("a1")), cni)
+	// wireguard-run is an emptyDir (no host path): each pod has its own.
+	if p, ok := vols["wireguard-run"]; vols["bpffs"] != filepath.Dir(l.PinDir("a1")) || vols["cni-bin"] != cni || !ok || p != "" || len(vols) != 5 {
+		t.Errorf("volumes %v, want bpffs %s, cni-bin %s, netns, xtables-lock and the emptyDir wireguard-run", vols, filepath.Dir(l.PinDir("a1")), cni)
 	}
 	env := ga["env"].([]any)
 	if n := len(env); n < 2 || !reflect.DeepEqual(env[n-2:], []any{

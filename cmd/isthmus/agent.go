@@ -90,6 +90,7 @@ func newAgentCmd() *cobra.Command {
 		metricsAddr string
 		tunnelCIDR  string
 		wgMode      string
+		wgSpawn     bool
 		cni         cniFlags
 	)
 	cmd := &cobra.Command{
@@ -113,6 +114,7 @@ func newAgentCmd() *cobra.Command {
 			if cfg.WireGuard.Mode, err = wireguard.ParseMode(wgMode); err != nil {
 				return fmt.Errorf("parse --wireguard: %w", err)
 			}
+			cfg.WireGuard.NoSpawn = !wgSpawn
 			if cfg.WireGuard.Port < 1 || cfg.WireGuard.Port > 65535 {
 				return fmt.Errorf("parse --wireguard-port %d: want 1..65535", cfg.WireGuard.Port)
 			}
@@ -221,6 +223,7 @@ func newAgentCmd() *cobra.Command {
 	f.StringVar(&wgMode, "wireguard", string(wireguard.ModeAuto), "WireGuard implementation for encrypted peers: auto (the kernel's, else the userspace one), kernel or userspace")
 	f.IntVar(&cfg.WireGuard.Port, "wireguard-port", wireguard.DefaultPort, "UDP port of the WireGuard device; every node of the fleet must use the same")
 	f.StringVar(&cfg.WireGuard.Device, "wireguard-device", agent.DefaultWireGuardDevice, "name of the WireGuard device")
+	f.BoolVar(&wgSpawn, "wireguard-spawn", true, "start the userspace WireGuard device where one is needed; false leaves it to another process (the DaemonSet's wireguard container) and waits for it")
 	f.StringVar(&cfg.WireGuard.LogFile, "wireguard-log", "", "log of the userspace WireGuard process (default "+wireguard.DefaultLogDir+"/wireguard-DEVICE.log)")
 	cni.register(f)
 	cmd.MarkFlagRequired("node")

@@ -16,15 +16,18 @@ import (
 // WireGuard device (wireguard-go, its TUN without a vnet header) serving its
 // UAPI socket until SIGINT or SIGTERM. The agent starts it
 // (wireguard.SpawnUserspace) where the kernel has no wireguard module; it
-// outlives the agent, which adopts it on its next start.
+// outlives the agent, which adopts it on its next start. In the DaemonSet it
+// is a container of its own (--unless-kernel), so that it also outlives the
+// agent's container, and the agent runs with --wireguard-spawn=false.
 func newWireguardUserspaceCmd() *cobra.Command {
 	var (
-		name  string
-		mtu   int
-		debug bool
+		name         string
+		mtu          int
+		debug        bool
+		unlessKernel bool
 	)
 	cmd := &cobra.Command{
-		Use:   wireguard.UserspaceCommand + " --name NAME [--mtu N]",
+		Use:   wireguard.UserspaceCommand + " --name NAME [--mtu N] [--unless-kernel]",
 		Short: "Run a userspace WireGuard device (the agent starts it where the kernel has no wireguard module)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -38,6 +41,18 @@ func newWireguardUserspaceCmd() *cobra.Command {
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			if unlessKernel {
+				kernel, err := wireguard.KernelSupported()
+				if err != nil {
+					return err
+				}
+				if kernel {
+					// A container that exits is restarted: wait instead.
+					log.Info("the kernel has wireguard: the agent creates a kernel device; nothing to run here", "device", name)
+					<-ctx.Done()
+					return nil
+				}
+			}
 			return wireguard.RunUserspace(ctx, name, mtu, log)
 		},
 	}
@@ -45,6 +60,7 @@ func newWireguardUserspaceCmd() *cobra.Command {
 	f.StringVar(&name, "name", "", "name of the device, at most 15 bytes; its socket is /var/run/wireguard/NAME.sock (required)")
 	f.IntVar(&mtu, "mtu", wireguard.DefaultMTU, "MTU of the device")
 	f.BoolVar(&debug, "debug", false, "log handshakes and keepalives")
+	f.BoolVar(&unlessKernel, "unless-kernel", false, "run the device only where the kernel has no wireguard module; elsewhere wait for the signal (the DaemonSet's wireguard container)")
 	cmd.MarkFlagRequired("name")
 	return cmd
 }

@@ -318,8 +318,13 @@ func start(ctx context.Context, cfg Config, wait bool) (*Agent, error) {
 		}
 	}
 	// Before the config entry: a restarted agent adopts the device and writes
-	// its ifindex again, so encrypted traffic never finds it missing.
-	if err := a.ensureWireGuard(); err != nil {
+	// its ifindex again, so encrypted traffic never finds it missing. A
+	// userspace device another container runs may not be up yet: until it is,
+	// what is for encrypted peers is dropped (no device), and its link's
+	// appearance brings a sync.
+	if err := a.ensureWireGuard(); waitingForWireGuard(err) {
+		a.log.Warn("WireGuard device not up yet; what is for encrypted peers is dropped until it is", "err", err)
+	} else if err != nil {
 		return nil, err
 	}
 	if err := a.ensureMasqueradeExemption(); err != nil {
@@ -614,6 +619,8 @@ func (a *Agent) Run(ctx context.Context) error {
 				a.syncLogged("pods", false)
 			} else if a.underlayMayHaveMoved(u) {
 				a.syncLogged("underlay", false)
+			} else if a.isWireGuardLink(u) {
+				a.syncLogged("wireguard", false)
 			}
 		case u, ok := <-addrs:
 			if !ok {
@@ -725,9 +732,19 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 			return err
 		}
 	}
-	if err := a.ensureWireGuard(); err != nil {
+	// The rest of the datapath does not wait for a userspace device that
+	// another container has not started yet (encrypted peers' traffic is
+	// dropped meanwhile, config.wg_ifindex 0).
+	err = a.ensureWireGuard()
+	var waiting []string
+	if waitingForWireGuard(err) {
+		waiting = []string{err.Error()}
+	} else if err != nil {
 		return err
 	}
+	a.reportChanged("wireguard-device", waiting, func(line string) {
+		a.log.Warn("WireGuard device not up yet; what is for encrypted peers is dropped until it is", "err", line)
+	})
 	a.publishWireGuardKey()
 	a.ensureHealth()
 	current, err := a.dp.Maps.Read()

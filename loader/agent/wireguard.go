@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"github.com/vishvananda/netlink"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/isthmus-dev/isthmus/loader/datapath"
@@ -43,6 +45,9 @@ type WireGuardConfig struct {
 	// Exe runs the userspace device (empty: this executable); LogFile takes
 	// its output (empty: wireguard.DefaultLogDir/wireguard-<device>.log).
 	Exe, LogFile string
+	// NoSpawn leaves the userspace device to another process (the DaemonSet's
+	// wireguard container): the agent adopts it and never starts one.
+	NoSpawn bool
 	// Keepalive is the persistent keepalive toward encrypted peers (0:
 	// DefaultKeepalive).
 	Keepalive time.Duration
@@ -198,7 +203,7 @@ func (a *Agent) ensureWireGuard() error {
 		dev, err := wireguard.Ensure(wireguard.Config{
 			Name: wc.Device, Mode: wc.Mode, Port: wc.Port,
 			MTU:        a.underlay.Attrs().MTU - plan.WireGuardOverhead,
-			PrivateKey: a.wg.key, Exe: wc.Exe, LogFile: wc.LogFile, Log: a.log,
+			PrivateKey: a.wg.key, Exe: wc.Exe, LogFile: wc.LogFile, NoSpawn: wc.NoSpawn, Log: a.log,
 		})
 		if err != nil {
 			return fmt.Errorf("WireGuard device: %w", err)
@@ -263,6 +268,18 @@ func wireGuardPeers(p *plan.NodePlan, port int, keepalive time.Duration) ([]wire
 		out = append(out, wp)
 	}
 	return out, warns
+}
+
+// waitingForWireGuard reports whether err says the userspace device another
+// process runs is not up yet (WireGuardConfig.NoSpawn).
+func waitingForWireGuard(err error) bool {
+	return errors.Is(err, wireguard.ErrUserspaceNotRunning)
+}
+
+// isWireGuardLink reports whether u is about the WireGuard device's link (it
+// appeared, or went): the device must be adopted again.
+func (a *Agent) isWireGuardLink(u netlink.LinkUpdate) bool {
+	return a.plan != nil && a.plan.Encrypted && u.Attrs().Name == a.cfg.WireGuard.Device
 }
 
 // linkExists reports whether the device ifindex still exists under name.

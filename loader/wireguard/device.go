@@ -61,6 +61,10 @@ const DefaultLogDir = "/var/log/isthmus"
 // kernel device and the kernel cannot: no wireguard module.
 var ErrKernelUnsupported = errors.New("the kernel has no wireguard support (module not built or not loadable)")
 
+// ErrUserspaceNotRunning is wrapped by Ensure's error, with Config.NoSpawn,
+// when the kernel has no wireguard module and no userspace device answers yet.
+var ErrUserspaceNotRunning = errors.New("no userspace WireGuard device answers yet")
+
 // Config is the device Ensure brings about.
 type Config struct {
 	// Name is the link's name, at most 15 bytes. A userspace device's UAPI
@@ -81,6 +85,12 @@ type Config struct {
 	// LogFile receives a userspace device's output; "" is
 	// DefaultLogDir/wireguard-NAME.log.
 	LogFile string
+	// NoSpawn: another process runs the userspace device (the DaemonSet's
+	// wireguard container, `isthmus wireguard-userspace --unless-kernel`), so
+	// where one is needed and none answers yet Ensure returns
+	// ErrUserspaceNotRunning instead of starting one: a device the caller
+	// started would die with the caller's container.
+	NoSpawn bool
 	// Log receives what Ensure does; nil discards it.
 	Log *slog.Logger
 }
@@ -272,6 +282,28 @@ func servedHere(name string) (bool, error) {
 	return its.Dev == ours.Dev && its.Ino == ours.Ino, nil
 }
 
+// probeLink is the link KernelSupported creates and deletes.
+const probeLink = "isthmus-wgprobe"
+
+// KernelSupported reports whether the kernel of the calling thread's network
+// namespace makes wireguard links: it creates one (probeLink) and deletes it
+// again. Without the module it is false; any other failure is an error.
+func KernelSupported() (bool, error) {
+	err := netlink.LinkAdd(&netlink.Wireguard{LinkAttrs: netlink.LinkAttrs{Name: probeLink}})
+	switch {
+	case kernelLacksWireguard(err):
+		return false, nil
+	case err != nil && !errors.Is(err, unix.EEXIST): // EEXIST: a probe an earlier run left
+		return false, fmt.Errorf("probe for kernel wireguard support: create link %s: %w", probeLink, err)
+	}
+	if l, err := netlink.LinkByName(probeLink); err == nil {
+		if err := netlink.LinkDel(l); err != nil {
+			return true, fmt.Errorf("probe for kernel wireguard support: delete link %s: %w", probeLink, err)
+		}
+	}
+	return true, nil
+}
+
 // kernelLacksWireguard reports whether err, from creating a wireguard link,
 // says the kernel has no wireguard module: RTM_NEWLINK of a kind no module
 // provides fails with EOPNOTSUPP ("Unknown device type"). Other errors
@@ -303,7 +335,13 @@ func (d *Device) create(cfg Config, log *slog.Logger) error {
 		if cfg.Mode == ModeKernel {
 			return fmt.Errorf("create kernel wireguard link %s: %w: %w (load the wireguard module, or use mode auto or userspace)", d.name, ErrKernelUnsupported, err)
 		}
-		log.Info("the kernel has no wireguard module: starting a userspace device", "err", err)
+		if !cfg.NoSpawn {
+			log.Info("the kernel has no wireguard module: starting a userspace device", "err", err)
+		}
+	}
+	if cfg.NoSpawn {
+		return fmt.Errorf("wireguard device %s: %w (the kernel has no wireguard module; its process, `isthmus %s --name %s --unless-kernel`, runs beside the agent and has not started it)",
+			d.name, ErrUserspaceNotRunning, UserspaceCommand, d.name)
 	}
 	exe := cfg.Exe
 	if exe == "" {

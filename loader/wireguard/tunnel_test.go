@@ -366,3 +366,52 @@ func TestEnsureReplacesStaleSocket(t *testing.T) {
 		t.Errorf("wireguard-userspace processes: %v, want one", pids)
 	}
 }
+
+// TestEnsureNoSpawn checks the DaemonSet's division of labour: KernelSupported
+// leaves no probe link; where the kernel has no wireguard, Ensure with NoSpawn
+// starts nothing and says it waits (ErrUserspaceNotRunning), then adopts the
+// userspace device another process started (the wireguard container); where
+// the kernel has it, Ensure makes a kernel device as without NoSpawn.
+func TestEnsureNoSpawn(t *testing.T) {
+	requireRootAndTUN(t)
+	ns := newTestNS(t, "n")
+	name := deviceName("n")
+	stopUserspaceAtCleanup(t, name)
+	logFile := filepath.Join(t.TempDir(), name+".log")
+	dumpLogsOnFailure(t, logFile)
+	var kernel bool
+	if err := ns.do(func() (err error) { kernel, err = KernelSupported(); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ns.nl.LinkByName(probeLink); err == nil {
+		t.Errorf("KernelSupported left link %s", probeLink)
+	}
+	cfg := Config{Name: name, Mode: ModeAuto, PrivateKey: mustKey(t), LogFile: logFile, NoSpawn: true, Log: testLogger(t)}
+	dev, err := ensureIn(t, ns, cfg)
+	if kernel {
+		t.Log("this kernel has wireguard")
+		if err != nil || dev.Kind() != KindKernel {
+			t.Errorf("Ensure(auto, NoSpawn) with kernel wireguard: %v, want a kernel device", err)
+		}
+		return
+	}
+	if !errors.Is(err, ErrUserspaceNotRunning) {
+		t.Fatalf("Ensure(auto, NoSpawn) without kernel wireguard and no device = %v, want ErrUserspaceNotRunning", err)
+	}
+	if pids := userspacePids(t, name); len(pids) != 0 {
+		t.Errorf("Ensure with NoSpawn started wireguard-userspace %v", pids)
+	}
+	if _, err := ns.nl.LinkByName(name); err == nil {
+		t.Errorf("a waiting Ensure left link %s", name)
+	}
+	if err := ns.do(func() error { _, err := SpawnUserspace(testExe(t), name, 0, logFile); return err }); err != nil {
+		t.Fatal(err)
+	}
+	dev, err = ensureIn(t, ns, cfg)
+	if err != nil || dev.Kind() != KindUserspace || !dev.Adopted() {
+		t.Fatalf("Ensure(auto, NoSpawn) beside a running userspace device: %v, want it adopted", err)
+	}
+	if pids := userspacePids(t, name); len(pids) != 1 {
+		t.Errorf("wireguard-userspace processes: %v, want the one started beside", pids)
+	}
+}
