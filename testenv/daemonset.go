@@ -221,6 +221,7 @@ patches:
     - {op: replace, path: /spec/template/spec/containers/0/args/14, value: {{.CNI}}/$(NODE_NAME)/bin}
     - {op: test, path: /spec/template/spec/containers/0/args/15, value: --cni-conf-dir}
     - {op: replace, path: /spec/template/spec/containers/0/args/16, value: {{.CNI}}/$(NODE_NAME)/net.d}
+    - {op: add, path: /spec/template/spec/containers/0/args/-, value: "--state-dir={{.CNI}}/$(NODE_NAME)/state"}
     - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_HOST, value: 127.0.0.1}}
     - {op: add, path: /spec/template/spec/containers/0/env/-, value: {name: KUBERNETES_SERVICE_PORT, value: "{{.APIPort}}"}}
 - target: {group: apps, version: v1, kind: Deployment, name: isthmus-controller}

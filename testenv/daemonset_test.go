@@ -142,6 +142,16 @@ func checkOverlayAgent(t *testing.T, l *Lab, g, w *unstructured.Unstructured, po
 			flags[a] = expand(args[i+1].(string))
 		}
 	}
+	// The node's WireGuard key survives the agent's container, one per node
+	// (deploy/'s hostPath /var/lib/isthmus would be one for every lab node).
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a.(string), "--state-dir="); ok {
+			flags["--state-dir"] = expand(v)
+		}
+	}
+	if got, want := flags["--state-dir"], filepath.Join(filepath.Dir(l.CNIBinDir("a1")), "state"); got != want {
+		t.Errorf("--state-dir %s, want %s", got, want)
+	}
 	// The pod's /sys/fs/bpf is the lab's pin directory.
 	if got, want := flags["--pin-dir"], "/sys/fs/bpf/a1"; got != want {
 		t.Errorf("--pin-dir %s, want %s", got, want)
