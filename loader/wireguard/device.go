@@ -272,6 +272,13 @@ func servedHere(name string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("find the process serving %s: %w", socketPath(name), err)
 	}
+	if pid == 0 {
+		// The server is in another PID namespace (the DaemonSet's wireguard
+		// container): its pid reads 0 and its namespace cannot be checked.
+		// A socket in this mount namespace's directory beside a TUN of the
+		// name here is that container's device.
+		return true, nil
+	}
 	var its, ours unix.Stat_t
 	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &its); err != nil {
 		return false, fmt.Errorf("network namespace of process %d: %w", pid, err)
