@@ -158,6 +158,38 @@ func TestDaemonSetWireGuard(t *testing.T) {
 	if err != nil || !strings.Contains(logs, "wireguard device adopted") {
 		t.Errorf("the restarted agent did not adopt the WireGuard device (%v):\n%s", err, logs)
 	}
+
+	// Rotation as docs/agent.md tells it, in the agent's container: the agent
+	// publishes the new key on its Node, b1's agent (which reads it from the
+	// API server) re-keys its peer, and the stream loses nothing.
+	stream, err = startPodStream(pods["a1"].netns, pods["b1"].ip+":8080", 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	stateDir := filepath.Join(filepath.Dir(c.Lab.CNIBinDir("a1")), "state")
+	out, err := c.Kubectl(ctx, "exec", "-n", cluster.Namespace, list.Items[0].Name, "-c", "agent", "--",
+		"isthmus", "wireguard-key", "--rotate", "--state-dir", stateDir)
+	if err != nil {
+		t.Fatalf("rotate a1's key: %v", err)
+	}
+	newKey := strings.TrimSpace(out)
+	if newKey == keys["a1"] || len(newKey) != 44 {
+		t.Fatalf("wireguard-key --rotate printed %q (old key %s)", newKey, keys["a1"])
+	}
+	err = cluster.Poll(ctx, 30*time.Second, func() (bool, error) {
+		node, err := cs.CoreV1().Nodes().Get(ctx, "a1", metav1.GetOptions{})
+		return err == nil && node.Annotations[v1alpha1.AnnotationWireGuardPublicKey] == newKey, err
+	}, func() string { return "a1's agent did not publish its new key " + newKey })
+	time.Sleep(3 * time.Second)
+	sent, _, missing = stream.stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("key rotation on a1: stream %d sent, %d lost", sent, len(missing))
+	if sent < 400 || len(missing) > 0 {
+		t.Errorf("across a1's key rotation %d of %d datagrams were lost (sequence numbers %v)", len(missing), sent, head(missing, 20))
+	}
 }
 
 // podRef is a pod's network namespace path and address.
