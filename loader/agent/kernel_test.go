@@ -2,8 +2,6 @@ package agent
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -31,13 +29,8 @@ import (
 	"github.com/isthmus-dev/isthmus/loader/objects"
 	"github.com/isthmus-dev/isthmus/loader/plan"
 	"github.com/isthmus-dev/isthmus/maps"
+	"github.com/isthmus-dev/isthmus/testenv/testns"
 )
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	rand.Read(b)
-	return hex.EncodeToString(b)
-}
 
 // needRootAndBPFFS fails the test unless it runs as root, and mounts bpffs on
 // /sys/fs/bpf if nothing is mounted there.
@@ -53,13 +46,21 @@ func needRootAndBPFFS(t *testing.T) {
 	}
 }
 
+// The names of this package's network namespaces and pin directories (see
+// testns).
+const (
+	netnsPrefix = "isthmus-at"
+	pinPrefix   = "isthmus-test"
+)
+
 // enterNewNetns moves the calling goroutine's thread into a fresh named network
 // namespace for the rest of the test. The thread is never unlocked, so Go retires
 // it with the goroutine instead of reusing it elsewhere.
 func enterNewNetns(t *testing.T) (netns.NsHandle, string) {
 	t.Helper()
 	runtime.LockOSThread()
-	name := "isthmus-at-" + randHex(4)
+	testns.Leftovers(t, netnsPrefix)
+	name := testns.Name(netnsPrefix)
 	ns, err := netns.NewNamed(name)
 	if err != nil {
 		t.Fatalf("create netns: %v", err)
@@ -120,7 +121,8 @@ func setup(t *testing.T) *testEnv {
 	e.under = mustVeth(t, "ul0", "ul0p")
 	mustAddr(t, e.under, "172.16.1.10/24")
 	e.pod = mustVeth(t, "pod-a", "pa-peer")
-	e.pinDir = "/sys/fs/bpf/isthmus-test-" + randHex(6)
+	testns.Leftovers(t, pinPrefix)
+	e.pinDir = filepath.Join(testns.PinRoot, testns.Name(pinPrefix))
 	t.Cleanup(func() {
 		if err := datapath.Uninstall(e.pinDir); err != nil {
 			t.Errorf("cleanup: uninstall: %v", err)

@@ -19,6 +19,7 @@ import (
 	"github.com/isthmus-dev/isthmus/loader/ipamd"
 	"github.com/isthmus-dev/isthmus/loader/objects"
 	"github.com/isthmus-dev/isthmus/maps"
+	"github.com/isthmus-dev/isthmus/testenv/testns"
 )
 
 // TestAgentKernelPodAddrs: a pod made by the CNI plugin, driven by the reference
@@ -66,7 +67,7 @@ func TestAgentKernelPodAddrs(t *testing.T) {
 	}
 	defer a.Close()
 
-	podNS := "isthmus-at-" + randHex(4)
+	podNS := testns.Name(netnsPrefix)
 	if b, err := exec.Command("ip", "netns", "add", podNS).CombinedOutput(); err != nil {
 		t.Fatalf("add pod netns: %v\n%s", err, b)
 	}

@@ -1,8 +1,6 @@
 package datapath
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"net/netip"
 	"os"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/isthmus-dev/isthmus/bpf"
 	"github.com/isthmus-dev/isthmus/maps"
+	"github.com/isthmus-dev/isthmus/testenv/testns"
 )
 
 // migrationEnv is a fresh pin dir under /sys/fs/bpf, removed when the test ends.
@@ -32,9 +31,8 @@ func migrationEnv(t *testing.T) string {
 			t.Fatalf("mount bpffs on /sys/fs/bpf: %v", err)
 		}
 	}
-	b := make([]byte, 6)
-	rand.Read(b)
-	dir := "/sys/fs/bpf/isthmus-test-" + hex.EncodeToString(b)
+	testns.Leftovers(t, "isthmus-test")
+	dir := filepath.Join(testns.PinRoot, testns.Name("isthmus-test"))
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
 }

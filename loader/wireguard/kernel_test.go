@@ -16,6 +16,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/isthmus-dev/isthmus/testenv/testns"
 )
 
 // The tests below run WireGuard devices in network namespaces named
@@ -48,7 +50,8 @@ type testNS struct {
 // cleanup deletes it.
 func newTestNS(t *testing.T, suffix string) *testNS {
 	t.Helper()
-	name := fmt.Sprintf("wgt-%d-%s", os.Getpid(), suffix)
+	testns.Leftovers(t, "wgt")
+	name := fmt.Sprintf("wgt-%d-%s", os.Getpid(), suffix) // testns' form
 	ns := &testNS{name: name}
 	errc := make(chan error, 1)
 	go func() {
