@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -141,6 +142,18 @@ type Sample struct {
 	// completed. Both 0 when sockperf is missing.
 	RTTMicros float64 `json:"rtt_us,omitempty"`
 	TPS       float64 `json:"tps,omitempty"`
+	// BusyCores is how many of the machine's CPUs were busy, on average,
+	// while the stream ran (every process and softirq: the labs' nodes, the
+	// userspace WireGuard and iperf3 all run on this machine).
+	BusyCores float64 `json:"busy_cores,omitempty"`
+}
+
+// CoresPerGbps is the machine's CPU cost of the stream: busy CPUs per Gbit/s.
+func (s Sample) CoresPerGbps() float64 {
+	if s.Gbps <= 0 {
+		return 0
+	}
+	return s.BusyCores / s.Gbps
 }
 
 // Result holds every sample of one configuration.
@@ -163,6 +176,15 @@ func (r Result) MedianRTT() float64 {
 	v := make([]float64, 0, len(r.Samples))
 	for _, s := range r.Samples {
 		v = append(v, s.RTTMicros)
+	}
+	return median(v)
+}
+
+// MedianCoresPerGbps returns the median of the samples' busy CPUs per Gbit/s.
+func (r Result) MedianCoresPerGbps() float64 {
+	v := make([]float64, 0, len(r.Samples))
+	for _, s := range r.Samples {
+		v = append(v, s.CoresPerGbps())
 	}
 	return median(v)
 }
@@ -313,7 +335,7 @@ func (r *Report) String() string {
 		}
 	}
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "DATAPATH\tRULES\tMEDIAN Gbit/s\tSAMPLES\tRETRANSMITS\tvs VXLAN\tvs PLAIN\tvs WIREGUARD\tRR µs\tRR TPS\tTPS vs VXLAN\tRR µs vs WIREGUARD")
+	fmt.Fprintln(w, "DATAPATH\tRULES\tMEDIAN Gbit/s\tSAMPLES\tRETRANSMITS\tvs VXLAN\tvs PLAIN\tvs WIREGUARD\tCPUs per Gbit/s\tRR µs\tRR TPS\tTPS vs VXLAN\tRR µs vs WIREGUARD")
 	for _, res := range r.Results {
 		var samples, retr []string
 		for _, s := range res.Samples {
@@ -336,9 +358,9 @@ func (r *Report) String() string {
 				rttWG = fmt.Sprintf("%.2fx", res.MedianRTT()/b.MedianRTT())
 			}
 		}
-		fmt.Fprintf(w, "%s\t%s\t%.2f\t%s\t%s\t%.2fx\t%s\t%s\t%.1f\t%.0f\t%.2fx\t%s\n", res.Config.Name(), rules, res.Median(),
+		fmt.Fprintf(w, "%s\t%s\t%.2f\t%s\t%s\t%.2fx\t%s\t%s\t%.3f\t%.1f\t%.0f\t%.2fx\t%s\n", res.Config.Name(), rules, res.Median(),
 			strings.Join(samples, " "), strings.Join(retr, " "),
-			r.Ratio(res.Config, vx), vsPlain, vsWG,
+			r.Ratio(res.Config, vx), vsPlain, vsWG, res.MedianCoresPerGbps(),
 			res.MedianRTT(), res.MedianTPS(), tpsRatio, rttWG)
 	}
 	w.Flush()
@@ -571,12 +593,80 @@ func measure(ctx context.Context, l *testenv.Lab, opts Options) (Sample, error) 
 		return Sample{}, fmt.Errorf("iperf3 server in %s: %w", opts.Dst, err)
 	}
 	secs := strconv.Itoa(int(opts.Duration.Seconds()))
+	before, err := readCPUTimes()
+	if err != nil {
+		return Sample{}, err
+	}
 	out, err := testenv.Exec(ctx, l.PodNS(opts.Src), "iperf3", "--client", dst.String(), "--port", port,
 		"--time", secs, "--omit", "1", "--json")
 	if err != nil {
 		return Sample{}, err
 	}
-	return parseIperf([]byte(out))
+	after, err := readCPUTimes()
+	if err != nil {
+		return Sample{}, err
+	}
+	s, err := parseIperf([]byte(out))
+	s.BusyCores = after.busyCoresSince(before)
+	return s, err
+}
+
+// cpuTimes is the machine's CPU time from /proc/stat, in clock ticks.
+type cpuTimes struct {
+	busy, total uint64
+	cpus        int
+}
+
+func readCPUTimes() (cpuTimes, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return cpuTimes{}, err
+	}
+	return parseProcStat(string(b))
+}
+
+// parseProcStat reads the "cpu" line (the sum over CPUs: user nice system idle
+// iowait irq softirq steal ...; guest time is already in user) and counts the
+// cpuN lines. Idle and iowait are not busy.
+func parseProcStat(stat string) (cpuTimes, error) {
+	var t cpuTimes
+	found := false
+	for _, line := range strings.Split(stat, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || !strings.HasPrefix(f[0], "cpu") {
+			continue
+		}
+		if f[0] != "cpu" {
+			t.cpus++
+			continue
+		}
+		if len(f) < 9 {
+			return cpuTimes{}, fmt.Errorf("/proc/stat: short cpu line %q", line)
+		}
+		for i, v := range f[1:9] { // user .. steal
+			n, err := strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				return cpuTimes{}, fmt.Errorf("/proc/stat: cpu line %q: %w", line, err)
+			}
+			t.total += n
+			if i != 3 && i != 4 { // idle, iowait
+				t.busy += n
+			}
+		}
+		found = true
+	}
+	if !found || t.cpus == 0 {
+		return cpuTimes{}, errors.New("/proc/stat: no cpu lines")
+	}
+	return t, nil
+}
+
+// busyCoresSince returns how many CPUs were busy on average between before and t.
+func (t cpuTimes) busyCoresSince(before cpuTimes) float64 {
+	if t.total <= before.total {
+		return 0
+	}
+	return float64(t.busy-before.busy) / float64(t.total-before.total) * float64(t.cpus)
 }
 
 // requestResponse runs sockperf ping-pong over TCP from opts.Src to opts.Dst for

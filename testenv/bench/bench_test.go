@@ -32,6 +32,33 @@ func TestMedian(t *testing.T) {
 	}
 }
 
+// TestParseProcStat: busy time is everything but idle and iowait, over the
+// summed cpu line; the CPUs are counted from the cpuN lines.
+func TestParseProcStat(t *testing.T) {
+	stat := `cpu  100 5 50 800 20 3 7 15 0 0
+cpu0 50 2 25 400 10 1 4 8 0 0
+cpu1 50 3 25 400 10 2 3 7 0 0
+intr 12345
+ctxt 999
+`
+	got, err := parseProcStat(stat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (cpuTimes{busy: 100 + 5 + 50 + 3 + 7 + 15, total: 1000, cpus: 2}); got != want {
+		t.Errorf("parseProcStat = %+v, want %+v", got, want)
+	}
+	later := cpuTimes{busy: got.busy + 150, total: got.total + 200, cpus: 2}
+	if c := later.busyCoresSince(got); math.Abs(c-1.5) > 1e-9 {
+		t.Errorf("busyCoresSince = %v, want 1.5 (150 of 200 ticks on 2 CPUs)", c)
+	}
+	for _, bad := range []string{"", "intr 1\n", "cpu 1 2 3\ncpu0 1 2 3\n", "cpu a b c d e f g h\ncpu0 1\n"} {
+		if _, err := parseProcStat(bad); err == nil {
+			t.Errorf("parseProcStat(%q) = nil error", bad)
+		}
+	}
+}
+
 func TestRatioAndTable(t *testing.T) {
 	isth := Config{Datapath: testenv.DatapathIsthmus, Rules: true}
 	vx := Config{Datapath: testenv.DatapathVXLAN, Rules: true}
@@ -65,13 +92,13 @@ func TestProxyARPRows(t *testing.T) {
 	pa := Config{Wiring: testenv.PodWiringProxyARP}
 	rep := &Report{Rounds: 1, Results: []Result{
 		{Config: Config{Datapath: testenv.DatapathVXLAN, Rules: true}, Samples: []Sample{{Gbps: 1, TPS: 1}}},
-		{Config: pa.on(testenv.DatapathIsthmus), Samples: []Sample{{Gbps: 9, TPS: 300}}},
+		{Config: pa.on(testenv.DatapathIsthmus), Samples: []Sample{{Gbps: 9, TPS: 300, BusyCores: 1.8}}},
 		{Config: pa.on(testenv.DatapathVXLAN), Samples: []Sample{{Gbps: 10, TPS: 200}}},
 		{Config: pa.on(testenv.DatapathPlain), Samples: []Sample{{Gbps: 12, TPS: 400}}},
 	}}
 	table := rep.String()
 	for _, row := range []string{
-		"isthmus   none, proxy-ARP pods  9.00           9.00     0            0.90x     0.75x     -             0.0    300     1.50x         -",
+		"isthmus   none, proxy-ARP pods  9.00           9.00     0            0.90x     0.75x     -             0.200            0.0    300     1.50x         -",
 		"isthmus   none, proxy-ARP pods  vxlan    0.90x / 0.90x / 0.90x  1.50x / 1.50x / 1.50x",
 		"isthmus   none, proxy-ARP pods  plain    0.75x / 0.75x / 0.75x  0.75x / 0.75x / 0.75x",
 	} {
@@ -186,8 +213,8 @@ func TestEncryptionRows(t *testing.T) {
 	}}
 	table := rep.String()
 	for _, row := range []string{
-		"isthmus+wireguard  CNI leftovers  1.80           1.80     0            0.18x     -         0.90x         110.0  90      0.90x         1.10x",
-		"wireguard          CNI leftovers  2.00           2.00     0            0.20x     0.10x     -             100.0  100     1.00x         -",
+		"isthmus+wireguard  CNI leftovers  1.80           1.80     0            0.18x     -         0.90x         0.000            110.0  90      0.90x         1.10x",
+		"wireguard          CNI leftovers  2.00           2.00     0            0.20x     0.10x     -             0.000            100.0  100     1.00x         -",
 		"isthmus+wireguard  CNI leftovers  wireguard  0.90x / 0.90x / 0.90x  0.90x / 0.90x / 0.90x",
 	} {
 		if !strings.Contains(table, row) {
