@@ -39,6 +39,20 @@ func requireRootAndTUN(t *testing.T) {
 // deviceName is this run's device name for suffix.
 func deviceName(suffix string) string { return fmt.Sprintf("wgt%d%s", os.Getpid(), suffix) }
 
+// deviceTest sets up a test of one device: root and TUN, a namespace of its
+// own, the device's name for suffix and its log file; the cleanup stops a
+// userspace process serving the name and prints the log if the test failed.
+func deviceTest(t *testing.T, suffix string) (ns *testNS, name, logFile string) {
+	t.Helper()
+	requireRootAndTUN(t)
+	ns = newTestNS(t, suffix)
+	name = deviceName(suffix)
+	stopUserspaceAtCleanup(t, name)
+	logFile = filepath.Join(t.TempDir(), name+".log")
+	dumpLogsOnFailure(t, logFile)
+	return ns, name, logFile
+}
+
 // testNS is a named network namespace of one test.
 type testNS struct {
 	name string

@@ -273,12 +273,7 @@ func TestUserspaceTunnel(t *testing.T) {
 // kernel device or fails with ErrKernelUnsupported leaving nothing behind, and
 // then ModeAuto falls back to a userspace device.
 func TestEnsureKernelOrFallback(t *testing.T) {
-	requireRootAndTUN(t)
-	ns := newTestNS(t, "k")
-	name := deviceName("k")
-	stopUserspaceAtCleanup(t, name)
-	logFile := filepath.Join(t.TempDir(), name+".log")
-	dumpLogsOnFailure(t, logFile)
+	ns, name, logFile := deviceTest(t, "k")
 	key := mustKey(t)
 	cfg := Config{Name: name, Mode: ModeKernel, PrivateKey: key, LogFile: logFile, Log: testLogger(t)}
 	dev, err := ensureIn(t, ns, cfg)
@@ -340,12 +335,7 @@ func TestEnsureRefusesForeignLink(t *testing.T) {
 // TestEnsureReplacesStaleSocket checks the socket a killed process left
 // behind does not stop Ensure: it starts a new device.
 func TestEnsureReplacesStaleSocket(t *testing.T) {
-	requireRootAndTUN(t)
-	ns := newTestNS(t, "x")
-	name := deviceName("x")
-	stopUserspaceAtCleanup(t, name)
-	logFile := filepath.Join(t.TempDir(), name+".log")
-	dumpLogsOnFailure(t, logFile)
+	ns, name, logFile := deviceTest(t, "x")
 	if err := os.MkdirAll(socketDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -373,12 +363,7 @@ func TestEnsureReplacesStaleSocket(t *testing.T) {
 // userspace device another process started (the wireguard container); where
 // the kernel has it, Ensure makes a kernel device as without NoSpawn.
 func TestEnsureNoSpawn(t *testing.T) {
-	requireRootAndTUN(t)
-	ns := newTestNS(t, "n")
-	name := deviceName("n")
-	stopUserspaceAtCleanup(t, name)
-	logFile := filepath.Join(t.TempDir(), name+".log")
-	dumpLogsOnFailure(t, logFile)
+	ns, name, logFile := deviceTest(t, "n")
 	var kernel bool
 	if err := ns.do(func() (err error) { kernel, err = KernelSupported(); return err }); err != nil {
 		t.Fatal(err)
