@@ -32,17 +32,34 @@ func TestPidOf(t *testing.T) {
 	}
 }
 
+// deadPid returns a process ID no process has: the highest free one below
+// the kernel's pid_max.
+func deadPid(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/sys/kernel/pid_max")
+	if err != nil {
+		t.Fatal(err)
+	}
+	max, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pid := max - 1; pid > 1; pid-- {
+		if !running(pid) {
+			return pid
+		}
+	}
+	t.Fatal("every process ID is taken")
+	return 0
+}
+
 // TestSweep: a namespace and a pin directory of a process that has exited
 // go; those of this (running) process stay.
 func TestSweep(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("this test creates named network namespaces and needs root")
 	}
-	cmd := exec.Command("true")
-	if err := cmd.Run(); err != nil {
-		t.Fatal(err)
-	}
-	dead := cmd.Process.Pid
+	dead := deadPid(t)
 	prefix := "isthmus-sweeptest"
 	gone := prefix + "-" + strconv.Itoa(dead) + "-0001"
 	kept := Name(prefix)
