@@ -322,9 +322,7 @@ func start(ctx context.Context, cfg Config, wait bool) (*Agent, error) {
 	// userspace device another container runs may not be up yet: until it is,
 	// what is for encrypted peers is dropped (no device), and its link's
 	// appearance brings a sync.
-	if err := a.ensureWireGuard(); waitingForWireGuard(err) {
-		a.log.Warn("WireGuard device not up yet; what is for encrypted peers is dropped until it is", "err", err)
-	} else if err != nil {
+	if err := a.reportWireGuardWaiting(a.ensureWireGuard()); err != nil {
 		return nil, err
 	}
 	if err := a.ensureMasqueradeExemption(); err != nil {
@@ -735,16 +733,9 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 	// The rest of the datapath does not wait for a userspace device that
 	// another container has not started yet (encrypted peers' traffic is
 	// dropped meanwhile, config.wg_ifindex 0).
-	err = a.ensureWireGuard()
-	var waiting []string
-	if waitingForWireGuard(err) {
-		waiting = []string{err.Error()}
-	} else if err != nil {
+	if err := a.reportWireGuardWaiting(a.ensureWireGuard()); err != nil {
 		return err
 	}
-	a.reportChanged("wireguard-device", waiting, func(line string) {
-		a.log.Warn("WireGuard device not up yet; what is for encrypted peers is dropped until it is", "err", line)
-	})
 	a.publishWireGuardKey()
 	a.ensureHealth()
 	current, err := a.dp.Maps.Read()

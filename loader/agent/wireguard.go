@@ -276,6 +276,20 @@ func waitingForWireGuard(err error) bool {
 	return errors.Is(err, wireguard.ErrUserspaceNotRunning)
 }
 
+// reportWireGuardWaiting logs, once while it lasts, that ensureWireGuard's err
+// says the device is not up yet, and returns nil then; any other err it
+// returns as it is.
+func (a *Agent) reportWireGuardWaiting(err error) error {
+	var waiting []string
+	if waitingForWireGuard(err) {
+		waiting, err = []string{err.Error()}, nil
+	}
+	a.reportChanged("wireguard-device", waiting, func(line string) {
+		a.log.Warn("WireGuard device not up yet; what is for encrypted peers is dropped until it is", "err", line)
+	})
+	return err
+}
+
 // isWireGuardLink reports whether u is about the WireGuard device's link (it
 // appeared, or went): the device must be adopted again.
 func (a *Agent) isWireGuardLink(u netlink.LinkUpdate) bool {
