@@ -133,3 +133,40 @@ func (l *Lab) PublishWireGuardKey(node string) error {
 	}
 	return fmt.Errorf("publish wireguard key: no node %q", node)
 }
+
+// WireGuardStatus describes a node's WireGuard device for a failure report, one
+// line per peer: its endpoint, how long before now its last handshake was, and
+// the bytes both ways; "" when the node has no device (no encrypted peer).
+func (l *Lab) WireGuardStatus(node string) string {
+	name := WireGuardDevice(l.Name, node)
+	var b strings.Builder
+	err := Do(l.NodeNS(node), func() error {
+		wg, err := wgctrl.New()
+		if err != nil {
+			return err
+		}
+		defer wg.Close()
+		dev, err := wg.Device(name)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		fmt.Fprintf(&b, "wireguard %s of %s, %d peers:\n", name, node, len(dev.Peers))
+		for _, p := range dev.Peers {
+			hs := "never"
+			if p.LastHandshakeTime.Unix() > 0 {
+				hs = now.Sub(p.LastHandshakeTime).Round(time.Millisecond).String() + " ago"
+			}
+			fmt.Fprintf(&b, "  peer %s endpoint %v allowed %v handshake %s rx %d tx %d\n",
+				p.PublicKey.String()[:8], p.Endpoint, p.AllowedIPs, hs, p.ReceiveBytes, p.TransmitBytes)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Sprintf("wireguard %s of %s: %v\n", name, node, err)
+	}
+	return b.String()
+}

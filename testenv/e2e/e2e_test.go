@@ -196,6 +196,11 @@ func checkPaths(t *testing.T, l *testenv.Lab, logNodes ...string) *testenv.Matri
 		}
 		for _, n := range logNodes {
 			fmt.Fprintf(&logs, "\nagent log of %s:\n%s", n, tailFile(l.AgentLog(n)))
+			// An encrypted pair's first packets wait in the device for a
+			// handshake: when did it happen?
+			if wg := l.WireGuardStatus(n); wg != "" {
+				fmt.Fprintf(&logs, "\n%s", wg)
+			}
 		}
 		t.Errorf("%v%s", err, logs.String())
 	}
