@@ -358,7 +358,7 @@ func TestAgentKernel(t *testing.T) {
 	if err != nil {
 		t.Fatalf("restart: %v", err)
 	}
-	defer a.Close()
+	t.Cleanup(a.Close) // after the cleanup that stops Run
 	for _, p := range pins {
 		id, prog, _ := linkInfo(t, e.pinDir, p.dev, p.h)
 		if id != linkIDs[p.dev+string(p.h)] {
@@ -611,7 +611,7 @@ func TestAgentKernelGroups(t *testing.T) {
 	if err != nil {
 		t.Fatalf("start: %v", err)
 	}
-	defer func() { a.Close() }()
+	t.Cleanup(func() { a.Close() }) // after the cleanup that stops Run
 	x, y := netip.MustParseAddr("172.16.1.20"), netip.MustParseAddr("172.16.1.21")
 	grouped := netip.MustParsePrefix("10.0.2.0/23")
 
@@ -696,7 +696,7 @@ func TestAgentKernelUnderlayMoves(t *testing.T) {
 	if err != nil {
 		t.Fatalf("start: %v", err)
 	}
-	defer a.Close()
+	t.Cleanup(a.Close) // after the cleanup that stops Run
 	stop := e.run(t, a)
 
 	moved := mustVeth(t, "ul1", "ul1p")
@@ -760,7 +760,7 @@ func TestAgentKernelDirectFIB(t *testing.T) {
 	if err != nil {
 		t.Fatalf("start: %v", err)
 	}
-	defer a.Close()
+	t.Cleanup(a.Close) // after the cleanup that stops Run
 	if readMaps(t, e.pinDir).Config.Flags&maps.ConfigFlagFIBDirect != 0 {
 		t.Fatal("FIB lookups go direct before the rules are watched")
 	}

@@ -106,7 +106,7 @@ func TestAgentKernelKubernetes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("start: %v", err)
 	}
-	defer a.Close()
+	t.Cleanup(a.Close) // after the cleanup that stops Run
 	var wg sync.WaitGroup
 	var runErr error
 	wg.Add(1)

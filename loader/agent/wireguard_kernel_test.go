@@ -102,7 +102,7 @@ func TestAgentKernelWireGuardNoSpawn(t *testing.T) {
 	if err != nil {
 		t.Fatalf("start without the device: %v", err)
 	}
-	defer a.Close()
+	t.Cleanup(a.Close) // after the cleanup that stops Run
 	st := readMaps(t, e.pinDir)
 	if st.Config.WireGuardIfindex != 0 || st.Config.TunnelIP.String() != "100.64.0.1" {
 		t.Errorf("config before the device: wg_ifindex %d tunnel_ip %s, want 0 and 100.64.0.1", st.Config.WireGuardIfindex, st.Config.TunnelIP)
