@@ -64,7 +64,14 @@ func (l *Lab) startAgents(ctx context.Context, opts Options) error {
 			return err
 		}
 	}
-	return l.WaitReady(ctx, l.readyTimeout(opts))
+	if err := l.WaitReady(ctx, l.readyTimeout(opts)); err != nil {
+		return err
+	}
+	// A new lab is ready once its agents also agree that every peer is up; a
+	// test that restarts agents later decides for itself what to wait for.
+	ctx, cancel := context.WithTimeout(ctx, l.readyTimeout(opts))
+	defer cancel()
+	return l.waitPeersUp(ctx)
 }
 
 // readyTimeout is Options.ReadyTimeout with its default.

@@ -49,7 +49,7 @@ import (
 // kube.ClusterDNSIP: the answers come from it.
 func TestClusterDNS(t *testing.T) {
 	requireSetup(t)
-	t.Parallel() // a whole cluster: beside the others, after the package's sequential tests
+	beside(t, weightCluster)
 	if err := programs.Require("dig"); err != nil {
 		t.Fatal(err)
 	}

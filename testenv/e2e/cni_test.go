@@ -66,6 +66,7 @@ func pingBoth(t *testing.T, l *testenv.Lab, a, b string) {
 // `cnitool check` passes for it. A pod added to a running lab gets the next
 // address the node's IPAM chooses, and talks to the other site.
 func TestLabPodsThroughPlugin(t *testing.T) {
+	beside(t, weightLab)
 	l := upDefault(t)
 	for _, p := range l.Scenario.Pods() {
 		rs, err := l.Reservations(p.Node)
@@ -147,6 +148,7 @@ const libcniCache = "/var/lib/cni"
 // node's agent finds and releases it on its own, and keeps the others. A new
 // pod still gets an address and talks.
 func TestLabLeakedPodCollected(t *testing.T) {
+	beside(t, weightLab)
 	l := upDefault(t)
 	// A leak collector that looks every 200 ms at reservations older than 1 s,
 	// instead of the minutes a node uses.
@@ -209,6 +211,7 @@ func TestLabLeakedPodCollected(t *testing.T) {
 // accepts only the pod blocks the lab knew at `up`, as another CNI's rules
 // would, so they would drop the new pool's traffic between a1 and a2.
 func TestLabSiteEditMovesPools(t *testing.T) {
+	beside(t, weightLab)
 	requireSetup(t)
 	sc, err := testenv.LoadScenario("default")
 	if err != nil {
@@ -291,6 +294,7 @@ const flannelConflist = `{
 // plugin (a1's pods hold reservations and their DEL runs it), says so in its
 // log and metrics, is Ready, and a1's pods keep talking across the sites.
 func TestLabAnotherCNIKeepsNode(t *testing.T) {
+	beside(t, weightLab)
 	l := upDefault(t)
 	conf, bin := l.CNIConfDir("a1"), l.CNIBinDir("a1")
 	flannel := filepath.Join(conf, "10-flannel.conflist")

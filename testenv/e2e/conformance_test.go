@@ -40,7 +40,7 @@ const shortCases = 4
 // Service on every node's pod (checkNodePorts).
 func TestConformanceShort(t *testing.T) {
 	requireSetup(t)
-	t.Parallel() // a whole cluster: beside the others, after the package's sequential tests
+	beside(t, weightCluster)
 	// The first run on a machine builds e2e.test (about 25 minutes) besides
 	// the cluster's binaries.
 	ctx, cancel := context.WithTimeout(context.Background(), 75*time.Minute)

@@ -28,6 +28,10 @@ var (
 
 func TestMain(m *testing.M) {
 	code := func() int {
+		if err := initBeside(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
 		if os.Geteuid() != 0 {
 			setupErr = fmt.Errorf("end-to-end tests build network namespaces and load BPF programs: run them as root")
 			return m.Run()
@@ -244,6 +248,7 @@ func requireOwnSources(t *testing.T, l *testenv.Lab, m *testenv.Matrix) {
 // MASQUERADE nor FORWARD DROP touched isthmus traffic, and strict rp_filter
 // dropped nothing on any node.
 func TestMatrix(t *testing.T) {
+	beside(t, weightLab)
 	l := upDefault(t)
 	m := checkPaths(t, l, "a1", "b1")
 	pods := l.Scenario.Pods()
@@ -369,6 +374,7 @@ func checkGeneveVNI(t *testing.T, f frame, want uint64) {
 // tshark as GENEVE version 0, our VNI, inner Ethernet, with the pods' own
 // addresses inside and the nodes' underlay addresses outside.
 func TestGeneveOnWire(t *testing.T) {
+	beside(t, weightLab)
 	l := upDefault(t)
 	src, dst := "a1-p1", "b1-p1"
 	a1, _ := l.Node("a1")
@@ -462,6 +468,7 @@ const injected = 3
 // rather than by our datapath, are accepted and delivered: the local pod answers
 // every one of them and each reply goes back encapsulated.
 func TestScapyFrameDelivered(t *testing.T) {
+	beside(t, weightLab)
 	l := upDefault(t)
 	a1, _ := l.Node("a1")
 	b1, _ := l.Node("b1")
@@ -567,6 +574,7 @@ func TestBulkTCP(t *testing.T) {
 // TestDownAfterFailedUp: `isthmus-lab lab up` with an agent binary that does not
 // exist fails, and `isthmus-lab lab down` then leaves no namespace and no pin.
 func TestDownAfterFailedUp(t *testing.T) {
+	beside(t, weightLab)
 	requireSetup(t)
 	name := labName()
 	t.Cleanup(func() { testenv.Down(name, testenv.DownOptions{}) })

@@ -49,7 +49,10 @@ func captureSourcesOn(t *testing.T, nsName, dev, filter string, count int, traff
 // and capture see the node's underlay address (socat's report of its peer, tshark);
 // a world address in site-a's nonMasqueradeCIDRs and a peered site's node see the
 // pod's own address; a1 counts the translations.
-func TestEgressMasquerade(t *testing.T) { eachDecap(t, testEgressMasquerade) }
+func TestEgressMasquerade(t *testing.T) {
+	beside(t, weightLab)
+	eachDecap(t, testEgressMasquerade)
+}
 
 // testEgressMasquerade is TestEgressMasquerade with every agent started with --decap decap.
 func testEgressMasquerade(t *testing.T, decap string) {

@@ -18,6 +18,7 @@ import (
 // so every server must see the sending pod's own address, and at least one
 // probed pair must cross sites.
 func TestExamples(t *testing.T) {
+	beside(t, weightLab)
 	requireSetup(t)
 	files, err := filepath.Glob("../../examples/lab/*.yaml")
 	if err != nil {

@@ -23,6 +23,7 @@ import (
 // flex pods into isthmus0 for every source, and strict rp_filter dropped every
 // reply to aks2-p1.
 func TestSeed000GatewayPodsOnTheirOwnDevices(t *testing.T) {
+	beside(t, weightLab)
 	sc, err := testenv.LoadScenario("seed000gw")
 	if err != nil {
 		t.Fatal(err)

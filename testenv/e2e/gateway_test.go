@@ -105,7 +105,10 @@ func requirePairs(t *testing.T, m *testenv.Matrix, what string, pairs ...[2]stri
 // (member to edge, edge to member, gateway to edge, across members), every
 // server sees the original pod address (forwarded traffic never meets the
 // rule), and strict rp_filter drops nothing on any node (checkPaths).
-func TestSeed003(t *testing.T) { eachDecap(t, testSeed003) }
+func TestSeed003(t *testing.T) {
+	beside(t, weightLab)
+	eachDecap(t, testSeed003)
+}
 
 // testSeed003 is TestSeed003 with every agent started with --decap decap.
 func testSeed003(t *testing.T, decap string) {
@@ -170,7 +173,10 @@ func testSeed003(t *testing.T, decap string) {
 // address of them on the underlay (`ip route get` says eth0 for the endpoint,
 // for a remote node and for an address no Node holds yet), and ping works
 // while the tunnel carries traffic.
-func TestSeed000Gateway(t *testing.T) { eachDecap(t, testSeed000Gateway) }
+func TestSeed000Gateway(t *testing.T) {
+	beside(t, weightLab)
+	eachDecap(t, testSeed000Gateway)
+}
 
 // testSeed000Gateway is TestSeed000Gateway with every agent started with --decap decap.
 func testSeed000Gateway(t *testing.T, decap string) {
@@ -321,7 +327,10 @@ func testSeed000Gateway(t *testing.T, decap string) {
 // Calico pod on the member u-1, through u-gw, which hands it to the site
 // fabric; and the member's pod to the remote pod, through u-gw (the path
 // kernel conntrack broke in the seed).
-func TestSeed001(t *testing.T) { eachDecap(t, testSeed001) }
+func TestSeed001(t *testing.T) {
+	beside(t, weightLab)
+	eachDecap(t, testSeed001)
+}
 
 // testSeed001 is TestSeed001 with every agent started with --decap decap.
 func testSeed001(t *testing.T, decap string) {
@@ -358,7 +367,10 @@ func testGatewayFailover(t *testing.T, decap string) {
 // sites runs between the public addresses on the wire (outside the router's
 // NAT: on the remote gateway's port the outer source is the sender's public
 // address).
-func TestGatewayExternal(t *testing.T) { eachDecap(t, testGatewayExternal) }
+func TestGatewayExternal(t *testing.T) {
+	beside(t, weightLab)
+	eachDecap(t, testGatewayExternal)
+}
 
 // testGatewayExternal is TestGatewayExternal with every agent started with --decap decap.
 func testGatewayExternal(t *testing.T, decap string) {

@@ -54,7 +54,7 @@ import (
 //     (docs/agent.md, "Flows to the node's own addresses").
 func TestHostPort(t *testing.T) {
 	requireSetup(t)
-	t.Parallel() // a whole cluster: beside the others, after the package's sequential tests
+	beside(t, weightCluster)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	sc, err := testenv.LoadScenario("default")

@@ -19,6 +19,7 @@ import (
 // the agents must reach the same datapath as in file mode: every pod reaches
 // every other over ICMP, TCP and UDP with its own source address.
 func TestKubeMatrix(t *testing.T) {
+	beside(t, weightLab)
 	requireSetup(t)
 	sc, err := testenv.LoadScenario("default")
 	if err != nil {
@@ -74,6 +75,7 @@ func TestKubeMatrix(t *testing.T) {
 // back (same podCIDR, addresses written through the status subresource) the
 // route returns and a1-p1 reaches b2-p1 again.
 func TestKubeNodeRemoval(t *testing.T) {
+	beside(t, weightLab)
 	requireSetup(t)
 	sc, err := testenv.LoadScenario("default")
 	if err != nil {

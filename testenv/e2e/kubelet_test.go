@@ -36,6 +36,7 @@ const kubeletNamespace = "kubelet-test"
 // makes the kubelet stop the sandboxes: DEL frees the reservations and the
 // host interfaces.
 func TestKubeletPods(t *testing.T) {
+	beside(t, weightLab)
 	requireSetup(t)
 	start := time.Now()
 	// The first run on a machine builds kube-apiserver, kubelet and crictl.

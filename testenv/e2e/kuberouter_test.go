@@ -65,7 +65,7 @@ type policyPod struct {
 // pods would connect and the REJECT counters would not move.
 func TestKubeRouterPolicy(t *testing.T) {
 	requireSetup(t)
-	t.Parallel() // a whole cluster: beside the others, after the package's sequential tests
+	beside(t, weightCluster)
 	start := time.Now()
 	// The first run on a machine builds kube-apiserver, kubelet, crictl and
 	// kube-router.

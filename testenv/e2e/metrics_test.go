@@ -1,11 +1,7 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
-	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -19,41 +15,17 @@ import (
 	"github.com/isthmus-dev/isthmus/testenv"
 )
 
-// metricsPort is the agent's default --metrics-addr port, which the lab keeps.
-const metricsPort = 9963
-
-// scrape GETs path from the agent of node: the socket is opened on a thread in
-// the node's network namespace (where the agent listens), then used from here.
+// scrape GETs path from the agent of node (testenv.Lab.AgentHTTP) and fails
+// the test when it cannot.
 func scrape(t *testing.T, l *testenv.Lab, node, path string) (int, string) {
 	t.Helper()
-	var conn net.Conn
-	if err := testenv.Do(l.NodeNS(node), func() error {
-		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", metricsPort), 2*time.Second)
-		conn = c
-		return err
-	}); err != nil {
-		t.Fatalf("connect to the agent of %s: %v", node, err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(5 * time.Second))
-	req, err := http.NewRequest("GET", "http://agent"+path, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	code, body, err := l.AgentHTTP(ctx, node, path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Close = true
-	if err := req.Write(conn); err != nil {
-		t.Fatalf("GET %s from %s: %v", path, node, err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
-	if err != nil {
-		t.Fatalf("GET %s from %s: %v", path, node, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("GET %s from %s: %v", path, node, err)
-	}
-	return resp.StatusCode, string(body)
+	return code, body
 }
 
 // exposition is a scraped text exposition: series (name and labels, as served)
@@ -106,6 +78,7 @@ next:
 // an address that is no peer, drops{reason="unknown_peer"} on a1 moved by
 // exactly M. The scraped values agree with the pinned map.
 func TestMetricsEndpoint(t *testing.T) {
+	beside(t, weightLab)
 	l := upDefault(t)
 
 	// Ready soon after the ready file (written just before the status flips).
@@ -242,6 +215,7 @@ func TestMetricsEndpoint(t *testing.T) {
 // set aside makes /readyz 503 with the reason (the last good state stays in
 // force), and fixing it makes it 200 again; /healthz stays 200 throughout.
 func TestReadyzObjectsRejected(t *testing.T) {
+	beside(t, weightLab)
 	l := upDefault(t)
 	waitStatus := func(want int, substr string) {
 		t.Helper()

@@ -26,7 +26,10 @@ import (
 // agent's rules counted the packets; and the CNI's rule is live: a pod reaching
 // the router, which has no route to pod addresses, is answered only because the
 // rule masqueraded it to its node's address.
-func TestNFTMasqueradeKeptAway(t *testing.T) { eachDecap(t, testNFTMasqueradeKeptAway) }
+func TestNFTMasqueradeKeptAway(t *testing.T) {
+	beside(t, weightLab)
+	eachDecap(t, testNFTMasqueradeKeptAway)
+}
 
 // testNFTMasqueradeKeptAway is TestNFTMasqueradeKeptAway with every agent
 // started with --decap decap.

@@ -18,13 +18,16 @@ import (
 // Then every pod pair of the scenario (checkPaths), so the pods of a scenario
 // variant that only this test builds, and of any scenario added later, are
 // checked under strict rp_filter too.
-// seed000gw-open is the topology of issue 12: seed 000's gateway setup with a
-// firewall that passes node-to-node traffic, where the member aks-2 and the
-// flex gateway flex-1 lost each other both ways.
+// seed000gw-open is seed 000's gateway setup with a firewall that passes
+// node-to-node traffic, where the member aks-2 and the flex gateway flex-1 once
+// lost each other both ways.
+// Each scenario is a lab of its own, run beside the package's other labs.
 func TestNodeToNodeEveryScenario(t *testing.T) {
 	requireSetup(t)
+	t.Parallel()
 	for _, name := range append(testenv.Builtins(), "seed000gw-open") {
 		t.Run(name, func(t *testing.T) {
+			beside(t, weightLab)
 			base, open := strings.CutSuffix(name, "-open")
 			sc, err := testenv.LoadScenario(base)
 			if err != nil {
@@ -39,7 +42,7 @@ func TestNodeToNodeEveryScenario(t *testing.T) {
 			l := upLab(ctx, t, sc, testenv.Options{ReadyTimeout: 60 * time.Second, CheckNodes: true, Log: &log})
 			checkPaths(t, l)
 			if open {
-				// The pair of issue 12 reaches each other both ways, before
+				// The pair reaches each other both ways, before
 				// and with the agents.
 				for _, pair := range []string{"aks-2 -> flex-1: ok", "flex-1 -> aks-2: ok"} {
 					if n := strings.Count(log.String(), pair); n != 2 {

@@ -49,7 +49,7 @@ import (
 // Strict rp_filter stays on in every node, and its drop counter stays zero.
 func TestOtherCNISite(t *testing.T) {
 	requireSetup(t)
-	t.Parallel() // a whole cluster: beside the others, after the package's sequential tests
+	beside(t, weightCluster)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()

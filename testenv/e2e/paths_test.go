@@ -170,6 +170,7 @@ func formatMetrics(m map[maps.MetricKey]maps.Counter) string {
 // at isthmus0 egress kept the overlay route as the skb's dst and lost the queued
 // packet once ARP resolved.
 func TestHostTraffic(t *testing.T) {
+	beside(t, weightLab)
 	l := upDefault(t)
 	a1Tun := tunnelAddr(t, l, "a1")
 	b2Tun := tunnelAddr(t, l, "b2")
@@ -270,6 +271,7 @@ func linkInfo(t *testing.T, path string) *link.Info {
 // while underlay_ingress delivered them using the metadata XDP left: METRIC_DECAP
 // on the XDP hook only, deliveries on the TC hook.
 func TestXDPDecap(t *testing.T) {
+	beside(t, weightLab)
 	l := upWith(t, "--decap", "xdp")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -609,6 +611,7 @@ sendp(frame, iface=iface, count=int(count), inter=0.05, verbose=False)
 // outside b1's podCIDR moves DROP_INNER_SRC_DENIED, by the number of frames sent,
 // at a1's underlay TC hook; nothing of either is decapsulated.
 func TestDropCounted(t *testing.T) {
+	beside(t, weightLab)
 	l := upDefault(t)
 	a1, _ := l.Node("a1")
 	b1, _ := l.Node("b1")

@@ -35,6 +35,7 @@ var podNodeCases = []struct{ pod, node string }{
 // of edge-gw decodes the request crossing the underlay as GENEVE, the pod's
 // address inside.
 func TestPodToNodeAddress(t *testing.T) {
+	beside(t, weightLab)
 	l := upScenario(t, "seed003")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -39,6 +39,7 @@ type runtimeNode struct {
 // other pod's own address as the source; removing the pods through the runtime
 // runs DEL, which frees the reservations and the host interfaces.
 func TestContainerdPods(t *testing.T) {
+	beside(t, weightLab)
 	requireSetup(t)
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

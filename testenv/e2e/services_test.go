@@ -66,6 +66,7 @@ var seed000Services = []serviceCase{
 // source. A datapath that delivers a Service's reply around conntrack leaves
 // it un-DNATed, and the client never gets its answer.
 func TestKubeProxyServices(t *testing.T) {
+	beside(t, weightLab)
 	testServices(t, "seed000", seed000Services)
 }
 
@@ -121,6 +122,7 @@ var seed000gwServices = []serviceCase{
 // gateway topology, where a member's pods leave by the site's fabric, with the
 // agents' default decapsulation (the path is the stack's, not the hook's).
 func TestKubeProxyServicesGatewayMode(t *testing.T) {
+	beside(t, weightLab)
 	testServicesDecap(t, "seed000gw", seed000gwServices, "")
 }
 
@@ -129,6 +131,7 @@ func TestKubeProxyServicesGatewayMode(t *testing.T) {
 // backends in the remote site, in both kube-proxy modes, and the source each
 // backend sees.
 func TestKubeProxyServicesGateways(t *testing.T) {
+	beside(t, weightLab)
 	testServices(t, "seed003", seed003Services)
 }
 
@@ -287,6 +290,7 @@ func waitProxyRules(ctx context.Context, t *testing.T, l *testenv.Lab, mode test
 // remote site sends to aks1-p1, which accepts nothing from it: the small datagram
 // denied, the fragmented one denied, the established flow cut.
 func TestSitePolicy(t *testing.T) {
+	beside(t, weightLab)
 	requireSetup(t)
 	sc, err := testenv.LoadScenario("seed000")
 	if err != nil {
@@ -418,6 +422,7 @@ func ruleCount(ctx context.Context, t *testing.T, l *testenv.Lab, node, chain, t
 // Ready and a passing matrix; `lab down` from another process stops the serving
 // process, which removes all of it.
 func TestLabUpKubernetes(t *testing.T) {
+	beside(t, weightLab)
 	requireSetup(t)
 	name := labName()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

@@ -55,6 +55,7 @@ for arg in sys.argv[3:]:
 // and is covered in bpf/harden_test.go).
 // The same pod sending from its own address is received, so the receiver works.
 func TestPodSpoofedSource(t *testing.T) {
+	beside(t, weightLab)
 	l := upDefault(t)
 	sender, neighbour, receiver := "a1-p1", "a1-p2", "b1-p1"
 	const port = 7777

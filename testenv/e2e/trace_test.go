@@ -17,6 +17,7 @@ import (
 // a1, and the decapsulation and delivery of the replies through the stack), and on
 // interrupt leaves tracing switched off again.
 func TestTraceCommand(t *testing.T) {
+	beside(t, weightLab)
 	l := upDefault(t)
 	src, dst := l.PodAddr("a1-p1"), l.PodAddr("b1-p1")
 	b1, _ := l.Node("b1")

@@ -26,7 +26,10 @@ const (
 // 10.0.4.10 as aks-1's tunnel address 100.64.0.4 (return-path SNAT); node to
 // node underlay traffic still passes; and a pod packet sent across without the
 // tunnel is still dropped by the firewall.
-func TestSeed000(t *testing.T) { eachDecap(t, testSeed000) }
+func TestSeed000(t *testing.T) {
+	beside(t, weightLab)
+	eachDecap(t, testSeed000)
+}
 
 // testSeed000 is TestSeed000 with every agent started with --decap decap.
 func testSeed000(t *testing.T, decap string) {

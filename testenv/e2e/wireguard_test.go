@@ -98,6 +98,7 @@ func judgeWAN(t *testing.T, frames []wanFrame, siteB netip.Prefix, pods []netip.
 // WireGuard's port blocked on the router, the pods lose each other and still
 // nothing leaves in the clear; unblocked, they are back within 30 s.
 func TestWireGuardBetweenSites(t *testing.T) {
+	beside(t, weightLab)
 	l := upScenario(t, "wireguard")
 	checkPaths(t, l, "a1", "b1")
 	siteB := netip.MustParsePrefix("172.16.2.0/24")
@@ -238,6 +239,7 @@ func wgShowDump(t *testing.T, l *testenv.Lab, node string) (string, map[string][
 // within 30 s by itself. Gateway failover works through the NAT: flows from the
 // cloud move from one edge gateway to the other when it fails, and back.
 func TestWireGuardBehindNAT(t *testing.T) {
+	beside(t, weightLab)
 	l := upScenario(t, "wgnat")
 	reach := func(what string, limit time.Duration) {
 		t.Helper()
@@ -297,6 +299,7 @@ func TestWireGuardBehindNAT(t *testing.T) {
 // WAN port, decoded by tshark, what the edges exchange arrives and leaves as
 // WireGuard data to and from both NATs' addresses, and no pod address shows.
 func TestWireGuardTwoNATs(t *testing.T) {
+	beside(t, weightLab)
 	l := upScenario(t, "wgrelay")
 	start := time.Now()
 	for testenv.Ping(l.PodNS("sh1-p1"), l.PodAddr("ho1-p1"), time.Second) != nil {
