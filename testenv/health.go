@@ -7,7 +7,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -22,24 +24,39 @@ const agentMetricsAddr = "127.0.0.1:9963"
 // --health-multiplier misses, and only --health-rise answers in a row bring it
 // back. Until then the node sends nothing through that gateway, so a lab is not
 // ready before its agents agree that every peer is up (every built-in scenario
-// starts with all of them up; the tests take them down later). It gives up,
-// naming the peers still down, when ctx ends.
+// starts with all of them up; the tests take them down later). Every round asks
+// every agent at once and keeps each one's last answer, so a slow agent on a
+// loaded machine delays a round without voiding it. It gives up when ctx ends,
+// naming the peers still down by the agents' last answers and the agents whose
+// last scrape failed.
 func (l *Lab) waitPeersUp(ctx context.Context) error {
 	start := time.Now()
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
+	nodes := l.Scenario.Nodes()
+	down := make([][]string, len(nodes)) // by each agent's last answer
+	failed := make([]error, len(nodes))  // each agent's last scrape, if it failed
 	for {
-		var down []string
-		for _, n := range l.Scenario.Nodes() {
-			series, err := l.peersDown(ctx, n.Name)
-			if err != nil {
-				return fmt.Errorf("node %s: %w", n.Name, err)
+		var wg sync.WaitGroup
+		for i, n := range nodes {
+			wg.Go(func() {
+				series, err := l.peersDown(ctx, n.Name)
+				if failed[i] = err; err == nil {
+					down[i] = series
+				}
+			})
+		}
+		wg.Wait()
+		var stillDown, noAnswer []string
+		for i, n := range nodes {
+			for _, s := range down[i] {
+				stillDown = append(stillDown, n.Name+": "+s)
 			}
-			for _, s := range series {
-				down = append(down, n.Name+": "+s)
+			if failed[i] != nil {
+				noAnswer = append(noAnswer, fmt.Sprintf("%s: %v", n.Name, failed[i]))
 			}
 		}
-		if len(down) == 0 {
+		if len(stillDown) == 0 && len(noAnswer) == 0 {
 			if waited := time.Since(start); waited > time.Second {
 				l.logf("lab %s: every agent finds every peer up, %s after the last was ready", l.Name, waited.Round(100*time.Millisecond))
 			}
@@ -47,7 +64,14 @@ func (l *Lab) waitPeersUp(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("health checks still find peers down: %s: %w", strings.Join(down, ", "), ctx.Err())
+			var why []string
+			if len(stillDown) > 0 {
+				why = append(why, "health checks still find peers down: "+strings.Join(stillDown, ", "))
+			}
+			if len(noAnswer) > 0 {
+				why = append(why, "no answer from agents: "+strings.Join(noAnswer, ", "))
+			}
+			return fmt.Errorf("%s: %w", strings.Join(why, "; "), ctx.Err())
 		case <-tick.C:
 		}
 	}
@@ -60,13 +84,31 @@ func (l *Lab) peersDown(ctx context.Context, node string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return peerUpZero(body), nil
+}
+
+// peerUpZero returns the isthmus_peer_up series whose value is 0 in a
+// Prometheus text exposition, as written there (name and labels).
+func peerUpZero(exposition string) []string {
 	var down []string
-	for _, line := range strings.Split(body, "\n") {
-		if series, ok := strings.CutSuffix(line, " 0"); ok && strings.HasPrefix(series, "isthmus_peer_up{") {
-			down = append(down, series)
+	for _, line := range strings.Split(exposition, "\n") {
+		if !strings.HasPrefix(line, "isthmus_peer_up{") {
+			continue
+		}
+		end := strings.LastIndexByte(line, '}')
+		if end < 0 {
+			continue
+		}
+		// The value, then an optional timestamp.
+		fields := strings.Fields(line[end+1:])
+		if len(fields) == 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(fields[0], 64); err == nil && v == 0 {
+			down = append(down, line[:end+1])
 		}
 	}
-	return down, nil
+	return down
 }
 
 // agentGet GETs path from node's agent and returns the body of a 200 answer.

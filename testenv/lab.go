@@ -73,7 +73,8 @@ type Options struct {
 	Binary string
 	// Datapath defaults to DatapathIsthmus.
 	Datapath Datapath
-	// ReadyTimeout bounds the wait for every agent's ready file; default 30s.
+	// ReadyTimeout bounds the wait for every agent's ready file, and then the
+	// wait for every agent to find every health-checked peer up; default 30s.
 	ReadyTimeout time.Duration
 	// AgentArgs are appended to every agent's command line.
 	AgentArgs []string
@@ -679,9 +680,11 @@ func (l *Lab) nodeSysctls(n NodeRef) error {
 
 // nodeRules installs the iptables rules another CNI typically leaves on a node,
 // when the scenario asks for them: its exact MASQUERADE rule when Leftovers
-// gives one, else one MASQUERADE per pod block. In the baseline datapaths pod-to-pod traffic is
-// exempted from MASQUERADE first, as every routed CNI does for its own traffic;
-// isthmus must not need that exemption.
+// gives one, else one MASQUERADE per pod block. In the baseline datapaths
+// pod-to-pod traffic is exempted from MASQUERADE first, as every routed CNI does
+// for its own traffic (with plain WireGuard routing it must be: the peer's
+// cryptokey routing drops a source masqueraded to the node's address); isthmus
+// must not need that exemption.
 func (l *Lab) nodeRules(ctx context.Context, n NodeRef) error {
 	lo := l.Scenario.Leftovers(&n.Node)
 	if !lo.On {
@@ -690,7 +693,7 @@ func (l *Lab) nodeRules(ctx context.Context, n NodeRef) error {
 	blocks := l.Scenario.PodBlocks()
 	var b strings.Builder
 	b.WriteString("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n")
-	if l.Datapath == DatapathPlain || l.Datapath == DatapathVXLAN {
+	if l.Datapath == DatapathPlain || l.Datapath == DatapathVXLAN || l.Datapath == DatapathWireGuard {
 		for _, s := range blocks {
 			for _, d := range blocks {
 				fmt.Fprintf(&b, "-A POSTROUTING -s %s -d %s -j RETURN\n", s, d)

@@ -44,6 +44,10 @@ closing connections for --duration) and one iperf3 stream, interleaved.`,
 			if output != "table" && output != "json" {
 				return fmt.Errorf("bench: output %q: want table or json", output)
 			}
+			// Ctrl-C ends the measurement and still removes the labs.
+			ctx, cancel := signalContext()
+			defer cancel()
+			cmd.SetContext(ctx)
 			if controlPlane {
 				return runControlPlaneBench(cmd, output)
 			}

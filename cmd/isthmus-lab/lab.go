@@ -93,7 +93,7 @@ func newLabCmd() *cobra.Command {
 	}
 	up.Flags().StringVar(&binary, "binary", "", "isthmus binary the agents run (default: the isthmus beside this executable)")
 	up.Flags().StringVar(&datapath, "datapath", string(testenv.DatapathIsthmus), "isthmus (one agent per node), plain (native routes), vxlan (kernel VXLAN, as flannel) or wireguard (plain WireGuard routing between the sites), the baselines, or none (topology only)")
-	up.Flags().DurationVar(&timeout, "ready-timeout", 30*time.Second, "how long to wait for every agent's ready file")
+	up.Flags().DurationVar(&timeout, "ready-timeout", 30*time.Second, "how long to wait for every agent's ready file, and then again for every agent to find every health-checked peer up")
 	up.Flags().StringVar(&kubernetes, "kubernetes", "", "iptables or nftables: run a real kube-apiserver, feed the agents from it, and run kube-proxy in that mode on every node; the lab lives until Ctrl-C")
 
 	check := &cobra.Command{

@@ -506,6 +506,11 @@ func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 		if !l.PodAddr(opts.Src).IsValid() || !l.PodAddr(opts.Dst).IsValid() {
 			return nil, fmt.Errorf("bench: scenario %s has no pod %q or %q", opts.Scenario, opts.Src, opts.Dst)
 		}
+		// A datapath that does not carry the path would leave the measurement
+		// waiting on a connection that never opens: say so instead.
+		if err := reaches(ctx, l, opts.Src, opts.Dst); err != nil {
+			return nil, fmt.Errorf("bench: %s: %w", c, err)
+		}
 		rep.Results = append(rep.Results, Result{Config: c})
 	}
 	for round := 1; round <= opts.Rounds; round++ {
@@ -574,9 +579,29 @@ func startKubeProxy(ctx context.Context, l *testenv.Lab, mode testenv.ProxyMode)
 	return l.WaitKubeProxyRules(ctx, mode, svcs, 2*time.Minute)
 }
 
+// reaches returns nil once pod src has an answer from pod dst to a ping, an
+// error if it has none within 10 s (a WireGuard handshake, neighbour
+// resolution and kube-proxy's first sync all fit well within).
+func reaches(ctx context.Context, l *testenv.Lab, src, dst string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := testenv.Ping(l.PodNS(src), l.PodAddr(dst), time.Second)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("pod %s does not reach pod %s (%s): %w", src, dst, l.PodAddr(dst), err)
+		}
+	}
+}
+
 // measure runs one iperf3 stream from opts.Src to opts.Dst in lab l.
 func measure(ctx context.Context, l *testenv.Lab, opts Options) (Sample, error) {
 	const port = "5299"
+	// A stream that stalls (a path lost in the middle of a run) ends the run
+	// rather than waiting on it for ever.
+	ctx, cancel := context.WithTimeout(ctx, opts.Duration+30*time.Second)
+	defer cancel()
 	dst := l.PodAddr(opts.Dst)
 	server := testenv.Command(ctx, l.PodNS(opts.Dst), "iperf3", "--server", "--one-off", "--forceflush",
 		"--port", port, "--bind", dst.String())
@@ -598,7 +623,7 @@ func measure(ctx context.Context, l *testenv.Lab, opts Options) (Sample, error) 
 		return Sample{}, err
 	}
 	out, err := testenv.Exec(ctx, l.PodNS(opts.Src), "iperf3", "--client", dst.String(), "--port", port,
-		"--time", secs, "--omit", "1", "--json")
+		"--time", secs, "--omit", "1", "--connect-timeout", "5000", "--json")
 	if err != nil {
 		return Sample{}, err
 	}

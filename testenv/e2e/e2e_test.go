@@ -597,6 +597,60 @@ func TestDownAfterFailedUp(t *testing.T) {
 	}
 }
 
+// TestUpWaitsForPeersUp: a lab is not ready while an agent finds a
+// health-checked peer down. The gwfailover scenario gets a third west gateway,
+// gw-w3, as a Node object only: nothing answers its probes, so w-1 and the east
+// gateways, which probe every west gateway, count it down (within 0.3 s at a
+// 100 ms interval, long before the last agent is ready). Up must fail within
+// the ready timeout and name it.
+func TestUpWaitsForPeersUp(t *testing.T) {
+	beside(t, weightLab)
+	requireSetup(t)
+	sc, err := testenv.LoadScenario("gwfailover")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.Objects += `---
+apiVersion: v1
+kind: Node
+metadata:
+  name: gw-w3
+  labels: {isthmus.dev/gateway: "true"}
+spec: {podCIDR: 10.60.4.0/24, podCIDRs: [10.60.4.0/24]}
+status:
+  addresses: [{type: InternalIP, address: 172.21.0.13}]
+`
+	name := labName()
+	t.Cleanup(func() {
+		if err := testenv.Down(name, testenv.DownOptions{}); err != nil {
+			t.Error(err)
+		}
+		assertGone(t, name)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const readyTimeout = 30 * time.Second
+	start := time.Now()
+	l, err := testenv.Up(ctx, sc, testenv.Options{Name: name, Binary: binary, ReadyTimeout: readyTimeout,
+		AgentArgs: []string{"--health-interval", "100ms"}})
+	if err == nil {
+		l.Down()
+		t.Fatal("Up succeeded while gw-w3 answers no health probe")
+	}
+	if !strings.Contains(err.Error(), "health checks still find peers down") ||
+		!strings.Contains(err.Error(), `peer="gw-w3"`) {
+		t.Fatalf("Up = %v, want the peers found down, gw-w3 among them", err)
+	}
+	for _, other := range []string{"gw-w1", "gw-w2", "gw-e1", "gw-e2"} {
+		if strings.Contains(err.Error(), `peer="`+other+`"`) {
+			t.Errorf("Up names %s down, which answers: %v", other, err)
+		}
+	}
+	if took := time.Since(start); took > 2*readyTimeout+30*time.Second {
+		t.Errorf("Up gave up after %s, the ready timeout is %s for each wait", took.Round(time.Second), readyTimeout)
+	}
+}
+
 func tailFile(path string) string {
 	data, err := os.ReadFile(path)
 	if err != nil {
