@@ -3,8 +3,10 @@ package bpf
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"testing"
 	"time"
 
@@ -791,6 +793,95 @@ func TestTimeExceededNotAboutErrors(t *testing.T) {
 			if ret != tcActShot || d[dropKey(IsthmusDropReasonDROP_TTL_EXCEEDED, hook)] != 1 || len(d) != 1 {
 				t.Errorf("%s: verdict %d, counters %v; want TC_ACT_SHOT and only DROP_TTL_EXCEEDED +1", c.name, ret, d)
 			}
+		}
+	})
+}
+
+// TestPodSourceIPv6: pod_ingress checks a pod's IPv6 sources as its IPv4 ones. On an
+// interface without reservations a source must route back through it (strict reverse
+// path, which needs IPv6 forwarding on the interface: without it, no source passes);
+// on the CNI plugin's interface it must be one reserved for it in pod_addrs6,
+// whatever the routes say. Link-local and unspecified sources (neighbour discovery,
+// duplicate address detection) stay on the link and pass. What passes goes to the
+// stack untouched and uncounted.
+func TestPodSourceIPv6(t *testing.T) {
+	l := newLab(t)
+	a := netip.MustParseAddr
+	own, routed, stranger := a("fd10::5"), a("fd10::6"), a("fd10::9")
+	ifindex := l.pod.Attrs().Index
+	if err := inNS(l.ns, func() error {
+		for _, p := range []netip.Addr{own, routed} {
+			r := &netlink.Route{Dst: &net.IPNet{IP: p.AsSlice(), Mask: net.CIDRMask(128, 128)}, LinkIndex: ifindex}
+			if err := netlink.RouteAdd(r); err != nil {
+				return fmt.Errorf("add route %v: %w", p, err)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	forwarding := func(on string) {
+		t.Helper()
+		if err := inNS(l.ns, func() error {
+			return os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte(on), 0o644)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	frame := func(src netip.Addr) []byte {
+		return ethFrame(l.podHMAC, podMAC, 0x86dd, ipv6Packet(src, a("fd20::7"), 17, 64, udpDatagram(4000, 5000, []byte("v6"))))
+	}
+	wantPass := func(t *testing.T, src netip.Addr) {
+		t.Helper()
+		before := l.counts(t)
+		in := frame(src)
+		ret, out := l.run(t, l.objs.PodIngress, in, ifindex)
+		if ret != tcActOK || !bytes.Equal(out, in) || l.mark != 0 {
+			t.Errorf("source %v: verdict %d, mark %#x, changed %v; want TC_ACT_OK, untouched", src, ret, l.mark, !bytes.Equal(out, in))
+		}
+		if d := delta(before, l.counts(t)); len(d) != 0 {
+			t.Errorf("source %v: counters moved %v, want none", src, d)
+		}
+	}
+	linkScoped := []netip.Addr{a("fe80::1234"), a("::")}
+
+	t.Run("no forwarding", func(t *testing.T) {
+		forwarding("0")
+		wantDrop(t, l, l.objs.PodIngress, ifindex, frame(own), IsthmusDropReasonDROP_POD_SRC_SPOOFED, IsthmusHookHOOK_POD_INGRESS)
+		for _, src := range linkScoped {
+			wantPass(t, src)
+		}
+	})
+	forwarding("1")
+	t.Run("reverse path", func(t *testing.T) {
+		wantPass(t, own)
+		wantPass(t, routed)
+		for _, src := range linkScoped {
+			wantPass(t, src)
+		}
+		for _, src := range []netip.Addr{stranger, a("ff02::1"), a("::1")} {
+			wantDrop(t, l, l.objs.PodIngress, ifindex, frame(src), IsthmusDropReasonDROP_POD_SRC_SPOOFED, IsthmusHookHOOK_POD_INGRESS)
+		}
+	})
+	t.Run("reserved", func(t *testing.T) {
+		if err := l.objs.PodIfaces.Put(uint32(ifindex), IsthmusPodIfaceValue{Flags: 1}); err != nil { // POD_IFACE_F_RESERVED
+			t.Fatal(err)
+		}
+		key := IsthmusPodAddr6Key{Ifindex: uint32(ifindex)}
+		b := own.As16()
+		for i := range key.Addr {
+			key.Addr[i] = binary.NativeEndian.Uint32(b[4*i:])
+		}
+		if err := l.objs.PodAddrs6.Put(key, IsthmusPodAddrValue{}); err != nil {
+			t.Fatal(err)
+		}
+		wantPass(t, own)
+		for _, src := range linkScoped {
+			wantPass(t, src)
+		}
+		// Routed through the pod's interface, but not reserved for it.
+		for _, src := range []netip.Addr{routed, stranger} {
+			wantDrop(t, l, l.objs.PodIngress, ifindex, frame(src), IsthmusDropReasonDROP_POD_SRC_NOT_RESERVED, IsthmusHookHOOK_POD_INGRESS)
 		}
 	})
 }

@@ -271,6 +271,12 @@ type IsthmusPeerValue struct {
 	Reserved uint32
 }
 
+type IsthmusPodAddr6Key struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Addr    [4]uint32
+}
+
 type IsthmusPodAddrKey struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -367,6 +373,7 @@ const (
 	IsthmusMapPeerSources            = "peer_sources"
 	IsthmusMapPeers                  = "peers"
 	IsthmusMapPodAddrs               = "pod_addrs"
+	IsthmusMapPodAddrs6              = "pod_addrs6"
 	IsthmusMapPodIfaces              = "pod_ifaces"
 	IsthmusMapRedirectDrops          = "redirect_drops"
 	IsthmusMapRedirectLast           = "redirect_last"
@@ -454,6 +461,7 @@ type IsthmusMapSpecs struct {
 	PeerSources    *ebpf.MapSpec `ebpf:"peer_sources"`
 	Peers          *ebpf.MapSpec `ebpf:"peers"`
 	PodAddrs       *ebpf.MapSpec `ebpf:"pod_addrs"`
+	PodAddrs6      *ebpf.MapSpec `ebpf:"pod_addrs6"`
 	PodIfaces      *ebpf.MapSpec `ebpf:"pod_ifaces"`
 	RedirectDrops  *ebpf.MapSpec `ebpf:"redirect_drops"`
 	RedirectLast   *ebpf.MapSpec `ebpf:"redirect_last"`
@@ -505,6 +513,7 @@ type IsthmusMaps struct {
 	PeerSources    *ebpf.Map `ebpf:"peer_sources"`
 	Peers          *ebpf.Map `ebpf:"peers"`
 	PodAddrs       *ebpf.Map `ebpf:"pod_addrs"`
+	PodAddrs6      *ebpf.Map `ebpf:"pod_addrs6"`
 	PodIfaces      *ebpf.Map `ebpf:"pod_ifaces"`
 	RedirectDrops  *ebpf.Map `ebpf:"redirect_drops"`
 	RedirectLast   *ebpf.Map `ebpf:"redirect_last"`
@@ -531,6 +540,7 @@ func (m *IsthmusMaps) Close() error {
 		m.PeerSources,
 		m.Peers,
 		m.PodAddrs,
+		m.PodAddrs6,
 		m.PodIfaces,
 		m.RedirectDrops,
 		m.RedirectLast,

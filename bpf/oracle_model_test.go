@@ -892,6 +892,17 @@ func untaggedIPv4(in []byte) bool {
 	return eth.DecodeFromBytes(in, gopacket.NilDecodeFeedback) == nil && eth.EthernetType == layers.EthernetTypeIPv4
 }
 
+// untaggedIPv6Source returns the source of in's IPv6 fixed header and true when in is
+// an untagged Ethernet frame of type IPv6 long enough to hold one, of version 6.
+func untaggedIPv6Source(in []byte) (netip.Addr, bool) {
+	eth := &layers.Ethernet{}
+	if eth.DecodeFromBytes(in, gopacket.NilDecodeFeedback) != nil || eth.EthernetType != layers.EthernetTypeIPv6 ||
+		len(in) < 14+40 || in[14]>>4 != 6 {
+		return netip.Addr{}, false
+	}
+	return netip.AddrFrom16([16]byte(in[22:38])), true
+}
+
 // modelUnderlay is the model of underlay_ingress (xdp false) and underlay_xdp (xdp true)
 // for frame in arriving on the underlay device.
 func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
@@ -1542,6 +1553,19 @@ func transitForm(w *oracleWorld, in []byte, outer *ipv4View, ipOff int, next []n
 // modelEncap is the model of pod_ingress (fromPod) and overlay_egress for frame in.
 func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 	var e expectation
+	if src, ok := untaggedIPv6Source(in); ok && fromPod {
+		// DESIGN.md: a pod sends only from its own addresses, in IPv6 too. Link-scoped
+		// sources stay on the pod's link; no other is the pod's here (pod0h holds no
+		// IPv6 reservation, and the world does not forward IPv6: no route vouches).
+		if src.IsUnspecified() || src.IsLinkLocalUnicast() {
+			e.pass = true
+			e.because("IPv6 from link-scoped %v: the stack's", src)
+			return e
+		}
+		e.allowDrop(IsthmusDropReasonDROP_POD_SRC_SPOOFED)
+		e.because("IPv6 source %v is not the pod's own address: DROP_POD_SRC_SPOOFED", src)
+		return e
+	}
 	if !untaggedIPv4(in) {
 		e.pass = true
 		e.because("not an untagged IPv4 frame: the stack's")

@@ -572,6 +572,15 @@ func encapSeeds(l *lab, fromPod bool) [][]byte {
 	if !fromPod {
 		s = append(s, ethFrame(dmac, smac, 0x0800, udpZeroAfter(a("10.200.0.9"), remotePodIP, own, 4010, 53)))
 	}
+	// IPv6 of every source class: global (none is the pod's), link-local, the
+	// unspecified address of duplicate address detection, multicast; and one cut
+	// short of its fixed header's version.
+	for _, src := range []netip.Addr{a("fd10::5"), a("fe80::1"), a("::"), a("ff02::1"), a("::1")} {
+		s = append(s, ethFrame(dmac, smac, 0x86dd, ipv6Packet(src, a("fd20::7"), 17, 64, udpDatagram(4000, 5000, []byte("v6")))))
+	}
+	badVersion := ipv6Packet(a("fd10::5"), a("fd20::7"), 17, 64, udpDatagram(4000, 5000, nil))
+	badVersion[0] = 0x40
+	s = append(s, ethFrame(dmac, smac, 0x86dd, badVersion))
 	if fromPod {
 		// Flows conntrack knows (oracleLab): left to the stack on a route hit, in
 		// either direction, even to a group without a live member; and unknown ones.

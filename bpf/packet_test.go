@@ -52,6 +52,19 @@ func ipv4Packet(src, dst netip.Addr, proto byte, o ipOpts, payload []byte) []byt
 	return append(b, payload...)
 }
 
+// ipv6Packet is an IPv6 fixed header (traffic class and flow label 0) before payload.
+func ipv6Packet(src, dst netip.Addr, next byte, hopLimit byte, payload []byte) []byte {
+	b := make([]byte, 40, 40+len(payload))
+	b[0] = 0x60
+	binary.BigEndian.PutUint16(b[4:], uint16(len(payload)))
+	b[6] = next
+	b[7] = hopLimit
+	s, d := src.As16(), dst.As16()
+	copy(b[8:24], s[:])
+	copy(b[24:40], d[:])
+	return append(b, payload...)
+}
+
 // udpDatagram has a zero checksum (allowed for UDP over IPv4).
 func udpDatagram(sport, dport uint16, payload []byte) []byte {
 	b := make([]byte, 8, 8+len(payload))

@@ -82,6 +82,7 @@ func TestTypesMatchBTF(t *testing.T) {
 		{MapHealthProbers, HealthProberKey{}, HealthProberValue{}},
 		{MapMasqExempt, RouteKey{}, MasqExemptValue{}},
 		{MapPodAddrs, PodAddrKey{}, PodAddrValue{}},
+		{MapPodAddrs6, PodAddr6Key{}, PodAddrValue{}},
 		{MapRedirectLast, uint32(0), RedirectSlot{}},
 		{MapRedirectDrops, RedirectDropKey{}, MetricsValue{}},
 		{MapMasqNat, NatKey{}, NatValue{}},

@@ -108,9 +108,11 @@ func Describe(m Name, key, value any) string {
 		for p := range s.MasqExempt {
 			return fmt.Sprintf("masq_exempt %v", p)
 		}
-	case MapPodAddrs:
+	case MapPodAddrs, MapPodAddrs6:
 		for pa := range s.PodAddrs {
-			return fmt.Sprintf("pod_addrs %d %v", pa.Ifindex, pa.Addr)
+			if n, _ := pa.entry(); n == m {
+				return fmt.Sprintf("%s %d %v", m, pa.Ifindex, pa.Addr)
+			}
 		}
 	case MapConfig:
 		c := s.Config
@@ -173,7 +175,7 @@ func zeroValue(m Name) any {
 		return SNATExemptValue{}
 	case MapMasqExempt:
 		return MasqExemptValue{}
-	case MapPodAddrs:
+	case MapPodAddrs, MapPodAddrs6:
 		return PodAddrValue{}
 	}
 	return nil
@@ -201,7 +203,8 @@ func Diff(current, desired State) []Change {
 	// A pod's addresses before its interface's flag, so the check never runs
 	// on an empty list.
 	for _, pa := range sortedMissing(desired.PodAddrs, current.PodAddrs, cmpPodAddr) {
-		updates = append(updates, Change{OpUpdate, MapPodAddrs, pa.key(), PodAddrValue{}})
+		n, k := pa.entry()
+		updates = append(updates, Change{OpUpdate, n, k, PodAddrValue{}})
 	}
 	for _, i := range sortedWhere(desired.PodIfaces, cmp.Compare[uint32], func(i uint32, v PodIface) bool { c, ok := current.PodIfaces[i]; return !ok || c != v }) {
 		updates = append(updates, Change{OpUpdate, MapPodIfaces, i, PodIfaceValue{Flags: desired.PodIfaces[i].Flags}})
@@ -230,7 +233,8 @@ func Diff(current, desired State) []Change {
 		deletes = append(deletes, Change{Op: OpDelete, Map: MapNexthopGroups, Key: id})
 	}
 	for _, pa := range sortedMissing(current.PodAddrs, desired.PodAddrs, cmpPodAddr) {
-		deletes = append(deletes, Change{Op: OpDelete, Map: MapPodAddrs, Key: pa.key()})
+		n, k := pa.entry()
+		deletes = append(deletes, Change{Op: OpDelete, Map: n, Key: k})
 	}
 	for _, p := range sortedMissing(current.MasqExempt, desired.MasqExempt, cmpPrefix) {
 		deletes = append(deletes, Change{Op: OpDelete, Map: MapMasqExempt, Key: RouteKeyFromPrefix(p)})
@@ -338,7 +342,11 @@ func cmpPodAddr(a, b PodAddr) int {
 	return a.Addr.Compare(b.Addr)
 }
 
-// key returns the pod_addrs key of pa.
-func (pa PodAddr) key() PodAddrKey {
-	return PodAddrKey{Ifindex: pa.Ifindex, Addr: AddrToBE32(pa.Addr)}
+// entry returns the map and the key of pa: pod_addrs for an IPv4 address,
+// pod_addrs6 for an IPv6 one.
+func (pa PodAddr) entry() (Name, any) {
+	if a := pa.Addr.Unmap(); a.Is4() {
+		return MapPodAddrs, PodAddrKey{Ifindex: pa.Ifindex, Addr: AddrToBE32(a)}
+	}
+	return MapPodAddrs6, PodAddr6Key{Ifindex: pa.Ifindex, Addr: AddrTo16(pa.Addr)}
 }

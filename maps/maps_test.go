@@ -45,6 +45,61 @@ func TestAddrToBE32IsNetworkOrderInMemory(t *testing.T) {
 	}
 }
 
+// TestAddrTo16IsNetworkOrderInMemory: the key of pod_addrs6 holds the address's
+// 16 bytes in network order, as struct pod_addr6_key's __be32 addr[4].
+func TestAddrTo16IsNetworkOrderInMemory(t *testing.T) {
+	a := addr("fd10::1:2:3")
+	v := AddrTo16(a)
+	var b [16]byte
+	for i, w := range v {
+		binary.NativeEndian.PutUint32(b[4*i:], w)
+	}
+	if b != a.As16() {
+		t.Fatalf("in-memory bytes of AddrTo16(%v) = %x, want %x", a, b, a.As16())
+	}
+	if got := From16ToAddr(v); got != a {
+		t.Fatalf("From16ToAddr round trip = %v", got)
+	}
+	if AddrTo16(netip.Addr{}) != [4]uint32{} || AddrTo16(addr("10.1.2.3")) != [4]uint32{} ||
+		AddrTo16(addr("::ffff:10.1.2.3")) != [4]uint32{} {
+		t.Fatal("invalid, IPv4 and IPv4-mapped addresses must give zeros")
+	}
+}
+
+// TestDiffPodAddrsByFamily: a pod's IPv4 reservations go to pod_addrs, its IPv6
+// ones to pod_addrs6, before the interface's flag; removing them deletes each from
+// its own map.
+func TestDiffPodAddrsByFamily(t *testing.T) {
+	want := NewState()
+	want.PodIfaces[7] = PodIface{Flags: PodIfaceFlagReserved}
+	want.PodAddrs[PodAddr{Ifindex: 7, Addr: addr("10.1.0.5")}] = struct{}{}
+	want.PodAddrs[PodAddr{Ifindex: 7, Addr: addr("fd10::5")}] = struct{}{}
+	var got []string
+	for _, c := range Diff(NewState(), want) {
+		if c.Map != MapConfig {
+			got = append(got, fmt.Sprintf("%s %s", c.Op, Describe(c.Map, c.Key, nil)))
+		}
+	}
+	wantOps := []string{"update pod_addrs 7 10.1.0.5", "update pod_addrs6 7 fd10::5", "update pod_ifaces 7"}
+	if !slices.Equal(got, wantOps) {
+		t.Fatalf("Diff from empty:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(wantOps, "\n"))
+	}
+	for _, c := range Diff(NewState(), want) {
+		if c.Map == MapPodAddrs6 {
+			k, ok := c.Key.(PodAddr6Key)
+			if !ok || k.Ifindex != 7 || From16ToAddr(k.Addr) != addr("fd10::5") {
+				t.Errorf("pod_addrs6 key %#v", c.Key)
+			}
+		}
+	}
+	gone := want.Clone()
+	delete(gone.PodAddrs, PodAddr{Ifindex: 7, Addr: addr("fd10::5")})
+	changes := Diff(want, gone)
+	if len(changes) != 1 || changes[0].Op != OpDelete || changes[0].Map != MapPodAddrs6 {
+		t.Fatalf("Diff removing the IPv6 reservation = %+v, want one pod_addrs6 delete", changes)
+	}
+}
+
 func TestKeyConversionsRoundTrip(t *testing.T) {
 	k := RouteKeyFromPrefix(pfx("10.1.7.9/16"))
 	if k.Prefixlen != 16 || BE32ToAddr(k.Addr) != addr("10.1.0.0") {

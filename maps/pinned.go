@@ -113,6 +113,9 @@ func (s *Set) Read() (State, error) {
 	if err := readMap[PodAddrKey, PodAddrValue](s, MapPodAddrs, &st); err != nil {
 		return st, err
 	}
+	if err := readMap[PodAddr6Key, PodAddrValue](s, MapPodAddrs6, &st); err != nil {
+		return st, err
+	}
 	var cfg DatapathConfig
 	if err := s.maps[MapConfig].Lookup(uint32(0), &cfg); err != nil {
 		return st, fmt.Errorf("read map config: %w", err)

@@ -28,8 +28,8 @@ type State struct {
 	// MasqExempt are the masq_exempt entries: destinations a managed pod reaches
 	// without egress masquerade.
 	MasqExempt map[netip.Prefix]struct{}
-	// PodAddrs are the pod_addrs entries: the addresses the CNI plugin reserved
-	// for the pod behind each host interface.
+	// PodAddrs are the pod_addrs (IPv4) and pod_addrs6 (IPv6) entries: the
+	// addresses the CNI plugin reserved for the pod behind each host interface.
 	PodAddrs map[PodAddr]struct{}
 	Config   Config
 }
@@ -219,6 +219,13 @@ func (s *State) insert(m Name, key, value any) error {
 			break
 		}
 		s.PodAddrs[PodAddr{Ifindex: k.Ifindex, Addr: BE32ToAddr(k.Addr)}] = struct{}{}
+		return nil
+	case MapPodAddrs6:
+		k, ok := key.(PodAddr6Key)
+		if !ok {
+			break
+		}
+		s.PodAddrs[PodAddr{Ifindex: k.Ifindex, Addr: From16ToAddr(k.Addr)}] = struct{}{}
 		return nil
 	case MapMasqExempt:
 		k, ok := key.(RouteKey)

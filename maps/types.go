@@ -36,6 +36,7 @@ type (
 	SNATExemptValue   = bpf.IsthmusSnatExemptValue
 	MasqExemptValue   = bpf.IsthmusMasqExemptValue
 	PodAddrKey        = bpf.IsthmusPodAddrKey
+	PodAddr6Key       = bpf.IsthmusPodAddr6Key
 	PodAddrValue      = bpf.IsthmusPodAddrValue
 	NatKey            = bpf.IsthmusNatKey
 	NatValue          = bpf.IsthmusNatValue
@@ -120,6 +121,8 @@ const (
 	// MapPodAddrs holds (host interface, address) of every address the CNI
 	// plugin reserved for a pod.
 	MapPodAddrs Name = "pod_addrs"
+	// MapPodAddrs6 is MapPodAddrs for IPv6 addresses.
+	MapPodAddrs6 Name = "pod_addrs6"
 	// MapNat is the return-path SNAT connection table. The datapath owns its
 	// entries: it is pinned but never part of a State, and its size is set at load
 	// time (loader/datapath). A hash, not an LRU: the agent removes expired entries
@@ -142,7 +145,7 @@ const (
 var AllMaps = []Name{MapRoutes, MapPeers, MapPeerSources, MapConfig, MapPodIfaces, MapMetrics,
 	MapNexthopGroups, MapFabricPrefixes, MapSNATExempt, MapNat, MapHealthReach, MapHealthProbers,
 	MapMasqExempt, MapPodAddrs, MapRedirectLast, MapRedirectDrops, MapMasqNat, MapNatSources,
-	MapCtClose}
+	MapCtClose, MapPodAddrs6}
 
 // AddrToBE32 returns the __be32 form of an IPv4 address: a uint32 whose in-memory
 // bytes are the address in network order. An invalid or IPv6 address gives 0.
@@ -153,6 +156,29 @@ func AddrToBE32(a netip.Addr) uint32 {
 	}
 	b := a.As4()
 	return binary.NativeEndian.Uint32(b[:])
+}
+
+// AddrTo16 returns the __be32[4] form of an IPv6 address (network order in
+// memory); an IPv4 or invalid address gives zeros.
+func AddrTo16(a netip.Addr) [4]uint32 {
+	var out [4]uint32
+	if !a.Is6() || a.Is4In6() {
+		return out
+	}
+	b := a.As16()
+	for i := range out {
+		out[i] = binary.NativeEndian.Uint32(b[4*i:])
+	}
+	return out
+}
+
+// From16ToAddr is the inverse of AddrTo16.
+func From16ToAddr(v [4]uint32) netip.Addr {
+	var b [16]byte
+	for i, w := range v {
+		binary.NativeEndian.PutUint32(b[4*i:], w)
+	}
+	return netip.AddrFrom16(b)
 }
 
 // BE32ToAddr is the inverse of AddrToBE32.

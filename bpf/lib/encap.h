@@ -207,6 +207,28 @@ static __always_inline int host_source(const struct datapath_config *cfg, const 
 	return iph->saddr == cfg->tunnel_ip || iph->saddr == cfg->underlay_ip;
 }
 
+/* pod_ingress for an IPv6 packet: to the stack once pod_source_check6 finds its
+ * source the pod's own. A header the parser refuses goes to the stack, which drops
+ * it, as for IPv4. Returns TC_ACT_OK or a negative DROP_*. */
+static __always_inline int pod_ingress_ipv6(struct __sk_buff *skb)
+{
+	struct ip6_hdr *ip6h;
+	struct ethhdr *eth;
+	struct cursor c;
+	int ret;
+
+	if (!config_get())
+		return TC_ACT_OK;
+	if (bpf_skb_pull_data(skb, ETH_HLEN + sizeof(*ip6h)))
+		return TC_ACT_OK;
+	c.pos = (void *)(long)skb->data;
+	c.end = (void *)(long)skb->data_end;
+	if (parse_eth(&c, &eth) != ETH_P_IPV6 || parse_ipv6(&c, &ip6h) < 0)
+		return TC_ACT_OK;
+	ret = pod_source_check6(skb, ip6h);
+	return ret < 0 ? ret : TC_ACT_OK;
+}
+
 /* The encapsulation hooks: parse, look up routes, encapsulate or deliver locally.
  * from_pod selects pod_ingress behaviour (forwarding hop, local delivery on a miss)
  * over overlay_egress (host traffic, a miss is a drop). Returns a TC verdict or a
@@ -219,6 +241,8 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 	struct ethhdr *eth;
 	struct iphdr *iph;
 
+	if (from_pod && skb->protocol == bpf_htons(ETH_P_IPV6))
+		return pod_ingress_ipv6(skb);
 	if (pull_ipv4_headers(skb, ENCAP_PULL_L4))
 		return TC_ACT_OK;
 	c.pos = (void *)(long)skb->data;

@@ -36,6 +36,25 @@ static __always_inline void fib_params_v4(struct bpf_fib_lookup *p, __be32 saddr
 	p->ifindex = ifindex;
 }
 
+#ifndef AF_INET6
+#define AF_INET6		10
+#endif
+
+/* fib_params_v4 for IPv6: a forwarding lookup from saddr to daddr as if the packet
+ * arrived on ifindex. The kernel answers BPF_FIB_LKUP_RET_FWD_DISABLED when IPv6
+ * forwarding is off on ifindex, and BPF_FIB_LKUP_RET_NOT_FWDED for a link-local or
+ * multicast address. */
+static __always_inline void fib_params_v6(struct bpf_fib_lookup *p, const __be32 saddr[4],
+					  const __be32 daddr[4], __u8 proto, __u32 ifindex)
+{
+	__builtin_memset(p, 0, sizeof(*p));
+	p->family = AF_INET6;
+	p->l4_protocol = proto;
+	__builtin_memcpy(p->ipv6_src, saddr, 16);
+	__builtin_memcpy(p->ipv6_dst, daddr, 16);
+	p->ifindex = ifindex;
+}
+
 static __always_inline int fib_lookup_v4(struct __sk_buff *skb, struct bpf_fib_lookup *p,
 					 __be32 saddr, __be32 daddr, __u8 tos, __u8 proto,
 					 __u32 ifindex, __u16 tot_len)

@@ -113,6 +113,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pod_addrs SEC(".maps");
 
+/* pod_addrs for IPv6 sources. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct pod_addr6_key);
+	__type(value, struct pod_addr_value);
+	__uint(max_entries, POD_ADDRS_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pod_addrs6 SEC(".maps");
+
 /* Packets and bytes per (code, hook), per CPU: one slot per pair (enum metric_slots),
  * so that counting is an array index, not a hash lookup. */
 struct {

@@ -41,6 +41,31 @@ static __always_inline int parse_ipv4(struct cursor *c, struct iphdr **iph)
 	return h->protocol;
 }
 
+/* The IPv6 fixed header (RFC 8200, section 3). */
+struct ip6_hdr {
+	__be32 vtc_flow;	/* version 4 bits, traffic class 8, flow label 20 */
+	__be16 payload_len;
+	__u8 nexthdr;
+	__u8 hop_limit;
+	__be32 saddr[4];
+	__be32 daddr[4];
+};
+
+/* Returns the next header and sets *ip6h, or -1 if the fixed header is truncated or
+ * its version is not 6. Extension headers are not walked. */
+static __always_inline int parse_ipv6(struct cursor *c, struct ip6_hdr **ip6h)
+{
+	struct ip6_hdr *h = c->pos;
+
+	if ((void *)(h + 1) > c->end)
+		return -1;
+	if ((bpf_ntohl(h->vtc_flow) >> 28) != 6)
+		return -1;
+	c->pos = h + 1;
+	*ip6h = h;
+	return h->nexthdr;
+}
+
 /* Returns the UDP destination port (host order) and sets *udp, or -1 if truncated. */
 static __always_inline int parse_udp(struct cursor *c, struct udphdr **udp)
 {

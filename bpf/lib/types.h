@@ -229,6 +229,12 @@ struct pod_addr_value {
 	__u32 flags;		/* none defined yet */
 };
 
+/* pod_addrs6 (hash): pod_addrs for IPv6, with the same value. */
+struct pod_addr6_key {
+	__u32 ifindex;		/* the pod's host-side interface */
+	__be32 addr[4];		/* an IPv6 address reserved for it */
+};
+
 /* What one slot of metrics counts: a (code, hook) pair. The map is indexed by
  * metrics_slot (lib/metrics.h), not by this struct; readers convert back. */
 struct metrics_key {

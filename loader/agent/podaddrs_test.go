@@ -4,15 +4,20 @@ package agent
 // (flock /tmp/isthmus-kernel.lock go test ./loader/agent -run PodAddrs).
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/isthmus-dev/isthmus/loader/cniinstall"
 	"github.com/isthmus-dev/isthmus/loader/ipam"
@@ -30,7 +35,55 @@ import (
 // pod_src_not_reserved, one from its own address is answered, and after DEL the
 // entries are gone.
 func TestAgentKernelPodAddrs(t *testing.T) {
+	checkPodAddrs(t, nil, netip.MustParseAddr("172.16.1.10"))
+}
+
+// dualStackSites returns testdata/two-sites.yaml with an IPv6 block for site a
+// and an IPv6 podCIDR for a1, as a dual-stack cluster hands them out.
+func dualStackSites(t *testing.T) []byte {
+	t.Helper()
+	b, err := os.ReadFile("testdata/two-sites.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range [][2]string{
+		{"- cidrBlocks: [10.10.0.0/16]\n      nodeBlockSizes: {ipv4: 24}", "- cidrBlocks: [10.10.0.0/16, \"fd10::/48\"]\n      nodeBlockSizes: {ipv4: 24, ipv6: 64}"},
+		{"spec: {podCIDRs: [10.10.1.0/24]}", "spec: {podCIDRs: [10.10.1.0/24, \"fd10:0:0:1::/64\"]}"},
+	} {
+		if !bytes.Contains(b, []byte(r[0])) {
+			t.Fatalf("testdata/two-sites.yaml has no %q", r[0])
+		}
+		b = bytes.Replace(b, []byte(r[0]), []byte(r[1]), 1)
+	}
+	return b
+}
+
+// TestAgentKernelPodAddrsDualStack is TestAgentKernelPodAddrs for a pod with an
+// IPv4 and an IPv6 address: each family's reservation reaches its map (pod_addrs,
+// pod_addrs6), and in each family a neighbour's source is dropped and the pod's
+// own is answered by the node.
+func TestAgentKernelPodAddrsDualStack(t *testing.T) {
+	checkPodAddrs(t, dualStackSites(t), netip.MustParseAddr("172.16.1.10"), netip.MustParseAddr("fd99::10"))
+}
+
+// checkPodAddrs runs the pod_addrs test with objectsYAML (nil: testdata/two-sites.yaml)
+// for a pod that gets one address per family of nodeAddrs, the node's addresses
+// it pings (an IPv6 one is added to the underlay device).
+func checkPodAddrs(t *testing.T, objectsYAML []byte, nodeAddrs ...netip.Addr) {
 	e := setup(t)
+	if objectsYAML != nil {
+		if err := os.WriteFile(filepath.Join(e.objects, "objects.yaml"), objectsYAML, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, a := range nodeAddrs {
+		if a.Is6() {
+			if err := netlink.AddrAdd(e.under, &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(128, 128)},
+				Flags: unix.IFA_F_NODAD}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	nodeNS := e.nsName
 	bin, conf, data := t.TempDir(), t.TempDir(), t.TempDir()
 	sock := filepath.Join(t.TempDir(), "ipam.sock")
@@ -95,10 +148,13 @@ func TestAgentKernelPodAddrs(t *testing.T) {
 			Address string `json:"address"`
 		} `json:"ips"`
 	}
-	if err := json.Unmarshal([]byte(cnitool("add")), &res); err != nil || len(res.IPs) != 1 || len(res.Interfaces) == 0 {
-		t.Fatalf("ADD result: %v %+v", err, res)
+	if err := json.Unmarshal([]byte(cnitool("add")), &res); err != nil || len(res.IPs) != len(nodeAddrs) || len(res.Interfaces) == 0 {
+		t.Fatalf("ADD result: %v %+v, want %d addresses", err, res, len(nodeAddrs))
 	}
-	own := netip.MustParsePrefix(res.IPs[0].Address).Addr()
+	var owns []netip.Addr
+	for _, ip := range res.IPs {
+		owns = append(owns, netip.MustParsePrefix(ip.Address).Addr())
+	}
 	host := res.Interfaces[0].Name
 	if err := a.scanPods(); err != nil {
 		t.Fatal(err)
@@ -111,8 +167,10 @@ func TestAgentKernelPodAddrs(t *testing.T) {
 		t.Fatalf("agent did not attach to %s (pods %v)", host, a.pods)
 	}
 	st := readMaps(t, e.pinDir)
-	if _, ok := st.PodAddrs[maps.PodAddr{Ifindex: uint32(ifindex), Addr: own}]; !ok || len(st.PodAddrs) != 1 {
-		t.Fatalf("pod_addrs %v, want only (%d, %v)", st.PodAddrs, ifindex, own)
+	for _, own := range owns {
+		if _, ok := st.PodAddrs[maps.PodAddr{Ifindex: uint32(ifindex), Addr: own}]; !ok || len(st.PodAddrs) != len(owns) {
+			t.Fatalf("pod_addrs and pod_addrs6 %v, want only (%d, %v)", st.PodAddrs, ifindex, owns)
+		}
 	}
 	if f := st.PodIfaces[uint32(ifindex)].Flags; f&maps.PodIfaceFlagReserved == 0 {
 		t.Fatalf("pod_ifaces %d flags %#x, want reserved", ifindex, f)
@@ -139,24 +197,35 @@ func TestAgentKernelPodAddrs(t *testing.T) {
 		}
 		return m[maps.MetricKey{Code: code, Hook: maps.HookPodIngress}].Packets
 	}
-	nodeAddr := "172.16.1.10"
-	neighbour := own.Next()
-	if err := inPod("ip", "addr", "add", neighbour.String()+"/32", "dev", "eth0"); err != nil {
-		t.Fatal(err)
-	}
-	before := drops()
-	if err := inPod("ping", "-c", "2", "-i", "0.2", "-W", "1", "-I", neighbour.String(), nodeAddr); err == nil {
-		t.Errorf("ping from the neighbour's %v was answered", neighbour)
-	}
-	if n := drops() - before; n < 2 {
-		t.Errorf("pod_src_not_reserved counted %d packets, want 2 or more", n)
-	}
-	before = drops()
-	if err := inPod("ping", "-c", "1", "-W", "2", "-I", own.String(), nodeAddr); err != nil {
-		t.Errorf("ping from the pod's own %v: %v", own, err)
-	}
-	if n := drops() - before; n != 0 {
-		t.Errorf("own address: %d drops", n)
+	for _, nodeAddr := range nodeAddrs {
+		var own netip.Addr
+		for _, a := range owns {
+			if a.Is4() == nodeAddr.Is4() {
+				own = a
+			}
+		}
+		family := "-4"
+		if own.Is6() {
+			family = "-6"
+		}
+		neighbour := own.Next()
+		if err := inPod("ip", "addr", "add", netip.PrefixFrom(neighbour, neighbour.BitLen()).String(), "dev", "eth0", "nodad"); err != nil {
+			t.Fatal(err)
+		}
+		before := drops()
+		if err := inPod("ping", family, "-c", "2", "-i", "0.2", "-W", "1", "-I", neighbour.String(), nodeAddr.String()); err == nil {
+			t.Errorf("ping from the neighbour's %v was answered", neighbour)
+		}
+		if n := drops() - before; n < 2 {
+			t.Errorf("from %v: pod_src_not_reserved counted %d packets, want 2 or more", neighbour, n)
+		}
+		before = drops()
+		if err := inPod("ping", family, "-c", "1", "-W", "2", "-I", own.String(), nodeAddr.String()); err != nil {
+			t.Errorf("ping from the pod's own %v: %v", own, err)
+		}
+		if n := drops() - before; n != 0 {
+			t.Errorf("own address %v: %d drops", own, n)
+		}
 	}
 
 	cnitool("del")

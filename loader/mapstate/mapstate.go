@@ -28,8 +28,8 @@ type NodeConfig struct {
 	// veth): marked PodIfaceFlagNoPeer.
 	PodNoPeer []int
 	// PodAddrs are the CNI plugin's reservations by host interface (read from
-	// its store). Those of an attached interface go to pod_addrs, and the
-	// interface is marked PodIfaceFlagReserved; IPv6 ones are left out.
+	// its store). Those of an attached interface go to pod_addrs (IPv4) or
+	// pod_addrs6 (IPv6), and the interface is marked PodIfaceFlagReserved.
 	PodAddrs []maps.PodAddr
 	// SNATPortMin and SNATPortMax are the SNAT port range (--snat-ports).
 	SNATPortMin, SNATPortMax uint16
@@ -48,8 +48,9 @@ type NodeConfig struct {
 }
 
 // FromPlan returns the map contents that realise p on a node described by node.
-// It is a pure function. The datapath is IPv4 only: IPv6 routes, peers and sources
-// are left out, each with a warning in the returned slice. A nil plan gives a State
+// It is a pure function. The datapath carries IPv4 only: IPv6 routes, peers and
+// sources are left out, each with a warning in the returned slice (a pod's IPv6
+// reservations are kept: pod_ingress checks IPv6 sources too). A nil plan gives a State
 // with only the node's config and pod interfaces.
 //
 // A route with a Group goes to a next-hop group: one id per distinct remote site
@@ -90,7 +91,7 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 	}
 	for _, pa := range node.PodAddrs {
 		pi, attached := s.PodIfaces[pa.Ifindex]
-		if a := pa.Addr.Unmap(); attached && a.Is4() {
+		if a := pa.Addr.Unmap(); attached && a.IsValid() {
 			s.PodAddrs[maps.PodAddr{Ifindex: pa.Ifindex, Addr: a}] = struct{}{}
 			s.PodIfaces[pa.Ifindex] = maps.PodIface{Flags: pi.Flags | maps.PodIfaceFlagReserved}
 		}

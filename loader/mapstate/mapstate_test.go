@@ -235,6 +235,31 @@ func TestFromPlanPodNoPeer(t *testing.T) {
 	}
 }
 
+// TestFromPlanPodAddrsBothFamilies: a pod's IPv4 and IPv6 reservations both
+// reach the maps (pod_ingress checks the sources of both families), the
+// interface is reserved by either, and a reservation on an interface the agent
+// has not attached is left out.
+func TestFromPlanPodAddrsBothFamilies(t *testing.T) {
+	n := mapstatetest.Node() // pods on 9 and 11
+	n.PodAddrs = []PodAddr{
+		{Ifindex: 9, Addr: addr("10.1.0.5")}, {Ifindex: 9, Addr: addr("fd10::5")},
+		{Ifindex: 11, Addr: addr("fd10::6")},
+		{Ifindex: 12, Addr: addr("fd10::7")},
+	}
+	got, _ := mapstate.FromPlan(mapstatetest.Plan(), n)
+	want := map[PodAddr]struct{}{
+		{Ifindex: 9, Addr: addr("10.1.0.5")}: {}, {Ifindex: 9, Addr: addr("fd10::5")}: {},
+		{Ifindex: 11, Addr: addr("fd10::6")}: {},
+	}
+	if diff := cmp.Diff(want, got.PodAddrs); diff != "" {
+		t.Errorf("pod addrs (-want +got):\n%s", diff)
+	}
+	wantIfaces := map[uint32]PodIface{9: {Flags: PodIfaceFlagReserved}, 11: {Flags: PodIfaceFlagReserved}}
+	if diff := cmp.Diff(wantIfaces, got.PodIfaces); diff != "" {
+		t.Errorf("pod_ifaces (-want +got):\n%s", diff)
+	}
+}
+
 // TestFromPlanEncryptedPeers: an encrypted peer's entries are keyed by its tunnel
 // address (plan.Peer.Via) with PEER_F_WIREGUARD, and PEER_F_WIREGUARD_NO_KEY while
 // its key is unknown; config.wg_ifindex is set only on a node with encrypted

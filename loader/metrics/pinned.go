@@ -13,7 +13,7 @@ import (
 
 // LevelMaps are the maps whose fill level isthmus_map_entries reports.
 var LevelMaps = []maps.Name{maps.MapRoutes, maps.MapPeers, maps.MapPeerSources, maps.MapNexthopGroups,
-	maps.MapFabricPrefixes, maps.MapSNATExempt, maps.MapNat, maps.MapMasqNat, maps.MapNatSources, maps.MapPodIfaces, maps.MapMasqExempt, maps.MapPodAddrs,
+	maps.MapFabricPrefixes, maps.MapSNATExempt, maps.MapNat, maps.MapMasqNat, maps.MapNatSources, maps.MapPodIfaces, maps.MapMasqExempt, maps.MapPodAddrs, maps.MapPodAddrs6,
 	maps.MapHealthReach, maps.MapHealthProbers, maps.MapTracePrefixes, maps.MapCtClose}
 
 // Pinned is a Source reading the maps pinned in Dir. It opens them at every
@@ -99,6 +99,8 @@ func countEntries(n maps.Name, m *ebpf.Map) (int, error) {
 		return count[maps.RouteKey, maps.SNATExemptValue](n, m, nil)
 	case maps.MapPodAddrs:
 		return count[maps.PodAddrKey, maps.PodAddrValue](n, m, nil)
+	case maps.MapPodAddrs6:
+		return count[maps.PodAddr6Key, maps.PodAddrValue](n, m, nil)
 	case maps.MapMasqExempt:
 		return count[maps.RouteKey, maps.MasqExemptValue](n, m, nil)
 	case maps.MapNat, maps.MapMasqNat:
