@@ -76,17 +76,13 @@ func testEgressMasquerade(t *testing.T, decap string) {
 
 	// The world's servers answer each client with the address they see it from.
 	world := l.WorldNS()
-	for _, argv := range [][]string{
-		{"socat", "TCP-LISTEN:8080,reuseaddr,fork", "SYSTEM:echo $SOCAT_PEERADDR"},
-		{"socat", "UDP-RECVFROM:8081,reuseaddr,fork", "SYSTEM:echo $SOCAT_PEERADDR"},
-	} {
-		srv := testenv.Command(ctx, world, argv...)
-		if err := srv.Start(); err != nil {
-			t.Fatalf("start %v in the world: %v", argv, err)
-		}
-		t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	udp := testenv.Command(ctx, world, "socat", "UDP-RECVFROM:8081,reuseaddr,fork", "SYSTEM:echo $SOCAT_PEERADDR")
+	if err := udp.Start(); err != nil {
+		t.Fatalf("start the UDP server in the world: %v", err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	t.Cleanup(func() { udp.Process.Kill(); udp.Wait() })
+	// Started first, the UDP server has had the TCP one's start-up to bind.
+	servePeerAddrTCP(ctx, t, world, "8080")
 	masq0, rev0 := masqCounts(t, l, node)
 
 	worldAddr := testenv.WorldAddr.String()

@@ -4,11 +4,42 @@ import (
 	"context"
 	"net/netip"
 	"strings"
+	"net"
 	"testing"
 	"time"
 
 	"github.com/isthmus-dev/isthmus/testenv"
 )
+
+// servePeerAddrTCP runs socat in namespace ns, answering every TCP connection on
+// port with the address it comes from, and returns once it accepts connections: a
+// fixed wait is too short for a process started on a loaded machine, and a pod's
+// dial that finds no listener is refused at once.
+func servePeerAddrTCP(ctx context.Context, t *testing.T, ns, port string) {
+	t.Helper()
+	srv := testenv.Command(ctx, ns, "socat", "TCP-LISTEN:"+port+",reuseaddr,fork", "SYSTEM:echo $SOCAT_PEERADDR")
+	if err := srv.Start(); err != nil {
+		t.Fatalf("start socat in %s: %v", ns, err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := testenv.Do(ns, func() error {
+			c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", port), time.Second)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		})
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("socat in %s does not listen on port %s: %v", ns, port, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
 
 // podNodeCases are pods of seed 003 dialling a node's underlay address, each
 // expecting the node's host to see the pod's own address: within the edge
@@ -44,13 +75,8 @@ func TestPodToNodeAddress(t *testing.T) {
 		if out, err := l.Exec(ctx, l.NodeNS(n.Name), "sysctl", "-n", "net.ipv4.conf.all.rp_filter"); err != nil || strings.TrimSpace(out) != "1" {
 			t.Fatalf("%s: net.ipv4.conf.all.rp_filter = %q (%v), want strict (1)", n.Name, strings.TrimSpace(out), err)
 		}
-		srv := testenv.Command(ctx, l.NodeNS(n.Name), "socat", "TCP-LISTEN:"+port+",reuseaddr,fork", "SYSTEM:echo $SOCAT_PEERADDR")
-		if err := srv.Start(); err != nil {
-			t.Fatalf("start socat on %s: %v", n.Name, err)
-		}
-		t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+		servePeerAddrTCP(ctx, t, l.NodeNS(n.Name), port)
 	}
-	time.Sleep(500 * time.Millisecond)
 	dial := func(pod string, to netip.Addr) (string, error) {
 		var out string
 		var err error
