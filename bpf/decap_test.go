@@ -217,7 +217,11 @@ func rejectCases(l *lab) []rejectCase {
 	add("truncated GENEVE", ethFrame(l.undMAC, gwMAC, 0x0800, ipv4Packet(peerIP, underlayIP, 17, ipOpts{ttl: 64}, udpDatagram(50000, 6081, []byte{0, 0, 0x65, 0x58}))), IsthmusDropReasonDROP_GENEVE_TRUNCATED)
 	add("truncated inner Ethernet", geneveFrame(l, g, ie[:10]), IsthmusDropReasonDROP_INNER_INVALID)
 	add("truncated inner IPv4", geneveFrame(l, g, ie[:14+12]), IsthmusDropReasonDROP_INNER_INVALID)
-	add("inner IPv6", geneveFrame(l, g, ethFrame(innerMAC, innerMAC, 0x86dd, make([]byte, 40))), IsthmusDropReasonDROP_INNER_UNSUPPORTED)
+	add("inner IPv6 of version 0", geneveFrame(l, g, ethFrame(innerMAC, innerMAC, 0x86dd, make([]byte, 40))), IsthmusDropReasonDROP_INNER_INVALID)
+	add("truncated inner IPv6", geneveFrame(l, g, ethFrame(innerMAC, innerMAC, 0x86dd, ipv6Packet(remotePodIP, podIP, 17, 64, nil)[:39])), IsthmusDropReasonDROP_INNER_INVALID)
+	add("inner IPv6 from a source peer_sources6 lacks", geneveFrame(l, g, ethFrame(innerMAC, innerMAC, 0x86dd,
+		ipv6Packet(netip.MustParseAddr("fd20::7"), netip.MustParseAddr("fd10::5"), 17, 64, udpDatagram(1, 2, nil)))), IsthmusDropReasonDROP_INNER_SRC_DENIED)
+	add("inner ARP", geneveFrame(l, g, ethFrame(innerMAC, innerMAC, 0x0806, make([]byte, 28))), IsthmusDropReasonDROP_INNER_UNSUPPORTED)
 	// Not ours: must pass untouched and count nothing.
 	o = with(func(o *frameOpts) { o.dport = 4789 })
 	add("other UDP port", geneveFrame(l, o, ie), 0)

@@ -253,6 +253,13 @@ type IsthmusNexthopGroup struct {
 	Slots [64]uint32
 }
 
+type IsthmusPeerSource6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Peer      uint32
+	Src       [4]uint32
+}
+
 type IsthmusPeerSourceKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -307,6 +314,12 @@ type IsthmusRedirectSlot struct {
 	Ifindex  uint32
 	Hook     uint8
 	Reserved [3]uint8
+}
+
+type IsthmusRoute6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      [4]uint32
 }
 
 type IsthmusRouteKey struct {
@@ -371,6 +384,7 @@ const (
 	IsthmusMapNatSources             = "nat_sources"
 	IsthmusMapNexthopGroups          = "nexthop_groups"
 	IsthmusMapPeerSources            = "peer_sources"
+	IsthmusMapPeerSources6           = "peer_sources6"
 	IsthmusMapPeers                  = "peers"
 	IsthmusMapPodAddrs               = "pod_addrs"
 	IsthmusMapPodAddrs6              = "pod_addrs6"
@@ -378,6 +392,7 @@ const (
 	IsthmusMapRedirectDrops          = "redirect_drops"
 	IsthmusMapRedirectLast           = "redirect_last"
 	IsthmusMapRoutes                 = "routes"
+	IsthmusMapRoutes6                = "routes6"
 	IsthmusMapSnatExempt             = "snat_exempt"
 	IsthmusMapTraceEvents            = "trace_events"
 	IsthmusMapTracePrefixes          = "trace_prefixes"
@@ -459,6 +474,7 @@ type IsthmusMapSpecs struct {
 	NatSources     *ebpf.MapSpec `ebpf:"nat_sources"`
 	NexthopGroups  *ebpf.MapSpec `ebpf:"nexthop_groups"`
 	PeerSources    *ebpf.MapSpec `ebpf:"peer_sources"`
+	PeerSources6   *ebpf.MapSpec `ebpf:"peer_sources6"`
 	Peers          *ebpf.MapSpec `ebpf:"peers"`
 	PodAddrs       *ebpf.MapSpec `ebpf:"pod_addrs"`
 	PodAddrs6      *ebpf.MapSpec `ebpf:"pod_addrs6"`
@@ -466,6 +482,7 @@ type IsthmusMapSpecs struct {
 	RedirectDrops  *ebpf.MapSpec `ebpf:"redirect_drops"`
 	RedirectLast   *ebpf.MapSpec `ebpf:"redirect_last"`
 	Routes         *ebpf.MapSpec `ebpf:"routes"`
+	Routes6        *ebpf.MapSpec `ebpf:"routes6"`
 	SnatExempt     *ebpf.MapSpec `ebpf:"snat_exempt"`
 	TraceEvents    *ebpf.MapSpec `ebpf:"trace_events"`
 	TracePrefixes  *ebpf.MapSpec `ebpf:"trace_prefixes"`
@@ -511,6 +528,7 @@ type IsthmusMaps struct {
 	NatSources     *ebpf.Map `ebpf:"nat_sources"`
 	NexthopGroups  *ebpf.Map `ebpf:"nexthop_groups"`
 	PeerSources    *ebpf.Map `ebpf:"peer_sources"`
+	PeerSources6   *ebpf.Map `ebpf:"peer_sources6"`
 	Peers          *ebpf.Map `ebpf:"peers"`
 	PodAddrs       *ebpf.Map `ebpf:"pod_addrs"`
 	PodAddrs6      *ebpf.Map `ebpf:"pod_addrs6"`
@@ -518,6 +536,7 @@ type IsthmusMaps struct {
 	RedirectDrops  *ebpf.Map `ebpf:"redirect_drops"`
 	RedirectLast   *ebpf.Map `ebpf:"redirect_last"`
 	Routes         *ebpf.Map `ebpf:"routes"`
+	Routes6        *ebpf.Map `ebpf:"routes6"`
 	SnatExempt     *ebpf.Map `ebpf:"snat_exempt"`
 	TraceEvents    *ebpf.Map `ebpf:"trace_events"`
 	TracePrefixes  *ebpf.Map `ebpf:"trace_prefixes"`
@@ -538,6 +557,7 @@ func (m *IsthmusMaps) Close() error {
 		m.NatSources,
 		m.NexthopGroups,
 		m.PeerSources,
+		m.PeerSources6,
 		m.Peers,
 		m.PodAddrs,
 		m.PodAddrs6,
@@ -545,6 +565,7 @@ func (m *IsthmusMaps) Close() error {
 		m.RedirectDrops,
 		m.RedirectLast,
 		m.Routes,
+		m.Routes6,
 		m.SnatExempt,
 		m.TraceEvents,
 		m.TracePrefixes,

@@ -903,6 +903,14 @@ func untaggedIPv6Source(in []byte) (netip.Addr, bool) {
 	return netip.AddrFrom16([16]byte(in[22:38])), true
 }
 
+// untaggedIPv6Dest is untaggedIPv6Source for the destination.
+func untaggedIPv6Dest(in []byte) (netip.Addr, bool) {
+	if _, ok := untaggedIPv6Source(in); !ok {
+		return netip.Addr{}, false
+	}
+	return netip.AddrFrom16([16]byte(in[38:54])), true
+}
+
 // modelUnderlay is the model of underlay_ingress (xdp false) and underlay_xdp (xdp true)
 // for frame in arriving on the underlay device.
 func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
@@ -981,6 +989,19 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		return fault(IsthmusDropReasonDROP_UNKNOWN_PEER, "outer source %v is no peer", peer)
 	case ieth.DecodeFromBytes(in[ieOff:], gopacket.NilDecodeFeedback) != nil:
 		return fault(IsthmusDropReasonDROP_INNER_INVALID, "inner Ethernet truncated")
+	case ieth.EthernetType == layers.EthernetTypeIPv6:
+		// The world's peers may send no IPv6 source (peer_sources6 is empty): a
+		// well-formed inner IPv6 packet is refused for its source, a martian one
+		// first (architecture.md, "IPv6 pods").
+		i6 := ieOff + 14
+		if len(in) < i6+40 || in[i6]>>4 != 6 {
+			return fault(IsthmusDropReasonDROP_INNER_INVALID, "inner IPv6 truncated or not version 6")
+		}
+		src := netip.AddrFrom16([16]byte(in[i6+8 : i6+24]))
+		if src.IsUnspecified() || src.IsLoopback() || src.Is4In6() || src.IsLinkLocalUnicast() || src.IsMulticast() {
+			return fault(IsthmusDropReasonDROP_INNER_MARTIAN, "inner IPv6 source %v is a martian", src)
+		}
+		return fault(IsthmusDropReasonDROP_INNER_SRC_DENIED, "peer %v may send from no IPv6 source, not %v", peer, src)
 	case ieth.EthernetType != layers.EthernetTypeIPv4:
 		return fault(IsthmusDropReasonDROP_INNER_UNSUPPORTED, "inner EtherType %#04x", uint16(ieth.EthernetType))
 	}
@@ -1564,6 +1585,19 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 		}
 		e.allowDrop(IsthmusDropReasonDROP_POD_SRC_SPOOFED)
 		e.because("IPv6 source %v is not the pod's own address: DROP_POD_SRC_SPOOFED", src)
+		return e
+	}
+	if dst, ok := untaggedIPv6Dest(in); ok && !fromPod {
+		// overlay_egress: the stack routed it into isthmus0. Destinations on the link
+		// are never tunnelled; the world has no IPv6 route (routes6 is empty), so
+		// any other is refused.
+		if dst.IsUnspecified() || dst.IsLinkLocalUnicast() || dst.IsMulticast() {
+			e.pass = true
+			e.because("IPv6 to link-scoped or multicast %v: never tunnelled", dst)
+			return e
+		}
+		e.allowDrop(IsthmusDropReasonDROP_NO_OVERLAY_ROUTE)
+		e.because("IPv6 to %v: no routes6 entry", dst)
 		return e
 	}
 	if !untaggedIPv4(in) {

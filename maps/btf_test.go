@@ -88,6 +88,8 @@ func TestTypesMatchBTF(t *testing.T) {
 		{MapMasqNat, NatKey{}, NatValue{}},
 		{MapNatSources, NatSourceKey{}, NatSourceValue{}},
 		{MapCtClose, CtCloseKey{}, CtCloseValue{}},
+		{MapRoutes6, Route6Key{}, RouteValue{}},
+		{MapPeerSources6, PeerSource6Key{}, PeerSourceValue{}},
 	}
 	if len(cases) != len(AllMaps) {
 		t.Errorf("%d maps checked, AllMaps has %d: add the new one here", len(cases), len(AllMaps))

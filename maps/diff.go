@@ -48,7 +48,7 @@ func (c Change) String() string {
 }
 
 // Describe renders a kernel key (and value, unless nil) of map m as text:
-// "routes 10.1.0.0/24 -> 172.16.2.11", "peers 172.16.2.11",
+// "routes 10.1.0.0/24 -> 172.16.2.11", "routes6 fd00:1::/64 -> 172.16.2.11", "peers 172.16.2.11",
 // "peer_sources 172.16.2.11 10.1.0.0/24", "pod_ifaces 7",
 // "routes 10.0.2.0/23 -> group 1", "routes 172.16.3.10/32 -> underlay (exception) flags=0x1",
 // "nexthop_groups 1 live=2 172.16.2.11:30 172.16.2.12:34"
@@ -64,26 +64,26 @@ func Describe(m Name, key, value any) string {
 		return fmt.Sprintf("%s %v -> %v", m, key, value)
 	}
 	switch m {
-	case MapRoutes:
+	case MapRoutes, MapRoutes6:
 		for p, r := range s.Routes {
 			if keyOnly {
-				return fmt.Sprintf("routes %v", p)
+				return fmt.Sprintf("%s %v", m, p)
 			}
 			if r.Flags&RouteFlagUnderlay != 0 {
-				return fmt.Sprintf("routes %v -> underlay (exception)%s", p, flags(r.Flags))
+				return fmt.Sprintf("%s %v -> underlay (exception)%s", m, p, flags(r.Flags))
 			}
 			if r.Group != 0 {
-				return fmt.Sprintf("routes %v -> group %d%s", p, r.Group, flags(r.Flags))
+				return fmt.Sprintf("%s %v -> group %d%s", m, p, r.Group, flags(r.Flags))
 			}
-			return fmt.Sprintf("routes %v -> %v%s", p, r.Peer, flags(r.Flags))
+			return fmt.Sprintf("%s %v -> %v%s", m, p, r.Peer, flags(r.Flags))
 		}
 	case MapPeers:
 		for a, p := range s.Peers {
 			return fmt.Sprintf("peers %v%s", a, flags(p.Flags))
 		}
-	case MapPeerSources:
+	case MapPeerSources, MapPeerSources6:
 		for ps := range s.PeerSources {
-			return fmt.Sprintf("peer_sources %v %v", ps.Peer, ps.Src)
+			return fmt.Sprintf("%s %v %v", m, ps.Peer, ps.Src)
 		}
 	case MapPodIfaces:
 		for i, p := range s.PodIfaces {
@@ -157,11 +157,11 @@ func flags(f uint32) string {
 
 func zeroValue(m Name) any {
 	switch m {
-	case MapRoutes:
+	case MapRoutes, MapRoutes6:
 		return RouteValue{}
 	case MapPeers:
 		return PeerValue{}
-	case MapPeerSources:
+	case MapPeerSources, MapPeerSources6:
 		return PeerSourceValue{}
 	case MapPodIfaces:
 		return PodIfaceValue{}
@@ -183,7 +183,8 @@ func zeroValue(m Name) any {
 
 // Diff returns the changes that turn current into desired: every update first
 // (config, peers, peer_sources, pod_addrs, pod_ifaces, fabric_prefixes, snat_exempt, masq_exempt,
-// nexthop_groups, routes: a route is only written once its peer is accepted and
+// nexthop_groups, routes: each family's entries in its own map (routes6,
+// peer_sources6, pod_addrs6 for IPv6); a route is only written once its peer is accepted and
 // its group filled), then every delete in the reverse order, each map's entries in
 // key order. Entries equal in both are not touched. The config entry is never
 // deleted, only overwritten. A nexthop_groups delete (an array entry) means writing
@@ -198,7 +199,8 @@ func Diff(current, desired State) []Change {
 		updates = append(updates, Change{OpUpdate, MapPeers, AddrToBE32(a), PeerValue{Flags: desired.Peers[a].Flags}})
 	}
 	for _, ps := range sortedMissing(desired.PeerSources, current.PeerSources, cmpPeerSource) {
-		updates = append(updates, Change{OpUpdate, MapPeerSources, PeerSourceKeyFrom(ps), PeerSourceValue{}})
+		n, k := ps.entry()
+		updates = append(updates, Change{OpUpdate, n, k, PeerSourceValue{}})
 	}
 	// A pod's addresses before its interface's flag, so the check never runs
 	// on an empty list.
@@ -223,11 +225,13 @@ func Diff(current, desired State) []Change {
 	}
 	for _, p := range sortedWhere(desired.Routes, cmpPrefix, func(p netip.Prefix, r Route) bool { c, ok := current.Routes[p]; return !ok || c != r }) {
 		r := desired.Routes[p]
-		updates = append(updates, Change{OpUpdate, MapRoutes, RouteKeyFromPrefix(p), RouteValue{Peer: AddrToBE32(r.Peer), Flags: r.Flags, Group: r.Group}})
+		n, k := routeEntry(p)
+		updates = append(updates, Change{OpUpdate, n, k, RouteValue{Peer: AddrToBE32(r.Peer), Flags: r.Flags, Group: r.Group}})
 	}
 
 	for _, p := range sortedMissing(current.Routes, desired.Routes, cmpPrefix) {
-		deletes = append(deletes, Change{Op: OpDelete, Map: MapRoutes, Key: RouteKeyFromPrefix(p)})
+		n, k := routeEntry(p)
+		deletes = append(deletes, Change{Op: OpDelete, Map: n, Key: k})
 	}
 	for _, id := range sortedWhere(current.Groups, cmp.Compare[uint32], func(id uint32, g NexthopGroup) bool { _, ok := desired.Groups[id]; return !ok && !g.IsZero() }) {
 		deletes = append(deletes, Change{Op: OpDelete, Map: MapNexthopGroups, Key: id})
@@ -249,7 +253,8 @@ func Diff(current, desired State) []Change {
 		deletes = append(deletes, Change{Op: OpDelete, Map: MapPodIfaces, Key: i})
 	}
 	for _, ps := range sortedMissing(current.PeerSources, desired.PeerSources, cmpPeerSource) {
-		deletes = append(deletes, Change{Op: OpDelete, Map: MapPeerSources, Key: PeerSourceKeyFrom(ps)})
+		n, k := ps.entry()
+		deletes = append(deletes, Change{Op: OpDelete, Map: n, Key: k})
 	}
 	for _, a := range sortedMissing(current.Peers, desired.Peers, cmpAddr) {
 		deletes = append(deletes, Change{Op: OpDelete, Map: MapPeers, Key: AddrToBE32(a)})

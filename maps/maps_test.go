@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	stdmaps "maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -100,6 +101,59 @@ func TestDiffPodAddrsByFamily(t *testing.T) {
 	}
 }
 
+// TestDiffRoutesAndSourcesByFamily: IPv6 routes and allowed sources go to routes6 and
+// peer_sources6, with keys that read back (insert, as Read does) to the same State.
+func TestDiffRoutesAndSourcesByFamily(t *testing.T) {
+	want := NewState()
+	want.Peers[addr("172.16.2.11")] = Peer{}
+	want.Routes[pfx("10.1.0.0/24")] = Route{Peer: addr("172.16.2.11")}
+	want.Routes[pfx("fd00:1::/64")] = Route{Peer: addr("172.16.2.11")}
+	want.Routes[pfx("fd00:2::/48")] = Route{Group: 3, Flags: 1 << 2}
+	want.PeerSources[PeerSource{Peer: addr("172.16.2.11"), Src: pfx("10.1.0.0/24")}] = struct{}{}
+	want.PeerSources[PeerSource{Peer: addr("172.16.2.11"), Src: pfx("fd00:1::/64")}] = struct{}{}
+	var got []string
+	back := NewState()
+	for _, c := range Diff(NewState(), want) {
+		if c.Map == MapConfig || c.Map == MapNexthopGroups {
+			continue
+		}
+		got = append(got, c.String())
+		if err := back.Insert(c.Map, c.Key, c.Value); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantOps := []string{
+		"update peers 172.16.2.11",
+		"update peer_sources 172.16.2.11 10.1.0.0/24",
+		"update peer_sources6 172.16.2.11 fd00:1::/64",
+		"update routes 10.1.0.0/24 -> 172.16.2.11",
+		"update routes6 fd00:1::/64 -> 172.16.2.11",
+		"update routes6 fd00:2::/48 -> group 3 flags=0x4",
+	}
+	if !slices.Equal(got, wantOps) {
+		t.Fatalf("Diff from empty:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(wantOps, "\n"))
+	}
+	if !stdmaps.Equal(back.Routes, want.Routes) || !stdmaps.Equal(back.PeerSources, want.PeerSources) {
+		t.Fatalf("read back routes %v sources %v, want %v %v", back.Routes, back.PeerSources, want.Routes, want.PeerSources)
+	}
+	if k := PeerSource6KeyFrom(PeerSource{Peer: addr("172.16.2.11"), Src: pfx("fd00:1::/64")}); k.Prefixlen != 32+64 {
+		t.Errorf("peer_sources6 prefixlen %d, want 96", k.Prefixlen)
+	}
+	if c := want.Counts(); c[MapRoutes] != 1 || c[MapRoutes6] != 2 || c[MapPeerSources] != 1 || c[MapPeerSources6] != 1 {
+		t.Errorf("Counts = %v", c)
+	}
+	gone := want.Clone()
+	delete(gone.Routes, pfx("fd00:1::/64"))
+	delete(gone.PeerSources, PeerSource{Peer: addr("172.16.2.11"), Src: pfx("fd00:1::/64")})
+	var dels []string
+	for _, c := range Diff(want, gone) {
+		dels = append(dels, c.String())
+	}
+	if want := []string{"delete routes6 fd00:1::/64", "delete peer_sources6 172.16.2.11 fd00:1::/64"}; !slices.Equal(dels, want) {
+		t.Fatalf("Diff removing the IPv6 route and source = %v, want %v", dels, want)
+	}
+}
+
 func TestKeyConversionsRoundTrip(t *testing.T) {
 	k := RouteKeyFromPrefix(pfx("10.1.7.9/16"))
 	if k.Prefixlen != 16 || BE32ToAddr(k.Addr) != addr("10.1.0.0") {
@@ -187,17 +241,19 @@ func TestApplyTranscript(t *testing.T) {
 		"update peers 172.16.2.11",
 		"update peers 172.16.2.12",
 		"update peer_sources 172.16.2.11 10.1.0.0/24",
+		"update peer_sources6 172.16.2.11 fd00:1::/64",
 		"update peer_sources 172.16.2.12 10.1.1.0/24",
 		"update pod_ifaces 9",
 		"update pod_ifaces 11",
 		"update routes 10.1.0.0/24 -> 172.16.2.11",
 		"update routes 10.1.1.0/24 -> 172.16.2.12",
+		"update routes6 fd00:1::/64 -> 172.16.2.11",
 	}
 	if diff := cmp.Diff(want, f.take()); diff != "" {
 		t.Fatalf("first sync transcript (-want +got):\n%s", diff)
 	}
-	if res.Updated != 9 || res.Deleted != 0 || len(res.Applied) != 9 {
-		t.Fatalf("result = %d updated %d deleted, want 9/0", res.Updated, res.Deleted)
+	if res.Updated != 11 || res.Deleted != 0 || len(res.Applied) != 11 {
+		t.Fatalf("result = %d updated %d deleted, want 11/0", res.Updated, res.Deleted)
 	}
 
 	// Same state again: nothing written.
@@ -227,7 +283,9 @@ func TestApplyTranscript(t *testing.T) {
 		"update routes 10.1.0.0/24 -> 172.16.2.13",
 		"update routes 10.1.3.0/24 -> 172.16.2.13",
 		"delete routes 10.1.1.0/24",
+		"delete routes6 fd00:1::/64",
 		"delete pod_ifaces 11",
+		"delete peer_sources6 172.16.2.11 fd00:1::/64",
 		"delete peer_sources 172.16.2.12 10.1.1.0/24",
 		"delete peers 172.16.2.12",
 	}
@@ -449,6 +507,7 @@ func TestApplyTranscriptGroups(t *testing.T) {
 		"update routes 10.1.1.0/24 -> 172.16.2.12",
 		"update routes 10.8.0.0/16 -> group 2",
 		"update routes 10.250.0.1/32 -> 172.16.3.11",
+		"update routes6 fd00:1::/64 -> 172.16.2.11",
 	}
 	if diff := cmp.Diff(tail, got[len(got)-len(tail):]); diff != "" {
 		t.Fatalf("first sync transcript tail (-want +got):\n%s", diff)

@@ -89,10 +89,16 @@ func (s *Set) Read() (State, error) {
 	if err := readMap[RouteKey, RouteValue](s, MapRoutes, &st); err != nil {
 		return st, err
 	}
+	if err := readMap[Route6Key, RouteValue](s, MapRoutes6, &st); err != nil {
+		return st, err
+	}
 	if err := readMap[uint32, PeerValue](s, MapPeers, &st); err != nil {
 		return st, err
 	}
 	if err := readMap[PeerSourceKey, PeerSourceValue](s, MapPeerSources, &st); err != nil {
+		return st, err
+	}
+	if err := readMap[PeerSource6Key, PeerSourceValue](s, MapPeerSources6, &st); err != nil {
 		return st, err
 	}
 	if err := readMap[uint32, PodIfaceValue](s, MapPodIfaces, &st); err != nil {

@@ -12,8 +12,11 @@ import (
 // not part of it (the datapath writes them). The zero State is empty; Diff treats
 // nil maps as empty.
 type State struct {
-	Routes      map[netip.Prefix]Route
-	Peers       map[netip.Addr]Peer
+	// Routes are the routes (IPv4 prefixes) and routes6 (IPv6) entries.
+	Routes map[netip.Prefix]Route
+	Peers  map[netip.Addr]Peer
+	// PeerSources are the peer_sources (IPv4 sources) and peer_sources6 (IPv6)
+	// entries.
 	PeerSources map[PeerSource]struct{}
 	PodIfaces   map[uint32]PodIface
 	// Groups are the nexthop_groups entries by id that have a live member; an id
@@ -171,6 +174,16 @@ func configFromKernel(k DatapathConfig) Config {
 	return c
 }
 
+// routeFromKernel is the Route of a routes or routes6 value: a peer, or a group
+// (whose entry has no peer).
+func routeFromKernel(v RouteValue) Route {
+	r := Route{Flags: v.Flags, Group: v.Group}
+	if v.Peer != 0 || v.Group == 0 {
+		r.Peer = BE32ToAddr(v.Peer)
+	}
+	return r
+}
+
 // insert adds one kernel entry of map m to s; it is how Read and test fakes turn
 // map contents back into a State.
 func (s *State) insert(m Name, key, value any) error {
@@ -181,11 +194,15 @@ func (s *State) insert(m Name, key, value any) error {
 		if !ok1 || !ok2 {
 			break
 		}
-		r := Route{Flags: v.Flags, Group: v.Group}
-		if v.Peer != 0 || v.Group == 0 {
-			r.Peer = BE32ToAddr(v.Peer)
+		s.Routes[PrefixFromRouteKey(k)] = routeFromKernel(v)
+		return nil
+	case MapRoutes6:
+		k, ok1 := key.(Route6Key)
+		v, ok2 := value.(RouteValue)
+		if !ok1 || !ok2 {
+			break
 		}
-		s.Routes[PrefixFromRouteKey(k)] = r
+		s.Routes[PrefixFromRoute6Key(k)] = routeFromKernel(v)
 		return nil
 	case MapNexthopGroups:
 		k, ok1 := key.(uint32)
@@ -249,6 +266,13 @@ func (s *State) insert(m Name, key, value any) error {
 		}
 		s.PeerSources[PeerSourceFromKey(k)] = struct{}{}
 		return nil
+	case MapPeerSources6:
+		k, ok := key.(PeerSource6Key)
+		if !ok {
+			break
+		}
+		s.PeerSources[PeerSourceFrom6Key(k)] = struct{}{}
+		return nil
 	case MapPodIfaces:
 		k, ok1 := key.(uint32)
 		v, ok2 := value.(PodIfaceValue)
@@ -273,17 +297,24 @@ func (s *State) insert(m Name, key, value any) error {
 var ErrCapacity = errors.New("map too small")
 
 // Counts returns the number of entries s puts in each map whose entries are
-// keyed by what the plan holds (routes, peers, peer_sources, pod_ifaces,
-// fabric_prefixes, snat_exempt).
+// keyed by what the plan holds (routes, routes6, peers, peer_sources,
+// peer_sources6, pod_ifaces, fabric_prefixes, snat_exempt).
 func (s State) Counts() map[Name]int {
-	return map[Name]int{
-		MapRoutes:         len(s.Routes),
+	c := map[Name]int{
 		MapPeers:          len(s.Peers),
-		MapPeerSources:    len(s.PeerSources),
 		MapPodIfaces:      len(s.PodIfaces),
 		MapFabricPrefixes: len(s.FabricPrefixes),
 		MapSNATExempt:     len(s.SNATExempt),
 	}
+	for p := range s.Routes {
+		n, _ := routeEntry(p)
+		c[n]++
+	}
+	for ps := range s.PeerSources {
+		n, _ := ps.entry()
+		c[n]++
+	}
+	return c
 }
 
 // CheckCapacity reports, wrapping ErrCapacity, every map of set that holds

@@ -21,9 +21,11 @@ import (
 // order in memory (see AddrToBE32).
 type (
 	RouteKey        = bpf.IsthmusRouteKey
+	Route6Key       = bpf.IsthmusRoute6Key
 	RouteValue      = bpf.IsthmusRouteValue
 	PeerValue       = bpf.IsthmusPeerValue
 	PeerSourceKey   = bpf.IsthmusPeerSourceKey
+	PeerSource6Key  = bpf.IsthmusPeerSource6Key
 	PeerSourceValue = bpf.IsthmusPeerSourceValue
 	DatapathConfig  = bpf.IsthmusDatapathConfig
 	PodIfaceValue   = bpf.IsthmusPodIfaceValue
@@ -105,12 +107,16 @@ const PodIfaceFlagReserved uint32 = 1 << 0
 const PodIfaceFlagNoPeer uint32 = 1 << 1
 
 const (
-	MapRoutes      Name = "routes"
+	MapRoutes Name = "routes"
+	// MapRoutes6 is MapRoutes for IPv6 inner destinations (same value).
+	MapRoutes6     Name = "routes6"
 	MapPeers       Name = "peers"
 	MapPeerSources Name = "peer_sources"
-	MapConfig      Name = "config"
-	MapPodIfaces   Name = "pod_ifaces"
-	MapMetrics     Name = "metrics"
+	// MapPeerSources6 is MapPeerSources for IPv6 inner sources.
+	MapPeerSources6 Name = "peer_sources6"
+	MapConfig       Name = "config"
+	MapPodIfaces    Name = "pod_ifaces"
+	MapMetrics      Name = "metrics"
 	// MapNexthopGroups is an array: an entry is never deleted, only zeroed.
 	MapNexthopGroups  Name = "nexthop_groups"
 	MapFabricPrefixes Name = "fabric_prefixes"
@@ -145,7 +151,7 @@ const (
 var AllMaps = []Name{MapRoutes, MapPeers, MapPeerSources, MapConfig, MapPodIfaces, MapMetrics,
 	MapNexthopGroups, MapFabricPrefixes, MapSNATExempt, MapNat, MapHealthReach, MapHealthProbers,
 	MapMasqExempt, MapPodAddrs, MapRedirectLast, MapRedirectDrops, MapMasqNat, MapNatSources,
-	MapCtClose, MapPodAddrs6}
+	MapCtClose, MapPodAddrs6, MapRoutes6, MapPeerSources6}
 
 // AddrToBE32 returns the __be32 form of an IPv4 address: a uint32 whose in-memory
 // bytes are the address in network order. An invalid or IPv6 address gives 0.
@@ -197,6 +203,51 @@ func RouteKeyFromPrefix(p netip.Prefix) RouteKey {
 // PrefixFromRouteKey is the inverse of RouteKeyFromPrefix.
 func PrefixFromRouteKey(k RouteKey) netip.Prefix {
 	return netip.PrefixFrom(BE32ToAddr(k.Addr), int(k.Prefixlen))
+}
+
+// Route6KeyFromPrefix returns the LPM key of an IPv6 prefix; the address is masked.
+func Route6KeyFromPrefix(p netip.Prefix) Route6Key {
+	p = p.Masked()
+	return Route6Key{Prefixlen: uint32(p.Bits()), Addr: AddrTo16(p.Addr())}
+}
+
+// PrefixFromRoute6Key is the inverse of Route6KeyFromPrefix.
+func PrefixFromRoute6Key(k Route6Key) netip.Prefix {
+	return netip.PrefixFrom(From16ToAddr(k.Addr), int(k.Prefixlen))
+}
+
+// routeEntry returns the map and the key of the route for p: routes for an IPv4
+// prefix, routes6 for an IPv6 one.
+func routeEntry(p netip.Prefix) (Name, any) {
+	if p.Addr().Is4() {
+		return MapRoutes, RouteKeyFromPrefix(p)
+	}
+	return MapRoutes6, Route6KeyFromPrefix(p)
+}
+
+// PeerSource6KeyFrom is PeerSourceKeyFrom for an IPv6 source prefix.
+func PeerSource6KeyFrom(s PeerSource) PeerSource6Key {
+	src := s.Src.Masked()
+	return PeerSource6Key{
+		Prefixlen: 32 + uint32(src.Bits()),
+		Peer:      AddrToBE32(s.Peer),
+		Src:       AddrTo16(src.Addr()),
+	}
+}
+
+// PeerSourceFrom6Key is the inverse of PeerSource6KeyFrom.
+func PeerSourceFrom6Key(k PeerSource6Key) PeerSource {
+	bits := max(int(k.Prefixlen)-32, 0)
+	return PeerSource{Peer: BE32ToAddr(k.Peer), Src: netip.PrefixFrom(From16ToAddr(k.Src), bits)}
+}
+
+// entry returns the map and the key of s: peer_sources for an IPv4 source prefix,
+// peer_sources6 for an IPv6 one.
+func (s PeerSource) entry() (Name, any) {
+	if s.Src.Addr().Is4() {
+		return MapPeerSources, PeerSourceKeyFrom(s)
+	}
+	return MapPeerSources6, PeerSource6KeyFrom(s)
 }
 
 // PeerSourceKeyFrom returns the LPM key that allows inner sources in src from the

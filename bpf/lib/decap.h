@@ -21,6 +21,16 @@ static __always_inline __u32 inner_l4_pull_len(__u8 proto)
 	return proto == IPPROTO_TCP ? sizeof(struct tcphdr) : 8;
 }
 
+/* Returns the bytes of an inner IP packet that delivery reads, from its first ten: an
+ * IPv4 header with its options or the IPv6 fixed header (whose next header is byte
+ * 6), and inner_l4_pull_len of what follows. */
+static __always_inline __u32 inner_ip_pull_len(const __u8 inner[10])
+{
+	if ((inner[0] >> 4) == 6)
+		return sizeof(struct ip6_hdr) + inner_l4_pull_len(inner[6]);
+	return (inner[0] & 0xf) * 4 + inner_l4_pull_len(inner[9]);
+}
+
 /* Makes linear what decapsulation and delivery read: outer Ethernet, IPv4 with options,
  * UDP, GENEVE with its options, inner Ethernet, inner IPv4 with its options and the
  * first bytes of the inner L4 header (inner_l4_pull_len), with the lengths read from the
@@ -32,7 +42,7 @@ static __always_inline __u32 inner_l4_pull_len(__u8 proto)
 static __always_inline int pull_geneve_headers(struct __sk_buff *skb)
 {
 	__u32 off = ETH_HLEN;
-	__u8 b, inner[10];	/* the inner IPv4 header up to its protocol */
+	__u8 b, inner[10];	/* the inner IP header up to the IPv4 protocol */
 
 	if (bpf_skb_load_bytes(skb, off, &b, 1))
 		return 0;	/* shorter than that: the parsers reject it */
@@ -43,11 +53,11 @@ static __always_inline int pull_geneve_headers(struct __sk_buff *skb)
 	off += GENEVE_HLEN + ETH_HLEN;
 	if (bpf_skb_load_bytes(skb, off, inner, sizeof(inner)))
 		return pull_headers(skb, off + sizeof(struct iphdr));
-	return pull_headers(skb, off + (inner[0] & 0xf) * 4 + inner_l4_pull_len(inner[9]));
+	return pull_headers(skb, off + inner_ip_pull_len(inner));
 }
 
-/* Makes the IPv4 header (with options) and the first inner_l4_pull_len bytes of the L4
- * header of a frame underlay_xdp popped linear, as pull_geneve_headers does for one
+/* Makes the IP header (IPv4 with options, the IPv6 fixed header) and the first
+ * inner_l4_pull_len bytes of the L4 header of a frame underlay_xdp popped linear, as pull_geneve_headers does for one
  * TC pops. An XDP program without frags support sees the whole frame linear, and the
  * skb built from it after XDP_PASS keeps it so (GRO only appends later segments), so
  * this pulls nothing in practice: one load and a compare guard against a driver that
@@ -58,10 +68,11 @@ static __always_inline int pull_xdp_popped_headers(struct __sk_buff *skb)
 
 	if (bpf_skb_load_bytes(skb, ETH_HLEN, inner, sizeof(inner)))
 		return 0;	/* shorter than that: the parsers reject it */
-	return pull_headers(skb, ETH_HLEN + (inner[0] & 0xf) * 4 + inner_l4_pull_len(inner[9]));
+	return pull_headers(skb, ETH_HLEN + inner_ip_pull_len(inner));
 }
 
 #define DECAP_FLAGS	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_DECAP_L3_IPV4)
+#define DECAP6_FLAGS	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_DECAP_L3_IPV6)
 
 /* Parses outer Ethernet, IPv4 and UDP at c. Returns 1 with info->peer and
  * info->outer_hlen set and c at the GENEVE header if the frame is GENEVE addressed to
@@ -106,6 +117,21 @@ static __always_inline int underlay_classify(struct cursor *c, const struct data
 #define INET_ECN_MASK		0x03
 #define INET_ECN_CE		0x03
 
+/* decap_ecn's answer to an outer CE for the inner IPv6 packet ip6h, as for IPv4: its
+ * traffic class has no checksum to patch. */
+static __always_inline int decap_ecn6(struct ip6_hdr *ip6h)
+{
+	__u32 w = bpf_ntohl(ip6h->vtc_flow);
+	__u8 ecn = (w >> 20) & INET_ECN_MASK;
+
+	if (ecn == INET_ECN_CE)
+		return 0;
+	if (!ecn)
+		return DROP_ECN_NOT_ECT;
+	ip6h->vtc_flow = bpf_htonl(w | (INET_ECN_CE << 20));
+	return 0;
+}
+
 /* RFC 6040 decapsulation (normal mode), as the kernel's INET_ECN_decapsulate: outer CE
  * on an ECN-capable inner packet marks it CE, with its header checksum patched; outer
  * CE on a Not-ECT one is dropped, because the congestion signal could not reach the
@@ -116,7 +142,11 @@ static __always_inline int decap_ecn(const struct decap_info *info)
 	struct iphdr *iip = info->inner;
 	__be16 from, to;
 
-	if ((info->outer_tos & INET_ECN_MASK) != INET_ECN_CE ||
+	if ((info->outer_tos & INET_ECN_MASK) != INET_ECN_CE)
+		return 0;
+	if (info->inner6)
+		return decap_ecn6(info->inner6);
+	if (!iip ||
 	    (iip->tos & INET_ECN_MASK) == INET_ECN_CE)
 		return 0;
 	if (!(iip->tos & INET_ECN_MASK))
@@ -172,6 +202,31 @@ static __always_inline int decap_time_exceeded(struct __sk_buff *skb,
 	return transit_time_exceeded(skb, cfg, &h, hook);
 }
 
+/* tc_decap of a validated frame whose inner packet is IPv6: popped and delivered
+ * (deliver_decapped6). No transit, health probe or expiry here: delivery goes through
+ * the stack, which forwards it as a router does. Returns TC_ACT_REDIRECT or a negative
+ * DROP_*. */
+static __always_inline int tc_decap6(struct __sk_buff *skb, const struct datapath_config *cfg,
+				     const struct decap_info *info, __u8 hook)
+{
+	struct ethhdr *eth;
+	int ret = decap_ecn(info);
+
+	if (ret < 0)
+		return ret;
+	/* DECAP_L3_IPV6 sets skb->protocol; the outer Ethernet header, which stays, must
+	 * say so too. */
+	if (bpf_skb_adjust_room(skb, -(__s32)decap_len(info), BPF_ADJ_ROOM_MAC, DECAP6_FLAGS))
+		return DROP_DECAP_FAILED;
+	eth = (void *)(long)skb->data;
+	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
+		return DROP_DECAP_FAILED;
+	eth->h_proto = bpf_htons(ETH_P_IPV6);
+	metrics_count(METRIC_DECAP, hook, skb->len);
+	trace_tc(skb, cfg, METRIC_DECAP, hook, info->peer, 0);
+	return deliver_decapped6(skb, cfg, hook);
+}
+
 /* TC decapsulation: validate, then forward (transit on a gateway, lib/transit.h) or
  * pop and deliver. from_wireguard: the frame came out of the WireGuard device (with an
  * Ethernet header pushed in front). Returns TC_ACT_OK for frames that are not ours,
@@ -194,6 +249,8 @@ static __always_inline int tc_decap(struct __sk_buff *skb, const struct datapath
 	ret = geneve_validate(&c, cfg, &info);
 	if (ret < 0)
 		return ret;
+	if (info.inner6)
+		return tc_decap6(skb, cfg, &info, hook);
 	if (health_candidate(cfg, &info)) {
 		ret = health_answer(skb, cfg, &info, hook);
 		if (ret)
@@ -260,7 +317,7 @@ static __always_inline int tc_xdp_decapped(struct __sk_buff *skb)
 	return 1;
 }
 
-/* XDP decapsulation: validate, pop to [outer Ethernet][inner IPv4], leave a decap_meta
+/* XDP decapsulation: validate, pop to [outer Ethernet][inner IP], leave a decap_meta
  * for underlay_ingress. A frame that cannot carry metadata, that will transit, or whose
  * inner TTL may expire here is passed unpopped, for underlay_ingress to decapsulate or forward itself. Returns XDP_PASS or a negative DROP_*. */
 static __always_inline int xdp_decap(struct xdp_md *ctx, const struct datapath_config *cfg,
@@ -280,16 +337,19 @@ static __always_inline int xdp_decap(struct xdp_md *ctx, const struct datapath_c
 	ret = geneve_validate(&c, cfg, &info);
 	if (ret < 0)
 		return ret;
-	/* A frame that will transit stays whole, without metadata: underlay_ingress
-	 * forwards it (a popped frame could not be encapsulated again, DESIGN.md). */
-	if (transit_route(cfg, info.daddr))
-		return XDP_PASS;
-	/* So does one whose inner TTL expires here: underlay_ingress answers it. */
-	if (unlikely(info.inner->ttl <= 1 && !tunnel_host_dest(cfg, info.daddr)))
-		return XDP_PASS;
-	/* Nor does a frame that may be a health probe: underlay_ingress answers it. */
-	if (health_candidate(cfg, &info))
-		return XDP_PASS;
+	if (info.inner) {
+		/* A frame that will transit stays whole, without metadata:
+		 * underlay_ingress forwards it (a popped frame could not be
+		 * encapsulated again, DESIGN.md). */
+		if (transit_route(cfg, info.daddr))
+			return XDP_PASS;
+		/* So does one whose inner TTL expires here: underlay_ingress answers it. */
+		if (unlikely(info.inner->ttl <= 1 && !tunnel_host_dest(cfg, info.daddr)))
+			return XDP_PASS;
+		/* Nor does a frame that may be a health probe: underlay_ingress answers it. */
+		if (health_candidate(cfg, &info))
+			return XDP_PASS;
+	}
 	ret = decap_ecn(&info);
 	if (ret < 0)
 		return ret;
@@ -314,6 +374,7 @@ static __always_inline int xdp_decap(struct xdp_md *ctx, const struct datapath_c
 	if ((void *)(eth + 1) > (void *)(long)ctx->data_end)
 		return DROP_DECAP_FAILED;
 	__builtin_memcpy(eth, &oeth, ETH_HLEN);
+	eth->h_proto = info.inner6 ? bpf_htons(ETH_P_IPV6) : bpf_htons(ETH_P_IP);
 	meta = (void *)(long)ctx->data_meta;
 	if ((void *)(meta + 1) > (void *)eth)
 		return DROP_DECAP_FAILED;

@@ -43,13 +43,73 @@ static __always_inline int encap_room(struct __sk_buff *skb)
 	return ret;
 }
 
+/* Pushes outer IPv4/UDP/GENEVE/inner Ethernet in front of the inner packet (either
+ * family: the inner Ethernet header carries its EtherType) and sends the frame to peer
+ * on path (geneve_path), with outer UDP source port sport and the inner packet's DSCP
+ * and ECN tos. The outer checksum of UDP over IPv4 is zero (RFC 8926 section 3.3).
+ * Returns TC_ACT_REDIRECT or a negative DROP_*. Counts metric, with group (0 for
+ * none) in the trace. */
+static __always_inline int encap_push(struct __sk_buff *skb, const struct datapath_config *cfg,
+				      __be32 peer, int path, __u16 sport, __u8 tos, int metric,
+				      __u8 hook, __u32 group)
+{
+	void *data, *data_end;
+	struct ethhdr *eth, *ieth;
+	struct iphdr *oip, ip = {};
+	struct udphdr *oudp;
+	struct genevehdr *gh;
+
+	if (encap_room(skb))
+		return DROP_ENCAP_FAILED;
+
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	eth = data;
+	oip = data + ETH_HLEN;
+	oudp = (void *)(oip + 1);
+	gh = (void *)(oudp + 1);
+	ieth = (void *)(gh + 1);
+	if ((void *)(ieth + 1) > data_end)
+		return DROP_ENCAP_FAILED;
+
+	/* The inner frame keeps the original Ethernet header; the outer one is rewritten
+	 * after the FIB lookup. */
+	__builtin_memcpy(ieth, eth, ETH_HLEN);
+	eth->h_proto = bpf_htons(ETH_P_IP);
+
+	ip.version = 4;
+	ip.ihl = 5;
+	ip.tos = tos;
+	ip.tot_len = bpf_htons(skb->len - ETH_HLEN);
+	ip.frag_off = bpf_htons(IP_DF);
+	ip.ttl = OUTER_TTL;
+	ip.protocol = IPPROTO_UDP;
+	ip.saddr = geneve_outer_src(cfg, path);
+	ip.daddr = peer;
+	ip.check = ipv4_hdr_csum(&ip);
+	__builtin_memcpy(oip, &ip, sizeof(ip));
+
+	oudp->source = bpf_htons(sport);
+	oudp->dest = bpf_htons(GENEVE_PORT);
+	oudp->len = bpf_htons(skb->len - ETH_HLEN - sizeof(struct iphdr));
+	oudp->check = 0;
+
+	*(__u16 *)gh = 0;	/* version 0, no options, O = C = 0 */
+	gh->proto_type = bpf_htons(ETH_P_TEB);
+	*(__be32 *)gh->vni = geneve_vni_word(cfg->vni);
+
+	if (path == GENEVE_PATH_WIREGUARD)
+		return send_to_wireguard(skb, cfg, peer, metric, hook, group);
+	return send_to_peer(skb, cfg, eth, ip.saddr, peer, metric, hook, group);
+}
+
 /* Bytes after the IPv4 header the encap and local-delivery paths read: a whole TCP
  * header without options (stack_sees reads its flags, sequence and acknowledgement
  * numbers; flow_hash and the pod guard, the ports). */
 #define ENCAP_PULL_L4	20
 
-/* Pushes outer IPv4/UDP/GENEVE/inner Ethernet in front of the inner IPv4 packet and
- * redirects to the underlay next hop of the route's peer: rt->peer, or the member of
+/* Encapsulates the inner IPv4 packet iph (encap_push) and redirects it to the underlay
+ * next hop of the route's peer: rt->peer, or the member of
  * its next-hop group the flow hashes to (DROP_NO_NEXTHOP if none is live); for an
  * encrypted peer, from the tunnel address into WireGuard (lib/wireguard.h, and its
  * drops when it cannot). forward
@@ -61,11 +121,6 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 					const struct route_value *rt, struct iphdr *iph,
 					void *l4, int forward, __u8 hook)
 {
-	void *data, *data_end;
-	struct ethhdr *eth, *ieth;
-	struct iphdr *oip, ip = {};
-	struct udphdr *oudp;
-	struct genevehdr *gh;
 	__u32 hash;
 	__be32 peer;
 	__u16 sport;
@@ -109,49 +164,31 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 	tos = iph->tos;
 	/* Last use of iph and l4: the clamp may rewrite the packet. */
 	tcp_clamp_mss(skb, cfg->tunnel_mtu);
+	return encap_push(skb, cfg, peer, path, sport, tos, METRIC_ENCAP, hook, rt->group);
+}
 
-	if (encap_room(skb))
-		return DROP_ENCAP_FAILED;
+/* encap_geneve for the IPv6 packet ip6h, on isthmus0 (overlay_egress): the stack has
+ * forwarded it there (hop limit, the device MTU's Packet Too Big), so this is no
+ * forwarding hop. A GSO packet whose segments the tunnel cannot carry is
+ * DROP_FRAG_NEEDED. Returns TC_ACT_REDIRECT or a negative DROP_*. Counts
+ * METRIC_ENCAP. */
+static __always_inline int encap_geneve6(struct __sk_buff *skb, const struct datapath_config *cfg,
+					 const struct route_value *rt, const struct ip6_hdr *ip6h,
+					 const void *l4, __u8 hook)
+{
+	__u32 hash = flow_hash6(ip6h, l4, (void *)(long)skb->data_end);
+	__be32 peer = nexthop_select(rt, hash);
+	int path;
 
-	data = (void *)(long)skb->data;
-	data_end = (void *)(long)skb->data_end;
-	eth = data;
-	oip = data + ETH_HLEN;
-	oudp = (void *)(oip + 1);
-	gh = (void *)(oudp + 1);
-	ieth = (void *)(gh + 1);
-	if ((void *)(ieth + 1) > data_end)
-		return DROP_ENCAP_FAILED;
-
-	/* The inner frame keeps the original Ethernet header; the outer one is rewritten
-	 * after the FIB lookup. */
-	__builtin_memcpy(ieth, eth, ETH_HLEN);
-	eth->h_proto = bpf_htons(ETH_P_IP);
-
-	ip.version = 4;
-	ip.ihl = 5;
-	ip.tos = tos;
-	ip.tot_len = bpf_htons(skb->len - ETH_HLEN);
-	ip.frag_off = bpf_htons(IP_DF);
-	ip.ttl = OUTER_TTL;
-	ip.protocol = IPPROTO_UDP;
-	ip.saddr = geneve_outer_src(cfg, path);
-	ip.daddr = peer;
-	ip.check = ipv4_hdr_csum(&ip);
-	__builtin_memcpy(oip, &ip, sizeof(ip));
-
-	oudp->source = bpf_htons(sport);
-	oudp->dest = bpf_htons(GENEVE_PORT);
-	oudp->len = bpf_htons(skb->len - ETH_HLEN - sizeof(struct iphdr));
-	oudp->check = 0;
-
-	*(__u16 *)gh = 0;	/* version 0, no options, O = C = 0 */
-	gh->proto_type = bpf_htons(ETH_P_TEB);
-	*(__be32 *)gh->vni = geneve_vni_word(cfg->vni);
-
-	if (path == GENEVE_PATH_WIREGUARD)
-		return send_to_wireguard(skb, cfg, peer, METRIC_ENCAP, hook, rt->group);
-	return send_to_peer(skb, cfg, eth, ip.saddr, peer, METRIC_ENCAP, hook, rt->group);
+	if (unlikely(!peer))
+		return DROP_NO_NEXTHOP;
+	path = geneve_path(cfg, peer);
+	if (unlikely(path < 0))
+		return path;
+	if (unlikely(cfg->tunnel_mtu && ipv6_wire_len(skb, ip6h) > cfg->tunnel_mtu))
+		return DROP_FRAG_NEEDED;
+	return encap_push(skb, cfg, peer, path, flow_sport_of(hash), ipv6_tclass(ip6h),
+			  METRIC_ENCAP, hook, rt->group);
 }
 
 /* Same-node delivery of a pod's packet that matched no route: if the FIB sends it out a
@@ -175,6 +212,26 @@ static __always_inline int deliver_local_pod(struct __sk_buff *skb,
 		return TC_ACT_OK;
 	metrics_count(METRIC_DELIVER_POD, hook, skb->len);
 	trace_tc(skb, cfg, METRIC_DELIVER_POD, hook, 0, p.ifindex);
+	return pod_to_stack(skb);
+}
+
+/* deliver_local_pod for the IPv6 packet ip6h: marked when the FIB sends it out a
+ * pod interface, so no other CNI's IPv6 MASQUERADE rewrites it. Returns TC_ACT_OK. */
+static __always_inline int deliver_local_pod6(struct __sk_buff *skb, const struct ip6_hdr *ip6h)
+{
+	const struct datapath_config *cfg = config_get();
+	struct bpf_fib_lookup p;
+	int rc;
+
+	if (!cfg)
+		return TC_ACT_OK;
+	fib_params_v6(&p, ip6h->saddr, ip6h->daddr, ip6h->nexthdr, skb->ifindex);
+	rc = bpf_fib_lookup(skb, &p, sizeof(p), BPF_FIB_LOOKUP_SKIP_NEIGH);
+	if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_FRAG_NEEDED) ||
+	    !bpf_map_lookup_elem(&pod_ifaces, &p.ifindex))
+		return TC_ACT_OK;
+	metrics_count(METRIC_DELIVER_POD, HOOK_POD_INGRESS, skb->len);
+	trace_tc(skb, cfg, METRIC_DELIVER_POD, HOOK_POD_INGRESS, 0, p.ifindex);
 	return pod_to_stack(skb);
 }
 
@@ -207,26 +264,79 @@ static __always_inline int host_source(const struct datapath_config *cfg, const 
 	return iph->saddr == cfg->tunnel_ip || iph->saddr == cfg->underlay_ip;
 }
 
-/* pod_ingress for an IPv6 packet: to the stack once pod_source_check6 finds its
- * source the pod's own. A header the parser refuses goes to the stack, which drops
- * it, as for IPv4. Returns TC_ACT_OK or a negative DROP_*. */
+/* Returns 1 if daddr is an IPv6 destination that stays on its link and is never
+ * tunnelled: link-local, unspecified or multicast (neighbour discovery, MLD, router
+ * messages). The stack keeps them. */
+static __always_inline int ipv6_never_tunnelled(const __be32 daddr[4])
+{
+	return ipv6_link_scoped(daddr) || ipv6_multicast(daddr);
+}
+
+/* Parses [eth][IPv6] after making the fixed header and ENCAP_PULL_L4 bytes after it
+ * linear. Returns 0 with *ip6h and c (at the byte after the fixed header) set, or -1
+ * for a frame that is not a well-formed IPv6 one. */
+static __always_inline int pull_parse_ipv6(struct __sk_buff *skb, struct cursor *c,
+					   struct ip6_hdr **ip6h)
+{
+	struct ethhdr *eth;
+
+	if (pull_headers(skb, ETH_HLEN + sizeof(**ip6h) + ENCAP_PULL_L4))
+		return -1;
+	c->pos = (void *)(long)skb->data;
+	c->end = (void *)(long)skb->data_end;
+	if (parse_eth(c, &eth) != ETH_P_IPV6 || parse_ipv6(c, ip6h) < 0)
+		return -1;
+	return 0;
+}
+
+/* pod_ingress for an IPv6 packet. Its source must be the pod's own
+ * (pod_source_check6). One for a tunnel route (routes6) goes on through the stack,
+ * marked (pod_to_stack), which forwards it into isthmus0 (hop limit, Packet Too Big
+ * with the tunnel's MTU, conntrack and the site's FORWARD policy), where
+ * overlay_egress encapsulates it; one for a local pod too (deliver_local_pod6);
+ * anything else is the stack's as it is, and link-scoped or multicast destinations
+ * are never tunnelled. A header the parser
+ * refuses goes to the stack, which drops it, as for IPv4. Returns TC_ACT_OK or a
+ * negative DROP_*. */
 static __always_inline int pod_ingress_ipv6(struct __sk_buff *skb)
 {
 	struct ip6_hdr *ip6h;
-	struct ethhdr *eth;
 	struct cursor c;
 	int ret;
 
 	if (!config_get())
 		return TC_ACT_OK;
-	if (bpf_skb_pull_data(skb, ETH_HLEN + sizeof(*ip6h)))
-		return TC_ACT_OK;
-	c.pos = (void *)(long)skb->data;
-	c.end = (void *)(long)skb->data_end;
-	if (parse_eth(&c, &eth) != ETH_P_IPV6 || parse_ipv6(&c, &ip6h) < 0)
+	if (pull_parse_ipv6(skb, &c, &ip6h))
 		return TC_ACT_OK;
 	ret = pod_source_check6(skb, ip6h);
-	return ret < 0 ? ret : TC_ACT_OK;
+	if (ret < 0)
+		return ret;
+	if (ipv6_never_tunnelled(ip6h->daddr))
+		return TC_ACT_OK;
+	if (!pod_route_lookup6(ip6h->daddr))
+		return deliver_local_pod6(skb, ip6h);
+	return pod_to_stack(skb);
+}
+
+/* overlay_egress for an IPv6 packet the stack routed into isthmus0: encapsulated on
+ * its routes6 route, else DROP_NO_OVERLAY_ROUTE. Link-scoped and multicast ones (the
+ * device's own neighbour discovery and MLD) pass to isthmus0p, where IPv6 is off and
+ * they end. Returns a TC verdict or a negative DROP_*. */
+static __always_inline int overlay_egress_ipv6(struct __sk_buff *skb,
+					       const struct datapath_config *cfg, __u8 hook)
+{
+	const struct route_value *rt;
+	struct ip6_hdr *ip6h;
+	struct cursor c;
+
+	if (pull_parse_ipv6(skb, &c, &ip6h))
+		return TC_ACT_OK;
+	if (ipv6_never_tunnelled(ip6h->daddr))
+		return TC_ACT_OK;
+	rt = route_lookup6(ip6h->daddr);
+	if (!rt)
+		return DROP_NO_OVERLAY_ROUTE;
+	return encap_geneve6(skb, cfg, rt, ip6h, c.pos, hook);
 }
 
 /* The encapsulation hooks: parse, look up routes, encapsulate or deliver locally.
@@ -241,8 +351,12 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 	struct ethhdr *eth;
 	struct iphdr *iph;
 
-	if (from_pod && skb->protocol == bpf_htons(ETH_P_IPV6))
-		return pod_ingress_ipv6(skb);
+	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		if (from_pod)
+			return pod_ingress_ipv6(skb);
+		cfg = config_get();
+		return cfg ? overlay_egress_ipv6(skb, cfg, hook) : DROP_NO_CONFIG;
+	}
 	if (pull_ipv4_headers(skb, ENCAP_PULL_L4))
 		return TC_ACT_OK;
 	c.pos = (void *)(long)skb->data;

@@ -340,6 +340,32 @@ static __always_inline int longer_than_mtu(struct __sk_buff *skb, const struct i
 	return ipv4_wire_len(skb, iph) > mtu;
 }
 
+/* Delivers a decapsulated frame [eth][IPv6] arriving on the underlay to the local pod
+ * the FIB routes it to (pod_ifaces), through the stack, marked: into isthmus0's
+ * ingress, the device the stack routes the sender back through (strict reverse-path
+ * filtering holds), where it is forwarded as a router does (hop limit, Time Exceeded,
+ * Packet Too Big with the pod's MTU, conntrack, the site's FORWARD policy). Anything
+ * else is DROP_NOT_LOCAL: this node's own IPv6 addresses are not reached through the
+ * tunnel. Returns TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_DELIVER_POD. */
+static __always_inline int deliver_decapped6(struct __sk_buff *skb,
+					     const struct datapath_config *cfg, __u8 hook)
+{
+	struct cursor c = { .pos = (void *)(long)skb->data, .end = (void *)(long)skb->data_end };
+	struct bpf_fib_lookup p;
+	struct ip6_hdr *ip6h;
+	struct ethhdr *eth;
+	int rc;
+
+	if (parse_eth(&c, &eth) != ETH_P_IPV6 || parse_ipv6(&c, &ip6h) < 0)
+		return DROP_INNER_INVALID;
+	fib_params_v6(&p, ip6h->saddr, ip6h->daddr, ip6h->nexthdr, skb->ifindex);
+	rc = bpf_fib_lookup(skb, &p, sizeof(p), BPF_FIB_LOOKUP_SKIP_NEIGH);
+	if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_FRAG_NEEDED) ||
+	    !bpf_map_lookup_elem(&pod_ifaces, &p.ifindex))
+		return DROP_NOT_LOCAL;
+	return deliver_to_stack(skb, cfg, eth, OVERLAY_MARK, METRIC_DELIVER_POD, hook);
+}
+
 /* Delivers a decapsulated frame [eth][IPv4] arriving on the underlay: to a local pod
  * (pod_ifaces) through the stack when stack_sees says so, or when the packet (a GSO
  * packet's segment) is longer than the pod interface's MTU (the stack's forwarding
@@ -350,19 +376,24 @@ static __always_inline int longer_than_mtu(struct __sk_buff *skb, const struct i
 static __always_inline int deliver_decapped(struct __sk_buff *skb,
 					    const struct datapath_config *cfg, __u8 hook)
 {
-	/* Reverse SNAT first (lib/nat.h): it may rewrite the destination to a pod. */
-	int nat = snat_reverse(skb, cfg, hook);
 	const struct pod_iface_value *pi;
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct cursor c = { .pos = data, .end = data_end };
+	void *data, *data_end;
 	struct bpf_fib_lookup p;
 	struct ethhdr *eth;
 	struct iphdr *iph;
-	int rc;
+	struct cursor c;
+	int nat, rc;
 
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return deliver_decapped6(skb, cfg, hook);
+	/* Reverse SNAT first (lib/nat.h): it may rewrite the destination to a pod. */
+	nat = snat_reverse(skb, cfg, hook);
 	if (nat < 0)
 		return nat;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	c.pos = data;
+	c.end = data_end;
 	if (parse_eth(&c, &eth) != ETH_P_IP)
 		return DROP_INNER_INVALID;
 	if (parse_ipv4(&c, &iph) < 0)

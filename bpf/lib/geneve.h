@@ -31,11 +31,13 @@ struct decap_info {
 	__be32 peer;		/* outer source */
 	__u32 outer_hlen;	/* outer IPv4 header with its options, 20..60 bytes */
 	__u32 optlen;		/* GENEVE option bytes, 0..252 */
-	__be32 daddr;		/* inner IPv4 destination */
+	__be32 daddr;		/* inner IPv4 destination; 0 for an IPv6 one */
 	__u8 outer_tos;		/* outer DSCP and ECN */
 	__u8 from_wireguard;	/* set by the caller: the frame came out of the WireGuard
 				 * device (decrypted), not off the underlay */
-	struct iphdr *inner;	/* inner IPv4 header, valid until the packet changes */
+	struct iphdr *inner;	/* inner IPv4 header, valid until the packet changes;
+				 * NULL when the inner packet is IPv6 */
+	struct ip6_hdr *inner6;	/* inner IPv6 header, likewise; NULL when IPv4 */
 };
 
 /* Returns 1 if saddr may never be the source of a packet out of the tunnel, whatever
@@ -50,6 +52,42 @@ static __always_inline int inner_src_martian(const struct datapath_config *cfg, 
 	if (first == 0 || first == 127 || first >= 224)
 		return 1;
 	return saddr == cfg->underlay_ip || (cfg->tunnel_ip && saddr == cfg->tunnel_ip);
+}
+
+/* inner_src_martian for an IPv6 source: the unspecified address, loopback, IPv4-mapped
+ * addresses (::ffff:0:0/96, an IPv4 source in disguise that peer_sources never
+ * vetted), link-local (fe80::/10, never forwarded) and multicast. */
+static __always_inline int inner_src_martian6(const __be32 saddr[4])
+{
+	if (ipv6_link_scoped(saddr) || ipv6_multicast(saddr))
+		return 1;
+	if (saddr[0] || saddr[1])
+		return 0;
+	if (saddr[2] == bpf_htonl(0x0000ffff))
+		return 1;
+	return !saddr[2] && saddr[3] == bpf_htonl(1);
+}
+
+/* The IPv6 half of geneve_validate, at the inner IPv6 header: martian sources
+ * (inner_src_martian6, DROP_INNER_MARTIAN), then the peer's allowed sources
+ * (peer_sources6, DROP_INNER_SRC_DENIED). Returns 0 with info->inner6 set, or a
+ * negative DROP_*. */
+static __always_inline int geneve_validate_inner6(struct cursor *c, struct decap_info *info)
+{
+	struct peer_source6_key skey = { .prefixlen = 32 + 128, .peer = info->peer };
+	struct ip6_hdr *ip6h;
+
+	if (parse_ipv6(c, &ip6h) < 0)
+		return DROP_INNER_INVALID;
+	if (inner_src_martian6(ip6h->saddr))
+		return DROP_INNER_MARTIAN;
+	__builtin_memcpy(skey.src, ip6h->saddr, sizeof(skey.src));
+	if (!bpf_map_lookup_elem(&peer_sources6, &skey))
+		return DROP_INNER_SRC_DENIED;
+	info->daddr = 0;
+	info->inner = NULL;
+	info->inner6 = ip6h;
+	return 0;
 }
 
 /* Returns 0 if a GENEVE frame from peer (its peers entry pv) may be decapsulated where
@@ -67,7 +105,8 @@ static __always_inline int geneve_peer_path_ok(const struct peer_value *pv, int 
 	return encrypted ? DROP_CLEARTEXT_FROM_ENCRYPTED : DROP_WIREGUARD_PEER_CLEAR;
 }
 
-/* Validates the GENEVE header and the inner Ethernet and IPv4 headers at c, for a
+/* Validates the GENEVE header and the inner Ethernet and IP headers at c (an inner
+ * IPv6 packet: geneve_validate_inner6), for a
  * frame from outer source info->peer. Returns 0 and fills the rest of *info, or a
  * negative DROP_* (DROP_INNER_MARTIAN for a source no peer may send from,
  * inner_src_martian, before DROP_INNER_SRC_DENIED; geneve_peer_path_ok's for a frame
@@ -111,9 +150,12 @@ static __always_inline int geneve_validate(struct cursor *c, const struct datapa
 	/* Non-critical options are skipped unread; they are popped with the header. */
 	c->pos = (void *)(gh + 1) + optlen;
 
+	info->optlen = optlen;
 	switch (parse_eth(c, &ieth)) {
 	case ETH_P_IP:
 		break;
+	case ETH_P_IPV6:
+		return geneve_validate_inner6(c, info);
 	case -1:
 		return DROP_INNER_INVALID;
 	default:
@@ -128,8 +170,8 @@ static __always_inline int geneve_validate(struct cursor *c, const struct datapa
 	if (!bpf_map_lookup_elem(&peer_sources, &skey))
 		return DROP_INNER_SRC_DENIED;
 
-	info->optlen = optlen;
 	info->daddr = iiph->daddr;
 	info->inner = iiph;
+	info->inner6 = NULL;
 	return 0;
 }

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* Flow hash (Bob Jenkins' lookup3 final mix, as the kernel's jhash_3words) and the
- * outer UDP source port derived from it. bpf/flowhash_test.go has the Go twin. */
+ * outer UDP source port derived from it. bpf/encap_test.go has the Go twins (flowHash, flowHash6). */
 #pragma once
 
 #include "common.h"
@@ -78,4 +78,27 @@ static __always_inline __u16 flow_sport(const struct iphdr *iph, const void *l4,
 					const void *data_end)
 {
 	return flow_sport_of(flow_hash(iph, l4, data_end));
+}
+
+/* Returns the flow hash of the inner IPv6 packet at ip6h: jhash_3words over the
+ * exclusive-or of the words of each address (network order), the second one mixed with
+ * the flow label (the sender's own flow identity: a flow that changes it, as Linux does
+ * to find another path after a timeout, may take another member and source port), and
+ * for TCP and UDP right after the fixed header the raw 4 bytes of the ports, added to
+ * the next header. l4 must point just past the fixed header. */
+static __always_inline __u32 flow_hash6(const struct ip6_hdr *ip6h, const void *l4,
+					const void *data_end)
+{
+	__u32 ports = 0;
+
+	if (ip6h->nexthdr == IPPROTO_TCP || ip6h->nexthdr == IPPROTO_UDP) {
+		const __u32 *p = l4;
+
+		if ((const void *)(p + 1) <= data_end)
+			ports = *p;
+	}
+	return jhash_3words(ip6h->saddr[0] ^ ip6h->saddr[1] ^ ip6h->saddr[2] ^ ip6h->saddr[3],
+			    ip6h->daddr[0] ^ ip6h->daddr[1] ^ ip6h->daddr[2] ^ ip6h->daddr[3] ^
+			    ipv6_flowlabel(ip6h),
+			    ports + ip6h->nexthdr, FLOW_HASH_SEED);
 }

@@ -67,6 +67,16 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } routes SEC(".maps");
 
+/* Inner IPv6 destination prefix -> peer underlay address. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct route6_key);
+	__type(value, struct route_value);
+	__uint(max_entries, ROUTES_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} routes6 SEC(".maps");
+
 /* Underlay address of a known peer -> peer_value. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -85,6 +95,16 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } peer_sources SEC(".maps");
+
+/* (peer, inner IPv6 source prefix) a peer may send from. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct peer_source6_key);
+	__type(value, struct peer_source_value);
+	__uint(max_entries, PEER_SOURCES_MAX);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} peer_sources6 SEC(".maps");
 
 /* The node's datapath configuration, one entry at index 0. */
 struct {

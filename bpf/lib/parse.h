@@ -66,6 +66,34 @@ static __always_inline int parse_ipv6(struct cursor *c, struct ip6_hdr **ip6h)
 	return h->nexthdr;
 }
 
+/* Returns the traffic class (DSCP and ECN) of ip6h. */
+static __always_inline __u8 ipv6_tclass(const struct ip6_hdr *ip6h)
+{
+	return bpf_ntohl(ip6h->vtc_flow) >> 20;
+}
+
+/* Returns the flow label of ip6h, raw (network order, the low 20 bits of the word). */
+static __always_inline __be32 ipv6_flowlabel(const struct ip6_hdr *ip6h)
+{
+	return ip6h->vtc_flow & bpf_htonl(0x000fffff);
+}
+
+/* Returns 1 if a is an IPv6 address that never leaves its link: the unspecified
+ * address (duplicate address detection) or a link-local one (fe80::/10; the stack
+ * forwards neither, RFC 4291 section 2.5.6). Neighbour discovery and MLD use them. */
+static __always_inline int ipv6_link_scoped(const __be32 a[4])
+{
+	if ((a[0] & bpf_htonl(0xffc00000)) == bpf_htonl(0xfe800000))
+		return 1;
+	return !(a[0] | a[1] | a[2] | a[3]);
+}
+
+/* Returns 1 if a is a multicast address (ff00::/8). */
+static __always_inline int ipv6_multicast(const __be32 a[4])
+{
+	return (a[0] & bpf_htonl(0xff000000)) == bpf_htonl(0xff000000);
+}
+
 /* Returns the UDP destination port (host order) and sets *udp, or -1 if truncated. */
 static __always_inline int parse_udp(struct cursor *c, struct udphdr **udp)
 {
@@ -115,6 +143,26 @@ static __always_inline __u32 ipv4_seg_len(struct __sk_buff *skb, const struct ip
 static __always_inline __u32 ipv4_wire_len(struct __sk_buff *skb, const struct iphdr *iph)
 {
 	return ipv4_seg_len(skb, iph, ETH_HLEN);
+}
+
+/* ipv4_wire_len for the IPv6 packet ip6h right after the Ethernet header. A GSO
+ * packet's segments carry the fixed header, the TCP (or UDP) header and gso_size
+ * bytes: the kernel segments no packet with extension headers in front of them. */
+static __always_inline __u32 ipv6_wire_len(struct __sk_buff *skb, const struct ip6_hdr *ip6h)
+{
+	__u32 hlen = sizeof(*ip6h);
+	__u8 doff;
+
+	if (!skb->gso_size)
+		return skb->len - ETH_HLEN;
+	if (ip6h->nexthdr == IPPROTO_TCP) {
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + hlen + 12, &doff, 1))
+			return 0;
+		hlen += (doff >> 4) * 4;
+	} else if (ip6h->nexthdr == IPPROTO_UDP) {
+		hlen += sizeof(struct udphdr);
+	}
+	return hlen + skb->gso_size;
 }
 
 /* Makes sure the first min(len, want) bytes are linear. Returns 0, or -1 if the pull

@@ -67,19 +67,7 @@ static __always_inline int pod_source_check(struct __sk_buff *skb, const struct 
 	return 0;
 }
 
-/* Returns 1 if a is an IPv6 source that never leaves the pod's link: the unspecified
- * address (duplicate address detection) or a link-local one (fe80::/10; the stack
- * forwards neither, RFC 4291 section 2.5.6). Neighbour discovery and MLD use them. */
-static __always_inline int ipv6_link_scoped(const __be32 a[4])
-{
-	if ((a[0] & bpf_htonl(0xffc00000)) == bpf_htonl(0xfe800000))
-		return 1;
-	return !(a[0] | a[1] | a[2] | a[3]);
-}
-
-/* pod_source_check for IPv6, which isthmus does not carry between nodes yet: the
- * stack routes it as the node's own routes say, but only from the pod's own sources,
- * as for IPv4. Link-scoped sources (ipv6_link_scoped) pass: they stay on the pod's
+/* pod_source_check for IPv6: only the pod's own sources pass, as for IPv4. Link-scoped sources (ipv6_link_scoped) pass: they stay on the pod's
  * link. On the CNI plugin's interfaces the source must be one it reserved for the
  * interface (pod_addrs6), else DROP_POD_SRC_NOT_RESERVED; on any other, it must route
  * back through the interface, else DROP_POD_SRC_SPOOFED, which is also the answer when
@@ -87,6 +75,7 @@ static __always_inline int ipv6_link_scoped(const __be32 a[4])
  * sources apart). Returns 0 or a negative DROP_*. */
 static __always_inline int pod_source_check6(struct __sk_buff *skb, const struct ip6_hdr *ip6h)
 {
+	const __be32 any[4] = {};
 	const struct pod_iface_value *pi;
 	struct bpf_fib_lookup p;
 	__u32 ifindex = skb->ifindex;
@@ -103,7 +92,12 @@ static __always_inline int pod_source_check6(struct __sk_buff *skb, const struct
 			return DROP_POD_SRC_NOT_RESERVED;
 		return 0;
 	}
-	fib_params_v6(&p, ip6h->daddr, ip6h->saddr, 0, ifindex);
+	/* The reverse route, from the destination, as strict rp_filter looks it up;
+	 * from nowhere in particular for a destination on the link (the pod's
+	 * gateway fe80::1, neighbour discovery's multicast), for which the kernel
+	 * refuses any lookup (NOT_FWDED). */
+	fib_params_v6(&p, ipv6_link_scoped(ip6h->daddr) || ipv6_multicast(ip6h->daddr) ? any : ip6h->daddr,
+		      ip6h->saddr, 0, ifindex);
 	rc = bpf_fib_lookup(skb, &p, sizeof(p), BPF_FIB_LOOKUP_SKIP_NEIGH);
 	if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_FRAG_NEEDED) ||
 	    p.ifindex != ifindex)

@@ -31,3 +31,26 @@ static __always_inline const struct route_value *pod_route_lookup(__be32 daddr)
 		return NULL;
 	return rt;
 }
+
+/* route_lookup for an IPv6 inner destination (routes6). */
+static __always_inline const struct route_value *route_lookup6(const __be32 daddr[4])
+{
+	struct route6_key key = { .prefixlen = 128 };
+	const struct route_value *rt;
+
+	__builtin_memcpy(key.addr, daddr, sizeof(key.addr));
+	rt = bpf_map_lookup_elem(&routes6, &key);
+	if (rt && (rt->flags & ROUTE_F_UNDERLAY))
+		return NULL;
+	return rt;
+}
+
+/* pod_route_lookup for an IPv6 inner destination. */
+static __always_inline const struct route_value *pod_route_lookup6(const __be32 daddr[4])
+{
+	const struct route_value *rt = route_lookup6(daddr);
+
+	if (rt && (rt->flags & ROUTE_F_NOT_FOR_PODS))
+		return NULL;
+	return rt;
+}

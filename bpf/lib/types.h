@@ -18,6 +18,13 @@ struct route_value {
 	__u32 reserved;
 };
 
+/* routes6 (LPM trie): routes for IPv6 inner destinations, with the same value; the
+ * peer stays an underlay IPv4 address (IPv6 pods over an IPv4 underlay). */
+struct route6_key {
+	__u32 prefixlen;	/* 0..128 */
+	__be32 addr[4];		/* inner IPv6 destination */
+};
+
 /* route_value.flags */
 #define ROUTE_F_VIA_FABRIC	(1 << 0)	/* the next hops are gateways of this node's
 						 * own site: a packet from a source in
@@ -162,6 +169,14 @@ struct peer_source_key {
 
 struct peer_source_value {
 	__u32 flags;		/* none defined yet */
+};
+
+/* peer_sources6 (LPM trie): peer_sources for IPv6 inner sources, with the same
+ * value. A lookup with prefixlen 160 can only match entries of that exact peer. */
+struct peer_source6_key {
+	__u32 prefixlen;	/* 32 + inner source prefix length */
+	__be32 peer;		/* underlay IPv4 of the peer */
+	__be32 src[4];		/* inner IPv6 source prefix */
 };
 
 /* config (array, one entry at index 0): written by the agent before it attaches. */

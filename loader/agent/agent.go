@@ -148,6 +148,8 @@ type Agent struct {
 	// resize is set when the plan outgrew a map (maps.ErrCapacity) and growing
 	// it in place failed: Run returns it, so the agent restarts and sizes the maps again.
 	resize error
+	// ipv6Forwarding: ensureIPv6Forwarding has turned IPv6 forwarding on.
+	ipv6Forwarding bool
 }
 
 // The default return-path SNAT port range: above Linux's default ephemeral range
@@ -766,6 +768,9 @@ func (a *Agent) sync(reason string, reload bool) (err error) {
 		a.changedSince = time.Time{}
 	}
 	main, pods := a.routes()
+	if err := a.ensureIPv6Forwarding(main, pods); err != nil {
+		return err
+	}
 	rres, err := datapath.SyncRoutes(datapath.KernelRoutes{}, main)
 	if err != nil {
 		return err
@@ -978,6 +983,29 @@ func (a *Agent) routes() (main, pods []datapath.Route) {
 		return main, nil // no rule leads to the pods' table
 	}
 	return main, append(datapath.OverlayRoutes(podPrefixes, a.overlay.Ifindex, a.plan.TunnelAddr), datapath.ThrowRoutes(throws)...)
+}
+
+// ensureIPv6Forwarding turns on IPv6 forwarding (datapath.EnableIPv6Forwarding)
+// the first time the node has IPv6 pods (a podCIDR among the plan's
+// TunnelSources) or routes: not before, so a node of an IPv4-only cluster keeps
+// the IPv6 settings it has.
+func (a *Agent) ensureIPv6Forwarding(routes ...[]datapath.Route) error {
+	if a.ipv6Forwarding {
+		return nil
+	}
+	v6 := slices.ContainsFunc(a.plan.TunnelSources, func(p netip.Prefix) bool { return !p.Addr().Unmap().Is4() })
+	for _, rs := range routes {
+		v6 = v6 || slices.ContainsFunc(rs, func(r datapath.Route) bool { return !r.Prefix.Addr().Is4() })
+	}
+	if !v6 {
+		return nil
+	}
+	if err := datapath.EnableIPv6Forwarding(); err != nil {
+		return err
+	}
+	a.ipv6Forwarding = true
+	a.log.Info("IPv6 forwarding on: the node has IPv6 pods or routes")
+	return nil
 }
 
 // fabricRoutes returns the plan's ViaFabric routes for datapath.FabricTable:

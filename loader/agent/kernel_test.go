@@ -472,8 +472,15 @@ func TestAgentKernel(t *testing.T) {
 	if out, err := exec.Command("nft", "list", "table", "ip", datapath.ExemptTable).CombinedOutput(); err != nil || !strings.Contains(string(out), "snat to ip saddr") {
 		t.Errorf("nft table ip %s after a sync: %v\n%s", datapath.ExemptTable, err, out)
 	}
-	if out, err := exec.Command("iptables", "-w", "-t", "nat", "-S", datapath.ExemptChain).CombinedOutput(); err != nil {
-		t.Errorf("iptables nat chain %s after a sync: %v\n%s", datapath.ExemptChain, err, out)
+	for _, cmd := range []string{"iptables", "ip6tables"} {
+		out, err := exec.Command(cmd, "-w", "-t", "nat", "-S", "POSTROUTING").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "-A POSTROUTING -j "+datapath.ExemptChain+"\n") {
+			t.Errorf("%s nat POSTROUTING after a sync (want a jump to %s): %v\n%s", cmd, datapath.ExemptChain, err, out)
+		}
+		if out, err := exec.Command(cmd, "-w", "-t", "nat", "-S", datapath.ExemptChain).CombinedOutput(); err != nil ||
+			!strings.Contains(string(out), "--mark 0x1000/0x5000") || !strings.Contains(string(out), "-o "+datapath.OverlayDev) {
+			t.Errorf("%s nat chain %s after a sync: %v\n%s", cmd, datapath.ExemptChain, err, out)
+		}
 	}
 	// The flow marks: the mangle chain first in PREROUTING, and src_valid_mark
 	// on both devices a flow to the node can enter on.
@@ -537,8 +544,10 @@ func TestAgentKernel(t *testing.T) {
 	if out, err := exec.Command("nft", "list", "table", "ip", datapath.ExemptTable).CombinedOutput(); err == nil {
 		t.Errorf("nft table ip %s still there after uninstall:\n%s", datapath.ExemptTable, out)
 	}
-	if _, err := exec.Command("iptables", "-w", "-t", "nat", "-S", datapath.ExemptChain).CombinedOutput(); err == nil {
-		t.Errorf("iptables nat chain %s still there after uninstall", datapath.ExemptChain)
+	for _, cmd := range []string{"iptables", "ip6tables"} {
+		if _, err := exec.Command(cmd, "-w", "-t", "nat", "-S", datapath.ExemptChain).CombinedOutput(); err == nil {
+			t.Errorf("%s nat chain %s still there after uninstall", cmd, datapath.ExemptChain)
+		}
 	}
 	if _, err := exec.Command("iptables", "-w", "-t", "mangle", "-S", datapath.FlowMarkChain).CombinedOutput(); err == nil {
 		t.Errorf("iptables mangle chain %s still there after uninstall", datapath.FlowMarkChain)

@@ -90,13 +90,15 @@ func DefaultNatSourceFlows(entries uint32) uint32 {
 // mesh of 20,000 nodes needs 20,000 routes, peers and allowed sources on each
 // node, more than the object's sizes (ROUTES_MAX, PEERS_MAX and
 // PEER_SOURCES_MAX in bpf/lib/maps.h). A size other than the pinned map's
-// migrates the map like a new --snat-table-size does.
+// migrates the map like a new --snat-table-size does. Routes and PeerSources size
+// both families' maps (routes and routes6, peer_sources and peer_sources6).
 type Tables struct {
 	Routes, Peers, PeerSources uint32
 }
 
 func (t Tables) sizes() map[maps.Name]uint32 {
-	return map[maps.Name]uint32{maps.MapRoutes: t.Routes, maps.MapPeers: t.Peers, maps.MapPeerSources: t.PeerSources}
+	return map[maps.Name]uint32{maps.MapRoutes: t.Routes, maps.MapRoutes6: t.Routes, maps.MapPeers: t.Peers,
+		maps.MapPeerSources: t.PeerSources, maps.MapPeerSources6: t.PeerSources}
 }
 
 // TablesFor sizes the growing maps for a node whose maps are to hold s: each
@@ -117,7 +119,8 @@ func TablesFor(s maps.State) (Tables, error) {
 		}
 		return max(base, need)
 	}
-	return Tables{Routes: size(maps.MapRoutes), Peers: size(maps.MapPeers), PeerSources: size(maps.MapPeerSources)}, nil
+	return Tables{Routes: max(size(maps.MapRoutes), size(maps.MapRoutes6)), Peers: size(maps.MapPeers),
+		PeerSources: max(size(maps.MapPeerSources), size(maps.MapPeerSources6))}, nil
 }
 
 // Options are the load-time settings of the collection.

@@ -2,10 +2,12 @@ package datapath
 
 import (
 	"errors"
+	stdmaps "maps"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -313,6 +315,85 @@ func TestLoadMigratesOldLayout(t *testing.T) {
 	var v maps.NatValue
 	if err := pinned.Map(maps.MapNat).Lookup(natKey(1), &v); err != nil || v.Port != 4242 {
 		t.Errorf("nat entry after the migration = %+v, %v", v, err)
+	}
+}
+
+// TestLoadCreatesNewerMaps: upgrading a pin directory of layout 8, which has no
+// routes6 and peer_sources6 (and, from layout 7, no pod_addrs6 either), creates
+// and pins them and lets Fill write them before the links switch, while the other
+// maps keep their pins and entries.
+func TestLoadCreatesNewerMaps(t *testing.T) {
+	dir := migrationEnv(t)
+	spec, err := bpf.LoadIsthmus()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	newer := []maps.Name{maps.MapRoutes6, maps.MapPeerSources6, maps.MapPodAddrs6}
+	for _, n := range maps.AllMaps {
+		if slices.Contains(newer, n) {
+			continue
+		}
+		ms := spec.Maps[string(n)].Copy()
+		ms.Pinning = ebpf.PinNone
+		m, err := ebpf.NewMap(ms)
+		if err != nil {
+			t.Fatalf("create old %s: %v", n, err)
+		}
+		if n == maps.MapNat {
+			if err := m.Update(natKey(1), maps.NatValue{Port: 4242}, ebpf.UpdateAny); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := m.Pin(filepath.Join(dir, string(n))); err != nil {
+			t.Fatal(err)
+		}
+		m.Close()
+	}
+	if err := writeLayout(dir, maps.LayoutRecord{Version: 8}); err != nil {
+		t.Fatal(err)
+	}
+	peer := netip.MustParseAddr("192.168.2.2")
+	want := maps.NewState()
+	want.Peers[peer] = maps.Peer{}
+	want.Routes[netip.MustParsePrefix("fd20::/64")] = maps.Route{Peer: peer}
+	want.PeerSources[maps.PeerSource{Peer: peer, Src: netip.MustParsePrefix("fd20::/64")}] = struct{}{}
+	want.PodIfaces[7] = maps.PodIface{Flags: maps.PodIfaceFlagReserved}
+	want.PodAddrs[maps.PodAddr{Ifindex: 7, Addr: netip.MustParseAddr("fd10::5")}] = struct{}{}
+	dp, err := Load(dir, Options{NatEntries: 1024, Fill: func(s *maps.Set) error {
+		_, err := maps.Apply(s, maps.Diff(maps.NewState(), want))
+		return err
+	}})
+	if err != nil {
+		t.Fatalf("load over layout 8: %v", err)
+	}
+	defer dp.Close()
+	noTempPins(t, dir)
+	for _, n := range newer {
+		if _, err := os.Stat(filepath.Join(dir, string(n))); err != nil {
+			t.Errorf("%s not pinned after the upgrade: %v", n, err)
+		}
+	}
+	st, err := dp.Maps.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stdmaps.Equal(st.Routes, want.Routes) || !stdmaps.Equal(st.PeerSources, want.PeerSources) || !stdmaps.Equal(st.PodAddrs, want.PodAddrs) {
+		t.Errorf("after the upgrade routes %v sources %v pod addresses %v, want what Fill wrote", st.Routes, st.PeerSources, st.PodAddrs)
+	}
+	pinned, err := maps.OpenPinned(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pinned.Close()
+	var v maps.NatValue
+	if err := pinned.Map(maps.MapNat).Lookup(natKey(1), &v); err != nil || v.Port != 4242 {
+		t.Errorf("nat entry after the upgrade = %+v, %v", v, err)
+	}
+	if r, _ := readLayout(dir); r.Version != maps.LayoutVersion {
+		t.Errorf("layout record says %d after the upgrade, want %d", r.Version, maps.LayoutVersion)
 	}
 }
 

@@ -72,17 +72,40 @@ func EnsureMasqueradeExemption(ex Exemption) error {
 	if err := ensureNFTExemption(ex); err != nil {
 		return err
 	}
-	return exemptChain(ex).ensure()
+	if err := exemptChain(ex).ensure(); err != nil {
+		return err
+	}
+	if c := exemptChain6(); c.available() {
+		return c.ensure()
+	}
+	return nil
 }
 
 // RemoveMasqueradeExemption removes what EnsureMasqueradeExemption installed; what is
 // already gone (or no iptables or nft at all) counts as removed.
 func RemoveMasqueradeExemption() error {
-	return errors.Join(removeNFTExemption(), exemptChain(Exemption{}).remove())
+	return errors.Join(removeNFTExemption(), exemptChain(Exemption{}).remove(), exemptChain6().remove())
 }
 
 func exemptChain(ex Exemption) ownedChain {
 	return ownedChain{table: "nat", hook: "POSTROUTING", name: ExemptChain, rules: exemptRules(ex)}
+}
+
+// exemptChain6 is ExemptChain in ip6tables, for IPv6 pod traffic: the rules of
+// exemptRules without the host's fabric address (IPv4).
+func exemptChain6() ownedChain {
+	return ownedChain{table: "nat", hook: "POSTROUTING", name: ExemptChain, rules: exemptRules(Exemption{}), ipv6: true}
+}
+
+// available reports whether c's program is installed and its table exists in the
+// kernel: a node without ip6tables, or whose kernel has no IPv6 nat table, has no
+// other CNI's IPv6 MASQUERADE rule to keep pod traffic from either.
+func (c ownedChain) available() bool {
+	if _, err := exec.LookPath(c.command()); err != nil {
+		return false
+	}
+	_, err := c.run("-t", c.table, "-S", c.hook)
+	return err == nil
 }
 
 // UnderlayFlowMark and OverlayFlowMark mark a flow that entered the node for one
@@ -154,10 +177,24 @@ func RemoveFlowMarks() error {
 }
 
 // ownedChain is an iptables chain the agent owns in table, jumped to from the top
-// of the built-in chain hook, holding exactly rules.
+// of the built-in chain hook, holding exactly rules; with ipv6, an ip6tables one.
 type ownedChain struct {
 	table, hook, name string
 	rules             [][]string
+	ipv6              bool
+}
+
+// command is the program that holds c: iptables, or ip6tables.
+func (c ownedChain) command() string {
+	if c.ipv6 {
+		return "ip6tables"
+	}
+	return "iptables"
+}
+
+// run runs c's program with args (iptables -w ...).
+func (c ownedChain) run(args ...string) (string, error) {
+	return xtables(c.command(), args...)
 }
 
 // ensure creates the chain with its rules and the jump at the top of the hook; it
@@ -165,21 +202,21 @@ type ownedChain struct {
 // inserted before it.
 func (c ownedChain) ensure() error {
 	if !c.current() {
-		if _, err := iptables("-t", c.table, "-L", c.name, "-n"); err != nil {
-			if _, err := iptables("-t", c.table, "-N", c.name); err != nil {
+		if _, err := c.run("-t", c.table, "-L", c.name, "-n"); err != nil {
+			if _, err := c.run("-t", c.table, "-N", c.name); err != nil {
 				return fmt.Errorf("create %s chain %s: %w", c.table, c.name, err)
 			}
 		}
-		if _, err := iptables("-t", c.table, "-F", c.name); err != nil {
+		if _, err := c.run("-t", c.table, "-F", c.name); err != nil {
 			return fmt.Errorf("flush %s chain %s: %w", c.table, c.name, err)
 		}
 		for _, r := range c.rules {
-			if _, err := iptables(append([]string{"-t", c.table, "-A", c.name}, r...)...); err != nil {
+			if _, err := c.run(append([]string{"-t", c.table, "-A", c.name}, r...)...); err != nil {
 				return fmt.Errorf("add rule to %s: %w", c.name, err)
 			}
 		}
 	}
-	out, err := iptables("-t", c.table, "-S", c.hook)
+	out, err := c.run("-t", c.table, "-S", c.hook)
 	if err != nil {
 		return fmt.Errorf("list %s %s: %w", c.table, c.hook, err)
 	}
@@ -190,7 +227,7 @@ func (c ownedChain) ensure() error {
 	if err := c.deleteJumps(); err != nil {
 		return err
 	}
-	if _, err := iptables("-t", c.table, "-I", c.hook, "1", "-j", c.name); err != nil {
+	if _, err := c.run("-t", c.table, "-I", c.hook, "1", "-j", c.name); err != nil {
 		return fmt.Errorf("insert jump to %s: %w", c.name, err)
 	}
 	return nil
@@ -199,12 +236,12 @@ func (c ownedChain) ensure() error {
 // current reports whether the chain holds exactly c.rules, so a resync that finds
 // it so changes nothing.
 func (c ownedChain) current() bool {
-	out, err := iptables("-t", c.table, "-S", c.name)
+	out, err := c.run("-t", c.table, "-S", c.name)
 	if err != nil || len(strings.Split(strings.TrimSpace(out), "\n")) != len(c.rules)+1 {
 		return false
 	}
 	for _, r := range c.rules {
-		if _, err := iptables(append([]string{"-t", c.table, "-C", c.name}, r...)...); err != nil {
+		if _, err := c.run(append([]string{"-t", c.table, "-C", c.name}, r...)...); err != nil {
 			return false
 		}
 	}
@@ -214,10 +251,10 @@ func (c ownedChain) current() bool {
 // deleteJumps removes every jump from the hook to the chain.
 func (c ownedChain) deleteJumps() error {
 	for {
-		if _, err := iptables("-t", c.table, "-C", c.hook, "-j", c.name); err != nil {
+		if _, err := c.run("-t", c.table, "-C", c.hook, "-j", c.name); err != nil {
 			return nil // none left
 		}
-		if _, err := iptables("-t", c.table, "-D", c.hook, "-j", c.name); err != nil {
+		if _, err := c.run("-t", c.table, "-D", c.hook, "-j", c.name); err != nil {
 			return fmt.Errorf("delete jump to %s: %w", c.name, err)
 		}
 	}
@@ -226,30 +263,31 @@ func (c ownedChain) deleteJumps() error {
 // remove deletes the jumps and the chain; what is already gone (or no iptables at
 // all) counts as removed.
 func (c ownedChain) remove() error {
-	if _, err := exec.LookPath("iptables"); err != nil {
+	if _, err := exec.LookPath(c.command()); err != nil {
 		return nil
 	}
-	if _, err := iptables("-t", c.table, "-L", c.name, "-n"); err != nil {
+	if _, err := c.run("-t", c.table, "-L", c.name, "-n"); err != nil {
 		return nil
 	}
 	var errs []error
 	if err := c.deleteJumps(); err != nil {
 		errs = append(errs, err)
 	}
-	if _, err := iptables("-t", c.table, "-F", c.name); err != nil {
+	if _, err := c.run("-t", c.table, "-F", c.name); err != nil {
 		errs = append(errs, fmt.Errorf("flush %s chain %s: %w", c.table, c.name, err))
 	}
-	if _, err := iptables("-t", c.table, "-X", c.name); err != nil {
+	if _, err := c.run("-t", c.table, "-X", c.name); err != nil {
 		errs = append(errs, fmt.Errorf("delete %s chain %s: %w", c.table, c.name, err))
 	}
 	return errors.Join(errs...)
 }
 
-// iptables runs iptables -w with args and returns its output; a failure carries it.
-func iptables(args ...string) (string, error) {
-	out, err := exec.Command("iptables", append([]string{"-w"}, args...)...).CombinedOutput()
+// xtables runs cmd (iptables or ip6tables) -w with args and returns its output; a
+// failure carries it.
+func xtables(cmd string, args ...string) (string, error) {
+	out, err := exec.Command(cmd, append([]string{"-w"}, args...)...).CombinedOutput()
 	if err != nil {
-		return string(out), fmt.Errorf("iptables %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		return string(out), fmt.Errorf("%s %s: %w: %s", cmd, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return string(out), nil
 }

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 )
@@ -75,11 +76,18 @@ func EnsureOverlay(mtu int, tunnelAddr netip.Addr) (Overlay, error) {
 			}
 		}
 	}
-	// Sysctls before up, so isthmus0p never forwards and neither end sends IPv6
-	// router solicitations into the overlay.
+	// Sysctls before up, so isthmus0p never forwards. isthmus0 carries IPv6 pod
+	// traffic (routes into it, as for IPv4) but has no IPv6 address of its own:
+	// no link-local one, no duplicate address detection, router solicitation or
+	// router advertisement to act on. isthmus0p has no IPv6 at all, so what
+	// isthmus0 sends there of its own (MLD) ends.
 	for _, s := range []struct{ path, value string }{
 		{"net/ipv4/conf/" + OverlayPeerDev + "/forwarding", "0"},
-		{"net/ipv6/conf/" + OverlayDev + "/disable_ipv6", "1"},
+		{"net/ipv6/conf/" + OverlayDev + "/addr_gen_mode", "1"},
+		{"net/ipv6/conf/" + OverlayDev + "/accept_ra", "0"},
+		{"net/ipv6/conf/" + OverlayDev + "/accept_dad", "0"},
+		{"net/ipv6/conf/" + OverlayDev + "/router_solicitations", "0"},
+		{"net/ipv6/conf/" + OverlayDev + "/disable_ipv6", "0"},
 		{"net/ipv6/conf/" + OverlayPeerDev + "/disable_ipv6", "1"},
 	} {
 		if err := WriteSysctl(s.path, s.value); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -147,6 +155,36 @@ func WriteSysctl(path, value string) error {
 // (BPF_FIB_LKUP_RET_FWD_DISABLED) without it.
 func EnableForwarding() error {
 	return WriteSysctl("net/ipv4/ip_forward", "1")
+}
+
+// EnableIPv6Forwarding sets net.ipv6.conf.all.forwarding=1, which IPv6 pod
+// traffic needs as IPv4's needs ip_forward (bpf_fib_lookup answers FWD_DISABLED
+// without it). Forwarding turns off the acceptance of router advertisements on
+// every interface whose accept_ra is 1, so each of those (and the default for
+// interfaces to come) is first set to 2, which accepts them while forwarding:
+// a node that takes its IPv6 address or default route from them keeps both. A
+// kernel without IPv6 is no error.
+func EnableIPv6Forwarding() error {
+	confs, err := filepath.Glob("/proc/sys/net/ipv6/conf/*/accept_ra")
+	if err != nil || len(confs) == 0 {
+		return nil
+	}
+	for _, c := range confs {
+		dev := filepath.Base(filepath.Dir(c))
+		if dev == "all" {
+			continue
+		}
+		b, err := os.ReadFile(c)
+		if err != nil {
+			continue // an interface that went away
+		}
+		if strings.TrimSpace(string(b)) == "1" {
+			if err := WriteSysctl("net/ipv6/conf/"+dev+"/accept_ra", "2"); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+		}
+	}
+	return WriteSysctl("net/ipv6/conf/all/forwarding", "1")
 }
 
 // DeleteOverlay removes isthmus0 and its peer (and with them every route through

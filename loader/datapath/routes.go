@@ -96,31 +96,50 @@ func FabricRoutes(prefixes []netip.Prefix, gateways [][]netip.Addr, underlayIfin
 	return out
 }
 
-// OverlayRoutes returns the routes that send each IPv4 prefix into isthmus0 with
-// source src (no source when src is invalid). Non-IPv4 prefixes are left out.
+// OverlayRoutes returns the routes that send each prefix (either family) into
+// isthmus0, with source src for the prefixes of src's family (none for the others,
+// or when src is invalid).
 func OverlayRoutes(prefixes []netip.Prefix, overlayIfindex int, src netip.Addr) []Route {
 	var out []Route
-	if !src.Unmap().Is4() {
-		src = netip.Addr{}
-	}
+	src = src.Unmap()
 	for _, p := range prefixes {
-		if !p.Addr().Unmap().Is4() {
+		p, ok := unmapPrefix(p)
+		if !ok {
 			continue
 		}
-		out = append(out, Route{Prefix: netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked(), Ifindex: overlayIfindex, Src: src.Unmap()})
+		r := Route{Prefix: p, Ifindex: overlayIfindex}
+		if src.IsValid() && src.Is4() == p.Addr().Is4() {
+			r.Src = src
+		}
+		out = append(out, r)
 	}
 	return out
 }
 
-// ThrowRoutes returns a throw route for each IPv4 prefix; others are left out.
+// ThrowRoutes returns a throw route for each prefix (either family).
 func ThrowRoutes(prefixes []netip.Prefix) []Route {
 	var out []Route
 	for _, p := range prefixes {
-		if p.Addr().Unmap().Is4() {
-			out = append(out, Route{Prefix: netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked(), Throw: true})
+		if p, ok := unmapPrefix(p); ok {
+			out = append(out, Route{Prefix: p, Throw: true})
 		}
 	}
 	return out
+}
+
+// unmapPrefix returns p masked, an IPv4-mapped one as IPv4, and whether p is valid.
+func unmapPrefix(p netip.Prefix) (netip.Prefix, bool) {
+	if !p.IsValid() {
+		return netip.Prefix{}, false
+	}
+	bits := p.Bits()
+	if p.Addr().Is4In6() {
+		bits -= 96
+		if bits < 0 {
+			return netip.Prefix{}, false
+		}
+	}
+	return netip.PrefixFrom(p.Addr().Unmap(), bits).Masked(), true
 }
 
 // DiffRoutes returns the routes to add or replace (in desired but not identical in
@@ -199,13 +218,17 @@ func (k KernelRoutes) table() int {
 
 var _ RouteTable = KernelRoutes{}
 
-// List returns the IPv4 routes with protocol 201 in the table.
+// List returns the routes (both families) with protocol 201 in the table.
 func (k KernelRoutes) List() ([]Route, error) {
-	rs, err := netlink.RouteListFiltered(netlink.FAMILY_V4,
-		&netlink.Route{Protocol: RouteProtocol, Table: k.table()},
-		netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return nil, fmt.Errorf("list routes: %w", err)
+	var rs []netlink.Route
+	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		f, err := netlink.RouteListFiltered(family,
+			&netlink.Route{Protocol: RouteProtocol, Table: k.table()},
+			netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return nil, fmt.Errorf("list routes: %w", err)
+		}
+		rs = append(rs, f...)
 	}
 	var out []Route
 	for _, r := range rs {
@@ -222,6 +245,9 @@ func (k KernelRoutes) List() ([]Route, error) {
 			src = s.Unmap()
 		}
 		rt := Route{Prefix: netip.PrefixFrom(ip.Unmap(), ones), Ifindex: r.LinkIndex, Src: src, MTU: r.MTU, Throw: r.Type == unix.RTN_THROW}
+		if rt.Throw {
+			rt.Ifindex = 0 // the kernel hangs an IPv6 throw route on lo
+		}
 		if gw, ok := netip.AddrFromSlice(r.Gw); ok {
 			rt.Via = append(rt.Via, gw.Unmap())
 		}
@@ -237,18 +263,23 @@ func (k KernelRoutes) List() ([]Route, error) {
 	return out, nil
 }
 
+// prefixNet returns p as a net.IPNet of its own family.
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
 func (k KernelRoutes) nl(r Route) *netlink.Route {
 	if r.Throw {
 		return &netlink.Route{
 			Type:     unix.RTN_THROW,
-			Dst:      &net.IPNet{IP: r.Prefix.Addr().AsSlice(), Mask: net.CIDRMask(r.Prefix.Bits(), 32)},
+			Dst:      prefixNet(r.Prefix),
 			Protocol: RouteProtocol,
 			Table:    k.table(),
 		}
 	}
 	nr := &netlink.Route{
 		LinkIndex: r.Ifindex,
-		Dst:       &net.IPNet{IP: r.Prefix.Addr().AsSlice(), Mask: net.CIDRMask(r.Prefix.Bits(), 32)},
+		Dst:       prefixNet(r.Prefix),
 		Protocol:  RouteProtocol,
 		Scope:     netlink.SCOPE_LINK,
 		Table:     k.table(),

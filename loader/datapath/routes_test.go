@@ -50,12 +50,13 @@ func TestSyncRoutesTranscript(t *testing.T) {
 	want := []string{
 		"replace 10.20.2.0/24 dev#7 src 10.10.1.1 proto 201",
 		"replace 10.30.0.0/16 dev#7 src 10.10.1.1 proto 201",
+		"replace fd00::/64 dev#7 proto 201", // no source of another family
 		"delete 10.20.9.0/24 dev#7 src 10.10.1.1 proto 201",
 	}
 	if diff := cmp.Diff(want, f.log); diff != "" {
 		t.Fatalf("transcript (-want +got):\n%s", diff)
 	}
-	if res != (RouteResult{Replaced: 2, Deleted: 1}) {
+	if res != (RouteResult{Replaced: 3, Deleted: 1}) {
 		t.Fatalf("result = %+v", res)
 	}
 	f.log = nil

@@ -64,8 +64,8 @@ func TestPodTableThrowRoute(t *testing.T) {
 		t.Fatal(err)
 	}
 	has := func(r Route) bool { return slices.ContainsFunc(got, r.Equal) }
-	if len(got) != 2 || !has(desired[1]) || !has(desired[0]) {
-		t.Errorf("table %d reads back %v, want %v", PodTable, got, desired[:2])
+	if len(got) != 3 || !has(desired[2]) || !has(desired[1]) || !has(desired[0]) {
+		t.Errorf("table %d reads back %v, want %v", PodTable, got, desired)
 	}
 	if res, err := SyncRoutes(table, desired); err != nil || res != (RouteResult{}) {
 		t.Errorf("second sync changed %+v (%v), want nothing", res, err)

@@ -48,10 +48,12 @@ type NodeConfig struct {
 }
 
 // FromPlan returns the map contents that realise p on a node described by node.
-// It is a pure function. The datapath carries IPv4 only: IPv6 routes, peers and
-// sources are left out, each with a warning in the returned slice (a pod's IPv6
-// reservations are kept: pod_ingress checks IPv6 sources too). A nil plan gives a State
-// with only the node's config and pod interfaces.
+// It is a pure function. The underlay is IPv4: a peer, route next hop or group
+// member at an IPv6 underlay address is left out, with a warning in the returned
+// slice. Routes and allowed sources of either family go in (IPv6 ones to routes6
+// and peer_sources6); the SNAT, masquerade and fabric maps are IPv4 only, and their
+// IPv6 entries are left out with a warning. A nil plan gives a State with only the
+// node's config and pod interfaces.
 //
 // A route with a Group goes to a next-hop group: one id per distinct remote site
 // and set of member underlay addresses, the id its routes have now
@@ -127,12 +129,9 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 		}
 		s.Peers[u] = maps.Peer{Flags: peerFlags(peer)}
 		for _, src := range peer.AllowedSources {
-			if !src.Addr().Unmap().Is4() {
-				warnings = append(warnings, fmt.Sprintf("peer %s: allowed source %v is not IPv4, skipped", peer.Name, src))
-				continue
+			if src, ok := prefixKey(src); ok {
+				s.PeerSources[maps.PeerSource{Peer: u, Src: src}] = struct{}{}
 			}
-			src = netip.PrefixFrom(src.Addr().Unmap(), src.Bits()).Masked()
-			s.PeerSources[maps.PeerSource{Peer: u, Src: src}] = struct{}{}
 		}
 	}
 	if a := p.SNAT.Addr.Unmap(); a.Is4() {
@@ -188,7 +187,7 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 		if len(members[i]) == 0 {
 			continue
 		}
-		if pr, ok := maps.Prefix4(r.Prefix); ok {
+		if pr, ok := prefixKey(r.Prefix); ok {
 			if id := node.CurrentGroups[pr]; id != 0 {
 				k := maps.MemberSet{Site: r.Site, Addrs: members[i]}.Key()
 				if _, seen := prefer[k]; !seen {
@@ -199,11 +198,11 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 	}
 	ids := maps.GroupIDs(sets, prefer)
 	for i, r := range p.Routes {
-		prefix, ok := maps.Prefix4(r.Prefix)
+		prefix, ok := prefixKey(r.Prefix)
 		if r.Underlay {
 			// An exception: no peer, no group; lookups read it as a miss.
 			if !ok {
-				warnings = append(warnings, fmt.Sprintf("route %v (not tunnelled): not IPv4, skipped", r.Prefix))
+				warnings = append(warnings, fmt.Sprintf("route %v (not tunnelled): not a valid prefix, skipped", r.Prefix))
 				continue
 			}
 			s.Routes[prefix] = maps.Route{Flags: maps.RouteFlagUnderlay}
@@ -212,14 +211,14 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 		if len(r.Group) == 0 {
 			via := r.Via.Unmap()
 			if !ok || !via.Is4() {
-				warnings = append(warnings, fmt.Sprintf("route %v via %v (%s): not IPv4, skipped", r.Prefix, r.Via, r.Peer))
+				warnings = append(warnings, fmt.Sprintf("route %v via %v (%s): the next hop is not IPv4, skipped", r.Prefix, r.Via, r.Peer))
 				continue
 			}
 			s.Routes[prefix] = maps.Route{Peer: via, Flags: routeFlags(r)}
 			continue
 		}
 		if !ok || len(members[i]) == 0 {
-			warnings = append(warnings, fmt.Sprintf("route %v to a group: not IPv4, skipped", r.Prefix))
+			warnings = append(warnings, fmt.Sprintf("route %v to a group: no member at an IPv4 address, skipped", r.Prefix))
 			continue
 		}
 		id, ok := ids[maps.MemberSet{Site: r.Site, Addrs: members[i]}.Key()]
@@ -242,6 +241,23 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 		}
 	}
 	return s, warnings
+}
+
+// prefixKey returns p masked with its address unmapped, the form of every prefix of
+// a State, and whether p is valid.
+func prefixKey(p netip.Prefix) (netip.Prefix, bool) {
+	if !p.IsValid() {
+		return netip.Prefix{}, false
+	}
+	a := p.Addr().Unmap()
+	bits := p.Bits()
+	if p.Addr().Is4In6() {
+		bits -= 96
+	}
+	if bits < 0 {
+		return netip.Prefix{}, false
+	}
+	return netip.PrefixFrom(a, bits).Masked(), true
 }
 
 // peerFlags returns the PEER_F_* flags of pr's peers entry.

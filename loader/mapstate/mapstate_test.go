@@ -26,10 +26,12 @@ func TestFromPlan(t *testing.T) {
 		Routes: map[netip.Prefix]Route{
 			pfx("10.1.0.0/24"): {Peer: addr("172.16.2.11")},
 			pfx("10.1.1.0/24"): {Peer: addr("172.16.2.12")},
+			pfx("fd00:1::/64"): {Peer: addr("172.16.2.11")},
 		},
 		Peers: map[netip.Addr]Peer{addr("172.16.2.11"): {}, addr("172.16.2.12"): {}},
 		PeerSources: map[PeerSource]struct{}{
 			{Peer: addr("172.16.2.11"), Src: pfx("10.1.0.0/24")}: {},
+			{Peer: addr("172.16.2.11"), Src: pfx("fd00:1::/64")}: {},
 			{Peer: addr("172.16.2.12"), Src: pfx("10.1.1.0/24")}: {},
 		},
 		PodIfaces: map[uint32]PodIface{9: {}, 11: {}},
@@ -41,8 +43,8 @@ func TestFromPlan(t *testing.T) {
 	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }), cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
 		t.Fatalf("FromPlan (-want +got):\n%s", diff)
 	}
-	if len(warnings) != 3 {
-		t.Fatalf("want 3 warnings (IPv6 source, IPv6 peer, IPv6 route), got %q", warnings)
+	if len(warnings) != 1 {
+		t.Fatalf("want 1 warning (the peer at an IPv6 underlay address), got %q", warnings)
 	}
 	for _, w := range warnings {
 		if !strings.Contains(w, "not IPv4") {
@@ -55,8 +57,8 @@ func TestFromPlanUnmanaged(t *testing.T) {
 	n := mapstatetest.Node()
 	n.SNATPortMin, n.SNATPortMax = 61000, 65535
 	got, warnings := mapstate.FromPlan(mapstatetest.UnmanagedPlan(), n)
-	if len(warnings) != 3 {
-		t.Errorf("warnings %q, want only the 3 IPv6 ones", warnings)
+	if len(warnings) != 1 {
+		t.Errorf("warnings %q, want only the one of the peer at an IPv6 underlay address", warnings)
 	}
 	// Groups are numbered in the order of their sorted member lists.
 	for p, want := range map[string]Route{

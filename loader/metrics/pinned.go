@@ -12,7 +12,7 @@ import (
 )
 
 // LevelMaps are the maps whose fill level isthmus_map_entries reports.
-var LevelMaps = []maps.Name{maps.MapRoutes, maps.MapPeers, maps.MapPeerSources, maps.MapNexthopGroups,
+var LevelMaps = []maps.Name{maps.MapRoutes, maps.MapRoutes6, maps.MapPeers, maps.MapPeerSources, maps.MapPeerSources6, maps.MapNexthopGroups,
 	maps.MapFabricPrefixes, maps.MapSNATExempt, maps.MapNat, maps.MapMasqNat, maps.MapNatSources, maps.MapPodIfaces, maps.MapMasqExempt, maps.MapPodAddrs, maps.MapPodAddrs6,
 	maps.MapHealthReach, maps.MapHealthProbers, maps.MapTracePrefixes, maps.MapCtClose}
 
@@ -91,6 +91,10 @@ func countEntries(n maps.Name, m *ebpf.Map) (int, error) {
 		return count[uint32, maps.PeerValue](n, m, nil)
 	case maps.MapPeerSources:
 		return count[maps.PeerSourceKey, maps.PeerSourceValue](n, m, nil)
+	case maps.MapRoutes6:
+		return count[maps.Route6Key, maps.RouteValue](n, m, nil)
+	case maps.MapPeerSources6:
+		return count[maps.PeerSource6Key, maps.PeerSourceValue](n, m, nil)
 	case maps.MapNexthopGroups:
 		return count[uint32, maps.NexthopGroupValue](n, m, func(v maps.NexthopGroupValue) bool { return v != maps.NexthopGroupValue{} })
 	case maps.MapFabricPrefixes:

@@ -25,8 +25,8 @@ var (
 	M4 = addr("172.16.4.11")
 )
 
-// Plan is node a1's plan with two peers of a managed site (b1, b2) and IPv6
-// entries the maps cannot hold.
+// Plan is node a1's plan with two peers of a managed site (b1, b2), b1 with an
+// IPv6 pod block too, and a peer at an IPv6 underlay address the maps cannot hold.
 func Plan() *plan.NodePlan {
 	return &plan.NodePlan{
 		Node:       "a1",
