@@ -22,6 +22,12 @@ type PathCheck struct {
 	// Unprobed are the ordered pairs of distinct pods the scenario says do not
 	// talk (into an undeclared pool, or between sites joined by nothing).
 	Unprobed [][2]string
+	// Pairs6 are the ordered pod pairs probed over IPv6, between their
+	// address6 (Lab.Expectations6), after every IPv4 pair.
+	Pairs6 [][2]string
+	// Unprobed6 are the pairs with an address6 on both pods whose IPv6 is not
+	// probed, each with the reason.
+	Unprobed6 []Unprobed6
 	// PolicyDenied are the pairs that should talk but a pod policy of the
 	// scenario denies (Scenario.PolicyDenies): the matrix leaves them out, and
 	// Policy probes them.
@@ -40,28 +46,49 @@ type PathCheck struct {
 	// (kernel SNMP and extended counters, datapath verdicts and drop reasons):
 	// where its packet went.
 	Lost map[[2]string][]string
+	// Lost6 is Lost for the IPv6 probes.
+	Lost6 map[[2]string][]string
 }
 
 // FailedPairs returns "src -> dst (protocols)" for every pair with a failed
-// probe, in matrix order.
+// probe, in matrix order: IPv4 pairs, then IPv6 ones, whose protocols read
+// icmp6, tcp6, udp6.
 func (c *PathCheck) FailedPairs() []string {
 	if c.Matrix == nil {
 		return nil
 	}
-	var out []string
-	protos := map[[2]string][]string{}
-	for _, p := range c.Matrix.Failures() {
-		k := [2]string{p.Src, p.Dst}
-		if protos[k] == nil {
-			out = append(out, p.Src+" -> "+p.Dst)
-		}
-		protos[k] = append(protos[k], string(p.Proto))
+	type key struct {
+		src, dst string
+		f        Family
 	}
-	for i, pair := range out {
-		src, dst, _ := strings.Cut(pair, " -> ")
-		out[i] = fmt.Sprintf("%s (%s)", pair, strings.Join(protos[[2]string{src, dst}], " "))
+	var keys []key
+	protos := map[key][]string{}
+	for _, p := range c.Matrix.Failures() {
+		k := key{p.Src, p.Dst, p.Family}
+		if protos[k] == nil {
+			keys = append(keys, k)
+		}
+		protos[k] = append(protos[k], p.Family.label(p.Proto))
+	}
+	var out []string
+	for _, k := range keys {
+		out = append(out, fmt.Sprintf("%s -> %s (%s)", k.src, k.dst, strings.Join(protos[k], " ")))
 	}
 	return out
+}
+
+// failed counts the pairs of family f with a failed probe.
+func (c *PathCheck) failed(f Family) int {
+	if c.Matrix == nil {
+		return 0
+	}
+	pairs := map[[2]string]bool{}
+	for _, p := range c.Matrix.Failures() {
+		if p.Family == f {
+			pairs[[2]string{p.Src, p.Dst}] = true
+		}
+	}
+	return len(pairs)
 }
 
 // RPFilterRose returns the nodes whose RPFilterCounter rose during the
@@ -83,13 +110,29 @@ func (c *PathCheck) RPFilterRose() []string {
 func (c *PathCheck) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d ordered pod pairs probed with icmp, tcp and udp, %d failed, in %s\n",
-		len(c.Pairs), len(c.FailedPairs()), c.Took.Round(time.Millisecond))
+		len(c.Pairs), c.failed(IPv4), c.Took.Round(time.Millisecond))
+	if len(c.Pairs6) > 0 || len(c.Unprobed6) > 0 {
+		fmt.Fprintf(&b, "IPv6: %d ordered pod pairs probed between their address6 with icmp6, tcp6 and udp6, %d failed\n",
+			len(c.Pairs6), c.failed(IPv6))
+	}
 	if len(c.Unprobed) > 0 {
 		var list []string
 		for _, p := range c.Unprobed {
 			list = append(list, p[0]+"->"+p[1])
 		}
 		fmt.Fprintf(&b, "not probed (no path by design): %s\n", strings.Join(list, ", "))
+	}
+	// Pairs left out of IPv6 for one reason share a line.
+	var whys []string
+	byWhy := map[string][]string{}
+	for _, u := range c.Unprobed6 {
+		if byWhy[u.Why] == nil {
+			whys = append(whys, u.Why)
+		}
+		byWhy[u.Why] = append(byWhy[u.Why], u.Src+"->"+u.Dst)
+	}
+	for _, why := range whys {
+		fmt.Fprintf(&b, "IPv6 not probed (%s): %s\n", why, strings.Join(byWhy[why], ", "))
 	}
 	if len(c.PolicyDenied) > 0 {
 		var list []string
@@ -119,6 +162,14 @@ func (c *PathCheck) String() string {
 			}
 		}
 	}
+	for _, pair := range c.Pairs6 {
+		if lost, ok := c.Lost6[pair]; ok {
+			fmt.Fprintf(&b, "counters that rose while %s -> %s was probed over IPv6 (it failed or needed a retry):\n", pair[0], pair[1])
+			for _, l := range lost {
+				fmt.Fprintf(&b, "  %s\n", l)
+			}
+		}
+	}
 	if c.Policy != nil {
 		b.WriteString(c.Policy.String())
 	}
@@ -132,7 +183,9 @@ func (c *PathCheck) String() string {
 // ICMP, TCP and UDP, and the source each receiver saw, all as
 // Scenario.Expectations derives them from the scenario) but one pair at a
 // time, each after every node's neighbour entries on the underlay are
-// flushed, and reads the counters again. The error names every pair that
+// flushed, then over IPv6 every pair Lab.Expectations6 names (pods with an
+// address6 in a mesh: the same expectation between their address6), and
+// reads the counters again. The error names every pair that
 // failed or passed only after a retry, and every node whose counter rose:
 // isthmus keeps paths symmetric, so strict rp_filter never drops one of its
 // packets. In a scenario with pod policies, the pairs a policy denies stay out
@@ -166,6 +219,11 @@ func (l *Lab) CheckPaths(ctx context.Context) (*PathCheck, error) {
 			}
 		}
 	}
+	es6, skipped6 := l.Expectations6()
+	c.Unprobed6 = skipped6
+	for _, e := range es6 {
+		c.Pairs6 = append(c.Pairs6, [2]string{e.Src, e.Dst})
+	}
 	// One pair at a time, each from cold underlay neighbour caches, as on
 	// nodes whose entries expired: a path that holds only while a neighbour
 	// entry is fresh (the datapath checks where a fabric packet came from by a
@@ -175,28 +233,34 @@ func (l *Lab) CheckPaths(ctx context.Context) (*PathCheck, error) {
 	for _, p := range l.Scenario.Pods() {
 		m.Pods = append(m.Pods, p.Name)
 	}
-	for _, pair := range c.Pairs {
-		if err := l.flushUnderlayNeighbours(); err != nil {
-			return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
+	for _, f := range Families {
+		pairs, lost := c.Pairs, &c.Lost
+		if f == IPv6 {
+			pairs, lost = c.Pairs6, &c.Lost6
 		}
-		before, err := l.snapshotCounters(pair[0], pair[1])
-		if err != nil {
-			return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
-		}
-		pm, err := l.CheckPairs(ctx, [][2]string{pair}, CheckOptions{})
-		if pm == nil {
-			return nil, err
-		}
-		m.Probes = append(m.Probes, pm.Probes...) // pairs come in matrix order
-		if len(pm.Failures()) > 0 || len(pm.Retried()) > 0 {
-			after, err := l.snapshotCounters(pair[0], pair[1])
+		for _, pair := range pairs {
+			if err := l.flushUnderlayNeighbours(); err != nil {
+				return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
+			}
+			before, err := l.snapshotCounters(pair[0], pair[1])
 			if err != nil {
 				return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
 			}
-			if c.Lost == nil {
-				c.Lost = map[[2]string][]string{}
+			pm, err := l.CheckPairs(ctx, [][2]string{pair}, CheckOptions{Family: f})
+			if pm == nil {
+				return nil, err
 			}
-			c.Lost[pair] = after.diff(before)
+			m.Probes = append(m.Probes, pm.Probes...) // pairs come in matrix order, IPv4 first
+			if len(pm.Failures()) > 0 || len(pm.Retried()) > 0 {
+				after, err := l.snapshotCounters(pair[0], pair[1])
+				if err != nil {
+					return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
+				}
+				if *lost == nil {
+					*lost = map[[2]string][]string{}
+				}
+				(*lost)[pair] = after.diff(before)
+			}
 		}
 	}
 	c.Matrix = m
@@ -219,7 +283,7 @@ func (l *Lab) CheckPaths(ctx context.Context) (*PathCheck, error) {
 		errs = append(errs, fmt.Errorf("rp_filter not strict: %s", strings.Join(c.NotStrict, ", ")))
 	}
 	if failed := c.FailedPairs(); len(failed) > 0 {
-		errs = append(errs, fmt.Errorf("%d of %d pod pairs failed: %s", len(failed), len(c.Pairs), strings.Join(failed, ", ")))
+		errs = append(errs, fmt.Errorf("%d of %d pod pairs failed: %s", len(failed), len(c.Pairs)+len(c.Pairs6), strings.Join(failed, ", ")))
 	}
 	// A receiver that saw another source on an attempt (a MASQUERADE that met the
 	// first packet, say) is a wrong path even when a retry then passed.
@@ -227,7 +291,7 @@ func (l *Lab) CheckPaths(ctx context.Context) (*PathCheck, error) {
 	for _, p := range m.Probes {
 		for _, e := range p.Errs {
 			if strings.Contains(e, "server saw source") {
-				wrongSource = append(wrongSource, fmt.Sprintf("%s -> %s %s (%s)", p.Src, p.Dst, p.Proto, e))
+				wrongSource = append(wrongSource, fmt.Sprintf("%s (%s)", p.name(" -> "), e))
 				break
 			}
 		}
@@ -244,7 +308,7 @@ func (l *Lab) CheckPaths(ctx context.Context) (*PathCheck, error) {
 	if retried := m.Retried(); len(retried) > 0 {
 		var list []string
 		for _, p := range retried {
-			list = append(list, fmt.Sprintf("%s -> %s %s (attempt %d, first: %s)", p.Src, p.Dst, p.Proto, p.Attempts, p.Errs[0]))
+			list = append(list, fmt.Sprintf("%s (attempt %d, first: %s)", p.name(" -> "), p.Attempts, p.Errs[0]))
 		}
 		errs = append(errs, fmt.Errorf("probes that passed only after a retry: %s", strings.Join(list, ", ")))
 	}

@@ -145,10 +145,12 @@ type addResult struct {
 }
 
 // cniAdd creates the pod's namespace and wires it with `cnitool add`, asking
-// for the pod's scenario address when it has one (the `ips` capability, which
-// the agent checks against the verified podCIDRs) and taking the one the IPAM
-// gives otherwise. It returns the pod's IPv4 address. A pod with its own MTU
-// gets it on both ends afterwards.
+// for the pod's scenario address, and its address6, when it has them (the
+// `ips` capability, which the agent checks against the verified podCIDRs) and
+// taking the one the IPAM gives otherwise (the IPAM gives an address in each
+// podCIDR: a pod without an address6 on a dual-stack node gets an IPv6
+// address too, which the lab does not record). It returns the pod's IPv4
+// address. A pod with its own MTU gets it on both ends afterwards.
 func (l *Lab) cniAdd(ctx context.Context, tool, node string, p Pod) (netip.Addr, error) {
 	ns := l.PodNS(p.Name)
 	if err := createNS(ns); err != nil {
@@ -165,9 +167,14 @@ func (l *Lab) cniAdd(ctx context.Context, tool, node string, p Pod) (netip.Addr,
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("pod %s: %w", p.Name, err)
 	}
-	var env []string
-	if p.Address.IsValid() {
-		env = append(env, fmt.Sprintf(`CAP_ARGS={"ips":["%s"]}`, netip.PrefixFrom(p.Address, p.Address.BitLen())))
+	var env, ips []string
+	for _, a := range []netip.Addr{p.Address, p.Address6} {
+		if a.IsValid() {
+			ips = append(ips, fmt.Sprintf("%q", netip.PrefixFrom(a, a.BitLen())))
+		}
+	}
+	if len(ips) > 0 {
+		env = append(env, fmt.Sprintf(`CAP_ARGS={"ips":[%s]}`, strings.Join(ips, ",")))
 	}
 	out, err := cnitool(ctx, tool, l.Name, node, "add", NSPath(ns), env...)
 	if err != nil {
@@ -177,11 +184,12 @@ func (l *Lab) cniAdd(ctx context.Context, tool, node string, p Pod) (netip.Addr,
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		return netip.Addr{}, fmt.Errorf("decode cnitool add result for %s: %w: %s", p.Name, err, out)
 	}
-	var got netip.Addr
+	var got, got6 netip.Addr
 	for _, ip := range res.IPs {
-		if ip.Address.Addr().Is4() {
-			got = ip.Address.Addr()
-			break
+		if a := ip.Address.Addr(); a.Is4() && !got.IsValid() {
+			got = a
+		} else if a.Is6() && a == p.Address6 {
+			got6 = a
 		}
 	}
 	switch {
@@ -189,6 +197,8 @@ func (l *Lab) cniAdd(ctx context.Context, tool, node string, p Pod) (netip.Addr,
 		return got, fmt.Errorf("cnitool add %s: no IPv4 address in the result: %s", p.Name, out)
 	case p.Address.IsValid() && got != p.Address:
 		return got, fmt.Errorf("cnitool add %s: asked for %s, got %s", p.Name, p.Address, got)
+	case p.Address6.IsValid() && !got6.IsValid():
+		return got, fmt.Errorf("cnitool add %s: asked for %s, not in the result: %s", p.Name, p.Address6, out)
 	}
 	if p.MTU != 0 {
 		if err := l.setPodMTU(node, p.Name, p.MTU); err != nil {
@@ -305,7 +315,7 @@ func (l *Lab) addManagedPods(ctx context.Context, timeout time.Duration) error {
 					return
 				}
 				addrs[i][p.Name] = a
-				l.logf("lab %s: pod %s on %s: %s (cnitool add)", l.Name, p.Name, n.Name, a)
+				l.logf("lab %s: pod %s on %s: %s%s (cnitool add)", l.Name, p.Name, n.Name, a, also6(p))
 			}
 			for _, p := range pods {
 				if err := l.waitPodAttached(ctx, n.Name, p.Name); err != nil {
@@ -455,3 +465,11 @@ const LabCommand = "isthmus-lab"
 
 // LabBinary returns the isthmus-lab binary BuildBinaries built beside binary.
 func LabBinary(binary string) string { return filepath.Join(filepath.Dir(binary), LabCommand) }
+
+// also6 returns " and <address6>" for a pod with an address6, "" otherwise.
+func also6(p Pod) string {
+	if p.Address6.IsValid() {
+		return " and " + p.Address6.String()
+	}
+	return ""
+}

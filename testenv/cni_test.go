@@ -10,7 +10,8 @@ import (
 )
 
 // Every managed pod of every built-in scenario is created through the CNI
-// plugin, which asks the node's IPAM for the scenario's address: the agent's
+// plugin, which asks the node's IPAM for the scenario's address (and
+// address6): the agent's
 // own verification (ipamd.Verify, run here on the objects the lab writes)
 // must publish a range on the pod's node that holds the address, or `lab up`
 // would fail. Unmanaged sites must not verify: the other CNI keeps them.
@@ -41,8 +42,10 @@ func TestBuiltinManagedPodsVerify(t *testing.T) {
 					t.Errorf("%s: pod %s: the IPAM of %s does not verify: %s", name, p.Name, n.Name, v.Reason)
 					continue
 				}
-				if !containsAddr(v.Ranges, p.Address) {
-					t.Errorf("%s: pod %s: %s is outside %s's verified ranges %v", name, p.Name, p.Address, n.Name, v.Ranges)
+				for _, a := range []netip.Addr{p.Address, p.Address6} {
+					if a.IsValid() && !containsAddr(v.Ranges, a) {
+						t.Errorf("%s: pod %s: %s is outside %s's verified ranges %v", name, p.Name, a, n.Name, v.Ranges)
+					}
 				}
 				if want := sc.PodMTU(n.Site.Name, p); v.MTU != want && p.MTU == 0 {
 					t.Errorf("%s: pod %s: the plugin gives MTU %d, the lab's pods have %d", name, p.Name, v.MTU, want)

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"slices"
 
@@ -103,9 +104,19 @@ func (s *Scenario) joined(a, b string) bool { return s.peered(a, b) || s.assigne
 // peered reports whether sites a and b are joined by a peering: one of
 // Peerings or a SitePeering among the raw objects.
 func (s *Scenario) peered(a, b string) bool {
+	peered, _ := s.peering(a, b)
+	return peered
+}
+
+// peering reports whether sites a and b are joined by a peering (one of Peerings
+// or a SitePeering among the raw objects), and whether one that joins them meshes
+// their nodes (meshNodes absent or true).
+func (s *Scenario) peering(a, b string) (peered, meshed bool) {
+	both := func(sites []string) bool { return slices.Contains(sites, a) && slices.Contains(sites, b) }
 	for _, p := range s.Peerings {
-		if slices.Contains(p.Sites, a) && slices.Contains(p.Sites, b) {
-			return true
+		if both(p.Sites) {
+			peered = true
+			meshed = meshed || p.MeshNodes == nil || *p.MeshNodes
 		}
 	}
 	all := s.Objects
@@ -118,13 +129,15 @@ func (s *Scenario) peered(a, b string) bool {
 			continue
 		}
 		var f struct {
-			Sites []string `json:"sites"`
+			Sites     []string `json:"sites"`
+			MeshNodes *bool    `json:"meshNodes"`
 		}
-		if json.Unmarshal(d.Spec, &f) == nil && slices.Contains(f.Sites, a) && slices.Contains(f.Sites, b) {
-			return true
+		if json.Unmarshal(d.Spec, &f) == nil && both(f.Sites) {
+			peered = true
+			meshed = meshed || f.MeshNodes == nil || *f.MeshNodes
 		}
 	}
-	return false
+	return peered, meshed
 }
 
 // Expectation is what an isthmus lab must do for one ordered pod pair.
@@ -229,3 +242,101 @@ func (s *Scenario) translated(pod string) bool {
 
 // Pod returns the named pod, false when there is none.
 func (s *Scenario) Pod(name string) (PodRef, bool) { return s.pod(name) }
+
+// Unprobed6 is an ordered pair of pods that both have an address6 whose IPv6
+// the lab does not probe, and why.
+type Unprobed6 struct {
+	Src, Dst string
+	// Why names the scenario feature that leaves the pair's IPv6 expectation
+	// unclear.
+	Why string
+}
+
+// Expectations6 returns, in scenario order, the ordered pod pairs that should
+// reach each other over IPv6 in an isthmus lab, each destination seeing the
+// source's own address6, and the pairs with an address6 on both pods that are
+// left out, with the reason. IPv6 is expected where it is as plain as IPv4
+// between managed pods of a mesh:
+//
+//   - both pods have an address6 (so both are managed) and the pair has an
+//     IPv4 expectation in which the destination sees the source's own
+//     address;
+//   - the pods are of one site, or of two sites a SitePeering meshes
+//     (meshNodes not false) and no SiteGatewayPoolAssignment joins;
+//   - neither site has manageCniPlugin false, returnPath SNAT, behindNAT or
+//     fabricRoutes, and neither pod has an ingress or egress policy: each of
+//     those changes the IPv4 path in a way the lab models for IPv4 only.
+//
+// Pairs without an IPv4 expectation are in neither list: they have no path by
+// design in either family.
+func (s *Scenario) Expectations6() ([]Expectation, []Unprobed6) {
+	var out []Expectation
+	var skipped []Unprobed6
+	sites := map[string]*Site{}
+	for i := range s.Sites {
+		sites[s.Sites[i].Name] = &s.Sites[i]
+	}
+	for _, e := range s.Expectations() {
+		src, _ := s.pod(e.Src)
+		dst, _ := s.pod(e.Dst)
+		if !src.Address6.IsValid() || !dst.Address6.IsValid() {
+			continue
+		}
+		if why := s.unclear6(src, dst, e, sites); why != "" {
+			skipped = append(skipped, Unprobed6{Src: e.Src, Dst: e.Dst, Why: why})
+			continue
+		}
+		out = append(out, Expectation{Src: e.Src, Dst: e.Dst, Saw: src.Address6})
+	}
+	return out, skipped
+}
+
+// Expect6 returns the IPv6 expectation of the pair, false when its IPv6 is
+// not probed.
+func (s *Scenario) Expect6(src, dst string) (Expectation, bool) {
+	es, _ := s.Expectations6()
+	for _, e := range es {
+		if e.Src == src && e.Dst == dst {
+			return e, true
+		}
+	}
+	return Expectation{}, false
+}
+
+// unclear6 returns why the IPv6 expectation of the pair with IPv4
+// expectation e is unclear, or "" when it is the IPv4 one.
+func (s *Scenario) unclear6(src, dst PodRef, e Expectation, sites map[string]*Site) string {
+	if e.Saw != src.Address {
+		return "the source is translated (return-path SNAT)"
+	}
+	for _, p := range []PodRef{src, dst} {
+		if p.Ingress != nil || p.Egress != nil {
+			return fmt.Sprintf("pod %s has a policy (the lab writes policies for IPv4 only)", p.Name)
+		}
+	}
+	for _, name := range []string{src.Site, dst.Site} {
+		site := sites[name]
+		sem := site.semantics()
+		switch {
+		case sem.unmanaged:
+			return fmt.Sprintf("site %s has manageCniPlugin: false", name)
+		case sem.snatReturn:
+			return fmt.Sprintf("site %s has returnPath: SNAT", name)
+		case site.BehindNAT.IsValid():
+			return fmt.Sprintf("site %s is behind a NAT", name)
+		case site.FabricRoutes:
+			return fmt.Sprintf("site %s has fabricRoutes (the lab's fabric routes IPv4 only)", name)
+		}
+	}
+	if src.Site != dst.Site && (!s.meshed(src.Site, dst.Site) || s.assigned(src.Site, dst.Site)) {
+		return fmt.Sprintf("sites %s and %s are joined through gateways", src.Site, dst.Site)
+	}
+	return ""
+}
+
+// meshed reports whether a peering joins sites a and b with meshNodes (absent
+// or true).
+func (s *Scenario) meshed(a, b string) bool {
+	_, meshed := s.peering(a, b)
+	return meshed
+}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/isthmus-dev/isthmus/testenv/kube"
 )
@@ -35,6 +36,10 @@ const (
 	// PodGateway is the pods' next hop, answered by the host side of the veth
 	// through a permanent neighbour entry, as Calico and Cilium do.
 	PodGateway = "169.254.1.1"
+	// PodGateway6 is the pods' IPv6 next hop (a pod with an address6), as the
+	// CNI plugin wires it: link-local, a permanent neighbour for the host
+	// side's MAC.
+	PodGateway6 = "fe80::1"
 	// GeneveOverhead is outer IPv4, UDP and GENEVE plus the inner Ethernet header.
 	GeneveOverhead = 50
 	// WireGuardOverhead is what WireGuard over IPv4 adds around GENEVE: IPv4,
@@ -213,6 +218,10 @@ func (l *Lab) build(ctx context.Context, opts Options) error {
 	}
 	// Remember the binary so a later `lab down` can run its uninstall.
 	if err := os.WriteFile(filepath.Join(l.StateDir(), "binary"), []byte(l.Binary), 0o644); err != nil {
+		return fmt.Errorf("write state: %w", err)
+	}
+	// And the datapath, so a later `lab check` knows what it probes.
+	if err := os.WriteFile(filepath.Join(l.StateDir(), datapathFile), []byte(l.Datapath), 0o644); err != nil {
 		return fmt.Errorf("write state: %w", err)
 	}
 	l.logf("lab %s: router", l.Name)
@@ -534,6 +543,9 @@ func (l *Lab) buildNode(n NodeRef) error {
 	}
 	if n.Site.FabricRoutes {
 		for _, c := range n.PodCIDRs {
+			if !c.Addr().Is4() {
+				continue // the underlay routes IPv4 only
+			}
 			if err := rt.RouteAdd(&netlink.Route{Dst: ipNet(c), Gw: n.Address.AsSlice()}); err != nil {
 				return fmt.Errorf("add fabric route %s via %s: %w", c, n.Address, err)
 			}
@@ -617,12 +629,24 @@ func (l *Lab) buildPod(n NodeRef, p Pod) error {
 			return err
 		}
 	}
+	if p.Address6.IsValid() {
+		// Before the link is up: its link-local address, and PodGateway6
+		// below, are usable at once, not after duplicate address detection.
+		if err := writeSysctls(l.NodeNS(n.Name), map[string]string{"net/ipv6/conf/" + host + "/accept_dad": "0"}); err != nil {
+			return err
+		}
+	}
 	if err := linkUp(node, host); err != nil {
 		return err
 	}
 	if err := node.RouteAdd(&netlink.Route{LinkIndex: hostLink.Attrs().Index, Scope: netlink.SCOPE_LINK,
 		Dst: ipNet(netip.PrefixFrom(p.Address, 32))}); err != nil {
 		return fmt.Errorf("add host route to %s: %w", p.Address, err)
+	}
+	if p.Address6.IsValid() {
+		if err := hostSide6(node, hostLink, p.Address6); err != nil {
+			return err
+		}
 	}
 	if err := linkUp(h, "lo"); err != nil {
 		return err
@@ -634,8 +658,21 @@ func (l *Lab) buildPod(n NodeRef, p Pod) error {
 	if err := h.AddrAdd(eth, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(p.Address, 32))}); err != nil {
 		return fmt.Errorf("add pod address: %w", err)
 	}
+	if p.Address6.IsValid() {
+		if err := writeSysctls(ns, map[string]string{"net/ipv6/conf/" + UnderlayDev + "/accept_dad": "0"}); err != nil {
+			return err
+		}
+		if err := h.AddrAdd(eth, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(p.Address6, 128)), Flags: unix.IFA_F_NODAD}); err != nil {
+			return fmt.Errorf("add pod address %s: %w", p.Address6, err)
+		}
+	}
 	if err := linkUp(h, UnderlayDev); err != nil {
 		return err
+	}
+	if p.Address6.IsValid() {
+		if err := podSide6(h, eth, hostLink, proxyARP); err != nil {
+			return err
+		}
 	}
 	gw := netip.MustParseAddr(PodGateway)
 	idx := eth.Attrs().Index
@@ -651,6 +688,44 @@ func (l *Lab) buildPod(n NodeRef, p Pod) error {
 	if err := h.NeighAdd(&netlink.Neigh{LinkIndex: idx, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
 		IP: gw.AsSlice(), HardwareAddr: hostLink.Attrs().HardwareAddr}); err != nil {
 		return fmt.Errorf("add neighbour %s: %w", gw, err)
+	}
+	return nil
+}
+
+// hostSide6 wires the node's side of a pod's IPv6 address a, as the CNI
+// plugin does: a host route a/128 through the host veth. The host veth also
+// gets PodGateway6/64 (no DAD), so it answers the pod's neighbour
+// solicitations for its gateway where the pod has no permanent neighbour
+// entry (PodWiringProxyARP, whose host veths share one MAC as Calico's do);
+// with PodWiringNeighbour the pod never asks. IPv6 forwarding is left as the
+// node has it: an isthmus agent turns it on itself.
+func hostSide6(node *netlink.Handle, hostLink netlink.Link, a netip.Addr) error {
+	gw := netip.MustParsePrefix(PodGateway6 + "/64")
+	if err := node.AddrAdd(hostLink, &netlink.Addr{IPNet: ipNet(gw), Flags: unix.IFA_F_NODAD}); err != nil {
+		return fmt.Errorf("add %s to %s: %w", gw, hostLink.Attrs().Name, err)
+	}
+	if err := node.RouteAdd(&netlink.Route{LinkIndex: hostLink.Attrs().Index, Scope: netlink.SCOPE_LINK,
+		Dst: ipNet(netip.PrefixFrom(a, 128))}); err != nil {
+		return fmt.Errorf("add host route to %s: %w", a, err)
+	}
+	return nil
+}
+
+// podSide6 gives the pod's eth0 its IPv6 default route through PodGateway6
+// and, unless proxyARP (the pod then resolves the gateway, which the host veth
+// holds), a permanent neighbour entry for it with the host veth's MAC, as the
+// CNI plugin wires it.
+func podSide6(h *netlink.Handle, eth, hostLink netlink.Link, proxyARP bool) error {
+	gw := netip.MustParseAddr(PodGateway6)
+	idx := eth.Attrs().Index
+	if !proxyARP {
+		if err := h.NeighAdd(&netlink.Neigh{LinkIndex: idx, Family: netlink.FAMILY_V6, State: netlink.NUD_PERMANENT,
+			IP: gw.AsSlice(), HardwareAddr: hostLink.Attrs().HardwareAddr}); err != nil {
+			return fmt.Errorf("add neighbour %s: %w", gw, err)
+		}
+	}
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: idx, Gw: gw.AsSlice(), Family: netlink.FAMILY_V6}); err != nil {
+		return fmt.Errorf("add IPv6 default route via %s: %w", gw, err)
 	}
 	return nil
 }
@@ -690,7 +765,8 @@ func (l *Lab) nodeRules(ctx context.Context, n NodeRef) error {
 	if !lo.On {
 		return nil
 	}
-	blocks := l.Scenario.PodBlocks()
+	// iptables rules for the IPv4 pod blocks; nodeRules6 has the IPv6 ones.
+	blocks := l.Scenario.PodBlocks4()
 	var b strings.Builder
 	b.WriteString("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n")
 	if l.Datapath == DatapathPlain || l.Datapath == DatapathVXLAN || l.Datapath == DatapathWireGuard {
@@ -706,8 +782,9 @@ func (l *Lab) nodeRules(ctx context.Context, n NodeRef) error {
 	// traffic is the CNI's and the fabric's, never isthmus'
 	// (docs/unmanaged-sites.md), so the lab exempts it as the CNI does.
 	if sem := n.Site.semantics(); sem.unmanaged {
-		for _, s := range sem.blocks {
-			for _, d := range sem.blocks {
+		blocks4 := slices.DeleteFunc(slices.Clone(sem.blocks), func(p netip.Prefix) bool { return !p.Addr().Is4() })
+		for _, s := range blocks4 {
+			for _, d := range blocks4 {
 				fmt.Fprintf(&b, "-A POSTROUTING -s %s -d %s -j RETURN\n", s, d)
 			}
 		}
@@ -730,6 +807,43 @@ func (l *Lab) nodeRules(ctx context.Context, n NodeRef) error {
 	cmd.Stdin = strings.NewReader(b.String())
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("install CNI leftover rules: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return l.nodeRules6(ctx, n)
+}
+
+// nodeRules6 is nodeRules for a dual-stack CNI, on an isthmus lab whose scenario
+// has IPv6 pod blocks: the ip6tables leftovers a dual-stack CNI leaves (a
+// MASQUERADE per IPv6 pod block, a FORWARD chain that drops what it does not
+// accept) and the strict IPv6 reverse-path filter of a hardened node, firewalld's
+// default (raw PREROUTING: rpfilter --invert drops).
+func (l *Lab) nodeRules6(ctx context.Context, n NodeRef) error {
+	var blocks []netip.Prefix
+	for _, p := range l.Scenario.PodBlocks() {
+		if p.Addr().Is6() {
+			blocks = append(blocks, p)
+		}
+	}
+	if len(blocks) == 0 || (l.Datapath != DatapathIsthmus && l.Datapath != "") {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteString("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n")
+	for _, s := range blocks {
+		fmt.Fprintf(&b, "-A POSTROUTING -s %s ! -d ff00::/8 -j MASQUERADE\n", s)
+	}
+	b.WriteString("COMMIT\n*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n")
+	b.WriteString("-A FORWARD -m conntrack --ctstate INVALID -j DROP\n")
+	for _, s := range blocks {
+		fmt.Fprintf(&b, "-A FORWARD -s %s -j ACCEPT\n", s)
+		fmt.Fprintf(&b, "-A FORWARD -d %s -j ACCEPT\n", s)
+	}
+	b.WriteString("COMMIT\n*raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n")
+	b.WriteString("-A PREROUTING -m rpfilter --invert -j DROP\n")
+	b.WriteString("COMMIT\n")
+	cmd := Command(ctx, l.NodeNS(n.Name), "ip6tables-restore", "-w")
+	cmd.Stdin = strings.NewReader(b.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("install IPv6 CNI leftover rules: %w: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
@@ -776,8 +890,9 @@ func writePolicyChain(b *strings.Builder, chain, ifFlag, ifname, peerFlag string
 	}
 }
 
-// plainRoutes routes every node's pod CIDRs natively: straight to same-subnet
-// nodes, and through the router (which learns a route per podCIDR) otherwise.
+// plainRoutes routes every node's IPv4 pod CIDRs natively: straight to
+// same-subnet nodes, and through the router (which learns a route per podCIDR)
+// otherwise. IPv6 podCIDRs are not routed: the underlay is IPv4.
 func (l *Lab) plainRoutes() error {
 	rt, _, err := handleAt(l.RouterNS())
 	if err != nil {
@@ -786,7 +901,7 @@ func (l *Lab) plainRoutes() error {
 	defer rt.Close()
 	nodes := l.Scenario.Nodes()
 	for _, dst := range nodes {
-		for _, c := range dst.PodCIDRs {
+		for _, c := range podCIDRs4(dst.Node) {
 			if dst.Site.FabricRoutes {
 				continue // already there
 			}
@@ -802,7 +917,7 @@ func (l *Lab) plainRoutes() error {
 			if err != nil {
 				return err
 			}
-			for _, c := range dst.PodCIDRs {
+			for _, c := range podCIDRs4(dst.Node) {
 				if err := h.RouteAdd(&netlink.Route{Dst: ipNet(c), Gw: dst.Address.AsSlice()}); err != nil {
 					h.Close()
 					return fmt.Errorf("node %s: add route %s via %s: %w", src.Name, c, dst.Address, err)
@@ -812,6 +927,18 @@ func (l *Lab) plainRoutes() error {
 		}
 	}
 	return nil
+}
+
+// podCIDRs4 returns the IPv4 podCIDRs of n: those the baseline datapaths
+// route over the IPv4 underlay.
+func podCIDRs4(n Node) []netip.Prefix {
+	var out []netip.Prefix
+	for _, c := range n.PodCIDRs {
+		if c.Addr().Is4() {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 func linkUp(h *netlink.Handle, name string) error {
@@ -830,7 +957,8 @@ func ipNet(p netip.Prefix) *net.IPNet {
 }
 
 // Attach returns the lab of that name built earlier (by another process) from
-// sc, for Check, Exec and Down. It fails when the lab's router namespace is
+// sc, for Check, Exec and Down, with the datapath Up recorded (DatapathIsthmus
+// for a lab that recorded none). It fails when the lab's router namespace is
 // missing.
 func Attach(sc *Scenario, name string) (*Lab, error) {
 	if err := ValidateLabName(name); err != nil {
@@ -843,8 +971,14 @@ func Attach(sc *Scenario, name string) (*Lab, error) {
 	if data, err := os.ReadFile(filepath.Join(l.StateDir(), "binary")); err == nil {
 		l.Binary = strings.TrimSpace(string(data))
 	}
+	if data, err := os.ReadFile(filepath.Join(l.StateDir(), datapathFile)); err == nil && len(data) > 0 {
+		l.Datapath = Datapath(strings.TrimSpace(string(data)))
+	}
 	return l, nil
 }
+
+// datapathFile, in a lab's state directory, names the lab's Datapath.
+const datapathFile = "datapath"
 
 // AgentBinary returns the isthmus binary beside the running executable
 // (bin/isthmus beside bin/isthmus-lab, as `make build` puts them), or the

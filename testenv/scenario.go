@@ -223,11 +223,17 @@ type Node struct {
 	Pods []Pod `json:"pods,omitempty"`
 }
 
-// Pod is one pod: a namespace with eth0 (address/32) wired to the node by a veth
-// whose host side is HostVeth: pod-<name>, or azv-<name> for an unmanaged pod.
+// Pod is one pod: a namespace with eth0 (address/32, and address6/128 when
+// set) wired to the node by a veth whose host side is HostVeth: pod-<hash>, or
+// azv-<name> for an unmanaged pod.
 type Pod struct {
 	Name    string     `json:"name"`
 	Address netip.Addr `json:"address"`
+	// Address6, when set, is the pod's IPv6 address, as a dual-stack node's
+	// CNI gives it: a global unicast address inside one of the node's IPv6
+	// podCIDRs. Managed pods only (the underlay stays IPv4, and another CNI's
+	// pods are IPv4 only in the lab).
+	Address6 netip.Addr `json:"address6,omitzero"`
 	// Unmanaged marks a pod addressed by another CNI from a site-wide pool: its
 	// address need not be in the node's podCIDRs, the underlay routes it (/32) to
 	// the node, and its host veth is named as Azure CNI names them (azv-<name>),
@@ -572,6 +578,14 @@ func (s *Scenario) validate() error {
 				if p != p.Masked() {
 					return fmt.Errorf("%s: podCIDRs[%d] %s is not canonical (want %s)", nwhere, k, p, p.Masked())
 				}
+				if a := p.Addr(); a.Is6() && (a.Is4In6() || !a.IsGlobalUnicast()) {
+					return fmt.Errorf("%s: podCIDRs[%d] %s: want an IPv6 global unicast prefix (not link-local, multicast or IPv4-mapped)", nwhere, k, p)
+				}
+			}
+			// A dual-stack node has an IPv4 podCIDR beside its IPv6 ones: the
+			// underlay, the tunnel addresses and every pod's address are IPv4.
+			if len(n.PodCIDRs) > 0 && !slices.ContainsFunc(n.PodCIDRs, func(c netip.Prefix) bool { return c.Addr().Is4() }) {
+				return fmt.Errorf("%s: podCIDRs %v: IPv6 only (want an IPv4 podCIDR too: the lab's pods and underlay are IPv4, IPv6 rides beside)", nwhere, n.PodCIDRs)
 			}
 			for k, p := range n.Pods {
 				pwhere := fmt.Sprintf("%s pods[%d] %q", nwhere, k, p.Name)
@@ -592,6 +606,14 @@ func (s *Scenario) validate() error {
 				}
 				if err := claimAddr(p.Address, "pod "+p.Name); err != nil {
 					return fmt.Errorf("%s: %w", pwhere, err)
+				}
+				if err := n.validateAddress6(p); err != nil {
+					return fmt.Errorf("%s: %w", pwhere, err)
+				}
+				if p.Address6.IsValid() {
+					if err := claimAddr(p.Address6, "pod "+p.Name); err != nil {
+						return fmt.Errorf("%s: %w", pwhere, err)
+					}
 				}
 			}
 		}
@@ -619,6 +641,35 @@ func (s *Scenario) validate() error {
 		return fmt.Errorf("objects: %w", err)
 	}
 	return s.validateGateways()
+}
+
+// validateAddress6 checks pod p's Address6 on node n: a global unicast IPv6
+// address (no zone, not IPv4-mapped) of a managed pod, inside one of the
+// node's IPv6 podCIDRs. No Address6 is fine.
+func (n *Node) validateAddress6(p Pod) error {
+	a := p.Address6
+	if !a.IsValid() {
+		return nil
+	}
+	if p.Unmanaged {
+		return fmt.Errorf("address6 %s: unmanaged pods are IPv4 only", a)
+	}
+	if !a.Is6() || a.Is4In6() || a.Zone() != "" || !a.IsGlobalUnicast() {
+		return fmt.Errorf("address6 %s: want an IPv6 global unicast address (not link-local, multicast or IPv4-mapped, no zone)", a)
+	}
+	var v6 []netip.Prefix
+	for _, c := range n.PodCIDRs {
+		if c.Addr().Is6() {
+			v6 = append(v6, c)
+		}
+	}
+	if len(v6) == 0 {
+		return fmt.Errorf("address6 %s: the node has no IPv6 podCIDR (podCIDRs %v)", a, n.PodCIDRs)
+	}
+	if !slices.ContainsFunc(v6, func(c netip.Prefix) bool { return c.Contains(a) }) {
+		return fmt.Errorf("address6 %s not in the node's IPv6 podCIDRs %v", a, v6)
+	}
+	return nil
 }
 
 func lastAddr(p netip.Prefix) netip.Addr {
@@ -673,8 +724,9 @@ func (site *Site) podBlocks() ([]netip.Prefix, error) {
 	return out, nil
 }
 
-// PodBlocks returns every pod block of the scenario: the sites' declared
-// blocks, and the nodes' podCIDRs and unmanaged pods not inside one of them.
+// PodBlocks returns every pod block of the scenario, in both families: the
+// sites' declared blocks, and the nodes' podCIDRs and pods' addresses not
+// inside one of them.
 func (s *Scenario) PodBlocks() []netip.Prefix {
 	var out []netip.Prefix
 	add := func(p netip.Prefix) {
@@ -697,9 +749,18 @@ func (s *Scenario) PodBlocks() []netip.Prefix {
 		}
 		for _, p := range n.Pods {
 			add(netip.PrefixFrom(p.Address, 32))
+			if p.Address6.IsValid() {
+				add(netip.PrefixFrom(p.Address6, 128))
+			}
 		}
 	}
 	return out
+}
+
+// PodBlocks4 returns the IPv4 ones of PodBlocks: what the lab's iptables rules
+// (the CNI leftovers) cover.
+func (s *Scenario) PodBlocks4() []netip.Prefix {
+	return slices.DeleteFunc(s.PodBlocks(), func(p netip.Prefix) bool { return !p.Addr().Is4() })
 }
 
 // manifest is the head of one YAML document.

@@ -385,3 +385,287 @@ func TestPolicyYAML(t *testing.T) {
 		t.Fatal("deny 10.0.2.0/33 parsed, want an error")
 	}
 }
+
+// base6 is a valid dual-stack scenario the address6 error cases below break
+// one field at a time: s1's node n1 has an IPv4 and an IPv6 podCIDR, its pod p1
+// both addresses, p3 an IPv4 one only; s2 is another CNI's, IPv4 only.
+const base6 = `
+name: t
+sites:
+  - name: s1
+    subnet: 192.168.1.0/24
+    spec: {nodeCidrs: [192.168.1.0/24], podCidrAssignments: [{cidrBlocks: [10.1.0.0/16, "fd00:1::/32"], nodeBlockSizes: {ipv4: 24, ipv6: 64}}]}
+    nodes:
+      - name: n1
+        address: 192.168.1.10
+        podCIDRs: [10.1.1.0/24, "fd00:1:1::/64"]
+        pods:
+          - {name: p1, address: 10.1.1.5, address6: "fd00:1:1::5"}
+          - {name: p3, address: 10.1.1.6}
+      - name: n3
+        address: 192.168.1.11
+        podCIDR: 10.1.3.0/24
+        pods: [{name: p4, address: 10.1.3.5}]
+  - name: s2
+    subnet: 192.168.2.0/24
+    objects: |
+      apiVersion: isthmus.dev/v1alpha1
+      kind: Site
+      metadata: {name: s2}
+      spec:
+        manageCniPlugin: false
+        podCidrAssignments: [{cidrBlocks: [10.0.2.0/23]}]
+    nodes:
+      - name: n2
+        address: 192.168.2.10
+        pods: [{name: p2, address: 10.0.2.128, unmanaged: true}]
+peerings:
+  - {name: s1-s2, sites: [s1, s2]}
+`
+
+func TestParseScenarioAddress6(t *testing.T) {
+	sc, err := ParseScenario([]byte(base6))
+	if err != nil {
+		t.Fatalf("base6 scenario: %v", err)
+	}
+	p1, _ := sc.Pod("p1")
+	if p1.Address6 != netip.MustParseAddr("fd00:1:1::5") {
+		t.Errorf("p1 address6 = %s, want fd00:1:1::5", p1.Address6)
+	}
+	if p3, _ := sc.Pod("p3"); p3.Address6.IsValid() {
+		t.Errorf("p3 address6 = %s, want none", p3.Address6)
+	}
+	var blocks []string
+	for _, b := range sc.PodBlocks() {
+		blocks = append(blocks, b.String())
+	}
+	if diff := cmp.Diff([]string{"10.1.0.0/16", "fd00:1::/32", "10.0.2.0/23"}, blocks); diff != "" {
+		t.Errorf("pod blocks (-want +got):\n%s", diff)
+	}
+	blocks = nil
+	for _, b := range sc.PodBlocks4() {
+		blocks = append(blocks, b.String())
+	}
+	if diff := cmp.Diff([]string{"10.1.0.0/16", "10.0.2.0/23"}, blocks); diff != "" {
+		t.Errorf("IPv4 pod blocks (-want +got):\n%s", diff)
+	}
+	// The objects carry both podCIDRs, IPv4 first, and the Site's blocks.
+	files, err := sc.ObjectFiles()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for file, want := range map[string]string{"nodes.yaml": "fd00:1:1::/64", "sites.yaml": "fd00:1::/32"} {
+		if !strings.Contains(string(files[file]), want) {
+			t.Errorf("%s lacks %s:\n%s", file, want, files[file])
+		}
+	}
+
+	tests := []struct {
+		name, old, new, want string
+	}{
+		{"unmanaged pod with address6", "{name: p2, address: 10.0.2.128, unmanaged: true}",
+			`{name: p2, address: 10.0.2.128, address6: "fd00:2::5", unmanaged: true}`, `pods[0] "p2": address6 fd00:2::5: unmanaged pods are IPv4 only`},
+		{"IPv4 as address6", `address6: "fd00:1:1::5"`, `address6: 10.1.1.7`, `pods[0] "p1": address6 10.1.1.7: want an IPv6 global unicast address`},
+		{"link-local address6", `address6: "fd00:1:1::5"`, `address6: "fe80::5"`, `pods[0] "p1": address6 fe80::5: want an IPv6 global unicast address`},
+		{"multicast address6", `address6: "fd00:1:1::5"`, `address6: "ff02::5"`, `pods[0] "p1": address6 ff02::5: want an IPv6 global unicast address`},
+		{"IPv4-mapped address6", `address6: "fd00:1:1::5"`, `address6: "::ffff:10.1.1.7"`, `pods[0] "p1": address6 ::ffff:10.1.1.7: want an IPv6 global unicast address`},
+		{"zoned address6", `address6: "fd00:1:1::5"`, `address6: "fd00:1:1::5%eth0"`, `address6 fd00:1:1::5%eth0: want an IPv6 global unicast address`},
+		{"address6 outside the IPv6 podCIDRs", `address6: "fd00:1:1::5"`, `address6: "fd00:1:2::5"`, `pods[0] "p1": address6 fd00:1:2::5 not in the node's IPv6 podCIDRs [fd00:1:1::/64]`},
+		{"address6 on a node without an IPv6 podCIDR", "{name: p4, address: 10.1.3.5}", `{name: p4, address: 10.1.3.5, address6: "fd00:1:3::5"}`,
+			`pods[0] "p4": address6 fd00:1:3::5: the node has no IPv6 podCIDR`},
+		{"duplicate address6", "{name: p3, address: 10.1.1.6}", `{name: p3, address: 10.1.1.6, address6: "fd00:1:1::5"}`, `pods[1] "p3": pod p3: address fd00:1:1::5 already used by pod p1`},
+		{"non-canonical IPv6 podCIDR", `"fd00:1:1::/64"]`, `"fd00:1:1::9/64"]`, `podCIDRs[1] fd00:1:1::9/64 is not canonical (want fd00:1:1::/64)`},
+		{"link-local IPv6 podCIDR", `"fd00:1:1::/64"]`, `"fe80::/64"]`, `podCIDRs[1] fe80::/64: want an IPv6 global unicast prefix`},
+		{"IPv6-only podCIDRs", `podCIDR: 10.1.3.0/24`, `podCIDRs: ["fd00:1:3::/64"]`, `nodes[1] "n3": podCIDRs [fd00:1:3::/64]: IPv6 only`},
+		{"IPv6 site subnet", "subnet: 192.168.2.0/24", `subnet: "fd00:99::/64"`, "subnet: want an IPv4 prefix"},
+		{"IPv6 node address", "address: 192.168.2.10", `address: "fd00:99::10"`, "not in site subnet"},
+		{"IPv6 pod address", "address: 10.1.1.6}", `address: "fd00:1:1::6"}`, `pods[1] "p3": address: want IPv4`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if !strings.Contains(base6, tt.old) {
+				t.Fatalf("test bug: %q not in base6", tt.old)
+			}
+			_, err := ParseScenario([]byte(strings.Replace(base6, tt.old, tt.new, 1)))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("ParseScenario = %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestDualStackScenario: the built-in dualstack scenario loads, every node has
+// an IPv4 and an IPv6 podCIDR and every pod an address6 in the IPv6 one, and
+// every pair is expected to talk in both families with the pods' own
+// addresses.
+func TestDualStackScenario(t *testing.T) {
+	sc, err := LoadScenario("dualstack")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sc.Sites) != 2 || len(sc.Nodes()) != 4 {
+		t.Fatalf("%d sites, %d nodes; want 2 and 4", len(sc.Sites), len(sc.Nodes()))
+	}
+	for _, n := range sc.Nodes() {
+		var fams []bool
+		for _, c := range n.PodCIDRs {
+			fams = append(fams, c.Addr().Is6())
+		}
+		if !slices.Equal(fams, []bool{false, true}) {
+			t.Errorf("node %s podCIDRs %v, want an IPv4 and an IPv6 one", n.Name, n.PodCIDRs)
+		}
+		if len(n.Pods) == 0 {
+			t.Errorf("node %s has no pod", n.Name)
+		}
+		for _, p := range n.Pods {
+			if !n.PodCIDRs[1].Contains(p.Address6) {
+				t.Errorf("pod %s address6 %s not in %s", p.Name, p.Address6, n.PodCIDRs[1])
+			}
+		}
+	}
+	es := sc.Expectations()
+	es6, skipped := sc.Expectations6()
+	if n := len(sc.Pods()); len(es6) != n*(n-1) || len(es) != len(es6) {
+		t.Fatalf("%d IPv6 expectations, %d IPv4; want %d of each", len(es6), len(es), n*(n-1))
+	}
+	if len(skipped) > 0 {
+		t.Errorf("IPv6 pairs left out: %v", skipped)
+	}
+	for i, e := range es6 {
+		p, _ := sc.pod(e.Src)
+		if e.Src != es[i].Src || e.Dst != es[i].Dst || e.Saw != p.Address6 {
+			t.Errorf("IPv6 expectation %d = %+v, want %s > %s seeing %s", i, e, es[i].Src, es[i].Dst, p.Address6)
+		}
+	}
+	if e, ok := sc.Expect6("a1-p1", "b2-p2"); !ok || e.Saw != netip.MustParseAddr("fd00:a:1::10") {
+		t.Errorf("Expect6(a1-p1, b2-p2) = %+v, %v; want fd00:a:1::10", e, ok)
+	}
+	// A baseline lab routes IPv4 only: it probes no IPv6 pair and says why.
+	l := &Lab{Name: "x1", Scenario: sc, Datapath: DatapathPlain}
+	es6, skipped = l.Expectations6()
+	if len(es6) != 0 || len(skipped) != len(es) || skipped[0].Why != "the plain datapath routes IPv4 only" {
+		t.Errorf("plain lab: %d IPv6 expectations, %d left out (first %+v); want none and %d", len(es6), len(skipped), skipped[0], len(es))
+	}
+	l.Datapath = DatapathIsthmus
+	if es6, _ = l.Expectations6(); len(es6) != len(es) {
+		t.Errorf("isthmus lab: %d IPv6 expectations, want %d", len(es6), len(es))
+	}
+}
+
+// TestExpectations6Unclear: every scenario feature that makes a pair's IPv6
+// expectation unclear leaves the pair out of Expectations6 with its reason,
+// while the pair stays in the IPv4 expectations.
+func TestExpectations6Unclear(t *testing.T) {
+	load := func(t *testing.T, edits ...[2]string) *Scenario {
+		t.Helper()
+		b, err := builtin.ReadFile("scenarios/dualstack.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		doc := string(b)
+		for _, e := range edits {
+			if !strings.Contains(doc, e[0]) {
+				t.Fatalf("test bug: %q not in dualstack.yaml", e[0])
+			}
+			doc = strings.Replace(doc, e[0], e[1], 1)
+		}
+		sc, err := ParseScenario([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sc
+	}
+	const siteA = "      nodeCidrs: [172.16.1.0/24]\n"
+	tests := []struct {
+		name  string
+		edits [][2]string
+		// pair is one pair left out, why its reason; probed is one still probed.
+		pair, why, probed string
+	}{
+		{"gateways only", [][2]string{{"    meshNodes: true", "    meshNodes: false"}},
+			"a1-p1>b1-p1", "sites site-a and site-b are joined through gateways", "a1-p1>a2-p1"},
+		{"returnPath SNAT", [][2]string{{siteA, siteA + "      returnPath: SNAT\n"}},
+			"a1-p1>a1-p2", "site site-a has returnPath: SNAT", "b1-p1>b2-p1"},
+		{"another CNI's site", [][2]string{{siteA, siteA + "      manageCniPlugin: false\n"}},
+			"b1-p1>a1-p1", "site site-a has manageCniPlugin: false", "b1-p1>b2-p2"},
+		{"behind a NAT", [][2]string{{"    subnet: 172.16.2.0/24          # router holds 172.16.2.1\n", "    subnet: 172.16.2.0/24\n    behindNAT: 198.51.100.2\n"}},
+			"a1-p1>b1-p1", "site site-b is behind a NAT", "a1-p1>a2-p2"},
+		{"fabric routes", [][2]string{{"    subnet: 172.16.1.0/24          # router holds 172.16.1.1\n", "    subnet: 172.16.1.0/24\n    fabricRoutes: true\n"}},
+			"a1-p1>a2-p1", "site site-a has fabricRoutes (the lab's fabric routes IPv4 only)", "b1-p1>b2-p1"},
+		{"pod policy", [][2]string{{`{name: b2-p2, address: 10.245.2.11, address6: "fd00:b:2::11"}`, `{name: b2-p2, address: 10.245.2.11, address6: "fd00:b:2::11", ingress: {deny: [10.9.0.0/16]}}`}},
+			"a1-p1>b2-p2", "pod b2-p2 has a policy (the lab writes policies for IPv4 only)", "a1-p1>b2-p1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sc := load(t, tt.edits...)
+			es6, skipped := sc.Expectations6()
+			probed := map[string]bool{}
+			for _, e := range es6 {
+				probed[e.Src+">"+e.Dst] = true
+			}
+			why := map[string]string{}
+			for _, u := range skipped {
+				why[u.Src+">"+u.Dst] = u.Why
+			}
+			if got := why[tt.pair]; got != tt.why {
+				t.Errorf("%s left out for %q, want %q", tt.pair, got, tt.why)
+			}
+			if probed[tt.pair] {
+				t.Errorf("%s probed over IPv6", tt.pair)
+			}
+			if !probed[tt.probed] {
+				t.Errorf("%s not probed over IPv6 (left out for %q)", tt.probed, why[tt.probed])
+			}
+			src, dst, _ := strings.Cut(tt.pair, ">")
+			if _, ok := sc.Expect(src, dst); !ok && tt.name != "gateways only" {
+				t.Errorf("%s lost its IPv4 expectation", tt.pair)
+			}
+		})
+	}
+}
+
+// TestMatrixStringFamilies: a matrix with IPv6 probes prints a grid per
+// family, each labelled, and names IPv6 probes icmp6, tcp6, udp6.
+func TestMatrixStringFamilies(t *testing.T) {
+	m := &Matrix{Pods: []string{"p1", "p2"}, Probes: []Probe{
+		{Src: "p1", Dst: "p2", Proto: ICMP, OK: true, Attempts: 1},
+		{Src: "p1", Dst: "p2", Proto: TCP, OK: true, Attempts: 1},
+		{Src: "p1", Dst: "p2", Proto: UDP, OK: true, Attempts: 1},
+		{Src: "p1", Dst: "p2", Proto: ICMP, Family: IPv6, OK: true, Attempts: 1},
+		{Src: "p1", Dst: "p2", Proto: TCP, Family: IPv6, OK: false, Err: "connect: timeout", Attempts: 3},
+		{Src: "p1", Dst: "p2", Proto: UDP, Family: IPv6, OK: true, Attempts: 2, Errs: []string{"read reply: timeout"}},
+	}}
+	got := m.String()
+	for _, want := range []string{
+		"IPv4 (address to address):\nsrc\\dst p1    p2   \np1      -     +++  \n",
+		"IPv6 (address6 to address6):\nsrc\\dst p1    p2   \np1      -     +x+  \n",
+		"cells: icmp tcp udp (IPv6: icmp6 tcp6 udp6), + ok, x failed, . not probed (no path by design); 6 probes, 1 failed",
+		"passed only after a retry: p1->p2 udp6 on attempt 2 (first: read reply: timeout)",
+		"FAIL p1 -> p2 tcp6 after 3 attempts: connect: timeout",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("matrix lacks %q:\n%s", want, got)
+		}
+	}
+	if p, ok := m.Get("p1", "p2", TCP); !ok || !p.OK {
+		t.Errorf("Get(p1, p2, tcp) = %+v, %v; want the IPv4 probe, passed", p, ok)
+	}
+	if p, ok := m.GetFamily("p1", "p2", TCP, IPv6); !ok || p.OK {
+		t.Errorf("GetFamily(p1, p2, tcp, IPv6) = %+v, %v; want the IPv6 probe, failed", p, ok)
+	}
+	c := &PathCheck{Matrix: m, Pairs: [][2]string{{"p1", "p2"}}, Pairs6: [][2]string{{"p1", "p2"}},
+		Unprobed6: []Unprobed6{{"p2", "p1", "pod p2 has a policy (the lab writes policies for IPv4 only)"}}}
+	if diff := cmp.Diff([]string{"p1 -> p2 (tcp6)"}, c.FailedPairs()); diff != "" {
+		t.Errorf("failed pairs (-want +got):\n%s", diff)
+	}
+	s := c.String()
+	for _, want := range []string{
+		"1 ordered pod pairs probed with icmp, tcp and udp, 0 failed",
+		"IPv6: 1 ordered pod pairs probed between their address6 with icmp6, tcp6 and udp6, 1 failed",
+		"IPv6 not probed (pod p2 has a policy (the lab writes policies for IPv4 only)): p2->p1",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("path check lacks %q:\n%s", want, s)
+		}
+	}
+}

@@ -104,7 +104,7 @@ func (l *Lab) vxlanRoutes() error {
 						Flags: netlink.NTF_SELF, IP: peer.n.Address.AsSlice(), HardwareAddr: peer.mac})
 				}},
 			}
-			dsts := peer.n.PodCIDRs
+			dsts := podCIDRs4(peer.n.Node)
 			if !slices.ContainsFunc(dsts, func(c netip.Prefix) bool { return c.Contains(peer.addr) }) {
 				dsts = append(slices.Clone(dsts), netip.PrefixFrom(peer.addr, 32))
 			}
@@ -132,8 +132,8 @@ func (l *Lab) vxlanRoutes() error {
 // podCIDR as flannel has it, else its tunnel address (the annotation), the
 // place unbounded0 took in seed 000; the zero Addr when it has neither.
 func vtepAddr(n Node) netip.Addr {
-	if len(n.PodCIDRs) > 0 {
-		return n.PodCIDRs[0].Masked().Addr()
+	if c := podCIDRs4(n); len(c) > 0 {
+		return c[0].Masked().Addr()
 	}
 	return n.TunnelAddr()
 }

@@ -14,7 +14,7 @@ import (
 // wireGuardRoutes joins the sites with plain WireGuard routing, the way a user
 // encrypts between sites without isthmus (wg-quick, Kilo's full mesh): on every
 // node a WireGuard device (the same userspace implementation the agents run
-// here), a peer per node of every other site, allowed its podCIDRs and sent to
+// here), a peer per node of every other site, allowed its IPv4 podCIDRs and sent to
 // at its address, and a route for each of those podCIDRs into the device; the
 // nodes of one site reach each other's pods by plain routes (plainRoutes). The
 // device has the underlay MTU less WireGuard's 60 bytes. It is the baseline of
@@ -32,16 +32,16 @@ func (l *Lab) wireGuardRoutes() error {
 		keys[n.Name] = wireguard.Peer{
 			PublicKey:  key.PublicKey(),
 			Endpoint:   net.UDPAddrFromAddrPort(netip.AddrPortFrom(n.Address, wireguard.DefaultPort)),
-			AllowedIPs: n.PodCIDRs,
+			AllowedIPs: podCIDRs4(n.Node),
 		}
 	}
 	for _, n := range l.Scenario.Nodes() {
 		var peers []wireguard.Peer
 		var routes []netip.Prefix
 		for _, m := range l.Scenario.Nodes() {
-			if m.Site.Name != n.Site.Name && len(m.PodCIDRs) > 0 {
+			if m.Site.Name != n.Site.Name && len(podCIDRs4(m.Node)) > 0 {
 				peers = append(peers, keys[m.Name])
-				routes = append(routes, m.PodCIDRs...)
+				routes = append(routes, podCIDRs4(m.Node)...)
 			}
 		}
 		if len(peers) == 0 {

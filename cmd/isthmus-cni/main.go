@@ -328,11 +328,13 @@ func wire(netns ns.NetNS, ifname, host string, got ipam.AddResponse) (*current.R
 			return nil, fmt.Errorf("add host route to %s: %w", a, err)
 		}
 	}
+	var podMAC net.HardwareAddr
 	err = netns.Do(func(ns.NetNS) error {
 		link, err := netlink.LinkByName(ifname)
 		if err != nil {
 			return fmt.Errorf("find %s: %w", ifname, err)
 		}
+		podMAC = link.Attrs().HardwareAddr
 		if err := netlink.LinkSetUp(link); err != nil {
 			return fmt.Errorf("set %s up: %w", ifname, err)
 		}
@@ -367,7 +369,22 @@ func wire(netns ns.NetNS, ifname, host string, got ipam.AddResponse) (*current.R
 		}
 		return nil
 	})
-	return result, err
+	if err != nil {
+		return result, err
+	}
+	// The host reaches the pod's IPv6 addresses without neighbour discovery, as the
+	// pod reaches its gateway: the host end's link-local address, which solicitation
+	// would be sent from, is still tentative for a second or two after the interface
+	// comes up, and the pod's first IPv6 replies would wait for it.
+	for _, a := range got.Addrs {
+		if a.Addr().Is6() {
+			if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: hostLink.Attrs().Index, Family: netlink.FAMILY_V6,
+				State: netlink.NUD_PERMANENT, IP: a.Addr().AsSlice(), HardwareAddr: podMAC}); err != nil {
+				return result, fmt.Errorf("add neighbour %s on %s: %w", a.Addr(), hostLink.Attrs().Name, err)
+			}
+		}
+	}
+	return result, nil
 }
 
 func gatewayFor(a netip.Addr) netip.Addr {

@@ -83,7 +83,11 @@ func newLabCmd() *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "  node %-8s netns %-20s underlay %s\n", n.Name, l.NodeNS(n.Name), n.Address)
 			}
 			for _, p := range sc.Pods() {
-				fmt.Fprintf(cmd.OutOrStdout(), "  pod  %-8s netns %-20s address  %s (node %s)\n", p.Name, l.PodNS(p.Name), p.Address, p.Node)
+				addr := p.Address.String()
+				if p.Address6.IsValid() {
+					addr += " " + p.Address6.String()
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "  pod  %-8s netns %-20s address  %s (node %s)\n", p.Name, l.PodNS(p.Name), addr, p.Node)
 			}
 			if kubernetes != "" {
 				return serveKubeLab(ctx, cmd, l, testenv.ProxyMode(kubernetes))
@@ -98,7 +102,7 @@ func newLabCmd() *cobra.Command {
 
 	check := &cobra.Command{
 		Use:   "check [SCENARIO]",
-		Short: "Probe ICMP, TCP and UDP between every pair of pods, print the matrix and each node's rp_filter drops, then probe every pod policy (docs/lab.md)",
+		Short: "Probe ICMP, TCP and UDP between every pair of pods (over IPv4, and over IPv6 between pods with an address6), print the matrices and each node's rp_filter drops, then probe every pod policy (docs/lab.md)",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sc, lab, err := load(args)

@@ -208,7 +208,8 @@ func checkPaths(t *testing.T, l *testenv.Lab, logNodes ...string) *testenv.Matri
 		}
 		t.Errorf("%v%s", err, logs.String())
 	}
-	if want := len(l.Scenario.Expectations()) * len(testenv.Protos); len(c.Matrix.Probes) != want {
+	v6, _ := l.Scenario.Expectations6()
+	if want := (len(l.Scenario.Expectations()) + len(v6)) * len(testenv.Protos); len(c.Matrix.Probes) != want {
 		t.Errorf("%d probes, want %d", len(c.Matrix.Probes), want)
 	}
 	for _, n := range l.Scenario.Nodes() {

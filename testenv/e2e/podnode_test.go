@@ -2,9 +2,9 @@ package e2e
 
 import (
 	"context"
+	"net"
 	"net/netip"
 	"strings"
-	"net"
 	"testing"
 	"time"
 
