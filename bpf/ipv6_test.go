@@ -298,3 +298,66 @@ func TestDecapIPv6(t *testing.T) {
 		wantDrop(t, l, l.objs.UnderlayIngress, und, in, IsthmusDropReasonDROP_INNER_SRC_DENIED, IsthmusHookHOOK_UNDERLAY_TC)
 	})
 }
+
+// tcpChecksum6 is tcpChecksum with the IPv6 pseudo-header: 0 when seg's checksum
+// is right.
+func tcpChecksum6(src, dst netip.Addr, seg []byte) uint16 {
+	s, d := src.As16(), dst.As16()
+	ph := append(append(append([]byte{}, s[:]...), d[:]...), 0, 0, byte(len(seg)>>8), byte(len(seg)), 0, 0, 0, 6)
+	return csum16(append(ph, seg...))
+}
+
+// tcp6WithOptions is tcpWithOptions for src -> dst over IPv6.
+func tcp6WithOptions(src, dst netip.Addr, sport, dport uint16, flags byte, options []byte) []byte {
+	return tcpWithOptionsSum(func(seg []byte) uint16 { return tcpChecksum6(src, dst, seg) }, sport, dport, flags, options)
+}
+
+// TestMSSClampIPv6: the MSS of an IPv6 SYN or SYN-ACK entering the tunnel at
+// overlay_egress, or leaving it at underlay_ingress, is clamped to the tunnel MTU
+// less 60 bytes (IPv6 and TCP headers), the TCP checksum fixed; a smaller MSS and a
+// segment without SYN are untouched.
+func TestMSSClampIPv6(t *testing.T) {
+	l := ipv6Lab(t)
+	clamped := tunnelMTU - 60
+	for _, tc := range []struct {
+		name         string
+		flags        byte
+		mss, wantMSS uint16
+	}{
+		{"SYN MSS 1440", tcpSYN, 1440, clamped},
+		{"SYN-ACK MSS 1440", tcpSYNACK, 1440, clamped},
+		{"SYN MSS one too many", tcpSYN, clamped + 1, clamped},
+		{"SYN MSS 1200 untouched", tcpSYN, 1200, 1200},
+		{"ACK untouched", tcpACK, 1440, 1440},
+	} {
+		t.Run(tc.name+" encap", func(t *testing.T) {
+			seg := tcp6WithOptions(pod6, remotePod6, 40000, 80, tc.flags, linuxSynOpts(tc.mss))
+			in := ethFrame(l.istMAC, l.istMAC, 0x86dd, ipv6Packet(pod6, remotePod6, 6, 64, seg))
+			ret, out := l.run(t, l.objs.OverlayEgress, in, l.ist.Attrs().Index)
+			if ret != tcActRedirect || len(out) != len(in)+50 {
+				t.Fatalf("verdict %d, %d bytes; want TC_ACT_REDIRECT, %d bytes", ret, len(out), len(in)+50)
+			}
+			gotSeg := out[len(out)-len(seg):]
+			if c := tcpChecksum6(pod6, remotePod6, gotSeg); c != 0 {
+				t.Errorf("inner TCP checksum does not verify (residue %#04x)", c)
+			}
+			if want := tcp6WithOptions(pod6, remotePod6, 40000, 80, tc.flags, linuxSynOpts(tc.wantMSS)); !bytes.Equal(gotSeg, want) {
+				t.Errorf("segment\n got %x\nwant %x", gotSeg, want)
+			}
+		})
+		t.Run(tc.name+" decap", func(t *testing.T) {
+			seg := tcp6WithOptions(remotePod6, pod6, 80, 40000, tc.flags, linuxSynOpts(tc.mss))
+			ret, out := l.run(t, l.objs.UnderlayIngress, geneveFrame6(l, peerIP, 0, ipv6Packet(remotePod6, pod6, 6, 64, seg)), l.und.Attrs().Index)
+			if ret != tcActRedirect || len(out) != 14+40+len(seg) {
+				t.Fatalf("verdict %d, %d bytes; want TC_ACT_REDIRECT, %d bytes", ret, len(out), 14+40+len(seg))
+			}
+			gotSeg := out[54:]
+			if c := tcpChecksum6(remotePod6, pod6, gotSeg); c != 0 {
+				t.Errorf("TCP checksum does not verify (residue %#04x)", c)
+			}
+			if want := tcp6WithOptions(remotePod6, pod6, 80, 40000, tc.flags, linuxSynOpts(tc.wantMSS)); !bytes.Equal(gotSeg, want) {
+				t.Errorf("segment\n got %x\nwant %x", gotSeg, want)
+			}
+		})
+	}
+}

@@ -246,11 +246,17 @@ func tcpChecksum(src, dst netip.Addr, seg []byte) uint16 {
 // tcpWithOptions is a TCP header with options (a multiple of 4 bytes) and a
 // correct checksum for src -> dst.
 func tcpWithOptions(src, dst netip.Addr, sport, dport uint16, flags byte, options []byte) []byte {
+	return tcpWithOptionsSum(func(seg []byte) uint16 { return tcpChecksum(src, dst, seg) }, sport, dport, flags, options)
+}
+
+// tcpWithOptionsSum is tcpWithOptions with the checksum sum gives (that of the
+// segment with its checksum field zero, over the right pseudo-header).
+func tcpWithOptionsSum(sum func([]byte) uint16, sport, dport uint16, flags byte, options []byte) []byte {
 	b := tcpSegment(sport, dport, flags, nil)
 	binary.BigEndian.PutUint32(b[4:], 0x01020304)
 	b = append(b, options...)
 	b[12] = byte(len(b)/4) << 4
-	binary.BigEndian.PutUint16(b[16:], tcpChecksum(src, dst, b))
+	binary.BigEndian.PutUint16(b[16:], sum(b))
 	return b
 }
 

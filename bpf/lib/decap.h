@@ -224,6 +224,7 @@ static __always_inline int tc_decap6(struct __sk_buff *skb, const struct datapat
 	eth->h_proto = bpf_htons(ETH_P_IPV6);
 	metrics_count(METRIC_DECAP, hook, skb->len);
 	trace_tc(skb, cfg, METRIC_DECAP, hook, info->peer, 0);
+	tcp_clamp_mss(skb, cfg->tunnel_mtu);	/* the sender's side may not clamp */
 	return deliver_decapped6(skb, cfg, hook);
 }
 

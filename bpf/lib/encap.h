@@ -170,7 +170,7 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 /* encap_geneve for the IPv6 packet ip6h, on isthmus0 (overlay_egress): the stack has
  * forwarded it there (hop limit, the device MTU's Packet Too Big), so this is no
  * forwarding hop. A GSO packet whose segments the tunnel cannot carry is
- * DROP_FRAG_NEEDED. Returns TC_ACT_REDIRECT or a negative DROP_*. Counts
+ * DROP_FRAG_NEEDED. Clamps the MSS of TCP SYNs to the tunnel MTU. Returns TC_ACT_REDIRECT or a negative DROP_*. Counts
  * METRIC_ENCAP. */
 static __always_inline int encap_geneve6(struct __sk_buff *skb, const struct datapath_config *cfg,
 					 const struct route_value *rt, const struct ip6_hdr *ip6h,
@@ -178,6 +178,7 @@ static __always_inline int encap_geneve6(struct __sk_buff *skb, const struct dat
 {
 	__u32 hash = flow_hash6(ip6h, l4, (void *)(long)skb->data_end);
 	__be32 peer = nexthop_select(rt, hash);
+	__u8 tclass;
 	int path;
 
 	if (unlikely(!peer))
@@ -187,8 +188,11 @@ static __always_inline int encap_geneve6(struct __sk_buff *skb, const struct dat
 		return path;
 	if (unlikely(cfg->tunnel_mtu && ipv6_wire_len(skb, ip6h) > cfg->tunnel_mtu))
 		return DROP_FRAG_NEEDED;
-	return encap_push(skb, cfg, peer, path, flow_sport_of(hash), ipv6_tclass(ip6h),
-			  METRIC_ENCAP, hook, rt->group);
+	tclass = ipv6_tclass(ip6h);
+	/* Last use of ip6h: the clamp may rewrite the packet. */
+	tcp_clamp_mss(skb, cfg->tunnel_mtu);
+	return encap_push(skb, cfg, peer, path, flow_sport_of(hash), tclass, METRIC_ENCAP, hook,
+			  rt->group);
 }
 
 /* Same-node delivery of a pod's packet that matched no route: if the FIB sends it out a

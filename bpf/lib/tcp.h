@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* TCP MSS clamping of SYN and SYN-ACK segments that enter or leave the tunnel. */
+/* TCP MSS clamping of SYN and SYN-ACK segments that enter or leave the tunnel, both families. */
 #pragma once
 
 #include "common.h"
@@ -18,6 +18,8 @@
 #define TCP_FLAG_SYN		0x02
 /* IPv4 and TCP headers without options: tunnel MTU - this = the largest MSS. */
 #define TCP_IPV4_HLEN		(sizeof(struct iphdr) + sizeof(struct tcphdr))
+/* The same for IPv6 (the fixed header, no extension headers). */
+#define TCP_IPV6_HLEN		(sizeof(struct ip6_hdr) + sizeof(struct tcphdr))
 
 /* bpf_loop (Linux 5.17, helper 181): the vendored bpf_helper_defs.h predates it. Drop
  * this when headers/ is refreshed. */
@@ -102,35 +104,25 @@ static __always_inline int tcp_mss_rewrite(struct __sk_buff *skb, __u32 l4off,
 	return 1;
 }
 
-/* Lowers every MSS option of a TCP SYN or SYN-ACK in the IPv4 frame at the start of
- * skb to tunnel_mtu - 40 where it is larger, and fixes the TCP checksum incrementally
+/* Lowers every MSS option of the TCP segment at l4off of skb, if it is a SYN or
+ * SYN-ACK, to max_mss where it is larger, and fixes the TCP checksum incrementally
  * (the sum over the segment is unchanged, so a CHECKSUM_COMPLETE skb stays valid; for
- * CHECKSUM_PARTIAL only the payload changes, as it should). Anything else leaves after
- * a few loads from the linear headers. Returns 1 if it rewrote an option, 0 if not
- * (also when a helper refused: that option is then unchanged). Invalidates packet
- * pointers. */
-static __always_inline int tcp_clamp_mss(struct __sk_buff *skb, __u16 tunnel_mtu)
+ * CHECKSUM_PARTIAL only the payload changes, as it should). l4 points at the segment
+ * in the linear data (NULL: read it with a helper). Anything but a SYN leaves after a
+ * load or two. Returns 1 if it rewrote an option, 0 if not (also when a helper
+ * refused: that option is then unchanged). Invalidates packet pointers. */
+static __always_inline int tcp_clamp_syn(struct __sk_buff *skb, const void *l4, __u32 l4off,
+					 __u16 max_mss)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct cursor c = { .pos = data, .end = data_end };
+	const void *data_end = (void *)(long)skb->data_end;
 	struct tcp_opt_walk w;
-	struct ethhdr *eth;
-	struct iphdr *iph;
 	__u8 hdr[2];		/* TCP bytes 12 and 13: data offset, flags */
-	__u32 l4off, thlen, k, i;
-	__u16 max_mss, mss;
+	__u32 thlen, k, i;
+	__u16 mss;
 	int done = 0;
 
-	if (tunnel_mtu <= TCP_IPV4_HLEN)
-		return 0;
-	if (parse_eth(&c, &eth) != ETH_P_IP || parse_ipv4(&c, &iph) != IPPROTO_TCP)
-		return 0;
-	if (ipv4_is_fragment(iph))
-		return 0;
-	l4off = ETH_HLEN + iph->ihl * 4;
-	if (c.pos + 14 <= data_end)
-		__builtin_memcpy(hdr, c.pos + 12, sizeof(hdr));
+	if (l4 && l4 + 14 <= data_end)
+		__builtin_memcpy(hdr, l4 + 12, sizeof(hdr));
 	else if (bpf_skb_load_bytes(skb, l4off + 12, hdr, sizeof(hdr)))
 		return 0;
 	if (!(hdr[1] & TCP_FLAG_SYN))
@@ -147,7 +139,6 @@ static __always_inline int tcp_clamp_mss(struct __sk_buff *skb, __u16 tunnel_mtu
 		return 0;
 	/* Each step consumes at least one byte: TCP_OPT_MAX steps cover every layout. */
 	bpf_loop(TCP_OPT_MAX, tcp_opt_step, &w, 0);
-	max_mss = tunnel_mtu - TCP_IPV4_HLEN;
 	for (k = 0; k < TCP_MSS_MAX; k++) {
 		if (k >= w.nmss)
 			break;
@@ -157,4 +148,32 @@ static __always_inline int tcp_clamp_mss(struct __sk_buff *skb, __u16 tunnel_mtu
 			done |= tcp_mss_rewrite(skb, l4off, &w, i, max_mss);
 	}
 	return done;
+}
+
+/* Clamps the MSS of a TCP SYN or SYN-ACK in the IP frame at the start of skb to what
+ * the tunnel carries: tunnel_mtu less the IP and TCP headers, 40 bytes for IPv4, 60
+ * for IPv6 (tcp_clamp_syn). An IPv4 fragment, or an IPv6 packet whose TCP header does
+ * not follow the fixed header (extension headers), is left alone. Returns 1 if it
+ * rewrote an option, 0 if not. Invalidates packet pointers. */
+static __always_inline int tcp_clamp_mss(struct __sk_buff *skb, __u16 tunnel_mtu)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct cursor c = { .pos = data, .end = data_end };
+	struct ip6_hdr *ip6h;
+	struct ethhdr *eth;
+	struct iphdr *iph;
+
+	switch (parse_eth(&c, &eth)) {
+	case ETH_P_IP:
+		if (tunnel_mtu <= TCP_IPV4_HLEN || parse_ipv4(&c, &iph) != IPPROTO_TCP ||
+		    ipv4_is_fragment(iph))
+			return 0;
+		return tcp_clamp_syn(skb, c.pos, ETH_HLEN + iph->ihl * 4, tunnel_mtu - TCP_IPV4_HLEN);
+	case ETH_P_IPV6:
+		if (tunnel_mtu <= TCP_IPV6_HLEN || parse_ipv6(&c, &ip6h) != IPPROTO_TCP)
+			return 0;
+		return tcp_clamp_syn(skb, c.pos, ETH_HLEN + sizeof(*ip6h), tunnel_mtu - TCP_IPV6_HLEN);
+	}
+	return 0;
 }
