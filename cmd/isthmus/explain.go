@@ -20,9 +20,7 @@ func runExplain(stdout, stderr io.Writer, in planInput, address, from, output st
 	if err != nil {
 		return fmt.Errorf("parse --explain: %w", err)
 	}
-	if addr = addr.Unmap(); !addr.Is4() {
-		return fmt.Errorf("parse --explain: %s is not IPv4 (the datapath is IPv4 only)", addr)
-	}
+	addr = addr.Unmap()
 	p, warnings, aside, err := in.load(stderr)
 	if err != nil {
 		return err
@@ -44,8 +42,9 @@ func explain(stdout io.Writer, p *plan.NodePlan, addr netip.Addr, from, output s
 		if err != nil {
 			return fmt.Errorf("parse --from: %w", err)
 		}
-		if src = src.Unmap(); !src.Is4() {
-			return fmt.Errorf("parse --from: %s is not IPv4 (the datapath is IPv4 only)", src)
+		src = src.Unmap()
+		if src.Is4() != addr.Is4() {
+			return fmt.Errorf("parse --from: %s and %s are of different families", src, addr)
 		}
 		pe := plan.ExplainPair(p, src, addr)
 		if output == "json" {

@@ -97,14 +97,34 @@ func TestPlanExplainJSON(t *testing.T) {
 }
 
 func TestPlanExplainErrors(t *testing.T) {
-	for _, tt := range []struct{ addr, want string }{
-		{"nonsense", "parse --explain"},
-		{"2001:db8::1", "not IPv4"},
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--explain", "nonsense"}, "parse --explain"},
+		{[]string{"--explain", "2001:db8::1", "--from", "10.0.2.9"}, "different families"},
 	} {
-		_, _, err := runPlanCmd(t, "--node", "flex-1", "--objects", seed000, "--explain", tt.addr)
+		_, _, err := runPlanCmd(t, append([]string{"--node", "flex-1", "--objects", seed000}, tt.args...)...)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("--explain %s: error %v, want %q", tt.addr, err, tt.want)
+			t.Errorf("%v: error %v, want %q", tt.args, err, tt.want)
 		}
+	}
+}
+
+// TestPlanExplainIPv6: an IPv6 address is explained (here one no entry holds: the
+// kernel's, not the tunnel's), its SNAT line saying IPv6 is never translated.
+func TestPlanExplainIPv6(t *testing.T) {
+	out, _, err := runPlanCmd(t, "--node", "flex-1", "--objects", seed000, "--explain", "2001:db8::1", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e plan.Explanation
+	if err := json.Unmarshal([]byte(out), &e); err != nil {
+		t.Fatalf("decode: %v\n%s", err, out)
+	}
+	if e.Addr.String() != "2001:db8::1" || e.Match != nil || !strings.HasPrefix(e.Verdict, "no route") ||
+		e.SNAT.Translated || !strings.Contains(e.SNAT.Reason, "IPv4 only") {
+		t.Errorf("explanation %+v, want no match, no route, SNAT IPv4 only", e)
 	}
 }
 

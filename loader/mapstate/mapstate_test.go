@@ -317,3 +317,37 @@ func TestFromPlanEncryptedPeers(t *testing.T) {
 		t.Errorf("wg_ifindex %d on a node without encrypted peers, want 0", clear.Config.WireGuardIfindex)
 	}
 }
+
+// TestExplainAgreesWithMaps: plan.Explain never says an address goes into the
+// tunnel by a route the datapath's maps (FromPlan) do not hold, in either family:
+// for an address inside each route of the fixtures, and of the same fixtures with
+// IPv6 routes through gateways, transit only and to a peer at an IPv6 underlay
+// address added, a verdict "into the tunnel by route P" has routes[P] (or routes6)
+// and the route's peer or group; a route missing from the maps is "not carried" or
+// not a tunnel verdict at all. Two functions, written apart, on one plan.
+func TestExplainAgreesWithMaps(t *testing.T) {
+	withV6 := mapstatetest.UnmanagedPlan()
+	withV6.Routes = append(withV6.Routes,
+		plan.Route{Prefix: pfx("fd30::/48"), Group: []plan.NextHop{{Peer: "c1", Via: mapstatetest.M1}}, Site: "c"},
+		plan.Route{Prefix: pfx("fd40::/48"), Peer: "c1", Via: mapstatetest.M1, TransitOnly: true},
+		plan.Route{Prefix: pfx("fd50::/48"), Peer: "v6", Via: addr("fd00::12")},
+	)
+	for name, p := range map[string]*plan.NodePlan{"plan": mapstatetest.Plan(), "unmanaged": mapstatetest.UnmanagedPlan(), "ipv6": withV6} {
+		st, _ := mapstate.FromPlan(p, mapstatetest.Node())
+		for _, r := range p.Routes {
+			a := r.Prefix.Addr().Next()
+			e := plan.Explain(p, a)
+			if e.Match == nil || e.Match.Prefix != r.Prefix {
+				continue // a longer entry wins for this address
+			}
+			tunnel := strings.HasPrefix(e.Verdict, "into the tunnel") || strings.Contains(e.Verdict, "go into the tunnel")
+			mr, inMaps := st.Routes[r.Prefix]
+			if tunnel && (!inMaps || mr.Flags&RouteFlagUnderlay != 0 || (!mr.Peer.IsValid() && mr.Group == 0)) {
+				t.Errorf("%s: %v: verdict %q, but the maps hold %+v (present %v)", name, a, e.Verdict, mr, inMaps)
+			}
+			if !inMaps && !r.Underlay && !strings.HasPrefix(e.Verdict, "not carried") {
+				t.Errorf("%s: %v: route %v is not in the maps, yet the verdict is %q", name, a, r.Prefix, e.Verdict)
+			}
+		}
+	}
+}

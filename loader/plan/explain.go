@@ -86,8 +86,9 @@ type ExplainedCorrection struct {
 // prefixes, the node's podCIDRs, its tunnel and underlay addresses and its peers'
 // underlay addresses), where it goes, which corrections cut a route that would
 // have covered it, and whether a packet from addr entering the tunnel is
-// translated by SNAT (and which exempt entry keeps it). It is a pure function; p
-// must not be nil. An IPv4-mapped IPv6 address is unmapped first.
+// translated by SNAT (and which exempt entry keeps it). For an IPv6 address the
+// verdict says where the datapath does not carry IPv6 (notCarried6). It is a pure
+// function; p must not be nil. An IPv4-mapped IPv6 address is unmapped first.
 func Explain(p *NodePlan, addr netip.Addr) Explanation {
 	addr = addr.Unmap()
 	e := Explanation{Node: p.Node, Addr: addr}
@@ -97,7 +98,9 @@ func Explain(p *NodePlan, addr netip.Addr) Explanation {
 		e.Match = &m
 	}
 	e.Verdict = verdict(e.Match)
-	if r, ok := p.transitOnlyRoute(addr); ok && e.Match != nil && e.Match.Kind != MatchRoute {
+	if why := notCarried6(addr, e.Match); why != "" {
+		e.Verdict = why
+	} else if r, ok := p.transitOnlyRoute(addr); ok && addr.Is4() && e.Match != nil && e.Match.Kind != MatchRoute {
 		// A peer's or a remote node's InternalIP: the host's traffic stays on
 		// the underlay, the pods' takes the tunnel (architecture.md, "Pods and
 		// node addresses").
@@ -247,8 +250,32 @@ func tunnelVerdict(m *Match) string {
 	return fmt.Sprintf("into the tunnel by route %s to peer %s (underlay %s)", m.Prefix, m.Peer, m.Via)
 }
 
+// notCarried6 returns, for an IPv6 address whose winning entry m is a route the
+// datapath does not carry IPv6 on, the verdict that says so; "" otherwise. IPv6
+// crosses meshed sites only (docs/architecture.md, "IPv6 pods"): the pods' and
+// fabric tables' rules are IPv4 only, so a transit-only or via-fabric route takes
+// no IPv6; a gateway does not forward IPv6, so a group route's packets die there;
+// and a peer at an IPv6 underlay address is not in the maps.
+func notCarried6(addr netip.Addr, m *Match) string {
+	if addr.Is4() || m == nil || m.Kind != MatchRoute {
+		return ""
+	}
+	switch {
+	case m.TransitOnly, m.ViaFabric:
+		return fmt.Sprintf("not carried: route %s is for forwarded traffic or the site fabric, which isthmus carries for IPv4 only; an IPv6 packet to it takes the kernel's own routes", m.Prefix)
+	case len(m.Group) > 0:
+		return fmt.Sprintf("not carried: route %s goes through gateways, which forward IPv4 only; a gateway drops the IPv6 packet (not_local)", m.Prefix)
+	case m.Via.IsValid() && !m.Via.Unmap().Is4():
+		return fmt.Sprintf("not carried: peer %s is at IPv6 underlay address %s, and the underlay is IPv4; route %s is not in the datapath's maps", m.Peer, m.Via, m.Prefix)
+	}
+	return ""
+}
+
 // explainSNAT says whether a packet from addr entering the tunnel is translated.
 func (p *NodePlan) explainSNAT(addr netip.Addr) SNATExplanation {
+	if !addr.Is4() {
+		return SNATExplanation{Reason: "not translated: return-path SNAT is IPv4 only; a peer drops an IPv6 source it does not route back to this node (inner_src_denied)"}
+	}
 	s := p.SNAT
 	if !s.Addr.IsValid() {
 		return SNATExplanation{Reason: "SNAT is off on this node: " + s.Reason}
@@ -347,7 +374,7 @@ func ExplainPair(p *NodePlan, local, remote netip.Addr) PairExplanation {
 // kernelDirection is the table, route and device p's node routes a packet
 // from src to dst by: the FabricEgress rule first (the ViaFabric routes),
 // then the TunnelSources rule (every route but NotForPods), then main (the
-// routes but TransitOnly).
+// routes but TransitOnly). The rules are IPv4 only: IPv6 goes by main.
 func (p *NodePlan) kernelDirection(src, dst netip.Addr) Direction {
 	d := Direction{From: src, To: dst, Table: TableMain, Device: DeviceUnderlay}
 	pick := func(table string, ok func(Route) bool) bool {
@@ -369,6 +396,11 @@ func (p *NodePlan) kernelDirection(src, dst netip.Addr) Direction {
 		d.Route = &Match{Kind: MatchRoute, Prefix: best.Prefix, Origin: best.Origin, Peer: best.Peer, Via: best.Via,
 			Group: slices.Clone(best.Group), Site: best.Site, TransitOnly: best.TransitOnly, ViaFabric: best.ViaFabric, NotForPods: best.NotForPods}
 		return true
+	}
+	// The policy rules are IPv4 only: an IPv6 packet is routed by main.
+	if !src.Is4() || !dst.Is4() {
+		pick(TableMain, func(r Route) bool { return !r.TransitOnly && !r.Underlay })
+		return d
 	}
 	// The fabric table holds the ViaFabric routes and a throw route for every
 	// other route inside one (the agent's fabricRoutes).

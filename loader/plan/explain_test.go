@@ -233,3 +233,58 @@ func TestExplainPair(t *testing.T) {
 		}
 	}
 }
+
+// TestExplainIPv6: an IPv6 address is explained as the datapath carries IPv6 (over
+// meshed peers only): a route to a meshed peer goes into the tunnel; a route through
+// gateways, a transit-only or via-fabric route, and a route to a peer at an IPv6
+// underlay address are "not carried", each saying why; no IPv6 source is translated;
+// an IPv6 pair is routed by main, whatever the pods' rules say for IPv4.
+func TestExplainIPv6(t *testing.T) {
+	a, pfx := netip.MustParseAddr, netip.MustParsePrefix
+	p := &NodePlan{
+		Node: "a1", Site: "a", Underlay: a("172.16.1.10"), TunnelAddr: a("10.10.1.1"),
+		PodCIDRs:      []netip.Prefix{pfx("10.10.1.0/24"), pfx("fd10:0:0:1::/64")},
+		TunnelSources: []netip.Prefix{pfx("10.10.1.0/24"), pfx("fd10:0:0:1::/64")},
+		SNAT:          SNATPolicy{Addr: a("10.10.1.1")},
+		Routes: []Route{
+			{Prefix: pfx("fd20:0:0:1::/64"), Peer: "b1", Via: a("172.16.2.11")},
+			{Prefix: pfx("fd30::/48"), Group: []NextHop{{Peer: "gw1", Via: a("172.16.3.1")}, {Peer: "gw2", Via: a("172.16.3.2")}}, Site: "c"},
+			{Prefix: pfx("fd40::/48"), Peer: "gw1", Via: a("172.16.3.1"), TransitOnly: true},
+			{Prefix: pfx("fd50::/48"), Peer: "v6", Via: a("fd00::12")},
+			{Prefix: pfx("10.20.1.0/24"), Peer: "b1", Via: a("172.16.2.11")},
+		},
+	}
+	for _, tc := range []struct{ addr, verdict string }{
+		{"fd20:0:0:1::7", "into the tunnel by route fd20:0:0:1::/64 to peer b1 (underlay 172.16.2.11)"},
+		{"fd30::7", "not carried: route fd30::/48 goes through gateways"},
+		{"fd40::7", "not carried: route fd40::/48 is for forwarded traffic or the site fabric"},
+		{"fd50::7", "not carried: peer v6 is at IPv6 underlay address fd00::12"},
+		{"fd10:0:0:1::5", "a pod on this node"},
+		{"10.20.1.7", "into the tunnel by route 10.20.1.0/24"},
+	} {
+		e := Explain(p, a(tc.addr))
+		if !strings.Contains(e.Verdict, tc.verdict) {
+			t.Errorf("%s: verdict %q, want it to contain %q", tc.addr, e.Verdict, tc.verdict)
+		}
+		if v6 := a(tc.addr).Is6(); v6 && (e.SNAT.Translated || !strings.Contains(e.SNAT.Reason, "IPv4 only")) {
+			t.Errorf("%s: SNAT %+v, want not translated, saying SNAT is IPv4 only", tc.addr, e.SNAT)
+		}
+	}
+	// The pods' table would take the transit-only route for an IPv4 pod; an IPv6
+	// pod's packet is routed by main, where it is not.
+	for _, tc := range []struct {
+		remote, table, device, route string
+	}{
+		{"fd40::7", TableMain, DeviceUnderlay, ""},
+		{"fd20:0:0:1::7", TableMain, DeviceOverlay, "fd20:0:0:1::/64"},
+	} {
+		e := ExplainPair(p, a("fd10:0:0:1::5"), a(tc.remote))
+		route := ""
+		if e.Request.Route != nil {
+			route = e.Request.Route.Prefix.String()
+		}
+		if e.Request.Table != tc.table || e.Request.Device != tc.device || route != tc.route {
+			t.Errorf("fd10:0:0:1::5 -> %s: table %s device %s route %q; want %s %s %q", tc.remote, e.Request.Table, e.Request.Device, route, tc.table, tc.device, tc.route)
+		}
+	}
+}
