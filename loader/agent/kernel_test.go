@@ -469,8 +469,10 @@ func TestAgentKernel(t *testing.T) {
 	if h := nftTableHandle(t); h != firstHandle {
 		t.Errorf("nft table ip %s has handle %s after the syncs, %s after Start: replaced", datapath.ExemptTable, h, firstHandle)
 	}
-	if out, err := exec.Command("nft", "list", "table", "ip", datapath.ExemptTable).CombinedOutput(); err != nil || !strings.Contains(string(out), "snat to ip saddr") {
-		t.Errorf("nft table ip %s after a sync: %v\n%s", datapath.ExemptTable, err, out)
+	for _, family := range []string{"ip", "ip6"} {
+		if out, err := exec.Command("nft", "list", "table", family, datapath.ExemptTable).CombinedOutput(); err != nil || !strings.Contains(string(out), "snat to "+family+" saddr") {
+			t.Errorf("nft table %s %s after a sync: %v\n%s", family, datapath.ExemptTable, err, out)
+		}
 	}
 	for _, cmd := range []string{"iptables", "ip6tables"} {
 		out, err := exec.Command(cmd, "-w", "-t", "nat", "-S", "POSTROUTING").CombinedOutput()
@@ -541,8 +543,10 @@ func TestAgentKernel(t *testing.T) {
 	if n := tcxCount(t, e.pod.Attrs().Index, ebpf.AttachTCXIngress); n != 0 {
 		t.Errorf("pod-a still has %d programs after uninstall", n)
 	}
-	if out, err := exec.Command("nft", "list", "table", "ip", datapath.ExemptTable).CombinedOutput(); err == nil {
-		t.Errorf("nft table ip %s still there after uninstall:\n%s", datapath.ExemptTable, out)
+	for _, family := range []string{"ip", "ip6"} {
+		if out, err := exec.Command("nft", "list", "table", family, datapath.ExemptTable).CombinedOutput(); err == nil {
+			t.Errorf("nft table %s %s still there after uninstall:\n%s", family, datapath.ExemptTable, out)
+		}
 	}
 	for _, cmd := range []string{"iptables", "ip6tables"} {
 		if _, err := exec.Command(cmd, "-w", "-t", "nat", "-S", datapath.ExemptChain).CombinedOutput(); err == nil {

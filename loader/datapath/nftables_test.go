@@ -21,7 +21,7 @@ const nftListing = `table ip isthmus {
 func TestNFTExemptCurrent(t *testing.T) {
 	// Current, so a resync leaves the table (and its counters) alone.
 	for _, listing := range []string{nftListing, strings.ReplaceAll(nftListing, "snat to", "snat ip to")} {
-		if !nftExemptCurrent(listing, Exemption{}) {
+		if !nftExemptCurrent(listing, "ip", Exemption{}) {
 			t.Errorf("the listing of the installed table is not current:\n%s", listing)
 		}
 	}
@@ -33,22 +33,30 @@ func TestNFTExemptCurrent(t *testing.T) {
 		"another rule added":             strings.Replace(nftListing, "\t}\n}", "\t\tip saddr 10.0.0.0/8 counter masquerade comment \"x\"\n\t}\n}", 1),
 		"empty":                          "",
 	} {
-		if nftExemptCurrent(listing, Exemption{}) {
+		if nftExemptCurrent(listing, "ip", Exemption{}) {
 			t.Errorf("%s: taken as current:\n%s", name, listing)
 		}
 	}
 }
 
 func TestNFTExemptScript(t *testing.T) {
-	script := nftExemptScript(Exemption{})
-	// One file, one transaction: the table is replaced, never missing.
-	if !strings.HasPrefix(script, "add table ip isthmus\ndelete table ip isthmus\ntable ip isthmus {") {
-		t.Errorf("script does not replace the table in one transaction:\n%s", script)
-	}
-	for _, r := range nftExemptions(Exemption{}) {
-		if !strings.Contains(script, r.match+" counter snat to ip saddr comment \""+r.comment+"\"") {
-			t.Errorf("script lacks the rule %q:\n%s", r.match, script)
+	for _, family := range nftFamilies {
+		script := nftExemptScript(family, Exemption{})
+		// One file, one transaction: the table is replaced, never missing.
+		head := "add table " + family + " isthmus\ndelete table " + family + " isthmus\ntable " + family + " isthmus {"
+		if !strings.HasPrefix(script, head) {
+			t.Errorf("%s: script does not replace the table in one transaction:\n%s", family, script)
 		}
+		for _, r := range nftExemptions(family, Exemption{}) {
+			if !strings.Contains(script, r.match+" counter snat to "+family+" saddr comment \""+r.comment+"\"") {
+				t.Errorf("%s: script lacks the rule %q:\n%s", family, r.match, script)
+			}
+		}
+	}
+	// The ip6 table as nftables lists it is current for family ip6, not for ip.
+	listing6 := strings.ReplaceAll(strings.ReplaceAll(nftListing, "table ip ", "table ip6 "), "snat to ip saddr", "snat to ip6 saddr")
+	if !nftExemptCurrent(listing6, "ip6", Exemption{}) || nftExemptCurrent(listing6, "ip", Exemption{}) {
+		t.Errorf("the ip6 listing is not current for ip6 only:\n%s", listing6)
 	}
 }
 
@@ -59,7 +67,7 @@ func TestNFTExemptScript(t *testing.T) {
 func TestNFTExemptCurrentFabricHost(t *testing.T) {
 	ex := Exemption{FabricHost: netip.MustParseAddr("10.16.2.1"), Underlay: "eth0"}
 	withHost := strings.Replace(nftListing, "\t}\n}", "\t\tip saddr 10.16.2.1 oifname \"eth0\" meta mark & 0x00004000 == 0x00000000 counter packets 3 bytes 180 snat to ip saddr comment \""+fabricHostComment+"\"\n\t}\n}", 1)
-	if !nftExemptCurrent(withHost, ex) {
+	if !nftExemptCurrent(withHost, "ip", ex) {
 		t.Errorf("the listing of the installed table is not current for %+v:\n%s", ex, withHost)
 	}
 	for name, c := range map[string]struct {
@@ -71,12 +79,15 @@ func TestNFTExemptCurrentFabricHost(t *testing.T) {
 		"another device":         {withHost, Exemption{FabricHost: ex.FabricHost, Underlay: "ens5"}},
 		"no FabricHost any more": {withHost, Exemption{Underlay: "eth0"}},
 	} {
-		if nftExemptCurrent(c.listing, c.ex) {
+		if nftExemptCurrent(c.listing, "ip", c.ex) {
 			t.Errorf("%s: taken as current for %+v:\n%s", name, c.ex, c.listing)
 		}
 	}
-	if rules := nftExemptions(Exemption{FabricHost: netip.MustParseAddr("fd00::1"), Underlay: "eth0"}); len(rules) != 2 {
+	if rules := nftExemptions("ip", Exemption{FabricHost: netip.MustParseAddr("fd00::1"), Underlay: "eth0"}); len(rules) != 2 {
 		t.Errorf("an IPv6 FabricHost gave rules %v in an ip-family table", rules)
+	}
+	if rules := nftExemptions("ip6", ex); len(rules) != 2 {
+		t.Errorf("the IPv4 FabricHost gave rules %v in an ip6-family table", rules)
 	}
 }
 

@@ -7,16 +7,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/isthmus-dev/isthmus/loader/datapath"
 	"github.com/isthmus-dev/isthmus/testenv"
 )
 
 // TestDualStackMesh: on the dualstack scenario (two meshed sites, every pod given an
 // IPv4 and an IPv6 address by the real CNI plugin through cnitool; on every node
-// strict rp_filter, a CNI's leftover MASQUERADE and FORWARD rules in both families and
-// the strict IPv6 rpfilter rule), with TC and with XDP decapsulation, every pod
-// reaches every other in both families over ICMP, TCP and UDP, every server sees the
-// client pod's own address, and the IPv6 rpfilter rule dropped nothing. On the wire between the sites tshark, an independent decoder, finds the
-// IPv6 echo inside GENEVE over the IPv4 underlay, from pod to pod.
+// strict rp_filter, a CNI's leftover MASQUERADE and FORWARD rules in both families,
+// an nftables CNI's IPv6 masquerade in a table of its own, and the strict IPv6
+// rpfilter rule), with TC and with XDP decapsulation, every pod reaches every other
+// in both families over ICMP, TCP and UDP, every server sees the client pod's own
+// address, the agent's IPv6 nat binding counted packets, and the IPv6 rpfilter rule
+// dropped nothing. On the wire between the sites tshark, an independent decoder,
+// finds the IPv6 echo inside GENEVE over the IPv4 underlay, from pod to pod.
 func TestDualStackMesh(t *testing.T) {
 	beside(t, weightLab)
 	eachDecap(t, testDualStackMesh)
@@ -26,6 +29,23 @@ func testDualStackMesh(t *testing.T, decap string) {
 	l := upScenarioDecap(t, "dualstack", decap)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	// Beside the iptables leftovers, an nftables-native CNI's IPv6 masquerade in
+	// a table of its own, which no accept elsewhere stops (TestNFTMasqueradeKeptAway
+	// for IPv4): only the agent's nat binding (table ip6 isthmus) keeps it away.
+	var blocks6 []string
+	for _, b := range l.Scenario.PodBlocks() {
+		if b.Addr().Is6() {
+			blocks6 = append(blocks6, b.String())
+		}
+	}
+	cniTable := fmt.Sprintf("table ip6 cni {\n\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n\t\tip6 saddr { %s } counter masquerade\n\t}\n}\n", strings.Join(blocks6, ", "))
+	for _, n := range l.Scenario.Nodes() {
+		cmd := testenv.Command(ctx, l.NodeNS(n.Name), "nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(cniTable)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("node %s: install the CNI's nft IPv6 masquerade: %v: %s", n.Name, err, out)
+		}
+	}
 	m, err := l.Check(ctx)
 	t.Logf("matrix:\n%s", m)
 	if err != nil {
@@ -51,6 +71,11 @@ func testDualStackMesh(t *testing.T, decap string) {
 		t.Errorf("%d IPv6 probes, want %d", v6, 56*3)
 	}
 
+	for _, n := range l.Scenario.Nodes() {
+		if c := nftCounter(ctx, t, l, n.Name, "ip6 "+datapath.ExemptTable, "isthmus: pod traffic keeps its addresses"); c == 0 {
+			t.Errorf("node %s: the agent's IPv6 nat binding rule counted no packet", n.Name)
+		}
+	}
 	// Every node drops what fails the strict IPv6 reverse-path check (the lab's
 	// ip6tables raw rpfilter rule, firewalld's default): none of it did.
 	for _, n := range l.Scenario.Nodes() {
