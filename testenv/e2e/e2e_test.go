@@ -477,7 +477,10 @@ func TestScapyFrameDelivered(t *testing.T) {
 	gwMAC := routerPortMAC(t, l, "b1")
 	ident := 1 + rand.IntN(0xfffe)
 
-	wait := capture(t, l.RouterNS(), testenv.RouterPort("a1"), 5*time.Second)
+	// Python has to start and import scapy before the first frame leaves: a
+	// second or two on an idle machine, more than five beside the parallel
+	// phase's labs, where a 5 s window once closed on an empty wire.
+	wait := capture(t, l.RouterNS(), testenv.RouterPort("a1"), 20*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if out, err := l.Exec(ctx, l.NodeNS("b1"), "/usr/bin/python3", "-c", injectScript,
