@@ -150,7 +150,14 @@ type Agent struct {
 	resize error
 	// ipv6Forwarding: ensureIPv6Forwarding has turned IPv6 forwarding on.
 	ipv6Forwarding bool
+	// ipv6MTUWarned: routes has said that the tunnel MTU leaves IPv6 pods
+	// uncarried, for the MTU it holds.
+	ipv6MTUWarned int
 }
+
+// minIPv6MTU is the smallest MTU IPv6 runs on (RFC 8200 section 5): Linux turns
+// IPv6 off on a device whose MTU is below it.
+const minIPv6MTU = 1280
 
 // The default return-path SNAT port range: above Linux's default ephemeral range
 // (net.ipv4.ip_local_port_range 32768-60999), so a translated flow never takes a
@@ -961,9 +968,16 @@ func (a *Agent) podAddrs() []maps.PodAddr {
 // node's InternalIP. An
 // Underlay route (an exception inside a TransitOnly one) is a throw route
 // there, so the pods' lookup goes on to main and the underlay.
+// With a tunnel MTU below minIPv6MTU there are no IPv6 routes: the kernel has
+// no IPv6 on isthmus0 then, and one refused route would fail the whole sync
+// (ipv6Carried says why, once).
 func (a *Agent) routes() (main, pods []datapath.Route) {
 	var mainPrefixes, underlaySourced, podPrefixes, throws []netip.Prefix
+	v6 := a.ipv6Carried()
 	for _, r := range a.plan.Routes {
+		if !v6 && !r.Prefix.Addr().Is4() {
+			continue
+		}
 		switch {
 		case r.Underlay:
 			throws = append(throws, r.Prefix)
@@ -983,6 +997,23 @@ func (a *Agent) routes() (main, pods []datapath.Route) {
 		return main, nil // no rule leads to the pods' table
 	}
 	return main, append(datapath.OverlayRoutes(podPrefixes, a.overlay.Ifindex, a.plan.TunnelAddr), datapath.ThrowRoutes(throws)...)
+}
+
+// ipv6Carried reports whether isthmus0's MTU carries IPv6 (at least
+// minIPv6MTU), and logs once per MTU, as an error, when the plan has IPv6 routes
+// it then leaves out: those pods cannot be reached across sites until the tunnel
+// MTU (the Site's tunnelMTU, or the underlay's MTU less the encapsulation) is
+// raised.
+func (a *Agent) ipv6Carried() bool {
+	if a.overlay.MTU >= minIPv6MTU || a.overlay.MTU == 0 {
+		return true
+	}
+	if a.ipv6MTUWarned != a.overlay.MTU && slices.ContainsFunc(a.plan.Routes, func(r plan.Route) bool { return !r.Prefix.Addr().Is4() }) {
+		a.ipv6MTUWarned = a.overlay.MTU
+		a.log.Error("the tunnel MTU is below IPv6's minimum: IPv6 pods of other nodes are not routed into the tunnel",
+			"tunnel_mtu", a.overlay.MTU, "ipv6_min_mtu", minIPv6MTU)
+	}
+	return false
 }
 
 // ensureIPv6Forwarding turns on IPv6 forwarding (datapath.EnableIPv6Forwarding)

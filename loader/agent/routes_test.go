@@ -1,8 +1,11 @@
 package agent
 
 import (
+	"bytes"
+	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/isthmus-dev/isthmus/loader/datapath"
@@ -41,5 +44,34 @@ func TestRoutesSplitsByTable(t *testing.T) {
 	a.plan.TunnelSources = nil
 	if main, pods := a.routes(); len(pods) != 0 || len(main) != 2 {
 		t.Errorf("without TunnelSources: main %v, pods' table %v; want two routes and none", main, pods)
+	}
+}
+
+// TestRoutesLeaveIPv6BelowMinimumMTU: with a tunnel MTU below IPv6's 1280 the
+// kernel has no IPv6 on isthmus0, so routes leaves the IPv6 routes out (one
+// refused route would fail the whole sync, IPv4 included) and says so once per
+// MTU; at 1280 they are there.
+func TestRoutesLeaveIPv6BelowMinimumMTU(t *testing.T) {
+	p := netip.MustParsePrefix
+	var logged bytes.Buffer
+	a := &Agent{log: slog.New(slog.NewTextHandler(&logged, nil)), overlay: datapath.Overlay{Ifindex: 9, MTU: 1200}, plan: &plan.NodePlan{
+		TunnelAddr: netip.MustParseAddr("10.10.1.1"),
+		Routes: []plan.Route{
+			{Prefix: p("10.20.0.0/16"), Peer: "b"},
+			{Prefix: p("fd00:b::/32"), Peer: "b"},
+		},
+	}}
+	for range 2 {
+		main, _ := a.routes()
+		if len(main) != 1 || main[0].Prefix != p("10.20.0.0/16") {
+			t.Errorf("MTU 1200: routes %v, want the IPv4 one alone", main)
+		}
+	}
+	if n := strings.Count(logged.String(), "below IPv6's minimum"); n != 1 {
+		t.Errorf("said %d times that IPv6 is not carried, want once:\n%s", n, logged.String())
+	}
+	a.overlay.MTU = minIPv6MTU
+	if main, _ := a.routes(); len(main) != 2 {
+		t.Errorf("MTU 1280: routes %v, want both families", main)
 	}
 }
