@@ -21,6 +21,14 @@ type IsthmusCtClock struct {
 	Reserved uint32
 }
 
+type IsthmusCtClose6Key struct {
+	_     structs.HostLayout
+	Saddr [4]uint32
+	Daddr [4]uint32
+	Sport uint16
+	Dport uint16
+}
+
 type IsthmusCtCloseKey struct {
 	_     structs.HostLayout
 	Saddr uint32
@@ -374,6 +382,7 @@ const (
 	IsthmusMapConfig                 = "config"
 	IsthmusMapCtClock                = "ct_clock"
 	IsthmusMapCtClose                = "ct_close"
+	IsthmusMapCtClose6               = "ct_close6"
 	IsthmusMapFabricPrefixes         = "fabric_prefixes"
 	IsthmusMapHealthProbers          = "health_probers"
 	IsthmusMapHealthReach            = "health_reach"
@@ -464,6 +473,7 @@ type IsthmusMapSpecs struct {
 	Config         *ebpf.MapSpec `ebpf:"config"`
 	CtClock        *ebpf.MapSpec `ebpf:"ct_clock"`
 	CtClose        *ebpf.MapSpec `ebpf:"ct_close"`
+	CtClose6       *ebpf.MapSpec `ebpf:"ct_close6"`
 	FabricPrefixes *ebpf.MapSpec `ebpf:"fabric_prefixes"`
 	HealthProbers  *ebpf.MapSpec `ebpf:"health_probers"`
 	HealthReach    *ebpf.MapSpec `ebpf:"health_reach"`
@@ -518,6 +528,7 @@ type IsthmusMaps struct {
 	Config         *ebpf.Map `ebpf:"config"`
 	CtClock        *ebpf.Map `ebpf:"ct_clock"`
 	CtClose        *ebpf.Map `ebpf:"ct_close"`
+	CtClose6       *ebpf.Map `ebpf:"ct_close6"`
 	FabricPrefixes *ebpf.Map `ebpf:"fabric_prefixes"`
 	HealthProbers  *ebpf.Map `ebpf:"health_probers"`
 	HealthReach    *ebpf.Map `ebpf:"health_reach"`
@@ -547,6 +558,7 @@ func (m *IsthmusMaps) Close() error {
 		m.Config,
 		m.CtClock,
 		m.CtClose,
+		m.CtClose6,
 		m.FabricPrefixes,
 		m.HealthProbers,
 		m.HealthReach,

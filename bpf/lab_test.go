@@ -280,8 +280,11 @@ func (l *lab) runCtx(t testing.TB, prog *ebpf.Program, in []byte, ctx any) (uint
 		opts := &ebpf.RunOptions{Data: in, DataOut: out, Context: ctx}
 		// The kernel refuses a context out shorter than its whole __sk_buff.
 		var ctxOut [256]byte
-		if ctx != nil {
-			if _, skb := ctx.(skbCtx); skb {
+		switch c := ctx.(type) {
+		case skbCtx:
+			opts.ContextOut = &ctxOut
+		case []byte: // a whole __sk_buff (runGSO)
+			if len(c) >= 192 {
 				opts.ContextOut = &ctxOut
 			}
 		}

@@ -96,8 +96,14 @@ func snatPort(src, dst netip.Addr, sport, dport uint16, proto uint8, min, max ui
 	return min + uint16((h+i)%(uint32(max-min)+1))
 }
 
-// pseudoSum is the checksum of seg with the IPv4 pseudo-header src, dst, proto.
+// pseudoSum is the checksum of seg with the pseudo-header of src, dst and proto
+// (IPv4, or IPv6 for IPv6 addresses).
 func pseudoSum(src, dst netip.Addr, proto byte, seg []byte) uint16 {
+	if src.Is6() {
+		s, d := src.As16(), dst.As16()
+		b := append(append(append([]byte{}, s[:]...), d[:]...), 0, 0, byte(len(seg)>>8), byte(len(seg)), 0, 0, 0, proto)
+		return csum16(append(b, seg...))
+	}
 	s, d := src.As4(), dst.As4()
 	b := append(append(append([]byte{}, s[:]...), d[:]...), 0, proto, byte(len(seg)>>8), byte(len(seg)))
 	return csum16(append(b, seg...))

@@ -88,6 +88,7 @@ func TestTypesMatchBTF(t *testing.T) {
 		{MapMasqNat, NatKey{}, NatValue{}},
 		{MapNatSources, NatSourceKey{}, NatSourceValue{}},
 		{MapCtClose, CtCloseKey{}, CtCloseValue{}},
+		{MapCtClose6, CtClose6Key{}, CtCloseValue{}},
 		{MapRoutes6, Route6Key{}, RouteValue{}},
 		{MapPeerSources6, PeerSource6Key{}, PeerSourceValue{}},
 	}

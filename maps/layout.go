@@ -17,12 +17,12 @@ import (
 // header changes a map's key, value, type, size or flags, or a map is added to or
 // removed from AllMaps. A restarted agent whose version differs from the pinned
 // layout record migrates the maps (loader/datapath).
-const LayoutVersion uint32 = 9
+const LayoutVersion uint32 = 10
 
 // LayoutSpecHash is SpecHash of the object built for LayoutVersion.
 // TestLayoutVersionCurrent fails when the object's map specs no longer hash to it:
 // the layout changed and LayoutVersion was not bumped.
-const LayoutSpecHash = "a68259fcba3cadae21289b6421c2d1e228fd79c9fec61b9268badb4bc83a499a"
+const LayoutSpecHash = "9a51e400374f94045a0feeb3ea94680526adac58d028b251d11bc20fe79ed138"
 
 // MapLayout is the name of the pinned layout record: a one-entry array whose value
 // is a LayoutRecord. It is created from Go, never by the BPF object.

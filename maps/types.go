@@ -45,6 +45,7 @@ type (
 	NatSourceKey      = bpf.IsthmusNatSourceKey
 	NatSourceValue    = bpf.IsthmusNatSourceValue
 	CtCloseKey        = bpf.IsthmusCtCloseKey
+	CtClose6Key       = bpf.IsthmusCtClose6Key
 	CtCloseValue      = bpf.IsthmusCtCloseValue
 )
 
@@ -145,13 +146,15 @@ const (
 	// Datapath-owned; pinned so that a restarted agent still knows which flows the
 	// fast path closed (conntrack itself holds them ESTABLISHED).
 	MapCtClose Name = "ct_close"
+	// MapCtClose6 is MapCtClose for IPv6 flows.
+	MapCtClose6 Name = "ct_close6"
 )
 
 // AllMaps lists every map the datapath pins, in a stable order.
 var AllMaps = []Name{MapRoutes, MapPeers, MapPeerSources, MapConfig, MapPodIfaces, MapMetrics,
 	MapNexthopGroups, MapFabricPrefixes, MapSNATExempt, MapNat, MapHealthReach, MapHealthProbers,
 	MapMasqExempt, MapPodAddrs, MapRedirectLast, MapRedirectDrops, MapMasqNat, MapNatSources,
-	MapCtClose, MapPodAddrs6, MapRoutes6, MapPeerSources6}
+	MapCtClose, MapPodAddrs6, MapRoutes6, MapPeerSources6, MapCtClose6}
 
 // AddrToBE32 returns the __be32 form of an IPv4 address: a uint32 whose in-memory
 // bytes are the address in network order. An invalid or IPv6 address gives 0.

@@ -35,6 +35,7 @@ union nf_conntrack_proto___isthmus {
 } __attribute__((preserve_access_index));
 union nf_inet_addr___isthmus {
 	__be32 ip;
+	__be32 ip6[4];
 } __attribute__((preserve_access_index));
 union nf_conntrack_man_proto___isthmus {
 	__be16 all;			/* the port, for TCP */
@@ -98,24 +99,33 @@ extern int bpf_ct_change_timeout(struct nf_conn *nfct, __u32 timeout) __ksym;
 #define IPS_DYING			(1 << 9)
 #define IPS_OFFLOAD			(1 << 14)
 
-/* Returns 1 if conntrack entry ct may take the fast path: TCP, established, confirmed
- * and assured (conntrack saw the handshake both ways), not dying, not offloaded to a
- * flowtable, no sequence adjustment (a NAT helper), and untranslated: no SRC_NAT or
- * DST_NAT status bit, and the original tuple is the inverse of the reply tuple
- * (addresses and ports). The bits alone do not say it: IPVS rewrites the reply tuple
- * without setting either, and only the stack reverses any translation. */
-static __always_inline int ct_fast_eligible(const struct nf_conn *ct)
+/* Returns 1 if conntrack entry ct of family v6 (1: IPv6) may take the fast path: TCP,
+ * established, confirmed and assured (conntrack saw the handshake both ways), not
+ * dying, not offloaded to a flowtable, no sequence adjustment (a NAT helper), and
+ * untranslated: no SRC_NAT or DST_NAT status bit, and the original tuple is the
+ * inverse of the reply tuple (addresses and ports). The bits alone do not say it: IPVS
+ * rewrites the reply tuple without setting either, and only the stack reverses any
+ * translation. */
+static __always_inline int ct_fast_eligible(const struct nf_conn *ct, int v6)
 {
 	const struct nf_conntrack_tuple___isthmus *o = &ct->tuplehash[IP_CT_DIR_ORIGINAL].tuple;
 	const struct nf_conntrack_tuple___isthmus *r = &ct->tuplehash[IP_CT_DIR_REPLY].tuple;
 	unsigned long status = ct->status;
+	int i;
 
 	if (ct->proto.tcp.state != TCP_CONNTRACK_ESTABLISHED ||
 	    (status & (IPS_CONFIRMED | IPS_ASSURED)) != (IPS_CONFIRMED | IPS_ASSURED) ||
 	    (status & (IPS_SRC_NAT | IPS_DST_NAT | IPS_SEQ_ADJUST | IPS_DYING | IPS_OFFLOAD)))
 		return 0;
-	return o->src.u3.ip == r->dst.u3.ip && o->dst.u3.ip == r->src.u3.ip &&
-	       o->src.u.all == r->dst.u.all && o->dst.u.all == r->src.u.all;
+	if (o->src.u.all != r->dst.u.all || o->dst.u.all != r->src.u.all)
+		return 0;
+	if (!v6)
+		return o->src.u3.ip == r->dst.u3.ip && o->dst.u3.ip == r->src.u3.ip;
+#pragma unroll
+	for (i = 0; i < 4; i++)
+		if (o->src.u3.ip6[i] != r->dst.u3.ip6[i] || o->dst.u3.ip6[i] != r->src.u3.ip6[i])
+			return 0;
+	return 1;
 }
 
 /* Returns the tick rate that explains one reading of jiffies j at CLOCK_MONOTONIC ns,
@@ -225,28 +235,62 @@ static __always_inline struct ct_close_key ct_close_key_of(const struct nf_conn 
 	return k;
 }
 
-/* A bare SYN (SYN without ACK) on the tuple of entry ct, which the stack will judge.
- * If the fast path closed the flow (FINs both ways acknowledged, or a RST its receiver
- * has not refused), the entry is expired now (timeout 0: the stack's lookup treats it
- * as gone and conntrack starts a NEW flow, which the site's filters judge). Without
- * this the entry, still ESTABLISHED for conntrack because the fast path carried the
- * close, would make conntrack ignore the SYN and call it ESTABLISHED. */
-static __always_inline void ct_close_reopen(struct nf_conn *ct)
+/* Returns the key of the IPv6 entry ct in ct_close6: its original tuple. */
+static __always_inline struct ct_close6_key ct_close6_key_of(const struct nf_conn *ct)
 {
-	struct ct_close_key k = ct_close_key_of(ct);
-	struct ct_close_value *cv = bpf_map_lookup_elem(&ct_close, &k);
+	const struct nf_conntrack_tuple___isthmus *o = &ct->tuplehash[IP_CT_DIR_ORIGINAL].tuple;
+	struct ct_close6_key k = {
+		.sport = o->src.u.all,
+		.dport = o->dst.u.all,
+	};
+	int i;
 
-	if (!cv || !(cv->closed || cv->rst[0] || cv->rst[1]))
-		return;
-	bpf_ct_change_timeout(ct, 0);
-	bpf_map_delete_elem(&ct_close, &k);
+#pragma unroll
+	for (i = 0; i < 4; i++) {
+		k.saddr[i] = o->src.u3.ip6[i];
+		k.daddr[i] = o->dst.u3.ip6[i];
+	}
+	return k;
+}
+
+/* Returns 1 if close record cv (NULL: none) says the fast path ended its flow: FINs
+ * both ways acknowledged, or a RST its receiver has not refused. */
+static __always_inline int ct_close_ended(const struct ct_close_value *cv)
+{
+	return cv && (cv->closed || cv->rst[0] || cv->rst[1]);
+}
+
+/* A bare SYN (SYN without ACK) on the tuple of entry ct (of family v6), which the
+ * stack will judge. If the fast path ended the flow (ct_close_ended), the entry is
+ * expired now (timeout 0: the stack's lookup treats it as gone and conntrack starts a
+ * NEW flow, which the site's filters judge). Without this the entry, still ESTABLISHED
+ * for conntrack because the fast path carried the close, would make conntrack ignore
+ * the SYN and call it ESTABLISHED. */
+static __always_inline void ct_close_reopen(struct nf_conn *ct, int v6)
+{
+	if (v6) {
+		struct ct_close6_key k = ct_close6_key_of(ct);
+
+		if (!ct_close_ended(bpf_map_lookup_elem(&ct_close6, &k)))
+			return;
+		bpf_ct_change_timeout(ct, 0);
+		bpf_map_delete_elem(&ct_close6, &k);
+	} else {
+		struct ct_close_key k = ct_close_key_of(ct);
+
+		if (!ct_close_ended(bpf_map_lookup_elem(&ct_close, &k)))
+			return;
+		bpf_ct_change_timeout(ct, 0);
+		bpf_map_delete_elem(&ct_close, &k);
+	}
 }
 
 /* Tracks the close of the fast-path flow of entry ct (ct_fast_eligible) for a packet
  * th (not a SYN) sent in direction dir (IP_CT_DIR_*) with payload bytes of TCP
- * payload, and keeps the entry alive as conntrack would, in this netns's timeouts.
- * Returns 1 if the packet takes the fast path, 0 if the flow was closed on the fast
- * path (the stack judges what still comes).
+ * payload, on its close record cv (NULL: none; a new one is written to nv and *create
+ * set, for the caller to insert), and keeps the entry alive as conntrack would, in
+ * this netns's timeouts. Returns 1 if the packet takes the fast path, 0 if the flow
+ * was closed on the fast path (the stack judges what still comes).
  *
  * A packet outside the window must not be able to shorten or end a flow, so nothing is
  * taken on a segment's word alone. Only FIN and RST segments create an entry of
@@ -262,13 +306,12 @@ static __always_inline void ct_close_reopen(struct nf_conn *ct)
  * closed. Renewal otherwise: to the ESTABLISHED timeout (TIME_WAIT once a direction has
  * finished) when less than 63/64 of it is left, so an established flow writes its entry
  * about once in 1/64 of the timeout, never once a packet; a pending RST renews nothing. */
-static __always_inline int ct_close_track(struct nf_conn *ct, __u8 dir, const struct tcphdr *th,
-					  __s32 payload)
+static __always_inline int ct_close_step(struct nf_conn *ct, __u8 dir, const struct tcphdr *th,
+					 __s32 payload, struct ct_close_value *cv,
+					 struct ct_close_value *nv, int *create)
 {
 	const unsigned int *timeouts = ct_timeouts(ct);
 	__s64 left = (__s32)(ct->timeout - (__u32)bpf_jiffies64());
-	struct ct_close_key k = ct_close_key_of(ct);
-	struct ct_close_value *cv, nv = {};
 	int rst = 0, finished = 0;
 	__u8 odir;
 	__u32 want;
@@ -277,7 +320,6 @@ static __always_inline int ct_close_track(struct nf_conn *ct, __u8 dir, const st
 	odir = dir ^ 1;
 	/* Every fast-path packet until this CPU knows HZ, then one array read. */
 	ct_hz();
-	cv = bpf_map_lookup_elem(&ct_close, &k);
 	if (cv) {
 		if (cv->closed)
 			return 0;
@@ -299,16 +341,16 @@ static __always_inline int ct_close_track(struct nf_conn *ct, __u8 dir, const st
 			/* Constant indices: the stack slot's address may not be computed. */
 			__u32 end = bpf_ntohl(th->seq) + payload + 1;
 
-			cv = &nv;
+			cv = nv;
 			if (th->rst && dir)
-				nv.rst[1] = 1;
+				nv->rst[1] = 1;
 			else if (th->rst)
-				nv.rst[0] = 1;
+				nv->rst[0] = 1;
 			else if (dir)
-				nv.fin[1] = 1, nv.fin_end[1] = end;
+				nv->fin[1] = 1, nv->fin_end[1] = end;
 			else
-				nv.fin[0] = 1, nv.fin_end[0] = end;
-			bpf_map_update_elem(&ct_close, &k, &nv, BPF_NOEXIST);
+				nv->fin[0] = 1, nv->fin_end[0] = end;
+			*create = 1;
 		} else if (th->rst) {
 			cv->rst[dir] = 1;
 		} else {
@@ -331,6 +373,32 @@ static __always_inline int ct_close_track(struct nf_conn *ct, __u8 dir, const st
 	if (left > want || left < want - want / 64)
 		ct_set_expiry(ct, want);
 	return 1;
+}
+
+/* ct_close_step on the record of entry ct (of family v6) in ct_close or ct_close6,
+ * which it creates when the step asks for one. */
+static __always_inline int ct_close_track(struct nf_conn *ct, int v6, __u8 dir,
+					  const struct tcphdr *th, __s32 payload)
+{
+	struct ct_close_value nv = {};
+	int create = 0, fast;
+
+	if (v6) {
+		struct ct_close6_key k = ct_close6_key_of(ct);
+
+		fast = ct_close_step(ct, dir, th, payload, bpf_map_lookup_elem(&ct_close6, &k),
+				     &nv, &create);
+		if (create)
+			bpf_map_update_elem(&ct_close6, &k, &nv, BPF_NOEXIST);
+	} else {
+		struct ct_close_key k = ct_close_key_of(ct);
+
+		fast = ct_close_step(ct, dir, th, payload, bpf_map_lookup_elem(&ct_close, &k),
+				     &nv, &create);
+		if (create)
+			bpf_map_update_elem(&ct_close, &k, &nv, BPF_NOEXIST);
+	}
+	return fast;
 }
 
 /* Returns the destination IPv4 packet iph will have when the kernel routes it: for a
@@ -364,34 +432,56 @@ static __always_inline __be32 ct_routed_daddr(struct __sk_buff *skb, const struc
 	return daddr;
 }
 
-/* Returns 1 if TCP segment th of IPv4 packet iph (not a fragment, its whole TCP header
- * read; payload its bytes of TCP payload, all GSO segments' together) belongs to a
- * flow kernel conntrack holds, in either direction, as established and untranslated
- * (ct_fast_eligible) and not closed on the fast path (ct_close_track, which also
- * renews the entry): the packet may skip the stack. 0 for everything else: no entry,
- * a translated or not yet established one, a SYN (for which ct_close_reopen expires
- * the entry of a flow the fast path closed). */
+/* Returns 1 if TCP segment th (its whole header read; payload its bytes of TCP
+ * payload, all GSO segments' together) of the packet whose socket tuple is t (tsz:
+ * sizeof its ipv4 or ipv6 member, as v6 says) belongs to a flow kernel conntrack
+ * holds, in either direction, as established and untranslated (ct_fast_eligible) and
+ * not closed on the fast path (ct_close_track, which also renews the entry): the
+ * packet may skip the stack. 0 for everything else: no entry, a translated or not yet
+ * established one, a SYN (for which ct_close_reopen expires the entry of a flow the
+ * fast path closed). */
+static __always_inline int ct_fast_tuple(struct __sk_buff *skb, struct bpf_sock_tuple *t,
+					 __u32 tsz, int v6, const struct tcphdr *th, __s32 payload)
+{
+	struct bpf_ct_opts opts = { .netns_id = BPF_F_CURRENT_NETNS, .l4proto = IPPROTO_TCP };
+	struct nf_conn *ct;
+	int fast = 0;
+
+	ct = bpf_skb_ct_lookup(skb, t, tsz, &opts, sizeof(opts));
+	if (!ct)
+		return 0;
+	if (th->syn) {
+		if (!th->ack)
+			ct_close_reopen(ct, v6);
+	} else if (ct_fast_eligible(ct, v6)) {
+		fast = ct_close_track(ct, v6, opts.dir, th, payload);
+	}
+	bpf_ct_release(ct);
+	return fast;
+}
+
+/* ct_fast_tuple for TCP segment th of IPv4 packet iph (not a fragment). */
 static __always_inline int ct_fast_path(struct __sk_buff *skb, const struct iphdr *iph,
 					const struct tcphdr *th, __s32 payload)
 {
-	struct bpf_ct_opts opts = { .netns_id = BPF_F_CURRENT_NETNS, .l4proto = IPPROTO_TCP };
 	struct bpf_sock_tuple t = {};
-	struct nf_conn *ct;
-	int fast = 0;
 
 	t.ipv4.saddr = iph->saddr;
 	t.ipv4.daddr = iph->daddr;
 	t.ipv4.sport = th->source;
 	t.ipv4.dport = th->dest;
-	ct = bpf_skb_ct_lookup(skb, &t, sizeof(t.ipv4), &opts, sizeof(opts));
-	if (!ct)
-		return 0;
-	if (th->syn) {
-		if (!th->ack)
-			ct_close_reopen(ct);
-	} else if (ct_fast_eligible(ct)) {
-		fast = ct_close_track(ct, opts.dir, th, payload);
-	}
-	bpf_ct_release(ct);
-	return fast;
+	return ct_fast_tuple(skb, &t, sizeof(t.ipv4), 0, th, payload);
+}
+
+/* ct_fast_tuple for TCP segment th of IPv6 packet ip6h (TCP its first next header). */
+static __always_inline int ct_fast_path6(struct __sk_buff *skb, const struct ip6_hdr *ip6h,
+					 const struct tcphdr *th, __s32 payload)
+{
+	struct bpf_sock_tuple t = {};
+
+	__builtin_memcpy(t.ipv6.saddr, ip6h->saddr, 16);
+	__builtin_memcpy(t.ipv6.daddr, ip6h->daddr, 16);
+	t.ipv6.sport = th->source;
+	t.ipv6.dport = th->dest;
+	return ct_fast_tuple(skb, &t, sizeof(t.ipv6), 1, th, payload);
 }

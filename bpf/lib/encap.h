@@ -167,11 +167,12 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 	return encap_push(skb, cfg, peer, path, sport, tos, METRIC_ENCAP, hook, rt->group);
 }
 
-/* encap_geneve for the IPv6 packet ip6h, on isthmus0 (overlay_egress): the stack has
- * forwarded it there (hop limit, the device MTU's Packet Too Big), so this is no
- * forwarding hop. A GSO packet whose segments the tunnel cannot carry is
- * DROP_FRAG_NEEDED. Clamps the MSS of TCP SYNs to the tunnel MTU. Returns TC_ACT_REDIRECT or a negative DROP_*. Counts
- * METRIC_ENCAP. */
+/* encap_geneve for the IPv6 packet ip6h: on isthmus0 (overlay_egress), where the
+ * stack has forwarded it (hop limit, the device MTU's Packet Too Big), or at
+ * pod_ingress for a packet pod_egress6_direct let through, whose hop limit the caller
+ * decremented. A packet (a GSO packet's segment) the tunnel cannot carry is
+ * DROP_FRAG_NEEDED. Clamps the MSS of TCP SYNs to the tunnel MTU. Returns
+ * TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_ENCAP. */
 static __always_inline int encap_geneve6(struct __sk_buff *skb, const struct datapath_config *cfg,
 					 const struct route_value *rt, const struct ip6_hdr *ip6h,
 					 const void *l4, __u8 hook)
@@ -293,22 +294,45 @@ static __always_inline int pull_parse_ipv6(struct __sk_buff *skb, struct cursor 
 	return 0;
 }
 
-/* pod_ingress for an IPv6 packet. Its source must be the pod's own
- * (pod_source_check6). One for a tunnel route (routes6) goes on through the stack,
- * marked (pod_to_stack), which forwards it into isthmus0 (hop limit, Packet Too Big
- * with the tunnel's MTU, conntrack and the site's FORWARD policy), where
- * overlay_egress encapsulates it; one for a local pod too (deliver_local_pod6);
- * anything else is the stack's as it is, and link-scoped or multicast destinations
- * are never tunnelled. A header the parser
- * refuses goes to the stack, which drops it, as for IPv4. Returns TC_ACT_OK or a
- * negative DROP_*. */
-static __always_inline int pod_ingress_ipv6(struct __sk_buff *skb)
+/* Returns 1 if a pod's IPv6 packet ip6h (its first next header at l4) on route rt
+ * goes straight into the tunnel from pod_ingress: a route of the mesh (not over the
+ * site fabric) with a live next hop, a hop limit left to decrement, a size the tunnel
+ * carries (every segment of a GSO packet), and a packet the stack would do nothing
+ * else with (stack_sees6, last: it renews the flow's conntrack entry). Everything else
+ * goes through the stack, which forwards it into isthmus0 and answers what the tunnel
+ * refuses (Time Exceeded, Packet Too Big) itself. */
+static __always_inline int pod_egress6_direct(struct __sk_buff *skb,
+					      const struct datapath_config *cfg,
+					      const struct route_value *rt,
+					      const struct ip6_hdr *ip6h, void *l4, void *data_end,
+					      __u8 hook)
 {
+	if ((rt->flags & ROUTE_F_VIA_FABRIC) || ip6h->hop_limit <= 1 || !nexthop_any(rt))
+		return 0;
+	if (cfg->tunnel_mtu && ipv6_wire_len(skb, ip6h) > cfg->tunnel_mtu)
+		return 0;
+	return !stack_sees6(skb, ip6h, l4, data_end, hook);
+}
+
+/* pod_ingress for an IPv6 packet. Its source must be the pod's own
+ * (pod_source_check6). One for a tunnel route (routes6) is encapsulated here when
+ * pod_egress6_direct allows (the conntrack fast path), else goes on through the
+ * stack, marked (pod_to_stack), which forwards it into isthmus0 (hop limit, Packet Too
+ * Big with the tunnel's MTU, conntrack and the site's FORWARD policy), where
+ * overlay_egress encapsulates it; one for a local pod goes through the stack too
+ * (deliver_local_pod6); anything else is the stack's as it is, and link-scoped or
+ * multicast destinations are never tunnelled. A header the parser refuses goes to the
+ * stack, which drops it, as for IPv4. Returns TC_ACT_OK, TC_ACT_REDIRECT or a negative
+ * DROP_*. */
+static __always_inline int pod_ingress_ipv6(struct __sk_buff *skb, __u8 hook)
+{
+	const struct datapath_config *cfg = config_get();
+	const struct route_value *rt;
 	struct ip6_hdr *ip6h;
 	struct cursor c;
 	int ret;
 
-	if (!config_get())
+	if (!cfg)
 		return TC_ACT_OK;
 	if (pull_parse_ipv6(skb, &c, &ip6h))
 		return TC_ACT_OK;
@@ -317,9 +341,13 @@ static __always_inline int pod_ingress_ipv6(struct __sk_buff *skb)
 		return ret;
 	if (ipv6_never_tunnelled(ip6h->daddr))
 		return TC_ACT_OK;
-	if (!pod_route_lookup6(ip6h->daddr))
+	rt = pod_route_lookup6(ip6h->daddr);
+	if (!rt)
 		return deliver_local_pod6(skb, ip6h);
-	return pod_to_stack(skb);
+	if (!pod_egress6_direct(skb, cfg, rt, ip6h, c.pos, c.end, hook))
+		return pod_to_stack(skb);
+	ip6h->hop_limit--;
+	return encap_geneve6(skb, cfg, rt, ip6h, c.pos, hook);
 }
 
 /* overlay_egress for an IPv6 packet the stack routed into isthmus0: encapsulated on
@@ -357,7 +385,7 @@ static __always_inline int handle_encap(struct __sk_buff *skb, int from_pod, __u
 
 	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
 		if (from_pod)
-			return pod_ingress_ipv6(skb);
+			return pod_ingress_ipv6(skb, hook);
 		cfg = config_get();
 		return cfg ? overlay_egress_ipv6(skb, cfg, hook) : DROP_NO_CONFIG;
 	}

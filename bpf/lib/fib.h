@@ -185,25 +185,36 @@ static __always_inline int send_to_peer(struct __sk_buff *skb, const struct data
 	return send_looked_up(skb, cfg, eth, &p, rc, peer, metric, hook, group);
 }
 
-/* Forwards the IPv4 packet iph of frame eth to the local pod interface that lookup p
- * (verdict rc) found: TTL decremented (the caller checked it), MACs from the lookup and
+/* Sends frame eth, already forwarded (TTL or hop limit decremented), to the local pod
+ * interface that lookup p (verdict rc) found: MACs from the lookup and
  * bpf_redirect_peer (bpf_redirect for an interface without peer: pod_iface_has_peer),
  * or bpf_redirect_neigh while the pod's neighbour is unresolved.
  * Returns TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_DELIVER_POD. */
-static __always_inline int forward_to_pod(struct __sk_buff *skb,
-					  const struct datapath_config *cfg, struct ethhdr *eth,
-					  struct iphdr *iph, struct bpf_fib_lookup *p, int rc,
-					  const struct pod_iface_value *pi, __u8 hook)
+static __always_inline int redirect_to_pod(struct __sk_buff *skb,
+					   const struct datapath_config *cfg, struct ethhdr *eth,
+					   struct bpf_fib_lookup *p, int rc,
+					   const struct pod_iface_value *pi, __u8 hook)
 {
 	int ret;
 
-	ipv4_decrease_ttl(iph);
 	ret = redirect_nexthop(eth, p, rc, pod_iface_peer(pi));
 	if (ret < 0)
 		return ret;
 	metrics_count(METRIC_DELIVER_POD, hook, skb->len);
 	trace_tc(skb, cfg, METRIC_DELIVER_POD, hook, 0, p->ifindex);
 	return ret;
+}
+
+/* Forwards the IPv4 packet iph of frame eth to the local pod interface that lookup p
+ * (verdict rc) found: TTL decremented (the caller checked it), then redirect_to_pod.
+ * Returns TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_DELIVER_POD. */
+static __always_inline int forward_to_pod(struct __sk_buff *skb,
+					  const struct datapath_config *cfg, struct ethhdr *eth,
+					  struct iphdr *iph, struct bpf_fib_lookup *p, int rc,
+					  const struct pod_iface_value *pi, __u8 hook)
+{
+	ipv4_decrease_ttl(iph);
+	return redirect_to_pod(skb, cfg, eth, p, rc, pi, hook);
 }
 
 /* Forwards the decapsulated IPv4 packet iph of frame eth to the site fabric, toward
@@ -326,10 +337,10 @@ static __always_inline int deliver_host_answer(struct __sk_buff *skb,
 	return TC_ACT_REDIRECT;
 }
 
-/* Returns 1 if the IPv4 packet iph at the start of skb's frame, or one segment of it
- * if skb is GSO (ipv4_wire_len), is longer than the MTU of device ifindex. */
-static __always_inline int longer_than_mtu(struct __sk_buff *skb, const struct iphdr *iph,
-					   __u32 ifindex)
+/* Returns 1 if wire_len, the length of the packet at the start of skb's frame or of
+ * one segment of it if skb is GSO (ipv4_wire_len, ipv6_wire_len), is longer than the
+ * MTU of device ifindex. */
+static __always_inline int longer_than_mtu(struct __sk_buff *skb, __u32 wire_len, __u32 ifindex)
 {
 	/* A length every device takes: only the MTU bpf_check_mtu reports back is wanted
 	 * (it does not check a GSO packet's segments against a given length). */
@@ -337,20 +348,24 @@ static __always_inline int longer_than_mtu(struct __sk_buff *skb, const struct i
 
 	if (bpf_check_mtu(skb, ifindex, &mtu, 0, 0) < 0)
 		return 0;
-	return ipv4_wire_len(skb, iph) > mtu;
+	return wire_len > mtu;
 }
 
 /* Delivers a decapsulated frame [eth][IPv6] arriving on the underlay to the local pod
- * the FIB routes it to (pod_ifaces), through the stack, marked: into isthmus0's
- * ingress, the device the stack routes the sender back through (strict reverse-path
- * filtering holds), where it is forwarded as a router does (hop limit, Time Exceeded,
- * Packet Too Big with the pod's MTU, conntrack, the site's FORWARD policy). Anything
- * else is DROP_NOT_LOCAL: this node's own IPv6 addresses are not reached through the
- * tunnel. Returns TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_DELIVER_POD. */
+ * the FIB routes it to (pod_ifaces): straight into the pod (hop limit decremented,
+ * redirect_to_pod) for what the stack would do nothing else with (stack_sees6, the
+ * conntrack fast path) when it has a hop left and fits the pod interface's MTU (every
+ * segment of a GSO packet); else through the stack, marked: into isthmus0's ingress,
+ * the device the stack routes the sender back through (strict reverse-path filtering
+ * holds), where it is forwarded as a router does (hop limit, Time Exceeded, Packet Too
+ * Big with the pod's MTU, conntrack, the site's FORWARD policy). Anything else is
+ * DROP_NOT_LOCAL: this node's own IPv6 addresses are not reached through the tunnel.
+ * Returns TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_DELIVER_POD. */
 static __always_inline int deliver_decapped6(struct __sk_buff *skb,
 					     const struct datapath_config *cfg, __u8 hook)
 {
 	struct cursor c = { .pos = (void *)(long)skb->data, .end = (void *)(long)skb->data_end };
+	const struct pod_iface_value *pi;
 	struct bpf_fib_lookup p;
 	struct ip6_hdr *ip6h;
 	struct ethhdr *eth;
@@ -359,11 +374,19 @@ static __always_inline int deliver_decapped6(struct __sk_buff *skb,
 	if (parse_eth(&c, &eth) != ETH_P_IPV6 || parse_ipv6(&c, &ip6h) < 0)
 		return DROP_INNER_INVALID;
 	fib_params_v6(&p, ip6h->saddr, ip6h->daddr, ip6h->nexthdr, skb->ifindex);
-	rc = bpf_fib_lookup(skb, &p, sizeof(p), BPF_FIB_LOOKUP_SKIP_NEIGH);
-	if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_FRAG_NEEDED) ||
-	    !bpf_map_lookup_elem(&pod_ifaces, &p.ifindex))
+	rc = bpf_fib_lookup(skb, &p, sizeof(p), 0);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH &&
+	    rc != BPF_FIB_LKUP_RET_FRAG_NEEDED)
 		return DROP_NOT_LOCAL;
-	return deliver_to_stack(skb, cfg, eth, OVERLAY_MARK, METRIC_DELIVER_POD, hook);
+	pi = bpf_map_lookup_elem(&pod_ifaces, &p.ifindex);
+	if (!pi)
+		return DROP_NOT_LOCAL;
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED || ip6h->hop_limit <= 1 ||
+	    longer_than_mtu(skb, ipv6_wire_len(skb, ip6h), p.ifindex) ||
+	    stack_sees6(skb, ip6h, c.pos, c.end, hook))
+		return deliver_to_stack(skb, cfg, eth, OVERLAY_MARK, METRIC_DELIVER_POD, hook);
+	ip6h->hop_limit--;
+	return redirect_to_pod(skb, cfg, eth, &p, rc, pi, hook);
 }
 
 /* Delivers a decapsulated frame [eth][IPv4] arriving on the underlay: to a local pod
@@ -433,7 +456,7 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 	/* Too long for the pod: the stack's forwarding says so to the sender (ICMP frag
 	 * needed with the pod's MTU, so path MTU discovery converges) or fragments it. A
 	 * redirect would drop it unseen, or hand the pod segments over its MTU. */
-	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED || longer_than_mtu(skb, iph, p.ifindex))
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED || longer_than_mtu(skb, ipv4_wire_len(skb, iph), p.ifindex))
 		return deliver_to_stack(skb, cfg, eth, OVERLAY_MARK, METRIC_DELIVER_POD, hook);
 	if (stack_sees(skb, iph, c.pos, data_end, hook))
 		return deliver_to_stack(skb, cfg, eth, OVERLAY_MARK, METRIC_DELIVER_POD, hook);

@@ -303,6 +303,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ct_close SEC(".maps");
 
+/* ct_close for IPv6 flows, pinned for the same reason. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_close6_key);
+	__type(value, struct ct_close_value);
+	__uint(max_entries, CT_CLOSE_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ct_close6 SEC(".maps");
+
 /* Each CPU's measure of the kernel's tick rate (lib/ct.h ct_hz). Scratch, unpinned. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -47,6 +47,27 @@ static __always_inline int stack_sees(struct __sk_buff *skb, const struct iphdr 
 	return 0;
 }
 
+/* stack_sees for IPv6 packet ip6h, whose first next header starts at l4: the direct
+ * path only for a TCP segment right after the fixed header (any extension header, a
+ * fragment's included, is the stack's) that ct_fast_path6 lets through; the rest as
+ * for IPv4. */
+static __always_inline int stack_sees6(struct __sk_buff *skb, const struct ip6_hdr *ip6h,
+				       void *l4, void *data_end, __u8 hook)
+{
+	struct tcphdr *th = l4;
+	__s32 payload;
+
+	if (ip6h->nexthdr != IPPROTO_TCP)
+		return 1;
+	if ((void *)(th + 1) > data_end)
+		return 1;
+	payload = (__s32)skb->len - (__s32)((void *)th - (void *)(long)skb->data) - th->doff * 4;
+	if (!ct_fast_path6(skb, ip6h, th, payload < 0 ? 0 : payload))
+		return 1;
+	metrics_count(METRIC_CT_FAST, hook, skb->len);
+	return 0;
+}
+
 /* Leaves a pod's packet to the stack, marked so that no other CNI's MASQUERADE
  * rewrites it. Returns TC_ACT_OK. */
 static __always_inline int pod_to_stack(struct __sk_buff *skb)

@@ -420,6 +420,15 @@ struct ct_close_key {
 	__be16 dport;
 };
 
+/* ct_close6 (LRU hash, lib/ct.h): ct_close for IPv6 flows, keyed by the same original
+ * tuple with IPv6 addresses; the value is struct ct_close_value. */
+struct ct_close6_key {
+	__be32 saddr[4];
+	__be32 daddr[4];
+	__be16 sport;
+	__be16 dport;
+};
+
 /* Each field by direction d of the sender: [IP_CT_DIR_ORIGINAL], [IP_CT_DIR_REPLY]. One
  * byte a fact, each written whole, so that packets on two CPUs never lose each other's. */
 struct ct_close_value {

@@ -319,9 +319,9 @@ func TestLoadMigratesOldLayout(t *testing.T) {
 }
 
 // TestLoadCreatesNewerMaps: upgrading a pin directory of layout 8, which has no
-// routes6 and peer_sources6 (and, from layout 7, no pod_addrs6 either), creates
-// and pins them and lets Fill write them before the links switch, while the other
-// maps keep their pins and entries.
+// routes6 and peer_sources6 (and, from layout 7, no pod_addrs6 either; nor, before
+// layout 10, ct_close6), creates and pins them and lets Fill write the agent's
+// before the links switch, while the other maps keep their pins and entries.
 func TestLoadCreatesNewerMaps(t *testing.T) {
 	dir := migrationEnv(t)
 	spec, err := bpf.LoadIsthmus()
@@ -331,7 +331,7 @@ func TestLoadCreatesNewerMaps(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	newer := []maps.Name{maps.MapRoutes6, maps.MapPeerSources6, maps.MapPodAddrs6}
+	newer := []maps.Name{maps.MapRoutes6, maps.MapPeerSources6, maps.MapPodAddrs6, maps.MapCtClose6}
 	for _, n := range maps.AllMaps {
 		if slices.Contains(newer, n) {
 			continue

@@ -61,7 +61,7 @@ var (
 	descTracer = prometheus.NewDesc("isthmus_datapath_redirect_drop_tracer",
 		"1 if the kfree_skb tracer is attached; 0 if not, and then isthmus_datapath_redirect_drops_total misses every drop.", nil, nil)
 	descEntries = prometheus.NewDesc("isthmus_map_entries",
-		"Entries in use in a datapath map (nexthop_groups: groups with a member; nat, masq_nat, nat_sources, ct_close: counted by iterating them at scrape time).", []string{"map"}, nil)
+		"Entries in use in a datapath map (nexthop_groups: groups with a member; nat, masq_nat, nat_sources, ct_close, ct_close6: counted by iterating them at scrape time).", []string{"map"}, nil)
 	descCapacity = prometheus.NewDesc("isthmus_map_capacity",
 		"Maximum entries of a datapath map (max_entries).", []string{"map"}, nil)
 	descPeerUp = prometheus.NewDesc("isthmus_peer_up",

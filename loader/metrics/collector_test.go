@@ -81,7 +81,7 @@ isthmus_datapath_packets_total{event="transit",hook="underlay_xdp"} 1
 # TYPE isthmus_map_capacity gauge
 isthmus_map_capacity{map="nat"} 65536
 isthmus_map_capacity{map="routes"} 1024
-# HELP isthmus_map_entries Entries in use in a datapath map (nexthop_groups: groups with a member; nat, masq_nat, nat_sources, ct_close: counted by iterating them at scrape time).
+# HELP isthmus_map_entries Entries in use in a datapath map (nexthop_groups: groups with a member; nat, masq_nat, nat_sources, ct_close, ct_close6: counted by iterating them at scrape time).
 # TYPE isthmus_map_entries gauge
 isthmus_map_entries{map="nat"} 2
 isthmus_map_entries{map="routes"} 4

@@ -14,7 +14,7 @@ import (
 // LevelMaps are the maps whose fill level isthmus_map_entries reports.
 var LevelMaps = []maps.Name{maps.MapRoutes, maps.MapRoutes6, maps.MapPeers, maps.MapPeerSources, maps.MapPeerSources6, maps.MapNexthopGroups,
 	maps.MapFabricPrefixes, maps.MapSNATExempt, maps.MapNat, maps.MapMasqNat, maps.MapNatSources, maps.MapPodIfaces, maps.MapMasqExempt, maps.MapPodAddrs, maps.MapPodAddrs6,
-	maps.MapHealthReach, maps.MapHealthProbers, maps.MapTracePrefixes, maps.MapCtClose}
+	maps.MapHealthReach, maps.MapHealthProbers, maps.MapTracePrefixes, maps.MapCtClose, maps.MapCtClose6}
 
 // Pinned is a Source reading the maps pinned in Dir. It opens them at every
 // scrape and closes them after, so it follows an agent that replaced them and
@@ -121,6 +121,8 @@ func countEntries(n maps.Name, m *ebpf.Map) (int, error) {
 		return count[maps.RouteKey, maps.TracePrefixValue](n, m, nil)
 	case maps.MapCtClose:
 		return count[maps.CtCloseKey, maps.CtCloseValue](n, m, nil)
+	case maps.MapCtClose6:
+		return count[maps.CtClose6Key, maps.CtCloseValue](n, m, nil)
 	}
 	return 0, fmt.Errorf("count map %s: unknown map", n)
 }

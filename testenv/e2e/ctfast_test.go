@@ -501,10 +501,18 @@ func exchange(ctx context.Context, srcNS, dstNS string, dial, lsn netip.AddrPort
 	return r.port, errors.Join(cerr, r.err)
 }
 
+// tcpNet is the network of TCP over a's family, for net.Listen and Dial.
+func tcpNet(a netip.Addr) string {
+	if a.Is4() {
+		return "tcp4"
+	}
+	return "tcp6"
+}
+
 // listenIn opens a TCP listener on addr in the namespace ns.
 func listenIn(ns string, addr netip.AddrPort) (ln net.Listener, err error) {
 	if err := testenv.Do(ns, func() error {
-		ln, err = net.Listen("tcp4", addr.String())
+		ln, err = net.Listen(tcpNet(addr.Addr()), addr.String())
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("listen in %s: %w", ns, err)
@@ -515,7 +523,7 @@ func listenIn(ns string, addr netip.AddrPort) (ln net.Listener, err error) {
 // dialFrom connects to addr from the namespace ns, within 3 s.
 func dialFrom(ctx context.Context, ns string, addr netip.AddrPort) (c net.Conn, err error) {
 	if err := testenv.Do(ns, func() error {
-		c, err = (&net.Dialer{Timeout: 3 * time.Second}).DialContext(ctx, "tcp4", addr.String())
+		c, err = (&net.Dialer{Timeout: 3 * time.Second}).DialContext(ctx, tcpNet(addr.Addr()), addr.String())
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("connect from %s to %s: %w", ns, addr, err)
