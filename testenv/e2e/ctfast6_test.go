@@ -1,12 +1,8 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"net"
 	"net/netip"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -34,7 +30,7 @@ func TestConntrackFastPathIPv6(t *testing.T) {
 	shortCtTimeouts(ctx, t, l, nodes)
 	rules6 := func(table, chain, target, comment string) (n uint64) {
 		for _, node := range nodes {
-			n += rule6Count(ctx, t, l, node, table, chain, target, comment)
+			n += tableRuleCount(ctx, t, l, node, "ip6tables", table, chain, target, comment)
 		}
 		return n
 	}
@@ -72,53 +68,14 @@ func TestConntrackFastPathIPv6(t *testing.T) {
 	})
 
 	t.Run("revoked with conntrack -D", func(t *testing.T) {
-		addr := netip.AddrPortFrom(dst.Addr(), 5312)
-		cs, ss, port := connPair(ctx, t, l.PodNS(client), l.PodNS(server), addr)
-		fastBefore := fast("b1")
-		chunk := bytes.Repeat([]byte("before the cut "), 1<<14)
-		for _, dir := range []struct{ w, r net.Conn }{{cs, ss}, {ss, cs}} {
-			if _, err := dir.w.Write(chunk); err != nil {
-				t.Fatal(err)
-			}
-			if err := readExactly(dir.r, chunk); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if fast("b1") == fastBefore {
-			t.Fatal("b1: the IPv6 flow never took the fast path")
-		}
-		rule := []string{"FORWARD", "-s", src.Address6.String(), "-d", dst.Addr().String(), "-j", "DROP"}
-		if _, err := l.Exec(ctx, l.NodeNS("b1"), append([]string{"ip6tables", "-w", "-I"}, rule...)...); err != nil {
-			t.Fatal(err)
-		}
-		defer l.Exec(context.Background(), l.NodeNS("b1"), append([]string{"ip6tables", "-w", "-D"}, rule...)...)
-		if _, err := l.Exec(ctx, l.NodeNS("b1"), "conntrack", "-D", "-f", "ipv6", "-p", "tcp", "--orig-src", src.Address6.String(),
-			"--orig-dst", dst.Addr().String(), "--orig-port-src", strconv.Itoa(int(port)), "--orig-port-dst", strconv.Itoa(int(addr.Port()))); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := cs.Write([]byte("after the cut")); err != nil {
-			t.Fatal(err)
-		}
-		ss.SetReadDeadline(time.Now().Add(3 * time.Second))
-		buf := make([]byte, 64)
-		n, err := ss.Read(buf)
-		if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("after the DROP rule and conntrack -D the server read %d bytes (%q), %v; want nothing within 3 s", n, buf[:n], err)
-		}
-		if d := rule6Count(ctx, t, l, "b1", "filter", "FORWARD", "DROP", src.Address6.String()); d == 0 {
-			t.Error("the IPv6 DROP rule counted no packet: the flow was not cut by it")
-		}
-		cs.(*net.TCPConn).SetLinger(0)
-		ss.(*net.TCPConn).SetLinger(0)
-		cs.Close()
-		ss.Close()
+		checkRevoked(ctx, t, l, client, server, src.Address6, netip.AddrPortFrom(dst.Addr(), 5312), fast)
 	})
 }
 
-// rule6Count is ruleCount for ip6tables, in table.
-func rule6Count(ctx context.Context, t *testing.T, l *testenv.Lab, node, table, chain, target, comment string) uint64 {
+// tableRuleCount is ruleCount for command (iptables or ip6tables) in table.
+func tableRuleCount(ctx context.Context, t *testing.T, l *testenv.Lab, node, command, table, chain, target, comment string) uint64 {
 	t.Helper()
-	out, err := l.Exec(ctx, l.NodeNS(node), "ip6tables", "-w", "-t", table, "-nvxL", chain)
+	out, err := l.Exec(ctx, l.NodeNS(node), command, "-w", "-t", table, "-nvxL", chain)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,6 +89,6 @@ func rule6Count(ctx context.Context, t *testing.T, l *testenv.Lab, node, table, 
 			return n
 		}
 	}
-	t.Fatalf("no %s rule %q in ip6tables %s %s on %s:\n%s", target, comment, table, chain, node, out)
+	t.Fatalf("no %s rule %q in %s %s %s on %s:\n%s", target, comment, command, table, chain, node, out)
 	return 0
 }

@@ -156,52 +156,7 @@ func TestConntrackFastPath(t *testing.T) {
 	})
 
 	t.Run("revoked with conntrack -D", func(t *testing.T) {
-		// An operator cuts an established fast-path flow: a FORWARD rule on the
-		// receiving node, then conntrack -D of the flow there. With no entry the next
-		// packet goes through the stack, where the rule judges it.
-		addr := netip.AddrPortFrom(dst.Addr(), 5305)
-		cs, ss, port := connPair(ctx, t, l.PodNS(client), l.PodNS(server), addr)
-		fastBefore := fast("b1")
-		chunk := bytes.Repeat([]byte("before the cut "), 1<<14)
-		for _, dir := range []struct{ w, r net.Conn }{{cs, ss}, {ss, cs}} {
-			if _, err := dir.w.Write(chunk); err != nil {
-				t.Fatal(err)
-			}
-			if err := readExactly(dir.r, chunk); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if fast("b1") == fastBefore {
-			t.Fatal("b1: the flow never took the fast path")
-		}
-		rule := []string{"FORWARD", "-s", l.PodAddr(client).String(), "-d", dst.Addr().String(), "-j", "DROP"}
-		if _, err := l.Exec(ctx, l.NodeNS("b1"), append([]string{"iptables", "-w", "-I"}, rule...)...); err != nil {
-			t.Fatal(err)
-		}
-		defer l.Exec(context.Background(), l.NodeNS("b1"), append([]string{"iptables", "-w", "-D"}, rule...)...)
-		if _, err := l.Exec(ctx, l.NodeNS("b1"), "conntrack", "-D", "-p", "tcp", "--orig-src", l.PodAddr(client).String(),
-			"--orig-dst", dst.Addr().String(), "--orig-port-src", strconv.Itoa(int(port)), "--orig-port-dst", strconv.Itoa(int(addr.Port()))); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := cs.Write([]byte("after the cut")); err != nil {
-			t.Fatal(err)
-		}
-		ss.SetReadDeadline(time.Now().Add(3 * time.Second))
-		buf := make([]byte, 64)
-		n, err := ss.Read(buf)
-		if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("after the DROP rule and conntrack -D the server read %d bytes (%q), %v; want nothing within 3 s", n, buf[:n], err)
-		}
-		if d := ruleCount(ctx, t, l, "b1", "FORWARD", "DROP", l.PodAddr(client).String()); d == 0 {
-			t.Error("the DROP rule counted no packet: the flow was not cut by it")
-		}
-		// The cut flow's last packets meet b1's stack with no entry: INVALID, by
-		// design. Both ends reset at once, so that no FIN retransmit runs on into the
-		// next subtest, whose INVALID count starts after them.
-		cs.(*net.TCPConn).SetLinger(0)
-		ss.(*net.TCPConn).SetLinger(0)
-		cs.Close()
-		ss.Close()
+		checkRevoked(ctx, t, l, client, server, l.PodAddr(client), netip.AddrPortFrom(dst.Addr(), 5305), fast)
 		time.Sleep(500 * time.Millisecond)
 		invalidBefore = invalid()
 	})
@@ -343,6 +298,62 @@ func TestConntrackFastPath(t *testing.T) {
 			t.Errorf("the INVALID drop rules counted %d packets", n-invalidBefore)
 		}
 	})
+}
+
+// checkRevoked: an operator cuts an established fast-path flow from the pod
+// client (address src) to addr on the pod server, across the lab's a1 and b1: a
+// FORWARD DROP rule on b1, the receiving node (iptables or ip6tables, as addr's
+// family), then conntrack -D of the flow there. With no entry the next packet goes
+// through the stack, where the rule judges it: no byte crosses, and the rule counts
+// it. The flow is reset at both ends before it returns.
+func checkRevoked(ctx context.Context, t *testing.T, l *testenv.Lab, client, server string, src netip.Addr, addr netip.AddrPort, fast func(string) uint64) {
+	t.Helper()
+	cs, ss, port := connPair(ctx, t, l.PodNS(client), l.PodNS(server), addr)
+	fastBefore := fast("b1")
+	chunk := bytes.Repeat([]byte("before the cut "), 1<<14)
+	for _, dir := range []struct{ w, r net.Conn }{{cs, ss}, {ss, cs}} {
+		if _, err := dir.w.Write(chunk); err != nil {
+			t.Fatal(err)
+		}
+		if err := readExactly(dir.r, chunk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fast("b1") == fastBefore {
+		t.Fatal("b1: the flow never took the fast path")
+	}
+	iptables, family := "iptables", "ipv4"
+	if addr.Addr().Is6() {
+		iptables, family = "ip6tables", "ipv6"
+	}
+	rule := []string{"FORWARD", "-s", src.String(), "-d", addr.Addr().String(), "-j", "DROP"}
+	if _, err := l.Exec(ctx, l.NodeNS("b1"), append([]string{iptables, "-w", "-I"}, rule...)...); err != nil {
+		t.Fatal(err)
+	}
+	defer l.Exec(context.Background(), l.NodeNS("b1"), append([]string{iptables, "-w", "-D"}, rule...)...)
+	if _, err := l.Exec(ctx, l.NodeNS("b1"), "conntrack", "-D", "-f", family, "-p", "tcp", "--orig-src", src.String(),
+		"--orig-dst", addr.Addr().String(), "--orig-port-src", strconv.Itoa(int(port)), "--orig-port-dst", strconv.Itoa(int(addr.Port()))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.Write([]byte("after the cut")); err != nil {
+		t.Fatal(err)
+	}
+	ss.SetReadDeadline(time.Now().Add(3 * time.Second))
+	buf := make([]byte, 64)
+	n, err := ss.Read(buf)
+	if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("after the DROP rule and conntrack -D the server read %d bytes (%q), %v; want nothing within 3 s", n, buf[:n], err)
+	}
+	if d := tableRuleCount(ctx, t, l, "b1", iptables, "filter", "FORWARD", "DROP", src.String()); d == 0 {
+		t.Error("the DROP rule counted no packet: the flow was not cut by it")
+	}
+	// The cut flow's last packets meet b1's stack with no entry: INVALID, by
+	// design. Both ends reset at once, so that no FIN retransmit runs on into the
+	// next test, whose INVALID count starts after them.
+	cs.(*net.TCPConn).SetLinger(0)
+	ss.(*net.TCPConn).SetLinger(0)
+	cs.Close()
+	ss.Close()
 }
 
 // connPair connects from srcNS to addr, where it listens in dstNS, and returns the
