@@ -267,13 +267,14 @@ func (l *Lab) Check(ctx context.Context) (*Matrix, error) {
 	return m, m.result(l.Name)
 }
 
-// Expectations6 returns what Scenario.Expectations6 does for an isthmus lab;
-// in a lab of another datapath (the baselines route IPv4 only) no pair, and
-// every pair of pods with an address6 that has an IPv4 expectation among the
-// unprobed ones.
+// Expectations6 returns what Scenario.Expectations6 does for an isthmus lab
+// and for the plain and VXLAN baselines, which route IPv6 pods too; in a lab of
+// another datapath (plain WireGuard routes IPv4 only) no pair, and every pair of
+// pods with an address6 that has an IPv4 expectation among the unprobed ones.
 func (l *Lab) Expectations6() ([]Expectation, []Unprobed6) {
 	es, skipped := l.Scenario.Expectations6()
-	if l.Datapath == DatapathIsthmus || l.Datapath == "" {
+	switch l.Datapath {
+	case DatapathIsthmus, "", DatapathPlain, DatapathVXLAN:
 		return es, skipped
 	}
 	var all []Unprobed6

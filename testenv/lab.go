@@ -811,11 +811,13 @@ func (l *Lab) nodeRules(ctx context.Context, n NodeRef) error {
 	return l.nodeRules6(ctx, n)
 }
 
-// nodeRules6 is nodeRules for a dual-stack CNI, on an isthmus lab whose scenario
-// has IPv6 pod blocks: the ip6tables leftovers a dual-stack CNI leaves (a
-// MASQUERADE per IPv6 pod block, a FORWARD chain that drops what it does not
-// accept) and the strict IPv6 reverse-path filter of a hardened node, firewalld's
-// default (raw PREROUTING: rpfilter --invert drops).
+// nodeRules6 is nodeRules for a dual-stack CNI, on an isthmus, plain or vxlan
+// lab whose scenario has IPv6 pod blocks: the ip6tables leftovers a dual-stack
+// CNI leaves (a MASQUERADE per IPv6 pod block, a FORWARD chain that drops what
+// it does not accept) and the strict IPv6 reverse-path filter of a hardened
+// node, firewalld's default (raw PREROUTING: rpfilter --invert drops). The
+// baselines exempt pod-to-pod traffic from the MASQUERADE first, as nodeRules
+// does for IPv4.
 func (l *Lab) nodeRules6(ctx context.Context, n NodeRef) error {
 	var blocks []netip.Prefix
 	for _, p := range l.Scenario.PodBlocks() {
@@ -823,11 +825,20 @@ func (l *Lab) nodeRules6(ctx context.Context, n NodeRef) error {
 			blocks = append(blocks, p)
 		}
 	}
-	if len(blocks) == 0 || (l.Datapath != DatapathIsthmus && l.Datapath != "") {
+	routes6 := l.Datapath == DatapathPlain || l.Datapath == DatapathVXLAN // baselines that route IPv6 pods
+	if len(blocks) == 0 || (l.Datapath != DatapathIsthmus && l.Datapath != "" && !routes6) {
 		return nil
 	}
 	var b strings.Builder
 	b.WriteString("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n")
+	if routes6 {
+		// As in nodeRules: a routed CNI exempts its own pod-to-pod traffic.
+		for _, s := range blocks {
+			for _, d := range blocks {
+				fmt.Fprintf(&b, "-A POSTROUTING -s %s -d %s -j RETURN\n", s, d)
+			}
+		}
+	}
 	for _, s := range blocks {
 		fmt.Fprintf(&b, "-A POSTROUTING -s %s ! -d ff00::/8 -j MASQUERADE\n", s)
 	}
@@ -892,8 +903,11 @@ func writePolicyChain(b *strings.Builder, chain, ifFlag, ifname, peerFlag string
 
 // plainRoutes routes every node's IPv4 pod CIDRs natively: straight to
 // same-subnet nodes, and through the router (which learns a route per podCIDR)
-// otherwise. IPv6 podCIDRs are not routed: the underlay is IPv4.
+// otherwise. IPv6 podCIDRs are routed by plainRoutes6.
 func (l *Lab) plainRoutes() error {
+	if err := l.plainRoutes6(); err != nil {
+		return err
+	}
 	rt, _, err := handleAt(l.RouterNS())
 	if err != nil {
 		return err
@@ -927,6 +941,138 @@ func (l *Lab) plainRoutes() error {
 		}
 	}
 	return nil
+}
+
+// underlay6Prefix holds the plain datapath's IPv6 underlay addresses: each
+// IPv4 address of the underlay (a node's, a site gateway's) in its last 32
+// bits (underlay6Addr).
+var underlay6Prefix = netip.MustParsePrefix("fd00:ffff::/96")
+
+// underlay6Addr returns the IPv6 underlay address of IPv4 underlay address a:
+// fd00:ffff::<a>, as fd00:ffff::172.16.1.11 for 172.16.1.11.
+func underlay6Addr(a netip.Addr) netip.Addr {
+	b := underlay6Prefix.Addr().As16()
+	copy(b[12:], a.AsSlice())
+	return netip.AddrFrom16(b)
+}
+
+// plainRoutes6 routes the IPv6 podCIDRs natively, as plainRoutes the IPv4
+// ones, when the scenario has any: every node with an IPv6 podCIDR gets its
+// underlay6Addr on eth0 (/128), its router port the site gateway's (/128; the
+// same on every port of the site, as the IPv4 one), and IPv6 forwarding is on
+// in the node and the router. The router routes the node's address down its
+// port and each of its IPv6 podCIDRs via that address; every other such node
+// routes them via its site gateway's address, through the router (no proxy
+// NDP: every IPv6 pod packet between nodes crosses the router, as the IPv4
+// ones do). It returns once both ends of every such link have a link-local
+// address past duplicate address detection: until then neither sends a
+// neighbour solicitation, and the first pod packets across would be lost.
+func (l *Lab) plainRoutes6() error {
+	var nodes []NodeRef
+	for _, n := range l.Scenario.Nodes() {
+		if len(podCIDRs6(n.Node)) > 0 {
+			nodes = append(nodes, n)
+		}
+	}
+	if len(nodes) == 0 {
+		return nil
+	}
+	forward := map[string]string{"net/ipv6/conf/all/forwarding": "1"}
+	if err := writeSysctls(l.RouterNS(), forward); err != nil {
+		return err
+	}
+	rt, _, err := handleAt(l.RouterNS())
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	for _, n := range nodes {
+		addr, gw := underlay6Addr(n.Address), underlay6Addr(n.Site.Gateway)
+		port, err := rt.LinkByName(RouterPort(n.Name))
+		if err != nil {
+			return fmt.Errorf("find %s: %w", RouterPort(n.Name), err)
+		}
+		if err := rt.AddrAdd(port, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(gw, 128)), Flags: unix.IFA_F_NODAD}); err != nil {
+			return fmt.Errorf("add %s to %s: %w", gw, RouterPort(n.Name), err)
+		}
+		if err := rt.RouteAdd(&netlink.Route{LinkIndex: port.Attrs().Index, Dst: ipNet(netip.PrefixFrom(addr, 128)), Scope: netlink.SCOPE_LINK}); err != nil {
+			return fmt.Errorf("add router route to %s: %w", addr, err)
+		}
+		if err := waitLinkLocal(rt, port); err != nil {
+			return err
+		}
+		for _, c := range podCIDRs6(n.Node) {
+			if err := rt.RouteAdd(&netlink.Route{Dst: ipNet(c), Gw: addr.AsSlice()}); err != nil {
+				return fmt.Errorf("add router route %s: %w", c, err)
+			}
+		}
+		if err := writeSysctls(l.NodeNS(n.Name), forward); err != nil {
+			return err
+		}
+		h, _, err := handleAt(l.NodeNS(n.Name))
+		if err != nil {
+			return err
+		}
+		err = func() error {
+			defer h.Close()
+			eth, err := h.LinkByName(UnderlayDev)
+			if err != nil {
+				return fmt.Errorf("find %s: %w", UnderlayDev, err)
+			}
+			if err := h.AddrAdd(eth, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(addr, 128)), Flags: unix.IFA_F_NODAD}); err != nil {
+				return fmt.Errorf("add %s to %s: %w", addr, UnderlayDev, err)
+			}
+			if err := h.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Dst: ipNet(netip.PrefixFrom(gw, 128)), Scope: netlink.SCOPE_LINK}); err != nil {
+				return fmt.Errorf("add route to %s: %w", gw, err)
+			}
+			if err := waitLinkLocal(h, eth); err != nil {
+				return err
+			}
+			for _, dst := range nodes {
+				if dst.Name == n.Name {
+					continue
+				}
+				for _, c := range podCIDRs6(dst.Node) {
+					if err := h.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Dst: ipNet(c), Gw: gw.AsSlice()}); err != nil {
+						return fmt.Errorf("add route %s via %s: %w", c, gw, err)
+					}
+				}
+			}
+			return nil
+		}()
+		if err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
+	return nil
+}
+
+// waitLinkLocal waits up to 5 s until link has an IPv6 link-local address
+// that duplicate address detection no longer holds tentative (about a second
+// after the link came up): the source of its neighbour solicitations.
+func waitLinkLocal(h *netlink.Handle, link netlink.Link) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		addrs, err := h.AddrList(link, netlink.FAMILY_V6)
+		if err != nil {
+			return fmt.Errorf("list addresses of %s: %w", link.Attrs().Name, err)
+		}
+		if slices.ContainsFunc(addrs, func(a netlink.Addr) bool {
+			return a.IP.IsLinkLocalUnicast() && a.Flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED) == 0
+		}) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: no IPv6 link-local address past duplicate address detection after 5s: %v", link.Attrs().Name, addrs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// podCIDRs6 returns the IPv6 podCIDRs of n: those the plain and vxlan
+// datapaths route when the scenario has them.
+func podCIDRs6(n Node) []netip.Prefix {
+	return slices.DeleteFunc(slices.Clone(n.PodCIDRs), func(c netip.Prefix) bool { return !c.Addr().Is6() })
 }
 
 // podCIDRs4 returns the IPv4 podCIDRs of n: those the baseline datapaths

@@ -540,15 +540,18 @@ func TestDualStackScenario(t *testing.T) {
 	if e, ok := sc.Expect6("a1-p1", "b2-p2"); !ok || e.Saw != netip.MustParseAddr("fd00:a:1::10") {
 		t.Errorf("Expect6(a1-p1, b2-p2) = %+v, %v; want fd00:a:1::10", e, ok)
 	}
-	// A baseline lab routes IPv4 only: it probes no IPv6 pair and says why.
-	l := &Lab{Name: "x1", Scenario: sc, Datapath: DatapathPlain}
+	// Plain WireGuard routing carries IPv4 only: it probes no IPv6 pair and says why.
+	l := &Lab{Name: "x1", Scenario: sc, Datapath: DatapathWireGuard}
 	es6, skipped = l.Expectations6()
-	if len(es6) != 0 || len(skipped) != len(es) || skipped[0].Why != "the plain datapath routes IPv4 only" {
-		t.Errorf("plain lab: %d IPv6 expectations, %d left out (first %+v); want none and %d", len(es6), len(skipped), skipped[0], len(es))
+	if len(es6) != 0 || len(skipped) != len(es) || skipped[0].Why != "the wireguard datapath routes IPv4 only" {
+		t.Errorf("wireguard lab: %d IPv6 expectations, %d left out (first %+v); want none and %d", len(es6), len(skipped), skipped[0], len(es))
 	}
-	l.Datapath = DatapathIsthmus
-	if es6, _ = l.Expectations6(); len(es6) != len(es) {
-		t.Errorf("isthmus lab: %d IPv6 expectations, want %d", len(es6), len(es))
+	// isthmus and the plain and VXLAN baselines route IPv6 pods.
+	for _, dp := range []Datapath{DatapathIsthmus, DatapathPlain, DatapathVXLAN} {
+		l.Datapath = dp
+		if es6, _ = l.Expectations6(); len(es6) != len(es) {
+			t.Errorf("%s lab: %d IPv6 expectations, want %d", dp, len(es6), len(es))
+		}
 	}
 }
 

@@ -26,15 +26,24 @@ const vxlanPort = 4789
 // entry pointing its MAC at the peer's underlay address. Pods that isthmus
 // would translate are masqueraded to vxlan0's address (vxlanMasquerade). It is
 // the baseline isthmus is measured against.
+//
+// A node with an IPv6 podCIDR carries IPv6 pods in the same vxlan0 (over the
+// IPv4 underlay), as flannel's dual-stack vxlan does: vxlan0 also holds the
+// first address of that podCIDR (vtepAddr6, /128), IPv6 forwarding is on,
+// and per peer with one too there is a route onlink via the peer's vtepAddr6
+// for each of its IPv6 podCIDRs and a permanent IPv6 neighbour for that
+// address (the FDB entry above already sends the peer's MAC to its underlay
+// address).
 func (l *Lab) vxlanRoutes() error {
 	vni := int(l.Scenario.VNI)
 	if vni == 0 {
 		vni = 1
 	}
 	type vtep struct {
-		n    NodeRef
-		addr netip.Addr
-		mac  net.HardwareAddr
+		n     NodeRef
+		addr  netip.Addr
+		addr6 netip.Addr // the zero Addr without an IPv6 podCIDR
+		mac   net.HardwareAddr
 	}
 	var vteps []vtep
 	for _, n := range l.Scenario.Nodes() {
@@ -66,13 +75,24 @@ func (l *Lab) vxlanRoutes() error {
 			h.Close()
 			return fmt.Errorf("node %s: address %s: %w", n.Name, VXLANDev, err)
 		}
+		addr6 := vtepAddr6(n.Node)
+		if addr6.IsValid() {
+			if err := h.AddrAdd(link, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(addr6, 128)), Flags: unix.IFA_F_NODAD}); err != nil {
+				h.Close()
+				return fmt.Errorf("node %s: address %s on %s: %w", n.Name, addr6, VXLANDev, err)
+			}
+		}
 		err = h.LinkSetUp(link)
 		h.Close()
 		if err != nil {
 			return fmt.Errorf("node %s: set %s up: %w", n.Name, VXLANDev, err)
 		}
-		vteps = append(vteps, vtep{n: n, addr: addr, mac: link.Attrs().HardwareAddr})
-		if err := writeSysctls(l.NodeNS(n.Name), map[string]string{"net/ipv4/conf/" + VXLANDev + "/rp_filter": "1"}); err != nil {
+		vteps = append(vteps, vtep{n: n, addr: addr, addr6: addr6, mac: link.Attrs().HardwareAddr})
+		sysctls := map[string]string{"net/ipv4/conf/" + VXLANDev + "/rp_filter": "1"}
+		if addr6.IsValid() {
+			sysctls["net/ipv6/conf/all/forwarding"] = "1"
+		}
+		if err := writeSysctls(l.NodeNS(n.Name), sysctls); err != nil {
 			return err
 		}
 	}
@@ -116,6 +136,23 @@ func (l *Lab) vxlanRoutes() error {
 					return h.RouteAdd(&netlink.Route{LinkIndex: idx, Dst: ipNet(c), Gw: peer.addr.AsSlice(), Flags: int(netlink.FLAG_ONLINK)})
 				}})
 			}
+			if self.addr6.IsValid() && peer.addr6.IsValid() {
+				steps = append(steps, struct {
+					what string
+					do   func() error
+				}{"IPv6 neighbour", func() error {
+					return h.NeighAdd(&netlink.Neigh{LinkIndex: idx, Family: netlink.FAMILY_V6, State: netlink.NUD_PERMANENT,
+						IP: peer.addr6.AsSlice(), HardwareAddr: peer.mac})
+				}})
+				for _, c := range podCIDRs6(peer.n.Node) {
+					steps = append(steps, struct {
+						what string
+						do   func() error
+					}{"route " + c.String(), func() error {
+						return h.RouteAdd(&netlink.Route{LinkIndex: idx, Dst: ipNet(c), Gw: peer.addr6.AsSlice(), Flags: int(netlink.FLAG_ONLINK)})
+					}})
+				}
+			}
 			for _, s := range steps {
 				if err := s.do(); err != nil {
 					h.Close()
@@ -136,6 +173,16 @@ func vtepAddr(n Node) netip.Addr {
 		return c[0].Masked().Addr()
 	}
 	return n.TunnelAddr()
+}
+
+// vtepAddr6 returns the IPv6 address of a node's vxlan0: the first address of
+// its first IPv6 podCIDR, as vtepAddr takes the IPv4 one; the zero Addr
+// without an IPv6 podCIDR.
+func vtepAddr6(n Node) netip.Addr {
+	if c := podCIDRs6(n); len(c) > 0 {
+		return c[0].Masked().Addr()
+	}
+	return netip.Addr{}
 }
 
 // vxlanMasquerade installs, on each node, what a user of kernel VXLAN would add

@@ -32,7 +32,12 @@ min / median / max of the per-round ratios to VXLAN (the margin: how far one rou
 fell, not only where the median sits; for isthmus also to plain routing). With
 --encryption also isthmus with its peerings encrypted and plain WireGuard routing
 between the sites (its baseline, the same WireGuard implementation). The labs are
-removed afterwards. Needs root and iperf3. See docs/benchmarks.md.
+removed afterwards. Needs root, iperf3 and sockperf. See docs/benchmarks.md.
+
+With --family 6 the stream and the request/response run between the two pods'
+IPv6 addresses (address6; default scenario dualstack): isthmus and kernel VXLAN
+carry them over the IPv4 underlay, plain routing over IPv6 addresses the lab
+gives the underlay. --family both measures both families in the same labs.
 
 With --snat it compares return-path source NAT instead: the seed000 scenario with
 isthmus (BPF SNAT translates the undeclared pod aks1-ext to aks-1's tunnel
@@ -48,6 +53,9 @@ closing connections for --duration) and one iperf3 stream, interleaved.`,
 			ctx, cancel := signalContext()
 			defer cancel()
 			cmd.SetContext(ctx)
+			if (controlPlane || snat) && cmd.Flags().Changed("family") {
+				return fmt.Errorf("bench: --family: the stream benchmark's only (--snat and --control-plane measure IPv4)")
+			}
 			if controlPlane {
 				return runControlPlaneBench(cmd, output)
 			}
@@ -60,6 +68,9 @@ closing connections for --duration) and one iperf3 stream, interleaved.`,
 			}
 			if opts.KubeProxy != "" && opts.KubeProxy != testenv.ProxyIPTables && opts.KubeProxy != testenv.ProxyNFTables {
 				return fmt.Errorf("bench: --kube-proxy %q: want iptables, nftables or \"\"", opts.KubeProxy)
+			}
+			if !cmd.Flags().Changed("scenario") {
+				opts.Scenario = bench.DefaultScenario(opts.Family)
 			}
 			opts.SkipRules = !withRules
 			opts.Binary = exe
@@ -81,7 +92,8 @@ closing connections for --duration) and one iperf3 stream, interleaved.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.Scenario, "scenario", opts.Scenario, "scenario file or built-in name")
+	f.StringVar(&opts.Scenario, "scenario", opts.Scenario, "scenario file or built-in name; dualstack when not given and --family is 6 or both")
+	f.StringVar(&opts.Family, "family", bench.Family4, "address family of the measured traffic: 4, 6 (between the pods' address6) or both (in the same labs)")
 	f.StringVar(&opts.Src, "src", opts.Src, "pod that sends")
 	f.StringVar(&opts.Dst, "dst", opts.Dst, "pod that receives")
 	f.DurationVar(&opts.Duration, "duration", opts.Duration, "length of each measurement (the first second is omitted)")

@@ -20,6 +20,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"net/netip"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/isthmus-dev/isthmus/testenv"
@@ -63,8 +65,43 @@ type Options struct {
 	// OUTPUT, filter FORWARD, INPUT and OUTPUT) as on a real node. The measured
 	// traffic stays pod to pod.
 	KubeProxy testenv.ProxyMode
+	// Family is the address family of the measured traffic: Family4 (the
+	// default, also ""), Family6 (between the pods' address6: GENEVE and
+	// VXLAN over the IPv4 underlay, plain routing over the IPv6 addresses the
+	// lab gives it) or FamilyBoth (both, in the same labs, round by round).
+	Family string
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
+}
+
+// Values of Options.Family.
+const (
+	Family4    = "4"
+	Family6    = "6"
+	FamilyBoth = "both"
+)
+
+// DefaultScenario is the scenario measured in family when none is named:
+// the dual-stack twin of the default lab when IPv6 is measured.
+func DefaultScenario(family string) string {
+	if family == Family6 || family == FamilyBoth {
+		return "dualstack"
+	}
+	return "default"
+}
+
+// ipv6Families returns, for each family opts.Family measures in order,
+// whether it is IPv6.
+func ipv6Families(family string) ([]bool, error) {
+	switch family {
+	case "", Family4:
+		return []bool{false}, nil
+	case Family6:
+		return []bool{true}, nil
+	case FamilyBoth:
+		return []bool{false, true}, nil
+	}
+	return nil, fmt.Errorf("bench: family %q: want 4, 6 or both", family)
 }
 
 // Config is one measured configuration.
@@ -77,6 +114,17 @@ type Config struct {
 	Wiring testenv.PodWiring `json:"wiring,omitempty"`
 	// Encrypted is isthmus with the scenario's peerings encrypted (WireGuard).
 	Encrypted bool `json:"encrypted,omitempty"`
+	// IPv6 is the traffic between the pods' address6 (Options.Family); the
+	// same lab carries both families.
+	IPv6 bool `json:"ipv6,omitempty"`
+}
+
+// family names c's address family.
+func (c Config) family() string {
+	if c.IPv6 {
+		return "IPv6"
+	}
+	return "IPv4"
 }
 
 // Name names the datapath of c: isthmus+wireguard for encrypted isthmus.
@@ -110,11 +158,14 @@ func (c Config) String() string {
 	if c.Wiring == testenv.PodWiringProxyARP {
 		rules += ", proxy-ARP pods"
 	}
+	if c.IPv6 {
+		rules += ", IPv6"
+	}
 	return c.Name() + " (" + rules + ")"
 }
 
-// on returns the configuration of the same variant (rules, wiring) on datapath
-// dp: what c is compared with.
+// on returns the configuration of the same variant (rules, wiring) and family
+// on datapath dp: what c is compared with.
 func (c Config) on(dp testenv.Datapath) Config {
 	c.Datapath, c.Encrypted = dp, false
 	return c
@@ -220,7 +271,14 @@ type Report struct {
 	Kernel   string        `json:"kernel"`
 	// KubeProxy is the kube-proxy mode the labs with rules ran, "" for none.
 	KubeProxy testenv.ProxyMode `json:"kube_proxy,omitempty"`
-	Results   []Result          `json:"results"`
+	// Family is Options.Family: 4, 6 or both.
+	Family  string   `json:"family,omitempty"`
+	Results []Result `json:"results"`
+}
+
+// hasIPv6 reports whether any configuration measured IPv6 traffic.
+func (r *Report) hasIPv6() bool {
+	return slices.ContainsFunc(r.Results, func(res Result) bool { return res.Config.IPv6 })
 }
 
 // Result returns the result of c, or false.
@@ -325,8 +383,18 @@ func (r *Report) margin(c, against Config, metric string) (Margin, bool) {
 // routing of the same rules variant, then the spread of the per-round ratios.
 func (r *Report) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "single TCP stream and TCP request/response (sockperf ping-pong) %s -> %s, scenario %s, %d rounds of %s, kernel %s\n\n",
-		r.Src, r.Dst, r.Scenario, r.Rounds, r.Duration, r.Kernel)
+	// With IPv6 rows a FAMILY column follows DATAPATH, and a note says what
+	// differs; an IPv4 report keeps the form it always had.
+	ipv6 := r.hasIPv6()
+	rr := "sockperf ping-pong"
+	if ipv6 {
+		rr = "IPv4: sockperf ping-pong, IPv6: a ping-pong of this program's own"
+		if !slices.ContainsFunc(r.Results, func(res Result) bool { return !res.Config.IPv6 }) {
+			rr = "a ping-pong of this program's own"
+		}
+	}
+	fmt.Fprintf(&b, "single TCP stream and TCP request/response (%s) %s -> %s, scenario %s, %d rounds of %s, kernel %s\n\n",
+		rr, r.Src, r.Dst, r.Scenario, r.Rounds, r.Duration, r.Kernel)
 	leftovers := "CNI leftovers"
 	if r.KubeProxy != "" {
 		leftovers += " + kube-proxy"
@@ -334,8 +402,13 @@ func (r *Report) String() string {
 			fmt.Fprintf(&b, "with rules: the CNI leftovers and a real kube-proxy (%s mode) with a NodePort Service per pod on every node\n\n", r.KubeProxy)
 		}
 	}
+	name, head := func(c Config) string { return c.Name() }, "DATAPATH"
+	if ipv6 {
+		name, head = func(c Config) string { return c.Name() + "\t" + c.family() }, "DATAPATH\tFAMILY"
+		b.WriteString(ipv6Note)
+	}
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "DATAPATH\tRULES\tMEDIAN Gbit/s\tSAMPLES\tRETRANSMITS\tvs VXLAN\tvs PLAIN\tvs WIREGUARD\tCPUs per Gbit/s\tRR µs\tRR TPS\tTPS vs VXLAN\tRR µs vs WIREGUARD")
+	fmt.Fprintln(w, head+"\tRULES\tMEDIAN Gbit/s\tSAMPLES\tRETRANSMITS\tvs VXLAN\tvs PLAIN\tvs WIREGUARD\tCPUs per Gbit/s\tRR µs\tRR TPS\tTPS vs VXLAN\tRR µs vs WIREGUARD")
 	for _, res := range r.Results {
 		var samples, retr []string
 		for _, s := range res.Samples {
@@ -358,7 +431,7 @@ func (r *Report) String() string {
 				rttWG = fmt.Sprintf("%.2fx", res.MedianRTT()/b.MedianRTT())
 			}
 		}
-		fmt.Fprintf(w, "%s\t%s\t%.2f\t%s\t%s\t%.2fx\t%s\t%s\t%.3f\t%.1f\t%.0f\t%.2fx\t%s\n", res.Config.Name(), rules, res.Median(),
+		fmt.Fprintf(w, "%s\t%s\t%.2f\t%s\t%s\t%.2fx\t%s\t%s\t%.3f\t%.1f\t%.0f\t%.2fx\t%s\n", name(res.Config), rules, res.Median(),
 			strings.Join(samples, " "), strings.Join(retr, " "),
 			r.Ratio(res.Config, vx), vsPlain, vsWG, res.MedianCoresPerGbps(),
 			res.MedianRTT(), res.MedianTPS(), tpsRatio, rttWG)
@@ -366,7 +439,7 @@ func (r *Report) String() string {
 	w.Flush()
 	fmt.Fprintf(&b, "\nround by round (each round measures every datapath once, in turn): min / median / max of the %d per-round ratios\n\n", r.Rounds)
 	w = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "DATAPATH\tRULES\tAGAINST\tSTREAM min/median/max\tTPS min/median/max")
+	fmt.Fprintln(w, head+"\tRULES\tAGAINST\tSTREAM min/median/max\tTPS min/median/max")
 	for _, res := range r.Results {
 		for _, base := range res.Config.baselines() {
 			cells := []string{"-", "-"}
@@ -375,12 +448,16 @@ func (r *Report) String() string {
 					cells[i] = fmt.Sprintf("%.2fx / %.2fx / %.2fx", m.Min, m.Median, m.Max)
 				}
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", res.Config.Name(), res.Config.variant(leftovers), base.Name(), cells[0], cells[1])
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", name(res.Config), res.Config.variant(leftovers), base.Name(), cells[0], cells[1])
 		}
 	}
 	w.Flush()
 	return b.String()
 }
+
+// ipv6Note heads the table of a report with IPv6 rows: what differs there.
+const ipv6Note = "IPv6: between the same pods' address6; isthmus and VXLAN over the IPv4 underlay, plain routing over the lab's IPv6 underlay addresses.\n" +
+	"IPv6 request/response: 14-byte messages on one TCP connection, blocking sockets, as sockperf's defaults (sockperf 3.7 has no IPv6); compare its RR figures within IPv6 only.\n\n"
 
 // JSON renders the report as indented JSON, with the margins.
 func (r *Report) JSON() ([]byte, error) {
@@ -390,7 +467,8 @@ func (r *Report) JSON() ([]byte, error) {
 	}{r, r.Margins()}, "", "  ")
 }
 
-// labName names the lab of a configuration: short, [a-z0-9], no dash.
+// labName names the lab of a configuration: short, [a-z0-9], no dash. Both
+// families of a configuration share its lab.
 func labName(c Config) string {
 	n := map[testenv.Datapath]string{testenv.DatapathIsthmus: "bisth", testenv.DatapathVXLAN: "bvxlan", testenv.DatapathPlain: "bplain", testenv.DatapathWireGuard: "bwg"}[c.Datapath]
 	if c.Encrypted {
@@ -405,8 +483,15 @@ func labName(c Config) string {
 	return n
 }
 
-// Configs returns the configurations Run measures for opts, in measuring order.
+// Configs returns the configurations Run measures for opts, in measuring order:
+// variant by variant, each family of opts.Family in turn, every datapath of
+// it. Encrypted isthmus and plain WireGuard routing are measured in IPv4 only
+// (Run refuses Encryption with IPv6). Nil for an unknown family.
 func Configs(opts Options) []Config {
+	fams, err := ipv6Families(opts.Family)
+	if err != nil {
+		return nil
+	}
 	var cs, variants []Config
 	if !opts.SkipRules {
 		variants = append(variants, Config{Rules: true})
@@ -418,21 +503,70 @@ func Configs(opts Options) []Config {
 		variants = append(variants, Config{Wiring: testenv.PodWiringProxyARP})
 	}
 	for _, v := range variants {
-		for _, dp := range []testenv.Datapath{testenv.DatapathIsthmus, testenv.DatapathVXLAN, testenv.DatapathPlain} {
-			cs = append(cs, v.on(dp))
-		}
-		if opts.Encryption {
-			enc := v.on(testenv.DatapathIsthmus)
-			enc.Encrypted = true
-			cs = append(cs, enc, v.on(testenv.DatapathWireGuard))
+		for _, ipv6 := range fams {
+			v.IPv6 = ipv6
+			for _, dp := range []testenv.Datapath{testenv.DatapathIsthmus, testenv.DatapathVXLAN, testenv.DatapathPlain} {
+				cs = append(cs, v.on(dp))
+			}
+			if opts.Encryption && !ipv6 {
+				enc := v.on(testenv.DatapathIsthmus)
+				enc.Encrypted = true
+				cs = append(cs, enc, v.on(testenv.DatapathWireGuard))
+			}
 		}
 	}
 	return cs
 }
 
-// Run builds one lab per configuration, measures a single TCP stream from Src to
-// Dst in each, round after round, and removes the labs again (also on error). It
-// needs root and iperf3.
+// labConfigs returns the configurations of the labs Run builds for configs, in
+// order: one per configuration regardless of family, and for each config the
+// index of its lab.
+func labConfigs(configs []Config) (labs []Config, index []int) {
+	for _, c := range configs {
+		c4 := c
+		c4.IPv6 = false
+		i := slices.Index(labs, c4)
+		if i < 0 {
+			i = len(labs)
+			labs = append(labs, c4)
+		}
+		index = append(index, i)
+	}
+	return labs, index
+}
+
+// podAddr returns the address the measurement of c uses for pod: its address6
+// for IPv6, else its address; the zero Addr when it has none.
+func podAddr(l *testenv.Lab, pod string, c Config) netip.Addr {
+	p, _ := l.Pod(pod)
+	if c.IPv6 {
+		return p.Address6
+	}
+	return p.Address
+}
+
+// checkPods returns an error unless sc has pods src and dst, both with an
+// address6 when ipv6 is measured.
+func checkPods(sc *testenv.Scenario, src, dst string, ipv6 bool) error {
+	pods := map[string]testenv.PodRef{}
+	for _, p := range sc.Pods() {
+		pods[p.Name] = p
+	}
+	for _, name := range []string{src, dst} {
+		p, ok := pods[name]
+		if !ok {
+			return fmt.Errorf("bench: scenario %s has no pod %q", sc.Name, name)
+		}
+		if ipv6 && !p.Address6.IsValid() {
+			return fmt.Errorf("bench: family 6: pod %s of scenario %s has no address6 (the dualstack scenario's pods have one)", name, sc.Name)
+		}
+	}
+	return nil
+}
+
+// Run builds one lab per configuration (one for both families of it), measures
+// a single TCP stream from Src to Dst in each, round after round, and removes
+// the labs again (also on error). It needs root, iperf3 and sockperf.
 func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 	if opts.Duration < 2*time.Second {
 		return nil, fmt.Errorf("bench: duration %s: want at least 2s (the first second is omitted)", opts.Duration)
@@ -440,8 +574,26 @@ func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 	if opts.Rounds < 1 {
 		return nil, fmt.Errorf("bench: rounds %d: want at least 1", opts.Rounds)
 	}
+	fams, err := ipv6Families(opts.Family)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Family == "" {
+		opts.Family = Family4
+	}
+	if opts.Scenario == "" {
+		opts.Scenario = DefaultScenario(opts.Family)
+	}
+	if opts.Encryption && slices.Contains(fams, true) {
+		return nil, fmt.Errorf("bench: encryption with family %s: measured in IPv4 only (the plain WireGuard baseline routes IPv4 only)", opts.Family)
+	}
 	if len(Configs(opts)) == 0 {
 		return nil, errors.New("bench: no variant to measure: the one with rules is skipped and neither the one without rules nor the proxy-ARP one is asked for")
+	}
+	if sc, err := testenv.LoadScenario(opts.Scenario); err != nil {
+		return nil, err
+	} else if err := checkPods(sc, opts.Src, opts.Dst, slices.Contains(fams, true)); err != nil {
+		return nil, err
 	}
 	for _, tool := range []string{"iperf3", "sockperf"} {
 		if err := programs.Require(tool); err != nil {
@@ -453,9 +605,10 @@ func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 			fmt.Fprintf(opts.Log, format+"\n", args...)
 		}
 	}
-	rep = &Report{Scenario: opts.Scenario, Src: opts.Src, Dst: opts.Dst, Duration: opts.Duration, Rounds: opts.Rounds, Kernel: kernelRelease(), KubeProxy: opts.KubeProxy}
+	rep = &Report{Scenario: opts.Scenario, Src: opts.Src, Dst: opts.Dst, Duration: opts.Duration, Rounds: opts.Rounds, Kernel: kernelRelease(), KubeProxy: opts.KubeProxy, Family: opts.Family}
 	configs := Configs(opts)
-	labs := make([]*testenv.Lab, len(configs))
+	labConfs, labOf := labConfigs(configs)
+	labs := make([]*testenv.Lab, len(labConfs))
 	defer func() {
 		for _, l := range labs {
 			if l != nil {
@@ -465,7 +618,7 @@ func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 			}
 		}
 	}()
-	for i, c := range configs {
+	for i, c := range labConfs {
 		sc, err := testenv.LoadScenario(opts.Scenario)
 		if err != nil {
 			return nil, err
@@ -503,26 +656,29 @@ func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 				return nil, fmt.Errorf("bench: %s: %w", c, err)
 			}
 		}
-		if !l.PodAddr(opts.Src).IsValid() || !l.PodAddr(opts.Dst).IsValid() {
-			return nil, fmt.Errorf("bench: scenario %s has no pod %q or %q", opts.Scenario, opts.Src, opts.Dst)
-		}
 		// A datapath that does not carry the path would leave the measurement
 		// waiting on a connection that never opens: say so instead.
-		if err := reaches(ctx, l, opts.Src, opts.Dst); err != nil {
-			return nil, fmt.Errorf("bench: %s: %w", c, err)
+		for _, ipv6 := range fams {
+			c.IPv6 = ipv6
+			if err := reaches(ctx, l, opts.Src, opts.Dst, c); err != nil {
+				return nil, fmt.Errorf("bench: %s: %w", c, err)
+			}
 		}
+	}
+	for _, c := range configs {
 		rep.Results = append(rep.Results, Result{Config: c})
 	}
 	for round := 1; round <= opts.Rounds; round++ {
-		for i, l := range labs {
-			s, err := measure(ctx, l, opts)
+		for i, c := range configs {
+			l := labs[labOf[i]]
+			s, err := measure(ctx, l, opts, c)
 			if err != nil {
-				return nil, fmt.Errorf("bench: round %d, %s: %w", round, configs[i], err)
+				return nil, fmt.Errorf("bench: round %d, %s: %w", round, c, err)
 			}
-			if s.RTTMicros, s.TPS, err = requestResponse(ctx, l, opts); err != nil {
-				return nil, fmt.Errorf("bench: round %d, %s: %w", round, configs[i], err)
+			if s.RTTMicros, s.TPS, err = requestResponse(ctx, l, opts, c); err != nil {
+				return nil, fmt.Errorf("bench: round %d, %s: %w", round, c, err)
 			}
-			logf("bench: round %d/%d %-32s %6.2f Gbit/s (%d retransmits), RR %.1f µs, %.0f/s", round, opts.Rounds, configs[i], s.Gbps, s.Retransmits, s.RTTMicros, s.TPS)
+			logf("bench: round %d/%d %-40s %6.2f Gbit/s (%d retransmits), RR %.1f µs, %.0f/s", round, opts.Rounds, c, s.Gbps, s.Retransmits, s.RTTMicros, s.TPS)
 			rep.Results[i].Samples = append(rep.Results[i].Samples, s)
 		}
 	}
@@ -579,30 +735,33 @@ func startKubeProxy(ctx context.Context, l *testenv.Lab, mode testenv.ProxyMode)
 	return l.WaitKubeProxyRules(ctx, mode, svcs, 2*time.Minute)
 }
 
-// reaches returns nil once pod src has an answer from pod dst to a ping, an
-// error if it has none within 10 s (a WireGuard handshake, neighbour
-// resolution and kube-proxy's first sync all fit well within).
-func reaches(ctx context.Context, l *testenv.Lab, src, dst string) error {
+// reaches returns nil once pod src has an answer from pod dst to a ping (to
+// its address6 when c is IPv6), an error if it has none within 10 s (a
+// WireGuard handshake, neighbour resolution and kube-proxy's first sync all fit
+// well within).
+func reaches(ctx context.Context, l *testenv.Lab, src, dst string, c Config) error {
+	to := podAddr(l, dst, c)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		err := testenv.Ping(l.PodNS(src), l.PodAddr(dst), time.Second)
+		err := testenv.Ping(l.PodNS(src), to, time.Second)
 		if err == nil {
 			return nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("pod %s does not reach pod %s (%s): %w", src, dst, l.PodAddr(dst), err)
+			return fmt.Errorf("pod %s does not reach pod %s (%s): %w", src, dst, to, err)
 		}
 	}
 }
 
-// measure runs one iperf3 stream from opts.Src to opts.Dst in lab l.
-func measure(ctx context.Context, l *testenv.Lab, opts Options) (Sample, error) {
+// measure runs one iperf3 stream from opts.Src to opts.Dst in lab l, between
+// their address6 when c is IPv6.
+func measure(ctx context.Context, l *testenv.Lab, opts Options, c Config) (Sample, error) {
 	const port = "5299"
 	// A stream that stalls (a path lost in the middle of a run) ends the run
 	// rather than waiting on it for ever.
 	ctx, cancel := context.WithTimeout(ctx, opts.Duration+30*time.Second)
 	defer cancel()
-	dst := l.PodAddr(opts.Dst)
+	dst := podAddr(l, opts.Dst, c)
 	server := testenv.Command(ctx, l.PodNS(opts.Dst), "iperf3", "--server", "--one-off", "--forceflush",
 		"--port", port, "--bind", dst.String())
 	stdout, err := server.StdoutPipe()
@@ -615,7 +774,13 @@ func measure(ctx context.Context, l *testenv.Lab, opts Options) (Sample, error) 
 	}
 	defer func() { server.Process.Kill(); server.Wait() }()
 	if err := waitListening(stdout, 5*time.Second); err != nil {
-		return Sample{}, fmt.Errorf("iperf3 server in %s: %w", opts.Dst, err)
+		// Say what the pod holds: an address gone from it in the middle of a
+		// run has been seen ("Cannot assign requested address").
+		addrs, aerr := testenv.Exec(ctx, l.PodNS(opts.Dst), "ip", "-br", "address")
+		if aerr != nil {
+			addrs = aerr.Error()
+		}
+		return Sample{}, fmt.Errorf("iperf3 server in %s: %w (the pod's addresses: %s)", opts.Dst, err, strings.Join(strings.Fields(addrs), " "))
 	}
 	secs := strconv.Itoa(int(opts.Duration.Seconds()))
 	before, err := readCPUTimes()
@@ -696,9 +861,22 @@ func (t cpuTimes) busyCoresSince(before cpuTimes) float64 {
 
 // requestResponse runs sockperf ping-pong over TCP from opts.Src to opts.Dst for
 // opts.Duration (sockperf leaves out its own warm-up) and returns the mean round trip
-// in µs and the transactions per second.
-func requestResponse(ctx context.Context, l *testenv.Lab, opts Options) (rttMicros, tps float64, err error) {
+// in µs and the transactions per second. Over IPv6 (c.IPv6), which sockperf
+// 3.7 cannot speak, the ping-pong is this package's own (pingPong), and the
+// receiving pod must see the sender's own address6.
+func requestResponse(ctx context.Context, l *testenv.Lab, opts Options, c Config) (rttMicros, tps float64, err error) {
 	const port = "5298"
+	if c.IPv6 {
+		dst := netip.AddrPortFrom(podAddr(l, opts.Dst, c), 5298)
+		res, err := pingPong(ctx, nsRunner(l.PodNS(opts.Src)), nsRunner(l.PodNS(opts.Dst)), dst, opts.Duration)
+		if err != nil {
+			return 0, 0, fmt.Errorf("ping-pong to %s: %w", dst, err)
+		}
+		if want := podAddr(l, opts.Src, c); res.Saw != want {
+			return 0, 0, fmt.Errorf("ping-pong to %s: the server saw source %s, want pod %s's own %s", dst, res.Saw, opts.Src, want)
+		}
+		return res.RTTMicros(), res.TPS(), nil
+	}
 	dst := l.PodAddr(opts.Dst).String()
 	server := testenv.Command(ctx, l.PodNS(opts.Dst), "sockperf", "server", "--tcp", "-i", dst, "-p", port)
 	if err := server.Start(); err != nil {

@@ -307,7 +307,7 @@ func measureSNAT(ctx context.Context, l *testenv.Lab, opts SNATOptions, seenAs n
 	if cr.Failed*100 > cr.Conns {
 		return SNATSample{}, fmt.Errorf("connection rate: %d of %d connections failed (first: %s)", cr.Failed, cr.Conns+cr.Failed, cr.FirstErr)
 	}
-	tp, err := measure(ctx, l, Options{Src: opts.Src, Dst: opts.Dst, Duration: opts.Duration})
+	tp, err := measure(ctx, l, Options{Src: opts.Src, Dst: opts.Dst, Duration: opts.Duration}, Config{})
 	if err != nil {
 		return SNATSample{}, err
 	}
