@@ -60,6 +60,7 @@ type IsthmusDatapathConfig struct {
 	SnatPortMin     uint16
 	SnatPortMax     uint16
 	WgIfindex       uint32
+	UnderlayIp6     [4]uint32
 }
 
 type IsthmusDecapMeta struct {
@@ -114,6 +115,7 @@ const (
 	IsthmusDropReasonDROP_CLEARTEXT_FROM_ENCRYPTED IsthmusDropReason = 4294967126
 	IsthmusDropReasonDROP_WIREGUARD_PEER_CLEAR     IsthmusDropReason = 4294967125
 	IsthmusDropReasonDROP_WIREGUARD_NOT_GENEVE     IsthmusDropReason = 4294967124
+	IsthmusDropReasonDROP_NO_UNDERLAY6             IsthmusDropReason = 4294967123
 )
 
 type IsthmusFabricPrefixValue struct {
@@ -261,6 +263,17 @@ type IsthmusNexthopGroup struct {
 	Slots [64]uint32
 }
 
+type IsthmusPeer6Key struct {
+	_    structs.HostLayout
+	Addr [4]uint32
+}
+
+type IsthmusPeer6Value struct {
+	_        structs.HostLayout
+	Handle   uint32
+	Reserved uint32
+}
+
 type IsthmusPeerSource6Key struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -281,9 +294,10 @@ type IsthmusPeerSourceValue struct {
 }
 
 type IsthmusPeerValue struct {
-	_        structs.HostLayout
-	Flags    uint32
-	Reserved uint32
+	_         structs.HostLayout
+	Flags     uint32
+	Reserved  uint32
+	Underlay6 [4]uint32
 }
 
 type IsthmusPodAddr6Key struct {
@@ -395,6 +409,7 @@ const (
 	IsthmusMapPeerSources            = "peer_sources"
 	IsthmusMapPeerSources6           = "peer_sources6"
 	IsthmusMapPeers                  = "peers"
+	IsthmusMapPeers6                 = "peers6"
 	IsthmusMapPodAddrs               = "pod_addrs"
 	IsthmusMapPodAddrs6              = "pod_addrs6"
 	IsthmusMapPodIfaces              = "pod_ifaces"
@@ -486,6 +501,7 @@ type IsthmusMapSpecs struct {
 	PeerSources    *ebpf.MapSpec `ebpf:"peer_sources"`
 	PeerSources6   *ebpf.MapSpec `ebpf:"peer_sources6"`
 	Peers          *ebpf.MapSpec `ebpf:"peers"`
+	Peers6         *ebpf.MapSpec `ebpf:"peers6"`
 	PodAddrs       *ebpf.MapSpec `ebpf:"pod_addrs"`
 	PodAddrs6      *ebpf.MapSpec `ebpf:"pod_addrs6"`
 	PodIfaces      *ebpf.MapSpec `ebpf:"pod_ifaces"`
@@ -541,6 +557,7 @@ type IsthmusMaps struct {
 	PeerSources    *ebpf.Map `ebpf:"peer_sources"`
 	PeerSources6   *ebpf.Map `ebpf:"peer_sources6"`
 	Peers          *ebpf.Map `ebpf:"peers"`
+	Peers6         *ebpf.Map `ebpf:"peers6"`
 	PodAddrs       *ebpf.Map `ebpf:"pod_addrs"`
 	PodAddrs6      *ebpf.Map `ebpf:"pod_addrs6"`
 	PodIfaces      *ebpf.Map `ebpf:"pod_ifaces"`
@@ -571,6 +588,7 @@ func (m *IsthmusMaps) Close() error {
 		m.PeerSources,
 		m.PeerSources6,
 		m.Peers,
+		m.Peers6,
 		m.PodAddrs,
 		m.PodAddrs6,
 		m.PodIfaces,

@@ -91,6 +91,7 @@ func TestTypesMatchBTF(t *testing.T) {
 		{MapCtClose6, CtClose6Key{}, CtCloseValue{}},
 		{MapRoutes6, Route6Key{}, RouteValue{}},
 		{MapPeerSources6, PeerSource6Key{}, PeerSourceValue{}},
+		{MapPeers6, Peer6Key{}, Peer6Value{}},
 	}
 	if len(cases) != len(AllMaps) {
 		t.Errorf("%d maps checked, AllMaps has %d: add the new one here", len(cases), len(AllMaps))

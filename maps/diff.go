@@ -79,7 +79,17 @@ func Describe(m Name, key, value any) string {
 		}
 	case MapPeers:
 		for a, p := range s.Peers {
+			if v, ok := value.(PeerValue); ok && p.Flags&PeerFlagUnderlay6 != 0 {
+				return fmt.Sprintf("peers %v %v%s", a, From16ToAddr(v.Underlay6), flags(p.Flags))
+			}
 			return fmt.Sprintf("peers %v%s", a, flags(p.Flags))
+		}
+	case MapPeers6:
+		for a, h := range s.Handles {
+			if keyOnly {
+				return fmt.Sprintf("peers6 %v", a)
+			}
+			return fmt.Sprintf("peers6 %v -> %v", a, h)
 		}
 	case MapPeerSources, MapPeerSources6:
 		for ps := range s.PeerSources {
@@ -161,6 +171,8 @@ func zeroValue(m Name) any {
 		return RouteValue{}
 	case MapPeers:
 		return PeerValue{}
+	case MapPeers6:
+		return Peer6Value{}
 	case MapPeerSources, MapPeerSources6:
 		return PeerSourceValue{}
 	case MapPodIfaces:
@@ -182,21 +194,29 @@ func zeroValue(m Name) any {
 }
 
 // Diff returns the changes that turn current into desired: every update first
-// (config, peers, peer_sources, pod_addrs, pod_ifaces, fabric_prefixes, snat_exempt, masq_exempt,
+// (config, peers6, peers, peer_sources, pod_addrs, pod_ifaces, fabric_prefixes, snat_exempt, masq_exempt,
 // nexthop_groups, routes: each family's entries in its own map (routes6,
 // peer_sources6, pod_addrs6 for IPv6); a route is only written once its peer is accepted and
 // its group filled), then every delete in the reverse order, each map's entries in
 // key order. Entries equal in both are not touched. The config entry is never
 // deleted, only overwritten. A nexthop_groups delete (an array entry) means writing
 // the zero entry; Set.Delete does that. Only the groups that changed are written.
+// A peer on the IPv6 underlay is written by its handle (State.Handles): its
+// peers6 entry, then its peers entry with PeerFlagUnderlay6 and its address, and
+// the routes and sources that name it hold the handle.
 func Diff(current, desired State) []Change {
 	var updates, deletes []Change
 	if current.Config != desired.Config {
 		updates = append(updates, Change{OpUpdate, MapConfig, uint32(0), desired.Config.toKernel()})
 	}
-
+	// Peers on the IPv6 underlay by their handles, as the kernel holds them.
+	current, desired, handles := current.kernelView(), desired.kernelView(), desired.Handles
+	for _, a := range sortedWhere(handles, cmpAddr, func(a, h netip.Addr) bool { c, ok := current.Handles[a]; return !ok || c != h }) {
+		updates = append(updates, Change{OpUpdate, MapPeers6, Peer6Key{Addr: AddrTo16(a)}, Peer6Value{Handle: AddrToBE32(handles[a])}})
+	}
+	underlay6 := byHandle(handles)
 	for _, a := range sortedWhere(desired.Peers, cmpAddr, func(a netip.Addr, v Peer) bool { c, ok := current.Peers[a]; return !ok || c != v }) {
-		updates = append(updates, Change{OpUpdate, MapPeers, AddrToBE32(a), PeerValue{Flags: desired.Peers[a].Flags}})
+		updates = append(updates, Change{OpUpdate, MapPeers, AddrToBE32(a), PeerValue{Flags: desired.Peers[a].Flags, Underlay6: AddrTo16(underlay6[a])}})
 	}
 	for _, ps := range sortedMissing(desired.PeerSources, current.PeerSources, cmpPeerSource) {
 		n, k := ps.entry()
@@ -258,6 +278,9 @@ func Diff(current, desired State) []Change {
 	}
 	for _, a := range sortedMissing(current.Peers, desired.Peers, cmpAddr) {
 		deletes = append(deletes, Change{Op: OpDelete, Map: MapPeers, Key: AddrToBE32(a)})
+	}
+	for _, a := range sortedMissing(current.Handles, handles, cmpAddr) {
+		deletes = append(deletes, Change{Op: OpDelete, Map: MapPeers6, Key: Peer6Key{Addr: AddrTo16(a)}})
 	}
 	return append(updates, deletes...)
 }

@@ -59,6 +59,7 @@ var dropReasons = []DropReason{
 	{-170, "DROP_CLEARTEXT_FROM_ENCRYPTED", "cleartext_from_encrypted", "GENEVE in the clear from a peer of an encrypted pair."},
 	{-171, "DROP_WIREGUARD_PEER_CLEAR", "wireguard_peer_clear", "GENEVE out of WireGuard from a peer this node tunnels to in the clear."},
 	{-172, "DROP_WIREGUARD_NOT_GENEVE", "wireguard_not_geneve", "A packet out of the WireGuard device that is not GENEVE for this node."},
+	{-173, "DROP_NO_UNDERLAY6", "no_underlay6", "For a peer on the IPv6 underlay, and this node has no IPv6 underlay address."},
 }
 
 // DropReasons returns every drop reason, in code order from -130 down.

@@ -20,6 +20,10 @@ var (
 // Insert adds one map entry, as Read does.
 func (s *State) Insert(m Name, key, value any) error { return s.insert(m, key, value) }
 
+// ResolveHandles names the peers of the IPv6 underlay by their addresses, as Read
+// does once every entry is in.
+func (s *State) ResolveHandles() { s.resolveHandles() }
+
 // NewKernelSet creates unpinned maps from the object's specs.
 func NewKernelSet(t *testing.T) *Set {
 	t.Helper()

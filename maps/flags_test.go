@@ -20,7 +20,8 @@ func TestConfigFlagsMatchHeader(t *testing.T) {
 		"CFG_F_FIB_DIRECT": ConfigFlagFIBDirect,
 		"HEALTH_F_REACHES": HealthFlagReaches, "ROUTE_F_VIA_FABRIC": RouteFlagViaFabric, "ROUTE_F_UNDERLAY": RouteFlagUnderlay,
 		"ROUTE_F_NOT_FOR_PODS": RouteFlagNotForPods,
-		"PEER_F_WIREGUARD":     PeerFlagWireGuard, "PEER_F_WIREGUARD_NO_KEY": PeerFlagWireGuardNoKey}
+		"PEER_F_WIREGUARD":     PeerFlagWireGuard, "PEER_F_WIREGUARD_NO_KEY": PeerFlagWireGuardNoKey,
+		"PEER_F_UNDERLAY6": PeerFlagUnderlay6}
 	re := regexp.MustCompile(`#define\s+((?:CFG|HEALTH|PEER|ROUTE)_F_\w+)\s+\(1 << (\d+)\)`)
 	found := map[string]uint32{}
 	for _, m := range re.FindAllStringSubmatch(string(src), -1) {

@@ -156,3 +156,53 @@ func TestKernelGroupsAndPrefixes(t *testing.T) {
 		t.Fatalf("after clearing maps hold %+v (%v)", got, err)
 	}
 }
+
+// TestKernelUnderlay6: the state of a node on the IPv6 underlay, written to real
+// maps, reads back as it was, and the kernel's lookups find what the datapath
+// follows: a route's peer is a handle, whose peers entry carries
+// PEER_F_UNDERLAY6 and the IPv6 address, which peers6 maps back to the handle;
+// peer_sources hold the handle.
+func TestKernelUnderlay6(t *testing.T) {
+	s := newKernelSet(t)
+	st, _ := mapstate.FromPlan(mapstatetest.Underlay6Plan(), mapstatetest.Node())
+	if _, err := Apply(s, Diff(State{}, st)); err != nil {
+		t.Fatalf("apply: %v", err)
+	}
+	got, err := s.Read()
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	if !got.Equal(st) {
+		t.Fatalf("kernel maps hold %+v\nwant %+v", got, st)
+	}
+	if d := Diff(got, st); len(d) != 0 {
+		t.Fatalf("diff after apply is not empty: %v", d)
+	}
+	b1 := addr("fd00:b::11")
+	var rv RouteValue
+	if err := s.Map(MapRoutes).Lookup(RouteKey{Prefixlen: 32, Addr: AddrToBE32(addr("10.1.0.77"))}, &rv); err != nil {
+		t.Fatalf("LPM lookup 10.1.0.77: %v", err)
+	}
+	h := BE32ToAddr(rv.Peer)
+	if !IsHandle(h) || h != st.Handles[b1] {
+		t.Fatalf("10.1.0.77 routes to %v, want b1's handle %v", h, st.Handles[b1])
+	}
+	var pv PeerValue
+	if err := s.Map(MapPeers).Lookup(rv.Peer, &pv); err != nil || pv.Flags != PeerFlagUnderlay6 || From16ToAddr(pv.Underlay6) != b1 {
+		t.Fatalf("peers[%v] = %+v (%v), want PEER_F_UNDERLAY6 and %v", h, pv, err, b1)
+	}
+	var p6 Peer6Value
+	if err := s.Map(MapPeers6).Lookup(Peer6Key{Addr: AddrTo16(b1)}, &p6); err != nil || p6.Handle != rv.Peer {
+		t.Fatalf("peers6[%v] = %+v (%v), want handle %v", b1, p6, err, h)
+	}
+	var psv PeerSourceValue
+	if err := s.Map(MapPeerSources).Lookup(PeerSourceKey{Prefixlen: 64, Peer: rv.Peer, Src: AddrToBE32(addr("10.1.0.5"))}, &psv); err != nil {
+		t.Fatalf("peer_sources of b1's handle from 10.1.0.5: %v", err)
+	}
+	if _, err := Apply(s, Diff(got, State{})); err != nil {
+		t.Fatalf("apply empty: %v", err)
+	}
+	if got, err := s.Read(); err != nil || !got.Equal(State{}) {
+		t.Fatalf("after clearing, maps hold %+v (%v)", got, err)
+	}
+}

@@ -17,12 +17,12 @@ import (
 // header changes a map's key, value, type, size or flags, or a map is added to or
 // removed from AllMaps. A restarted agent whose version differs from the pinned
 // layout record migrates the maps (loader/datapath).
-const LayoutVersion uint32 = 10
+const LayoutVersion uint32 = 11
 
 // LayoutSpecHash is SpecHash of the object built for LayoutVersion.
 // TestLayoutVersionCurrent fails when the object's map specs no longer hash to it:
 // the layout changed and LayoutVersion was not bumped.
-const LayoutSpecHash = "9a51e400374f94045a0feeb3ea94680526adac58d028b251d11bc20fe79ed138"
+const LayoutSpecHash = "919d165eada33c58fe1b146c77d9602a462f99c835d82931cf8204ba24aaa853"
 
 // MapLayout is the name of the pinned layout record: a one-entry array whose value
 // is a LayoutRecord. It is created from Go, never by the BPF object.

@@ -218,6 +218,7 @@ func (f *fakeMaps) state(t *testing.T) State {
 			}
 		}
 	}
+	s.ResolveHandles()
 	return s
 }
 
@@ -386,6 +387,18 @@ func randomStates(n int) []State {
 			s.Config.TunnelIP = addr("10.0.1.1")
 			s.Config.SNATPortMin, s.Config.SNATPortMax = 61000, 65535
 		}
+		// Peers on the IPv6 underlay, each with the same handle in every state
+		// (AssignHandles keeps a peer's handle while it stays).
+		for range r.IntN(3) {
+			k := byte(r.IntN(4))
+			peer := netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 15: 10 + k})
+			s.Peers[peer] = Peer{}
+			s.Handles[peer] = netip.AddrFrom4([4]byte{0, 0, 1, k})
+			src := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 7, k, 0}), 24)
+			s.PeerSources[PeerSource{peer, src}] = struct{}{}
+			s.PeerSources[PeerSource{peer, netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0x70, 3: k}), 64)}] = struct{}{}
+			s.Routes[src] = Route{Peer: peer}
+		}
 		out = append(out, s)
 	}
 	return out
@@ -530,5 +543,86 @@ func TestApplyTranscriptGroups(t *testing.T) {
 	}
 	if !f.state(t).Equal(s3) {
 		t.Fatal("fake does not hold the desired state")
+	}
+}
+
+// TestAssignHandles: every IPv6 address gets a distinct handle in 0.0.0.0/8; one
+// the kernel holds keeps it; a new one never takes a handle the kernel holds for
+// another address (whose entries are deleted only after the new ones are written);
+// IPv4 addresses get none; the result does not depend on the order of the input.
+func TestAssignHandles(t *testing.T) {
+	a, b, c := addr("fd00::a"), addr("fd00::b"), addr("fd00::c")
+	first := AssignHandles([]netip.Addr{b, a, addr("172.16.2.11"), a}, nil)
+	if len(first) != 2 || first[a] != addr("0.0.0.1") || first[b] != addr("0.0.0.2") {
+		t.Fatalf("from nothing: %v, want a and b at 0.0.0.1 and 0.0.0.2", first)
+	}
+	// b goes, c comes: a keeps its handle, c does not take b's.
+	second := AssignHandles([]netip.Addr{c, a}, first)
+	if len(second) != 2 || second[a] != first[a] || second[c] == first[b] || !IsHandle(second[c]) {
+		t.Fatalf("after b left and c came: %v (before %v)", second, first)
+	}
+	if got := AssignHandles([]netip.Addr{a, c}, second); !stdmaps.Equal(got, second) {
+		t.Errorf("again: %v, want %v unchanged", got, second)
+	}
+	for _, h := range []string{"0.0.0.0", "0.1.2.3", "1.0.0.1", "10.0.0.1"} {
+		if got, want := IsHandle(addr(h)), h == "0.1.2.3"; got != want {
+			t.Errorf("IsHandle(%s) = %v, want %v", h, got, want)
+		}
+	}
+}
+
+// TestApplyHandles: a peer on the IPv6 underlay is written by its handle (peers6,
+// then peers with PEER_F_UNDERLAY6 and its address; its routes and sources hold the
+// handle), reads back as the same State, and a peer replaced by another leaves its
+// entries deleted after the new ones are written.
+func TestApplyHandles(t *testing.T) {
+	f := newFake()
+	p1, p2 := addr("fd00:100::11"), addr("fd00:100::12")
+	s := NewState()
+	s.Peers[p1] = Peer{}
+	s.Routes[pfx("10.2.0.0/24")] = Route{Peer: p1}
+	s.Routes[pfx("fd00:b::/64")] = Route{Peer: p1}
+	s.PeerSources[PeerSource{p1, pfx("10.2.0.0/24")}] = struct{}{}
+	s.Handles = AssignHandles([]netip.Addr{p1}, nil)
+	sync(t, f, s)
+	want := []string{
+		"update peers6 fd00:100::11 -> 0.0.0.1",
+		"update peers 0.0.0.1 fd00:100::11 flags=0x4",
+		"update peer_sources 0.0.0.1 10.2.0.0/24",
+		"update routes 10.2.0.0/24 -> 0.0.0.1",
+		"update routes6 fd00:b::/64 -> 0.0.0.1",
+	}
+	if d := cmp.Diff(want, f.take()); d != "" {
+		t.Errorf("transcript (-want +got):\n%s", d)
+	}
+	if got := f.state(t); !got.Equal(s) {
+		t.Fatalf("reads back as %+v, want %+v", got, s)
+	}
+	if res := sync(t, f, s); res.Updated+res.Deleted != 0 {
+		t.Errorf("resync wrote %v", f.take())
+	}
+
+	// p1 replaced by p2: p2 takes a fresh handle; p1's entries go after.
+	n := NewState()
+	n.Peers[p2] = Peer{}
+	n.Routes[pfx("10.2.0.0/24")] = Route{Peer: p2}
+	n.PeerSources[PeerSource{p2, pfx("10.2.0.0/24")}] = struct{}{}
+	n.Handles = AssignHandles([]netip.Addr{p2}, f.state(t).Handles)
+	sync(t, f, n)
+	want = []string{
+		"update peers6 fd00:100::12 -> 0.0.0.2",
+		"update peers 0.0.0.2 fd00:100::12 flags=0x4",
+		"update peer_sources 0.0.0.2 10.2.0.0/24",
+		"update routes 10.2.0.0/24 -> 0.0.0.2",
+		"delete routes6 fd00:b::/64",
+		"delete peer_sources 0.0.0.1 10.2.0.0/24",
+		"delete peers 0.0.0.1",
+		"delete peers6 fd00:100::11",
+	}
+	if d := cmp.Diff(want, f.take()); d != "" {
+		t.Errorf("replacing the peer: transcript (-want +got):\n%s", d)
+	}
+	if got := f.state(t); !got.Equal(n) {
+		t.Fatalf("reads back as %+v, want %+v", got, n)
 	}
 }

@@ -95,6 +95,9 @@ func (s *Set) Read() (State, error) {
 	if err := readMap[uint32, PeerValue](s, MapPeers, &st); err != nil {
 		return st, err
 	}
+	if err := readMap[Peer6Key, Peer6Value](s, MapPeers6, &st); err != nil {
+		return st, err
+	}
 	if err := readMap[PeerSourceKey, PeerSourceValue](s, MapPeerSources, &st); err != nil {
 		return st, err
 	}
@@ -127,6 +130,7 @@ func (s *Set) Read() (State, error) {
 		return st, fmt.Errorf("read map config: %w", err)
 	}
 	st.Config = configFromKernel(cfg)
+	st.resolveHandles()
 	return st, nil
 }
 

@@ -34,7 +34,12 @@ type State struct {
 	// PodAddrs are the pod_addrs (IPv4) and pod_addrs6 (IPv6) entries: the
 	// addresses the CNI plugin reserved for the pod behind each host interface.
 	PodAddrs map[PodAddr]struct{}
-	Config   Config
+	// Handles are the peers6 entries: the handle (an address in 0.0.0.0/8,
+	// IsHandle) of each peer on the IPv6 underlay, which the kernel's peers,
+	// routes and peer_sources hold in place of its 16-byte address. Everywhere
+	// else in a State such a peer is its IPv6 address (AssignHandles).
+	Handles map[netip.Addr]netip.Addr
+	Config  Config
 }
 
 // Route is the value of a routes entry: the peer that owns the prefix, or (Group
@@ -88,6 +93,9 @@ type Config struct {
 	// WireGuardIfindex is the WireGuard device encrypted peers' GENEVE goes
 	// into; 0 means none (what is for an encrypted peer is dropped).
 	WireGuardIfindex uint32
+	// UnderlayIP6 is the node's IPv6 tunnel endpoint, the outer source to peers
+	// on the IPv6 underlay; invalid means none.
+	UnderlayIP6 netip.Addr
 }
 
 // Clone returns a deep copy of s.
@@ -102,6 +110,7 @@ func (s State) Clone() State {
 		SNATExempt:     maps.Clone(s.SNATExempt),
 		MasqExempt:     maps.Clone(s.MasqExempt),
 		PodAddrs:       maps.Clone(s.PodAddrs),
+		Handles:        maps.Clone(s.Handles),
 		Config:         s.Config,
 	}
 }
@@ -112,13 +121,14 @@ func (s State) Equal(o State) bool {
 		maps.Equal(s.PeerSources, o.PeerSources) && maps.Equal(s.PodIfaces, o.PodIfaces) &&
 		maps.Equal(s.Groups, o.Groups) && maps.Equal(s.FabricPrefixes, o.FabricPrefixes) &&
 		maps.Equal(s.SNATExempt, o.SNATExempt) && maps.Equal(s.MasqExempt, o.MasqExempt) &&
-		maps.Equal(s.PodAddrs, o.PodAddrs) && s.Config == o.Config
+		maps.Equal(s.PodAddrs, o.PodAddrs) && maps.Equal(s.Handles, o.Handles) && s.Config == o.Config
 }
 
 // Len is the number of entries in s, the config entry included.
 func (s State) Len() int {
 	return len(s.Routes) + len(s.Peers) + len(s.PeerSources) + len(s.PodIfaces) +
-		len(s.Groups) + len(s.FabricPrefixes) + len(s.SNATExempt) + len(s.MasqExempt) + len(s.PodAddrs) + 1
+		len(s.Groups) + len(s.FabricPrefixes) + len(s.SNATExempt) + len(s.MasqExempt) + len(s.PodAddrs) +
+		len(s.Handles) + 1
 }
 
 // NewState returns an empty State with every map made.
@@ -133,6 +143,7 @@ func NewState() State {
 		SNATExempt:     map[netip.Prefix]struct{}{},
 		MasqExempt:     map[netip.Prefix]struct{}{},
 		PodAddrs:       map[PodAddr]struct{}{},
+		Handles:        map[netip.Addr]netip.Addr{},
 	}
 }
 
@@ -150,6 +161,7 @@ func (c Config) toKernel() DatapathConfig {
 		SnatPortMin:     c.SNATPortMin,
 		SnatPortMax:     c.SNATPortMax,
 		WgIfindex:       c.WireGuardIfindex,
+		UnderlayIp6:     AddrTo16(c.UnderlayIP6),
 	}
 }
 
@@ -170,6 +182,9 @@ func configFromKernel(k DatapathConfig) Config {
 	}
 	if k.TunnelIp != 0 {
 		c.TunnelIP = BE32ToAddr(k.TunnelIp)
+	}
+	if k.UnderlayIp6 != [4]uint32{} {
+		c.UnderlayIP6 = From16ToAddr(k.UnderlayIp6)
 	}
 	return c
 }
@@ -257,7 +272,16 @@ func (s *State) insert(m Name, key, value any) error {
 		if !ok1 || !ok2 {
 			break
 		}
+		// A handle's flags keep PeerFlagUnderlay6 until resolveHandles.
 		s.Peers[BE32ToAddr(k)] = Peer{Flags: v.Flags}
+		return nil
+	case MapPeers6:
+		k, ok1 := key.(Peer6Key)
+		v, ok2 := value.(Peer6Value)
+		if !ok1 || !ok2 {
+			break
+		}
+		s.Handles[From16ToAddr(k.Addr)] = BE32ToAddr(v.Handle)
 		return nil
 	case MapPeerSources:
 		k, ok := key.(PeerSourceKey)
@@ -305,6 +329,7 @@ func (s State) Counts() map[Name]int {
 		MapPodIfaces:      len(s.PodIfaces),
 		MapFabricPrefixes: len(s.FabricPrefixes),
 		MapSNATExempt:     len(s.SNATExempt),
+		MapPeers6:         len(s.Handles),
 	}
 	for p := range s.Routes {
 		n, _ := routeEntry(p)

@@ -24,6 +24,8 @@ type (
 	Route6Key       = bpf.IsthmusRoute6Key
 	RouteValue      = bpf.IsthmusRouteValue
 	PeerValue       = bpf.IsthmusPeerValue
+	Peer6Key        = bpf.IsthmusPeer6Key
+	Peer6Value      = bpf.IsthmusPeer6Value
 	PeerSourceKey   = bpf.IsthmusPeerSourceKey
 	PeerSource6Key  = bpf.IsthmusPeerSource6Key
 	PeerSourceValue = bpf.IsthmusPeerSourceValue
@@ -97,6 +99,11 @@ const PeerFlagWireGuard uint32 = 1 << 0
 // peer's public key is not known yet; what would go to it is dropped and counted.
 const PeerFlagWireGuardNoKey uint32 = 1 << 1
 
+// PeerFlagUnderlay6 is PEER_F_UNDERLAY6: the peer is reached over the IPv6
+// underlay, and its peers key is a handle (State.Handles). The maps package sets
+// it from the address family; a State's Peer.Flags never hold it.
+const PeerFlagUnderlay6 uint32 = 1 << 2
+
 // PodIfaceFlagReserved is POD_IFACE_F_RESERVED: the interface is the CNI
 // plugin's, and pod_ingress accepts only the sources pod_addrs lists for it.
 const PodIfaceFlagReserved uint32 = 1 << 0
@@ -148,13 +155,22 @@ const (
 	MapCtClose Name = "ct_close"
 	// MapCtClose6 is MapCtClose for IPv6 flows.
 	MapCtClose6 Name = "ct_close6"
+	// MapPeers6 maps the IPv6 underlay address of a peer to the handle the other
+	// maps know it by (State.Handles).
+	MapPeers6 Name = "peers6"
 )
 
 // AllMaps lists every map the datapath pins, in a stable order.
 var AllMaps = []Name{MapRoutes, MapPeers, MapPeerSources, MapConfig, MapPodIfaces, MapMetrics,
 	MapNexthopGroups, MapFabricPrefixes, MapSNATExempt, MapNat, MapHealthReach, MapHealthProbers,
 	MapMasqExempt, MapPodAddrs, MapRedirectLast, MapRedirectDrops, MapMasqNat, MapNatSources,
-	MapCtClose, MapPodAddrs6, MapRoutes6, MapPeerSources6, MapCtClose6}
+	MapCtClose, MapPodAddrs6, MapRoutes6, MapPeerSources6, MapCtClose6, MapPeers6}
+
+// IsHandle reports whether a is a peer handle: an address in 0.0.0.0/8 other than
+// 0.0.0.0, which no peer's IPv4 address can be.
+func IsHandle(a netip.Addr) bool {
+	return a.Is4() && a.As4()[0] == 0 && a != netip.IPv4Unspecified()
+}
 
 // AddrToBE32 returns the __be32 form of an IPv4 address: a uint32 whose in-memory
 // bytes are the address in network order. An invalid or IPv6 address gives 0.

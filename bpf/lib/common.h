@@ -43,6 +43,10 @@
 /* Outer IPv4 + UDP + GENEVE (no options) + inner Ethernet: bytes pushed by encap. */
 #define ENCAP_OVERHEAD		(sizeof(struct iphdr) + sizeof(struct udphdr) + \
 				 GENEVE_HLEN + sizeof(struct ethhdr))
+/* The same over the IPv6 underlay: a 40-byte outer IPv6 header. */
+#define IPV6_HLEN		40
+#define ENCAP6_OVERHEAD		(IPV6_HLEN + sizeof(struct udphdr) + GENEVE_HLEN + \
+				 sizeof(struct ethhdr))
 
 #ifndef likely
 #define likely(x)		__builtin_expect(!!(x), 1)

@@ -74,11 +74,45 @@ static __always_inline int pull_xdp_popped_headers(struct __sk_buff *skb)
 #define DECAP_FLAGS	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_DECAP_L3_IPV4)
 #define DECAP6_FLAGS	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_DECAP_L3_IPV6)
 
-/* Parses outer Ethernet, IPv4 and UDP at c. Returns 1 with info->peer and
- * info->outer_hlen set and c at the GENEVE header if the frame is GENEVE addressed to
- * this node (its underlay address; out of the WireGuard device, info->from_wireguard,
- * its tunnel address), 0 if it is not ours (pass it on), or a negative DROP_* for an
- * IPv4 packet too malformed to tell. */
+/* underlay_classify for an outer IPv6 header at c: GENEVE (UDP right after the fixed
+ * header, to port 6081) addressed to config.underlay_ip6. info->peer is the source's
+ * handle in peers6, 0 when it has none (geneve_validate then refuses it:
+ * DROP_UNKNOWN_PEER). Extension headers, a fragment header among them, make it not
+ * ours: our peers send neither, and the stack keeps what it is. */
+static __always_inline int underlay_classify6(struct cursor *c, const struct datapath_config *cfg,
+					      struct decap_info *info)
+{
+	const struct peer6_value *h;
+	struct ip6_hdr *ip6h;
+	struct udphdr *udp;
+	struct peer6_key k;
+
+	if (info->from_wireguard || ipv6_unset(cfg->underlay_ip6))
+		return 0;
+	if (parse_ipv6(c, &ip6h) < 0)
+		return DROP_INVALID_PACKET;
+	if (ip6h->nexthdr != IPPROTO_UDP || ip6h->daddr[0] != cfg->underlay_ip6[0] ||
+	    ip6h->daddr[1] != cfg->underlay_ip6[1] || ip6h->daddr[2] != cfg->underlay_ip6[2] ||
+	    ip6h->daddr[3] != cfg->underlay_ip6[3])
+		return 0;
+	if (parse_udp(c, &udp) < 0)
+		return DROP_INVALID_PACKET;
+	if (udp->dest != bpf_htons(GENEVE_PORT))
+		return 0;
+	__builtin_memcpy(k.addr, ip6h->saddr, sizeof(k.addr));
+	h = bpf_map_lookup_elem(&peers6, &k);
+	info->peer = h ? h->handle : 0;
+	info->outer_tos = ipv6_tclass(ip6h);
+	info->outer_hlen = IPV6_HLEN;
+	info->outer6 = 1;
+	return 1;
+}
+
+/* Parses outer Ethernet, IPv4 (or IPv6: underlay_classify6) and UDP at c. Returns 1
+ * with info->peer and info->outer_hlen set and c at the GENEVE header if the frame is
+ * GENEVE addressed to this node (its underlay address; out of the WireGuard device,
+ * info->from_wireguard, its tunnel address), 0 if it is not ours (pass it on), or a
+ * negative DROP_* for a packet too malformed to tell. */
 static __always_inline int underlay_classify(struct cursor *c, const struct datapath_config *cfg,
 					     struct decap_info *info)
 {
@@ -87,8 +121,14 @@ static __always_inline int underlay_classify(struct cursor *c, const struct data
 	struct udphdr *udp;
 	int proto;
 
-	if (parse_eth(c, &eth) != ETH_P_IP)
+	switch (parse_eth(c, &eth)) {
+	case ETH_P_IP:
+		break;
+	case ETH_P_IPV6:
+		return underlay_classify6(c, cfg, info);
+	default:
 		return 0;
+	}
 	proto = parse_ipv4(c, &iph);
 	if (proto < 0)
 		return DROP_INVALID_PACKET;
@@ -252,16 +292,21 @@ static __always_inline int tc_decap(struct __sk_buff *skb, const struct datapath
 		return ret;
 	if (info.inner6)
 		return tc_decap6(skb, cfg, &info, hook);
-	if (health_candidate(cfg, &info)) {
-		ret = health_answer(skb, cfg, &info, hook);
-		if (ret)
-			return ret;
+	/* Health probes, transit and the answer to an expiring TTL rewrite or answer
+	 * an outer IPv4 header; over the IPv6 underlay the frame is delivered, where the
+	 * stack's forwarding answers an expiring TTL. */
+	if (!info.outer6) {
+		if (health_candidate(cfg, &info)) {
+			ret = health_answer(skb, cfg, &info, hook);
+			if (ret)
+				return ret;
+		}
+		rt = transit_route(cfg, info.daddr);
+		if (rt)
+			return transit_forward(skb, cfg, rt, hook);
+		if (unlikely(decap_expires(skb, cfg, &info)))
+			return decap_time_exceeded(skb, cfg, hook);
 	}
-	rt = transit_route(cfg, info.daddr);
-	if (rt)
-		return transit_forward(skb, cfg, rt, hook);
-	if (unlikely(decap_expires(skb, cfg, &info)))
-		return decap_time_exceeded(skb, cfg, hook);
 	ret = decap_ecn(&info);
 	if (ret < 0)
 		return ret;
@@ -269,6 +314,14 @@ static __always_inline int tc_decap(struct __sk_buff *skb, const struct datapath
 	if (bpf_skb_adjust_room(skb, -(__s32)decap_len(&info), BPF_ADJ_ROOM_MAC,
 				DECAP_FLAGS))
 		return DROP_DECAP_FAILED;
+	if (info.outer6) {
+		struct ethhdr *eth = (void *)(long)skb->data;
+
+		/* The outer Ethernet header stays: it said IPv6. */
+		if ((void *)(eth + 1) > (void *)(long)skb->data_end)
+			return DROP_DECAP_FAILED;
+		eth->h_proto = bpf_htons(ETH_P_IP);
+	}
 	metrics_count(METRIC_DECAP, hook, skb->len);
 	trace_tc(skb, cfg, METRIC_DECAP, hook, info.peer, 0);
 	tcp_clamp_mss(skb, cfg->tunnel_mtu);	/* the sender's side may not clamp */
@@ -338,7 +391,7 @@ static __always_inline int xdp_decap(struct xdp_md *ctx, const struct datapath_c
 	ret = geneve_validate(&c, cfg, &info);
 	if (ret < 0)
 		return ret;
-	if (info.inner) {
+	if (info.inner && !info.outer6) {
 		/* A frame that will transit stays whole, without metadata:
 		 * underlay_ingress forwards it (a popped frame could not be
 		 * encapsulated again, DESIGN.md). */

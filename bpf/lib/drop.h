@@ -47,4 +47,5 @@ enum drop_reason {
 	DROP_CLEARTEXT_FROM_ENCRYPTED = -170, /* GENEVE in the clear from a peer of an encrypted pair */
 	DROP_WIREGUARD_PEER_CLEAR = -171, /* GENEVE out of WireGuard from a peer not marked encrypted */
 	DROP_WIREGUARD_NOT_GENEVE = -172, /* out of the WireGuard device, and not GENEVE for this node */
+	DROP_NO_UNDERLAY6	= -173,	/* for a peer over the IPv6 underlay, and this node has no IPv6 underlay address */
 };

@@ -21,6 +21,9 @@
 #define ENCAP_FLAGS	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | \
 			 BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH | \
 			 BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN))
+#define ENCAP6_FLAGS	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | \
+			 BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH | \
+			 BPF_F_ADJ_ROOM_ENCAP_L2(ETH_HLEN))
 
 #ifndef EALREADY
 #define EALREADY 114
@@ -34,23 +37,84 @@
  * without them gives the same frame: the flags only prepare segmentation. A GSO
  * packet in that state (one that crossed a veth from the node that encapsulated
  * it, whole) stays refused. */
-static __always_inline int encap_room(struct __sk_buff *skb)
+static __always_inline int encap_room(struct __sk_buff *skb, __u32 len, __u64 flags)
 {
-	int ret = bpf_skb_adjust_room(skb, ENCAP_OVERHEAD, BPF_ADJ_ROOM_MAC, ENCAP_FLAGS);
+	int ret = bpf_skb_adjust_room(skb, len, BPF_ADJ_ROOM_MAC, flags);
 
 	if (ret == -EALREADY && !skb->gso_size)
-		ret = bpf_skb_adjust_room(skb, ENCAP_OVERHEAD, BPF_ADJ_ROOM_MAC, 0);
+		ret = bpf_skb_adjust_room(skb, len, BPF_ADJ_ROOM_MAC, 0);
 	return ret;
+}
+
+/* Writes the outer UDP header udp (checksum zero: RFC 8926 section 3.3 over IPv4; over
+ * IPv6 docs/architecture.md, "IPv6 underlay", says why) and the GENEVE header gh of a
+ * frame for the inner frame behind them, udp_len bytes from udp on. */
+static __always_inline void geneve_write(const struct datapath_config *cfg, struct udphdr *udp,
+					 struct genevehdr *gh, __u16 sport, __u32 udp_len)
+{
+	udp->source = bpf_htons(sport);
+	udp->dest = bpf_htons(GENEVE_PORT);
+	udp->len = bpf_htons(udp_len);
+	udp->check = 0;
+	*(__u16 *)gh = 0;	/* version 0, no options, O = C = 0 */
+	gh->proto_type = bpf_htons(ETH_P_TEB);
+	*(__be32 *)gh->vni = geneve_vni_word(cfg->vni);
+}
+
+/* encap_push for a peer on the IPv6 underlay (GENEVE_PATH_UNDERLAY6): outer IPv6 from
+ * config.underlay_ip6 to the peer's underlay6, traffic class tos, the flow label from
+ * the inner flow's hash (RFC 6438: the underlay's ECMP spreads flows as the outer
+ * source port does), hop limit OUTER_TTL; sent toward the FIB's next hop. Returns
+ * TC_ACT_REDIRECT or a negative DROP_*. */
+static __always_inline int encap_push6(struct __sk_buff *skb, const struct datapath_config *cfg,
+				       __be32 peer, __u32 hash, __u8 tos, int metric, __u8 hook,
+				       __u32 group)
+{
+	const struct peer_value *pv = bpf_map_lookup_elem(&peers, &peer);
+	struct ethhdr *eth, *ieth;
+	struct ip6_hdr *oip6;
+	struct udphdr *oudp;
+	struct genevehdr *gh;
+	struct bpf_fib_lookup p;
+	void *data_end;
+	int rc;
+
+	if (!pv)
+		return DROP_NEXTHOP_NOT_PEER;
+	if (encap_room(skb, ENCAP6_OVERHEAD, ENCAP6_FLAGS))
+		return DROP_ENCAP_FAILED;
+	eth = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	oip6 = (void *)(eth + 1);
+	oudp = (void *)(oip6 + 1);
+	gh = (void *)(oudp + 1);
+	ieth = (void *)(gh + 1);
+	if ((void *)(ieth + 1) > data_end)
+		return DROP_ENCAP_FAILED;
+	__builtin_memcpy(ieth, eth, ETH_HLEN);
+	eth->h_proto = bpf_htons(ETH_P_IPV6);
+
+	oip6->vtc_flow = bpf_htonl(6U << 28 | (__u32)tos << 20 | (hash & 0xfffff));
+	oip6->payload_len = bpf_htons(skb->len - ETH_HLEN - IPV6_HLEN);
+	oip6->nexthdr = IPPROTO_UDP;
+	oip6->hop_limit = OUTER_TTL;
+	__builtin_memcpy(oip6->saddr, cfg->underlay_ip6, 16);
+	__builtin_memcpy(oip6->daddr, pv->underlay6, 16);
+	geneve_write(cfg, oudp, gh, flow_sport_of(hash), skb->len - ETH_HLEN - IPV6_HLEN);
+
+	fib_params_v6(&p, cfg->underlay_ip6, pv->underlay6, IPPROTO_UDP, skb->ifindex);
+	rc = bpf_fib_lookup(skb, &p, sizeof(p), 0);
+	return send_looked_up(skb, cfg, eth, &p, rc, peer, metric, hook, group);
 }
 
 /* Pushes outer IPv4/UDP/GENEVE/inner Ethernet in front of the inner packet (either
  * family: the inner Ethernet header carries its EtherType) and sends the frame to peer
- * on path (geneve_path), with outer UDP source port sport and the inner packet's DSCP
- * and ECN tos. The outer checksum of UDP over IPv4 is zero (RFC 8926 section 3.3).
- * Returns TC_ACT_REDIRECT or a negative DROP_*. Counts metric, with group (0 for
- * none) in the trace. */
+ * on path (geneve_path; over the IPv6 underlay encap_push6 does), with the outer UDP
+ * source port from the inner flow's hash (flow_sport_of) and the inner packet's DSCP
+ * and ECN tos. Returns TC_ACT_REDIRECT or a negative DROP_*. Counts metric, with
+ * group (0 for none) in the trace. */
 static __always_inline int encap_push(struct __sk_buff *skb, const struct datapath_config *cfg,
-				      __be32 peer, int path, __u16 sport, __u8 tos, int metric,
+				      __be32 peer, int path, __u32 hash, __u8 tos, int metric,
 				      __u8 hook, __u32 group)
 {
 	void *data, *data_end;
@@ -59,7 +123,9 @@ static __always_inline int encap_push(struct __sk_buff *skb, const struct datapa
 	struct udphdr *oudp;
 	struct genevehdr *gh;
 
-	if (encap_room(skb))
+	if (path == GENEVE_PATH_UNDERLAY6)
+		return encap_push6(skb, cfg, peer, hash, tos, metric, hook, group);
+	if (encap_room(skb, ENCAP_OVERHEAD, ENCAP_FLAGS))
 		return DROP_ENCAP_FAILED;
 
 	data = (void *)(long)skb->data;
@@ -89,14 +155,7 @@ static __always_inline int encap_push(struct __sk_buff *skb, const struct datapa
 	ip.check = ipv4_hdr_csum(&ip);
 	__builtin_memcpy(oip, &ip, sizeof(ip));
 
-	oudp->source = bpf_htons(sport);
-	oudp->dest = bpf_htons(GENEVE_PORT);
-	oudp->len = bpf_htons(skb->len - ETH_HLEN - sizeof(struct iphdr));
-	oudp->check = 0;
-
-	*(__u16 *)gh = 0;	/* version 0, no options, O = C = 0 */
-	gh->proto_type = bpf_htons(ETH_P_TEB);
-	*(__be32 *)gh->vni = geneve_vni_word(cfg->vni);
+	geneve_write(cfg, oudp, gh, flow_sport_of(hash), skb->len - ETH_HLEN - sizeof(struct iphdr));
 
 	if (path == GENEVE_PATH_WIREGUARD)
 		return send_to_wireguard(skb, cfg, peer, metric, hook, group);
@@ -123,7 +182,6 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 {
 	__u32 hash;
 	__be32 peer;
-	__u16 sport;
 	__u8 tos;
 	int path, rc;
 
@@ -160,11 +218,10 @@ static __always_inline int encap_geneve(struct __sk_buff *skb, const struct data
 	}
 	if (forward)
 		ipv4_decrease_ttl(iph);
-	sport = flow_sport_of(hash);
 	tos = iph->tos;
 	/* Last use of iph and l4: the clamp may rewrite the packet. */
 	tcp_clamp_mss(skb, cfg->tunnel_mtu);
-	return encap_push(skb, cfg, peer, path, sport, tos, METRIC_ENCAP, hook, rt->group);
+	return encap_push(skb, cfg, peer, path, hash, tos, METRIC_ENCAP, hook, rt->group);
 }
 
 /* encap_geneve for the IPv6 packet ip6h: on isthmus0 (overlay_egress), where the
@@ -192,7 +249,7 @@ static __always_inline int encap_geneve6(struct __sk_buff *skb, const struct dat
 	tclass = ipv6_tclass(ip6h);
 	/* Last use of ip6h: the clamp may rewrite the packet. */
 	tcp_clamp_mss(skb, cfg->tunnel_mtu);
-	return encap_push(skb, cfg, peer, path, flow_sport_of(hash), tclass, METRIC_ENCAP, hook,
+	return encap_push(skb, cfg, peer, path, hash, tclass, METRIC_ENCAP, hook,
 			  rt->group);
 }
 
@@ -337,6 +394,9 @@ static __always_inline int pod_ingress_ipv6(struct __sk_buff *skb, __u8 hook)
 	if (pull_parse_ipv6(skb, &c, &ip6h))
 		return TC_ACT_OK;
 	ret = pod_source_check6(skb, ip6h);
+	if (ret < 0)
+		return ret;
+	ret = pod_geneve_check6(ip6h, c.pos, c.end);
 	if (ret < 0)
 		return ret;
 	if (ipv6_never_tunnelled(ip6h->daddr))

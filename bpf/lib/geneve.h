@@ -28,13 +28,16 @@ static __always_inline __be32 geneve_vni_word(__u32 vni)
 
 /* What decapsulation learns from a valid GENEVE frame. */
 struct decap_info {
-	__be32 peer;		/* outer source */
-	__u32 outer_hlen;	/* outer IPv4 header with its options, 20..60 bytes */
+	__be32 peer;		/* the outer source, as peers knows it (a handle for an
+				 * IPv6 one; 0 for an IPv6 source peers6 does not hold) */
+	__u32 outer_hlen;	/* outer IPv4 header with its options, 20..60 bytes; the
+				 * IPv6 fixed header, 40 */
 	__u32 optlen;		/* GENEVE option bytes, 0..252 */
 	__be32 daddr;		/* inner IPv4 destination; 0 for an IPv6 one */
 	__u8 outer_tos;		/* outer DSCP and ECN */
 	__u8 from_wireguard;	/* set by the caller: the frame came out of the WireGuard
 				 * device (decrypted), not off the underlay */
+	__u8 outer6;		/* the outer header is IPv6 (the IPv6 underlay) */
 	struct iphdr *inner;	/* inner IPv4 header, valid until the packet changes;
 				 * NULL when the inner packet is IPv6 */
 	struct ip6_hdr *inner6;	/* inner IPv6 header, likewise; NULL when IPv4 */

@@ -77,7 +77,8 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } routes6 SEC(".maps");
 
-/* Underlay address of a known peer -> peer_value. */
+/* The 32 bits a known peer goes by (its underlay IPv4, tunnel address or handle) ->
+ * peer_value. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__type(key, __be32);
@@ -85,6 +86,15 @@ struct {
 	__uint(max_entries, PEERS_MAX);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } peers SEC(".maps");
+
+/* IPv6 underlay address of a known peer -> its handle in peers. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct peer6_key);
+	__type(value, struct peer6_value);
+	__uint(max_entries, PEERS_MAX);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} peers6 SEC(".maps");
 
 /* (peer, inner source prefix) a peer may send from. */
 struct {

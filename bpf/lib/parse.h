@@ -94,6 +94,12 @@ static __always_inline int ipv6_multicast(const __be32 a[4])
 	return (a[0] & bpf_htonl(0xff000000)) == bpf_htonl(0xff000000);
 }
 
+/* Returns 1 if the IPv6 address a is all zero (unspecified; none, in the config). */
+static __always_inline int ipv6_unset(const __be32 a[4])
+{
+	return !(a[0] | a[1] | a[2] | a[3]);
+}
+
 /* Returns the UDP destination port (host order) and sets *udp, or -1 if truncated. */
 static __always_inline int parse_udp(struct cursor *c, struct udphdr **udp)
 {

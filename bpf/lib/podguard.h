@@ -67,6 +67,22 @@ static __always_inline int pod_source_check(struct __sk_buff *skb, const struct 
 	return 0;
 }
 
+/* Returns DROP_POD_GENEVE if the IPv6 packet ip6h (its first next header at l4,
+ * data_end bounding the linear part) is UDP to port 6081 of a peer on the IPv6
+ * underlay (peers6), as pod_source_check refuses for IPv4 peers; else 0. */
+static __always_inline int pod_geneve_check6(const struct ip6_hdr *ip6h, const void *l4,
+					     const void *data_end)
+{
+	const struct udphdr *udp = l4;
+	struct peer6_key k;
+
+	if (ip6h->nexthdr != IPPROTO_UDP || (void *)udp + 4 > data_end ||
+	    udp->dest != bpf_htons(GENEVE_PORT))
+		return 0;
+	__builtin_memcpy(k.addr, ip6h->daddr, sizeof(k.addr));
+	return bpf_map_lookup_elem(&peers6, &k) ? DROP_POD_GENEVE : 0;
+}
+
 /* pod_source_check for IPv6: only the pod's own sources pass, as for IPv4. Link-scoped sources (ipv6_link_scoped) pass: they stay on the pod's
  * link. On the CNI plugin's interfaces the source must be one it reserved for the
  * interface (pod_addrs6), else DROP_POD_SRC_NOT_RESERVED; on any other, it must route

@@ -12,14 +12,14 @@ struct route_key {
 };
 
 struct route_value {
-	__be32 peer;		/* underlay IPv4 of the peer node, when group is 0 */
+	__be32 peer;		/* the peer node, when group is 0: its underlay IPv4, or the
+				 * handle of a peer on the IPv6 underlay (PEER_F_UNDERLAY6) */
 	__u32 flags;		/* ROUTE_F_* */
 	__u32 group;		/* next-hop group (index into nexthop_groups), 0 = none: use peer */
 	__u32 reserved;
 };
 
-/* routes6 (LPM trie): routes for IPv6 inner destinations, with the same value; the
- * peer stays an underlay IPv4 address (IPv6 pods over an IPv4 underlay). */
+/* routes6 (LPM trie): routes for IPv6 inner destinations, with the same value. */
 struct route6_key {
 	__u32 prefixlen;	/* 0..128 */
 	__be32 addr[4];		/* inner IPv6 destination */
@@ -54,7 +54,7 @@ struct route6_key {
  * (DROP_NO_NEXTHOP). */
 struct nexthop_group {
 	__u32 live;		/* members up; 0 = none */
-	__be32 slots[NHG_SLOTS];	/* underlay IPv4 of the member that owns each slot */
+	__be32 slots[NHG_SLOTS];	/* the member that owns each slot, as route_value.peer */
 };
 
 /* fabric_prefixes (LPM trie, key struct route_key): inner destinations this node hands
@@ -140,11 +140,26 @@ struct nat_source_value {
 };
 
 /* peers (hash): the address the datapath knows a peer by -> what we know about it: its
- * underlay IPv4, or its tunnel address when the tunnel to it runs inside WireGuard
- * (PEER_F_WIREGUARD). Decapsulation drops GENEVE from any outer source that has no
- * entry here, and encapsulation anything for a next hop without one. */
+ * underlay IPv4, its tunnel address when the tunnel to it runs inside WireGuard
+ * (PEER_F_WIREGUARD), or for a peer on the IPv6 underlay (PEER_F_UNDERLAY6) a handle
+ * in 0.0.0.0/8, which no peer's IPv4 address can be, with its IPv6 address
+ * (peers6 maps the address back). Every map and program that names a peer (routes,
+ * nexthop_groups, peer_sources, peer_sources6, traces) uses these 32 bits.
+ * Decapsulation drops GENEVE from any outer source that has no entry here, and
+ * encapsulation anything for a next hop without one. */
 struct peer_value {
 	__u32 flags;		/* PEER_F_* */
+	__u32 reserved;
+	__be32 underlay6[4];	/* PEER_F_UNDERLAY6: the peer's IPv6 underlay address */
+};
+
+/* peers6 (hash): the IPv6 underlay address of a peer -> its handle in peers. */
+struct peer6_key {
+	__be32 addr[4];
+};
+
+struct peer6_value {
+	__be32 handle;		/* the peer's key in peers (0.0.0.0/8) */
 	__u32 reserved;
 };
 
@@ -157,13 +172,16 @@ struct peer_value {
 						 * known yet, so WireGuard has no peer for it:
 						 * what would go to it is dropped here, counted
 						 * (DROP_WIREGUARD_NO_KEY) */
+#define PEER_F_UNDERLAY6	(1 << 2)	/* reached over the IPv6 underlay at
+						 * underlay6, from config.underlay_ip6; the
+						 * key is a handle (peers6) */
 
 /* peer_sources (LPM trie): the inner source prefixes each peer may send from. The
  * prefix covers the 32 bits of peer first, so a lookup with prefixlen 64 can only
  * match entries of that exact peer. */
 struct peer_source_key {
 	__u32 prefixlen;	/* 32 + inner source prefix length */
-	__be32 peer;		/* underlay IPv4 of the peer */
+	__be32 peer;		/* the peer, as route_value.peer */
 	__be32 src;		/* inner IPv4 source prefix */
 };
 
@@ -175,7 +193,7 @@ struct peer_source_value {
  * value. A lookup with prefixlen 160 can only match entries of that exact peer. */
 struct peer_source6_key {
 	__u32 prefixlen;	/* 32 + inner source prefix length */
-	__be32 peer;		/* underlay IPv4 of the peer */
+	__be32 peer;		/* the peer, as route_value.peer */
 	__be32 src[4];		/* inner IPv6 source prefix */
 };
 
@@ -212,6 +230,8 @@ struct datapath_config {
 	__u32 wg_ifindex;	/* the WireGuard device encrypted peers' GENEVE goes into and
 				 * comes out of (wireguard_ingress); 0 = none: what is for an
 				 * encrypted peer is dropped (DROP_WIREGUARD_NO_DEVICE) */
+	__be32 underlay_ip6[4];	/* this node's IPv6 tunnel endpoint, the outer source to peers
+				 * on the IPv6 underlay; all zero = none */
 };
 
 /* pod_ifaces (hash): ifindex of each pod-facing host interface the agent attached to.
@@ -333,7 +353,7 @@ enum metric {
  * underlay_ingress from skb->data_meta, so the TC side delivers without parsing again. */
 struct decap_meta {
 	__u32 magic;		/* DECAP_META_MAGIC */
-	__be32 peer;		/* the outer source: the peer that sent the frame */
+	__be32 peer;		/* the peer that sent the frame (decap_meta), as route_value.peer */
 };
 
 /* decap_meta.magic: marks metadata written by underlay_xdp ("isth"). */

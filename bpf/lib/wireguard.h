@@ -19,20 +19,26 @@
 enum geneve_path {
 	GENEVE_PATH_UNDERLAY	= 0,	/* in the clear, from config.underlay_ip, by the FIB */
 	GENEVE_PATH_WIREGUARD	= 1,	/* from config.tunnel_ip into config.wg_ifindex */
+	GENEVE_PATH_UNDERLAY6	= 2,	/* in the clear over IPv6, from config.underlay_ip6 */
 };
 
-/* Returns how a GENEVE frame reaches peer (the address the datapath knows it by), or a
+/* Returns how a GENEVE frame reaches peer (the 32 bits the datapath knows it by), or a
  * negative DROP_*: DROP_NEXTHOP_NOT_PEER when peers has no entry for it (the tunnel
  * may be an encrypted one: fail closed; the agent writes a peer before any route to
- * it and removes it after), DROP_WIREGUARD_NO_KEY, DROP_WIREGUARD_NO_DEVICE. */
+ * it and removes it after), DROP_WIREGUARD_NO_KEY, DROP_WIREGUARD_NO_DEVICE,
+ * DROP_NO_UNDERLAY6 (a peer on the IPv6 underlay, and this node has no IPv6 underlay
+ * address). */
 static __always_inline int geneve_path(const struct datapath_config *cfg, __be32 peer)
 {
 	const struct peer_value *pv = bpf_map_lookup_elem(&peers, &peer);
 
 	if (unlikely(!pv))
 		return DROP_NEXTHOP_NOT_PEER;
-	if (likely(!(pv->flags & PEER_F_WIREGUARD)))
+	if (likely(!(pv->flags & (PEER_F_WIREGUARD | PEER_F_UNDERLAY6))))
 		return GENEVE_PATH_UNDERLAY;
+	/* Never in the clear for an encrypted peer, whatever else its flags say. */
+	if (!(pv->flags & PEER_F_WIREGUARD))
+		return ipv6_unset(cfg->underlay_ip6) ? DROP_NO_UNDERLAY6 : GENEVE_PATH_UNDERLAY6;
 	if (pv->flags & PEER_F_WIREGUARD_NO_KEY)
 		return DROP_WIREGUARD_NO_KEY;
 	if (!cfg->wg_ifindex || !cfg->tunnel_ip)

@@ -184,7 +184,7 @@ func setAsideObject(a plan.SetAside) string {
 // writePlanTable prints p as a summary followed by one table per section.
 func writePlanTable(w io.Writer, p *plan.NodePlan, warnings []objects.Warning, aside []plan.SetAside) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	mtu := "auto (underlay MTU - 50)"
+	mtu := fmt.Sprintf("auto (underlay MTU - %d)", p.TunnelOverhead)
 	if p.TunnelMTU != 0 {
 		mtu = fmt.Sprint(p.TunnelMTU)
 	}

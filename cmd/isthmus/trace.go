@@ -90,6 +90,11 @@ func runTrace(w io.Writer, pinDir string, ps []netip.Prefix, asJSON bool) error 
 		return err
 	}
 	defer events.Close()
+	peersMap, err := open(maps.MapPeers)
+	if err != nil {
+		return err
+	}
+	defer peersMap.Close()
 	rd, err := ringbuf.NewReader(events)
 	if err != nil {
 		return fmt.Errorf("read trace_events: %w", err)
@@ -144,6 +149,7 @@ func runTrace(w io.Writer, pinDir string, ps []netip.Prefix, asJSON bool) error 
 
 	boot := bootTime()
 	names := ifNames{}
+	peers := peerNames{m: peersMap, cache: map[uint32]netip.Addr{}}
 	enc := json.NewEncoder(w)
 	for {
 		rec, err := rd.Read()
@@ -157,7 +163,7 @@ func runTrace(w io.Writer, pinDir string, ps []netip.Prefix, asJSON bool) error 
 		if _, err := binary.Decode(rec.RawSample, binary.NativeEndian, &ev); err != nil {
 			continue
 		}
-		t := traceView(ev, boot, names)
+		t := traceView(ev, boot, names, peers.addr)
 		if asJSON {
 			enc.Encode(t)
 		} else {
@@ -173,6 +179,30 @@ func bootTime() time.Time {
 		return time.Now()
 	}
 	return time.Now().Add(-time.Duration(ts.Nano()))
+}
+
+// peerNames resolves the 32 bits an event names a peer by to its address: an
+// IPv4 address as it is, a handle (a peer on the IPv6 underlay) through its
+// peers entry, cached.
+type peerNames struct {
+	m     *ebpf.Map
+	cache map[uint32]netip.Addr
+}
+
+func (p peerNames) addr(v uint32) netip.Addr {
+	a := maps.BE32ToAddr(v)
+	if !maps.IsHandle(a) {
+		return a
+	}
+	if got, ok := p.cache[v]; ok {
+		return got
+	}
+	var pv maps.PeerValue
+	if err := p.m.Lookup(v, &pv); err == nil && pv.Flags&maps.PeerFlagUnderlay6 != 0 {
+		a = maps.From16ToAddr(pv.Underlay6)
+	}
+	p.cache[v] = a
+	return a
 }
 
 // ifNames caches interface names by ifindex.
@@ -223,7 +253,8 @@ func ntohs(v uint16) uint16 {
 	return binary.BigEndian.Uint16(b[:])
 }
 
-func traceView(ev maps.TraceEvent, boot time.Time, names ifNames) traceLine {
+// traceView is ev for printing; peer names the event's peer (peerNames.addr).
+func traceView(ev maps.TraceEvent, boot time.Time, names ifNames, peer func(uint32) netip.Addr) traceLine {
 	t := traceLine{
 		Time:  boot.Add(time.Duration(ev.Timestamp)),
 		Iface: names.name(ev.Ifindex),
@@ -257,7 +288,7 @@ func traceView(ev maps.TraceEvent, boot time.Time, names ifNames) traceLine {
 	}
 	t.Src, t.Dst = addr(ev.Saddr, ev.Sport), addr(ev.Daddr, ev.Dport)
 	if ev.Peer != 0 {
-		t.Peer = maps.BE32ToAddr(ev.Peer)
+		t.Peer = peer(ev.Peer)
 	}
 	t.TunnelSrc = ntohs(ev.TunnelSport)
 	if ev.NatAddr != 0 {

@@ -894,6 +894,7 @@ func (a *Agent) desired(current maps.State) maps.State {
 		Down:             a.down,
 		CurrentGroups:    map[netip.Prefix]uint32{},
 		WireGuardIfindex: a.wg.ifindex,
+		CurrentHandles:   current.Handles,
 	}
 	for p, r := range current.Routes {
 		if r.Group != 0 {
@@ -1018,13 +1019,15 @@ func (a *Agent) ipv6Carried() bool {
 
 // ensureIPv6Forwarding turns on IPv6 forwarding (datapath.EnableIPv6Forwarding)
 // the first time the node has IPv6 pods (a podCIDR among the plan's
-// TunnelSources) or routes: not before, so a node of an IPv4-only cluster keeps
-// the IPv6 settings it has.
+// TunnelSources) or routes, or its underlay is IPv6 (the datapath's FIB lookups
+// toward IPv6 peers are forwarding lookups): not before, so a node of an
+// IPv4-only cluster keeps the IPv6 settings it has.
 func (a *Agent) ensureIPv6Forwarding(routes ...[]datapath.Route) error {
 	if a.ipv6Forwarding {
 		return nil
 	}
-	v6 := slices.ContainsFunc(a.plan.TunnelSources, func(p netip.Prefix) bool { return !p.Addr().Unmap().Is4() })
+	v6 := a.plan.Underlay.Unmap().Is6() ||
+		slices.ContainsFunc(a.plan.TunnelSources, func(p netip.Prefix) bool { return !p.Addr().Unmap().Is4() })
 	for _, rs := range routes {
 		v6 = v6 || slices.ContainsFunc(rs, func(r datapath.Route) bool { return !r.Prefix.Addr().Is4() })
 	}
@@ -1035,7 +1038,7 @@ func (a *Agent) ensureIPv6Forwarding(routes ...[]datapath.Route) error {
 		return err
 	}
 	a.ipv6Forwarding = true
-	a.log.Info("IPv6 forwarding on: the node has IPv6 pods or routes")
+	a.log.Info("IPv6 forwarding on: the node has IPv6 pods or routes, or an IPv6 underlay")
 	return nil
 }
 

@@ -98,7 +98,7 @@ type Tables struct {
 
 func (t Tables) sizes() map[maps.Name]uint32 {
 	return map[maps.Name]uint32{maps.MapRoutes: t.Routes, maps.MapRoutes6: t.Routes, maps.MapPeers: t.Peers,
-		maps.MapPeerSources: t.PeerSources, maps.MapPeerSources6: t.PeerSources}
+		maps.MapPeers6: t.Peers, maps.MapPeerSources: t.PeerSources, maps.MapPeerSources6: t.PeerSources}
 }
 
 // TablesFor sizes the growing maps for a node whose maps are to hold s: each

@@ -79,7 +79,7 @@ var agentOwned = map[maps.Name]bool{
 	maps.MapRoutes: true, maps.MapPeers: true, maps.MapPeerSources: true, maps.MapConfig: true,
 	maps.MapPodIfaces: true, maps.MapNexthopGroups: true, maps.MapFabricPrefixes: true, maps.MapSNATExempt: true,
 	maps.MapMasqExempt: true, maps.MapPodAddrs: true, maps.MapPodAddrs6: true,
-	maps.MapRoutes6: true, maps.MapPeerSources6: true,
+	maps.MapRoutes6: true, maps.MapPeerSources6: true, maps.MapPeers6: true,
 }
 
 // copyEntries copies every entry of from into to, byte for byte; both must have the

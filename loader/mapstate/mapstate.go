@@ -45,15 +45,23 @@ type NodeConfig struct {
 	// WireGuardIfindex is the WireGuard device encrypted peers' GENEVE goes
 	// into (config.wg_ifindex); 0 when the node has none.
 	WireGuardIfindex int
+	// CurrentHandles are the handles the kernel holds for peers on the IPv6
+	// underlay (the Handles of the state read back): a peer keeps its handle
+	// (maps.AssignHandles). nil: handles are numbered afresh.
+	CurrentHandles map[netip.Addr]netip.Addr
 }
 
 // FromPlan returns the map contents that realise p on a node described by node.
-// It is a pure function. The underlay is IPv4: a peer, route next hop or group
-// member at an IPv6 underlay address is left out, with a warning in the returned
-// slice. Routes and allowed sources of either family go in (IPv6 ones to routes6
-// and peer_sources6); the SNAT, masquerade and fabric maps are IPv4 only, and their
-// IPv6 entries are left out with a warning. A nil plan gives a State with only the
-// node's config and pod interfaces.
+// It is a pure function. The underlay may be IPv4 or IPv6 (config.underlay_ip or
+// underlay_ip6): a peer or route next hop at an IPv6 underlay address is written by
+// the handle maps.AssignHandles gives it (the one in node.CurrentHandles if any),
+// except an encrypted peer known by an IPv6 tunnel address and a next-hop group
+// member at an IPv6 address, which are left out with a warning in the returned
+// slice (gateways and WireGuard run over IPv4). Routes and allowed sources of
+// either family go in (IPv6 ones to routes6 and peer_sources6); the SNAT,
+// masquerade and fabric maps are IPv4 only, and their IPv6 entries are left out
+// with a warning. A nil plan gives a State with only the node's config and pod
+// interfaces.
 //
 // A route with a Group goes to a next-hop group: one id per distinct remote site
 // and set of member underlay addresses, the id its routes have now
@@ -116,16 +124,34 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 	if len(p.FabricEgress) > 0 {
 		s.Config.Flags |= maps.ConfigFlagFabricEgress
 	}
-	if u := p.Underlay.Unmap(); u.Is4() {
+	switch u := p.Underlay.Unmap(); {
+	case u.Is4():
 		s.Config.UnderlayIP = u
-	} else {
-		warnings = append(warnings, fmt.Sprintf("node underlay address %v is not IPv4: the datapath has no tunnel endpoint", p.Underlay))
+	case u.Is6():
+		s.Config.UnderlayIP6 = u
+	default:
+		warnings = append(warnings, fmt.Sprintf("node underlay address %v is not valid: the datapath has no tunnel endpoint", p.Underlay))
 	}
+	// GENEVE in the clear runs over the node's own underlay family: a peer of
+	// the other family has no outer header this node can send it. An encrypted
+	// peer is known by its IPv4 tunnel address, whatever the underlay.
+	nodeV6 := p.Underlay.Unmap().Is6()
+	encrypted := map[netip.Addr]bool{}
+	var underlay6 []netip.Addr
 	for _, peer := range p.Peers {
 		u := peer.Via().Unmap()
-		if !u.Is4() {
-			warnings = append(warnings, fmt.Sprintf("peer %s: address %v is not IPv4, skipped", peer.Name, peer.Via()))
+		switch {
+		case !u.IsValid() || (u.Is6() && peer.Encrypted):
+			warnings = append(warnings, fmt.Sprintf("peer %s: encrypted, and its tunnel address %v is not IPv4 (WireGuard carries GENEVE over IPv4 tunnel addresses), skipped", peer.Name, peer.Via()))
 			continue
+		case !peer.Encrypted && u.Is6() != nodeV6:
+			warnings = append(warnings, fmt.Sprintf("peer %s: underlay address %v and this node's %v are of different families: no tunnel between them, skipped", peer.Name, u, p.Underlay))
+			continue
+		case peer.Encrypted:
+			encrypted[u] = true
+		}
+		if u.Is6() {
+			underlay6 = append(underlay6, u)
 		}
 		s.Peers[u] = maps.Peer{Flags: peerFlags(peer)}
 		for _, src := range peer.AllowedSources {
@@ -170,10 +196,10 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 			continue
 		}
 		for _, nh := range r.Group {
-			if v := nh.Via.Unmap(); v.Is4() {
+			if v := nh.Via.Unmap(); v.Is4() && (encrypted[v] || !nodeV6) {
 				members[i] = append(members[i], v)
 			} else {
-				warnings = append(warnings, fmt.Sprintf("route %v: group member %s via %v is not IPv4, left out", r.Prefix, nh.Peer, nh.Via))
+				warnings = append(warnings, fmt.Sprintf("route %v: group member %s via %v is not on the IPv4 underlay with this node (gateways run over the IPv4 underlay), left out", r.Prefix, nh.Peer, nh.Via))
 			}
 		}
 		slices.SortFunc(members[i], netip.Addr.Compare)
@@ -210,9 +236,16 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 		}
 		if len(r.Group) == 0 {
 			via := r.Via.Unmap()
-			if !ok || !via.Is4() {
-				warnings = append(warnings, fmt.Sprintf("route %v via %v (%s): the next hop is not IPv4, skipped", r.Prefix, r.Via, r.Peer))
+			if !ok || !via.IsValid() {
+				warnings = append(warnings, fmt.Sprintf("route %v via %v (%s): no valid next hop, skipped", r.Prefix, r.Via, r.Peer))
 				continue
+			}
+			if !encrypted[via] && via.Is6() != nodeV6 {
+				warnings = append(warnings, fmt.Sprintf("route %v via %v (%s): not of this node's underlay family, skipped", r.Prefix, r.Via, r.Peer))
+				continue
+			}
+			if via.Is6() {
+				underlay6 = append(underlay6, via)
 			}
 			s.Routes[prefix] = maps.Route{Peer: via, Flags: routeFlags(r)}
 			continue
@@ -240,6 +273,7 @@ func FromPlan(p *plan.NodePlan, node NodeConfig) (maps.State, []string) {
 			s.Groups[id] = g
 		}
 	}
+	s.Handles = maps.AssignHandles(underlay6, node.CurrentHandles)
 	return s, warnings
 }
 

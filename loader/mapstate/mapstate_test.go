@@ -43,13 +43,8 @@ func TestFromPlan(t *testing.T) {
 	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }), cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
 		t.Fatalf("FromPlan (-want +got):\n%s", diff)
 	}
-	if len(warnings) != 1 {
-		t.Fatalf("want 1 warning (the peer at an IPv6 underlay address), got %q", warnings)
-	}
-	for _, w := range warnings {
-		if !strings.Contains(w, "not IPv4") {
-			t.Errorf("warning %q does not say why", w)
-		}
+	if len(warnings) != 1 || !strings.Contains(warnings[0], "different families") {
+		t.Fatalf("want 1 warning (the peer on the IPv6 underlay, which this node on the IPv4 one cannot reach), got %q", warnings)
 	}
 }
 
@@ -349,5 +344,37 @@ func TestExplainAgreesWithMaps(t *testing.T) {
 				t.Errorf("%s: %v: route %v is not in the maps, yet the verdict is %q", name, a, r.Prefix, e.Verdict)
 			}
 		}
+	}
+}
+
+// TestFromPlanUnderlay6: on a node of the IPv6 underlay, config.underlay_ip6 is its
+// address; its peers on that underlay and their routes go in by their IPv6
+// addresses, each with a handle (kept from node.CurrentHandles, else a fresh one);
+// a peer on the IPv4 underlay is left out with its route, with warnings; an
+// encrypted peer stays known by its IPv4 tunnel address.
+func TestFromPlanUnderlay6(t *testing.T) {
+	b1, b2 := addr("fd00:b::11"), addr("fd00:b::12")
+	n := mapstatetest.Node()
+	n.CurrentHandles = map[netip.Addr]netip.Addr{b2: addr("0.0.0.7")}
+	got, warnings := mapstate.FromPlan(mapstatetest.Underlay6Plan(), n)
+	if got.Config.UnderlayIP6 != addr("fd00:a::10") || got.Config.UnderlayIP.IsValid() {
+		t.Errorf("config underlay %v / %v, want only the IPv6 one", got.Config.UnderlayIP, got.Config.UnderlayIP6)
+	}
+	wantRoutes := map[netip.Prefix]Route{
+		pfx("10.1.0.0/24"): {Peer: b1}, pfx("fd00:1::/64"): {Peer: b1},
+		pfx("10.1.1.0/24"): {Peer: b2}, pfx("10.3.0.0/24"): {Peer: addr("10.3.0.1")},
+	}
+	if !maps.Equal(got.Routes, wantRoutes) {
+		t.Errorf("routes %v, want %v", got.Routes, wantRoutes)
+	}
+	wantHandles := map[netip.Addr]netip.Addr{b2: addr("0.0.0.7"), b1: addr("0.0.0.1")}
+	if !maps.Equal(got.Handles, wantHandles) {
+		t.Errorf("handles %v, want %v (b2 keeps its own)", got.Handles, wantHandles)
+	}
+	if _, ok := got.Peers[addr("172.16.3.11")]; ok || len(got.Peers) != 3 {
+		t.Errorf("peers %v, want b1, b2 and d1's tunnel address", got.Peers)
+	}
+	if len(warnings) != 2 || !strings.Contains(warnings[0], "different families") || !strings.Contains(warnings[1], "underlay family") {
+		t.Errorf("warnings %q, want the IPv4 peer's and its route's", warnings)
 	}
 }

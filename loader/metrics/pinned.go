@@ -12,7 +12,7 @@ import (
 )
 
 // LevelMaps are the maps whose fill level isthmus_map_entries reports.
-var LevelMaps = []maps.Name{maps.MapRoutes, maps.MapRoutes6, maps.MapPeers, maps.MapPeerSources, maps.MapPeerSources6, maps.MapNexthopGroups,
+var LevelMaps = []maps.Name{maps.MapRoutes, maps.MapRoutes6, maps.MapPeers, maps.MapPeers6, maps.MapPeerSources, maps.MapPeerSources6, maps.MapNexthopGroups,
 	maps.MapFabricPrefixes, maps.MapSNATExempt, maps.MapNat, maps.MapMasqNat, maps.MapNatSources, maps.MapPodIfaces, maps.MapMasqExempt, maps.MapPodAddrs, maps.MapPodAddrs6,
 	maps.MapHealthReach, maps.MapHealthProbers, maps.MapTracePrefixes, maps.MapCtClose, maps.MapCtClose6}
 
@@ -89,6 +89,8 @@ func countEntries(n maps.Name, m *ebpf.Map) (int, error) {
 		return count[maps.RouteKey, maps.RouteValue](n, m, nil)
 	case maps.MapPeers:
 		return count[uint32, maps.PeerValue](n, m, nil)
+	case maps.MapPeers6:
+		return count[maps.Peer6Key, maps.Peer6Value](n, m, nil)
 	case maps.MapPeerSources:
 		return count[maps.PeerSourceKey, maps.PeerSourceValue](n, m, nil)
 	case maps.MapRoutes6:

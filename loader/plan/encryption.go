@@ -2,6 +2,7 @@ package plan
 
 import (
 	"encoding/base64"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,20 +16,35 @@ const wireGuardKeyLen = 32
 
 // Bytes each encapsulation adds in front of an inner IPv4 packet: GENEVE over
 // IPv4 (outer IPv4 20, UDP 8, GENEVE 8, inner Ethernet 14), and WireGuard over
-// IPv4 around it (outer IPv4 20, UDP 8, WireGuard's header 16 and tag 16).
+// IPv4 around it (outer IPv4 20, UDP 8, WireGuard's header 16 and tag 16); over
+// the IPv6 underlay the outer IPv6 header is 40 bytes, 20 more.
 const (
-	GeneveOverhead    = 50
-	WireGuardOverhead = 60
+	GeneveOverhead     = 50
+	WireGuardOverhead  = 60
+	GeneveOverhead6    = 70
+	WireGuardOverhead6 = 80
 )
 
 // TunnelOverheadOf is what the tunnels of the nodes of site add to a packet:
-// GeneveOverhead, plus WireGuardOverhead when a SitePeering or
-// SiteGatewayPoolAssignment with encryption WireGuard joins site to another. Every
+// GeneveOverhead, or GeneveOverhead6 when a node of the site has an IPv6 underlay
+// address (objects.InternalIP: no IPv4 one), plus WireGuardOverhead (or
+// WireGuardOverhead6) when a SitePeering or SiteGatewayPoolAssignment with
+// encryption WireGuard joins site to another: GENEVE inside WireGuard runs between
+// IPv4 tunnel addresses, so it adds GeneveOverhead whatever the underlay. Every
 // node of such a site counts both, not only those with encrypted peers: a
 // member's packets cross its gateways' encrypted tunnels whole.
 func TunnelOverheadOf(set *objects.Set, site string) int {
-	if set.SiteEncrypted(site) {
+	v6 := slices.ContainsFunc(set.NodesOf(site), func(n *corev1.Node) bool {
+		a, ok := objects.InternalIP(n)
+		return ok && a.Is6()
+	})
+	switch {
+	case set.SiteEncrypted(site) && v6:
+		return GeneveOverhead + WireGuardOverhead6
+	case set.SiteEncrypted(site):
 		return GeneveOverhead + WireGuardOverhead
+	case v6:
+		return GeneveOverhead6
 	}
 	return GeneveOverhead
 }

@@ -401,3 +401,26 @@ func TestGatewaysPartlyBehindNATWarn(t *testing.T) {
 		t.Errorf("the gateway with an address warned: %q", q.Warnings)
 	}
 }
+
+// TestTunnelOverheadOf: 50 bytes of GENEVE over an IPv4 underlay, 70 over an IPv6
+// one (a site with a node whose only InternalIP is IPv6), and with WireGuard 50 for
+// the GENEVE inside it (between IPv4 tunnel addresses) plus WireGuard's 60 over IPv4
+// or 80 over IPv6.
+func TestTunnelOverheadOf(t *testing.T) {
+	set := load(t,
+		site("a", "10.0.0.0/24", "10.100.0.0/16", ""),
+		site("b", "fd00:b::/64", "10.101.0.0/16", ""),
+		site("c", "10.2.0.0/24", "10.102.0.0/16", ""),
+		site("d", "fd00:d::/64", "10.103.0.0/16", ""),
+		peering("cd", "c, d", "  encryption: WireGuard\n"),
+		node("a1", "10.0.0.1", "10.100.1.0/24"),
+		node("b1", "fd00:b::1", "10.101.1.0/24"),
+		node("c1", "10.2.0.1", "10.102.1.0/24"),
+		node("d1", "fd00:d::1", "10.103.1.0/24"),
+	)
+	for site, want := range map[string]int{"a": 50, "b": 70, "c": 110, "d": 130} {
+		if got := TunnelOverheadOf(set, site); got != want {
+			t.Errorf("site %s: overhead %d, want %d", site, got, want)
+		}
+	}
+}

@@ -98,7 +98,9 @@ func Explain(p *NodePlan, addr netip.Addr) Explanation {
 		e.Match = &m
 	}
 	e.Verdict = verdict(e.Match)
-	if why := notCarried6(addr, e.Match); why != "" {
+	if why := p.notCarriedFamily(e.Match); why != "" {
+		e.Verdict = why
+	} else if why := notCarried6(addr, e.Match); why != "" {
 		e.Verdict = why
 	} else if r, ok := p.transitOnlyRoute(addr); ok && addr.Is4() && e.Match != nil && e.Match.Kind != MatchRoute {
 		// A peer's or a remote node's InternalIP: the host's traffic stays on
@@ -250,12 +252,33 @@ func tunnelVerdict(m *Match) string {
 	return fmt.Sprintf("into the tunnel by route %s to peer %s (underlay %s)", m.Prefix, m.Peer, m.Via)
 }
 
+// notCarriedFamily returns, for a winning route m to one peer in the clear whose
+// underlay address is not of this node's underlay family, the verdict that says
+// the datapath does not carry it: GENEVE runs over one family end to end, and
+// the node has no outer header for the other (an encrypted peer is known by its
+// IPv4 tunnel address whatever the underlay). "" otherwise.
+func (p *NodePlan) notCarriedFamily(m *Match) string {
+	if m == nil || m.Kind != MatchRoute || len(m.Group) > 0 || !m.Via.IsValid() {
+		return ""
+	}
+	via, own := m.Via.Unmap(), p.Underlay.Unmap()
+	if via.Is6() == own.Is6() {
+		return ""
+	}
+	for i := range p.Peers {
+		if pr := &p.Peers[i]; pr.Name == m.Peer && pr.Encrypted {
+			return ""
+		}
+	}
+	return fmt.Sprintf("not carried: peer %s is at underlay address %s and this node at %s, of the other family; route %s is not in the datapath's maps", m.Peer, via, own, m.Prefix)
+}
+
 // notCarried6 returns, for an IPv6 address whose winning entry m is a route the
 // datapath does not carry IPv6 on, the verdict that says so; "" otherwise. IPv6
 // crosses meshed sites only (docs/architecture.md, "IPv6 pods"): the pods' and
 // fabric tables' rules are IPv4 only, so a transit-only or via-fabric route takes
-// no IPv6; a gateway does not forward IPv6, so a group route's packets die there;
-// and a peer at an IPv6 underlay address is not in the maps.
+// no IPv6; and a gateway does not forward IPv6, so a group route's packets die
+// there.
 func notCarried6(addr netip.Addr, m *Match) string {
 	if addr.Is4() || m == nil || m.Kind != MatchRoute {
 		return ""
@@ -265,8 +288,6 @@ func notCarried6(addr netip.Addr, m *Match) string {
 		return fmt.Sprintf("not carried: route %s is for forwarded traffic or the site fabric, which isthmus carries for IPv4 only; an IPv6 packet to it takes the kernel's own routes", m.Prefix)
 	case len(m.Group) > 0:
 		return fmt.Sprintf("not carried: route %s goes through gateways, which forward IPv4 only; a gateway drops the IPv6 packet (not_local)", m.Prefix)
-	case m.Via.IsValid() && !m.Via.Unmap().Is4():
-		return fmt.Sprintf("not carried: peer %s is at IPv6 underlay address %s, and the underlay is IPv4; route %s is not in the datapath's maps", m.Peer, m.Via, m.Prefix)
 	}
 	return ""
 }

@@ -258,7 +258,7 @@ func TestExplainIPv6(t *testing.T) {
 		{"fd20:0:0:1::7", "into the tunnel by route fd20:0:0:1::/64 to peer b1 (underlay 172.16.2.11)"},
 		{"fd30::7", "not carried: route fd30::/48 goes through gateways"},
 		{"fd40::7", "not carried: route fd40::/48 is for forwarded traffic or the site fabric"},
-		{"fd50::7", "not carried: peer v6 is at IPv6 underlay address fd00::12"},
+		{"fd50::7", "not carried: peer v6 is at underlay address fd00::12 and this node at 172.16.1.10, of the other family"},
 		{"fd10:0:0:1::5", "a pod on this node"},
 		{"10.20.1.7", "into the tunnel by route 10.20.1.0/24"},
 	} {

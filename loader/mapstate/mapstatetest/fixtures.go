@@ -80,3 +80,29 @@ func UnmanagedPlan() *plan.NodePlan {
 	}}
 	return p
 }
+
+// Underlay6Plan is node a1 of a site on an IPv6-only underlay (fd00:a::10): b1 and
+// b2 are on the IPv6 underlay too, c1 on the IPv4 one (no tunnel between the
+// families), and d1 an encrypted peer known by its IPv4 tunnel address.
+func Underlay6Plan() *plan.NodePlan {
+	return &plan.NodePlan{
+		Node:       "a1",
+		Site:       "a",
+		Underlay:   addr("fd00:a::10"),
+		TunnelAddr: addr("10.0.1.1"),
+		Peers: []plan.Peer{
+			{Name: "b1", Underlay: addr("fd00:b::11"), AllowedSources: []netip.Prefix{pfx("10.1.0.0/24"), pfx("fd00:1::/64")}},
+			{Name: "b2", Underlay: addr("fd00:b::12"), AllowedSources: []netip.Prefix{pfx("10.1.1.0/24")}},
+			{Name: "c1", Underlay: addr("172.16.3.11"), AllowedSources: []netip.Prefix{pfx("10.2.0.0/24")}},
+			{Name: "d1", Underlay: addr("fd00:d::11"), TunnelAddr: addr("10.3.0.1"), Encrypted: true, WireGuardKey: "k",
+				AllowedSources: []netip.Prefix{pfx("10.3.0.0/24")}},
+		},
+		Routes: []plan.Route{
+			{Prefix: pfx("10.1.0.0/24"), Peer: "b1", Via: addr("fd00:b::11")},
+			{Prefix: pfx("fd00:1::/64"), Peer: "b1", Via: addr("fd00:b::11")},
+			{Prefix: pfx("10.1.1.0/24"), Peer: "b2", Via: addr("fd00:b::12")},
+			{Prefix: pfx("10.2.0.0/24"), Peer: "c1", Via: addr("172.16.3.11")},
+			{Prefix: pfx("10.3.0.0/24"), Peer: "d1", Via: addr("10.3.0.1")},
+		},
+	}
+}
