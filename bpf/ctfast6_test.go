@@ -2,9 +2,7 @@ package bpf
 
 import (
 	"bytes"
-	"net"
 	"net/netip"
-	"os"
 	"testing"
 
 	"github.com/gopacket/gopacket"
@@ -12,30 +10,16 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// ctLab6 is ctLab with ipv6Lab's IPv6 side, the remote IPv6 pods routed as ctLab
-// routes the IPv4 ones, and a permanent neighbour for pod6 (the CNI plugin makes
-// one per pod address), so that delivery resolves the pod's MAC.
+// ctLab6 is ctLab with the IPv6 side filled (fillIPv6) and a permanent neighbour
+// for pod6 (the CNI plugin makes one per pod address), so that delivery resolves
+// the pod's MAC.
 func ctLab6(t *testing.T) *lab {
 	t.Helper()
 	l := ctLab(t)
-	key := IsthmusRoute6Key{Prefixlen: uint32(remoteNet6.Bits()), Addr: addr16(remoteNet6.Addr())}
-	if err := l.objs.Routes6.Put(key, IsthmusRouteValue{Peer: be32(peerIP)}); err != nil {
-		t.Fatal(err)
-	}
-	skey := IsthmusPeerSource6Key{Prefixlen: 32 + uint32(remoteNet6.Bits()), Peer: be32(peerIP), Src: addr16(remoteNet6.Addr())}
-	if err := l.objs.PeerSources6.Put(skey, IsthmusPeerSourceValue{}); err != nil {
-		t.Fatal(err)
-	}
+	l.fillIPv6(t)
 	if err := inNS(l.ns, func() error {
-		if err := netlink.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: pod6.AsSlice(), Mask: net.CIDRMask(128, 128)},
-			LinkIndex: l.pod.Attrs().Index}); err != nil {
-			return err
-		}
-		if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: l.pod.Attrs().Index, Family: netlink.FAMILY_V6,
-			State: netlink.NUD_PERMANENT, IP: pod6.AsSlice(), HardwareAddr: podMAC}); err != nil {
-			return err
-		}
-		return os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644)
+		return netlink.NeighAdd(&netlink.Neigh{LinkIndex: l.pod.Attrs().Index, Family: netlink.FAMILY_V6,
+			State: netlink.NUD_PERMANENT, IP: pod6.AsSlice(), HardwareAddr: podMAC})
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -44,12 +44,19 @@ func flowHash6(ip []byte) uint32 {
 	return jhash3(xor(ip[8:24]), xor(ip[24:40])^label, ports+uint32(next), seed)
 }
 
-// ipv6Lab is a lab with the IPv6 side filled: routes6 to peerIP for remoteNet6,
-// peer_sources6 letting peerIP send from it, pod6 routed to the pod interface, and
-// IPv6 forwarding on (the agent turns it on for a node with IPv6 pods).
+// ipv6Lab is a lab with the IPv6 side filled (fillIPv6).
 func ipv6Lab(t *testing.T) *lab {
 	t.Helper()
 	l := newLab(t)
+	l.fillIPv6(t)
+	return l
+}
+
+// fillIPv6 fills l's IPv6 side: routes6 to peerIP for remoteNet6, peer_sources6
+// letting peerIP send from it, pod6 routed to the pod interface, and IPv6
+// forwarding on (the agent turns it on for a node with IPv6 pods).
+func (l *lab) fillIPv6(t *testing.T) {
+	t.Helper()
 	key := IsthmusRoute6Key{Prefixlen: uint32(remoteNet6.Bits()), Addr: addr16(remoteNet6.Addr())}
 	if err := l.objs.Routes6.Put(key, IsthmusRouteValue{Peer: be32(peerIP)}); err != nil {
 		t.Fatal(err)
@@ -67,7 +74,6 @@ func ipv6Lab(t *testing.T) *lab {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	return l
 }
 
 // addr16 is an IPv6 address as a __be32[4] (network order in memory).
