@@ -145,7 +145,9 @@ static __always_inline int geneve_validate(struct cursor *c, const struct datapa
 	if ((*(__be32 *)gh->vni & bpf_htonl(0xffffff00)) != geneve_vni_word(cfg->vni))
 		return DROP_GENEVE_VNI;
 	pv = bpf_map_lookup_elem(&peers, &peer);
-	if (!pv)
+	/* A handle is a peer only over the IPv6 underlay (underlay_classify6 found it
+	 * in peers6): an outer IPv4 source 0.x.y.z is anyone's forgery. */
+	if (!pv || !!(pv->flags & PEER_F_UNDERLAY6) != info->outer6)
 		return DROP_UNKNOWN_PEER;
 	ret = geneve_peer_path_ok(pv, info->from_wireguard);
 	if (ret)

@@ -17,14 +17,22 @@
 #include "wireguard.h"
 
 /* Returns the route a validated GENEVE frame for inner destination daddr transits by:
- * NULL unless this node is a gateway (CFG_F_TRANSIT) and route_lookup finds daddr. On any
- * other node this is the flag test only. */
+ * NULL unless this node is a gateway (CFG_F_TRANSIT) and route_lookup finds daddr, and
+ * for a route to a peer on the IPv6 underlay (a handle, 0.0.0.0/8), which transit
+ * cannot reach: it rewrites an outer IPv4 header in place. Such a frame is then
+ * treated as on any node (delivered, or not local). On any other node this is the
+ * flag test only. */
 static __always_inline const struct route_value *
 transit_route(const struct datapath_config *cfg, __be32 daddr)
 {
+	const struct route_value *rt;
+
 	if (likely(!(cfg->flags & CFG_F_TRANSIT)))
 		return NULL;
-	return route_lookup(daddr);
+	rt = route_lookup(daddr);
+	if (rt && !rt->group && !(((const __u8 *)&rt->peer)[0]))
+		return NULL;
+	return rt;
 }
 
 /* The headers of a GENEVE frame that transit reads or rewrites. */
