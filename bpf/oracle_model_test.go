@@ -87,8 +87,23 @@ type oracleWorld struct {
 	// Everything else in 10/8 but the own pods it routes into isthmus0.
 	fabricPrefixes, fabricRoutes, cniRoutes []netip.Prefix
 
-	// gwMAC is the underlay neighbour every peer is reached through: the site router.
-	undMAC, podHMAC, istMAC, gwMAC, fabricMAC net.HardwareAddr
+	// The IPv6 side (architecture.md, "IPv6 pods" and "IPv6 underlay"): underlay6 is
+	// config.underlay_ip6, this node's address on the IPv6 underlay; handles are the
+	// peers on the IPv6 underlay, each by its handle (an address in 0.0.0.0/8, the name
+	// routes, groups and the source tables give it; peers marks it PEER_F_UNDERLAY6)
+	// with its IPv6 address (peers6 maps it back). routes6 and peerSources6 (keyed by
+	// the peer's IPv4 address or handle) are the IPv6 twins of routes and peerSources;
+	// ownPods6 the pods' IPv6 addresses the FIB routes to pod0h. The world forwards
+	// IPv6.
+	underlay6    netip.Addr
+	handles      map[netip.Addr]netip.Addr
+	routes6      []oracleRoute
+	peerSources6 map[netip.Addr][]netip.Prefix
+	ownPods6     map[netip.Addr]net.HardwareAddr
+
+	// gwMAC is the underlay neighbour every peer is reached through: the site router;
+	// gw6MAC the IPv6 router's (the neighbour the IPv6 underlay's peers are behind).
+	undMAC, podHMAC, istMAC, gwMAC, gw6MAC, fabricMAC net.HardwareAddr
 	// The lab's interfaces, as a delivery's trace records its target: the underlay
 	// device, the pods' host interface (pod_ifaces), isthmus0.
 	undIfindex, podIfindex, istIfindex int
@@ -495,7 +510,15 @@ func (w *oracleWorld) directReopens(v *ipv4View, src, dst netip.Addr, dport uint
 	if v.ip.Protocol != layers.IPProtocolTCP {
 		return false, fmt.Sprintf("protocol %v, not TCP: the stack", v.ip.Protocol), nil
 	}
-	l4 := v.l4()
+	return w.ctDecide(v.l4(), src, dst, dport)
+}
+
+// ctDecide is the part of the fail-closed rule after the network header: the TCP
+// segment l4 of src -> dst (dport, if not 0, its destination port) goes around the
+// stack only with its whole 20-byte header present, without SYN, of an entry
+// conntrack holds established, assured, untranslated and not closed on the fast path;
+// a bare SYN on a closed flow's tuple reopens it.
+func (w *oracleWorld) ctDecide(l4 []byte, src, dst netip.Addr, dport uint16) (bool, string, *oracleCT) {
 	if len(l4) < 20 {
 		return false, fmt.Sprintf("TCP header cut at %d bytes: the stack", len(l4)), nil
 	}
@@ -721,7 +744,13 @@ func mssClamp(ip []byte, mtu int) ([]byte, bool) {
 	if err != nil || mtu <= 0 || v.ip.Protocol != layers.IPProtocolTCP || v.fragment() {
 		return ip, false
 	}
-	seg := ip[v.hlen:]
+	return clampAt(ip, v.hlen, uint16(mtu-40))
+}
+
+// clampAt returns ip with every MSS option of the TCP SYN (or SYN-ACK) at ip[off:]
+// above max lowered to it, and whether it changed anything (see mssClamp).
+func clampAt(ip []byte, off int, max uint16) ([]byte, bool) {
+	seg := ip[off:]
 	if len(seg) < 20 || seg[13]&0x02 == 0 {
 		return ip, false
 	}
@@ -731,7 +760,6 @@ func mssClamp(ip []byte, mtu int) ([]byte, bool) {
 	}
 	opts := seg[20:doff]
 	out, changed := ip, false
-	max := uint16(mtu - 40)
 	for i := 0; i < len(opts); {
 		switch opts[i] {
 		case 0: // end of option list
@@ -751,7 +779,7 @@ func mssClamp(ip []byte, mtu int) ([]byte, bool) {
 			if !changed {
 				out = append([]byte{}, ip...)
 			}
-			binary.BigEndian.PutUint16(out[v.hlen+20+i+2:], max)
+			binary.BigEndian.PutUint16(out[off+20+i+2:], max)
 			changed = true
 		}
 		i += l
@@ -797,10 +825,15 @@ func l4SumOK(ip []byte) bool {
 // datapath's bytes for them are taken from got (it cannot be expected to fix a sum that
 // was already wrong). The result has the length of inIP.
 func innerAfter(inIP, got []byte, decTTL, ce bool, mtu int) []byte {
+	return innerAfterSums(inIP, got, decTTL, ce, mtu, csum16(inIP[:int(inIP[0]&0x0f)*4]) == 0, l4SumOK(inIP))
+}
+
+// innerAfterSums is innerAfter for a packet whose header and L4 checksums verified on
+// input as hdrOK and l4OK say: inIP may be a packet the model has already rewritten
+// (translated), whose sums are then the datapath's and prove nothing.
+func innerAfterSums(inIP, got []byte, decTTL, ce bool, mtu int, hdrOK, l4OK bool) []byte {
 	want := append([]byte{}, inIP...)
 	hlen := int(want[0]&0x0f) * 4
-	hdrOK := csum16(inIP[:hlen]) == 0
-	l4OK := l4SumOK(inIP)
 	if decTTL {
 		want[8]--
 	}
@@ -865,16 +898,25 @@ func icmpErrorForm(name string, typ uint8, code int, dst netip.Addr) outputForm 
 	}}
 }
 
-// geneveInner returns the inner Ethernet frame of out when out is GENEVE (IPv4, UDP to
-// port 6081), else out itself. The offsets come from the fixed headers: gopacket's
-// GENEVE layer gives up on options that are not well-formed TLVs, which the datapath
-// carries without reading.
+// geneveInner returns the inner Ethernet frame of out when out is GENEVE (IPv4 or
+// IPv6, UDP to port 6081), else out itself. The offsets come from the fixed headers:
+// gopacket's GENEVE layer gives up on options that are not well-formed TLVs, which
+// the datapath carries without reading.
 func geneveInner(out []byte) []byte {
-	ip, err := decodeIPv4(out, 14)
-	if err != nil || ip.ip.Protocol != layers.IPProtocolUDP {
-		return out
+	udpOff := 0
+	if isIPv6Frame(out) {
+		v6, err := decodeIPv6(out, 14)
+		if err != nil || v6.next() != 17 {
+			return out
+		}
+		udpOff = 14 + 40
+	} else {
+		ip, err := decodeIPv4(out, 14)
+		if err != nil || ip.ip.Protocol != layers.IPProtocolUDP {
+			return out
+		}
+		udpOff = 14 + ip.hlen
 	}
-	udpOff := 14 + ip.hlen
 	if u, err := udpPorts(out[udpOff:]); err != nil || u.DstPort != 6081 {
 		return out
 	}
@@ -892,29 +934,13 @@ func untaggedIPv4(in []byte) bool {
 	return eth.DecodeFromBytes(in, gopacket.NilDecodeFeedback) == nil && eth.EthernetType == layers.EthernetTypeIPv4
 }
 
-// untaggedIPv6Source returns the source of in's IPv6 fixed header and true when in is
-// an untagged Ethernet frame of type IPv6 long enough to hold one, of version 6.
-func untaggedIPv6Source(in []byte) (netip.Addr, bool) {
-	eth := &layers.Ethernet{}
-	if eth.DecodeFromBytes(in, gopacket.NilDecodeFeedback) != nil || eth.EthernetType != layers.EthernetTypeIPv6 ||
-		len(in) < 14+40 || in[14]>>4 != 6 {
-		return netip.Addr{}, false
-	}
-	return netip.AddrFrom16([16]byte(in[22:38])), true
-}
-
-// untaggedIPv6Dest is untaggedIPv6Source for the destination.
-func untaggedIPv6Dest(in []byte) (netip.Addr, bool) {
-	if _, ok := untaggedIPv6Source(in); !ok {
-		return netip.Addr{}, false
-	}
-	return netip.AddrFrom16([16]byte(in[38:54])), true
-}
-
 // modelUnderlay is the model of underlay_ingress (xdp false) and underlay_xdp (xdp true)
 // for frame in arriving on the underlay device.
 func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 	var e expectation
+	if untaggedOf(in, layers.EthernetTypeIPv6) {
+		return modelUnderlay6(w, in, xdp)
+	}
 	if !untaggedIPv4(in) {
 		e.pass = true
 		e.because("not an untagged IPv4 frame: the stack's")
@@ -952,11 +978,38 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		e.because("first outer fragment: DROP_OUTER_FRAGMENT")
 		return e
 	}
+	return decapGeneve(w, in, outerGeneve{v4: outer, src: outer.src(), udpOff: udpOff, ce: outer.ip.TOS&0x03 == 0x03}, xdp, e)
+}
 
+// outerGeneve is the outer header of a GENEVE frame to this node: IPv4 (v4) or IPv6
+// (v4 nil), its source address, where its UDP header starts and whether its ECN field
+// is CE.
+type outerGeneve struct {
+	v4     *ipv4View
+	src    netip.Addr
+	udpOff int
+	ce     bool
+}
+
+// peerOf returns the peer an outer source names: an IPv4 address in peers (never a
+// handle: no IPv4 frame comes from one) or, over the IPv6 underlay, the handle peers6
+// maps the address to.
+func (w *oracleWorld) peerOf(o outerGeneve) (netip.Addr, bool) {
+	if o.v4 != nil {
+		return o.src, w.isPeer(o.src)
+	}
+	return w.handleOf(o.src)
+}
+
+// decapGeneve is the model of both decapsulation programs for a frame whose outer
+// header o says it is UDP to port 6081 of this node (over either underlay family),
+// from its GENEVE header on.
+func decapGeneve(w *oracleWorld, in []byte, o outerGeneve, xdp bool, e expectation) expectation {
 	// GENEVE for this node. The first fault in the order of architecture.md
 	// (decapsulation steps 2 and 3) is the reason: version, options inside the frame,
 	// C bit, O bit, protocol, VNI, peer, inner Ethernet and IPv4, inner source.
-	peer := outer.src()
+	udpOff := o.udpOff
+	peer, known := w.peerOf(o)
 	gOff := udpOff + 8
 	g, optlen, err := geneveFixed(in[gOff:])
 	if err != nil {
@@ -985,23 +1038,13 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		return fault(IsthmusDropReasonDROP_GENEVE_PROTOCOL, "GENEVE protocol %#04x", uint16(g.Protocol))
 	case g.VNI != w.vni:
 		return fault(IsthmusDropReasonDROP_GENEVE_VNI, "VNI %#x, ours %#x", g.VNI, w.vni)
-	case !w.isPeer(peer):
-		return fault(IsthmusDropReasonDROP_UNKNOWN_PEER, "outer source %v is no peer", peer)
+	case !known:
+		return fault(IsthmusDropReasonDROP_UNKNOWN_PEER, "outer source %v is no peer", o.src)
 	case ieth.DecodeFromBytes(in[ieOff:], gopacket.NilDecodeFeedback) != nil:
 		return fault(IsthmusDropReasonDROP_INNER_INVALID, "inner Ethernet truncated")
 	case ieth.EthernetType == layers.EthernetTypeIPv6:
-		// The world's peers may send no IPv6 source (peer_sources6 is empty): a
-		// well-formed inner IPv6 packet is refused for its source, a martian one
-		// first (architecture.md, "IPv6 pods").
-		i6 := ieOff + 14
-		if len(in) < i6+40 || in[i6]>>4 != 6 {
-			return fault(IsthmusDropReasonDROP_INNER_INVALID, "inner IPv6 truncated or not version 6")
-		}
-		src := netip.AddrFrom16([16]byte(in[i6+8 : i6+24]))
-		if src.IsUnspecified() || src.IsLoopback() || src.Is4In6() || src.IsLinkLocalUnicast() || src.IsMulticast() {
-			return fault(IsthmusDropReasonDROP_INNER_MARTIAN, "inner IPv6 source %v is a martian", src)
-		}
-		return fault(IsthmusDropReasonDROP_INNER_SRC_DENIED, "peer %v may send from no IPv6 source, not %v", peer, src)
+		decapInner6(w, in, ieOff, o, peer, xdp, &e)
+		return e
 	case ieth.EthernetType != layers.EthernetTypeIPv4:
 		return fault(IsthmusDropReasonDROP_INNER_UNSUPPORTED, "inner EtherType %#04x", uint16(ieth.EthernetType))
 	}
@@ -1018,22 +1061,32 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 	if !w.mayUse(peer, src) {
 		return fault(IsthmusDropReasonDROP_INNER_SRC_DENIED, "peer %v may not send from %v", peer, src)
 	}
-	if outer.hlen > 20 {
-		e.because("outer IPv4 options (%d bytes): popped with them", outer.hlen-20)
+	if o.v4 != nil && o.v4.hlen > 20 {
+		e.because("outer IPv4 options (%d bytes): popped with them", o.v4.hlen-20)
 	}
 	e.because("valid GENEVE from peer %v, inner %v -> %v ttl %d", peer, src, dst, inner.ip.TTL)
 	inIP := in[ieOff+14:]
-	ce := outer.ip.TOS&0x03 == 0x03 && inIP[1]&0x03 != 0
+	ce := o.ce && inIP[1]&0x03 != 0
 
-	if kind, ok := w.healthAnswer(inner); ok && !xdp {
+	// Over the IPv6 underlay nothing is answered or forwarded from here: health
+	// checks and gateways over it are not there yet (architecture.md, "IPv6
+	// underlay"), and the answer to an expiring TTL is transit's, which rewrites an
+	// outer IPv4 header. Such a frame is delivered (or not) as any other, and XDP pops
+	// it.
+	v4 := o.v4 != nil
+	if kind, ok := w.healthAnswer(inner); ok && !xdp && v4 {
 		// A health probe the claims cover is answered before transit, TTL and ECN
 		// (architecture.md, decapsulation step 3); XDP leaves it to TC.
 		e.because("a health probe the claims cover: answered %q back to the peer", kind)
-		e.forms = append(e.forms, healthForm(in, outer.hlen, ieOff, kind))
+		e.forms = append(e.forms, healthForm(in, o.v4.hlen, ieOff, kind))
 		return e
 	}
 
-	if rt, ok := w.route(dst); ok && w.transit {
+	// A gateway transits only over the IPv4 underlay: a route whose next hop is a peer
+	// on the IPv6 underlay is no transit route (the frame would need an outer IPv6
+	// header; its handle is no IPv4 address to send to), and the frame goes on as on
+	// a member.
+	if rt, ok := w.route(dst); ok && w.transit && v4 && !w.viaHandle(rt) {
 		if xdp {
 			e.pass = true
 			e.because("transits: XDP leaves it whole to TC")
@@ -1073,12 +1126,12 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 			return e
 		}
 		if len(others) > 0 {
-			e.forms = append(e.forms, transitForm(w, in, outer, ieOff+14, others))
+			e.forms = append(e.forms, transitForm(w, in, o.v4, ieOff+14, others))
 		}
 		return e
 	}
 
-	if inner.ip.TTL <= 1 && dst != w.tunnelIP && dst != w.underlay {
+	if inner.ip.TTL <= 1 && dst != w.tunnelIP && dst != w.underlay && v4 {
 		if xdp {
 			e.pass = true
 			e.because("inner TTL %d: XDP leaves it whole to TC", inner.ip.TTL)
@@ -1097,14 +1150,14 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 			return e
 		}
 	}
-	if xdp && dst == w.tunnelIP && inner.ip.Protocol == layers.IPProtocolUDP && inner.hlen == 20 && !inner.fragment() {
+	if xdp && v4 && dst == w.tunnelIP && inner.ip.Protocol == layers.IPProtocolUDP && inner.hlen == 20 && !inner.fragment() {
 		// Inner UDP to the tunnel address may be a health probe: XDP leaves it
 		// whole to TC, which answers it (architecture.md, decapsulation step 3).
 		e.pass = true
 		e.because("inner UDP to the tunnel address: XDP leaves it to TC")
 		return e
 	}
-	if outer.ip.TOS&0x03 == 0x03 && inIP[1]&0x03 == 0 {
+	if o.ce && inIP[1]&0x03 == 0 {
 		// RFC 6040 4.2: CE on a Not-ECT inner packet is dropped, before any delivery.
 		e.allowDrop(IsthmusDropReasonDROP_ECN_NOT_ECT)
 		e.because("outer CE, inner Not-ECT: DROP_ECN_NOT_ECT (RFC 6040)")
@@ -1144,6 +1197,11 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		return e
 	}
 	switch {
+	case inPrefixes(w.fabricPrefixes, dst) && inPrefixes(w.fabricRoutes, dst) && w.ownPods[dst] == nil && inner.ip.TTL <= 1:
+		// Only over the IPv6 underlay (over IPv4 it was answered above): the
+		// forward to the fabric has no hop left and nothing answers here.
+		e.because("to %v of this site's fabric with TTL %d, over the IPv6 underlay: DROP_TTL_EXCEEDED", dst, inner.ip.TTL)
+		e.allowDrop(IsthmusDropReasonDROP_TTL_EXCEEDED)
 	case inPrefixes(w.fabricPrefixes, dst) && inPrefixes(w.fabricRoutes, dst) && w.ownPods[dst] == nil:
 		// Fabric delivery: this site's block, routed to the fabric router.
 		e.because("to %v of this site's fabric: forwarded to the fabric router", dst)
@@ -1156,6 +1214,11 @@ func modelUnderlay(w *oracleWorld, in []byte, xdp bool) expectation {
 		// frame keeps its source MAC.
 		e.because("to own pod %v: through the stack", dst)
 		e.forms = append(e.forms, w.toStack(deliverForm("pod delivery through the stack", w.istMAC, in[6:12], in[ieOff+14:], false, ce, w.tunnelMTU), true))
+	case w.ownPods[dst] != nil && inner.ip.TTL <= 1:
+		// Only over the IPv6 underlay (over IPv4 it was answered above): the direct
+		// path has no hop left to take and nothing answers here.
+		e.because("to own pod %v around the stack with TTL %d, over the IPv6 underlay: DROP_TTL_EXCEEDED", dst, inner.ip.TTL)
+		e.allowDrop(IsthmusDropReasonDROP_TTL_EXCEEDED)
 	case w.ownPods[dst] != nil:
 		e.because("to own pod %v, around the stack", dst)
 		e.forms = append(e.forms, w.toPod(deliverForm("pod delivery", w.ownPods[dst], w.podHMAC, in[ieOff+14:], true, ce, w.tunnelMTU)))
@@ -1476,12 +1539,17 @@ func sum0(c uint16) uint16 {
 // outputEthernet checks that gopacket decodes out as an IPv4 frame to dmac (and from
 // smac, unless nil).
 func outputEthernet(out []byte, dmac, smac net.HardwareAddr) error {
+	return outputEthernetOf(out, dmac, smac, layers.EthernetTypeIPv4)
+}
+
+// outputEthernetOf is outputEthernet for a frame of type t.
+func outputEthernetOf(out []byte, dmac, smac net.HardwareAddr, t layers.EthernetType) error {
 	oe := &layers.Ethernet{}
 	if err := oe.DecodeFromBytes(out, gopacket.NilDecodeFeedback); err != nil {
 		return fmt.Errorf("output Ethernet: %w", err)
 	}
-	if !bytes.Equal(oe.DstMAC, dmac) || (smac != nil && !bytes.Equal(oe.SrcMAC, smac)) || oe.EthernetType != layers.EthernetTypeIPv4 {
-		return fmt.Errorf("output Ethernet %v -> %v type %v, want -> %v (from %v) IPv4", oe.SrcMAC, oe.DstMAC, oe.EthernetType, dmac, smac)
+	if !bytes.Equal(oe.DstMAC, dmac) || (smac != nil && !bytes.Equal(oe.SrcMAC, smac)) || oe.EthernetType != t {
+		return fmt.Errorf("output Ethernet %v -> %v type %v, want -> %v (from %v) %v", oe.SrcMAC, oe.DstMAC, oe.EthernetType, dmac, smac, t)
 	}
 	return nil
 }
@@ -1498,8 +1566,10 @@ func deliverForm(name string, dmac, smac net.HardwareAddr, inIP []byte, forward,
 }
 
 // xdpPopForm accepts what underlay_xdp leaves of a frame it popped: its decap_meta
-// (magic, the peer), then the outer Ethernet header, then the inner IPv4 packet
-// (unchanged, or with CE if ce).
+// (magic, the peer: an IPv4 address or an IPv6 peer's handle), then the outer
+// Ethernet header with the inner frame's EtherType (architecture.md: XDP writes IPv6
+// into the header it keeps for an inner IPv6 packet, IPv4 after an outer IPv6
+// header), then the inner IP packet at ipOff (unchanged, or with CE if ce).
 func xdpPopForm(w *oracleWorld, in []byte, peer netip.Addr, ipOff int, ce bool) outputForm {
 	name := "XDP pop"
 	if ce {
@@ -1517,14 +1587,17 @@ func xdpPopForm(w *oracleWorld, in []byte, peer netip.Addr, ipOff int, ce bool) 
 		if m.Magic != 0x69737468 || m.Peer != be32(peer) {
 			return fmt.Errorf("decap_meta magic %#x peer %#x, want %#x %#x", m.Magic, m.Peer, 0x69737468, be32(peer))
 		}
-		if err := diffAt("outer Ethernet", out[n:n+14], in[:14]); err != nil {
+		eth := append(append([]byte{}, in[:12]...), in[ipOff-2:ipOff]...)
+		if err := diffAt("outer Ethernet", out[n:n+14], eth); err != nil {
 			return err
 		}
 		want := append([]byte{}, in[ipOff:]...)
-		if ce {
+		if ce && in[ipOff]>>4 == 6 {
+			want = innerAfter6(want, out[n+14:], false, true, 0)
+		} else if ce {
 			want = innerAfter(want, out[n+14:], false, true, 0)
 		}
-		return diffAt("popped inner IPv4", out[n+14:], want)
+		return diffAt("popped inner packet", out[n+14:], want)
 	}}
 }
 
@@ -1571,34 +1644,12 @@ func transitForm(w *oracleWorld, in []byte, outer *ipv4View, ipOff int, next []n
 	}}
 }
 
-// modelEncap is the model of pod_ingress (fromPod) and overlay_egress for frame in.
+// modelEncap is the model of pod_ingress (fromPod) and overlay_egress for frame in
+// (an IPv6 one: modelEncap6).
 func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 	var e expectation
-	if src, ok := untaggedIPv6Source(in); ok && fromPod {
-		// DESIGN.md: a pod sends only from its own addresses, in IPv6 too. Link-scoped
-		// sources stay on the pod's link; no other is the pod's here (pod0h holds no
-		// IPv6 reservation, and the world does not forward IPv6: no route vouches).
-		if src.IsUnspecified() || src.IsLinkLocalUnicast() {
-			e.pass = true
-			e.because("IPv6 from link-scoped %v: the stack's", src)
-			return e
-		}
-		e.allowDrop(IsthmusDropReasonDROP_POD_SRC_SPOOFED)
-		e.because("IPv6 source %v is not the pod's own address: DROP_POD_SRC_SPOOFED", src)
-		return e
-	}
-	if dst, ok := untaggedIPv6Dest(in); ok && !fromPod {
-		// overlay_egress: the stack routed it into isthmus0. Destinations on the link
-		// are never tunnelled; the world has no IPv6 route (routes6 is empty), so
-		// any other is refused.
-		if dst.IsUnspecified() || dst.IsLinkLocalUnicast() || dst.IsMulticast() {
-			e.pass = true
-			e.because("IPv6 to link-scoped or multicast %v: never tunnelled", dst)
-			return e
-		}
-		e.allowDrop(IsthmusDropReasonDROP_NO_OVERLAY_ROUTE)
-		e.because("IPv6 to %v: no routes6 entry", dst)
-		return e
+	if isIPv6Frame(in) {
+		return modelEncap6(w, in, fromPod)
 	}
 	if !untaggedIPv4(in) {
 		e.pass = true
@@ -1623,7 +1674,9 @@ func modelEncap(w *oracleWorld, in []byte, fromPod bool) expectation {
 		// No GENEVE from pods to a peer's underlay address. The port is what counts:
 		// a datagram cut short after it, or whose lengths say it is shorter, is no
 		// less GENEVE.
-		if l4 := v.l4(); v.ip.Protocol == layers.IPProtocolUDP && v.ip.FragOffset == 0 && w.isPeer(dst) && len(l4) >= 4 {
+		// Any entry of peers counts, a handle too (architecture.md, encapsulation
+		// step 1: "an address in peers"): no pod sends to 0.0.0.0/8 in earnest.
+		if l4 := v.l4(); v.ip.Protocol == layers.IPProtocolUDP && v.ip.FragOffset == 0 && (w.isPeer(dst) || w.isHandle(dst)) && len(l4) >= 4 {
 			if binary.BigEndian.Uint16(l4[2:]) == 6081 {
 				e.allowDrop(IsthmusDropReasonDROP_POD_GENEVE)
 				e.because("GENEVE from a pod to peer %v's underlay address: DROP_POD_GENEVE", dst)
@@ -1884,14 +1937,28 @@ func (w *oracleWorld) snatPort(inIP []byte, to netip.Addr, port uint16) error {
 	return nil
 }
 
-// encapForm accepts frame in encapsulated toward one of peers: outer Ethernet to the
-// underlay gateway, IPv4 (ihl 5, this node to the peer, TOS of the inner packet, DF,
-// TTL 64, a checksum that verifies, the right length), UDP (a source port in
-// 49152-65535, port 6081, the right length, checksum zero or verifying), GENEVE (version
-// 0, no options, O and C clear, protocol 0x6558, our VNI), then the input frame, with
-// its TTL decremented if forward and its MSS clamped.
+// encapForm accepts frame in encapsulated toward one of peers. Over the IPv4 underlay
+// (an IPv4 peer): outer Ethernet to the underlay gateway, IPv4 (ihl 5, this node to the
+// peer, TOS of the inner packet, DF, TTL 64, a checksum that verifies, the right
+// length), UDP (a source port in 49152-65535, port 6081, the right length, checksum
+// zero or verifying). Over the IPv6 underlay (a handle, architecture.md "IPv6
+// underlay"): outer Ethernet to the IPv6 router, IPv6 (config.underlay_ip6 to the
+// handle's address, the inner DSCP and ECN as traffic class, hop limit 64, next header
+// UDP, the right payload length; the flow label is the flow's hash, which the model
+// does not compute), UDP as over IPv4 with checksum zero (RFC 6935). Then GENEVE
+// (version 0, no options, O and C clear, protocol 0x6558, our VNI) and the input frame,
+// with its TTL or hop limit decremented if forward and its MSS clamped.
 func encapForm(w *oracleWorld, in []byte, peers []netip.Addr, forward bool) outputForm {
 	return encapFormSNAT(w, in, peers, forward, netip.Addr{})
+}
+
+// innerTClass is the TOS of the IPv4 packet or the traffic class of the IPv6 packet
+// frame in carries.
+func innerTClass(in []byte) byte {
+	if binary.BigEndian.Uint16(in[12:]) == 0x86dd {
+		return in[14]<<4 | in[15]>>4
+	}
+	return in[15]
 }
 
 // encapFormSNAT is encapForm with the inner packet's source translated to snat (if
@@ -1908,28 +1975,53 @@ func encapFormSNAT(w *oracleWorld, in []byte, peers []netip.Addr, forward bool, 
 		if err := oe.DecodeFromBytes(out, gopacket.NilDecodeFeedback); err != nil {
 			return fmt.Errorf("outer Ethernet: %w", err)
 		}
-		if !bytes.Equal(oe.DstMAC, w.gwMAC) || !bytes.Equal(oe.SrcMAC, w.undMAC) || oe.EthernetType != layers.EthernetTypeIPv4 {
-			bad("outer Ethernet %v -> %v type %v", oe.SrcMAC, oe.DstMAC, oe.EthernetType)
+		ohl, gw := 20, w.gwMAC
+		switch oe.EthernetType {
+		case layers.EthernetTypeIPv4:
+			o, err := decodeIPv4(out, 14)
+			if err != nil {
+				return fmt.Errorf("outer IPv4: %w", err)
+			}
+			to := o.dst()
+			if o.hlen != 20 || o.src() != w.underlay || !slices.Contains(peers, to) || w.isHandle(to) || o.ip.TTL != 64 ||
+				o.ip.Flags != layers.IPv4DontFragment || o.ip.FragOffset != 0 || o.ip.Protocol != layers.IPProtocolUDP ||
+				!o.hdrOK || int(binary.BigEndian.Uint16(out[16:])) != len(out)-14 || o.ip.TOS != innerTClass(in) {
+				bad("outer IPv4 %v -> %v (want one of %v) ihl %d ttl %d flags %v tos %#x len %d sum ok %v",
+					o.src(), to, peers, o.hlen/4, o.ip.TTL, o.ip.Flags, o.ip.TOS, binary.BigEndian.Uint16(out[16:]), o.hdrOK)
+			}
+		case layers.EthernetTypeIPv6:
+			ohl, gw = 40, w.gw6MAC
+			if len(out) < 14+40 {
+				return fmt.Errorf("outer IPv6 header cut at %d bytes", len(out)-14)
+			}
+			o := &layers.IPv6{}
+			if err := o.DecodeFromBytes(out[14:], gopacket.NilDecodeFeedback); err != nil {
+				return fmt.Errorf("outer IPv6: %w", err)
+			}
+			to, _ := netip.AddrFromSlice(o.DstIP)
+			from, _ := netip.AddrFromSlice(o.SrcIP)
+			h, ok := w.handleOf(to)
+			if o.Version != 6 || from != w.underlay6 || !ok || !slices.Contains(peers, h) || o.HopLimit != 64 ||
+				o.NextHeader != layers.IPProtocolUDP || int(o.Length) != len(out)-14-40 || o.TrafficClass != innerTClass(in) {
+				bad("outer IPv6 %v -> %v (want %v's address; one of %v) hop limit %d next %v tclass %#x len %d",
+					from, to, h, peers, o.HopLimit, o.NextHeader, o.TrafficClass, o.Length)
+			}
+		default:
+			return fmt.Errorf("outer Ethernet type %v, not IP", oe.EthernetType)
 		}
-		o, err := decodeIPv4(out, 14)
-		if err != nil {
-			return fmt.Errorf("outer IPv4: %w", err)
+		if !bytes.Equal(oe.DstMAC, gw) || !bytes.Equal(oe.SrcMAC, w.undMAC) {
+			bad("outer Ethernet %v -> %v, want %v -> %v", oe.SrcMAC, oe.DstMAC, w.undMAC, gw)
 		}
-		if o.hlen != 20 || o.src() != w.underlay || !slices.Contains(peers, o.dst()) || o.ip.TTL != 64 ||
-			o.ip.Flags != layers.IPv4DontFragment || o.ip.FragOffset != 0 || o.ip.Protocol != layers.IPProtocolUDP ||
-			!o.hdrOK || int(binary.BigEndian.Uint16(out[16:])) != len(out)-14 || o.ip.TOS != in[15] {
-			bad("outer IPv4 %v -> %v (want one of %v) ihl %d ttl %d flags %v tos %#x len %d sum ok %v",
-				o.src(), o.dst(), peers, o.hlen/4, o.ip.TTL, o.ip.Flags, o.ip.TOS, binary.BigEndian.Uint16(out[16:]), o.hdrOK)
-		}
-		u, err := udpPorts(out[34:])
+		uOff := 14 + ohl
+		u, err := udpPorts(out[uOff:])
 		if err != nil {
 			return fmt.Errorf("outer UDP: %w", err)
 		}
-		if u.DstPort != 6081 || u.SrcPort < 49152 || int(u.Length) != len(out)-34 ||
-			(u.Checksum != 0 && !l4SumOK(out[14:])) {
+		if u.DstPort != 6081 || u.SrcPort < 49152 || int(u.Length) != len(out)-uOff ||
+			(u.Checksum != 0 && (ohl == 40 || !l4SumOK(out[14:]))) {
 			bad("outer UDP %d -> %d len %d checksum %#x", u.SrcPort, u.DstPort, u.Length, u.Checksum)
 		}
-		g, optlen, err := geneveFixed(out[42:])
+		g, optlen, err := geneveFixed(out[uOff+8:])
 		if err != nil {
 			return fmt.Errorf("GENEVE: %w", err)
 		}
@@ -1937,21 +2029,32 @@ func encapFormSNAT(w *oracleWorld, in []byte, peers []netip.Addr, forward bool, 
 			g.Protocol != layers.EthernetTypeTransparentEthernetBridging || g.VNI != w.vni {
 			bad("GENEVE version %d options %d O %v C %v protocol %v VNI %#x", g.Version, optlen, g.OAMPacket, g.CriticalOption, g.Protocol, g.VNI)
 		}
-		if len(out) < 64 {
+		ie := uOff + 16
+		if len(out) < ie+14 {
 			return fmt.Errorf("output %d bytes: no inner frame", len(out))
 		}
-		if err := diffAt("inner Ethernet", out[50:64], in[:14]); err != nil {
+		if err := diffAt("inner Ethernet", out[ie:ie+14], in[:14]); err != nil {
 			bad("%v", err)
 		}
-		inIP := in[14:]
-		if snat.IsValid() {
-			var err error
-			if inIP, err = snatAfter(w, inIP, out[64:], snat); err != nil {
-				return err
+		got := out[ie+14:]
+		if binary.BigEndian.Uint16(in[12:]) == 0x86dd {
+			if err := diffAt("inner IPv6", got, innerAfter6(in[14:], got, forward, false, w.tunnelMTU)); err != nil {
+				bad("%v", err)
 			}
-		}
-		if err := diffAt("inner IPv4", out[64:], innerAfter(inIP, out[64:], forward, false, w.tunnelMTU)); err != nil {
-			bad("%v", err)
+		} else {
+			inIP := in[14:]
+			// Whether each sum verified is the input's: the translated packet
+			// carries the datapath's sums where the input's did not verify.
+			hdrOK, l4OK := len(inIP) >= 20 && csum16(inIP[:int(inIP[0]&0x0f)*4]) == 0, l4SumOK(inIP)
+			if snat.IsValid() {
+				var err error
+				if inIP, err = snatAfter(w, inIP, got, snat); err != nil {
+					return err
+				}
+			}
+			if err := diffAt("inner IPv4", got, innerAfterSums(inIP, got, forward, false, w.tunnelMTU, hdrOK, l4OK)); err != nil {
+				bad("%v", err)
+			}
 		}
 		if len(problems) > 0 {
 			return errors.New(strings.Join(problems, "\n"))
@@ -2274,6 +2377,98 @@ func TestOracleModel(t *testing.T) {
 	ack := ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 63}, tcpWith(remotePodIP, podIP, 80, 33000, 0x10, nil))
 	if e := modelUnderlay(w, uframe{inner: ack}.build(fl), false); len(e.forms) != 1 || !strings.HasPrefix(e.forms[0].name, "pod delivery through the stack") {
 		t.Errorf("decapsulated ACK of a known flow: %s", e.why)
+	}
+
+	// IPv6. Over the IPv6 underlay (TestEncapUnderlay6's frame, built here by hand):
+	// outer IPv6 from underlay_ip6 to the peer's address, hop limit 64, the inner
+	// traffic class, UDP to 6081 with checksum zero; refused with a filled-in
+	// checksum, another hop limit or to the handle's IPv4 "address".
+	v6 := ipv6Flow(pod6, peer6Pod6, 0xb8, 0x12345, 4000)
+	in6f := ethFrame(fl.istMAC, fl.istMAC, 0x86dd, v6)
+	outer6 := func(inner []byte, hop byte, sum bool) []byte {
+		u := udpDatagram(50000, 6081, geneveHeader(geneveOpts{proto: 0x6558, vni: testVNI, optWords: -1}, inner))
+		if sum {
+			u = withCsum(underlayIP6, peer6, 17, u)
+		}
+		ip := ipv6Packet(underlayIP6, peer6, 17, hop, u)
+		binary.BigEndian.PutUint32(ip[0:], 6<<28|0xb8<<20|0x777)
+		return ethFrame(gwMAC, fl.undMAC, 0x86dd, ip)
+	}
+	e = modelEncap(w, in6f, false)
+	if err := accepts(e, outer6(in6f, 64, false)); err != nil {
+		t.Errorf("encap over the IPv6 underlay: %v", err)
+	}
+	for name, out := range map[string][]byte{"a UDP checksum": outer6(in6f, 64, true), "hop limit 63": outer6(in6f, 63, false),
+		"over IPv4 to the handle": ethFrame(gwMAC, fl.undMAC, 0x0800, ipv4Packet(underlayIP, handle6, 17, ipOpts{tos: 0xb8, ttl: 64, fragOff: 0x4000},
+			udpDatagram(50000, 6081, geneveHeader(geneveOpts{proto: 0x6558, vni: testVNI, optWords: -1}, in6f))))} {
+		if accepts(e, out) == nil {
+			t.Errorf("encap over the IPv6 underlay: the model accepts %s", name)
+		}
+	}
+	// An IPv4 packet to the IPv6 peer's pods leaves over IPv6 too.
+	in4f := ethFrame(fl.istMAC, fl.istMAC, 0x0800, ipv4Packet(hostIP, peer6Pod4, 17, ipOpts{ttl: 64, tos: 0xb8}, udpDatagram(4000, 5000, []byte("x"))))
+	if err := accepts(modelEncap(w, in4f, false), outer6(in4f, 64, false)); err != nil {
+		t.Errorf("IPv4 over the IPv6 underlay: %v", err)
+	}
+	// A pod's IPv6 packet: spoofed, GENEVE to the IPv6 peer, to a route (the stack,
+	// marked), to a link-local destination (unmarked), on the fast path (encapsulated,
+	// hop limit 63) and with its last hop (the stack).
+	pod6f := func(src, dst netip.Addr, next byte, l4 []byte, hop byte) []byte {
+		return ethFrame(fl.podHMAC, podMAC, 0x86dd, ipv6Packet(src, dst, next, hop, l4))
+	}
+	for _, tc := range []struct {
+		name       string
+		in         []byte
+		drop       IsthmusDropReason
+		pass, mark bool
+	}{
+		{"spoofed", pod6f(netip.MustParseAddr("fd10::6"), remotePod6, 17, udpDatagram(1, 2, nil), 64), IsthmusDropReasonDROP_POD_SRC_SPOOFED, false, false},
+		{"GENEVE to the IPv6 peer", pod6f(pod6, peer6, 17, udpDatagram(1, 6081, nil), 64), IsthmusDropReasonDROP_POD_GENEVE, false, false},
+		{"to a route", pod6f(pod6, remotePod6, 17, udpDatagram(1, 2, nil), 64), 0, true, true},
+		{"to a link-local address", pod6f(pod6, netip.MustParseAddr("fe80::1"), 17, udpDatagram(1, 2, nil), 64), 0, true, false},
+		{"the fast path's last hop", pod6f(pod6, remotePod6, 6, tcpWith(pod6, remotePod6, 40004, 80, 0x10, nil), 1), 0, true, true},
+	} {
+		e := modelEncap(w, tc.in, true)
+		if e.outcomes() != 1 || (tc.drop != 0 && !e.allows(tc.drop)) || e.pass != tc.pass || e.mark != tc.mark {
+			t.Errorf("pod IPv6 %s: %+v", tc.name, e)
+		}
+	}
+	fast6 := tcpWith(pod6, remotePod6, 40004, 80, 0x10, nil)
+	e = modelEncap(w, pod6f(pod6, remotePod6, 6, fast6, 64), true)
+	want6 := ethFrame(fl.podHMAC, podMAC, 0x86dd, ipv6Packet(pod6, remotePod6, 6, 63, fast6))
+	enc6 := ethFrame(gwMAC, fl.undMAC, 0x0800, ipv4Packet(underlayIP, peerIP, 17, ipOpts{ttl: 64, fragOff: 0x4000},
+		udpDatagram(50000, 6081, geneveHeader(geneveOpts{proto: 0x6558, vni: testVNI, optWords: -1}, want6))))
+	if err := accepts(e, enc6); err != nil {
+		t.Errorf("pod IPv6 on the fast path: %v", err)
+	}
+	// Decapsulation of IPv6: over either underlay, through the stack byte for byte;
+	// XDP pops with the Ethernet type of the inner frame and the handle in decap_meta;
+	// an IPv4 frame from a handle is from no peer.
+	inner6 := ipv6Flow(peer6Pod6, pod6, 0, 0x777, 4000)
+	for _, f := range [][]byte{u6frame{innerType: 0x86dd, inner: inner6}.build(fl)} {
+		e := modelUnderlay(w, f, false)
+		if err := accepts(e, ethFrame(fl.istMAC, f[6:12], 0x86dd, inner6)); err != nil || len(e.forms) != 1 || !e.forms[0].mark {
+			t.Errorf("IPv6 over IPv6 to the pod: %v (%s)", err, e.why)
+		}
+		hopDec := append([]byte{}, inner6...)
+		hopDec[7]--
+		if accepts(e, ethFrame(fl.istMAC, f[6:12], 0x86dd, hopDec)) == nil {
+			t.Errorf("IPv6 through the stack: the model accepts a decremented hop limit")
+		}
+	}
+	f4 := u6frame{}.build(fl)
+	meta6 := binary.NativeEndian.AppendUint32(nil, 0x69737468)
+	meta6 = binary.NativeEndian.AppendUint32(meta6, be32(handle6))
+	popped := append(append(append(meta6, f4[:12]...), 0x08, 0x00), f4[14+40+8+8+14:]...)
+	if err := accepts(modelUnderlay(w, f4, true), popped); err != nil {
+		t.Errorf("XDP pop over the IPv6 underlay: %v", err)
+	}
+	popped[len(meta6)+13] = 0xdd
+	if accepts(modelUnderlay(w, f4, true), popped) == nil {
+		t.Errorf("XDP pop over the IPv6 underlay: the model accepts the outer Ethernet type")
+	}
+	if e := modelUnderlay(w, uframe{outerSrc: handle6, innerSrc: peer6Pod4}.build(fl), false); !e.allows(IsthmusDropReasonDROP_UNKNOWN_PEER) || e.outcomes() != 1 {
+		t.Errorf("IPv4 GENEVE from a handle: %s", e.why)
 	}
 
 	// Every generated frame gets exactly one outcome (two only where the flow hash

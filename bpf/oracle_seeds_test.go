@@ -296,6 +296,7 @@ func underlaySeeds(l *lab) [][]byte {
 	badOuterIHL := uframe{}.build(l)
 	badOuterIHL[14] = 0x44
 	s = append(s, badOuterIHL)
+	s = append(s, underlay6Seeds(l)...)
 	return append(s, natSeeds(l)...)
 }
 
@@ -617,6 +618,13 @@ func encapSeeds(l *lab, fromPod bool) [][]byte {
 			add(p)
 		}
 		add(ipkt{src: natPodIP, dst: a("10.6.0.1")})
+		// Its direct flow with a header checksum wrong by exactly what the TTL's
+		// decrement changes (a fuzz finding: the model judged the translated header's
+		// sum, not the input's).
+		badSum := ipkt{src: natPodIP, dst: remotePodIP, proto: 6, sport: 40010, flags: 0x10}.build()
+		c := uint32(binary.BigEndian.Uint16(badSum[10:])) + 0xfeff // less 0x100, one's complement
+		binary.BigEndian.PutUint16(badSum[10:], uint16(c&0xffff+c>>16))
+		s = append(s, ethFrame(dmac, smac, 0x0800, badSum))
 		// A flow closed on the fast path: the stack; a bare SYN reopens it.
 		for _, flags := range []byte{0x10, 0x02} {
 			add(ipkt{dst: remotePodIP, proto: 6, sport: 40006, flags: flags})
@@ -679,7 +687,8 @@ func encapSeeds(l *lab, fromPod bool) [][]byte {
 	short := append([]byte{}, tcp[:14+20+20]...)
 	short[14+20+12] = 0xf0
 	binary.BigEndian.PutUint16(short[16:], uint16(len(short)-14))
-	return append(s, short)
+	s = append(s, short)
+	return append(s, encap6Seeds(l, fromPod)...)
 }
 
 // masqSeeds are the generated frames for underlay_egress: what the stack sends out of
@@ -728,6 +737,24 @@ func masqSeeds(l *lab) [][]byte {
 	}
 	s = append(s, ethFrame(gwMAC, l.undMAC, 0x8100, append([]byte{0, 5, 8, 0}, syn[14:]...)),
 		ethFrame(gwMAC, l.undMAC, 0x86dd, make([]byte, 40)))
+	// IPv6 leaves untranslated (egress masquerade is IPv4 only): the pod's packets to
+	// the world of each protocol, the node's own, its GENEVE over the IPv6 underlay,
+	// every truncation of a pod's SYN.
+	world6 := a("2001:db8::10")
+	for _, src := range []netip.Addr{pod6, underlayIP6, a("fd10::6")} {
+		for _, p := range []i6pkt{{}, {proto: 6, opts: []byte{2, 4, 0x05, 0xb4}}, {proto: 58}, {proto: 6, flags: 0x10, ext: 44}} {
+			p.src, p.dst = src, world6
+			s = append(s, ethFrame(gwMAC, l.undMAC, 0x86dd, p.build()))
+		}
+	}
+	g6 := u6frame{src: underlayIP6, dst: peer6}.build(l)
+	copy(g6[0:6], gwMAC)
+	copy(g6[6:12], l.undMAC)
+	s = append(s, g6)
+	syn6 := ethFrame(gwMAC, l.undMAC, 0x86dd, i6pkt{src: pod6, dst: world6, proto: 6, opts: []byte{2, 4, 0x05, 0xb4}}.build())
+	for n := 14 + 40; n < len(syn6); n++ {
+		s = append(s, syn6[:n])
+	}
 	return s
 }
 
@@ -743,4 +770,456 @@ func udpZeroAfter(src, dst, to netip.Addr, sport, dport uint16) []byte {
 		}
 	}
 	panic("no payload makes the checksum zero")
+}
+
+// i6pkt describes an IPv6 packet for the seeds.
+type i6pkt struct {
+	src, dst     netip.Addr
+	hop          byte // 0: 64, unless hop0
+	hop0         bool
+	tclass       byte
+	label        uint32
+	proto        byte // 17 (default), 6: TCP (a SYN unless flags), 58: an ICMPv6 echo request, 59: no next header
+	flags        byte
+	sport, dport uint16 // defaults 4000 and 5000 (TCP 40000 and 80)
+	opts         []byte // TCP options
+	ext          byte   // an 8-byte extension header of this type (extHBH, 43, 44, 60) before the L4 header; 0: none
+	size         int    // pad the payload to make the packet this long
+}
+
+func (p i6pkt) build() []byte {
+	if p.hop == 0 && !p.hop0 {
+		p.hop = 64
+	}
+	payload := []byte("oracle6")
+	if p.size > 0 {
+		payload = make([]byte, max(0, p.size-40-20))
+		for i := range payload {
+			payload[i] = byte(i)
+		}
+	}
+	proto := p.proto
+	if proto == 0 {
+		proto = 17
+	}
+	var l4 []byte
+	switch proto {
+	case 6:
+		flags, sport, dport := p.flags, p.sport, p.dport
+		if flags == 0 {
+			flags = 0x02
+		}
+		if sport == 0 {
+			sport = 40000
+		}
+		if dport == 0 {
+			dport = 80
+		}
+		seg := tcpSegment(sport, dport, flags, payload)
+		if len(p.opts) > 0 {
+			seg = append(append(append([]byte{}, seg[:20]...), p.opts...), seg[20:]...)
+			seg[12] = byte((20+len(p.opts))/4) << 4
+		}
+		l4 = withCsum(p.src, p.dst, 6, seg)
+	case 58:
+		l4 = append([]byte{128, 0, 0, 0, 0x12, 0x34, 0, 1}, payload...)
+		binary.BigEndian.PutUint16(l4[2:], pseudoSum(p.src, p.dst, 58, l4))
+	case 59:
+	default:
+		sport, dport := p.sport, p.dport
+		if sport == 0 {
+			sport = 4000
+		}
+		if dport == 0 {
+			dport = 5000
+		}
+		l4 = withCsum(p.src, p.dst, proto, udpDatagram(sport, dport, payload))
+	}
+	next := proto
+	switch {
+	case p.ext == extHBH:
+		l4 = append(ext6(0, proto), l4...)
+		next = 0
+	case p.ext != 0:
+		l4 = append(ext6(p.ext, proto), l4...)
+		next = p.ext
+	}
+	ip := ipv6Packet(p.src, p.dst, next, p.hop, l4)
+	binary.BigEndian.PutUint32(ip[0:], 6<<28|uint32(p.tclass)<<20|p.label&0xfffff)
+	return ip
+}
+
+// extHBH asks i6pkt and u6frame for a hop-by-hop header (type 0, which the zero value
+// cannot tell from "none").
+const extHBH = 0xfe
+
+// ext6 is an 8-byte IPv6 extension header of type typ (hop-by-hop, routing, fragment:
+// a first fragment with more to come, destination options) whose next header is next.
+func ext6(typ, next byte) []byte {
+	switch typ {
+	case 44:
+		return []byte{next, 0, 0x00, 0x01, 0x12, 0x34, 0x56, 0x78}
+	case 43:
+		return []byte{next, 0, 0, 0, 0, 0, 0, 0}
+	}
+	return []byte{next, 0, 1, 4, 0, 0, 0, 0} // options: PadN of 4 bytes
+}
+
+// u6frame describes a GENEVE frame over the IPv6 underlay; the zero value of a field
+// means the ordinary choice (see build).
+type u6frame struct {
+	src, dst  netip.Addr // outer; default peer6 -> underlayIP6
+	tclass    byte
+	hop       byte
+	ext       byte // an extension header of this type before UDP (extHBH: hop-by-hop); 0: none
+	next      byte // the outer next header when not UDP (6: TCP)
+	dport     uint16
+	udpSum    bool // a computed outer UDP checksum instead of zero
+	vlan      bool
+	gnv       geneveOpts
+	oam       bool
+	gnvOptLen int
+	innerType uint16
+	inner     []byte // default: UDP from peer6Pod4 to podIP
+}
+
+func (u u6frame) build(l *lab) []byte {
+	if !u.src.IsValid() {
+		u.src = peer6
+	}
+	if !u.dst.IsValid() {
+		u.dst = underlayIP6
+	}
+	if u.hop == 0 {
+		u.hop = 64
+	}
+	if u.dport == 0 {
+		u.dport = 6081
+	}
+	if u.gnv.proto == 0 {
+		u.gnv.proto = 0x6558
+	}
+	if u.gnv.vni == 0 {
+		u.gnv.vni = testVNI
+	}
+	if u.gnv.optWords == 0 {
+		u.gnv.optWords = -1
+	}
+	if u.gnvOptLen > 0 {
+		u.gnv.options = geneveTLVs(u.gnvOptLen)
+	}
+	if u.innerType == 0 {
+		u.innerType = 0x0800
+	}
+	inner := u.inner
+	if inner == nil {
+		inner = ipkt{src: peer6Pod4, dst: podIP}.build()
+	}
+	gnv := geneveHeader(u.gnv, ethFrame(innerMAC, innerMAC, u.innerType, inner))
+	if u.oam {
+		gnv[1] |= 0x80
+	}
+	l4 := udpDatagram(50000, u.dport, gnv)
+	if u.udpSum {
+		l4 = withCsum(u.src, u.dst, 17, l4)
+	}
+	next := byte(17)
+	if u.next != 0 {
+		next = u.next
+		binary.BigEndian.PutUint16(l4[2:], u.dport) // the same bytes, another protocol
+	}
+	switch {
+	case u.ext == extHBH:
+		l4 = append(ext6(0, next), l4...)
+		next = 0
+	case u.ext != 0:
+		l4 = append(ext6(u.ext, next), l4...)
+		next = u.ext
+	}
+	ip := ipv6Packet(u.src, u.dst, next, u.hop, l4)
+	binary.BigEndian.PutUint32(ip[0:], 6<<28|uint32(u.tclass)<<20|0x2468a)
+	if u.vlan {
+		return ethFrame(l.undMAC, gwMAC, 0x8100, append([]byte{0, 7, 0x86, 0xdd}, ip...))
+	}
+	return ethFrame(l.undMAC, gwMAC, 0x86dd, ip)
+}
+
+// underlay6Seeds are the generated IPv6 frames for underlay_ingress and underlay_xdp:
+// inner IPv6 of every source and destination class in GENEVE over IPv4; GENEVE over
+// IPv6 from the IPv6 underlay peer, unknown sources and others, with GENEVE options of
+// every length, extension headers, ECN, the header fields, inner IPv4 and IPv6 of every
+// class, truncated at every byte; the IPv6 flows of the conntrack fast path.
+func underlay6Seeds(l *lab) [][]byte {
+	a := netip.MustParseAddr
+	var s [][]byte
+	v4gnv := func(from netip.Addr, p i6pkt) {
+		s = append(s, uframe{outerSrc: from, innerType: 0x86dd, inner: p.build()}.build(l))
+	}
+	v6gnv := func(u u6frame) { s = append(s, u.build(l)) }
+	in6 := func(p i6pkt) []byte { return p.build() }
+
+	// Inner IPv6 over the IPv4 underlay: sources of every class, from every kind of
+	// sender; destinations of every class.
+	for _, c := range []struct{ peer, src netip.Addr }{
+		{peerIP, remotePod6}, {peerIP, a("fd20::99")}, {peerIP, peer6Pod6}, {peerIP, pod6}, {peerIP, a("fe80::1")},
+		{peerIP, a("::")}, {peerIP, a("::1")}, {peerIP, a("::ffff:10.2.0.7")}, {peerIP, a("::a02:7")}, {peerIP, a("ff02::1")},
+		{peerIP, underlayIP6}, {peerIP, a("fd99::1")},
+		{groupPeerA, a("fd99::1")}, {groupPeerA, a("fe80::1")}, {groupPeerA, a("::1")}, {groupPeerA, a("ff02::1")},
+		{groupPeerA, a("::ffff:1.2.3.4")}, {groupPeerA, underlayIP6}, {groupPeerA, pod6}, {groupPeerA, a("::")},
+		{groupPeerB, remotePod6}, {memberIP, remotePod6}, {strangerIP, remotePod6}, {handle6, peer6Pod6},
+	} {
+		v4gnv(c.peer, i6pkt{src: c.src, dst: pod6})
+	}
+	for _, dst := range []netip.Addr{pod6, a("fd10::6"), underlayIP6, a("fd20::9"), a("::1"), a("ff02::1"), a("fe80::5"),
+		peer6Pod6, groupDst6, a("::"), a("::ffff:10.1.0.5"), peer6} {
+		v4gnv(peerIP, i6pkt{src: remotePod6, dst: dst})
+		v4gnv(peerIP, i6pkt{src: remotePod6, dst: dst, proto: 6, flags: 0x10, sport: 80, dport: 33002})
+	}
+	// Inner IPv6 shapes to the pod: MSS clamps, the fast path's flow and what keeps a
+	// packet off it, extension headers, ECN, hop limits, truncations.
+	mss := []byte{2, 4, 0x05, 0xb4}
+	for _, p := range []i6pkt{
+		{}, {proto: 58}, {proto: 59}, {size: 1400}, {hop: 1}, {hop0: true},
+		{proto: 6, opts: mss}, {proto: 6, flags: 0x12, opts: mss}, {proto: 6, opts: []byte{1, 2, 4, 0x05, 0xb4, 1, 1, 0}},
+		{proto: 6, opts: []byte{2, 4, 0x02, 0x00, 2, 4, 0x05, 0xb4}}, {proto: 6, flags: 0x10, opts: mss},
+		{proto: 6, opts: mss, ext: extHBH}, {proto: 6, opts: mss, ext: 60},
+		{proto: 6, flags: 0x10, sport: 80, dport: 33002}, {proto: 6, flags: 0x11, sport: 80, dport: 33002},
+		{proto: 6, flags: 0x04, sport: 80, dport: 33002}, {proto: 6, flags: 0x18, sport: 80, dport: 33002},
+		{proto: 6, flags: 0x12, sport: 80, dport: 33002}, {proto: 6, flags: 0x02, sport: 80, dport: 33002},
+		{proto: 6, flags: 0x10, sport: 80, dport: 33002, hop: 1}, {proto: 6, flags: 0x10, sport: 80, dport: 33002, hop: 2},
+		{proto: 6, flags: 0x10, sport: 80, dport: 33002, hop0: true},
+		{proto: 6, flags: 0x10, sport: 80, dport: 33002, ext: 44}, {proto: 6, flags: 0x10, sport: 80, dport: 33002, ext: extHBH},
+		{proto: 6, flags: 0x10, sport: 80, dport: 33002, ext: 43}, {proto: 6, flags: 0x10, sport: 80, dport: 33002, ext: 60},
+		{proto: 6, flags: 0x10, sport: 80, dport: 33002, tclass: 0x02},
+		{proto: 6, flags: 0x10, sport: 80, dport: 33000}, {proto: 6, flags: 0x10, sport: 80, dport: 33003},
+		{proto: 6, flags: 0x10, sport: 80, dport: 40006}, {proto: 6, flags: 0x02, sport: 80, dport: 40006},
+		{proto: 6, flags: 0x10, sport: 8080, dport: 40005}, {proto: 17, sport: 80, dport: 33002},
+		{tclass: 0x01}, {tclass: 0x02}, {tclass: 0x03}, {tclass: 0xb8, label: 0xfffff},
+	} {
+		p.src, p.dst = remotePod6, pod6
+		v4gnv(peerIP, p)
+	}
+	cut := in6(i6pkt{src: remotePod6, dst: pod6, proto: 6, flags: 0x10, sport: 80, dport: 33002})
+	for _, n := range []int{39, 40, 41, 52, 59} {
+		s = append(s, uframe{innerType: 0x86dd, inner: cut[:n]}.build(l))
+	}
+	v4in6 := append([]byte{}, cut...)
+	v4in6[0] = 0x45
+	s = append(s, uframe{innerType: 0x86dd, inner: v4in6}.build(l))
+	s = append(s, uframe{inner: cut}.build(l)) // IPv6 bytes in a frame that says IPv4
+	for _, tos := range []byte{0x03, 0x02} {
+		for _, tc := range []byte{0, 0x01, 0x02, 0x03} {
+			s = append(s, uframe{outerTOS: tos, innerType: 0x86dd, inner: in6(i6pkt{src: remotePod6, dst: pod6, tclass: tc})}.build(l))
+		}
+	}
+	for _, n := range []int{8, 252} {
+		s = append(s, uframe{gnvOptLen: n, outerOpts: ipOptionBytes(8), innerType: 0x86dd, inner: in6(i6pkt{src: remotePod6, dst: pod6, proto: 6, opts: mss})}.build(l))
+	}
+
+	// GENEVE over the IPv6 underlay: inner IPv4 of every source and destination class.
+	for _, src := range []netip.Addr{peer6Pod4, a("10.8.200.1"), remotePodIP, memberPod, podIP, hostIP, underlayIP, a("127.0.0.1"), a("0.0.0.0"), a("255.255.255.255"), a("224.0.0.5")} {
+		v6gnv(u6frame{inner: ipkt{src: src, dst: podIP}.build()})
+	}
+	for _, dst := range []netip.Addr{podIP, natPodIP, pod2IP, hostIP, underlayIP, a("127.0.0.1"), a("255.255.255.255"), a("172.16.0.1"),
+		remotePodIP, peer6Pod4, memberPod, groupDst, a("10.6.0.1"), fabricPod, cniPod, a("10.50.0.1")} {
+		v6gnv(u6frame{inner: ipkt{src: peer6Pod4, dst: dst}.build()})
+		v6gnv(u6frame{inner: ipkt{src: peer6Pod4, dst: dst, proto: 6, sport: 80, dport: 33002, flags: 0x10}.build()})
+	}
+	// Inner IPv4 shapes: TTL (a routing hop for the pod, none for the host), the MSS,
+	// ICMP, fragments, ECN, IPv4 options, the direct flow with the pod, a health probe.
+	for _, p := range []ipkt{
+		{ttl: 1}, {ttl0: true}, {ttl: 1, dst: hostIP}, {ttl: 1, dst: fabricPod}, {ttl: 2},
+		{proto: 6, mssOpts: mss}, {proto: 6, flags: 0x12, mssOpts: mss}, {proto: 1}, {fragOff: 0x2000}, {fragOff: 0x0010},
+		{tos: 0x02}, {opts: ipOptionBytes(4)}, {size: 1400},
+		{proto: 6, flags: 0x10, sport: 80, dport: 40008}, {proto: 6, flags: 0x11, sport: 80, dport: 40008},
+		{proto: 6, flags: 0x12, sport: 80, dport: 40008}, {proto: 6, flags: 0x10, sport: 80, dport: 40008, ttl: 1},
+	} {
+		p.src = peer6Pod4
+		if !p.dst.IsValid() {
+			p.dst = podIP
+		}
+		v6gnv(u6frame{inner: p.build()})
+	}
+	probe := ipv4Packet(peer6Pod4, hostIP, 17, ipOpts{ttl: 64}, withCsum(peer6Pod4, hostIP, 17, udpDatagram(40001, healthPort, healthMsg('P', 7, ""))))
+	v6gnv(u6frame{inner: probe})
+	for _, sport := range []uint16{61001, 61020} {
+		v6gnv(u6frame{inner: ipv4Packet(peer6Pod4, hostIP, 6, ipOpts{ttl: 60}, tcpWith(peer6Pod4, hostIP, 80, sport, 0x10, nil))})
+		v6gnv(u6frame{inner: ipv4Packet(peer6Pod4, hostIP, 17, ipOpts{ttl: 60}, withCsum(peer6Pod4, hostIP, 17, udpDatagram(5000, sport, []byte("r"))))})
+	}
+	// Inner IPv6 over the IPv6 underlay.
+	for _, p := range []i6pkt{
+		{src: peer6Pod6, dst: pod6}, {src: peer6Pod6, dst: pod6, proto: 6, opts: mss}, {src: peer6Pod6, dst: pod6, proto: 58},
+		{src: peer6Pod6, dst: pod6, proto: 6, flags: 0x10, sport: 80, dport: 33005},
+		{src: peer6Pod6, dst: pod6, proto: 6, flags: 0x10, sport: 80, dport: 33005, hop: 1},
+		{src: peer6Pod6, dst: pod6, proto: 6, flags: 0x12, sport: 80, dport: 33005},
+		{src: peer6Pod6, dst: pod6, proto: 6, flags: 0x10, sport: 80, dport: 40007},
+		{src: peer6Pod6, dst: a("fd10::6")}, {src: peer6Pod6, dst: underlayIP6}, {src: peer6Pod6, dst: peer6},
+		{src: remotePod6, dst: pod6}, {src: a("fe80::7"), dst: pod6}, {src: a("::ffff:10.8.0.7"), dst: pod6}, {src: peer6, dst: pod6},
+	} {
+		v6gnv(u6frame{innerType: 0x86dd, inner: in6(p)})
+	}
+	// ECN over IPv6: outer CE on every inner codepoint, of both families.
+	for _, tc := range []byte{0, 0x01, 0x02, 0x03} {
+		v6gnv(u6frame{tclass: 0x03, inner: ipkt{src: peer6Pod4, dst: podIP, tos: tc}.build()})
+		v6gnv(u6frame{tclass: 0x03, innerType: 0x86dd, inner: in6(i6pkt{src: peer6Pod6, dst: pod6, tclass: tc})})
+	}
+	v6gnv(u6frame{tclass: 0x02})
+	v6gnv(u6frame{tclass: 0xb8 | 0x03, inner: ipkt{src: peer6Pod4, dst: podIP, tos: 0x01, proto: 6, mssOpts: mss}.build()})
+	// GENEVE options of every length, the header fields, the O and C bits.
+	for n := 0; n <= 252; n += 4 {
+		v6gnv(u6frame{gnvOptLen: n})
+	}
+	v6gnv(u6frame{gnvOptLen: 12, innerType: 0x86dd, inner: in6(i6pkt{src: peer6Pod6, dst: pod6})})
+	for _, u := range []u6frame{
+		{gnv: geneveOpts{critical: true}}, {gnv: geneveOpts{critical: true}, gnvOptLen: 8}, {oam: true}, {oam: true, gnvOptLen: 8},
+		{gnv: geneveOpts{ver: 1}}, {gnv: geneveOpts{proto: 0x0800}}, {gnv: geneveOpts{proto: 0x86dd}},
+		{gnv: geneveOpts{vni: testVNI + 1}}, {gnv: geneveOpts{optWords: 63}}, {gnv: geneveOpts{optWords: 2}},
+		{src: a("fd00:2::9"), gnv: geneveOpts{vni: 7}},
+		{innerType: 0x0806, inner: make([]byte, 28)}, {innerType: 0x8100, inner: append([]byte{0, 5, 8, 0}, ipkt{src: peer6Pod4, dst: podIP}.build()...)},
+	} {
+		v6gnv(u)
+	}
+	// Outer sources and destinations: unknown, the router, this node, another of its
+	// addresses, multicast; IPv4-mapped peers; not UDP; another port; extension
+	// headers (a fragment's among them); the UDP checksum filled in; a VLAN tag; the
+	// hop limit spent.
+	for _, u := range []u6frame{
+		{src: a("fd00:2::9")}, {src: gw6}, {src: underlayIP6}, {src: a("::ffff:192.168.2.2")}, {src: a("fe80::2")},
+		{dst: a("fd00:1::2")}, {dst: a("ff02::1")}, {dst: a("::ffff:192.168.1.1")},
+		{next: 6}, {dport: 4789}, {dport: 6082},
+		{ext: extHBH}, {ext: 60}, {ext: 43}, {ext: 44},
+		{udpSum: true}, {udpSum: true, innerType: 0x86dd, inner: in6(i6pkt{src: peer6Pod6, dst: pod6})}, {vlan: true}, {hop: 1},
+	} {
+		v6gnv(u)
+	}
+	// An outer header of type IPv6 that is not version 6 (a fuzz finding: malformed,
+	// as an outer IPv4 header can be).
+	for _, ver := range []byte{0x00, 0x40} {
+		f := u6frame{}.build(l)
+		f[14] = ver | f[14]&0x0f
+		s = append(s, f, f[:14+40])
+	}
+	// GENEVE over IPv4 from a handle (no IPv4 frame comes from one) and to the IPv6
+	// peer's IPv4 pods (a route to a handle: no gateway transits over the IPv6
+	// underlay).
+	s = append(s, uframe{outerSrc: handle6, innerSrc: peer6Pod4}.build(l), uframe{outerSrc: handle6, innerSrc: peer6Pod4, innerDst: hostIP}.build(l))
+	s = append(s, uframe{innerDst: peer6Pod4}.build(l), uframe{inner: ipkt{src: remotePodIP, dst: peer6Pod4, ttl: 1}.build()}.build(l))
+	// Every truncation of a frame with options everywhere, of both inner families.
+	for _, inner := range []struct {
+		t  uint16
+		ip []byte
+	}{
+		{0x0800, ipkt{src: peer6Pod4, dst: podIP, proto: 6, opts: ipOptionBytes(4), mssOpts: []byte{1, 2, 4, 0x05, 0xb4, 0}}.build()},
+		{0x86dd, in6(i6pkt{src: peer6Pod6, dst: pod6, proto: 6, opts: []byte{1, 2, 4, 0x05, 0xb4, 0, 0, 0}})},
+	} {
+		full := u6frame{gnvOptLen: 12, innerType: inner.t, inner: inner.ip}.build(l)
+		for n := 14 + 40; n < len(full); n++ {
+			s = append(s, full[:n])
+		}
+	}
+	// A plain IPv6 packet on the underlay for this node's pod (no fabric ingress for
+	// IPv6), and for the node.
+	s = append(s, ethFrame(l.undMAC, gwMAC, 0x86dd, in6(i6pkt{src: remotePod6, dst: pod6})),
+		ethFrame(l.undMAC, gwMAC, 0x86dd, in6(i6pkt{src: peer6, dst: underlayIP6, proto: 6, sport: 80, dport: 33000, flags: 0x10})))
+	return s
+}
+
+// encap6Seeds are the generated IPv6 frames (and the IPv4 ones toward the IPv6 underlay
+// peer) for pod_ingress (fromPod) and overlay_egress: every source class, every
+// destination class, GENEVE to the IPv6 underlay peer, the fast path's flows and what
+// keeps a packet off it, MSS clamps, extension headers, sizes, truncations.
+func encap6Seeds(l *lab, fromPod bool) [][]byte {
+	a := netip.MustParseAddr
+	dmac, smac := l.podHMAC, podMAC
+	if !fromPod {
+		dmac, smac = l.istMAC, l.istMAC
+	}
+	var s [][]byte
+	add := func(p i6pkt) {
+		if !p.src.IsValid() {
+			p.src = pod6
+		}
+		s = append(s, ethFrame(dmac, smac, 0x86dd, p.build()))
+	}
+	add4 := func(p ipkt) {
+		if !p.src.IsValid() {
+			p.src = podIP
+		}
+		s = append(s, ethFrame(dmac, smac, 0x0800, p.build()))
+	}
+	for _, dst := range []netip.Addr{remotePod6, a("fd20::9"), peer6Pod6, groupDst6, deadGroupDst6, pod6, a("fd10::6"), a("fd99::1"),
+		a("fe80::1"), a("ff02::1"), a("ff02::16"), a("ff05::2"), a("::"), a("::1"), peer6, underlayIP6, a("::ffff:10.2.0.7")} {
+		add(i6pkt{dst: dst})
+		add(i6pkt{dst: dst, proto: 58})
+		add(i6pkt{dst: dst, proto: 6, flags: 0x10, sport: 40100})
+	}
+	for _, src := range []netip.Addr{pod6, a("fd10::6"), a("fe80::1"), a("::"), a("ff02::1"), a("::1"), remotePod6, underlayIP6,
+		peer6Pod6, a("::ffff:10.1.0.5"), a("fd99::1")} {
+		for _, dst := range []netip.Addr{remotePod6, pod6, peer6Pod6, a("ff02::2")} {
+			add(i6pkt{src: src, dst: dst})
+		}
+	}
+	// GENEVE from the pod to the IPv6 underlay peer's address: UDP to 6081 right after
+	// the fixed header, the datagram cut after its ports or before them; not GENEVE:
+	// another port, another address, TCP, an extension header first.
+	for _, p := range []i6pkt{
+		{dst: peer6, dport: 6081}, {dst: peer6, dport: 6081, size: 600}, {dst: peer6, dport: 5000}, {dst: a("fd00:2::9"), dport: 6081},
+		{dst: peer6, dport: 6081, proto: 6}, {dst: peer6, dport: 6081, ext: extHBH}, {dst: peer6, dport: 6081, ext: 44},
+		{src: a("fe80::1"), dst: peer6, dport: 6081}, {dst: remotePod6, dport: 6081},
+	} {
+		add(p)
+	}
+	for _, n := range []int{2, 4, 6} {
+		f := ethFrame(dmac, smac, 0x86dd, i6pkt{src: pod6, dst: peer6, dport: 6081}.build())
+		s = append(s, f[:14+40+n])
+	}
+	// IPv4 toward the IPv6 underlay peer: to its handle (no address), its pods (GENEVE
+	// over IPv6), the fast path's flow, TTL and size.
+	for _, p := range []ipkt{
+		{dst: handle6, dport: 6081}, {dst: peer6Pod4}, {dst: peer6Pod4, proto: 1}, {dst: peer6Pod4, proto: 6, mssOpts: []byte{2, 4, 0x05, 0xb4}},
+		{dst: peer6Pod4, proto: 6, sport: 40008, flags: 0x10}, {dst: peer6Pod4, proto: 6, sport: 40008, flags: 0x11},
+		{dst: peer6Pod4, proto: 6, sport: 40008, flags: 0x02}, {dst: peer6Pod4, proto: 6, sport: 40008, flags: 0x10, ttl: 1},
+		{dst: peer6Pod4, ttl: 1}, {dst: peer6Pod4, size: 1430}, {dst: peer6Pod4, size: 1431, fragOff: 0x4000}, {dst: peer6Pod4, size: 1431},
+		{src: natPodIP, dst: peer6Pod4}, {src: a("10.200.0.9"), dst: peer6Pod4},
+	} {
+		add4(p)
+	}
+	mss := []byte{2, 4, 0x05, 0xb4}
+	for _, dst := range []netip.Addr{remotePod6, peer6Pod6, groupDst6} {
+		for _, p := range []i6pkt{
+			{proto: 6, opts: mss}, {proto: 6, flags: 0x12, opts: mss}, {proto: 6, opts: []byte{1, 2, 4, 0x05, 0xb4, 1, 1, 0}},
+			{proto: 6, opts: []byte{2, 4, 0x01, 0x00}}, {proto: 6, opts: mss, ext: extHBH}, {proto: 6, flags: 0x10, opts: mss},
+			{tclass: 0xb8}, {tclass: 0x03, label: 0x12345}, {hop: 1}, {hop0: true},
+			{size: 1430}, {size: 1431}, {size: 1400, proto: 6, flags: 0x10, sport: 40004},
+		} {
+			p.dst = dst
+			add(p)
+		}
+	}
+	// The fast path's flows: each way out, what keeps a packet off it.
+	for _, p := range []i6pkt{
+		{dst: remotePod6, sport: 40004, flags: 0x10}, {dst: remotePod6, sport: 40004, flags: 0x11}, {dst: remotePod6, sport: 40004, flags: 0x04},
+		{dst: remotePod6, sport: 40004, flags: 0x18}, {dst: remotePod6, sport: 40004, flags: 0x02}, {dst: remotePod6, sport: 40004, flags: 0x12},
+		{dst: remotePod6, sport: 40004, flags: 0x10, hop: 1}, {dst: remotePod6, sport: 40004, flags: 0x10, hop: 2},
+		{dst: remotePod6, sport: 40004, flags: 0x10, hop0: true}, {dst: remotePod6, sport: 40004, flags: 0x10, size: 1430},
+		{dst: remotePod6, sport: 40004, flags: 0x10, size: 1431}, {dst: remotePod6, sport: 40004, flags: 0x10, ext: 44},
+		{dst: remotePod6, sport: 40004, flags: 0x10, ext: extHBH}, {dst: remotePod6, sport: 40004, flags: 0x10, ext: 60},
+		{dst: peer6Pod6, sport: 40007, flags: 0x10}, {dst: peer6Pod6, sport: 40007, flags: 0x11}, {dst: groupDst6, sport: 40011, flags: 0x10},
+		{dst: deadGroupDst6, sport: 40009, flags: 0x10}, {dst: remotePod6, sport: 40006, flags: 0x10}, {dst: remotePod6, sport: 40006, flags: 0x02},
+		{dst: remotePod6, sport: 33000, dport: 80, flags: 0x10}, {dst: ipvsVIP6, sport: 40005, flags: 0x10}, {dst: remotePod6, sport: 40012, flags: 0x10},
+		{dst: remotePod6, proto: 17, sport: 40004, dport: 80},
+	} {
+		if p.proto == 0 {
+			p.proto = 6
+		}
+		add(p)
+	}
+	fast := ethFrame(dmac, smac, 0x86dd, i6pkt{src: pod6, dst: remotePod6, proto: 6, sport: 40004, flags: 0x10}.build())
+	for n := 14 + 40; n < len(fast); n++ {
+		s = append(s, fast[:n])
+	}
+	v4 := append([]byte{}, fast...)
+	v4[14] = 0x45
+	s = append(s, v4, ethFrame(dmac, smac, 0x8100, append([]byte{0, 5, 0x86, 0xdd}, fast[14:]...)))
+	return s
 }

@@ -56,6 +56,25 @@ var (
 	// A Service address in the peer's block whose conntrack entry has the shape IPVS
 	// leaves: the reply tuple rewritten to the backend, no NAT status bit.
 	ipvsVIP = netip.MustParseAddr("10.2.0.200")
+
+	// The IPv6 side. peerIP owns remoteNet6 (ipv6_test.go); peer6 is on the IPv6
+	// underlay (underlay6_test.go), known by handle6, with pods of both families;
+	// groupNet6 is routed to the group of groupNet, deadGroupNet6 to the group without
+	// a live member. groupPeerA may send from any IPv6 source (a gateway's peer), so
+	// only the martian rule stands between it and the pods. The agent never routes
+	// link-local or multicast prefixes; the world does (to peerIP), so that "never
+	// tunnelled" is seen to hold whatever routes6 says.
+	peer6Net4     = netip.MustParsePrefix("10.8.0.0/16")
+	peer6Pod4     = netip.MustParseAddr("10.8.0.7")
+	peer6Net6     = netip.MustParsePrefix("fd30::/64")
+	peer6Pod6     = netip.MustParseAddr("fd30::7")
+	groupNet6     = netip.MustParsePrefix("fd50::/64")
+	groupDst6     = netip.MustParseAddr("fd50::9")
+	deadGroupNet6 = netip.MustParsePrefix("fd60::/64")
+	deadGroupDst6 = netip.MustParseAddr("fd60::1")
+	ipvsVIP6      = netip.MustParseAddr("fd20::200")
+	linkLocalNet6 = netip.MustParsePrefix("fe80::/10")
+	multicastNet6 = netip.MustParsePrefix("ff00::/8")
 )
 
 // closedFlow is c closed on the fast path.
@@ -71,15 +90,33 @@ func ctFlow(proto uint8, src, dst netip.Addr, sport, dport uint16, assured bool)
 // newOracleWorld is the node the oracle's lab stands for, with the lab's MACs.
 func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 	return &oracleWorld{
-		underlay: underlayIP, vni: testVNI, tunnelMTU: int(tunnelMTU), underlayMTU: 1500,
+		underlay: underlayIP, vni: testVNI, tunnelMTU: oracleTunnelMTU, underlayMTU: 1500,
 		peers: []netip.Addr{peerIP, memberIP, groupPeerA, groupPeerB},
 		peerSources: map[netip.Addr][]netip.Prefix{
 			peerIP:     {remoteNet, declaredNet},
 			memberIP:   {memberNet, memberOver},
 			groupPeerA: {groupSrcNet},
 			groupPeerB: {groupSrcNet},
+			handle6:    {peer6Net4},
 		},
+		underlay6: underlayIP6,
+		handles:   map[netip.Addr]netip.Addr{handle6: peer6},
+		routes6: []oracleRoute{
+			{prefix: remoteNet6, peers: []netip.Addr{peerIP}},
+			{prefix: peer6Net6, peers: []netip.Addr{handle6}},
+			{prefix: groupNet6, peers: []netip.Addr{peerIP, groupPeerA, groupPeerB}, group: 1},
+			{prefix: deadGroupNet6, group: 2},
+			{prefix: linkLocalNet6, peers: []netip.Addr{peerIP}},
+			{prefix: multicastNet6, peers: []netip.Addr{peerIP}},
+		},
+		peerSources6: map[netip.Addr][]netip.Prefix{
+			peerIP:     {remoteNet6},
+			groupPeerA: {netip.MustParsePrefix("::/0")},
+			handle6:    {peer6Net6},
+		},
+		ownPods6: map[netip.Addr]net.HardwareAddr{pod6: podMAC},
 		routes: []oracleRoute{
+			{prefix: peer6Net4, peers: []netip.Addr{handle6}},
 			{prefix: remoteNet, peers: []netip.Addr{peerIP}},
 			{prefix: declaredNet, peers: []netip.Addr{peerIP}},
 			{prefix: memberRoute, peers: []netip.Addr{memberIP}},
@@ -133,6 +170,22 @@ func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 			// established and assured, no NAT bit, but translated: the stack.
 			{proto: 6, orig: oracleTuple{src: podIP, dst: ipvsVIP, sport: 40005, dport: 80},
 				reply: oracleTuple{src: remotePodIP, dst: podIP, sport: 8080, dport: 40005}, assured: true},
+			// An IPv4 flow to the IPv6 underlay peer's pod: direct, in GENEVE over IPv6.
+			ctFlow(6, podIP, peer6Pod4, 40008, 80, true),
+			// IPv6 flows: direct both ways with peerIP's pod, from the pod to the IPv6
+			// underlay peer's pod and back, to the group and to the group without a live
+			// member (the stack: no next hop); one not assured, one closed on the fast
+			// path, IPVS's shape.
+			ctFlow(6, remotePod6, pod6, 80, 33002, true),
+			ctFlow(6, pod6, remotePod6, 40004, 80, true),
+			ctFlow(6, pod6, peer6Pod6, 40007, 80, true),
+			ctFlow(6, peer6Pod6, pod6, 80, 33005, true),
+			ctFlow(6, pod6, groupDst6, 40011, 80, true),
+			ctFlow(6, pod6, deadGroupDst6, 40009, 80, true),
+			ctFlow(6, remotePod6, pod6, 80, 33000, false),
+			closedFlow(ctFlow(6, pod6, remotePod6, 40006, 80, true)),
+			{proto: 6, orig: oracleTuple{src: pod6, dst: ipvsVIP6, sport: 40005, dport: 80},
+				reply: oracleTuple{src: remotePod6, dst: pod6, sport: 8080, dport: 40005}, assured: true},
 		},
 		masquerade: true,
 		fibDirect:  true,
@@ -165,13 +218,13 @@ func newOracleWorld(undMAC, podHMAC, istMAC net.HardwareAddr) *oracleWorld {
 		fabricPrefixes: []netip.Prefix{siteFabric},
 		fabricRoutes:   []netip.Prefix{fabricRoute},
 		cniRoutes:      []netip.Prefix{cniNet},
-		undMAC:         undMAC, podHMAC: podHMAC, istMAC: istMAC, gwMAC: gwMAC, fabricMAC: fabricMAC,
+		undMAC:         undMAC, podHMAC: podHMAC, istMAC: istMAC, gwMAC: gwMAC, gw6MAC: gwMAC, fabricMAC: fabricMAC,
 	}
 }
 
 // resetWorld puts the maps an input changes back as w has them: nat (putNat) and
-// ct_close, the fast path's record of closed flows (a FIN or RST of an input adds to
-// it).
+// ct_close and ct_close6, the fast path's record of closed flows (a FIN or RST of an
+// input adds to it).
 func resetWorld(t testing.TB, l *lab, w *oracleWorld) {
 	t.Helper()
 	putNat(t, l, w)
@@ -185,8 +238,16 @@ func resetWorld(t testing.TB, l *lab, w *oracleWorld) {
 			t.Fatalf("delete ct_close %+v: %v", k, err)
 		}
 	}
+	clearMap(t, l.objs.CtClose6, new(IsthmusCtClose6Key), new(IsthmusCtCloseValue))
 	for _, c := range w.conntrack {
 		if !c.closed {
+			continue
+		}
+		if c.orig.src.Is6() {
+			k := IsthmusCtClose6Key{Saddr: addr16(c.orig.src), Daddr: addr16(c.orig.dst), Sport: nport(c.orig.sport), Dport: nport(c.orig.dport)}
+			if err := l.objs.CtClose6.Put(k, IsthmusCtCloseValue{Closed: 1}); err != nil {
+				t.Fatalf("put ct_close6 %+v: %v", k, err)
+			}
 			continue
 		}
 		k := IsthmusCtCloseKey{Saddr: be32(c.orig.src), Daddr: be32(c.orig.dst), Sport: nport(c.orig.sport), Dport: nport(c.orig.dport)}
@@ -213,6 +274,12 @@ const (
 	natTableSNAT = uint32(0) // nat: return-path SNAT
 	natTableMasq = uint32(1) // masq_nat: egress masquerade
 )
+
+// oracleTunnelMTU is config.tunnel_mtu in the oracle's lab: the underlay's 1500 less
+// 70, as the plan sets it for a site with a node on the IPv6 underlay
+// (architecture.md, "IPv6 underlay"), so that every frame the tunnel takes fits the
+// underlay over either family.
+const oracleTunnelMTU = 1430
 
 // oracleNatSourceFlowsMax is nat_source_flows_max in the oracle's lab: each pod
 // source's share of each table. The world's other CNI's pod holds its whole share of
@@ -330,6 +397,8 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 	var cfg IsthmusDatapathConfig
 	must("read config", l.objs.Config.Lookup(uint32(0), &cfg))
 	cfg.TunnelIp = be32(w.tunnelIP)
+	cfg.TunnelMtu = uint16(w.tunnelMTU)
+	cfg.UnderlayIp6 = addr16(w.underlay6)
 	cfg.SnatPortMin, cfg.SnatPortMax = w.snatPortMin, w.snatPortMax
 	if w.masquerade {
 		cfg.Flags |= cfgMasquerade
@@ -350,7 +419,21 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 			must("put peer source", l.objs.PeerSources.Put(IsthmusPeerSourceKey{Prefixlen: 32 + uint32(s.Bits()), Peer: be32(p), Src: be32(s.Addr())}, IsthmusPeerSourceValue{}))
 		}
 	}
-	for _, r := range w.routes {
+	// The peers on the IPv6 underlay: by handle in peers (PEER_F_UNDERLAY6 and the
+	// address), their address in peers6, their sources under the handle.
+	for h, a := range w.handles {
+		must("put peer on the IPv6 underlay", l.objs.Peers.Put(be32(h), IsthmusPeerValue{Flags: peerFlagUnderlay6, Underlay6: addr16(a)}))
+		must("put peers6", l.objs.Peers6.Put(IsthmusPeer6Key{Addr: addr16(a)}, IsthmusPeer6Value{Handle: be32(h)}))
+		for _, s := range w.peerSources[h] {
+			must("put peer source", l.objs.PeerSources.Put(IsthmusPeerSourceKey{Prefixlen: 32 + uint32(s.Bits()), Peer: be32(h), Src: be32(s.Addr())}, IsthmusPeerSourceValue{}))
+		}
+	}
+	for p, srcs := range w.peerSources6 {
+		for _, s := range srcs {
+			must("put peer source6", l.objs.PeerSources6.Put(IsthmusPeerSource6Key{Prefixlen: 32 + uint32(s.Bits()), Peer: be32(p), Src: addr16(s.Addr())}, IsthmusPeerSourceValue{}))
+		}
+	}
+	routeValue := func(r oracleRoute) IsthmusRouteValue {
 		v := IsthmusRouteValue{Group: r.group}
 		if r.notForPods {
 			v.Flags = routeFNotForPods
@@ -366,7 +449,13 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 			}
 			must("put group", l.objs.NexthopGroups.Put(r.group, g))
 		}
-		must("put route", l.objs.Routes.Put(IsthmusRouteKey{Prefixlen: uint32(r.prefix.Bits()), Addr: be32(r.prefix.Addr())}, v))
+		return v
+	}
+	for _, r := range w.routes {
+		must("put route", l.objs.Routes.Put(IsthmusRouteKey{Prefixlen: uint32(r.prefix.Bits()), Addr: be32(r.prefix.Addr())}, routeValue(r)))
+	}
+	for _, r := range w.routes6 {
+		must("put route6", l.objs.Routes6.Put(IsthmusRoute6Key{Prefixlen: uint32(r.prefix.Bits()), Addr: addr16(r.prefix.Addr())}, routeValue(r)))
 	}
 	now := monoNow(t)
 	for _, c := range w.health {
@@ -388,12 +477,54 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 		must("put fabric prefix", l.objs.FabricPrefixes.Put(IsthmusRouteKey{Prefixlen: uint32(p.Bits()), Addr: be32(p.Addr())}, IsthmusFabricPrefixValue{}))
 	}
 	ipnet := func(p netip.Prefix) *net.IPNet {
-		return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)}
+		return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 	}
+	// IPv6: this node on the IPv6 underlay (und0's address, no duplicate address
+	// detection, the peers' network through the router), the pods' addresses on
+	// pod0h with their neighbours (as the CNI plugin makes them), the remote IPv6
+	// prefixes into ist0 as the agent routes them, and IPv6 forwarding.
+	must("the IPv6 side", inNS(l.ns, func() error {
+		if err := netlink.AddrAdd(l.und, &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(w.underlay6, 64)), Flags: unix.IFA_F_NODAD}); err != nil {
+			return fmt.Errorf("add %v to und0: %w", w.underlay6, err)
+		}
+		if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: l.und.Attrs().Index, Family: netlink.FAMILY_V6,
+			State: netlink.NUD_PERMANENT, IP: gw6.AsSlice(), HardwareAddr: w.gw6MAC}); err != nil {
+			return fmt.Errorf("add the IPv6 router: %w", err)
+		}
+		for _, a := range w.handles {
+			if err := netlink.RouteAdd(&netlink.Route{Dst: ipnet(netip.PrefixFrom(a, 64).Masked()), Gw: gw6.AsSlice(), LinkIndex: l.und.Attrs().Index}); err != nil {
+				return fmt.Errorf("route %v via the IPv6 router: %w", a, err)
+			}
+		}
+		for a, mac := range w.ownPods6 {
+			if err := netlink.RouteAdd(&netlink.Route{Dst: ipnet(netip.PrefixFrom(a, 128)), LinkIndex: l.pod.Attrs().Index}); err != nil {
+				return fmt.Errorf("route pod %v to pod0h: %w", a, err)
+			}
+			if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: l.pod.Attrs().Index, Family: netlink.FAMILY_V6,
+				State: netlink.NUD_PERMANENT, IP: a.AsSlice(), HardwareAddr: mac}); err != nil {
+				return fmt.Errorf("add pod %v's neighbour: %w", a, err)
+			}
+		}
+		for _, r := range w.routes6 {
+			if r.prefix.Addr().IsLinkLocalUnicast() || r.prefix.Addr().IsMulticast() {
+				continue
+			}
+			if err := netlink.RouteAdd(&netlink.Route{Dst: ipnet(r.prefix), LinkIndex: l.ist.Attrs().Index}); err != nil {
+				return fmt.Errorf("route %v into ist0: %w", r.prefix, err)
+			}
+		}
+		return os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644)
+	}))
 	must("route 10/8 into ist0, the fabric and another CNI's pods", inNS(l.ns, func() error {
 		if err := netlink.RouteAdd(&netlink.Route{Dst: ipnet(netip.MustParsePrefix("10.0.0.0/8")),
 			LinkIndex: l.ist.Attrs().Index, Scope: netlink.SCOPE_LINK}); err != nil {
 			return err
+		}
+		// A default route through the underlay router, as every node has: a lookup
+		// of an address nothing else routes (a handle's, say) finds a next hop.
+		if err := netlink.RouteAdd(&netlink.Route{Dst: ipnet(netip.MustParsePrefix("0.0.0.0/0")),
+			Gw: underlayGW.AsSlice(), LinkIndex: l.und.Attrs().Index}); err != nil {
+			return fmt.Errorf("default route: %w", err)
 		}
 		if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: l.und.Attrs().Index, Family: netlink.FAMILY_V4,
 			State: netlink.NUD_PERMANENT, IP: fabricGW.AsSlice(), HardwareAddr: w.fabricMAC}); err != nil {
@@ -463,13 +594,17 @@ func oracleLab(t testing.TB) (*lab, *oracleWorld) {
 			if c.assured {
 				continue
 			}
-			f := &netlink.ConntrackFlow{FamilyType: unix.AF_INET, TimeOut: oracleCTTimeout,
+			family := uint8(unix.AF_INET)
+			if c.orig.src.Is6() {
+				family = unix.AF_INET6
+			}
+			f := &netlink.ConntrackFlow{FamilyType: family, TimeOut: oracleCTTimeout,
 				Forward: netlink.IPTuple{Protocol: c.proto, SrcIP: c.orig.src.AsSlice(), DstIP: c.orig.dst.AsSlice(), SrcPort: c.orig.sport, DstPort: c.orig.dport},
 				Reverse: netlink.IPTuple{Protocol: c.proto, SrcIP: c.reply.src.AsSlice(), DstIP: c.reply.dst.AsSlice(), SrcPort: c.reply.sport, DstPort: c.reply.dport}}
 			if c.proto == 6 {
 				f.ProtoInfo = &netlink.ProtoInfoTCP{State: 3} // ESTABLISHED
 			}
-			if err := netlink.ConntrackCreate(netlink.ConntrackTable, unix.AF_INET, f); err != nil {
+			if err := netlink.ConntrackCreate(netlink.ConntrackTable, netlink.InetFamily(family), f); err != nil {
 				return fmt.Errorf("create conntrack flow %+v: %w", c, err)
 			}
 		}
