@@ -28,13 +28,13 @@ func (r BulkResult) Gbps() float64 {
 }
 
 // BulkTCP sends n bytes over one TCP connection from the namespace srcNS to a
-// receiver it opens in dstNS on dst, and returns what the receiver counted. The
-// transfer ends with ctx.
+// receiver it opens in dstNS on dst (IPv4 or IPv6), and returns what the
+// receiver counted. The transfer ends with ctx.
 func BulkTCP(ctx context.Context, srcNS, dstNS string, dst netip.Addr, n int64) (BulkResult, error) {
 	var ln net.Listener
 	if err := Do(dstNS, func() error {
 		var err error
-		ln, err = net.Listen("tcp4", netip.AddrPortFrom(dst, 0).String())
+		ln, err = net.Listen(network("tcp", dst), netip.AddrPortFrom(dst, 0).String())
 		return err
 	}); err != nil {
 		return BulkResult{}, fmt.Errorf("listen in %s: %w", dstNS, err)
@@ -85,7 +85,7 @@ func BulkTCP(ctx context.Context, srcNS, dstNS string, dst netip.Addr, n int64) 
 	var c net.Conn
 	if err := Do(srcNS, func() error {
 		var err error
-		c, err = (&net.Dialer{Timeout: 3 * time.Second}).DialContext(ctx, "tcp4", ln.Addr().String())
+		c, err = (&net.Dialer{Timeout: 3 * time.Second}).DialContext(ctx, network("tcp", dst), ln.Addr().String())
 		return err
 	}); err != nil {
 		return BulkResult{}, fmt.Errorf("connect from %s: %w", srcNS, err)

@@ -39,6 +39,11 @@ type PathCheck struct {
 	NotStrict []string
 	// Before and After are RPFilterDrops around the probes.
 	Before, After map[string]uint64
+	// Before6 and After6 are RPFilter6Drops around the probes: the packets
+	// the strict IPv6 rpfilter rule dropped, on the nodes that have it (every
+	// node of an IPv6 underlay, and with the CNI leftovers every node of a
+	// lab with IPv6 pods); empty where no node has it.
+	Before6, After6 map[string]uint64
 	// Took is how long the whole check ran.
 	Took time.Duration
 	// Lost holds, for every pair with a failed or retried probe, the counters
@@ -105,6 +110,19 @@ func (c *PathCheck) RPFilterRose() []string {
 	return out
 }
 
+// RPFilter6Rose returns the nodes whose strict IPv6 rpfilter rule
+// (RPFilter6Rule) dropped packets during the probes, with the counts before
+// and after.
+func (c *PathCheck) RPFilter6Rose() []string {
+	var out []string
+	for _, n := range slices.Sorted(maps.Keys(c.After6)) {
+		if before, after := c.Before6[n], c.After6[n]; after > before {
+			out = append(out, fmt.Sprintf("node %s: IPv6 rpfilter rule %d -> %d: the strict IPv6 reverse-path filter dropped %d packets during the probes", n, before, after, after-before))
+		}
+	}
+	return out
+}
+
 // String reports the check: the pairs, rp_filter's settings and counters
 // per node, then the matrix.
 func (c *PathCheck) String() string {
@@ -151,6 +169,13 @@ func (c *PathCheck) String() string {
 		counts = append(counts, fmt.Sprintf("%s %d->%d", n, c.Before[n], c.After[n]))
 	}
 	fmt.Fprintf(&b, "%s before->after: %s\n", RPFilterCounter, strings.Join(counts, ", "))
+	if len(c.After6) > 0 {
+		var counts6 []string
+		for _, n := range slices.Sorted(maps.Keys(c.After6)) {
+			counts6 = append(counts6, fmt.Sprintf("%s %d->%d", n, c.Before6[n], c.After6[n]))
+		}
+		fmt.Fprintf(&b, "IPv6 rpfilter rule (ip6tables -t raw) drops before->after: %s\n", strings.Join(counts6, ", "))
+	}
 	if c.Matrix != nil {
 		b.WriteString(c.Matrix.String())
 	}
@@ -185,7 +210,8 @@ func (c *PathCheck) String() string {
 // time, each after every node's neighbour entries on the underlay are
 // flushed, then over IPv6 every pair Lab.Expectations6 names (pods with an
 // address6 in a mesh: the same expectation between their address6), and
-// reads the counters again. The error names every pair that
+// reads the counters again, with the strict IPv6 rpfilter rule's
+// (RPFilter6Rule) on the nodes that have it. The error names every pair that
 // failed or passed only after a retry, and every node whose counter rose:
 // isthmus keeps paths symmetric, so strict rp_filter never drops one of its
 // packets. In a scenario with pod policies, the pairs a policy denies stay out
@@ -201,6 +227,9 @@ func (l *Lab) CheckPaths(ctx context.Context) (*PathCheck, error) {
 		return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
 	}
 	if c.Before, err = l.RPFilterDrops(); err != nil {
+		return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
+	}
+	if c.Before6, err = l.RPFilter6Drops(ctx); err != nil {
 		return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
 	}
 	want := map[[2]string]bool{}
@@ -267,6 +296,9 @@ func (l *Lab) CheckPaths(ctx context.Context) (*PathCheck, error) {
 	if c.After, err = l.RPFilterDrops(); err != nil {
 		return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
 	}
+	if c.After6, err = l.RPFilter6Drops(ctx); err != nil {
+		return nil, fmt.Errorf("check paths of lab %s: %w", l.Name, err)
+	}
 	var errs []error
 	if len(l.Scenario.PolicyCases()) > 0 {
 		var perr error
@@ -302,6 +334,9 @@ func (l *Lab) CheckPaths(ctx context.Context) (*PathCheck, error) {
 	for _, r := range c.RPFilterRose() {
 		errs = append(errs, errors.New(r))
 	}
+	for _, r := range c.RPFilter6Rose() {
+		errs = append(errs, errors.New(r))
+	}
 	// A pair that needed a retry dropped a packet (every pair starts from cold
 	// neighbour caches, and a packet waiting for ARP is queued, not lost): it
 	// fails the check even when the retry passed.
@@ -319,7 +354,9 @@ func (l *Lab) CheckPaths(ctx context.Context) (*PathCheck, error) {
 }
 
 // flushUnderlayNeighbours removes every node's dynamic neighbour entries on
-// UnderlayDev (permanent ones stay), as `ip neigh flush dev eth0` does.
+// UnderlayDev in both families (permanent ones stay), as `ip neigh flush dev
+// eth0` and `ip -6 neigh flush dev eth0` do: ARP's on an IPv4 underlay,
+// neighbour discovery's on an IPv6 one.
 func (l *Lab) flushUnderlayNeighbours() error {
 	for _, n := range l.Scenario.Nodes() {
 		if err := flushNeighbours(l.NodeNS(n.Name), UnderlayDev); err != nil {
@@ -340,12 +377,16 @@ func flushNeighbours(nsName, dev string) error {
 	if err != nil {
 		return fmt.Errorf("find %s: %w", dev, err)
 	}
-	neighs, err := h.NeighList(link.Attrs().Index, netlink.FAMILY_V4)
-	if err != nil {
-		return fmt.Errorf("list neighbours on %s: %w", dev, err)
+	var neighs []netlink.Neigh
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		nbs, err := h.NeighList(link.Attrs().Index, fam)
+		if err != nil {
+			return fmt.Errorf("list neighbours on %s: %w", dev, err)
+		}
+		neighs = append(neighs, nbs...)
 	}
 	for _, nb := range neighs {
-		if nb.State&netlink.NUD_PERMANENT != 0 {
+		if nb.State&(netlink.NUD_PERMANENT|netlink.NUD_NOARP) != 0 {
 			continue
 		}
 		if err := h.NeighDel(&nb); err != nil && !errors.Is(err, syscall.ENOENT) {

@@ -78,4 +78,7 @@ func TestOverheadsMatchThePlan(t *testing.T) {
 	if GeneveOverhead != plan.GeneveOverhead || WireGuardOverhead != plan.WireGuardOverhead {
 		t.Errorf("lab overheads %d, %d; plan's %d, %d", GeneveOverhead, WireGuardOverhead, plan.GeneveOverhead, plan.WireGuardOverhead)
 	}
+	if GeneveOverhead6 != plan.GeneveOverhead6 || WireGuardOverhead6 != plan.WireGuardOverhead6 {
+		t.Errorf("lab overheads over IPv6 %d, %d; plan's %d, %d", GeneveOverhead6, WireGuardOverhead6, plan.GeneveOverhead6, plan.WireGuardOverhead6)
+	}
 }

@@ -48,8 +48,13 @@ func (l *Lab) TunnelPort() int {
 // addresses, as a VNet routes them) and passes. Between sites only node-to-node
 // tunnel traffic and ICMP pass (with CrossSiteGateways: everything between the
 // gateways' own addresses, nothing else), and replies to what passed; the rest goes to FirewallDropChain and is dropped
-// there.
+// there. On an IPv6 underlay the rules are the same for ip6tables (host
+// addresses /128, ICMPv6 for ICMP): the router forwards no IPv4 there.
 func (l *Lab) firewallRules() string {
+	host, icmp := 32, "icmp"
+	if l.Scenario.Underlay6() {
+		host, icmp = 128, "ipv6-icmp"
+	}
 	var b strings.Builder
 	b.WriteString("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n")
 	fmt.Fprintf(&b, ":%s - [0:0]\n", FirewallDropChain)
@@ -81,7 +86,7 @@ func (l *Lab) firewallRules() string {
 				if a.Site.Name == z.Site.Name {
 					continue
 				}
-				fmt.Fprintf(&b, "-A FORWARD -s %s/32 -d %s/32 -m comment --comment \"gateway %s to gateway %s\" -j ACCEPT\n", a.Address, z.Address, a.Name, z.Name)
+				fmt.Fprintf(&b, "-A FORWARD -s %s/%d -d %s/%d -m comment --comment \"gateway %s to gateway %s\" -j ACCEPT\n", a.Address, host, z.Address, host, a.Name, z.Name)
 			}
 		}
 	} else {
@@ -91,7 +96,7 @@ func (l *Lab) firewallRules() string {
 					continue
 				}
 				fmt.Fprintf(&b, "-A FORWARD -s %s -d %s -p udp --dport %d -m comment --comment \"tunnel %s to %s\" -j ACCEPT\n", a.Subnet, z.Subnet, l.TunnelPort(), a.Name, z.Name)
-				fmt.Fprintf(&b, "-A FORWARD -s %s -d %s -p icmp -m comment --comment \"icmp %s to %s\" -j ACCEPT\n", a.Subnet, z.Subnet, a.Name, z.Name)
+				fmt.Fprintf(&b, "-A FORWARD -s %s -d %s -p %s -m comment --comment \"icmp %s to %s\" -j ACCEPT\n", a.Subnet, z.Subnet, icmp, a.Name, z.Name)
 			}
 		}
 	}
@@ -101,9 +106,14 @@ func (l *Lab) firewallRules() string {
 	return b.String()
 }
 
-// buildFirewall installs firewallRules in the router.
+// buildFirewall installs firewallRules in the router, with ip6tables on an
+// IPv6 underlay.
 func (l *Lab) buildFirewall(ctx context.Context) error {
-	cmd := Command(ctx, l.RouterNS(), "iptables-restore", "-w")
+	restore := "iptables-restore"
+	if l.Scenario.Underlay6() {
+		restore = "ip6tables-restore"
+	}
+	cmd := Command(ctx, l.RouterNS(), restore, "-w")
 	cmd.Stdin = strings.NewReader(l.firewallRules())
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("install firewall: %w: %s", err, strings.TrimSpace(string(out)))
@@ -113,6 +123,9 @@ func (l *Lab) buildFirewall(ctx context.Context) error {
 
 // FirewallDrops returns how many packets the firewall has dropped so far.
 func (l *Lab) FirewallDrops(ctx context.Context) (uint64, error) {
+	if l.Scenario.Underlay6() {
+		return l.firewallDrops6(ctx)
+	}
 	out, err := l.Exec(ctx, l.RouterNS(), "iptables-save", "-c", "-t", "filter")
 	if err != nil {
 		return 0, fmt.Errorf("read firewall counters: %w", err)
@@ -135,6 +148,31 @@ func (l *Lab) FirewallDrops(ctx context.Context) (uint64, error) {
 		return n, nil
 	}
 	return 0, fmt.Errorf("read firewall counters: no rule in chain %s (firewall off?)", FirewallDropChain)
+}
+
+// firewallDrops6 is FirewallDrops on an IPv6 underlay: the packet count of
+// the one rule of FirewallDropChain in ip6tables, as
+//
+//	Chain isl-fw-drop (1 references)
+//	    pkts      bytes target     prot opt in     out     source               destination
+//	       3      240 DROP       0    --  *      *       ::/0                 ::/0
+func (l *Lab) firewallDrops6(ctx context.Context) (uint64, error) {
+	out, err := l.Exec(ctx, l.RouterNS(), "ip6tables", "-w", "-L", FirewallDropChain, "-v", "-x", "-n")
+	if err != nil {
+		return 0, fmt.Errorf("read firewall counters (firewall off?): %w", err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 || f[2] != "DROP" {
+			continue
+		}
+		n, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("read firewall counters: %q: %w", line, err)
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("read firewall counters: no DROP rule in chain %s: %s", FirewallDropChain, out)
 }
 
 // buildExternalNAT maps every node's externalAddress 1:1 to its address in the

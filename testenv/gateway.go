@@ -106,6 +106,15 @@ func (s *Scenario) validateGateways() error {
 			}
 		}
 	}
+	if s.Underlay6() && (len(pools) > 0 || len(asgs) > 0) {
+		what := ""
+		if len(pools) > 0 {
+			what = fmt.Sprintf("GatewayPool %q", pools[0].Name)
+		} else {
+			what = fmt.Sprintf("SiteGatewayPoolAssignment %q", asgs[0].Name)
+		}
+		return fmt.Errorf("%s: gateways over the IPv6 underlay are not carried yet (transit and next-hop groups are IPv4 only; docs/architecture.md, \"IPv6 underlay\"), and the sites' subnets are IPv6", what)
+	}
 	for _, p := range pools {
 		if p.Type != PoolExternal {
 			continue

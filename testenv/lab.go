@@ -42,9 +42,14 @@ const (
 	PodGateway6 = "fe80::1"
 	// GeneveOverhead is outer IPv4, UDP and GENEVE plus the inner Ethernet header.
 	GeneveOverhead = 50
+	// GeneveOverhead6 is GeneveOverhead over the IPv6 underlay: the outer
+	// IPv6 header is 20 bytes longer.
+	GeneveOverhead6 = 70
 	// WireGuardOverhead is what WireGuard over IPv4 adds around GENEVE: IPv4,
 	// UDP, its header and its tag.
 	WireGuardOverhead = 60
+	// WireGuardOverhead6 is WireGuardOverhead over the IPv6 underlay.
+	WireGuardOverhead6 = 80
 )
 
 // Datapath selects what carries pod traffic between nodes.
@@ -188,6 +193,10 @@ func Up(ctx context.Context, sc *Scenario, opts Options) (*Lab, error) {
 	}
 	if l.Datapath == "" {
 		l.Datapath = DatapathIsthmus
+	}
+	if sc.Underlay6() && l.Datapath != DatapathIsthmus && l.Datapath != DatapathNone {
+		return nil, fmt.Errorf("build lab %q: the %s datapath runs over an IPv4 underlay only, and scenario %q's underlay is IPv6 (datapaths there: %s, %s)",
+			l.Name, l.Datapath, sc.Name, DatapathIsthmus, DatapathNone)
 	}
 	if l.Binary == "" {
 		exe, err := AgentBinary()
@@ -473,7 +482,15 @@ func (l *Lab) buildRouter() error {
 	if err := linkUp(h, "lo"); err != nil {
 		return err
 	}
-	return writeSysctls(ns, map[string]string{"net/ipv4/ip_forward": "1"})
+	kv := map[string]string{"net/ipv4/ip_forward": "1"}
+	if l.Scenario.Underlay6() {
+		// Forwarding, and proxy NDP (buildNode6) on every port; all's
+		// proxy_ndp also makes the router answer a unicast solicitation for
+		// a proxied address instead of forwarding it.
+		kv["net/ipv6/conf/all/forwarding"] = "1"
+		kv["net/ipv6/conf/all/proxy_ndp"] = "1"
+	}
+	return writeSysctls(ns, kv)
 }
 
 func (l *Lab) buildNode(n NodeRef) error {
@@ -495,6 +512,9 @@ func (l *Lab) buildNode(n NodeRef) error {
 	}
 	defer rt.Close()
 	defer h.Close()
+	if n.Site.Is6() {
+		return l.buildNode6(n, rt, h, rport)
+	}
 	// Proxy ARP answers for the node's gateway and its site neighbours at once (no
 	// random proxy_delay), and a host route sends the node's address down its port.
 	if err := writeSysctls(l.RouterNS(), map[string]string{
@@ -550,6 +570,69 @@ func (l *Lab) buildNode(n NodeRef) error {
 				return fmt.Errorf("add fabric route %s via %s: %w", c, n.Address, err)
 			}
 		}
+	}
+	return nil
+}
+
+// buildNode6 wires node n on the IPv6 underlay, as buildNode does on the IPv4
+// one: the router port rport holds the site's gateway (/128, so the router's
+// own neighbour solicitations to the node come from an address of the node's
+// own subnet), routes the node's address (/128) down the port, and answers
+// neighbour solicitations for every other node of the site by proxy NDP (an
+// entry per address: IPv6 has no proxy for a whole subnet), so the nodes of a
+// site share a subnet and talk through the router; the node's eth0 holds its
+// address with the subnet's prefix length and a default route via the gateway.
+// Duplicate address detection is off on both ends before they come up, and
+// the addresses are added IFA_F_NODAD: usable at once. The node has no IPv4
+// underlay address at all.
+func (l *Lab) buildNode6(n NodeRef, rt, h *netlink.Handle, rport netlink.Link) error {
+	port := rport.Attrs().Name
+	if err := writeSysctls(l.RouterNS(), map[string]string{
+		"net/ipv6/conf/" + port + "/accept_dad":   "0",
+		"net/ipv6/conf/" + port + "/proxy_ndp":    "1",
+		"net/ipv6/neigh/" + port + "/proxy_delay": "0",
+	}); err != nil {
+		return err
+	}
+	if err := rt.LinkSetGroup(rport, int(l.Scenario.siteGroup(n.Site.Name))); err != nil {
+		return fmt.Errorf("set group of %s: %w", port, err)
+	}
+	if err := rt.AddrAdd(rport, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(n.Site.Gateway, 128)), Flags: unix.IFA_F_NODAD}); err != nil {
+		return fmt.Errorf("add site gateway %s to %s: %w", n.Site.Gateway, port, err)
+	}
+	if err := linkUp(rt, port); err != nil {
+		return err
+	}
+	if err := rt.RouteAdd(&netlink.Route{LinkIndex: rport.Attrs().Index, Dst: ipNet(netip.PrefixFrom(n.Address, 128))}); err != nil {
+		return fmt.Errorf("add router route to %s: %w", n.Address, err)
+	}
+	for _, other := range n.Site.Nodes {
+		if other.Name == n.Name {
+			continue
+		}
+		if err := rt.NeighAdd(&netlink.Neigh{LinkIndex: rport.Attrs().Index, Family: netlink.FAMILY_V6,
+			Flags: netlink.NTF_PROXY, IP: other.Address.AsSlice()}); err != nil {
+			return fmt.Errorf("proxy NDP for %s on %s: %w", other.Address, port, err)
+		}
+	}
+	if err := linkUp(h, "lo"); err != nil {
+		return err
+	}
+	if err := writeSysctls(l.NodeNS(n.Name), map[string]string{"net/ipv6/conf/" + UnderlayDev + "/accept_dad": "0"}); err != nil {
+		return err
+	}
+	eth, err := h.LinkByName(UnderlayDev)
+	if err != nil {
+		return fmt.Errorf("find %s: %w", UnderlayDev, err)
+	}
+	if err := h.AddrAdd(eth, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(n.Address, n.Site.Subnet.Bits())), Flags: unix.IFA_F_NODAD}); err != nil {
+		return fmt.Errorf("add underlay address: %w", err)
+	}
+	if err := linkUp(h, UnderlayDev); err != nil {
+		return err
+	}
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: n.Site.Gateway.AsSlice(), Family: netlink.FAMILY_V6}); err != nil {
+		return fmt.Errorf("add default route via %s: %w", n.Site.Gateway, err)
 	}
 	return nil
 }
@@ -763,7 +846,7 @@ func (l *Lab) nodeSysctls(n NodeRef) error {
 func (l *Lab) nodeRules(ctx context.Context, n NodeRef) error {
 	lo := l.Scenario.Leftovers(&n.Node)
 	if !lo.On {
-		return nil
+		return l.nodeRules6(ctx, n, false)
 	}
 	// iptables rules for the IPv4 pod blocks; nodeRules6 has the IPv6 ones.
 	blocks := l.Scenario.PodBlocks4()
@@ -808,17 +891,19 @@ func (l *Lab) nodeRules(ctx context.Context, n NodeRef) error {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("install CNI leftover rules: %w: %s", err, strings.TrimSpace(string(out)))
 	}
-	return l.nodeRules6(ctx, n)
+	return l.nodeRules6(ctx, n, true)
 }
 
-// nodeRules6 is nodeRules for a dual-stack CNI, on an isthmus, plain or vxlan
-// lab whose scenario has IPv6 pod blocks: the ip6tables leftovers a dual-stack
-// CNI leaves (a MASQUERADE per IPv6 pod block, a FORWARD chain that drops what
-// it does not accept) and the strict IPv6 reverse-path filter of a hardened
-// node, firewalld's default (raw PREROUTING: rpfilter --invert drops). The
-// baselines exempt pod-to-pod traffic from the MASQUERADE first, as nodeRules
-// does for IPv4.
-func (l *Lab) nodeRules6(ctx context.Context, n NodeRef) error {
+// nodeRules6 is nodeRules for IPv6. On an isthmus, plain or vxlan lab whose
+// scenario has IPv6 pod blocks, a node with the CNI leftovers (leftovers) gets the
+// ip6tables leftovers a dual-stack CNI leaves (a MASQUERADE per IPv6 pod block, a
+// FORWARD chain that drops what it does not accept; the baselines exempt
+// pod-to-pod traffic from the MASQUERADE first, as nodeRules does for IPv4) and the
+// strict IPv6 reverse-path filter of a hardened node, firewalld's default (raw
+// PREROUTING: rpfilter --invert drops, RPFilter6Rule). A node on the IPv6 underlay
+// gets that filter whatever its leftovers: it is the IPv6 twin of the strict
+// rp_filter every node has, and there it judges the underlay too.
+func (l *Lab) nodeRules6(ctx context.Context, n NodeRef, leftovers bool) error {
 	var blocks []netip.Prefix
 	for _, p := range l.Scenario.PodBlocks() {
 		if p.Addr().Is6() {
@@ -826,35 +911,39 @@ func (l *Lab) nodeRules6(ctx context.Context, n NodeRef) error {
 		}
 	}
 	routes6 := l.Datapath == DatapathPlain || l.Datapath == DatapathVXLAN // baselines that route IPv6 pods
-	if len(blocks) == 0 || (l.Datapath != DatapathIsthmus && l.Datapath != "" && !routes6) {
+	leftovers = leftovers && len(blocks) > 0 && (l.Datapath == DatapathIsthmus || l.Datapath == "" || routes6)
+	if !leftovers && !n.Site.Is6() {
 		return nil
 	}
 	var b strings.Builder
-	b.WriteString("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n")
-	if routes6 {
-		// As in nodeRules: a routed CNI exempts its own pod-to-pod traffic.
-		for _, s := range blocks {
-			for _, d := range blocks {
-				fmt.Fprintf(&b, "-A POSTROUTING -s %s -d %s -j RETURN\n", s, d)
+	if leftovers {
+		b.WriteString("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n")
+		if routes6 {
+			// As in nodeRules: a routed CNI exempts its own pod-to-pod traffic.
+			for _, s := range blocks {
+				for _, d := range blocks {
+					fmt.Fprintf(&b, "-A POSTROUTING -s %s -d %s -j RETURN\n", s, d)
+				}
 			}
 		}
+		for _, s := range blocks {
+			fmt.Fprintf(&b, "-A POSTROUTING -s %s ! -d ff00::/8 -j MASQUERADE\n", s)
+		}
+		b.WriteString("COMMIT\n*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n")
+		b.WriteString("-A FORWARD -m conntrack --ctstate INVALID -j DROP\n")
+		for _, s := range blocks {
+			fmt.Fprintf(&b, "-A FORWARD -s %s -j ACCEPT\n", s)
+			fmt.Fprintf(&b, "-A FORWARD -d %s -j ACCEPT\n", s)
+		}
+		b.WriteString("COMMIT\n")
 	}
-	for _, s := range blocks {
-		fmt.Fprintf(&b, "-A POSTROUTING -s %s ! -d ff00::/8 -j MASQUERADE\n", s)
-	}
-	b.WriteString("COMMIT\n*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n")
-	b.WriteString("-A FORWARD -m conntrack --ctstate INVALID -j DROP\n")
-	for _, s := range blocks {
-		fmt.Fprintf(&b, "-A FORWARD -s %s -j ACCEPT\n", s)
-		fmt.Fprintf(&b, "-A FORWARD -d %s -j ACCEPT\n", s)
-	}
-	b.WriteString("COMMIT\n*raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n")
-	b.WriteString("-A PREROUTING -m rpfilter --invert -j DROP\n")
+	b.WriteString("*raw\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n")
+	b.WriteString("-A " + RPFilter6Rule + "\n")
 	b.WriteString("COMMIT\n")
 	cmd := Command(ctx, l.NodeNS(n.Name), "ip6tables-restore", "-w")
 	cmd.Stdin = strings.NewReader(b.String())
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("install IPv6 CNI leftover rules: %w: %s", err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("install IPv6 rules (CNI leftovers, rpfilter): %w: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }

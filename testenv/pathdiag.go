@@ -47,9 +47,10 @@ func (l *Lab) snapshotCounters(pods ...string) (counterSnapshot, error) {
 	return s, nil
 }
 
-// kernelCounters reads /proc/net/snmp and /proc/net/netstat as the namespace
-// sees them (thread-self: /proc/self/net is the thread group leader's
-// namespace, not the calling thread's).
+// kernelCounters reads /proc/net/snmp, /proc/net/netstat and, for IPv6 (the
+// IPv6 underlay and IPv6 pods), /proc/net/snmp6 as the namespace sees them
+// (thread-self: /proc/self/net is the thread group leader's namespace, not
+// the calling thread's).
 func kernelCounters(nsName string) (map[string]uint64, error) {
 	out := map[string]uint64{}
 	err := Do(nsName, func() error {
@@ -58,9 +59,44 @@ func kernelCounters(nsName string) (map[string]uint64, error) {
 				return err
 			}
 		}
-		return nil
+		return readProcNetSNMP6(filepath.Join("/proc/thread-self/net", "snmp6"), out)
 	})
 	return out, err
+}
+
+// readProcNetSNMP6 parses /proc/net/snmp6, one "Ip6InReceives  42" per line,
+// into keys such as "Ip6.InReceives" (and "Icmp6.", "Udp6.", "UdpLite6."),
+// the shape readProcNetTable gives the IPv4 ones. A kernel without IPv6 has
+// no such file, which is no error.
+func readProcNetSNMP6(path string, out map[string]uint64) error {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) != 2 {
+			continue
+		}
+		v, err := strconv.ParseUint(fields[1], 10, 64)
+		if err != nil {
+			continue
+		}
+		name := fields[0]
+		for _, prefix := range []string{"UdpLite6", "Icmp6", "Udp6", "Ip6"} {
+			if rest, ok := strings.CutPrefix(name, prefix); ok && rest != "" {
+				name = prefix + "." + rest
+				break
+			}
+		}
+		out[name] = v
+	}
+	return sc.Err()
 }
 
 // readProcNetTable parses the header/value line pairs of /proc/net/snmp and

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"maps"
 	"os"
@@ -139,4 +140,54 @@ func rpFilterConf(nsName string) (map[string]int, error) {
 		return nil
 	})
 	return conf, err
+}
+
+// RPFilter6Rule is the strict IPv6 reverse-path filter of the lab's nodes
+// (ip6tables -t raw, as ip6tables-restore takes it after -A): firewalld's
+// default, on every node of an IPv6 underlay and, with the CNI leftovers, on
+// every node of an isthmus lab with IPv6 pods (nodeRules6). IPv6 has no
+// rp_filter sysctl; the rule's packet counter counts what it dropped.
+const RPFilter6Rule = "PREROUTING -m rpfilter --invert -j DROP"
+
+// RPFilter6Drops returns, for every node of the lab that has RPFilter6Rule,
+// the packets the rule has dropped in the node's namespace since it was
+// installed. Nodes without the rule are not in the map.
+func (l *Lab) RPFilter6Drops(ctx context.Context) (map[string]uint64, error) {
+	out := map[string]uint64{}
+	for _, n := range l.Scenario.Nodes() {
+		text, err := l.Exec(ctx, l.NodeNS(n.Name), "ip6tables", "-w", "-t", "raw", "-L", "PREROUTING", "-v", "-x", "-n")
+		if err != nil {
+			return nil, fmt.Errorf("node %s: read the IPv6 rpfilter rule's counter: %w", n.Name, err)
+		}
+		v, ok, err := rpfilterDropCount(text)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		if ok {
+			out[n.Name] = v
+		}
+	}
+	return out, nil
+}
+
+// rpfilterDropCount returns the packet count of the DROP rule matching
+// rpfilter invert in the output of ip6tables -L PREROUTING -v -x -n, and
+// whether there is one:
+//
+//	Chain PREROUTING (policy ACCEPT 12 packets, 960 bytes)
+//	    pkts      bytes target     prot opt in     out     source               destination
+//	       0        0 DROP       0    --  *      *       ::/0                 ::/0                 rpfilter invert
+func rpfilterDropCount(list string) (uint64, bool, error) {
+	for _, line := range strings.Split(list, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 || f[2] != "DROP" || !strings.HasSuffix(strings.TrimSpace(line), "rpfilter invert") {
+			continue
+		}
+		n, err := strconv.ParseUint(f[0], 10, 64)
+		if err != nil {
+			return 0, false, fmt.Errorf("read the IPv6 rpfilter rule's counter: %q: %w", line, err)
+		}
+		return n, true, nil
+	}
+	return 0, false, nil
 }

@@ -174,6 +174,9 @@ type Site struct {
 	// Name names the Site object.
 	Name string `json:"name"`
 	// Subnet is the site's underlay subnet; the router takes Gateway in it.
+	// IPv4, or IPv6 for a site on the IPv6 underlay (its nodes then have no
+	// IPv4 underlay address at all); every site of a scenario is of one
+	// family.
 	Subnet netip.Prefix `json:"subnet"`
 	// Gateway is the router's address in Subnet; default its first address.
 	Gateway netip.Addr `json:"gateway,omitzero"`
@@ -200,7 +203,7 @@ type Site struct {
 type Node struct {
 	Name string `json:"name"`
 	// Address is the node's underlay address (its InternalIP), in the site's
-	// subnet.
+	// subnet: IPv6 on an IPv6 underlay, where the agent runs GENEVE over IPv6.
 	Address netip.Addr `json:"address"`
 	// PodCIDR is shorthand for a single entry of PodCIDRs.
 	PodCIDR netip.Prefix `json:"podCIDR,omitzero"`
@@ -231,8 +234,8 @@ type Pod struct {
 	Address netip.Addr `json:"address"`
 	// Address6, when set, is the pod's IPv6 address, as a dual-stack node's
 	// CNI gives it: a global unicast address inside one of the node's IPv6
-	// podCIDRs. Managed pods only (the underlay stays IPv4, and another CNI's
-	// pods are IPv4 only in the lab).
+	// podCIDRs. Managed pods only (another CNI's pods are IPv4 only in the
+	// lab).
 	Address6 netip.Addr `json:"address6,omitzero"`
 	// Unmanaged marks a pod addressed by another CNI from a site-wide pool: its
 	// address need not be in the node's podCIDRs, the underlay routes it (/32) to
@@ -263,17 +266,26 @@ type Policy struct {
 }
 
 // PodMTU returns the MTU of pod p of site: its own, else the underlay MTU less
-// what the site's tunnels add (GeneveOverhead, and WireGuardOverhead where a
-// peering or assignment encrypts the site's tunnels), as the CNI plugin gives
-// its pods (plan.TunnelOverheadOf).
+// what the site's tunnels add, as the CNI plugin gives its pods
+// (plan.TunnelOverheadOf): GeneveOverhead over an IPv4 underlay,
+// GeneveOverhead6 over an IPv6 one; where a peering or assignment encrypts the
+// site's tunnels, GeneveOverhead (GENEVE between IPv4 tunnel addresses) plus
+// WireGuardOverhead, or WireGuardOverhead6 over an IPv6 underlay.
 func (s *Scenario) PodMTU(site string, p Pod) int {
 	if p.MTU != 0 {
 		return p.MTU
 	}
+	v6 := slices.ContainsFunc(s.Sites, func(x Site) bool { return x.Name == site && x.Is6() })
 	overhead := GeneveOverhead
+	if v6 {
+		overhead = GeneveOverhead6
+	}
 	if files, err := s.ObjectFiles(); err == nil {
 		if set, _ := objects.LoadSettingAside(files); set.SiteEncrypted(site) {
-			overhead += WireGuardOverhead
+			overhead = GeneveOverhead + WireGuardOverhead
+			if v6 {
+				overhead = GeneveOverhead + WireGuardOverhead6
+			}
 		}
 	}
 	return s.Underlay.mtu() - overhead
@@ -500,11 +512,24 @@ func (s *Scenario) validate() error {
 			return fmt.Errorf("%s: duplicate site", where)
 		}
 		siteNames[site.Name] = true
-		if !site.Subnet.IsValid() || !site.Subnet.Addr().Is4() {
-			return fmt.Errorf("%s: subnet: want an IPv4 prefix", where)
+		if !site.Subnet.IsValid() {
+			return fmt.Errorf("%s: subnet: want an IPv4 or IPv6 prefix", where)
+		}
+		if a := site.Subnet.Addr(); a.Is6() && (a.Is4In6() || a.Zone() != "" || !a.IsGlobalUnicast()) {
+			return fmt.Errorf("%s: subnet %s: want an IPv4 prefix or an IPv6 global unicast one (not link-local, multicast or IPv4-mapped)", where, site.Subnet)
 		}
 		if site.Subnet != site.Subnet.Masked() {
 			return fmt.Errorf("%s: subnet %s is not canonical (want %s)", where, site.Subnet, site.Subnet.Masked())
+		}
+		if first := s.Sites[0]; site.Is6() != first.Is6() {
+			return fmt.Errorf("%s: subnet %s is %s and site %q's %s is %s: every site's subnet must be of one family "+
+				"(a node reaches only peers on its own underlay family, so the pods of the two would not talk)",
+				where, site.Subnet, family(site.Is6()), first.Name, first.Subnet, family(first.Is6()))
+		}
+		if site.Is6() {
+			if err := site.validateUnderlay6(); err != nil {
+				return fmt.Errorf("%s: %w", where, err)
+			}
 		}
 		for _, other := range s.Sites[:i] {
 			if other.Subnet.Overlaps(site.Subnet) {
@@ -547,7 +572,10 @@ func (s *Scenario) validate() error {
 			if !site.Subnet.Contains(n.Address) {
 				return fmt.Errorf("%s: address %s not in site subnet %s", nwhere, n.Address, site.Subnet)
 			}
-			if n.Address == site.Subnet.Addr() || n.Address == lastAddr(site.Subnet) {
+			if site.Is6() && n.Address == site.Subnet.Addr() {
+				return fmt.Errorf("%s: address %s is the subnet's Subnet-Router anycast address", nwhere, n.Address)
+			}
+			if !site.Is6() && (n.Address == site.Subnet.Addr() || n.Address == lastAddr(site.Subnet)) {
 				return fmt.Errorf("%s: address %s is the subnet's network or broadcast address", nwhere, n.Address)
 			}
 			if err := claimAddr(n.Address, "node "+n.Name); err != nil {
@@ -585,7 +613,7 @@ func (s *Scenario) validate() error {
 			// A dual-stack node has an IPv4 podCIDR beside its IPv6 ones: the
 			// underlay, the tunnel addresses and every pod's address are IPv4.
 			if len(n.PodCIDRs) > 0 && !slices.ContainsFunc(n.PodCIDRs, func(c netip.Prefix) bool { return c.Addr().Is4() }) {
-				return fmt.Errorf("%s: podCIDRs %v: IPv6 only (want an IPv4 podCIDR too: the lab's pods and underlay are IPv4, IPv6 rides beside)", nwhere, n.PodCIDRs)
+				return fmt.Errorf("%s: podCIDRs %v: IPv6 only (want an IPv4 podCIDR too: every pod of the lab has an IPv4 address and every node an IPv4 tunnel address, IPv6 rides beside)", nwhere, n.PodCIDRs)
 			}
 			for k, p := range n.Pods {
 				pwhere := fmt.Sprintf("%s pods[%d] %q", nwhere, k, p.Name)
@@ -617,6 +645,9 @@ func (s *Scenario) validate() error {
 				}
 			}
 		}
+	}
+	if s.Underlay6() && s.Underlay.World {
+		return fmt.Errorf("underlay.world: the world and egress masquerade to it are IPv4 only, and the sites' subnets are IPv6")
 	}
 	peerNames := map[string]bool{}
 	for i, p := range s.Peerings {
@@ -672,6 +703,53 @@ func (n *Node) validateAddress6(p Pod) error {
 	return nil
 }
 
+// Is6 reports whether the site's underlay is IPv6: its subnet, gateway and
+// node addresses are IPv6 and its nodes have no IPv4 underlay address at all.
+func (site *Site) Is6() bool { return site.Subnet.Addr().Is6() }
+
+// Underlay6 reports whether the scenario's underlay is IPv6 (every site's
+// subnet is of one family).
+func (s *Scenario) Underlay6() bool { return len(s.Sites) > 0 && s.Sites[0].Is6() }
+
+// family names the underlay family for messages.
+func family(is6 bool) string {
+	if is6 {
+		return "IPv6"
+	}
+	return "IPv4"
+}
+
+// validateUnderlay6 refuses, on a site of an IPv6 underlay, what the lab
+// builds for an IPv4 underlay only: the NAT in front of a site or a node (the
+// router's NAT rules are IPv4), and the site fabric's routes to pods (a site
+// of another CNI, its unmanaged pods, fabricRoutes: the fabric routes IPv4
+// pods to an IPv4 node address).
+func (site *Site) validateUnderlay6() error {
+	const why = "the lab builds it for an IPv4 underlay only, and the subnet %s is IPv6"
+	if site.BehindNAT.IsValid() {
+		return fmt.Errorf("behindNAT %s: "+why, site.BehindNAT, site.Subnet)
+	}
+	if site.FabricRoutes {
+		return fmt.Errorf("fabricRoutes: "+why, site.Subnet)
+	}
+	if site.semantics().unmanaged {
+		return fmt.Errorf("manageCniPlugin: false (a site of another CNI, whose pods the fabric routes): "+why, site.Subnet)
+	}
+	for _, n := range site.Nodes {
+		if n.ExternalAddress.IsValid() {
+			return fmt.Errorf("node %q: externalAddress %s (a 1:1 NAT in the router): "+why, n.Name, n.ExternalAddress, site.Subnet)
+		}
+		for _, p := range n.Pods {
+			if p.Unmanaged {
+				return fmt.Errorf("node %q: pod %q: unmanaged (routed by the site fabric): "+why, n.Name, p.Name, site.Subnet)
+			}
+		}
+	}
+	return nil
+}
+
+// lastAddr returns the last address of the IPv4 prefix p (its broadcast
+// address).
 func lastAddr(p netip.Prefix) netip.Addr {
 	a := p.Masked().Addr().As4()
 	host := uint32(1)<<(32-p.Bits()) - 1

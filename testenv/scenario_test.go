@@ -477,7 +477,8 @@ func TestParseScenarioAddress6(t *testing.T) {
 		{"non-canonical IPv6 podCIDR", `"fd00:1:1::/64"]`, `"fd00:1:1::9/64"]`, `podCIDRs[1] fd00:1:1::9/64 is not canonical (want fd00:1:1::/64)`},
 		{"link-local IPv6 podCIDR", `"fd00:1:1::/64"]`, `"fe80::/64"]`, `podCIDRs[1] fe80::/64: want an IPv6 global unicast prefix`},
 		{"IPv6-only podCIDRs", `podCIDR: 10.1.3.0/24`, `podCIDRs: ["fd00:1:3::/64"]`, `nodes[1] "n3": podCIDRs [fd00:1:3::/64]: IPv6 only`},
-		{"IPv6 site subnet", "subnet: 192.168.2.0/24", `subnet: "fd00:99::/64"`, "subnet: want an IPv4 prefix"},
+		{"IPv6 site subnet beside an IPv4 one", "subnet: 192.168.2.0/24", `subnet: "fd00:99::/64"`,
+			`sites[1] "s2": subnet fd00:99::/64 is IPv6 and site "s1"'s 192.168.1.0/24 is IPv4: every site's subnet must be of one family`},
 		{"IPv6 node address", "address: 192.168.2.10", `address: "fd00:99::10"`, "not in site subnet"},
 		{"IPv6 pod address", "address: 10.1.1.6}", `address: "fd00:1:1::6"}`, `pods[1] "p3": address: want IPv4`},
 	}
@@ -670,5 +671,206 @@ func TestMatrixStringFamilies(t *testing.T) {
 		if !strings.Contains(s, want) {
 			t.Errorf("path check lacks %q:\n%s", want, s)
 		}
+	}
+}
+
+// base6u is a valid scenario on the IPv6 underlay, which the error cases of
+// TestParseScenarioUnderlay6 break one field at a time: two sites on IPv6
+// subnets, each node with an IPv6 address and an IPv4 podCIDR (its tunnel
+// address), a pod with both addresses.
+const base6u = `
+name: t
+sites:
+  - name: s1
+    subnet: "fd00:100:1::/64"
+    spec: {nodeCidrs: ["fd00:100:1::/64"], podCidrAssignments: [{cidrBlocks: [10.1.0.0/16, "fd00:1::/32"], nodeBlockSizes: {ipv4: 24, ipv6: 64}}]}
+    nodes:
+      - name: n1
+        address: "fd00:100:1::11"
+        podCIDRs: [10.1.1.0/24, "fd00:1:1::/64"]
+        pods:
+          - {name: p1, address: 10.1.1.5, address6: "fd00:1:1::5"}
+  - name: s2
+    subnet: "fd00:100:2::/64"
+    spec: {nodeCidrs: ["fd00:100:2::/64"], podCidrAssignments: [{cidrBlocks: [10.2.0.0/16]}]}
+    nodes:
+      - name: n2
+        address: "fd00:100:2::11"
+        podCIDR: 10.2.1.0/24
+        pods: [{name: p2, address: 10.2.1.5}]
+peerings:
+  - {name: s1-s2, sites: [s1, s2]}
+`
+
+// TestParseScenarioUnderlay6: sites on IPv6 subnets parse, with the gateway
+// defaulting to the subnet's first address and the pods' MTU 70 below the
+// underlay's; everything the lab builds for an IPv4 underlay only is refused
+// with an error that says so, and so is mixing the families.
+func TestParseScenarioUnderlay6(t *testing.T) {
+	sc, err := ParseScenario([]byte(base6u))
+	if err != nil {
+		t.Fatalf("base6u scenario: %v", err)
+	}
+	if !sc.Underlay6() || !sc.Sites[0].Is6() {
+		t.Errorf("Underlay6 %v, site s1 Is6 %v: want both", sc.Underlay6(), sc.Sites[0].Is6())
+	}
+	if gw := sc.Sites[1].Gateway; gw != netip.MustParseAddr("fd00:100:2::1") {
+		t.Errorf("s2 gateway %s, want the subnet's first address fd00:100:2::1", gw)
+	}
+	p1, _ := sc.Pod("p1")
+	if got := sc.PodMTU("s1", p1.Pod); got != 1430 {
+		t.Errorf("PodMTU(s1, p1) = %d, want 1430 (1500 less outer IPv6, UDP, GENEVE, inner Ethernet)", got)
+	}
+	// The IPv4 overhead stays where the underlay is IPv4.
+	v4, err := ParseScenario([]byte(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := v4.Pod("p1"); v4.Underlay6() || v4.PodMTU("s1", p.Pod) != 1450 {
+		t.Errorf("IPv4 underlay: Underlay6 %v, PodMTU %d; want false, 1450", v4.Underlay6(), v4.PodMTU("s1", p.Pod))
+	}
+	// Encrypted: GENEVE between IPv4 tunnel addresses (50) inside WireGuard over
+	// IPv6 (80).
+	enc, err := ParseScenario([]byte(strings.Replace(base6u, "sites: [s1, s2]}", "sites: [s1, s2], encryption: WireGuard}", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := enc.PodMTU("s1", p1.Pod); got != 1500-50-80 {
+		t.Errorf("encrypted over the IPv6 underlay: PodMTU %d, want %d", got, 1500-50-80)
+	}
+	files, err := sc.ObjectFiles()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "address: fd00:100:1::11\n    type: InternalIP"; !strings.Contains(string(files["nodes.yaml"]), want) {
+		t.Errorf("nodes.yaml lacks %q:\n%s", want, files["nodes.yaml"])
+	}
+
+	pool := `
+objects: |
+  apiVersion: isthmus.dev/v1alpha1
+  kind: GatewayPool
+  metadata: {name: gw}
+  spec: {type: Internal, nodeSelector: {matchLabels: {isthmus.dev/gateway: "true"}}}
+`
+	tests := []struct {
+		name, old, new, want string
+	}{
+		{"IPv4 site beside IPv6 ones", `subnet: "fd00:100:2::/64"`, "subnet: 192.168.2.0/24",
+			`sites[1] "s2": subnet 192.168.2.0/24 is IPv4 and site "s1"'s fd00:100:1::/64 is IPv6: every site's subnet must be of one family`},
+		{"link-local subnet", `subnet: "fd00:100:2::/64"`, `subnet: "fe80::/64"`, "want an IPv4 prefix or an IPv6 global unicast one"},
+		{"IPv4-mapped subnet", `subnet: "fd00:100:2::/64"`, `subnet: "::ffff:192.168.2.0/120"`, "want an IPv4 prefix or an IPv6 global unicast one"},
+		{"IPv4 node address", `address: "fd00:100:2::11"`, "address: 192.168.2.11", "not in site subnet fd00:100:2::/64"},
+		{"Subnet-Router anycast", `address: "fd00:100:2::11"`, `address: "fd00:100:2::"`, "is the subnet's Subnet-Router anycast address"},
+		{"node on the gateway", `address: "fd00:100:2::11"`, `address: "fd00:100:2::1"`, "already used by"},
+		{"behindNAT", `    subnet: "fd00:100:2::/64"`, "    subnet: \"fd00:100:2::/64\"\n    behindNAT: 203.0.113.50",
+			`sites[1] "s2": behindNAT 203.0.113.50: the lab builds it for an IPv4 underlay only, and the subnet fd00:100:2::/64 is IPv6`},
+		{"externalAddress", `address: "fd00:100:2::11"`, "address: \"fd00:100:2::11\"\n        externalAddress: 203.0.113.11",
+			`node "n2": externalAddress 203.0.113.11 (a 1:1 NAT in the router): the lab builds it for an IPv4 underlay only`},
+		{"fabricRoutes", `    subnet: "fd00:100:2::/64"`, "    subnet: \"fd00:100:2::/64\"\n    fabricRoutes: true", "fabricRoutes: the lab builds it for an IPv4 underlay only"},
+		{"unmanaged pod", "{name: p2, address: 10.2.1.5}", "{name: p2, address: 10.2.1.5, unmanaged: true}", `pod "p2": unmanaged (routed by the site fabric): the lab builds it for an IPv4 underlay only`},
+		{"another CNI's site", "podCidrAssignments: [{cidrBlocks: [10.2.0.0/16]}]}", "manageCniPlugin: false, podCidrAssignments: [{cidrBlocks: [10.2.0.0/16]}]}",
+			"manageCniPlugin: false (a site of another CNI, whose pods the fabric routes): the lab builds it for an IPv4 underlay only"},
+		{"world", "name: t\n", "name: t\nunderlay: {world: true}\n", "underlay.world: the world and egress masquerade to it are IPv4 only"},
+		{"gateway pool", "name: t\n", "name: t\n" + pool, `GatewayPool "gw": gateways over the IPv6 underlay are not carried yet`},
+		{"IPv6-only podCIDRs", "podCIDR: 10.2.1.0/24", `podCIDRs: ["fd00:2:1::/64"]`, "IPv6 only (want an IPv4 podCIDR too"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if !strings.Contains(base6u, tt.old) {
+				t.Fatalf("test bug: %q not in base6u", tt.old)
+			}
+			_, err := ParseScenario([]byte(strings.Replace(base6u, tt.old, tt.new, 1)))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("ParseScenario = %v, want an error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestUnderlay6Scenario: the built-in underlay6 scenario is the dualstack one
+// on an IPv6 underlay: two sites on fd00:100:1::/64 and fd00:100:2::/64, every
+// node with an IPv6 address only and an IPv4 and an IPv6 podCIDR, every pod
+// both addresses and the MTU 1430, every pair expected in both families with
+// the pods' own addresses; its firewall rules are ip6tables rules.
+func TestUnderlay6Scenario(t *testing.T) {
+	sc, err := LoadScenario("underlay6")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := LoadScenario("dualstack")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sc.Underlay6() || len(sc.Sites) != 2 || len(sc.Nodes()) != 4 || len(sc.Pods()) != 8 {
+		t.Fatalf("Underlay6 %v, %d sites, %d nodes, %d pods; want an IPv6 underlay, 2, 4, 8", sc.Underlay6(), len(sc.Sites), len(sc.Nodes()), len(sc.Pods()))
+	}
+	for i, want := range []string{"fd00:100:1::/64", "fd00:100:2::/64"} {
+		if got := sc.Sites[i].Subnet.String(); got != want {
+			t.Errorf("site %s subnet %s, want %s", sc.Sites[i].Name, got, want)
+		}
+	}
+	dsNodes := ds.Nodes()
+	for i, n := range sc.Nodes() {
+		if !n.Address.Is6() || !n.Site.Subnet.Contains(n.Address) {
+			t.Errorf("node %s address %s: want IPv6 in %s", n.Name, n.Address, n.Site.Subnet)
+		}
+		if !slices.Equal(n.PodCIDRs, dsNodes[i].PodCIDRs) || n.Name != dsNodes[i].Name {
+			t.Errorf("node %s podCIDRs %v, want dualstack's %s %v", n.Name, n.PodCIDRs, dsNodes[i].Name, dsNodes[i].PodCIDRs)
+		}
+		if a := n.TunnelAddr(); !a.Is4() {
+			t.Errorf("node %s tunnel address %s, want the first of its IPv4 podCIDR", n.Name, a)
+		}
+		for _, p := range n.Pods {
+			if !p.Address.Is4() || !p.Address6.Is6() {
+				t.Errorf("pod %s addresses %s, %s: want IPv4 and IPv6", p.Name, p.Address, p.Address6)
+			}
+			if got := sc.PodMTU(n.Site.Name, p); got != 1430 {
+				t.Errorf("pod %s MTU %d, want 1430", p.Name, got)
+			}
+		}
+	}
+	es := sc.Expectations()
+	es6, skipped := sc.Expectations6()
+	if len(es) != 56 || len(es6) != 56 || len(skipped) != 0 {
+		t.Errorf("%d IPv4 and %d IPv6 expectations, %d IPv6 left out; want 56, 56, 0", len(es), len(es6), len(skipped))
+	}
+	for _, e := range append(es, es6...) {
+		src, _ := sc.Pod(e.Src)
+		if e.Saw != src.Address && e.Saw != src.Address6 {
+			t.Errorf("%s -> %s sees %s, want the pod's own address", e.Src, e.Dst, e.Saw)
+		}
+	}
+	// With the firewall: the same rules as over IPv4, for ip6tables.
+	sc.Underlay.Firewall = true
+	rules := (&Lab{Name: "x1", Scenario: sc, Datapath: DatapathIsthmus}).firewallRules()
+	for _, want := range []string{
+		"-A FORWARD -s fd00:100:1::/64 -d fd00:100:2::/64 -p udp --dport 6081 ",
+		"-A FORWARD -s fd00:100:2::/64 -d fd00:100:1::/64 -p ipv6-icmp ",
+		"-A FORWARD -m devgroup --src-group 1 --dst-group 1 ",
+		"-A isl-fw-drop -j DROP\n",
+	} {
+		if !strings.Contains(rules, want) {
+			t.Errorf("firewall rules lack %q:\n%s", want, rules)
+		}
+	}
+	if strings.Contains(rules, "-p icmp ") {
+		t.Errorf("firewall rules on an IPv6 underlay match ICMP (v4):\n%s", rules)
+	}
+}
+
+// TestRPFilterDropCount reads the strict IPv6 rpfilter rule's packets from
+// ip6tables -L -v -x -n, and tells a chain without it.
+func TestRPFilterDropCount(t *testing.T) {
+	list := `Chain PREROUTING (policy ACCEPT 12 packets, 960 bytes)
+    pkts      bytes target     prot opt in     out     source               destination         
+       7      560 DROP       0    --  *      *       ::/0                 ::/0                 rpfilter invert
+`
+	if n, ok, err := rpfilterDropCount(list); err != nil || !ok || n != 7 {
+		t.Errorf("rpfilterDropCount = %d, %v, %v; want 7, true, nil", n, ok, err)
+	}
+	empty := "Chain PREROUTING (policy ACCEPT 0 packets, 0 bytes)\n    pkts      bytes target     prot opt in     out     source               destination\n"
+	if n, ok, err := rpfilterDropCount(empty); err != nil || ok || n != 0 {
+		t.Errorf("without the rule: %d, %v, %v; want 0, false, nil", n, ok, err)
 	}
 }
