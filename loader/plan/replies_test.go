@@ -664,7 +664,7 @@ func (f *model) checkDNAT(a, b, t *endpoint, req arrival) []pairFailure {
 	return out
 }
 
-// pairs lists the pairs the property covers: every two endpoints on
+// pairs lists the pairs the property covers: every two endpoints of one family on
 // different nodes, pods only between connected sites, a joining node only
 // with nodes' hosts (not across an assignment whose underlays do not reach
 // node addresses: underlayBlind), a pod no remote site routes (dialOnly: another CNI's
@@ -682,6 +682,9 @@ func (f *model) pairs() [][2]*endpoint {
 			toNode := b.kind == epHost || b.kind == epJoining
 			switch {
 			case a == b, a.node != "" && a.node == b.node, b.dialOnly, a.dialOnly && toNode:
+			case a.addr.Unmap().Is4() != b.addr.Unmap().Is4():
+				// No flow crosses families (a pod's IPv4 address to a node's
+				// IPv6 underlay address).
 			case joining && (!hosts || a.kind == b.kind || f.underlayBlind(a.site, b.site)):
 			case !hosts && !f.connected(a.site, b.site):
 			default:
