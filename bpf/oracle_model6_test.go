@@ -155,8 +155,12 @@ func modelUnderlay6(w *oracleWorld, in []byte, xdp bool) expectation {
 // IPv6). At TC, a destination the IPv6 FIB routes to a pod interface enters isthmus0's
 // ingress marked, byte for byte but the MSS clamp and CE, unless the conntrack fast
 // path takes it (a hop left, the rule of direct6), which redirects it into the pod
-// with its hop limit decremented; anything else is DROP_NOT_LOCAL. Gateways do not
-// transit IPv6, and no ICMPv6 is built: a last hop goes through the stack.
+// with its hop limit decremented; anything else is DROP_NOT_LOCAL. Before all that, on
+// a gateway over the IPv4 underlay, a destination routes6 sends to a peer on the IPv4
+// underlay transits (architecture.md, "Transit"): XDP leaves it whole; TC forwards it
+// with the outer IPv4 header rewritten and the inner hop limit decremented, or drops
+// it as no next hop, a loop, an expiring hop limit or longer than the next link: no
+// ICMPv6 is built anywhere (a last hop goes through the stack).
 func decapInner6(w *oracleWorld, in []byte, ieOff int, o outerGeneve, peer netip.Addr, xdp bool, e *expectation) {
 	fault := func(r IsthmusDropReason, format string, a ...any) {
 		e.allowDrop(r)
@@ -178,6 +182,10 @@ func decapInner6(w *oracleWorld, in []byte, ieOff int, o outerGeneve, peer netip
 		return
 	}
 	e.because("valid GENEVE from peer %v, inner IPv6 %v -> %v next header %d hop limit %d", peer, src, dst, v.next(), v.ip.HopLimit)
+	if rt, ok := w.route6(dst); ok && w.transit && o.v4 != nil && !w.viaHandle(rt) {
+		transit6(w, in, ipOff, o, peer, xdp, rt, v.ip.HopLimit, e)
+		return
+	}
 	if o.ce && v.ecn() == 0 {
 		fault(IsthmusDropReasonDROP_ECN_NOT_ECT, "outer CE, inner Not-ECT: DROP_ECN_NOT_ECT (RFC 6040)")
 		return
@@ -200,6 +208,41 @@ func decapInner6(w *oracleWorld, in []byte, ieOff int, o outerGeneve, peer netip
 	}
 	e.because("to own pod %v: through the stack (isthmus0's ingress, marked)", dst)
 	e.forms = append(e.forms, w.untraced(deliverForm6("IPv6 pod delivery through the stack", w.istMAC, in[6:12], inIP, false, ce, w.tunnelMTU), true))
+}
+
+// transit6 is the model of a gateway's transit of the frame in, whose inner IPv6
+// packet at ipOff (hop limit hop) hit route rt: the order of transit_forward6.
+func transit6(w *oracleWorld, in []byte, ipOff int, o outerGeneve, peer netip.Addr, xdp bool, rt oracleRoute, hop uint8, e *expectation) {
+	if xdp {
+		e.pass = true
+		e.because("IPv6 transit: XDP leaves it whole to TC")
+		return
+	}
+	e.because("IPv6 transit via %v (route %v)", rt.peers, rt.prefix)
+	others := slices.DeleteFunc(slices.Clone(rt.peers), func(a netip.Addr) bool { return a == peer })
+	switch {
+	case len(rt.peers) == 0:
+		e.allowDrop(IsthmusDropReasonDROP_NO_NEXTHOP)
+		e.because("no live member")
+		return
+	case len(others) == 0:
+		e.allowDrop(IsthmusDropReasonDROP_TRANSIT_LOOP)
+		e.because("the only next hop is the sender")
+		return
+	case len(others) < len(rt.peers):
+		e.hashed = true
+		e.allowDrop(IsthmusDropReasonDROP_TRANSIT_LOOP)
+	}
+	switch {
+	case hop <= 1:
+		e.allowDrop(IsthmusDropReasonDROP_TTL_EXCEEDED)
+		e.because("hop limit %d: dropped, no ICMPv6 from a gateway", hop)
+	case len(in)-14 > w.underlayMTU:
+		e.allowDrop(IsthmusDropReasonDROP_UNDERLAY_MTU)
+		e.because("longer than the underlay MTU %d: dropped, no Packet Too Big from a gateway", w.underlayMTU)
+	case len(others) > 0:
+		e.forms = append(e.forms, transitFormOf(w, in, o.v4, ipOff, others, true))
+	}
 }
 
 // untraced is f as an IPv6 delivery, with OVERLAY_MARK if mark: the datapath does not

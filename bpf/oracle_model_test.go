@@ -1177,10 +1177,10 @@ func decapGeneve(w *oracleWorld, in []byte, o outerGeneve, xdp bool, e expectati
 		case r.rewriteFails:
 			e.because("the TCP checksum field is past the frame")
 			e.allowDrop(IsthmusDropReasonDROP_SNAT_REWRITE)
-		case w.ownPods[to] != nil && !w.directOK(&e, inner, inner.src(), to, r.flow.podPort):
+		case w.ownPods[to] != nil && (inner.ip.TTL <= 1 || !w.directOK(&e, inner, inner.src(), to, r.flow.podPort)):
+			// No hop left (over the IPv6 underlay only) goes through the stack,
+			// which answers it, before the fast path is asked.
 			e.forms = append(e.forms, w.toStack(reverseForm("reverse SNAT, pod delivery through the stack", w.istMAC, in[6:12], r, inIP, false, ce, w.tunnelMTU), true))
-		case w.ownPods[to] != nil && inner.ip.TTL <= 1:
-			e.allowDrop(IsthmusDropReasonDROP_TTL_EXCEEDED)
 		case w.ownPods[to] != nil:
 			e.forms = append(e.forms, w.toPod(reverseForm("reverse SNAT, pod delivery", w.ownPods[to], w.podHMAC, r, inIP, true, ce, w.tunnelMTU)))
 		case inPrefixes(w.cniRoutes, to):
@@ -1208,17 +1208,14 @@ func decapGeneve(w *oracleWorld, in []byte, o outerGeneve, xdp bool, e expectati
 		f := deliverForm("fabric delivery", w.fabricMAC, w.undMAC, inIP, true, ce, w.tunnelMTU)
 		f.target = w.undIfindex
 		e.forms = append(e.forms, f)
-	case w.ownPods[dst] != nil && !w.directOK(&e, inner, src, dst, 0):
+	case w.ownPods[dst] != nil && (inner.ip.TTL <= 1 || !w.directOK(&e, inner, src, dst, 0)):
 		// The fail-closed rule: the pod's packet reaches it through the stack
 		// (isthmus0 ingress, marked), which forwards it and decrements its TTL; the
-		// frame keeps its source MAC.
-		e.because("to own pod %v: through the stack", dst)
+		// frame keeps its source MAC. So does one with no hop left (only over the
+		// IPv6 underlay: over IPv4 it was answered above), before the fast path is
+		// asked: the stack answers it.
+		e.because("to own pod %v with TTL %d: through the stack", dst, inner.ip.TTL)
 		e.forms = append(e.forms, w.toStack(deliverForm("pod delivery through the stack", w.istMAC, in[6:12], in[ieOff+14:], false, ce, w.tunnelMTU), true))
-	case w.ownPods[dst] != nil && inner.ip.TTL <= 1:
-		// Only over the IPv6 underlay (over IPv4 it was answered above): the direct
-		// path has no hop left to take and nothing answers here.
-		e.because("to own pod %v around the stack with TTL %d, over the IPv6 underlay: DROP_TTL_EXCEEDED", dst, inner.ip.TTL)
-		e.allowDrop(IsthmusDropReasonDROP_TTL_EXCEEDED)
 	case w.ownPods[dst] != nil:
 		e.because("to own pod %v, around the stack", dst)
 		e.forms = append(e.forms, w.toPod(deliverForm("pod delivery", w.ownPods[dst], w.podHMAC, in[ieOff+14:], true, ce, w.tunnelMTU)))
@@ -1605,6 +1602,12 @@ func xdpPopForm(w *oracleWorld, in []byte, peer netip.Addr, ipOff int, ce bool) 
 // this node to the next hop with TTL 64 (options, TOS, ID, flags kept), UDP, GENEVE and
 // the inner frame unchanged but for the inner TTL, checksums verifying where they did.
 func transitForm(w *oracleWorld, in []byte, outer *ipv4View, ipOff int, next []netip.Addr) outputForm {
+	return transitFormOf(w, in, outer, ipOff, next, false)
+}
+
+// transitFormOf is transitForm for an inner IPv4 packet, or with inner6 an IPv6 one,
+// whose hop limit is decremented (nothing else in it changes).
+func transitFormOf(w *oracleWorld, in []byte, outer *ipv4View, ipOff int, next []netip.Addr, inner6 bool) outputForm {
 	return outputForm{name: "transit", check: func(out []byte) error {
 		if len(out) != len(in) {
 			return fmt.Errorf("transit output %d bytes, input %d", len(out), len(in))
@@ -1638,8 +1641,11 @@ func transitForm(w *oracleWorld, in []byte, outer *ipv4View, ipOff int, next []n
 				return errors.New("outer UDP checksum verified on input, not on output")
 			}
 		}
-		iIP := innerAfter(in[ipOff:], out[ipOff:], true, false, 0)
-		copy(want[ipOff:], iIP)
+		if inner6 {
+			want[ipOff+7]--
+		} else {
+			copy(want[ipOff:], innerAfter(in[ipOff:], out[ipOff:], true, false, 0))
+		}
 		return diffAt("transit frame", out, want)
 	}}
 }

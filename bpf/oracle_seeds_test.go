@@ -975,6 +975,16 @@ func underlay6Seeds(l *lab) [][]byte {
 		v4gnv(peerIP, i6pkt{src: remotePod6, dst: dst})
 		v4gnv(peerIP, i6pkt{src: remotePod6, dst: dst, proto: 6, flags: 0x10, sport: 80, dport: 33002})
 	}
+	// Transit of inner IPv6 on a gateway: from a group member that may send from
+	// anywhere, to a peer's prefix and through the group (whose slots hold the
+	// sender too); hop limits, a frame longer than the next link, TCP and UDP flows.
+	for _, p := range []i6pkt{{}, {hop: 1}, {hop: 2}, {hop0: true}, {size: 1440}, {size: 1460},
+		{proto: 6, flags: 0x10, sport: 80, dport: 33002}, {proto: 17, sport: 80, dport: 33002}, {proto: 58}} {
+		for _, dst := range []netip.Addr{remotePod6, groupDst6, deadGroupDst6} {
+			p.src, p.dst = a("fd77::1"), dst
+			v4gnv(groupPeerA, p)
+		}
+	}
 	// Inner IPv6 shapes to the pod: MSS clamps, the fast path's flow and what keeps a
 	// packet off it, extension headers, ECN, hop limits, truncations.
 	mss := []byte{2, 4, 0x05, 0xb4}

@@ -186,6 +186,26 @@ func TestDecapUnderlay6(t *testing.T) {
 			t.Errorf("metadata names peer %#x, want the handle %#x", got, be32(handle6))
 		}
 	})
+	// Nothing answers an expiring TTL before the pop over the IPv6 underlay: a
+	// segment of a flow the fast path would take, with TTL 1, goes through the
+	// stack (whose forwarding answers it), marked, untouched, and the fast path is
+	// not asked (no ct_fast).
+	t.Run("tc, TTL 1 on the fast path", func(t *testing.T) {
+		l.ctEstablished(t, tuple{podIP, remotePodIP, 33070, 80})
+		seg := ipv4Packet(remotePodIP, podIP, 6, ipOpts{ttl: 1}, tcpSegment(80, 33070, 0x10, []byte("late")))
+		before := l.counts(t)
+		ret, out := l.run(t, l.objs.UnderlayIngress, geneveFrame6Outer(l, peer6, 0, 0x0800, seg), und)
+		if ret != tcActRedirect || l.mark&overlayMark == 0 || len(out) < 14 || !bytes.Equal(out[14:14+len(seg)], seg) {
+			t.Fatalf("verdict %d, mark %#x, frame %x; want the segment through isthmus0, marked, untouched", ret, l.mark, out)
+		}
+		d := delta(before, l.counts(t))
+		if d[metricKey(IsthmusMetricMETRIC_DELIVER_POD, IsthmusHookHOOK_UNDERLAY_TC)] != 1 || d[metricKey(IsthmusMetricMETRIC_CT_FAST, IsthmusHookHOOK_UNDERLAY_TC)] != 0 {
+			t.Errorf("counters moved %v, want deliver_pod and no ct_fast", d)
+		}
+		if binary.BigEndian.Uint16(out[12:]) != 0x0800 || !bytes.Equal(out[0:6], l.istMAC) {
+			t.Errorf("delivered to %x type %#04x, want isthmus0's MAC, IPv4", out[0:6], binary.BigEndian.Uint16(out[12:]))
+		}
+	})
 	t.Run("rejects", func(t *testing.T) {
 		wantDrop(t, l, l.objs.UnderlayIngress, und, geneveFrame6Outer(l, netip.MustParseAddr("fd00:2::9"), 0, 0x0800, inner),
 			IsthmusDropReasonDROP_UNKNOWN_PEER, IsthmusHookHOOK_UNDERLAY_TC)

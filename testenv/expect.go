@@ -328,15 +328,5 @@ func (s *Scenario) unclear6(src, dst PodRef, e Expectation, sites map[string]*Si
 			return fmt.Sprintf("site %s has fabricRoutes (the lab's fabric routes IPv4 only)", name)
 		}
 	}
-	if src.Site != dst.Site && (!s.meshed(src.Site, dst.Site) || s.assigned(src.Site, dst.Site)) {
-		return fmt.Sprintf("sites %s and %s are joined through gateways", src.Site, dst.Site)
-	}
 	return ""
-}
-
-// meshed reports whether a peering joins sites a and b with meshNodes (absent
-// or true).
-func (s *Scenario) meshed(a, b string) bool {
-	_, meshed := s.peering(a, b)
-	return meshed
 }

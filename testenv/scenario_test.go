@@ -586,8 +586,6 @@ func TestExpectations6Unclear(t *testing.T) {
 		// pair is one pair left out, why its reason; probed is one still probed.
 		pair, why, probed string
 	}{
-		{"gateways only", [][2]string{{"    meshNodes: true", "    meshNodes: false"}},
-			"a1-p1>b1-p1", "sites site-a and site-b are joined through gateways", "a1-p1>a2-p1"},
 		{"returnPath SNAT", [][2]string{{siteA, siteA + "      returnPath: SNAT\n"}},
 			"a1-p1>a1-p2", "site site-a has returnPath: SNAT", "b1-p1>b2-p1"},
 		{"another CNI's site", [][2]string{{siteA, siteA + "      manageCniPlugin: false\n"}},
@@ -621,10 +619,29 @@ func TestExpectations6Unclear(t *testing.T) {
 				t.Errorf("%s not probed over IPv6 (left out for %q)", tt.probed, why[tt.probed])
 			}
 			src, dst, _ := strings.Cut(tt.pair, ">")
-			if _, ok := sc.Expect(src, dst); !ok && tt.name != "gateways only" {
+			if _, ok := sc.Expect(src, dst); !ok {
 				t.Errorf("%s lost its IPv4 expectation", tt.pair)
 			}
 		})
+	}
+}
+
+// TestExpectations6Gateways: pairs of sites joined through gateways are probed over
+// IPv6 as over IPv4 (gateways transit IPv6 with its source kept).
+func TestExpectations6Gateways(t *testing.T) {
+	sc, err := LoadScenario("dualstackgw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	es6, skipped := sc.Expectations6()
+	if len(skipped) != 0 {
+		t.Errorf("pairs left out: %v", skipped)
+	}
+	if len(es6) != len(sc.Expectations()) || len(es6) != 30 {
+		t.Errorf("%d IPv6 expectations, %d IPv4 ones, want 30 each", len(es6), len(sc.Expectations()))
+	}
+	if e, ok := sc.Expect6("w1-p1", "e1-p1"); !ok || e.Saw != netip.MustParseAddr("fd00:62:3::10") {
+		t.Errorf("w1-p1 -> e1-p1 over IPv6: %+v, %v; want probed, seen from w1-p1's own address6", e, ok)
 	}
 }
 

@@ -242,16 +242,24 @@ static __always_inline int decap_time_exceeded(struct __sk_buff *skb,
 	return transit_time_exceeded(skb, cfg, &h, hook);
 }
 
-/* tc_decap of a validated frame whose inner packet is IPv6: popped and delivered
- * (deliver_decapped6). No transit, health probe or expiry here: delivery goes through
+/* tc_decap of a validated frame whose inner packet is IPv6: on a gateway, over the
+ * IPv4 underlay, transit (transit_forward6) when routes6 says so; else popped and
+ * delivered (deliver_decapped6). No health probe or expiry here: delivery goes through
  * the stack, which forwards it as a router does. Returns TC_ACT_REDIRECT or a negative
  * DROP_*. */
 static __always_inline int tc_decap6(struct __sk_buff *skb, const struct datapath_config *cfg,
 				     const struct decap_info *info, __u8 hook)
 {
+	const struct route_value *rt;
 	struct ethhdr *eth;
-	int ret = decap_ecn(info);
+	int ret;
 
+	if (!info->outer6) {
+		rt = transit_route6(cfg, info->inner6->daddr);
+		if (rt)
+			return transit_forward6(skb, cfg, rt, hook);
+	}
+	ret = decap_ecn(info);
 	if (ret < 0)
 		return ret;
 	/* DECAP_L3_IPV6 sets skb->protocol; the outer Ethernet header, which stays, must
@@ -293,8 +301,9 @@ static __always_inline int tc_decap(struct __sk_buff *skb, const struct datapath
 	if (info.inner6)
 		return tc_decap6(skb, cfg, &info, hook);
 	/* Health probes, transit and the answer to an expiring TTL rewrite or answer
-	 * an outer IPv4 header; over the IPv6 underlay the frame is delivered, where the
-	 * stack's forwarding answers an expiring TTL. */
+	 * an outer IPv4 header; over the IPv6 underlay the frame is delivered: to a pod
+	 * through the stack, whose forwarding answers an expiring TTL, and toward the
+	 * fabric not at all (DROP_TTL_EXCEEDED, deliver_decapped). */
 	if (!info.outer6) {
 		if (health_candidate(cfg, &info)) {
 			ret = health_answer(skb, cfg, &info, hook);
@@ -391,6 +400,9 @@ static __always_inline int xdp_decap(struct xdp_md *ctx, const struct datapath_c
 	ret = geneve_validate(&c, cfg, &info);
 	if (ret < 0)
 		return ret;
+	/* An IPv6 one that will transit too. */
+	if (info.inner6 && !info.outer6 && transit_route6(cfg, info.inner6->daddr))
+		return XDP_PASS;
 	if (info.inner && !info.outer6) {
 		/* A frame that will transit stays whole, without metadata:
 		 * underlay_ingress forwards it (a popped frame could not be

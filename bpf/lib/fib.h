@@ -455,13 +455,13 @@ static __always_inline int deliver_decapped(struct __sk_buff *skb,
 	}
 	/* Too long for the pod: the stack's forwarding says so to the sender (ICMP frag
 	 * needed with the pod's MTU, so path MTU discovery converges) or fragments it. A
-	 * redirect would drop it unseen, or hand the pod segments over its MTU. */
-	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED || longer_than_mtu(skb, ipv4_wire_len(skb, iph), p.ifindex))
+	 * redirect would drop it unseen, or hand the pod segments over its MTU. So does
+	 * a TTL with no hop left (time exceeded): only over the IPv6 underlay, where
+	 * nothing answered it before the pop (decap_expires). */
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED || iph->ttl <= 1 ||
+	    longer_than_mtu(skb, ipv4_wire_len(skb, iph), p.ifindex) ||
+	    stack_sees(skb, iph, c.pos, data_end, hook))
 		return deliver_to_stack(skb, cfg, eth, OVERLAY_MARK, METRIC_DELIVER_POD, hook);
-	if (stack_sees(skb, iph, c.pos, data_end, hook))
-		return deliver_to_stack(skb, cfg, eth, OVERLAY_MARK, METRIC_DELIVER_POD, hook);
-	if (iph->ttl <= 1)
-		return DROP_TTL_EXCEEDED;
 	return forward_to_pod(skb, cfg, eth, iph, &p, rc, pi, hook);
 }
 

@@ -84,21 +84,36 @@ static __always_inline __u16 flow_sport(const struct iphdr *iph, const void *l4,
  * exclusive-or of the words of each address (network order), the second one mixed with
  * the flow label (the sender's own flow identity: a flow that changes it, as Linux does
  * to find another path after a timeout, may take another member and source port), and
- * for TCP and UDP right after the fixed header the raw 4 bytes of the ports, added to
- * the next header. l4 must point just past the fixed header. */
+ * for TCP and UDP right after the fixed header the raw 4 bytes of the ports (ports: 0
+ * unless flow_has_ports6, or when the packet ends before them), added to the next
+ * header. */
+static __always_inline __u32 flow_hash6_ports(const struct ip6_hdr *ip6h, __u32 ports)
+{
+	return jhash_3words(ip6h->saddr[0] ^ ip6h->saddr[1] ^ ip6h->saddr[2] ^ ip6h->saddr[3],
+			    ip6h->daddr[0] ^ ip6h->daddr[1] ^ ip6h->daddr[2] ^ ip6h->daddr[3] ^
+			    ipv6_flowlabel(ip6h),
+			    ports + ip6h->nexthdr, FLOW_HASH_SEED);
+}
+
+/* Returns non-zero if the flow hash of the IPv6 packet at ip6h covers its ports: TCP
+ * or UDP right after the fixed header. */
+static __always_inline int flow_has_ports6(const struct ip6_hdr *ip6h)
+{
+	return ip6h->nexthdr == IPPROTO_TCP || ip6h->nexthdr == IPPROTO_UDP;
+}
+
+/* flow_hash6_ports with the ports read from l4, just past the fixed header (0 when
+ * the packet ends before them). */
 static __always_inline __u32 flow_hash6(const struct ip6_hdr *ip6h, const void *l4,
 					const void *data_end)
 {
 	__u32 ports = 0;
 
-	if (ip6h->nexthdr == IPPROTO_TCP || ip6h->nexthdr == IPPROTO_UDP) {
+	if (flow_has_ports6(ip6h)) {
 		const __u32 *p = l4;
 
 		if ((const void *)(p + 1) <= data_end)
 			ports = *p;
 	}
-	return jhash_3words(ip6h->saddr[0] ^ ip6h->saddr[1] ^ ip6h->saddr[2] ^ ip6h->saddr[3],
-			    ip6h->daddr[0] ^ ip6h->daddr[1] ^ ip6h->daddr[2] ^ ip6h->daddr[3] ^
-			    ipv6_flowlabel(ip6h),
-			    ports + ip6h->nexthdr, FLOW_HASH_SEED);
+	return flow_hash6_ports(ip6h, ports);
 }

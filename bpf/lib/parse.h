@@ -151,24 +151,31 @@ static __always_inline __u32 ipv4_wire_len(struct __sk_buff *skb, const struct i
 	return ipv4_seg_len(skb, iph, ETH_HLEN);
 }
 
-/* ipv4_wire_len for the IPv6 packet ip6h right after the Ethernet header. A GSO
- * packet's segments carry the fixed header, the TCP (or UDP) header and gso_size
- * bytes: the kernel segments no packet with extension headers in front of them. */
-static __always_inline __u32 ipv6_wire_len(struct __sk_buff *skb, const struct ip6_hdr *ip6h)
+/* ipv4_seg_len for the IPv6 packet ip6h at offset off of skb. A GSO packet's
+ * segments carry the fixed header, the TCP (or UDP) header and gso_size bytes: the
+ * kernel segments no packet with extension headers in front of them. */
+static __always_inline __u32 ipv6_seg_len(struct __sk_buff *skb, const struct ip6_hdr *ip6h,
+					  __u32 off)
 {
 	__u32 hlen = sizeof(*ip6h);
 	__u8 doff;
 
 	if (!skb->gso_size)
-		return skb->len - ETH_HLEN;
+		return skb->len - off;
 	if (ip6h->nexthdr == IPPROTO_TCP) {
-		if (bpf_skb_load_bytes(skb, ETH_HLEN + hlen + 12, &doff, 1))
+		if (bpf_skb_load_bytes(skb, off + hlen + 12, &doff, 1))
 			return 0;
 		hlen += (doff >> 4) * 4;
 	} else if (ip6h->nexthdr == IPPROTO_UDP) {
 		hlen += sizeof(struct udphdr);
 	}
 	return hlen + skb->gso_size;
+}
+
+/* ipv4_wire_len for the IPv6 packet ip6h right after the Ethernet header. */
+static __always_inline __u32 ipv6_wire_len(struct __sk_buff *skb, const struct ip6_hdr *ip6h)
+{
+	return ipv6_seg_len(skb, ip6h, ETH_HLEN);
 }
 
 /* Makes sure the first min(len, want) bytes are linear. Returns 0, or -1 if the pull

@@ -17,6 +17,25 @@
 #define OVERLAY_MARK		0x1000
 #endif
 
+/* Returns the TCP payload bytes from th (whose 20-byte header the caller checked lies
+ * before data_end) to the end of skb: all GSO segments' payload together, so a FIN,
+ * if any, ends the last one; 0 when the header claims more than there is. */
+static __always_inline __u32 tcp_payload_len(struct __sk_buff *skb, const struct tcphdr *th)
+{
+	__s32 payload = (__s32)skb->len - (__s32)((void *)th - (void *)(long)skb->data) -
+			th->doff * 4;
+
+	return payload < 0 ? 0 : payload;
+}
+
+/* Returns 0 after counting METRIC_CT_FAST under hook: the packet takes the direct
+ * path. The tail of stack_sees and stack_sees6. */
+static __always_inline int stack_skipped(struct __sk_buff *skb, __u8 hook)
+{
+	metrics_count(METRIC_CT_FAST, hook, skb->len);
+	return 0;
+}
+
 /* Returns 1 if a pod packet isthmus carries must go through the stack, on the node
  * that delivers it to a pod and on the node whose pod sends it; 0 if it takes the
  * direct path (counted as METRIC_CT_FAST under hook). Fail closed: the direct path only
@@ -33,18 +52,14 @@ static __always_inline int stack_sees(struct __sk_buff *skb, const struct iphdr 
 				      void *data_end, __u8 hook)
 {
 	struct tcphdr *th = l4;
-	__s32 payload;
 
 	if (iph->protocol != IPPROTO_TCP || ipv4_is_fragment(iph))
 		return 1;
 	if ((void *)(th + 1) > data_end)
 		return 1;
-	/* All GSO segments' payload together: the FIN, if any, ends the last one. */
-	payload = (__s32)skb->len - (__s32)((void *)th - (void *)(long)skb->data) - th->doff * 4;
-	if (!ct_fast_path(skb, iph, th, payload < 0 ? 0 : payload))
+	if (!ct_fast_path(skb, iph, th, tcp_payload_len(skb, th)))
 		return 1;
-	metrics_count(METRIC_CT_FAST, hook, skb->len);
-	return 0;
+	return stack_skipped(skb, hook);
 }
 
 /* stack_sees for IPv6 packet ip6h, whose first next header starts at l4: the direct
@@ -55,17 +70,14 @@ static __always_inline int stack_sees6(struct __sk_buff *skb, const struct ip6_h
 				       void *l4, void *data_end, __u8 hook)
 {
 	struct tcphdr *th = l4;
-	__s32 payload;
 
 	if (ip6h->nexthdr != IPPROTO_TCP)
 		return 1;
 	if ((void *)(th + 1) > data_end)
 		return 1;
-	payload = (__s32)skb->len - (__s32)((void *)th - (void *)(long)skb->data) - th->doff * 4;
-	if (!ct_fast_path6(skb, ip6h, th, payload < 0 ? 0 : payload))
+	if (!ct_fast_path6(skb, ip6h, th, tcp_payload_len(skb, th)))
 		return 1;
-	metrics_count(METRIC_CT_FAST, hook, skb->len);
-	return 0;
+	return stack_skipped(skb, hook);
 }
 
 /* Leaves a pod's packet to the stack, marked so that no other CNI's MASQUERADE

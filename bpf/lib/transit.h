@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Gateway transit: GENEVE whose inner destination routes to another peer goes on to it
- * with its outer IPv4 header rewritten in place; nothing is popped or pushed. */
+/* Gateway transit: GENEVE whose inner destination (IPv4 or IPv6) routes to another peer
+ * goes on to it with its outer IPv4 header rewritten in place; nothing is popped or
+ * pushed. */
 #pragma once
 
 #include "common.h"
@@ -30,6 +31,20 @@ transit_route(const struct datapath_config *cfg, __be32 daddr)
 	if (likely(!(cfg->flags & CFG_F_TRANSIT)))
 		return NULL;
 	rt = route_lookup(daddr);
+	if (rt && !rt->group && !(((const __u8 *)&rt->peer)[0]))
+		return NULL;
+	return rt;
+}
+
+/* transit_route for an inner IPv6 destination (routes6). */
+static __always_inline const struct route_value *
+transit_route6(const struct datapath_config *cfg, const __be32 daddr[4])
+{
+	const struct route_value *rt;
+
+	if (likely(!(cfg->flags & CFG_F_TRANSIT)))
+		return NULL;
+	rt = route_lookup6(daddr);
 	if (rt && !rt->group && !(((const __u8 *)&rt->peer)[0]))
 		return NULL;
 	return rt;
@@ -86,6 +101,56 @@ static __always_inline __u32 transit_flow_hash(struct __sk_buff *skb,
 	else if (bpf_skb_load_bytes(skb, h->l4_off, &ports, sizeof(ports)))
 		ports = 0;	/* shorter than its ports: so was it for encap_geneve */
 	return flow_hash_ports(h->iip, ports);
+}
+
+/* transit_hdrs of a frame whose inner packet is IPv6. */
+struct transit_hdrs6 {
+	struct iphdr *oip;	/* outer IPv4 */
+	struct udphdr *udp;	/* outer UDP */
+	struct ip6_hdr *iip6;	/* inner IPv6 */
+	__u32 udp_off;		/* offsets from the start of the frame */
+	__u32 iip_off;
+};
+
+/* transit_parse for an inner IPv6 packet. */
+static __always_inline int transit_parse6(struct __sk_buff *skb, struct transit_hdrs6 *h)
+{
+	struct cursor c = { .pos = (void *)(long)skb->data, .end = (void *)(long)skb->data_end };
+	struct genevehdr *gh;
+	struct ethhdr *eth;
+	__u32 optlen;
+
+	if (parse_eth(&c, &eth) != ETH_P_IP || parse_ipv4(&c, &h->oip) < 0 ||
+	    parse_udp(&c, &h->udp) < 0)
+		return DROP_INVALID_PACKET;
+	gh = c.pos;
+	if ((void *)(gh + 1) > c.end)
+		return DROP_GENEVE_TRUNCATED;
+	optlen = gh->opt_len * 4;
+	c.pos = (void *)(gh + 1) + optlen;
+	if (parse_eth(&c, &eth) != ETH_P_IPV6 || parse_ipv6(&c, &h->iip6) < 0)
+		return DROP_INNER_INVALID;
+	h->udp_off = ETH_HLEN + h->oip->ihl * 4;
+	h->iip_off = h->udp_off + sizeof(struct udphdr) + GENEVE_HLEN + optlen + ETH_HLEN;
+	return 0;
+}
+
+/* transit_flow_hash for an inner IPv6 packet: flow_hash6, as encap_geneve6 computed
+ * it. */
+static __always_inline __u32 transit_flow_hash6(struct __sk_buff *skb,
+						const struct transit_hdrs6 *h)
+{
+	const __u32 *l4 = (const void *)(h->iip6 + 1);
+	__u32 ports = 0;
+
+	if (!flow_has_ports6(h->iip6))
+		return flow_hash6_ports(h->iip6, 0);
+	if ((void *)(l4 + 1) <= (void *)(long)skb->data_end)
+		ports = *l4;
+	else if (bpf_skb_load_bytes(skb, h->iip_off + sizeof(struct ip6_hdr), &ports,
+				    sizeof(ports)))
+		ports = 0;
+	return flow_hash6_ports(h->iip6, ports);
 }
 
 /* Longest outer IPv4 header: with 40 bytes of options. */
@@ -211,31 +276,109 @@ static __always_inline int transit_frag_needed(struct __sk_buff *skb,
 				  hook);
 }
 
+/* Looks the next underlay hop up for a transiting frame to next hop nh from src (path
+ * from geneve_path), checking wire (its outer length, or one segment's) against the
+ * MTU toward it as ip_forward does. Returns the bpf_fib_lookup verdict, p filled. */
+static __always_inline int transit_lookup(struct __sk_buff *skb,
+					  const struct datapath_config *cfg,
+					  struct bpf_fib_lookup *p, int path, __be32 src,
+					  __be32 nh, __u32 wire)
+{
+	if (path == GENEVE_PATH_WIREGUARD) {
+		/* No FIB: WireGuard carries it. Its device's MTU is the next link's. */
+		p->mtu_result = wireguard_mtu(skb, cfg);
+		return p->mtu_result && wire > p->mtu_result ? BPF_FIB_LKUP_RET_FRAG_NEEDED
+							     : BPF_FIB_LKUP_RET_SUCCESS;
+	}
+	return fib_lookup_v4(skb, p, src, nh, 0, IPPROTO_UDP, skb->ifindex,
+			     wire > 0xffff ? 0xffff : wire);
+}
+
+/* Rewrites the outer IPv4 header oip of a transiting frame (UDP header at udp_off)
+ * for next hop nh from src, and sends it by lookup p (verdict rc) or into WireGuard.
+ * inner_from and inner_to: a 16-bit word of the inner packet the caller changed
+ * (equal when the change kept the UDP payload's sum, as an IPv4 TTL decrement with
+ * its checksum update does), for the outer UDP checksum. Returns TC_ACT_REDIRECT or a
+ * negative DROP_*. Counts METRIC_TRANSIT. */
+static __always_inline int transit_send(struct __sk_buff *skb, const struct datapath_config *cfg,
+					struct iphdr *oip, __u32 udp_off, __be16 inner_from,
+					__be16 inner_to, __be32 src, __be32 nh, int path,
+					struct bpf_fib_lookup *p, int rc,
+					const struct route_value *rt, __u8 hook)
+{
+	const __u64 l4_flags = BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0 | sizeof(__be32);
+	__u32 udp_check_off = udp_off + offsetof(struct udphdr, check);
+	__be32 osrc = oip->saddr, odst = oip->daddr;
+	struct udphdr *udp;
+	struct ethhdr *eth;
+	__be16 ttl_from;
+	__sum16 check;
+
+	/* The outer header may carry options: patch its checksum rather than recompute. */
+	ttl_from = *(__be16 *)&oip->ttl;	/* TTL and protocol */
+	oip->ttl = OUTER_TTL;
+	check = csum_replace16(oip->check, ttl_from, *(__be16 *)&oip->ttl);
+	check = csum_replace32(check, osrc, src);
+	oip->check = csum_replace32(check, odst, nh);
+	oip->saddr = src;
+	oip->daddr = nh;
+
+	/* The outer UDP checksum covers both addresses and the inner packet.
+	 * bpf_l4_csum_replace knows what the field holds: a full checksum, or the
+	 * pseudo-header seed of a CHECKSUM_PARTIAL or UDP_TUNNEL_CSUM GSO skb, which
+	 * segmentation completes later (zeroing that seed would corrupt every segment;
+	 * an inner change is left to segmentation too), and it keeps a
+	 * CHECKSUM_COMPLETE skb->csum right. MARK_MANGLED_0: a computed 0 is sent as
+	 * 0xffff, and a zero field is skipped. */
+	udp = (void *)(long)skb->data + udp_off;
+	if ((void *)(udp + 1) > (void *)(long)skb->data_end)
+		return DROP_ENCAP_FAILED;
+	if (udp->check) {
+		if (bpf_l4_csum_replace(skb, udp_check_off, osrc, src, l4_flags) ||
+		    bpf_l4_csum_replace(skb, udp_check_off, odst, nh, l4_flags))
+			return DROP_ENCAP_FAILED;
+		if (inner_from != inner_to &&
+		    bpf_l4_csum_replace(skb, udp_check_off, inner_from, inner_to,
+					BPF_F_MARK_MANGLED_0 | sizeof(__be16)))
+			return DROP_ENCAP_FAILED;
+	} else if (inner_from != inner_to) {
+		/* No checksum to absorb the inner change: a CHECKSUM_COMPLETE skb->csum
+		 * (the sum over the packet) takes it. */
+		__be32 from = inner_from, to = inner_to;
+
+		bpf_csum_update(skb, bpf_csum_diff(&from, sizeof(from), &to, sizeof(to), 0));
+	}
+
+	/* The helpers above may have moved the data: only the Ethernet header is needed. */
+	eth = (void *)(long)skb->data;
+	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
+		return DROP_ENCAP_FAILED;
+	if (path == GENEVE_PATH_WIREGUARD)
+		return send_to_wireguard(skb, cfg, nh, METRIC_TRANSIT, hook, rt->group);
+	return send_looked_up(skb, cfg, eth, p, rc, nh, METRIC_TRANSIT, hook, rt->group);
+}
+
 /* Forwards a GENEVE frame tc_decap validated, whose inner destination hit route rt on a
  * gateway, to the route's next hop: rt->peer, or the member of its group for the flow
  * (the hash encapsulation uses, so the flow keeps one gateway). The inner TTL is
  * decremented; the outer IPv4 header gets this node's underlay address (its tunnel
  * address when the next hop is an encrypted peer: then the frame goes into WireGuard,
- * lib/wireguard.h) as source, the next hop as destination and TTL 64, its checksum patched; a non-zero outer UDP
- * checksum is patched for the two addresses, a zero one stays zero; the UDP source port,
- * GENEVE and the inner frame are left as they are. Then the FIB lookup and redirect of
- * encapsulation, the lookup also checking the frame against the route's MTU
- * (transit_frag_needed). Returns TC_ACT_REDIRECT or a negative DROP_*: DROP_NO_NEXTHOP,
- * DROP_TRANSIT_LOOP (the next hop sent it), DROP_TTL_EXCEEDED, DROP_UNDERLAY_MTU.
- * Counts METRIC_TRANSIT (METRIC_TIME_EXCEEDED_SENT, METRIC_FRAG_NEEDED_SENT for the
- * ICMP replies). */
+ * lib/wireguard.h) as source, the next hop as destination and TTL 64, its checksum
+ * patched; a non-zero outer UDP checksum is patched for the two addresses, a zero one
+ * stays zero; the UDP source port, GENEVE and the inner frame are left as they are.
+ * Then the FIB lookup and redirect of encapsulation, the lookup also checking the
+ * frame against the route's MTU (transit_frag_needed). Returns TC_ACT_REDIRECT or a
+ * negative DROP_*: DROP_NO_NEXTHOP, DROP_TRANSIT_LOOP (the next hop sent it),
+ * DROP_TTL_EXCEEDED, DROP_UNDERLAY_MTU. Counts METRIC_TRANSIT
+ * (METRIC_TIME_EXCEEDED_SENT, METRIC_FRAG_NEEDED_SENT for the ICMP replies). */
 static __always_inline int transit_forward(struct __sk_buff *skb,
 					   const struct datapath_config *cfg,
 					   const struct route_value *rt, __u8 hook)
 {
-	const __u64 l4_flags = BPF_F_PSEUDO_HDR | BPF_F_MARK_MANGLED_0 | sizeof(__be32);
 	struct bpf_fib_lookup p;
 	struct transit_hdrs h;
-	struct ethhdr *eth;
-	__be32 osrc, odst, nh, src;
-	__be16 ttl_from;
-	__sum16 check;
-	__u32 udp_check_off, iip_off, wire;
+	__be32 nh, src;
+	__u32 iip_off, wire;
 	int path, rc;
 
 	rc = transit_parse(skb, &h);
@@ -244,9 +387,7 @@ static __always_inline int transit_forward(struct __sk_buff *skb,
 	nh = nexthop_select(rt, transit_flow_hash(skb, &h));
 	if (unlikely(!nh))
 		return DROP_NO_NEXTHOP;
-	osrc = h.oip->saddr;
-	odst = h.oip->daddr;
-	if (nh == osrc)
+	if (nh == h.oip->saddr)
 		return DROP_TRANSIT_LOOP;
 	path = geneve_path(cfg, nh);
 	if (path < 0)
@@ -259,47 +400,53 @@ static __always_inline int transit_forward(struct __sk_buff *skb,
 	 * next hop. The outer header's length does not change here. */
 	iip_off = h.l4_off - h.iip->ihl * 4;
 	wire = iip_off - ETH_HLEN + ipv4_seg_len(skb, h.iip, iip_off);
-	if (path == GENEVE_PATH_WIREGUARD) {
-		/* No FIB: WireGuard carries it. Its device's MTU is the next link's. */
-		p.mtu_result = wireguard_mtu(skb, cfg);
-		rc = p.mtu_result && wire > p.mtu_result ? BPF_FIB_LKUP_RET_FRAG_NEEDED
-							 : BPF_FIB_LKUP_RET_SUCCESS;
-	} else {
-		rc = fib_lookup_v4(skb, &p, src, nh, 0, IPPROTO_UDP, skb->ifindex,
-				   wire > 0xffff ? 0xffff : wire);
-	}
+	rc = transit_lookup(skb, cfg, &p, path, src, nh, wire);
 	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED)
 		return transit_frag_needed(skb, cfg, &h, &p, hook);
 	/* Incremental: the sum over each header is unchanged, so a checksum covering it (the
 	 * outer UDP one, a CHECKSUM_COMPLETE skb->csum) needs no fix for these writes. */
 	ipv4_decrease_ttl(h.iip);
+	return transit_send(skb, cfg, h.oip, h.udp_off, 0, 0, src, nh, path, &p, rc, rt, hook);
+}
 
-	/* The outer header may carry options: patch its checksum rather than recompute. */
-	ttl_from = *(__be16 *)&h.oip->ttl;	/* TTL and protocol */
-	h.oip->ttl = OUTER_TTL;
-	check = csum_replace16(h.oip->check, ttl_from, *(__be16 *)&h.oip->ttl);
-	check = csum_replace32(check, osrc, src);
-	h.oip->check = csum_replace32(check, odst, nh);
-	h.oip->saddr = src;
-	h.oip->daddr = nh;
+/* transit_forward for an inner IPv6 packet, whose route rt is from routes6: the same
+ * next hop, loop and size checks and outer rewrite, the inner hop limit decremented
+ * (a non-zero outer UDP checksum patched for it). No ICMPv6 answer comes from here:
+ * hop limit 1 or 0 is DROP_TTL_EXCEEDED, a frame longer than the next link
+ * DROP_UNDERLAY_MTU (the node has no IPv6 address to send the error from). Returns
+ * TC_ACT_REDIRECT or a negative DROP_*. Counts METRIC_TRANSIT. */
+static __always_inline int transit_forward6(struct __sk_buff *skb,
+					    const struct datapath_config *cfg,
+					    const struct route_value *rt, __u8 hook)
+{
+	struct bpf_fib_lookup p;
+	struct transit_hdrs6 h;
+	__be16 hop_from, hop_to;
+	__be32 nh, src;
+	__u32 wire;
+	int path, rc;
 
-	/* The outer UDP checksum covers both addresses. bpf_l4_csum_replace knows what the
-	 * field holds: a full checksum, or the pseudo-header seed of a CHECKSUM_PARTIAL or
-	 * UDP_TUNNEL_CSUM GSO skb, which segmentation completes later (zeroing that seed
-	 * would corrupt every segment), and it keeps a CHECKSUM_COMPLETE skb->csum right.
-	 * MARK_MANGLED_0: a computed 0 is sent as 0xffff, and a zero field is skipped. */
-	if (h.udp->check) {
-		udp_check_off = h.udp_off + offsetof(struct udphdr, check);
-		if (bpf_l4_csum_replace(skb, udp_check_off, osrc, src, l4_flags) ||
-		    bpf_l4_csum_replace(skb, udp_check_off, odst, nh, l4_flags))
-			return DROP_ENCAP_FAILED;
-	}
-
-	/* The helpers above may have moved the data: only the Ethernet header is needed. */
-	eth = (void *)(long)skb->data;
-	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
-		return DROP_ENCAP_FAILED;
-	if (path == GENEVE_PATH_WIREGUARD)
-		return send_to_wireguard(skb, cfg, nh, METRIC_TRANSIT, hook, rt->group);
-	return send_looked_up(skb, cfg, eth, &p, rc, nh, METRIC_TRANSIT, hook, rt->group);
+	rc = transit_parse6(skb, &h);
+	if (rc < 0)
+		return rc;
+	nh = nexthop_select(rt, transit_flow_hash6(skb, &h));
+	if (unlikely(!nh))
+		return DROP_NO_NEXTHOP;
+	if (nh == h.oip->saddr)
+		return DROP_TRANSIT_LOOP;
+	path = geneve_path(cfg, nh);
+	if (path < 0)
+		return path;
+	src = geneve_outer_src(cfg, path);
+	if (h.iip6->hop_limit <= 1)
+		return DROP_TTL_EXCEEDED;
+	wire = h.iip_off - ETH_HLEN + ipv6_seg_len(skb, h.iip6, h.iip_off);
+	rc = transit_lookup(skb, cfg, &p, path, src, nh, wire);
+	if (rc == BPF_FIB_LKUP_RET_FRAG_NEEDED)
+		return DROP_UNDERLAY_MTU;
+	hop_from = *(__be16 *)&h.iip6->nexthdr;	/* next header and hop limit */
+	h.iip6->hop_limit--;
+	hop_to = *(__be16 *)&h.iip6->nexthdr;
+	return transit_send(skb, cfg, h.oip, h.udp_off, hop_from, hop_to, src, nh, path, &p,
+			    rc, rt, hook);
 }

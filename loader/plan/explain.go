@@ -274,22 +274,15 @@ func (p *NodePlan) notCarriedFamily(m *Match) string {
 }
 
 // notCarried6 returns, for an IPv6 address whose winning entry m is a route the
-// datapath does not carry IPv6 on, the verdict that says so; "" otherwise. IPv6
-// crosses meshed sites only (docs/architecture.md, "IPv6 pods"): the pods' and
-// fabric tables' rules are IPv4 only, so a transit-only or via-fabric route takes
-// no IPv6; and a gateway does not forward IPv6, so a group route's packets die
-// there.
+// datapath does not carry IPv6 on, the verdict that says so; "" otherwise
+// (docs/architecture.md, "IPv6 pods"): the pods' and fabric tables' rules are IPv4
+// only, so a transit-only or via-fabric route takes no IPv6. Group routes carry it:
+// gateways transit IPv6 as IPv4.
 func notCarried6(addr netip.Addr, m *Match) string {
-	if addr.Is4() || m == nil || m.Kind != MatchRoute {
+	if addr.Is4() || m == nil || m.Kind != MatchRoute || (!m.TransitOnly && !m.ViaFabric) {
 		return ""
 	}
-	switch {
-	case m.TransitOnly, m.ViaFabric:
-		return fmt.Sprintf("not carried: route %s is for forwarded traffic or the site fabric, which isthmus carries for IPv4 only; an IPv6 packet to it takes the kernel's own routes", m.Prefix)
-	case len(m.Group) > 0:
-		return fmt.Sprintf("not carried: route %s goes through gateways, which forward IPv4 only; a gateway drops the IPv6 packet (not_local)", m.Prefix)
-	}
-	return ""
+	return fmt.Sprintf("not carried: route %s is for forwarded traffic or the site fabric, which isthmus carries for IPv4 only; an IPv6 packet to it takes the kernel's own routes", m.Prefix)
 }
 
 // explainSNAT says whether a packet from addr entering the tunnel is translated.

@@ -234,10 +234,10 @@ func TestExplainPair(t *testing.T) {
 	}
 }
 
-// TestExplainIPv6: an IPv6 address is explained as the datapath carries IPv6 (over
-// meshed peers only): a route to a meshed peer goes into the tunnel; a route through
-// gateways, a transit-only or via-fabric route, and a route to a peer at an IPv6
-// underlay address are "not carried", each saying why; no IPv6 source is translated;
+// TestExplainIPv6: an IPv6 address is explained as the datapath carries IPv6: a
+// route to a meshed peer or through gateways goes into the tunnel; a transit-only
+// or via-fabric route and a route to a peer at an IPv6 underlay address are "not
+// carried", each saying why; no IPv6 source is translated;
 // an IPv6 pair is routed by main, whatever the pods' rules say for IPv4.
 func TestExplainIPv6(t *testing.T) {
 	a, pfx := netip.MustParseAddr, netip.MustParsePrefix
@@ -256,7 +256,7 @@ func TestExplainIPv6(t *testing.T) {
 	}
 	for _, tc := range []struct{ addr, verdict string }{
 		{"fd20:0:0:1::7", "into the tunnel by route fd20:0:0:1::/64 to peer b1 (underlay 172.16.2.11)"},
-		{"fd30::7", "not carried: route fd30::/48 goes through gateways"},
+		{"fd30::7", "into the tunnel by route fd30::/48"},
 		{"fd40::7", "not carried: route fd40::/48 is for forwarded traffic or the site fabric"},
 		{"fd50::7", "not carried: peer v6 is at underlay address fd00::12 and this node at 172.16.1.10, of the other family"},
 		{"fd10:0:0:1::5", "a pod on this node"},
