@@ -60,24 +60,40 @@ struct transit_hdrs {
 	__u32 l4_off;
 };
 
+/* Walks a frame geneve_validate accepted (so its headers are linear) from the start to
+ * the inner Ethernet header: sets *oip, *udp and *optlen (GENEVE option bytes) and
+ * leaves c just past the inner Ethernet header. Returns the inner Ethernet type, or
+ * DROP_INVALID_PACKET / DROP_GENEVE_TRUNCATED / DROP_INNER_INVALID if the headers are
+ * not there after all. */
+static __always_inline int transit_parse_outer(struct cursor *c, struct iphdr **oip,
+					       struct udphdr **udp, __u32 *optlen)
+{
+	struct genevehdr *gh;
+	struct ethhdr *eth;
+	int type;
+
+	if (parse_eth(c, &eth) != ETH_P_IP || parse_ipv4(c, oip) < 0 || parse_udp(c, udp) < 0)
+		return DROP_INVALID_PACKET;
+	gh = c->pos;
+	if ((void *)(gh + 1) > c->end)
+		return DROP_GENEVE_TRUNCATED;
+	*optlen = gh->opt_len * 4;
+	c->pos = (void *)(gh + 1) + *optlen;
+	type = parse_eth(c, &eth);
+	return type < 0 ? DROP_INNER_INVALID : type;
+}
+
 /* Finds the headers of a frame geneve_validate accepted (so they are linear). Returns 0,
  * or DROP_INVALID_PACKET / DROP_INNER_INVALID if they are not there after all. */
 static __always_inline int transit_parse(struct __sk_buff *skb, struct transit_hdrs *h)
 {
 	struct cursor c = { .pos = (void *)(long)skb->data, .end = (void *)(long)skb->data_end };
-	struct genevehdr *gh;
-	struct ethhdr *eth;
 	__u32 optlen;
+	int type = transit_parse_outer(&c, &h->oip, &h->udp, &optlen);
 
-	if (parse_eth(&c, &eth) != ETH_P_IP || parse_ipv4(&c, &h->oip) < 0 ||
-	    parse_udp(&c, &h->udp) < 0)
-		return DROP_INVALID_PACKET;
-	gh = c.pos;
-	if ((void *)(gh + 1) > c.end)
-		return DROP_GENEVE_TRUNCATED;
-	optlen = gh->opt_len * 4;
-	c.pos = (void *)(gh + 1) + optlen;
-	if (parse_eth(&c, &eth) != ETH_P_IP || parse_ipv4(&c, &h->iip) < 0)
+	if (type < 0)
+		return type;
+	if (type != ETH_P_IP || parse_ipv4(&c, &h->iip) < 0)
 		return DROP_INNER_INVALID;
 	h->l4 = c.pos;
 	h->udp_off = ETH_HLEN + h->oip->ihl * 4;
@@ -116,19 +132,12 @@ struct transit_hdrs6 {
 static __always_inline int transit_parse6(struct __sk_buff *skb, struct transit_hdrs6 *h)
 {
 	struct cursor c = { .pos = (void *)(long)skb->data, .end = (void *)(long)skb->data_end };
-	struct genevehdr *gh;
-	struct ethhdr *eth;
 	__u32 optlen;
+	int type = transit_parse_outer(&c, &h->oip, &h->udp, &optlen);
 
-	if (parse_eth(&c, &eth) != ETH_P_IP || parse_ipv4(&c, &h->oip) < 0 ||
-	    parse_udp(&c, &h->udp) < 0)
-		return DROP_INVALID_PACKET;
-	gh = c.pos;
-	if ((void *)(gh + 1) > c.end)
-		return DROP_GENEVE_TRUNCATED;
-	optlen = gh->opt_len * 4;
-	c.pos = (void *)(gh + 1) + optlen;
-	if (parse_eth(&c, &eth) != ETH_P_IPV6 || parse_ipv6(&c, &h->iip6) < 0)
+	if (type < 0)
+		return type;
+	if (type != ETH_P_IPV6 || parse_ipv6(&c, &h->iip6) < 0)
 		return DROP_INNER_INVALID;
 	h->udp_off = ETH_HLEN + h->oip->ihl * 4;
 	h->iip_off = h->udp_off + sizeof(struct udphdr) + GENEVE_HLEN + optlen + ETH_HLEN;

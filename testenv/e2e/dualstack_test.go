@@ -51,23 +51,8 @@ func testDualStackMesh(t *testing.T, decap string) {
 	if err != nil {
 		t.Error(err)
 	}
-	v6 := 0
-	for _, p := range m.Probes {
-		src, _ := l.Pod(p.Src)
-		want := src.Address
-		if p.Family == testenv.IPv6 {
-			v6++
-			want = src.Address6
-		}
-		if !p.OK {
-			continue
-		}
-		if p.Proto != testenv.ICMP && p.Saw != want {
-			t.Errorf("%s -> %s %s %v: server saw %s, want the pod's own %s", p.Src, p.Dst, p.Proto, p.Family, p.Saw, want)
-		}
-	}
 	// Eight pods: 56 ordered pairs, three protocols, in IPv6 too.
-	if v6 != 56*3 {
+	if v6 := checkOwnSources(t, l, m); v6 != 56*3 {
 		t.Errorf("%d IPv6 probes, want %d", v6, 56*3)
 	}
 
@@ -76,23 +61,7 @@ func testDualStackMesh(t *testing.T, decap string) {
 			t.Errorf("node %s: the agent's IPv6 nat binding rule counted no packet", n.Name)
 		}
 	}
-	// Every node drops what fails the strict IPv6 reverse-path check (the lab's
-	// ip6tables raw rpfilter rule, firewalld's default): none of it did.
-	for _, n := range l.Scenario.Nodes() {
-		out, err := l.Exec(ctx, l.NodeNS(n.Name), "ip6tables", "-w", "-t", "raw", "-L", "PREROUTING", "-v", "-x", "-n")
-		if err != nil {
-			t.Fatalf("%s: ip6tables: %v\n%s", n.Name, err, out)
-		}
-		rule := ""
-		for _, line := range strings.Split(out, "\n") {
-			if strings.Contains(line, "rpfilter") {
-				rule = line
-			}
-		}
-		if f := strings.Fields(rule); len(f) == 0 || f[0] != "0" {
-			t.Errorf("%s: the strict IPv6 rpfilter rule dropped packets (or is missing):\n%s", n.Name, out)
-		}
-	}
+	checkRPFilter6Clean(ctx, t, l)
 
 	src, _ := l.Pod("a1-p1")
 	dst, _ := l.Pod("b1-p1")
@@ -113,5 +82,27 @@ func testDualStackMesh(t *testing.T, decap string) {
 	want := strings.Join([]string{srcNode.Address.String(), dstNode.Address.String(), vni, src.Address6.String(), dst.Address6.String()}, ",")
 	if got := strings.TrimSpace(out); got != want {
 		t.Errorf("on the wire: %q, want outer,outer,vni,inner,inner %q", got, want)
+	}
+}
+
+// checkRPFilter6Clean fails t unless every node of l has the strict IPv6
+// reverse-path rule (the lab's ip6tables raw rpfilter rule, firewalld's default)
+// and it dropped nothing.
+func checkRPFilter6Clean(ctx context.Context, t *testing.T, l *testenv.Lab) {
+	t.Helper()
+	for _, n := range l.Scenario.Nodes() {
+		out, err := l.Exec(ctx, l.NodeNS(n.Name), "ip6tables", "-w", "-t", "raw", "-L", "PREROUTING", "-v", "-x", "-n")
+		if err != nil {
+			t.Fatalf("%s: ip6tables: %v\n%s", n.Name, err, out)
+		}
+		rule := ""
+		for _, line := range strings.Split(out, "\n") {
+			if strings.Contains(line, "rpfilter") {
+				rule = line
+			}
+		}
+		if f := strings.Fields(rule); len(f) == 0 || f[0] != "0" {
+			t.Errorf("%s: the strict IPv6 rpfilter rule dropped packets (or is missing):\n%s", n.Name, out)
+		}
 	}
 }

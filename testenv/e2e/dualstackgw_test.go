@@ -40,37 +40,11 @@ func testDualStackGateways(t *testing.T, decap string) {
 	if err != nil {
 		t.Error(err)
 	}
-	v6 := 0
-	for _, p := range m.Probes {
-		src, _ := l.Pod(p.Src)
-		want := src.Address
-		if p.Family == testenv.IPv6 {
-			v6++
-			want = src.Address6
-		}
-		if p.OK && p.Proto != testenv.ICMP && p.Saw != want {
-			t.Errorf("%s -> %s %s %v: server saw %s, want the pod's own %s", p.Src, p.Dst, p.Proto, p.Family, p.Saw, want)
-		}
-	}
 	// Six pods: 30 ordered pairs, three protocols, in IPv6 too.
-	if v6 != 30*3 {
+	if v6 := checkOwnSources(t, l, m); v6 != 30*3 {
 		t.Errorf("%d IPv6 probes, want %d", v6, 30*3)
 	}
-	for _, n := range l.Scenario.Nodes() {
-		out, err := l.Exec(ctx, l.NodeNS(n.Name), "ip6tables", "-w", "-t", "raw", "-L", "PREROUTING", "-v", "-x", "-n")
-		if err != nil {
-			t.Fatalf("%s: ip6tables: %v\n%s", n.Name, err, out)
-		}
-		rule := ""
-		for _, line := range strings.Split(out, "\n") {
-			if strings.Contains(line, "rpfilter") {
-				rule = line
-			}
-		}
-		if f := strings.Fields(rule); len(f) == 0 || f[0] != "0" {
-			t.Errorf("%s: the strict IPv6 rpfilter rule dropped packets (or is missing):\n%s", n.Name, out)
-		}
-	}
+	checkRPFilter6Clean(ctx, t, l)
 
 	// One IPv6 ping, member to member: transit on a gateway of each site, and on the
 	// wire between the sites GENEVE from a west gateway to an east one with the west

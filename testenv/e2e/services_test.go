@@ -368,14 +368,22 @@ func TestSitePolicy(t *testing.T) {
 }
 
 // checkOwnSources fails the test for every TCP or UDP probe of m whose server
-// saw another source than the sending pod's own address.
-func checkOwnSources(t *testing.T, l *testenv.Lab, m *testenv.Matrix) {
+// saw another source than the sending pod's own address of the probe's family,
+// and returns how many of m's probes were IPv6.
+func checkOwnSources(t *testing.T, l *testenv.Lab, m *testenv.Matrix) (v6 int) {
 	t.Helper()
 	for _, p := range m.Probes {
-		if p.Proto != testenv.ICMP && p.Saw != l.PodAddr(p.Src) {
-			t.Errorf("%s -> %s %s: server saw %s, want the pod's own %s", p.Src, p.Dst, p.Proto, p.Saw, l.PodAddr(p.Src))
+		src, _ := l.Pod(p.Src)
+		want := src.Address
+		if p.Family == testenv.IPv6 {
+			v6++
+			want = src.Address6
+		}
+		if p.Proto != testenv.ICMP && p.Saw != want {
+			t.Errorf("%s -> %s %s %v: server saw %s, want the pod's own %s", p.Src, p.Dst, p.Proto, p.Family, p.Saw, want)
 		}
 	}
+	return v6
 }
 
 // setPolicy gives a scenario pod its ingress and egress policies (nil: none).
