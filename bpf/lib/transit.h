@@ -285,6 +285,28 @@ static __always_inline int transit_frag_needed(struct __sk_buff *skb,
 				  hook);
 }
 
+/* Picks the next hop *nh of a frame from osrc transiting by route rt, flow hash hash
+ * (rt->peer, or the group's member for the flow), and the outer source *src toward it.
+ * Returns the GENEVE path to it (geneve_path), or DROP_NO_NEXTHOP, DROP_TRANSIT_LOOP
+ * (the next hop sent the frame) or geneve_path's drop. */
+static __always_inline int transit_next_hop(const struct datapath_config *cfg,
+					    const struct route_value *rt, __u32 hash,
+					    __be32 osrc, __be32 *nh, __be32 *src)
+{
+	int path;
+
+	*nh = nexthop_select(rt, hash);
+	if (unlikely(!*nh))
+		return DROP_NO_NEXTHOP;
+	if (*nh == osrc)
+		return DROP_TRANSIT_LOOP;
+	path = geneve_path(cfg, *nh);
+	if (path < 0)
+		return path;
+	*src = geneve_outer_src(cfg, path);
+	return path;
+}
+
 /* Looks the next underlay hop up for a transiting frame to next hop nh from src (path
  * from geneve_path), checking wire (its outer length, or one segment's) against the
  * MTU toward it as ip_forward does. Returns the bpf_fib_lookup verdict, p filled. */
@@ -393,15 +415,9 @@ static __always_inline int transit_forward(struct __sk_buff *skb,
 	rc = transit_parse(skb, &h);
 	if (rc < 0)
 		return rc;
-	nh = nexthop_select(rt, transit_flow_hash(skb, &h));
-	if (unlikely(!nh))
-		return DROP_NO_NEXTHOP;
-	if (nh == h.oip->saddr)
-		return DROP_TRANSIT_LOOP;
-	path = geneve_path(cfg, nh);
+	path = transit_next_hop(cfg, rt, transit_flow_hash(skb, &h), h.oip->saddr, &nh, &src);
 	if (path < 0)
 		return path;
-	src = geneve_outer_src(cfg, path);
 	if (h.iip->ttl <= 1)
 		return transit_time_exceeded(skb, cfg, &h, hook);
 	/* Then the size, as ip_forward (so a frag needed quotes the header as received):
@@ -438,15 +454,9 @@ static __always_inline int transit_forward6(struct __sk_buff *skb,
 	rc = transit_parse6(skb, &h);
 	if (rc < 0)
 		return rc;
-	nh = nexthop_select(rt, transit_flow_hash6(skb, &h));
-	if (unlikely(!nh))
-		return DROP_NO_NEXTHOP;
-	if (nh == h.oip->saddr)
-		return DROP_TRANSIT_LOOP;
-	path = geneve_path(cfg, nh);
+	path = transit_next_hop(cfg, rt, transit_flow_hash6(skb, &h), h.oip->saddr, &nh, &src);
 	if (path < 0)
 		return path;
-	src = geneve_outer_src(cfg, path);
 	if (h.iip6->hop_limit <= 1)
 		return DROP_TTL_EXCEEDED;
 	wire = h.iip_off - ETH_HLEN + ipv6_seg_len(skb, h.iip6, h.iip_off);
