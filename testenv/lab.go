@@ -45,6 +45,10 @@ const (
 	// GeneveOverhead6 is GeneveOverhead over the IPv6 underlay: the outer
 	// IPv6 header is 20 bytes longer.
 	GeneveOverhead6 = 70
+	// VXLANOverhead6 is what kernel VXLAN over the IPv6 underlay adds (the
+	// vxlan datapath there): outer IPv6, UDP and VXLAN plus the inner
+	// Ethernet header, 40+8+8+14. Over IPv4 it is GeneveOverhead's 50.
+	VXLANOverhead6 = 70
 	// WireGuardOverhead is what WireGuard over IPv4 adds around GENEVE: IPv4,
 	// UDP, its header and its tag.
 	WireGuardOverhead = 60
@@ -194,9 +198,9 @@ func Up(ctx context.Context, sc *Scenario, opts Options) (*Lab, error) {
 	if l.Datapath == "" {
 		l.Datapath = DatapathIsthmus
 	}
-	if sc.Underlay6() && l.Datapath != DatapathIsthmus && l.Datapath != DatapathNone {
-		return nil, fmt.Errorf("build lab %q: the %s datapath runs over an IPv4 underlay only, and scenario %q's underlay is IPv6 (datapaths there: %s, %s)",
-			l.Name, l.Datapath, sc.Name, DatapathIsthmus, DatapathNone)
+	if sc.Underlay6() && l.Datapath == DatapathWireGuard {
+		return nil, fmt.Errorf("build lab %q: the %s datapath runs over an IPv4 underlay only, and scenario %q's underlay is IPv6 (datapaths there: %s, %s, %s, %s)",
+			l.Name, l.Datapath, sc.Name, DatapathIsthmus, DatapathPlain, DatapathVXLAN, DatapathNone)
 	}
 	if l.Binary == "" {
 		exe, err := AgentBinary()
@@ -992,8 +996,12 @@ func writePolicyChain(b *strings.Builder, chain, ifFlag, ifname, peerFlag string
 
 // plainRoutes routes every node's IPv4 pod CIDRs natively: straight to
 // same-subnet nodes, and through the router (which learns a route per podCIDR)
-// otherwise. IPv6 podCIDRs are routed by plainRoutes6.
+// otherwise. IPv6 podCIDRs are routed by plainRoutes6; on an IPv6 underlay
+// plainRoutesUnderlay6 routes both families instead.
 func (l *Lab) plainRoutes() error {
+	if l.Scenario.Underlay6() {
+		return l.plainRoutesUnderlay6()
+	}
 	if err := l.plainRoutes6(); err != nil {
 		return err
 	}
@@ -1030,6 +1038,79 @@ func (l *Lab) plainRoutes() error {
 		}
 	}
 	return nil
+}
+
+// plainRoutesUnderlay6 routes every node's podCIDRs natively over the IPv6
+// underlay (Scenario.Underlay6), whose addresses buildNode6 has given the nodes
+// and the router already: the router routes each podCIDR via the node's
+// underlay address, and every other node routes it down eth0 via its site
+// gateway, so every pod packet between nodes crosses the router as on an IPv4
+// underlay. IPv4 podCIDRs get IPv4 routes with an IPv6 next hop (RFC 5549,
+// `via inet6`): the underlay has no IPv4 address anywhere. IPv4 and IPv6
+// forwarding are on in every node (and in the router already).
+func (l *Lab) plainRoutesUnderlay6() error {
+	rt, _, err := handleAt(l.RouterNS())
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	nodes := l.Scenario.Nodes()
+	for _, dst := range nodes {
+		port, err := rt.LinkByName(RouterPort(dst.Name))
+		if err != nil {
+			return fmt.Errorf("find %s: %w", RouterPort(dst.Name), err)
+		}
+		for _, c := range dst.PodCIDRs {
+			if err := rt.RouteAdd(viaUnderlay6(c, port.Attrs().Index, dst.Address)); err != nil {
+				return fmt.Errorf("add router route %s via %s: %w", c, dst.Address, err)
+			}
+		}
+	}
+	forward := map[string]string{"net/ipv4/ip_forward": "1", "net/ipv6/conf/all/forwarding": "1"}
+	for _, src := range nodes {
+		if err := writeSysctls(l.NodeNS(src.Name), forward); err != nil {
+			return err
+		}
+		h, _, err := handleAt(l.NodeNS(src.Name))
+		if err != nil {
+			return err
+		}
+		err = func() error {
+			defer h.Close()
+			eth, err := h.LinkByName(UnderlayDev)
+			if err != nil {
+				return fmt.Errorf("find %s: %w", UnderlayDev, err)
+			}
+			for _, dst := range nodes {
+				if dst.Name == src.Name {
+					continue
+				}
+				for _, c := range dst.PodCIDRs {
+					if err := h.RouteAdd(viaUnderlay6(c, eth.Attrs().Index, src.Site.Gateway)); err != nil {
+						return fmt.Errorf("add route %s via %s: %w", c, src.Site.Gateway, err)
+					}
+				}
+			}
+			return nil
+		}()
+		if err != nil {
+			return fmt.Errorf("node %s: %w", src.Name, err)
+		}
+	}
+	return nil
+}
+
+// viaUnderlay6 returns the route to dst down the link with index link via the
+// IPv6 underlay address gw: a plain gateway for an IPv6 dst, an IPv6 next hop
+// of an IPv4 route (RTA_VIA, RFC 5549) for an IPv4 one.
+func viaUnderlay6(dst netip.Prefix, link int, gw netip.Addr) *netlink.Route {
+	r := &netlink.Route{LinkIndex: link, Dst: ipNet(dst)}
+	if dst.Addr().Is6() {
+		r.Gw = gw.AsSlice()
+	} else {
+		r.Via = &netlink.Via{AddrFamily: netlink.FAMILY_V6, Addr: gw.AsSlice()}
+	}
+	return r
 }
 
 // underlay6Prefix holds the plain datapath's IPv6 underlay addresses: each

@@ -34,6 +34,12 @@ const vxlanPort = 4789
 // for each of its IPv6 podCIDRs and a permanent IPv6 neighbour for that
 // address (the FDB entry above already sends the peer's MAC to its underlay
 // address).
+//
+// On an IPv6 underlay (Scenario.Underlay6) vxlan0 is an IPv6 VXLAN device:
+// its local address is the node's IPv6 underlay address, the FDB entries
+// point at the peers' IPv6 underlay addresses and its MTU is the underlay MTU
+// less VXLANOverhead6. It still carries both pod families: the IPv4 routes and
+// neighbours above resolve to a peer's MAC, which the FDB sends over IPv6.
 func (l *Lab) vxlanRoutes() error {
 	vni := int(l.Scenario.VNI)
 	if vni == 0 {
@@ -46,6 +52,10 @@ func (l *Lab) vxlanRoutes() error {
 		mac   net.HardwareAddr
 	}
 	var vteps []vtep
+	mtu := l.Scenario.Underlay.mtu() - GeneveOverhead
+	if l.Scenario.Underlay6() {
+		mtu = l.Scenario.Underlay.mtu() - VXLANOverhead6
+	}
 	for _, n := range l.Scenario.Nodes() {
 		addr := vtepAddr(n.Node)
 		if !addr.IsValid() {
@@ -56,7 +66,7 @@ func (l *Lab) vxlanRoutes() error {
 			return err
 		}
 		dev := &netlink.Vxlan{
-			LinkAttrs: netlink.LinkAttrs{Name: VXLANDev, MTU: l.Scenario.Underlay.mtu() - GeneveOverhead},
+			LinkAttrs: netlink.LinkAttrs{Name: VXLANDev, MTU: mtu},
 			VxlanId:   vni,
 			SrcAddr:   n.Address.AsSlice(),
 			Port:      vxlanPort,

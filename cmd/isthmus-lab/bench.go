@@ -37,7 +37,10 @@ removed afterwards. Needs root, iperf3 and sockperf. See docs/benchmarks.md.
 With --family 6 the stream and the request/response run between the two pods'
 IPv6 addresses (address6; default scenario dualstack): isthmus and kernel VXLAN
 carry them over the IPv4 underlay, plain routing over IPv6 addresses the lab
-gives the underlay. --family both measures both families in the same labs.
+gives the underlay. --family both measures both families in the same labs. With
+--scenario underlay6 (an IPv6-only underlay) all three cross IPv6 between the
+nodes: isthmus in GENEVE, kernel VXLAN over IPv6, plain routing via the nodes'
+IPv6 addresses; each carries both pod families there.
 
 With --snat it compares return-path source NAT instead: the seed000 scenario with
 isthmus (BPF SNAT translates the undeclared pod aks1-ext to aks-1's tunnel

@@ -68,7 +68,9 @@ type Options struct {
 	// Family is the address family of the measured traffic: Family4 (the
 	// default, also ""), Family6 (between the pods' address6: GENEVE and
 	// VXLAN over the IPv4 underlay, plain routing over the IPv6 addresses the
-	// lab gives it) or FamilyBoth (both, in the same labs, round by round).
+	// lab gives it; on a scenario whose underlay is IPv6, as underlay6's,
+	// all three over that underlay) or FamilyBoth (both, in the same labs,
+	// round by round).
 	Family string
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
@@ -272,8 +274,11 @@ type Report struct {
 	// KubeProxy is the kube-proxy mode the labs with rules ran, "" for none.
 	KubeProxy testenv.ProxyMode `json:"kube_proxy,omitempty"`
 	// Family is Options.Family: 4, 6 or both.
-	Family  string   `json:"family,omitempty"`
-	Results []Result `json:"results"`
+	Family string `json:"family,omitempty"`
+	// Underlay6 says the scenario's underlay is IPv6 (as underlay6's): every
+	// datapath carries the pods over IPv6 between the nodes.
+	Underlay6 bool     `json:"underlay6,omitempty"`
+	Results   []Result `json:"results"`
 }
 
 // hasIPv6 reports whether any configuration measured IPv6 traffic.
@@ -403,8 +408,14 @@ func (r *Report) String() string {
 		}
 	}
 	name, head := func(c Config) string { return c.Name() }, "DATAPATH"
+	if r.Underlay6 {
+		b.WriteString(underlay6Note)
+	}
 	if ipv6 {
 		name, head = func(c Config) string { return c.Name() + "\t" + c.family() }, "DATAPATH\tFAMILY"
+		if !r.Underlay6 {
+			b.WriteString(ipv6PathNote)
+		}
 		b.WriteString(ipv6Note)
 	}
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
@@ -455,8 +466,16 @@ func (r *Report) String() string {
 	return b.String()
 }
 
+// underlay6Note heads the table of a report on an IPv6 underlay: how each
+// datapath crosses it.
+const underlay6Note = "IPv6 underlay: isthmus in GENEVE over IPv6, VXLAN as kernel VXLAN over IPv6 (both carry either pod family inside), plain routing via the nodes' IPv6 underlay addresses (IPv4 pod routes with an IPv6 next hop).\n"
+
+// ipv6PathNote heads the table of a report with IPv6 rows on an IPv4
+// underlay: how the overlays and plain routing carry IPv6 pods there.
+const ipv6PathNote = "IPv6: isthmus and VXLAN over the IPv4 underlay, plain routing over the lab's IPv6 underlay addresses.\n"
+
 // ipv6Note heads the table of a report with IPv6 rows: what differs there.
-const ipv6Note = "IPv6: between the same pods' address6; isthmus and VXLAN over the IPv4 underlay, plain routing over the lab's IPv6 underlay addresses.\n" +
+const ipv6Note = "IPv6: between the same pods' address6.\n" +
 	"IPv6 request/response: 14-byte messages on one TCP connection, blocking sockets, as sockperf's defaults (sockperf 3.7 has no IPv6); compare its RR figures within IPv6 only.\n\n"
 
 // JSON renders the report as indented JSON, with the margins.
@@ -590,10 +609,15 @@ func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 	if len(Configs(opts)) == 0 {
 		return nil, errors.New("bench: no variant to measure: the one with rules is skipped and neither the one without rules nor the proxy-ARP one is asked for")
 	}
-	if sc, err := testenv.LoadScenario(opts.Scenario); err != nil {
+	sc, err := testenv.LoadScenario(opts.Scenario)
+	if err != nil {
 		return nil, err
-	} else if err := checkPods(sc, opts.Src, opts.Dst, slices.Contains(fams, true)); err != nil {
+	}
+	if err := checkPods(sc, opts.Src, opts.Dst, slices.Contains(fams, true)); err != nil {
 		return nil, err
+	}
+	if opts.Encryption && sc.Underlay6() {
+		return nil, fmt.Errorf("bench: encryption on scenario %s: its underlay is IPv6, and the plain WireGuard baseline routes over an IPv4 underlay only", sc.Name)
 	}
 	for _, tool := range []string{"iperf3", "sockperf"} {
 		if err := programs.Require(tool); err != nil {
@@ -605,7 +629,7 @@ func Run(ctx context.Context, opts Options) (rep *Report, err error) {
 			fmt.Fprintf(opts.Log, format+"\n", args...)
 		}
 	}
-	rep = &Report{Scenario: opts.Scenario, Src: opts.Src, Dst: opts.Dst, Duration: opts.Duration, Rounds: opts.Rounds, Kernel: kernelRelease(), KubeProxy: opts.KubeProxy, Family: opts.Family}
+	rep = &Report{Scenario: opts.Scenario, Src: opts.Src, Dst: opts.Dst, Duration: opts.Duration, Rounds: opts.Rounds, Kernel: kernelRelease(), KubeProxy: opts.KubeProxy, Family: opts.Family, Underlay6: sc.Underlay6()}
 	configs := Configs(opts)
 	labConfs, labOf := labConfigs(configs)
 	labs := make([]*testenv.Lab, len(labConfs))

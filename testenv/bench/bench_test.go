@@ -256,6 +256,7 @@ func TestRunRefusesFamily(t *testing.T) {
 		{Options{Family: FamilyBoth, Encryption: true}, "encryption with family both: measured in IPv4 only"},
 		{Options{Family: Family6, Scenario: "default"}, "family 6: pod a1-p1 of scenario default has no address6"},
 		{Options{Family: FamilyBoth, Scenario: "dualstack", Dst: "zz"}, `scenario dualstack has no pod "zz"`},
+		{Options{Family: Family4, Scenario: "underlay6", Encryption: true}, "encryption on scenario underlay6: its underlay is IPv6"},
 	} {
 		o := tc.opts
 		o.Duration, o.Rounds = 2*time.Second, 1
@@ -352,6 +353,13 @@ func TestFamilyRows(t *testing.T) {
 	}
 	if len(six) != 6 { // isthmus vs VXLAN and plain, plain vs VXLAN; stream and TPS each
 		t.Errorf("JSON has %d IPv6 margins, want 6: %+v", len(six), six)
+	}
+	// On an IPv6 underlay the note says how each datapath crosses it, and
+	// not that the overlays run over IPv4.
+	u6 := *rep
+	u6.Scenario, u6.Underlay6 = "underlay6", true
+	if table := u6.String(); !strings.Contains(table, "IPv6 underlay: isthmus in GENEVE over IPv6, VXLAN as kernel VXLAN over IPv6") || strings.Contains(table, "over the IPv4 underlay") {
+		t.Errorf("an IPv6-underlay report without its note, or with the IPv4 underlay's:\n%s", table)
 	}
 	// An IPv4 report keeps its columns.
 	rep.Results = rep.Results[:3]
@@ -603,6 +611,119 @@ func TestBaselineLabs6(t *testing.T) {
 			t.Errorf("%s: %v", dp, err)
 		}
 		cancel()
+	}
+}
+
+// TestBaselineLabsUnderlay6: the baselines of `bench --scenario underlay6` carry
+// both pod families over the IPv6-only underlay. The underlay6 lab with kernel
+// VXLAN and with plain routing: every pair of pods on different sites must
+// pass ICMP, TCP and UDP in each family, each server seeing the other pod's
+// own address; in the VXLAN lab tshark on the router port of a1 must see the
+// pod pings as VXLAN (UDP 4789, the scenario's VNI) between the nodes' IPv6
+// underlay addresses, carrying the pods' IPv6 and IPv4 packets alike, and
+// vxlan0 has the underlay MTU less 70.
+func TestBaselineLabsUnderlay6(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("TestBaselineLabsUnderlay6 needs root: it builds network namespaces")
+	}
+	for _, dp := range []testenv.Datapath{testenv.DatapathVXLAN, testenv.DatapathPlain} {
+		sc, err := testenv.LoadScenario("underlay6")
+		if err != nil {
+			t.Fatal(err)
+		}
+		site := map[string]string{}
+		for _, p := range sc.Pods() {
+			site[p.Name] = p.Site
+		}
+		crossSite := func(es []testenv.Expectation) [][2]string {
+			var pairs [][2]string
+			for _, e := range es {
+				if site[e.Src] != site[e.Dst] {
+					pairs = append(pairs, [2]string{e.Src, e.Dst})
+				}
+			}
+			return pairs
+		}
+		es6, _ := sc.Expectations6()
+		pairs4, pairs6 := crossSite(sc.Expectations()), crossSite(es6)
+		if len(pairs4) != 32 || len(pairs6) != 32 {
+			t.Fatalf("underlay6: %d IPv4 and %d IPv6 pairs across the sites, want 32 each", len(pairs4), len(pairs6))
+		}
+		name := "u6" + string(dp)
+		_ = testenv.Down(name, testenv.DownOptions{})
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		start := time.Now()
+		l, err := testenv.Up(ctx, sc, testenv.Options{Name: name, Datapath: dp})
+		if err != nil {
+			cancel()
+			t.Fatalf("%s: %v", dp, err)
+		}
+		up := time.Since(start)
+		for _, fam := range []struct {
+			name   string
+			family testenv.Family
+			pairs  [][2]string
+		}{{"IPv4", testenv.IPv4, pairs4}, {"IPv6", testenv.IPv6, pairs6}} {
+			m, err := l.CheckPairs(ctx, fam.pairs, testenv.CheckOptions{Family: fam.family})
+			if err != nil {
+				if m != nil {
+					t.Logf("%s %s:\n%s", dp, fam.name, m)
+				}
+				t.Errorf("%s %s: %v", dp, fam.name, err)
+			} else if t.Logf("%s: lab up in %s, %d %s probes passed", dp, up.Round(time.Millisecond), len(m.Probes), fam.name); len(m.Probes) != 3*32 {
+				t.Errorf("%s %s: %d probes, want %d", dp, fam.name, len(m.Probes), 3*32)
+			}
+		}
+		if dp == testenv.DatapathVXLAN {
+			checkVXLANOverIPv6(ctx, t, l)
+		}
+		if err := l.Down(); err != nil {
+			t.Errorf("%s: %v", dp, err)
+		}
+		cancel()
+		if left, _ := filepath.Glob("/run/netns/isl-" + name + "-*"); len(left) > 0 {
+			t.Errorf("lab %s left namespaces: %v", name, left)
+		}
+	}
+}
+
+// checkVXLANOverIPv6 captures, on the router port of a1 in the underlay6 VXLAN
+// lab l, a ping from a1-p1 to b1-p1 in each family, and wants VXLAN frames
+// (UDP 4789, VNI 4242) between a1's and b1's IPv6 underlay addresses that
+// carry the pods' own packets; and vxlan0's MTU the underlay's 1500 less 70.
+func checkVXLANOverIPv6(ctx context.Context, t *testing.T, l *testenv.Lab) {
+	t.Helper()
+	a1, _ := l.Node("a1")
+	b1, _ := l.Node("b1")
+	src, _ := l.Pod("a1-p1")
+	dst, _ := l.Pod("b1-p1")
+	outer := []string{"-e", "ipv6.src", "-e", "ipv6.dst", "-e", "udp.dstport", "-e", "vxlan.vni"}
+	for _, c := range []struct {
+		inner  string // the pods' family
+		to     netip.Addr
+		fields []string // tshark's fields past the outer ones
+		want   []string // the fields of the request
+	}{
+		// An inner IPv6 packet adds its addresses to the outer ones' fields.
+		{"IPv6", dst.Address6, nil, []string{a1.Address.String() + "," + src.Address6.String(), b1.Address.String() + "," + dst.Address6.String(), "4789", "4242"}},
+		{"IPv4", dst.Address, []string{"-e", "ip.src", "-e", "ip.dst"}, []string{a1.Address.String(), b1.Address.String(), "4789", "4242", src.Address.String(), dst.Address.String()}},
+	} {
+		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		args := append([]string{"-i", testenv.RouterPort("a1"), "-f", "udp port 4789 and ip6", "-c", "2", "-T", "fields", "-E", "occurrence=a"}, outer...)
+		out, err := testenv.Capture(cctx, l.RouterNS(), append(args, c.fields...),
+			func() { _ = testenv.Ping(l.PodNS("a1-p1"), c.to, time.Second) })
+		cancel()
+		if err != nil {
+			t.Errorf("capture VXLAN over IPv6 (%s inside): %v\n%s", c.inner, err, out)
+			continue
+		}
+		if want := strings.Join(c.want, "\t"); !strings.Contains(out, want+"\n") {
+			t.Errorf("VXLAN over IPv6 with %s inside: want a line %q in tshark's:\n%s", c.inner, want, out)
+		}
+	}
+	link, err := l.Exec(ctx, l.NodeNS("a1"), "ip", "-o", "link", "show", testenv.VXLANDev)
+	if err != nil || !strings.Contains(link, " mtu 1430 ") {
+		t.Errorf("a1: %s (%v): %q, want mtu 1430", testenv.VXLANDev, err, link)
 	}
 }
 
