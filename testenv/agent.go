@@ -74,10 +74,13 @@ func (l *Lab) startAgents(ctx context.Context, opts Options) error {
 	return l.waitPeersUp(ctx)
 }
 
-// readyTimeout is Options.ReadyTimeout with its default.
+// readyTimeout is Options.ReadyTimeout with its default, 60 s: in the parallel
+// e2e phase a dozen agents load and verify the BPF object at once on two cores,
+// and one took 27 s to get past it (1.8 s alone). An agent that never becomes
+// ready still fails the wait.
 func (l *Lab) readyTimeout(opts Options) time.Duration {
 	if opts.ReadyTimeout == 0 {
-		return 30 * time.Second
+		return 60 * time.Second
 	}
 	return opts.ReadyTimeout
 }

@@ -88,7 +88,7 @@ type Options struct {
 	// Datapath defaults to DatapathIsthmus.
 	Datapath Datapath
 	// ReadyTimeout bounds the wait for every agent's ready file, and then the
-	// wait for every agent to find every health-checked peer up; default 30s.
+	// wait for every agent to find every health-checked peer up; default 60s.
 	ReadyTimeout time.Duration
 	// AgentArgs are appended to every agent's command line.
 	AgentArgs []string
